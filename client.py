@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""The client: python client.py <coordinator_ip> <port> <data_dir> <rounds> <epochs> <h> <eta>.
+
+Run with --help for every option, and `client.py status|runs|cancel|evaluate|predict --help`.
+"""
+
+import sys
+
+from client.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Command line of the client.
+
+The positional form trains (the default command):
+    python client.py <coordinator_ip> <port> <data_dir> <rounds> <epochs> <h> <eta> [options]
+Other actions are subcommands: status, runs, cancel, evaluate, predict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+
+from client import display
+from client.model_commands import ModelCommandError, evaluate, predict
+from client.session import ClientError, Endpoint, call, follow_training
+from training.datapaths import DEFAULT_DATA_ROOT
+from training.model_file import save_model
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.tensor_codec import wire_to_dict
+
+SUBCOMMANDS = ("status", "runs", "cancel", "evaluate", "predict")
+DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _hidden_list(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of sizes") \
+            from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"hidden sizes must be positive, got {text!r}")
+    return sizes
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="client.py",
+        description="Train a model on the coordinator's compute nodes and print the final "
+                    "validation error. Other actions: client.py {status,runs,cancel,evaluate,"
+                    "predict} --help.",
+        epilog="Example: python client.py localhost 9095 letters 5 15 20 0.0001",
+    )
+    add_endpoint(parser)
+    parser.add_argument("data_dir", help="data set folder under the coordinator's and nodes' "
+                                         "data root, e.g. letters")
+    parser.add_argument("rounds", type=_positive_int, help="rounds (global model updates)")
+    parser.add_argument("epochs", type=_positive_int, help="local epochs per work unit")
+    parser.add_argument("h", type=_positive_int, help="hidden units of the MLP")
+    parser.add_argument("eta", type=_positive_float, help="learning rate")
+    model = parser.add_argument_group("model and optimisation")
+    model.add_argument("--hidden", type=_hidden_list, default=None, metavar="H1,H2,...",
+                       help="hidden layer sizes, overriding h (e.g. 256,256)")
+    model.add_argument("--compat", action="store_true",
+                       help="reproduce the assignment's reference MLP exactly (linear forward "
+                            "pass, masked backward pass, early stop)")
+    model.add_argument("--scale-features", action="store_true",
+                       help="divide the 0..15 features by 15")
+    model.add_argument("--local-optimizer", choices=["gd", "sgd", "adam"], default="gd",
+                       help="optimizer on the nodes: gd full-batch (default), sgd or adam "
+                            "minibatch")
+    model.add_argument("--batch-size", type=_positive_int, default=32,
+                       help="minibatch size of sgd/adam (default 32)")
+    model.add_argument("--server-optimizer", choices=["avg", "momentum", "adam"], default="avg",
+                       help="how the coordinator applies the averaged delta: avg adds it "
+                            "(default), momentum or adam treat it as a gradient")
+    model.add_argument("--server-lr", type=_positive_float, default=1.0,
+                       help="learning rate of the server optimizer (default 1.0)")
+    model.add_argument("--server-momentum", type=float, default=0.9,
+                       help="momentum of the momentum server optimizer (default 0.9)")
+    model.add_argument("--seed", type=int, default=1, help="initialisation seed (default 1)")
+    model.add_argument("--algorithm", default="delta_avg", help="training algorithm")
+    model.add_argument("--model", default="mlp", help="model name")
+    run = parser.add_argument_group("run")
+    run.add_argument("--run-id", default=None, help="name of the run (default: random)")
+    run.add_argument("--out", default="models",
+                     help="folder for the trained model file (default: ./models)")
+    run.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS",
+                     help="progress refresh interval (default 0.5)")
+    run.add_argument("--dead-after", type=_positive_float, default=15.0, metavar="SECONDS",
+                     help="give up when the coordinator has not answered for this long "
+                          "(default 15)")
+    add_output_flags(run)
+    return parser
+
+
+def add_endpoint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("coordinator_ip", help="host name or address of the coordinator")
+    parser.add_argument("port", type=int, help="port of the coordinator")
+    parser.add_argument("--connect-timeout", type=_positive_float, default=5.0,
+                        metavar="SECONDS", help="(default 5)")
+
+
+def add_output_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress display; print only the result")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as JSON on stdout (implies no progress display)")
+
+
+def build_subcommand_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="client.py", description="Client actions.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="progress of a run (default: the latest)")
+    add_endpoint(status)
+    status.add_argument("run_id", nargs="?", default="", help="run id (default: latest)")
+    add_output_flags(status)
+    runs = sub.add_parser("runs", help="list the coordinator's runs")
+    add_endpoint(runs)
+    add_output_flags(runs)
+    cancel = sub.add_parser("cancel", help="cancel a running run")
+    add_endpoint(cancel)
+    cancel.add_argument("run_id", help="run id")
+    ev = sub.add_parser("evaluate", help="error rate of a saved model on a labelled file")
+    ev.add_argument("model", help="model file printed at the end of training (.npz)")
+    ev.add_argument("--data", default=str(DEFAULT_VALIDATION),
+                    help="letters CSV with labels (default: %(default)s)")
+    ev.add_argument("--json", action="store_true", help="print JSON")
+    pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
+    pr.add_argument("model", help="model file (.npz)")
+    pr.add_argument("data", help="CSV of 16 features per row (a 17th label column is ignored)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return run_subcommand(build_subcommand_parser().parse_args(argv))
+        return run_train(build_train_parser().parse_args(argv))
+    except (ClientError, ModelCommandError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+
+
+def train_config(args: argparse.Namespace) -> dict:
+    return {
+        "epochs": args.epochs, "eta": args.eta, "hidden": args.hidden or [args.h],
+        "compat": args.compat, "scale_features": args.scale_features,
+        "local_optimizer": args.local_optimizer, "batch_size": args.batch_size,
+        "server_optimizer": args.server_optimizer, "server_lr": args.server_lr,
+        "server_momentum": args.server_momentum, "seed": args.seed,
+    }
+
+
+def run_train(args: argparse.Namespace) -> int:
+    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    request = ttypes.TrainRequest(
+        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
+        model=args.model, dataset=args.data_dir, rounds=args.rounds,
+        config_json=json.dumps(train_config(args)))
+    with display.ProgressView(quiet=args.quiet or args.json) as view:
+        result = follow_training(endpoint, request, view, args.poll, args.dead_after)
+    model_path = save_model(Path(args.out) / f"{run_id}.npz", wire_to_dict(result.weights),
+                            json.loads(result.model_json))
+    display.print_result(display.result_dict(result, str(model_path)), args.json)
+    return 0
+
+
+def run_subcommand(args: argparse.Namespace) -> int:
+    if args.command == "evaluate":
+        scores = evaluate(args.model, args.data)
+        print(json.dumps(scores) if args.json else
+              f"error {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")
+        return 0
+    if args.command == "predict":
+        print("\n".join(predict(args.model, args.data)))
+        return 0
+    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
+    if args.command == "status":
+        status = call(endpoint, "status", ttypes.StatusRequest(run_id=args.run_id))
+        display.print_status(status, args.json)
+    elif args.command == "runs":
+        runs = call(endpoint, "list_runs", ttypes.ListRunsRequest()).runs
+        if args.json:
+            print(json.dumps([display.status_dict(r) for r in runs], indent=2))
+        for status in [] if args.json else runs:
+            display.print_status(status, as_json=False)
+    elif args.command == "cancel":
+        done = call(endpoint, "cancel", ttypes.CancelRunRequest(run_id=args.run_id))
+        print("cancelled" if done.cancelled else "the run had already ended")
+    return 0

@@ -1,0 +1,124 @@
+"""What the client prints: live progress on stderr, the final summary on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from wire.generated import ttypes
+
+
+class ProgressView:
+    """A live progress bar fed with RunStatus snapshots; silent in quiet mode."""
+
+    def __init__(self, quiet: bool) -> None:
+        self._console = Console(stderr=True)
+        self._progress: Progress | None = None
+        self._task = None
+        if not quiet:
+            self._progress = Progress(
+                TextColumn("round {task.fields[round]}/{task.total:.0f}"),
+                BarColumn(),
+                TextColumn("{task.fields[detail]}"),
+                TimeElapsedColumn(),
+                console=self._console,
+                transient=False,
+            )
+
+    def __enter__(self) -> ProgressView:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, status: ttypes.RunStatus) -> None:
+        if self._progress is None:
+            return
+        error = "-" if status.validation_error < 0 else f"{status.validation_error:.4f}"
+        detail = (f"val error {error} | units {status.units_done}/{status.units_total} | "
+                  f"rejected {status.rejected} | failed {status.failed} | "
+                  f"in flight {status.in_flight}")
+        if self._task is None:
+            self._task = self._progress.add_task("train", total=status.rounds, round=0,
+                                                 detail=detail)
+        self._progress.update(self._task, completed=status.round, round=status.round,
+                              detail=detail)
+
+    def note(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(message)
+
+
+def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
+    """The final result as plain data, for --json and for the summary."""
+    return {
+        "run_id": result.run_id,
+        "validation_error": result.validation_error,
+        "rounds": result.rounds,
+        "wall_seconds": round(result.wall_seconds, 3),
+        "model_path": model_path,
+        "coordinator_run_dir": result.run_dir,
+        "history": [{"round": m.round, "validation_error": m.validation_error,
+                     "validation_loss": m.validation_loss, "train_loss": m.train_loss,
+                     "seconds": round(m.seconds, 3)} for m in result.history],
+        "nodes": [node_dict(n) for n in result.nodes],
+    }
+
+
+def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
+    return {"node": n.node, "accepted": n.accepted, "rejected": n.rejected,
+            "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled}
+
+
+def print_result(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    console = Console(file=sys.stdout)
+    console.print(f"Final validation error: {data['validation_error']:.4f}")
+    console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
+                  f"Run: {data['run_id']}")
+    console.print(f"Model saved to: {data['model_path']}")
+    console.print(node_table(data["nodes"]))
+
+
+def node_table(nodes: list[dict[str, Any]]) -> Table:
+    table = Table(title="Units per node")
+    table.add_column("node")
+    for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
+        table.add_column(column, justify="right")
+    for n in nodes:
+        table.add_row(n["node"], *(str(n[c]) for c in
+                                   ("accepted", "rejected", "delayed", "failed", "cancelled")))
+    return table
+
+
+def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
+    return {"run_id": s.run_id, "state": s.state, "round": s.round, "rounds": s.rounds,
+            "validation_error": s.validation_error, "units_done": s.units_done,
+            "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
+            "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
+            "message": s.message, "nodes": [node_dict(n) for n in s.nodes]}
+
+
+def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
+    data = status_dict(s)
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    console = Console(file=sys.stdout)
+    error = "-" if s.validation_error < 0 else f"{s.validation_error:.4f}"
+    console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, validation error "
+                  f"{error}, units {s.units_done}/{s.units_total}, in flight {s.in_flight}, "
+                  f"{s.elapsed_seconds:.1f} s")
+    if s.message:
+        console.print(f"  {s.message}")
+    console.print(node_table(data["nodes"]))

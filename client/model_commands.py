@@ -1,0 +1,71 @@
+"""Client subcommands that use a saved model locally: evaluate and predict."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+
+from training import mlp
+from training.letters import DataFormatError, load_letters
+from training.model_file import ModelFileError, load_model
+
+LETTERS = string.ascii_uppercase
+
+
+class ModelCommandError(Exception):
+    """A model or data file the command cannot use; the message says which and why."""
+
+
+def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
+    try:
+        weights, description = load_model(model_path)
+    except ModelFileError as exc:
+        raise ModelCommandError(str(exc)) from None
+    if description.get("model") != "mlp":
+        raise ModelCommandError(
+            f"{model_path} holds a {description.get('model')!r} model; these commands "
+            "score the letters MLP")
+    return weights, mlp.MLPSpec.from_dict(description["spec"])
+
+
+def evaluate(model_path: str, data_path: str) -> dict[str, float]:
+    """Error rate and mean loss of the model on a labelled letters file."""
+    weights, spec = _load_mlp(model_path)
+    try:
+        features, labels = load_letters(data_path)
+    except (DataFormatError, OSError) as exc:
+        raise ModelCommandError(str(exc)) from None
+    error, loss = mlp.evaluate(weights, features, labels, spec)
+    return {"error": float(error), "loss": float(loss), "rows": int(len(labels))}
+
+
+def predict(model_path: str, data_path: str) -> list[str]:
+    """Predicted letters for each row of a CSV of 16 features (a 17th label column is ignored)."""
+    weights, spec = _load_mlp(model_path)
+    features = _read_features(Path(data_path), spec.n_in)
+    return [LETTERS[i] for i in mlp.predict(weights, features, spec)]
+
+
+def _read_features(path: Path, n_in: int) -> np.ndarray:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ModelCommandError(f"cannot read {path}: {exc.strerror}") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        cells = line.split(",")
+        if len(cells) not in (n_in, n_in + 1):
+            raise ModelCommandError(
+                f"{path}, line {number}: expected {n_in} features (or {n_in + 1} columns "
+                f"with a label), got {len(cells)} columns")
+        try:
+            rows.append([float(c) for c in cells[:n_in]])
+        except ValueError:
+            raise ModelCommandError(f"{path}, line {number}: a feature is not a number") from None
+    if not rows:
+        raise ModelCommandError(f"{path} has no rows")
+    return np.array(rows)

@@ -1,0 +1,135 @@
+"""Starting a run and following it: train() on one connection, status on another.
+
+`Coordinator.train` blocks for the whole run, so it runs in a background thread
+while the main thread polls `status` for progress. If the coordinator stops
+answering for `dead_after` seconds the client gives up; Ctrl-C cancels the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from thrift.Thrift import TException
+
+from client.display import ProgressView
+from wire.generated import Coordinator, ttypes
+from wire.rpc import ConnectionFailed, ConnectionPool, connect
+
+CANCEL_WAIT_SECONDS = 15.0
+
+
+class ClientError(Exception):
+    """A failure the user can act on; the message is the one line the client prints."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Endpoint:
+    host: str
+    port: int
+    connect_timeout: float = 5.0
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def call(endpoint: Endpoint, method: str, request: Any, timeout: float = 10.0) -> Any:
+    """One short call on a fresh connection, with errors turned into one-line ClientErrors."""
+    try:
+        with connect(Coordinator.Client, endpoint.host, endpoint.port,
+                     connect_timeout=endpoint.connect_timeout, read_timeout=timeout) as client:
+            return getattr(client, method)(request)
+    except ConnectionFailed as exc:
+        raise ClientError(f"cannot reach the coordinator at {endpoint}: {exc}") from None
+    except ttypes.UnknownRun as exc:
+        raise ClientError(exc.message) from None
+    except (TException, OSError) as exc:
+        raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
+
+
+class _TrainCall(threading.Thread):
+    """The blocking train() call, its result or exception kept for the main thread."""
+
+    def __init__(self, endpoint: Endpoint, request: ttypes.TrainRequest) -> None:
+        super().__init__(name="train-call", daemon=True)
+        self.endpoint = endpoint
+        self.request = request
+        self.result: ttypes.RunResult | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(Coordinator.Client, self.endpoint.host, self.endpoint.port,
+                         connect_timeout=self.endpoint.connect_timeout,
+                         read_timeout=None) as client:
+                self.result = client.train(self.request)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            self.error = exc
+
+
+def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: ProgressView,
+                    poll_seconds: float, dead_after: float) -> ttypes.RunResult:
+    """Run train() and show progress until it returns; raises ClientError on failure."""
+    call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
+         timeout=endpoint.connect_timeout)
+    train = _TrainCall(endpoint, request)
+    train.start()
+    try:
+        _poll(endpoint, request.run_id, train, view, poll_seconds, dead_after)
+    except KeyboardInterrupt:
+        _cancel(endpoint, request.run_id, train, view)
+        raise ClientError(f"run {request.run_id} cancelled", exit_code=130) from None
+    return _train_outcome(train, endpoint)
+
+
+def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView,
+          poll_seconds: float, dead_after: float) -> None:
+    statuses = ConnectionPool(Coordinator.Client, endpoint.host, endpoint.port,
+                              connect_timeout=endpoint.connect_timeout,
+                              read_timeout=max(poll_seconds, 5.0))
+    last_answer = time.monotonic()
+    try:
+        while train.is_alive():
+            train.join(poll_seconds)
+            try:
+                with statuses.client() as client:
+                    view.update(client.status(ttypes.StatusRequest(run_id=run_id)))
+                last_answer = time.monotonic()
+            except ttypes.UnknownRun:
+                last_answer = time.monotonic()  # answered; the run is not registered yet
+            except (ConnectionFailed, TException, OSError) as exc:
+                if train.is_alive() and time.monotonic() - last_answer > dead_after:
+                    raise ClientError(f"lost contact with the coordinator at {endpoint} for "
+                                      f"{dead_after:.0f}s ({exc}); the run may be lost") from None
+    finally:
+        statuses.close()
+
+
+def _cancel(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView) -> None:
+    view.note(f"cancelling run {run_id} ...")
+    try:
+        call(endpoint, "cancel", ttypes.CancelRunRequest(run_id=run_id), timeout=5.0)
+    except ClientError as exc:
+        view.note(f"could not cancel: {exc}")
+        return
+    train.join(CANCEL_WAIT_SECONDS)
+
+
+def _train_outcome(train: _TrainCall, endpoint: Endpoint) -> ttypes.RunResult:
+    error = train.error
+    if error is None and train.result is not None:
+        return train.result
+    if isinstance(error, ttypes.TrainingFailed):
+        tried = f" (nodes tried: {', '.join(error.nodes_tried)})" if error.nodes_tried else ""
+        raise ClientError(f"training failed: {error.message}{tried}")
+    if isinstance(error, (ttypes.InvalidRequest, ttypes.RunCancelled, ttypes.VersionMismatch)):
+        raise ClientError(error.message)
+    if isinstance(error, ConnectionFailed):
+        raise ClientError(f"cannot reach the coordinator at {endpoint}: {error}")
+    raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}")

@@ -1,0 +1,197 @@
+"""The ComputeNode Thrift service: admission, load delay, then the algorithm's unit maths."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
+
+from compute_node.load import LoadSimulator
+from training.algorithms import ConfigError, get_algorithm
+from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
+from training.datapaths import DataPathError, dataset_dir, resolve_under
+from training.letters import DataFormatError
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.version import check_protocol_version
+
+log = logging.getLogger("compute_node")
+
+# Errors that mean "the request cannot work here": the caller gets InvalidRequest.
+REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, ValueError)
+
+
+@dataclass
+class NodeCounters:
+    completed: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    running: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bump(self, name: str, by: int = 1) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + by)
+
+
+class ComputeNodeHandler:
+    """Implements ComputeNode.Iface. Several units may wait in their load delay at
+    once, but their maths runs one at a time (a lock), so a node uses one core."""
+
+    def __init__(
+        self,
+        node_id: str,
+        data_root: str | os.PathLike,
+        load: LoadSimulator,
+        crash_after_units: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.data_root = Path(data_root)
+        self.load = load
+        self.crash_after_units = crash_after_units
+        self.counters = NodeCounters()
+        self.started = time.monotonic()
+        self._compute_lock = threading.Lock()
+        self._active: dict[tuple[str, str, int], threading.Event] = {}
+        self._active_lock = threading.Lock()
+        self._units_seen = 0
+
+    # ---------------------------------------------------------------- service
+    def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        check_protocol_version(request.protocol_version, "node")
+        self._maybe_crash()
+        algorithm, job, data_dir = self._decode(request)
+        admission = self._admit(request.scheduling_policy)
+        if admission.rejected:
+            self.counters.bump("rejected")
+            return _result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy")
+        key = (request.run_id, request.unit_id, request.attempt)
+        cancel = self._register(key)
+        try:
+            return self._work(algorithm, job, data_dir, admission.delay_seconds, cancel)
+        finally:
+            self._unregister(key)
+
+    def cancel_unit(self, request: ttypes.CancelUnitRequest) -> ttypes.CancelUnitResult:
+        cancelled = 0
+        with self._active_lock:
+            for (run_id, unit_id, attempt), event in self._active.items():
+                same_attempt = request.attempt is None or request.attempt == attempt
+                if run_id == request.run_id and unit_id == request.unit_id and same_attempt:
+                    event.set()
+                    cancelled += 1
+        return ttypes.CancelUnitResult(cancelled=cancelled)
+
+    def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
+        check_protocol_version(request.protocol_version, "node")
+        c = self.counters
+        with c.lock:
+            return ttypes.NodeInfo(
+                protocol_version=PROTOCOL_VERSION,
+                node_id=self.node_id,
+                load_prob=self.load.load_prob,
+                units_running=c.running,
+                units_completed=c.completed,
+                units_rejected=c.rejected,
+                uptime_seconds=time.monotonic() - self.started,
+            )
+
+    # ---------------------------------------------------------------- helpers
+    def _decode(self, request: ttypes.WorkRequest):
+        try:
+            algorithm = get_algorithm(request.algorithm)
+            config = json.loads(request.config_json or "{}")
+            if not isinstance(config, dict):
+                raise ConfigError("config_json must hold a JSON object")
+            algorithm.check_config(request.model, config)
+            data_dir = dataset_dir(self.data_root, request.dataset)
+            unit_file = resolve_under(data_dir, request.unit_path)
+            if not unit_file.is_file():
+                raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
+            unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
+                            request.index_stop)
+            weights = {k: v.copy() for k, v in wire_to_dict(request.weights).items()}
+        except json.JSONDecodeError as exc:
+            raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
+        except REQUEST_ERRORS as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from exc
+        job = UnitJob(request.run_id, request.round, unit, request.model, config, weights)
+        return algorithm, job, data_dir
+
+    def _admit(self, policy: int):
+        try:
+            return self.load.admit(policy)
+        except ValueError as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from exc
+
+    def _work(self, algorithm, job: UnitJob, data_dir: Path, delay: float,
+              cancel: threading.Event) -> ttypes.TrainResult:
+        self.counters.bump("running")
+        try:
+            # The simulated load delay is cancellable, so a unit that another node
+            # finished first does not keep this node's thread for nothing.
+            if delay and cancel.wait(delay):
+                return self._cancelled(delay)
+            with self._compute_lock:
+                if cancel.is_set():
+                    return self._cancelled(delay)
+                started = time.perf_counter()
+                output = self._run(algorithm, job, data_dir)
+                seconds = time.perf_counter() - started
+        finally:
+            self.counters.bump("running", -1)
+        self.counters.bump("completed")
+        log.info("unit %s round %d: %d samples in %.3fs (delay %.1fs)",
+                 job.unit.unit_id, job.round, output.num_samples, seconds, delay)
+        return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, delay)
+
+    def _run(self, algorithm, job: UnitJob, data_dir: Path) -> UnitOutput:
+        try:
+            return algorithm.run_unit(job, data_dir)
+        except REQUEST_ERRORS as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from exc
+
+    def _cancelled(self, delay: float) -> ttypes.TrainResult:
+        self.counters.bump("cancelled")
+        return _result(ttypes.UnitOutcome.CANCELLED, self.node_id, delay=delay,
+                       message="cancelled by the coordinator")
+
+    def _register(self, key: tuple[str, str, int]) -> threading.Event:
+        event = threading.Event()
+        with self._active_lock:
+            self._active[key] = event
+        return event
+
+    def _unregister(self, key: tuple[str, str, int]) -> None:
+        with self._active_lock:
+            self._active.pop(key, None)
+
+    def _maybe_crash(self) -> None:
+        """Fault injection for tests: die abruptly, mid-call, after N units."""
+        with self._active_lock:
+            self._units_seen += 1
+            crash = self.crash_after_units is not None and self._units_seen > self.crash_after_units
+        if crash:
+            log.error("crashing on purpose (--crash-after-units %d)", self.crash_after_units)
+            os._exit(17)
+
+
+def _result(outcome: int, node_id: str, output: UnitOutput | None = None, seconds: float = 0.0,
+            delay: float = 0.0, message: str | None = None) -> ttypes.TrainResult:
+    return ttypes.TrainResult(
+        accepted=outcome == ttypes.UnitOutcome.COMPLETED,
+        outcome=outcome,
+        update=dict_to_wire(output.update) if output else [],
+        num_samples=output.num_samples if output else 0,
+        loss=output.loss if output else 0.0,
+        error=output.error if output else 0.0,
+        compute_seconds=seconds,
+        delay_seconds=delay,
+        message=message,
+        node_id=node_id,
+    )

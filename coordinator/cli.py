@@ -1,0 +1,108 @@
+"""Command line of the coordinator: `python coordinator_node.py <port> <policy> [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from coordinator.handler import CoordinatorHandler
+from coordinator.nodes_file import NodesFileError, read_nodes_file
+from coordinator.policies import POLICY_NAMES
+from coordinator.round_engine import EngineSettings
+from coordinator.run import CoordinatorSettings
+from training.datapaths import DEFAULT_DATA_ROOT
+from wire.generated import Coordinator
+from wire.launch import stop_on_signals, write_port_file
+from wire.rpc import ThriftServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    policies = ", ".join(f"{n} {name}" for n, name in POLICY_NAMES.items())
+    parser = argparse.ArgumentParser(
+        prog="coordinator_node.py",
+        description="Run the coordinator: it splits training into work units and sends them, "
+                    "with the current weights, to the compute nodes of the nodes file.",
+        epilog="Example: python coordinator_node.py 9095 2",
+    )
+    parser.add_argument("port", type=int, help="TCP port to listen on (0 = any free port)")
+    parser.add_argument("policy", type=int, choices=sorted(POLICY_NAMES), metavar="policy",
+                        help=f"scheduling policy: {policies}")
+    parser.add_argument("--host", default="0.0.0.0",
+                        help="address to bind (default 0.0.0.0: every interface)")
+    parser.add_argument("--nodes-file", default=str(REPO_ROOT / "compute_nodes.txt"),
+                        help="'host,port' per line, re-read at the start of every run "
+                             "(default: %(default)s)")
+    parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
+                        help="folder holding the data sets (default: %(default)s)")
+    parser.add_argument("--run-dir", default="runs",
+                        help="folder for each run's metrics, checkpoint and model "
+                             "(default: ./runs)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="worker threads per round (default: number of nodes + 2)")
+    parser.add_argument("--no-speculation", action="store_true",
+                        help="never start a backup attempt of a slow unit on an idle node")
+    parser.add_argument("--speculate-after", type=float, default=0.25, metavar="SECONDS",
+                        help="a unit out this long (or 4x the usual unit time, if longer) gets "
+                             "a backup attempt on an idle node; the first result wins "
+                             "(default 0.25)")
+    parser.add_argument("--max-unit-failures", type=int, default=3,
+                        help="failures after which a unit is discarded for its round (default 3)")
+    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                        help="a run fails when no node has answered for this long (default 30)")
+    parser.add_argument("--rpc-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="longest wait for one training call (default 300)")
+    parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS",
+                        help="longest wait to connect to a node (default 3)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="combine each round's results in unit order, not arrival order, so "
+                             "repeated runs give the same bits")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the scheduling policy")
+    parser.add_argument("--port-file", default=None,
+                        help="write the bound port to this file once listening (for scripts)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
+    engine = EngineSettings(threads=args.threads, speculation=not args.no_speculation,
+                            speculate_after=args.speculate_after,
+                            max_unit_failures=args.max_unit_failures, grace_seconds=args.grace,
+                            deterministic=args.deterministic)
+    return CoordinatorSettings(data_root=Path(args.data_root), run_root=Path(args.run_dir),
+                               policy=args.policy, rpc_timeout=args.rpc_timeout,
+                               connect_timeout=args.connect_timeout, seed=args.seed,
+                               engine=engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s coordinator %(levelname)s %(message)s")
+    try:
+        nodes = read_nodes_file(args.nodes_file)
+    except NodesFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not os.path.isdir(args.data_root):
+        print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
+        return 1
+    handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
+    try:
+        server = ThriftServer(Coordinator.Processor(handler), args.host, args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    stop_on_signals(lambda: (handler.cancel_all(), server.stop()))
+    if args.port_file:
+        write_port_file(args.port_file, server.port)
+    print(f"coordinator listening on {args.host}:{server.port}, policy {args.policy} "
+          f"({POLICY_NAMES[args.policy]}), {len(nodes)} nodes in {args.nodes_file}", flush=True)
+    server.serve_forever()
+    print("coordinator stopped", flush=True)
+    return 0

@@ -1,0 +1,67 @@
+"""Live progress of one run, read by the status call while the run goes on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from wire.generated import ttypes
+
+RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
+
+
+class RunProgress:
+    """Thread-safe counters of a run; `snapshot()` turns them into a RunStatus."""
+
+    def __init__(self, run_id: str, rounds: int, units_per_round: int,
+                 node_summaries: Callable[[], list[ttypes.NodeSummary]]) -> None:
+        self.run_id = run_id
+        self.rounds = rounds
+        self.units_total = rounds * units_per_round
+        self._node_summaries = node_summaries
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._ended: float | None = None
+        self.state = RUNNING
+        self.message: str | None = None
+        self.round = 0
+        self.validation_error = -1.0
+        self.units_done = 0
+        self.rejected = 0
+        self.failed = 0
+        self.in_flight = 0
+
+    def add(self, **counts: int) -> None:
+        """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def round_done(self, round_index: int, validation_error: float) -> None:
+        with self._lock:
+            self.round = round_index
+            self.validation_error = validation_error
+
+    def end(self, state: str, message: str | None = None) -> None:
+        with self._lock:
+            self.state = state
+            self.message = message
+            self.in_flight = 0
+            self._ended = time.monotonic()
+
+    def elapsed(self) -> float:
+        with self._lock:
+            return (self._ended or time.monotonic()) - self._started
+
+    def snapshot(self) -> ttypes.RunStatus:
+        nodes = self._node_summaries()
+        elapsed = self.elapsed()
+        with self._lock:
+            return ttypes.RunStatus(
+                run_id=self.run_id, state=self.state, round=self.round, rounds=self.rounds,
+                validation_error=self.validation_error, units_done=self.units_done,
+                units_total=self.units_total, rejected=self.rejected, failed=self.failed,
+                in_flight=self.in_flight, elapsed_seconds=elapsed, nodes=nodes,
+                message=self.message,
+            )

@@ -1,0 +1,196 @@
+"""One training run on the coordinator: rounds, evaluation, files and the final result."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.node_pool import NodeHandle
+from coordinator.nodes_file import NodeAddress
+from coordinator.policies import make_policy
+from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from coordinator.round_engine import (
+    EngineSettings,
+    FatalNodeError,
+    RoundEngine,
+    RoundFailed,
+    RunCancelledError,
+)
+from training.algorithms import ConfigError, get_algorithm
+from training.algorithms.base import Algorithm, UnitSpec, Weights
+from training.datapaths import DataPathError, dataset_dir
+from training.letters import DataFormatError
+from training.model_file import save_model
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.tensor_codec import dict_to_wire
+
+log = logging.getLogger("coordinator.run")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    data_root: Path
+    run_root: Path
+    policy: int
+    rpc_timeout: float = 300.0
+    connect_timeout: float = 3.0
+    seed: int | None = None
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+
+def _invalid(message: str) -> ttypes.InvalidRequest:
+    return ttypes.InvalidRequest(message=message)
+
+
+class Run:
+    """Validates a TrainRequest up front, then `execute()` trains it to the end."""
+
+    def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
+                 settings: CoordinatorSettings) -> None:
+        self.request = request
+        self.settings = settings
+        self.run_id = _check_run_id(request.run_id)
+        if request.rounds < 1:
+            raise _invalid(f"rounds must be at least 1, got {request.rounds}")
+        self.algorithm = _make_algorithm(request, settings.data_root)
+        self.run_dir = settings.run_root / self.run_id
+        self.nodes = [NodeHandle(i, address, settings.rpc_timeout, settings.connect_timeout)
+                      for i, address in enumerate(nodes)]
+        self.cancelled = threading.Event()
+        units_per_round = len(self.algorithm.plan_round(1))
+        self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
+                                    lambda: [n.summary() for n in self.nodes])
+        self._config_json = json.dumps(self.algorithm.config)
+
+    def cancel(self) -> bool:
+        """Ask the run to stop; False if it had already ended."""
+        if self.progress.state != "running":
+            return False
+        self.cancelled.set()
+        return True
+
+    def execute(self) -> ttypes.RunResult:
+        """Train every round; raises the IDL's TrainingFailed or RunCancelled."""
+        log.info("run %s: %s/%s on %s, %d rounds, %d nodes", self.run_id, self.request.algorithm,
+                 self.request.model, self.request.dataset, self.request.rounds, len(self.nodes))
+        try:
+            result = self._train()
+        except RunCancelledError:
+            self.progress.end(CANCELLED, "cancelled by the client")
+            raise ttypes.RunCancelled(message=f"run {self.run_id} was cancelled") from None
+        except (RoundFailed, FatalNodeError) as exc:
+            self.progress.end(FAILED, str(exc))
+            tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
+            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=tried) from None
+        except Exception as exc:
+            log.exception("run %s failed", self.run_id)
+            self.progress.end(FAILED, f"internal error: {exc}")
+            raise ttypes.TrainingFailed(message=f"internal error: {exc}",
+                                        nodes_tried=[n.name for n in self.nodes]) from None
+        finally:
+            for node in self.nodes:
+                node.close()
+        self.progress.end(COMPLETED)
+        return result
+
+    # ---------------------------------------------------------------- rounds
+    def _train(self) -> ttypes.RunResult:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._write_json("run.json", self._describe())
+        engine = RoundEngine(self.run_id, self.nodes,
+                             make_policy(self.settings.policy, self.settings.seed),
+                             self.settings.engine, self.progress, self.cancelled)
+        weights = self.algorithm.initial_weights()
+        history: list[ttypes.RoundMetrics] = []
+        for round_index in range(1, self.request.rounds + 1):
+            weights, metrics = self._round(engine, round_index, weights)
+            history.append(metrics)
+        model_path = save_model(self.run_dir / "model.npz", weights,
+                                self.algorithm.model_description())
+        log.info("run %s finished: validation error %.4f, model in %s", self.run_id,
+                 history[-1].validation_error, model_path)
+        return ttypes.RunResult(
+            run_id=self.run_id, validation_error=history[-1].validation_error,
+            rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
+            nodes=[n.summary() for n in self.nodes], weights=dict_to_wire(weights),
+            model_json=json.dumps(self.algorithm.model_description()),
+            run_dir=str(self.run_dir.resolve()),
+        )
+
+    def _round(self, engine: RoundEngine, round_index: int,
+               weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
+        started = time.monotonic()
+        units = self.algorithm.plan_round(round_index)
+        wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
+
+        def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+            return self._work_request(round_index, unit, attempt, wire_weights)
+
+        outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build)
+        weights = self.algorithm.apply(weights, outcome.average)
+        evaluation = self.algorithm.evaluate(weights)
+        metrics = ttypes.RoundMetrics(
+            round=round_index, validation_error=evaluation.validation_error,
+            validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
+            seconds=time.monotonic() - started)
+        self.progress.round_done(round_index, evaluation.validation_error)
+        log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
+                 round_index, self.request.rounds, evaluation.validation_error,
+                 outcome.completed, len(outcome.discarded), metrics.seconds)
+        self._append_metrics(metrics, outcome.discarded)
+        save_model(self.run_dir / "checkpoint.npz", weights,
+                   {**self.algorithm.model_description(), "round": round_index})
+        return weights, metrics
+
+    def _work_request(self, round_index: int, unit: UnitSpec, attempt: int,
+                      weights: list[ttypes.Tensor]) -> ttypes.WorkRequest:
+        return ttypes.WorkRequest(
+            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, round=round_index,
+            unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,
+            model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
+            config_json=self._config_json, weights=weights,
+            scheduling_policy=self.settings.policy, index_start=unit.index_start,
+            index_stop=unit.index_stop)
+
+    # ----------------------------------------------------------------- files
+    def _describe(self) -> dict[str, Any]:
+        r = self.request
+        return {"run_id": self.run_id, "algorithm": r.algorithm, "model": r.model,
+                "dataset": r.dataset, "rounds": r.rounds, "config": self.algorithm.config,
+                "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
+
+    def _append_metrics(self, metrics: ttypes.RoundMetrics, discarded: list[str]) -> None:
+        row = {"round": metrics.round, "validation_error": metrics.validation_error,
+               "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
+               "seconds": metrics.seconds, "discarded": discarded}
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _write_json(self, name: str, data: dict[str, Any]) -> None:
+        (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_run_id(run_id: str) -> str:
+    if not RUN_ID.match(run_id or ""):
+        raise _invalid(f"run id {run_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
+    return run_id
+
+
+def _make_algorithm(request: ttypes.TrainRequest, data_root: Path) -> Algorithm:
+    try:
+        cls = get_algorithm(request.algorithm)
+        config = json.loads(request.config_json or "{}")
+        if not isinstance(config, dict):
+            raise ConfigError("config_json must hold a JSON object")
+        return cls(request.model, config, dataset_dir(data_root, request.dataset))
+    except json.JSONDecodeError as exc:
+        raise _invalid(f"config_json is not valid JSON: {exc}") from None
+    except (ConfigError, DataPathError, DataFormatError) as exc:
+        raise _invalid(str(exc)) from None

@@ -1,0 +1,186 @@
+"""The contract between the round engine and an algorithm.
+
+An algorithm holds both halves of the maths: what a compute node computes for one
+work unit (`run_unit`) and how the coordinator plans a round and turns the results
+into the next weights. It never opens a socket, starts a thread or sleeps: the
+round engine owns threads, retries, timeouts and quorum, so every algorithm can be
+tested in process.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One work unit of a round: a file of the data set, or an index range inside one."""
+
+    unit_id: str
+    unit_path: str
+    index_start: int | None = None
+    index_stop: int | None = None
+
+
+@dataclass
+class UnitJob:
+    """What a node is asked to compute, decoded from the wire."""
+
+    run_id: str
+    round: int
+    unit: UnitSpec
+    model: str
+    config: dict[str, Any]
+    weights: Weights
+
+
+@dataclass
+class UnitOutput:
+    """What a node returns for a unit: an update and how much data produced it."""
+
+    update: Weights
+    num_samples: int
+    loss: float
+    error: float
+
+
+@dataclass
+class RoundEval:
+    """Metrics of the global model after a round."""
+
+    validation_error: float
+    validation_loss: float
+
+
+class ConfigError(ValueError):
+    """A configuration value that the algorithm cannot use; the message names the key."""
+
+
+class WeightedAverage:
+    """Thread-safe weighted average of updates, folded in as results arrive.
+
+    In deterministic mode the updates are kept and summed in unit order at the end,
+    so the arrival order cannot change a single bit of the result.
+    """
+
+    def __init__(self, deterministic: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._deterministic = deterministic
+        self._sum: Weights = {}
+        self._kept: dict[int, tuple[Weights, int]] = {}
+        self._total = 0
+        self._count = 0
+
+    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
+        if num_samples <= 0:
+            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
+        with self._lock:
+            self._count += 1
+            self._total += num_samples
+            if self._deterministic:
+                self._kept[unit_index] = ({k: np.array(v) for k, v in update.items()}, num_samples)
+            else:
+                self._fold(update, num_samples)
+
+    def _fold(self, update: Mapping[str, np.ndarray], num_samples: int) -> None:
+        for name, value in update.items():
+            scaled = np.asarray(value, dtype=np.float64) * num_samples
+            if name in self._sum:
+                self._sum[name] += scaled
+            else:
+                self._sum[name] = scaled
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return self._count
+
+    def result(self) -> Weights:
+        """The weighted mean of everything added; raises if nothing was added."""
+        with self._lock:
+            if self._deterministic:
+                self._sum = {}
+                for index in sorted(self._kept):
+                    self._fold(*self._kept[index])
+            if self._total == 0:
+                raise ValueError("no update was added to the average")
+            return {name: total / self._total for name, total in self._sum.items()}
+
+
+class Algorithm(ABC):
+    """Base class of every training algorithm; see the module docstring."""
+
+    name: ClassVar[str]
+    models: ClassVar[tuple[str, ...]]
+
+    # ------------------------------------------------------------- node half
+    @classmethod
+    @abstractmethod
+    def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
+        """Compute one unit on a node, from the job's weights and the node's own data."""
+
+    @classmethod
+    @abstractmethod
+    def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate a configuration and return it with defaults filled in."""
+
+    # ------------------------------------------------------ coordinator half
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
+        self.model = model
+        self.config = self.check_config(model, config)
+        self.dataset_dir = dataset_dir
+
+    @abstractmethod
+    def initial_weights(self) -> Weights:
+        """The weights of round 0."""
+
+    @abstractmethod
+    def plan_round(self, round_index: int) -> list[UnitSpec]:
+        """The work units of a round."""
+
+    def quorum(self, num_units: int) -> int:
+        """How many results end a round (K of N); all of them by default."""
+        return num_units
+
+    @abstractmethod
+    def apply(self, weights: Weights, average: Weights) -> Weights:
+        """The next weights, from the current ones and the round's averaged updates."""
+
+    @abstractmethod
+    def evaluate(self, weights: Weights) -> RoundEval:
+        """Score the global model on the validation data."""
+
+    @abstractmethod
+    def model_description(self) -> dict[str, Any]:
+        """What a reader needs, with the weights, to rebuild the model (JSON-serialisable)."""
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Coordinator-side optimizer state to checkpoint; none by default."""
+        return {}
+
+
+@dataclass
+class Registry:
+    """Names to algorithm classes, checked at the boundary with a helpful message."""
+
+    entries: dict[str, type[Algorithm]] = field(default_factory=dict)
+
+    def register(self, cls: type[Algorithm]) -> type[Algorithm]:
+        self.entries[cls.name] = cls
+        return cls
+
+    def get(self, name: str) -> type[Algorithm]:
+        try:
+            return self.entries[name]
+        except KeyError:
+            known = ", ".join(sorted(self.entries))
+            raise ConfigError(f"unknown algorithm {name!r}; known: {known}") from None

@@ -1,0 +1,1 @@
+"""Networking without maths: the tensor codec, Thrift transports, clients and servers."""

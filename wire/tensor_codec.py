@@ -1,0 +1,112 @@
+"""numpy arrays <-> the IDL's `Tensor` struct, without copying the payload.
+
+A tensor travels as its dtype name, its shape and its C-order little-endian
+bytes. `to_wire` hands Thrift a view of the array's own memory when the array
+already has that layout, and `from_wire` wraps the received bytes with
+`np.frombuffer`, so a large tensor is never copied by this module. Everything a
+peer sends is validated first, because a wrong dtype or shape would otherwise
+surface as a confusing numpy error far from the wire.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from wire.generated import ttypes
+
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+)
+
+# numpy 1.26 (the oldest we support) handles at most 32 dimensions.
+_MAX_DIMS = 32
+
+
+class CodecError(ValueError):
+    """A tensor cannot be encoded or decoded; the message says what to change."""
+
+
+def to_wire(name: str, array: np.ndarray) -> ttypes.Tensor:
+    """Wrap `array` as a Tensor whose `data` is a view of the array's memory.
+
+    A C-contiguous little-endian array is not copied: the Tensor keeps a
+    memoryview of it, so do not modify the array until the call that sends the
+    Tensor has returned. Other layouts are converted once.
+    """
+    arr = np.asarray(array)
+    _check_dtype(name, arr.dtype.name)
+    little = arr.dtype.newbyteorder("<")
+    if arr.dtype != little:
+        arr = arr.astype(little)
+    arr = np.ascontiguousarray(arr)
+    data = memoryview(arr.reshape(-1).view(np.uint8))
+    return ttypes.Tensor(name=name, dtype=arr.dtype.name, shape=list(arr.shape), data=data)
+
+
+def from_wire(t: ttypes.Tensor) -> np.ndarray:
+    """Return a read-only array viewing `t.data` (no copy) after validating `t`.
+
+    The array shares memory with the received message; copy it (`.copy()`)
+    to modify it.
+    """
+    name = t.name if isinstance(t.name, str) else "<unnamed>"
+    _check_dtype(name, t.dtype)
+    shape = _checked_shape(name, t.shape)
+    dtype = np.dtype(t.dtype).newbyteorder("<")
+    if t.data is None:
+        raise CodecError(f"tensor {name!r} has no data; the sender must set Tensor.data")
+    have = memoryview(t.data).nbytes
+    need = math.prod(shape) * dtype.itemsize
+    if have != need:
+        raise CodecError(
+            f"tensor {name!r}: shape {shape} of {t.dtype} needs {need} bytes but data has "
+            f"{have}; the sender must send exactly the C-order bytes of the declared shape"
+        )
+    arr = np.frombuffer(t.data, dtype=dtype).reshape(shape)
+    arr.flags.writeable = False
+    return arr
+
+
+def dict_to_wire(d: Mapping[str, np.ndarray]) -> list[ttypes.Tensor]:
+    """Encode a name -> array mapping as a Tensor list, keeping its order."""
+    return [to_wire(name, array) for name, array in d.items()]
+
+
+def wire_to_dict(ts: Iterable[ttypes.Tensor]) -> dict[str, np.ndarray]:
+    """Decode a Tensor list into a name -> array dict in list order.
+
+    Duplicate names are refused: silently keeping one of them would drop data.
+    """
+    out: dict[str, np.ndarray] = {}
+    for t in ts:
+        if t.name in out:
+            raise CodecError(
+                f"tensor name {t.name!r} appears twice; every tensor in a list needs its own name"
+            )
+        out[t.name] = from_wire(t)
+    return out
+
+
+def _check_dtype(name: str, dtype: object) -> None:
+    if dtype not in ALLOWED_DTYPES:
+        raise CodecError(
+            f"tensor {name!r} has dtype {dtype!r}, which the wire does not carry; "
+            f"convert it to one of {sorted(ALLOWED_DTYPES)} (e.g. .astype(np.float32))"
+        )
+
+
+def _checked_shape(name: str, shape: object) -> tuple[int, ...]:
+    if not isinstance(shape, list | tuple) or len(shape) > _MAX_DIMS:
+        raise CodecError(
+            f"tensor {name!r} has shape {shape!r}; it must be a list of at most "
+            f"{_MAX_DIMS} non-negative integers"
+        )
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise CodecError(
+            f"tensor {name!r} has shape {list(shape)}; every dimension must be a "
+            "non-negative integer"
+        )
+    return tuple(shape)

@@ -1,0 +1,305 @@
+"""A framed Thrift transport over a TCP socket that does not copy big payloads.
+
+The bytes on the wire are those of Thrift's `TFramedTransport` (a 4-byte
+big-endian length, then one message), so stock framed peers interoperate. What
+differs is where the bytes live:
+
+* writes keep references to large buffers (a tensor's memory) instead of
+  copying them, and `flush` hands everything to one `sendmsg` call;
+* reads receive a whole frame with `recv_into` into one buffer and serve
+  `read`/`readAll` as memoryview slices of it, so a 16 MiB binary field is
+  decoded without a copy;
+* big receive buffers are anonymous private mmaps advised to use huge pages
+  (page faults on fresh 4 KiB pages cost more than the copy itself here) and
+  the connection reuses its last one when nothing still refers to it.
+
+Limits are deliberate: frames above `max_frame_bytes` are refused before any
+memory is allocated, strings may be as long as a frame, containers hold at most
+`DEFAULT_CONTAINER_LIMIT` elements. Protocols must be the pure-Python binary
+protocol (`WireProtocol`): the C-accelerated one copies big binaries byte by
+byte and cannot read memoryviews.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
+from thrift.transport.TTransport import TTransportBase, TTransportException
+
+DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
+DEFAULT_CONTAINER_LIMIT = 1_000_000
+
+# Writes at least this big are sent from the caller's memory, not copied.
+LARGE_WRITE_BYTES = 64 * 1024
+# Frames at least this big are received into a reusable huge-page mmap.
+_MMAP_FRAME_BYTES = 1024 * 1024
+_HUGE_PAGE_BYTES = 2 * 1024 * 1024
+# The signed 32-bit length field of a frame cannot say more than this.
+_HARD_MAX_FRAME_BYTES = 2**31 - 1
+_SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+_HEADER = struct.Struct("!i")
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_EMPTY = memoryview(b"")
+
+BytesLike = bytes | bytearray | memoryview
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Turn off Nagle (RPCs are request/response) and enlarge the kernel buffers.
+
+    Bigger socket buffers mean fewer, larger `recv_into`/`sendmsg` calls for a
+    big tensor; the kernel caps the request at net.core.[rw]mem_max.
+    """
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
+
+
+class FramedSocketTransport(TTransportBase):
+    """Thrift framed transport bound to one connected TCP socket.
+
+    Not thread-safe: one call at a time per connection. Any socket error or
+    timeout closes the transport, because a reply that arrives late would
+    otherwise be read as the answer to the next call.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        peer: str | None = None,
+    ) -> None:
+        if not 0 < max_frame_bytes <= _HARD_MAX_FRAME_BYTES:
+            raise ValueError(f"max_frame_bytes must be in 1..{_HARD_MAX_FRAME_BYTES}")
+        self._sock: socket.socket | None = sock
+        self.max_frame_bytes = max_frame_bytes
+        self.peer = peer or _describe_peer(sock)
+        self._header = bytearray(_HEADER.size)
+        self._frame: memoryview = _EMPTY
+        self._pos = 0
+        self._spare: mmap.mmap | None = None
+        self._reset_writes()
+
+    # ------------------------------------------------------------ lifecycle
+    def isOpen(self) -> bool:
+        return self._sock is not None
+
+    def open(self) -> None:
+        if self._sock is None:
+            raise TTransportException(
+                TTransportException.NOT_OPEN,
+                f"connection to {self.peer} is closed; open a new one",
+            )
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        self._frame, self._spare = _EMPTY, None
+        if sock is not None:
+            sock.close()
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """Bound every later send or receive (None waits forever)."""
+        self._socket().settimeout(seconds)
+
+    # ---------------------------------------------------------------- reads
+    def read(self, sz: int) -> memoryview:
+        """Up to `sz` bytes of the current frame (the next one if it is used up)."""
+        if self._pos >= len(self._frame):
+            self._next_frame()
+        start = self._pos
+        self._pos = min(start + sz, len(self._frame))
+        return self._frame[start : self._pos]
+
+    def readAll(self, sz: int) -> memoryview:
+        """Exactly `sz` bytes as a zero-copy view of the received frame.
+
+        A Thrift message never spans frames, so a read that overruns its frame
+        means a malformed message; it fails at once instead of waiting.
+        """
+        if sz and self._pos >= len(self._frame):
+            self._next_frame()
+        start, end = self._pos, self._pos + sz
+        if end > len(self._frame):
+            raise TProtocolException(
+                TProtocolException.INVALID_DATA,
+                f"message from {self.peer} needs {sz} more bytes but its frame has "
+                f"{len(self._frame) - start} left; the peer sent a malformed message",
+            )
+        self._pos = end
+        return self._frame[start:end]
+
+    def _next_frame(self) -> None:
+        self._frame, self._pos = _EMPTY, 0  # our own view must not pin the old buffer
+        self._recv_exactly(memoryview(self._header))
+        (size,) = _HEADER.unpack(self._header)
+        if not 0 <= size <= self.max_frame_bytes:
+            raise TTransportException(
+                TTransportException.SIZE_LIMIT,
+                f"frame of {size} bytes from {self.peer} is outside 0..{self.max_frame_bytes}; "
+                "raise max_frame_bytes on both ends or send smaller messages",
+            )
+        frame = memoryview(self._buffer_for(size))[:size]
+        self._recv_exactly(frame)
+        self._frame = frame
+
+    def _buffer_for(self, size: int) -> bytearray | mmap.mmap:
+        if size < _MMAP_FRAME_BYTES:
+            return bytearray(size)
+        spare = self._spare
+        if spare is not None and len(spare) >= size and _unreferenced(spare):
+            return spare
+        self._spare = _huge_page_buffer(size)
+        return self._spare
+
+    def _recv_exactly(self, view: memoryview) -> None:
+        sock, pos, size = self._socket(), 0, len(view)
+        try:
+            while pos < size:
+                got = sock.recv_into(view[pos:], size - pos)
+                if not got:
+                    raise TTransportException(
+                        TTransportException.END_OF_FILE,
+                        f"{self.peer} closed the connection"
+                        + (f" {size - pos} bytes short of a frame" if pos else ""),
+                    )
+                pos += got
+        except OSError as exc:
+            raise self._failure(exc, "receiving from") from exc
+
+    # --------------------------------------------------------------- writes
+    def write(self, buf: BytesLike) -> None:
+        """Queue `buf`; small writes are coalesced, large ones kept by reference."""
+        size = buf.nbytes if isinstance(buf, memoryview) else len(buf)
+        if size >= LARGE_WRITE_BYTES:
+            self._pieces.append(self._small)
+            self._pieces.append(buf)
+            self._small = bytearray()
+        else:
+            self._small += buf
+        self._size += size
+
+    def flush(self) -> None:
+        """Send the queued message as one frame."""
+        pieces, size = [*self._pieces, self._small], self._size
+        self._reset_writes()
+        if size > self.max_frame_bytes:
+            raise TTransportException(
+                TTransportException.SIZE_LIMIT,
+                f"message of {size} bytes to {self.peer} exceeds max_frame_bytes="
+                f"{self.max_frame_bytes}; raise it on both ends or send smaller messages",
+            )
+        _HEADER.pack_into(pieces[0], 0, size)
+        try:
+            if len(pieces) == 1:
+                self._socket().sendall(pieces[0])
+            else:
+                self._send_pieces([memoryview(p).cast("B") for p in pieces])
+        except OSError as exc:
+            raise self._failure(exc, "sending to") from exc
+
+    def _reset_writes(self) -> None:
+        self._pieces: list[BytesLike] = []
+        self._small = bytearray(_HEADER.size)  # room for the frame length
+        self._size = 0
+
+    def _send_pieces(self, views: list[memoryview]) -> None:
+        """sendmsg until every byte is out, resuming after partial sends."""
+        sock, first = self._socket(), 0
+        while first < len(views):
+            sent = sock.sendmsg(views[first : first + _IOV_MAX])
+            while first < len(views) and sent >= views[first].nbytes:
+                sent -= views[first].nbytes
+                first += 1
+            if sent:
+                views[first] = views[first][sent:]
+
+    # -------------------------------------------------------------- helpers
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            self.open()  # raises NOT_OPEN
+        return self._sock  # type: ignore[return-value]
+
+    def _failure(self, exc: OSError, doing: str) -> TTransportException:
+        timeout = self._sock.gettimeout() if self._sock is not None else None
+        self.close()
+        if isinstance(exc, TimeoutError):
+            return TTransportException(
+                TTransportException.TIMED_OUT,
+                f"timed out {doing} {self.peer} after {timeout}s; the connection is closed "
+                "(raise the read timeout for long calls)",
+                exc,
+            )
+        return TTransportException(
+            TTransportException.UNKNOWN, f"error {doing} {self.peer}: {exc}", exc
+        )
+
+
+class WireProtocol(TBinaryProtocol):
+    """The pure-Python binary protocol, reading strings from memoryviews.
+
+    Binary fields come back as memoryviews of the received frame (zero copy);
+    strings are decoded to `str` as usual.
+    """
+
+    def readString(self) -> str:
+        return str(self.readBinary(), "utf-8")
+
+
+class WireProtocolFactory(TProtocolFactory):
+    """Builds `WireProtocol`s whose length limits match the frame limit."""
+
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        container_length_limit: int = DEFAULT_CONTAINER_LIMIT,
+    ) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.container_length_limit = container_length_limit
+
+    def getProtocol(self, trans: TTransportBase) -> WireProtocol:
+        return WireProtocol(
+            trans,
+            string_length_limit=self.max_frame_bytes,
+            container_length_limit=self.container_length_limit,
+        )
+
+
+def _huge_page_buffer(size: int) -> mmap.mmap:
+    """A private anonymous mapping rounded up to whole huge pages.
+
+    Private matters: shared anonymous memory is shmem and does not get
+    transparent huge pages. Memory is only committed as data arrives, so a
+    peer announcing a big frame and sending nothing costs nothing.
+    """
+    size = -(-size // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf
+
+
+def _unreferenced(buf: mmap.mmap) -> bool:
+    """True when no memoryview or array exported from `buf` is still alive.
+
+    mmap refuses to resize while buffers are exported, even to its own size,
+    which makes the resize a cheap and exact test.
+    """
+    try:
+        buf.resize(len(buf))
+    except (BufferError, OSError):
+        return False
+    return True
+
+
+def _describe_peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "<unconnected>"
+    return f"{host}:{port}"

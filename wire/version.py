@@ -1,0 +1,14 @@
+"""The protocol-version handshake every service performs on its first call."""
+
+from wire.generated import PROTOCOL_VERSION, ttypes
+
+
+def check_protocol_version(version: int, who: str) -> None:
+    """Raise the declared VersionMismatch when a peer speaks another protocol version."""
+    if version != PROTOCOL_VERSION:
+        raise ttypes.VersionMismatch(
+            message=f"protocol version {version} does not match the {who}'s {PROTOCOL_VERSION}; "
+            "run the same release of the trainer on the client, coordinator and nodes",
+            expected=PROTOCOL_VERSION,
+            received=version,
+        )
