@@ -31,12 +31,10 @@ class ProgressView:
             )
 
     def __enter__(self) -> ProgressView:
-        if self._progress is not None:
-            self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
+        if self._task is not None:
             self._progress.stop()
 
     def update(self, status: ttypes.RunStatus) -> None:
@@ -46,7 +44,8 @@ class ProgressView:
         detail = (f"val error {error} | units {status.units_done}/{status.units_total} | "
                   f"rejected {status.rejected} | failed {status.failed} | "
                   f"in flight {status.in_flight}")
-        if self._task is None:
+        if self._task is None:  # started on the first status, so early errors print alone
+            self._progress.start()
             self._task = self._progress.add_task("train", total=status.rounds, round=0,
                                                  detail=detail)
         self._progress.update(self._task, completed=status.round, round=status.round,

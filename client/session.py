@@ -46,7 +46,7 @@ def call(endpoint: Endpoint, method: str, request: Any, timeout: float = 10.0) -
                      connect_timeout=endpoint.connect_timeout, read_timeout=timeout) as client:
             return getattr(client, method)(request)
     except ConnectionFailed as exc:
-        raise ClientError(f"cannot reach the coordinator at {endpoint}: {exc}") from None
+        raise ClientError(f"cannot reach the coordinator: {exc}") from None
     except ttypes.UnknownRun as exc:
         raise ClientError(exc.message) from None
     except (TException, OSError) as exc:
@@ -131,5 +131,5 @@ def _train_outcome(train: _TrainCall, endpoint: Endpoint) -> ttypes.RunResult:
     if isinstance(error, (ttypes.InvalidRequest, ttypes.RunCancelled, ttypes.VersionMismatch)):
         raise ClientError(error.message)
     if isinstance(error, ConnectionFailed):
-        raise ClientError(f"cannot reach the coordinator at {endpoint}: {error}")
+        raise ClientError(f"cannot reach the coordinator: {error}")
     raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}")

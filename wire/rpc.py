@@ -15,8 +15,8 @@ import logging
 import selectors
 import socket
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
 from thrift.protocol.TProtocol import TProtocolBase
@@ -70,32 +70,39 @@ def open_transport(
     return FramedSocketTransport(sock, max_frame_bytes=max_frame_bytes, peer=where)
 
 
-@contextmanager
-def connect(
-    client_cls: ClientFactory[C],
-    host: str,
-    port: int,
-    *,
-    connect_timeout: float = 5.0,
-    read_timeout: float | None = 60.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-) -> Iterator[C]:
-    """Yield a connected `client_cls` (e.g. `ComputeNode.Client`); close it on exit.
+class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(...) as c`
+    """Context manager yielding a connected `client_cls` (e.g. `ComputeNode.Client`).
 
     `read_timeout` bounds each send or receive making no progress; change it
-    on the open connection with `set_read_timeout`.
+    on the open connection with `set_read_timeout`. A class rather than a
+    generator-based context manager on purpose: contextlib re-raises by
+    assigning `__traceback__`, which Thrift's immutable exception classes refuse.
     """
-    transport = open_transport(
-        host,
-        port,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_frame_bytes=max_frame_bytes,
-    )
-    try:
-        yield client_cls(WireProtocolFactory(max_frame_bytes).getProtocol(transport))
-    finally:
-        transport.close()
+
+    def __init__(
+        self,
+        client_cls: ClientFactory[C],
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float | None = 60.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self._transport = open_transport(
+            host,
+            port,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_frame_bytes=max_frame_bytes,
+        )
+        self._client = client_cls(WireProtocolFactory(max_frame_bytes).getProtocol(self._transport))
+
+    def __enter__(self) -> C:
+        return self._client
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._transport.close()
 
 
 def set_read_timeout(client: Any, seconds: float | None) -> None:
@@ -145,16 +152,9 @@ class ConnectionPool(Generic[C]):
         self._lock = threading.Lock()
         self._closed = False
 
-    @contextmanager
-    def client(self) -> Iterator[C]:
+    def client(self) -> _Lease[C]:
         """Lend a connected client for the duration of the with-block."""
-        client = self._checkout()
-        try:
-            yield client
-        except BaseException:
-            transport_of(client).close()
-            raise
-        self._checkin(client)
+        return _Lease(self)
 
     def close(self) -> None:
         """Close idle connections; lent ones are closed when they come back."""
@@ -186,6 +186,24 @@ class ConnectionPool(Generic[C]):
                 self._idle.append(client)
                 return
         transport_of(client).close()
+
+
+class _Lease(Generic[C]):
+    """One borrowed connection: returned to the pool on success, closed on any error."""
+
+    def __init__(self, pool: ConnectionPool[C]) -> None:
+        self._pool = pool
+        self._client: C | None = None
+
+    def __enter__(self) -> C:
+        self._client = self._pool._checkout()
+        return self._client
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self._pool._checkin(self._client)
+        else:
+            transport_of(self._client).close()
 
 
 class ThriftServer:

@@ -56,8 +56,10 @@ def tune_socket(sock: socket.socket) -> None:
     big tensor; the kernel caps the request at net.core.[rw]mem_max.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
+    n = int(os.environ.get("XBUF", _SOCKET_BUFFER_BYTES))
+    if n:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, n)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
 
 
 class FramedSocketTransport(TTransportBase):

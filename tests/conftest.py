@@ -1,0 +1,61 @@
+"""Shared fixtures: a local cluster of real compute-node and coordinator processes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import procs
+
+
+class Cluster:
+    """Nodes and a coordinator in their own processes on 127.0.0.1, ended by PID."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.nodes: list[procs.Proc] = []
+        self.coordinator: procs.Proc | None = None
+
+    def add_node(self, load: float = 0.0, *extra: str) -> procs.Proc:
+        node = procs.start_node(self.workdir, f"node{len(self.nodes) + 1}", load,
+                                "--seed", str(len(self.nodes) + 1), *extra)
+        self.nodes.append(node)
+        return node
+
+    def start_coordinator(self, policy: int = 2, *extra: str,
+                          nodes: list[procs.Proc] | None = None) -> procs.Proc:
+        nodes_file = procs.write_nodes_file(self.workdir / "compute_nodes.txt",
+                                            self.nodes if nodes is None else nodes)
+        self.coordinator = procs.start_coordinator(self.workdir, nodes_file, policy, *extra)
+        return self.coordinator
+
+    def client(self, *args: str, timeout: float = 120.0):
+        return procs.run_client(["127.0.0.1", str(self.coordinator.port), *args], self.workdir,
+                                timeout=timeout)
+
+    def train_json(self, *args: str, timeout: float = 120.0) -> dict:
+        done = self.client(*args, "--json", timeout=timeout)
+        assert done.returncode == 0, done.stderr + self.logs()
+        return json.loads(done.stdout)
+
+    def logs(self) -> str:
+        parts = [f"--- {p.log_path.name}\n{p.log()}" for p in [*self.nodes, self.coordinator]
+                 if p is not None]
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for proc in [self.coordinator, *self.nodes]:
+            if proc is not None:
+                proc.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()

@@ -1,0 +1,157 @@
+"""The three user commands as a user runs them: output, exit codes, failures, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.procs import REPO, python_env, run_client
+from wire.generated import Coordinator, ttypes
+from wire.rpc import connect
+
+
+def run_script(script: str, *args: str, cwd=REPO, timeout: float = 60.0):
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd,
+                          env=python_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("script, words", [
+    ("compute_node.py", ["port", "load_prob", "--data-root", "--load-delay", "--seed"]),
+    ("coordinator_node.py", ["policy", "--nodes-file", "--run-dir", "--data-root", "--grace"]),
+    ("client.py", ["coordinator_ip", "rounds", "epochs", "eta", "--json", "--quiet"]),
+])
+def test_help_documents_every_argument(script, words):
+    done = run_script(script, "--help")
+    assert done.returncode == 0
+    for word in words:
+        assert word in done.stdout
+
+
+@pytest.mark.parametrize("script, args", [
+    ("client.py", ["localhost", "9095", "letters", "five", "15", "20", "0.0001"]),
+    ("client.py", ["localhost", "9095", "letters", "5"]),
+    ("compute_node.py", ["9091", "1.5"]),
+    ("coordinator_node.py", ["9095", "7"]),
+])
+def test_bad_arguments_print_usage_and_exit_2(script, args):
+    done = run_script(script, *args)
+    assert done.returncode == 2
+    assert "usage:" in done.stderr
+
+
+def test_unreachable_coordinator_is_one_line_and_non_zero(tmp_path):
+    done = run_client(["127.0.0.1", str(free_port()), "letters", "1", "1", "20", "0.1"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1
+    assert "cannot reach the coordinator" in done.stderr
+
+
+def test_missing_data_directory_names_the_path(cluster):
+    cluster.add_node()
+    cluster.start_coordinator(2)
+    done = cluster.client("no_such_set", "1", "1", "20", "0.1", "--quiet")
+    assert done.returncode == 1
+    assert "no_such_set" in done.stderr and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "not found"),
+    ("# only a comment\n\n", "lists no compute node"),
+    ("localhost,9091\nlocalhost 9092\n", "line 2"),
+    ("localhost,port\n", "line 1"),
+])
+def test_bad_nodes_file_is_a_clear_error(tmp_path, content, expected):
+    nodes = tmp_path / "nodes.txt"
+    if content is not None:
+        nodes.write_text(content)
+    done = run_script("coordinator_node.py", "0", "2", "--nodes-file", str(nodes), cwd=tmp_path)
+    assert done.returncode == 1
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_three_commands_train_and_report(cluster):
+    cluster.add_node(0.2, "--load-delay", "0.1")
+    cluster.add_node(0.4, "--load-delay", "0.1")
+    cluster.start_coordinator(2)
+    done = cluster.client("letters", "2", "15", "20", "0.0001", "--compat", "--out", "models")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Final validation error: 0.9277" in out
+    assert "Rounds: 2" in out and "Wall time" in out
+    for column in ("accepted", "rejected", "delayed", "failed"):
+        assert column in out
+    model_line = next(line for line in out.splitlines() if line.startswith("Model saved to:"))
+    assert (cluster.workdir / model_line.split(": ", 1)[1]).is_file()
+    status = run_client(
+        ["status", "127.0.0.1", str(cluster.coordinator.port), "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "completed"
+
+
+def _wait_for_running(port: int, deadline_seconds: float = 30.0) -> ttypes.RunStatus:
+    deadline = time.monotonic() + deadline_seconds
+    with connect(Coordinator.Client, "127.0.0.1", port, read_timeout=5) as client:
+        while time.monotonic() < deadline:
+            try:
+                status = client.status(ttypes.StatusRequest(run_id=""))
+                if status.in_flight > 0:
+                    return status
+            except ttypes.UnknownRun:
+                pass
+            time.sleep(0.05)  # polling the coordinator; bounded by the deadline
+    raise AssertionError("the run never got going")
+
+
+def test_ctrl_c_cancels_the_run_cleanly(cluster):
+    cluster.add_node(1.0, "--load-delay", "30")  # every unit waits 30 s: the run is slow
+    cluster.start_coordinator(1, "--no-speculation")
+    client = subprocess.Popen(
+        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
+         "letters", "3", "15", "20", "0.0001", "--quiet"],
+        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        status = _wait_for_running(cluster.coordinator.port)
+        client.send_signal(signal.SIGINT)
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 130
+    assert "cancelled" in err
+    after = run_client(["status", "127.0.0.1", str(cluster.coordinator.port), status.run_id,
+                        "--json"], cluster.workdir)
+    assert json.loads(after.stdout)["state"] == "cancelled"
+
+
+def test_client_notices_a_dead_coordinator(cluster):
+    cluster.add_node(1.0, "--load-delay", "30")
+    cluster.start_coordinator(1, "--no-speculation")
+    client = subprocess.Popen(
+        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
+         "letters", "3", "15", "20", "0.0001", "--quiet", "--dead-after", "3"],
+        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        _wait_for_running(cluster.coordinator.port)
+        cluster.coordinator.kill()
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1
+    assert "coordinator" in err
+    assert "Traceback" not in err

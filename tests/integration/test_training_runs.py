@@ -1,0 +1,69 @@
+"""Full runs through real compute-node and coordinator processes on loopback."""
+
+from __future__ import annotations
+
+from tests.procs import run_client
+
+ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
+FAST_DELAY = ["--load-delay", "0.2"]
+
+
+def units_accepted(result: dict) -> int:
+    return sum(n["accepted"] for n in result["nodes"])
+
+
+def test_three_nodes_reproduce_the_assignment_and_save_a_usable_model(cluster):
+    for load in (0.2, 0.4, 0.6):
+        cluster.add_node(load, *FAST_DELAY)
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*ASSIGNMENT)
+    assert round(result["validation_error"], 4) == 0.8054
+    assert [round(h["validation_error"], 4) for h in result["history"]] == [
+        0.9574, 0.9277, 0.7954, 0.7720, 0.8054]
+    assert units_accepted(result) >= 55  # backups may add accepted duplicates
+    evaluated = run_client(["evaluate", result["model_path"], "--json"], cluster.workdir)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert '"error": 0.8054' in evaluated.stdout
+
+
+def test_policy_2_at_load_0_8_rejects_yet_completes_every_unit(cluster):
+    for _ in range(4):
+        cluster.add_node(0.8, *FAST_DELAY)
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*ASSIGNMENT)
+    assert sum(n["rejected"] for n in result["nodes"]) > 0
+    assert units_accepted(result) >= 55
+    assert round(result["validation_error"], 4) == 0.8054
+
+
+def test_random_policy_never_sees_a_rejection(cluster):
+    for _ in range(2):
+        cluster.add_node(0.5, *FAST_DELAY)
+    cluster.start_coordinator(1)
+    result = cluster.train_json("letters", "2", "15", "20", "0.0001", "--compat")
+    assert sum(n["rejected"] for n in result["nodes"]) == 0
+    assert sum(n["delayed"] for n in result["nodes"]) > 0
+
+
+def test_a_node_killed_mid_run_has_its_units_retried_elsewhere(cluster):
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    doomed = cluster.add_node(0.0, "--crash-after-units", "4")
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*ASSIGNMENT)
+    assert not doomed.alive()
+    assert round(result["validation_error"], 4) == 0.8054
+    crashed = next(n for n in result["nodes"] if n["node"].endswith(f":{doomed.port}"))
+    assert crashed["failed"] >= 1
+
+
+def test_all_nodes_dead_fails_with_the_nodes_tried(cluster):
+    first, second = cluster.add_node(0.0), cluster.add_node(0.0)
+    first.stop()
+    second.stop()
+    cluster.start_coordinator(2, "--grace", "2")
+    done = cluster.client(*ASSIGNMENT, "--quiet")
+    assert done.returncode == 1
+    assert "training failed" in done.stderr
+    assert f"127.0.0.1:{first.port}" in done.stderr and f"127.0.0.1:{second.port}" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,104 @@
+"""Starting the project's real processes for tests: port files, readiness, teardown by PID."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+READY_SECONDS = 30.0
+LISTENING = re.compile(r"listening on \S+:(\d+)")
+
+
+@dataclass
+class Proc:
+    """A started process; `port` is read from the port file it writes once listening."""
+
+    popen: subprocess.Popen
+    log_path: Path
+    port: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate, wait, then kill: only this process, by its PID."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+
+def python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def start(script: str, args: list[str], workdir: Path, name: str) -> Proc:
+    """Start `python <script> <args>` and wait until it prints the port it listens on."""
+    log_path = workdir / f"{name}.log"
+    popen = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=workdir,
+                             env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = Proc(popen, log_path)
+    ready = threading.Event()
+    threading.Thread(target=_copy_output, args=(proc, ready), daemon=True).start()
+    deadline = time.monotonic() + READY_SECONDS
+    while not ready.wait(0.05):
+        if not proc.alive() or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{name} did not start (exit {popen.returncode}):\n{proc.log()}")
+    return proc
+
+
+def _copy_output(proc: Proc, ready: threading.Event) -> None:
+    """Copy the child's output to its log file; note the port from its 'listening' line."""
+    with open(proc.log_path, "wb") as log:
+        for line in proc.popen.stdout:
+            log.write(line)
+            log.flush()
+            match = LISTENING.search(line.decode(errors="replace"))
+            if match and not ready.is_set():
+                proc.port = int(match.group(1))
+                ready.set()
+
+
+def start_node(workdir: Path, name: str, load: float = 0.0, *extra: str) -> Proc:
+    return start("compute_node.py", ["0", str(load), "--host", "127.0.0.1", *extra],
+                 workdir, name)
+
+
+def write_nodes_file(path: Path, nodes: list[Proc]) -> Path:
+    path.write_text("".join(f"127.0.0.1,{n.port}\n" for n in nodes))
+    return path
+
+
+def start_coordinator(workdir: Path, nodes_file: Path, policy: int = 2, *extra: str) -> Proc:
+    return start("coordinator_node.py",
+                 ["0", str(policy), "--host", "127.0.0.1", "--nodes-file", str(nodes_file),
+                  "--run-dir", str(workdir / "runs"), *extra], workdir, "coordinator")
+
+
+def run_client(args: list[str], workdir: Path, timeout: float = 120.0
+               ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "client.py"), *args], cwd=workdir,
+                          env=python_env(), capture_output=True, text=True, timeout=timeout)
