@@ -32,8 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import suppress
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np

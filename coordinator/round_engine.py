@@ -94,6 +94,7 @@ class RoundEngine:
                  cancelled: threading.Event) -> None:
         self.run_id = run_id
         self.nodes = nodes
+        self._by_index = {node.index: node for node in nodes}
         self.policy = policy
         self.settings = settings
         self.progress = progress
@@ -166,7 +167,7 @@ class RoundEngine:
         for index in order:
             if state.is_over(unit):
                 return
-            answer = self._attempt(state, unit, self.nodes[index], build_request)
+            answer = self._attempt(state, unit, self._by_index[index], build_request)
             if answer != "rejected":
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off

@@ -1,0 +1,32 @@
+"""gen-py/ is exactly what scripts/gen_thrift.sh makes from thrift/ (never hand-edited)."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.procs import REPO
+
+
+def _differences(left, right) -> list[str]:
+    cmp = filecmp.dircmp(left, right, ignore=["__pycache__"])
+    found = [f"only in {left}: {n}" for n in cmp.left_only]
+    found += [f"only in {right}: {n}" for n in cmp.right_only]
+    found += [f"differs: {n}" for n in cmp.diff_files]
+    for sub in cmp.common_dirs:
+        found += _differences(os.path.join(left, sub), os.path.join(right, sub))
+    return found
+
+
+def test_committed_gen_py_matches_a_fresh_generation(tmp_path):
+    if shutil.which("thrift") is None:
+        if os.environ.get("CI"):
+            pytest.fail("the thrift compiler must be installed in CI (thrift-compiler)")
+        pytest.skip("thrift compiler not installed (apt-get install thrift-compiler)")
+    out = tmp_path / "gen-py"
+    subprocess.run([str(REPO / "scripts" / "gen_thrift.sh"), str(out)], check=True, timeout=60)
+    assert _differences(REPO / "gen-py", out) == []

@@ -1,0 +1,139 @@
+"""The round engine with in-process nodes: retries, failures, backups, quorum, cancel."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from compute_node.load import LoadSimulator
+from coordinator.policies import RoundRobinPolicy
+from coordinator.progress import RunProgress
+from coordinator.round_engine import (
+    EngineSettings,
+    RoundEngine,
+    RoundFailed,
+    RunCancelledError,
+)
+from tests.inprocess import LocalNode
+from training.algorithms.base import UnitSpec
+from training.algorithms.delta_avg import DeltaAveraging
+from training.datapaths import DEFAULT_DATA_ROOT
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.rpc import ConnectionFailed
+from wire.tensor_codec import dict_to_wire, wire_to_dict
+
+CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}
+ALGORITHM = DeltaAveraging("mlp", CONFIG, DEFAULT_DATA_ROOT / "letters")
+WEIGHTS = ALGORITHM.initial_weights()
+
+
+def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+    return ttypes.WorkRequest(
+        protocol_version=PROTOCOL_VERSION, run_id="r1", round=1, unit_id=unit.unit_id,
+        attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
+        unit_path=unit.unit_path, config_json=json.dumps(ALGORITHM.config),
+        weights=dict_to_wire(WEIGHTS), scheduling_policy=2)
+
+
+def engine(nodes, **settings) -> tuple[RoundEngine, RunProgress, threading.Event]:
+    progress = RunProgress("r1", 1, 11, lambda: [n.summary() for n in nodes])
+    cancelled = threading.Event()
+    eng = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(**settings), progress,
+                      cancelled)
+    return eng, progress, cancelled
+
+
+def units(n: int = 11) -> list[UnitSpec]:
+    return ALGORITHM.plan_round(1)[:n]
+
+
+def sequential_average(specs: list[UnitSpec]) -> dict[str, np.ndarray]:
+    node = LocalNode(0)
+    deltas = [node.train(build(spec, 1)) for spec in specs]
+    total = sum(d.num_samples for d in deltas)
+    return {name: sum(wire_to_dict(d.update)[name] * d.num_samples for d in deltas) / total
+            for name in WEIGHTS}
+
+
+def test_every_unit_completes_although_one_node_always_rejects():
+    nodes = [LocalNode(0, load=1.0), LocalNode(1, load=0.0)]
+    eng, progress, _ = engine(nodes)
+    outcome = eng.run_round(1, units(), 11, build)
+    assert outcome.completed == 11 and outcome.discarded == []
+    assert nodes[0].stats.rejected > 0 and nodes[0].stats.accepted == 0
+    assert progress.snapshot().units_done == 11
+    expected = sequential_average(units())
+    for name in WEIGHTS:
+        np.testing.assert_allclose(outcome.average[name], expected[name], rtol=1e-10)
+
+
+def test_a_dead_node_is_benched_and_its_units_go_elsewhere():
+    dead = LocalNode(0, fail_with=ConnectionFailed("cannot connect to local:10000: refused"))
+    nodes = [dead, LocalNode(1)]
+    eng, _, _ = engine(nodes)
+    outcome = eng.run_round(1, units(), 11, build)
+    assert outcome.completed == 11
+    assert dead.stats.failed >= 1
+    assert dead.calls < 11  # benched after failing, not tried for every unit
+
+
+def test_a_unit_failing_everywhere_is_discarded_and_the_round_goes_on(tmp_path):
+    letters = tmp_path / "letters"
+    letters.mkdir()
+    for spec in units(3):
+        (letters / spec.unit_path).write_text(
+            (DEFAULT_DATA_ROOT / "letters" / spec.unit_path).read_text())
+    (letters / units(3)[1].unit_path).write_text("1,2,3\n")  # a broken shard on every node
+    nodes = [LocalNode(0, data_root=tmp_path), LocalNode(1, data_root=tmp_path)]
+    eng, progress, _ = engine(nodes, max_unit_failures=3)
+    outcome = eng.run_round(1, units(3), 3, build)
+    assert outcome.completed == 2
+    assert outcome.discarded == [units(3)[1].unit_id]
+    assert progress.snapshot().failed == 3
+
+
+def always_delayed(index: int) -> LocalNode:
+    """A node that accepts every unit and then waits 60 s before working on it."""
+    node = LocalNode(index)
+    node.handler.load = LoadSimulator(1.0, 60.0)
+    return node
+
+
+def build_random(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+    request = build(unit, attempt)
+    request.scheduling_policy = 1  # nodes never reject; a loaded one delays
+    return request
+
+
+def test_backup_attempt_beats_a_unit_stuck_in_a_load_delay():
+    stuck, fast = always_delayed(0), LocalNode(1)
+    eng, _, _ = engine([stuck, fast], speculate_after=0.05)
+    outcome = eng.run_round(1, units(4), 4, build_random)
+    assert outcome.completed == 4
+    assert stuck.stats.accepted == 0
+    assert stuck.handler.counters.cancelled >= 1  # its waiting attempts were called off
+
+
+def test_quorum_ends_the_round_early():
+    eng, _, _ = engine([LocalNode(0), LocalNode(1)])
+    outcome = eng.run_round(1, units(6), 3, build)
+    assert outcome.completed == 3
+
+
+def test_no_node_answering_fails_after_the_grace_period():
+    nodes = [LocalNode(i, fail_with=ConnectionFailed(f"cannot connect to local:{i}"))
+             for i in range(2)]
+    eng, _, _ = engine(nodes, grace_seconds=0.3, max_unit_failures=10_000)
+    with pytest.raises(RoundFailed, match="no compute node answered") as info:
+        eng.run_round(1, units(2), 2, build)
+    assert info.value.nodes_tried == ["local:10000", "local:10001"]
+
+
+def test_cancel_stops_the_round():
+    eng, _, cancelled = engine([always_delayed(0)], speculation=False)
+    threading.Timer(0.2, cancelled.set).start()
+    with pytest.raises(RunCancelledError):
+        eng.run_round(1, units(2), 2, build_random)
