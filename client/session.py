@@ -79,8 +79,8 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
     call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
          timeout=endpoint.connect_timeout)
     train = _TrainCall(endpoint, request)
-    train.start()
     try:
+        train.start()
         _poll(endpoint, request.run_id, train, view, poll_seconds, dead_after)
     except KeyboardInterrupt:
         _cancel(endpoint, request.run_id, train, view)

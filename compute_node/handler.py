@@ -10,14 +10,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
-
 from compute_node.load import LoadSimulator
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.datapaths import DataPathError, dataset_dir, resolve_under
 from training.letters import DataFormatError
 from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 from wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node")
@@ -69,7 +68,11 @@ class ComputeNodeHandler:
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
             self.counters.bump("rejected")
+            log.info("unit %s round %d rejected (simulated load)", job.unit.unit_id, job.round)
             return _result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy")
+        log.info("unit %s round %d accepted%s", job.unit.unit_id, job.round,
+                 f", waiting {admission.delay_seconds:g}s (simulated load)"
+                 if admission.delay_seconds else "")
         key = (request.run_id, request.unit_id, request.attempt)
         cancel = self._register(key)
         try:
@@ -146,8 +149,8 @@ class ComputeNodeHandler:
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")
-        log.info("unit %s round %d: %d samples in %.3fs (delay %.1fs)",
-                 job.unit.unit_id, job.round, output.num_samples, seconds, delay)
+        log.info("unit %s round %d done: %d samples in %.3fs", job.unit.unit_id, job.round,
+                 output.num_samples, seconds)
         return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, delay)
 
     def _run(self, algorithm, job: UnitJob, data_dir: Path) -> UnitOutput:

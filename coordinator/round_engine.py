@@ -22,14 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from thrift.Thrift import TException
-from wire.rpc import ConnectionFailed
-from wire.tensor_codec import CodecError, wire_to_dict
 
 from coordinator.node_pool import NodeHandle
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from training.algorithms.base import UnitSpec, WeightedAverage, Weights
 from wire.generated import ttypes
+from wire.rpc import ConnectionFailed
+from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import procs
+from devtools import local_cluster as procs
 
 
 class Cluster:

@@ -99,9 +99,7 @@ class MLPSpec:
     def layer_shapes(self) -> dict[str, tuple[int, int]]:
         """Each parameter's shape, bias row included."""
         widths = (self.n_in, *self.hidden, self.n_out)
-        return {
-            name: (widths[i] + 1, widths[i + 1]) for i, name in enumerate(self.layer_names())
-        }
+        return {name: (widths[i] + 1, widths[i + 1]) for i, name in enumerate(self.layer_names())}
 
 
 @dataclass(frozen=True)
@@ -125,8 +123,9 @@ class LocalTraining:
             _check_field("LocalTraining", name, getattr(self, name), int)
         _check_field("LocalTraining", "eta", self.eta, float)
         if self.epochs < 0 or self.batch_size < 1 or not 0 <= self.seed < 2**32:
-            raise ValueError(f"LocalTraining: need epochs >= 0, batch_size >= 1, "
-                             f"0 <= seed < 2**32; got {self}")
+            raise ValueError(
+                f"LocalTraining: need epochs >= 0, batch_size >= 1, 0 <= seed < 2**32; got {self}"
+            )
         if not (math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"LocalTraining.eta must be finite and > 0, got {self.eta!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -161,8 +160,8 @@ def init_params(spec: MLPSpec, seed: int = 1) -> Params:
     without touching the global generator. Draw order: V first, then W, W2, ...
 
     * compat, or one hidden layer: the reference init, every entry (biases too)
-      ``rand() * 0.02 - 0.01``. With one hidden layer this trains as well as anything else
-      tried and keeps the default mode comparable with the reference's numbers.
+      ``rand() * 0.02 - 0.01``, so that the default mode starts from the reference's
+      weights and its numbers stay comparable (README: 0.7691 after 5 rounds).
     * two or more hidden layers (non-compat): He-uniform weights (limit sqrt(6 / fan_in))
       and zero biases. The +-0.01 init shrinks the signal by ~100x per layer, so a deep
       ReLU net starts with vanishing activations and gradients; He scaling keeps the
@@ -243,8 +242,9 @@ def _check_params(params: Params, spec: MLPSpec) -> None:
         raise ValueError(f"parameters {sorted(params)} do not match the spec's {sorted(expected)}")
     for name, shape in expected.items():
         if np.shape(params[name]) != shape:
-            raise ValueError(f"parameter {name!r} has shape {np.shape(params[name])}, "
-                             f"the spec needs {shape}")
+            raise ValueError(
+                f"parameter {name!r} has shape {np.shape(params[name])}, the spec needs {shape}"
+            )
 
 
 def _labels(y: np.ndarray, n: int, spec: MLPSpec) -> np.ndarray:
@@ -305,7 +305,10 @@ def _compat_summed_loss(probs: np.ndarray, y: np.ndarray) -> float:
 
 
 def _gradients(
-    params: Params, acts: list[np.ndarray], pres: list[np.ndarray], grad_out: np.ndarray,
+    params: Params,
+    acts: list[np.ndarray],
+    pres: list[np.ndarray],
+    grad_out: np.ndarray,
     spec: MLPSpec,
 ) -> Params:
     """Backpropagate ``grad_out`` = dLoss/dlogits through every layer.
@@ -319,6 +322,7 @@ def _gradients(
     g = grad_out
     for i in range(len(names) - 1, -1, -1):
         weights = params[names[i]]
+        # ones @ g is the column sum of g (the bias row), and ~5x faster than g.sum(axis=0).
         grads[names[i]] = np.vstack([np.ones(len(g)) @ g, acts[i].T @ g])
         if i:
             mask = pres[i - 1] >= 0 if spec.compat else pres[i - 1] > 0
@@ -372,7 +376,7 @@ def _minibatch_descent(
     for _ in range(opt.epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(y), opt.batch_size):
-            batch = order[start:start + opt.batch_size]
+            batch = order[start : start + opt.batch_size]
             acts, pres = _hidden_pass(work, Xs[batch], spec)
             probs = _softmax(_affine(acts[-1], work["V"]))
             grad_out = _output_grad(probs, y[batch]) / len(batch)  # mean, not sum

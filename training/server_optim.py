@@ -20,17 +20,19 @@ Params = dict[str, np.ndarray]
 def weighted_average(deltas: Sequence[Mapping[str, np.ndarray]], counts: Sequence[int]) -> Params:
     """Average the nodes' deltas weighted by their sample counts (FedAvg's weighting)."""
     if not deltas or len(deltas) != len(counts):
-        raise ValueError(f"need one count per delta, got {len(deltas)} deltas, {len(counts)} counts")
+        raise ValueError(f"need one count per delta: {len(deltas)} deltas, {len(counts)} counts")
     if any(count <= 0 for count in counts):
         raise ValueError(f"sample counts must be positive, got {list(counts)}")
     names = set(deltas[0])
     for delta in deltas[1:]:
         if set(delta) != names:
-            raise ValueError(f"deltas disagree on parameter names: {sorted(names)} vs {sorted(delta)}")
+            raise ValueError(f"deltas disagree on names: {sorted(names)} vs {sorted(delta)}")
     total = float(sum(counts))
     return {
-        name: sum((count / total) * np.asarray(delta[name], dtype=np.float64)
-                  for delta, count in zip(deltas, counts))
+        name: sum(
+            (count / total) * np.asarray(delta[name], dtype=np.float64)
+            for delta, count in zip(deltas, counts, strict=True)
+        )
         for name in deltas[0]
     }
 
@@ -49,14 +51,17 @@ class ServerOptimizer:
     def __init__(self, **hyper: float) -> None:
         unknown = sorted(set(hyper) - set(self.defaults))
         if unknown:
-            raise ValueError(f"server optimizer {self.name!r}: unknown option(s) {unknown}; "
-                             f"known: {sorted(self.defaults)}")
+            raise ValueError(
+                f"server optimizer {self.name!r}: unknown option(s) {unknown}; "
+                f"known: {sorted(self.defaults)}"
+            )
         self.hyper = {key: float(hyper.get(key, value)) for key, value in self.defaults.items()}
         for key, value in self.hyper.items():
             upper = 1.0 if key.startswith("beta") else math.inf  # a beta of 1 never forgets
             if not 0.0 <= value < upper:
-                raise ValueError(f"server optimizer {self.name!r}: {key} must be in "
-                                 f"[0, {upper}), got {value}")
+                raise ValueError(
+                    f"server optimizer {self.name!r}: {key} must be in [0, {upper}), got {value}"
+                )
         self.steps = 0
         self.state: dict[str, Params] = {slot: {} for slot in self.slots}
 
@@ -64,7 +69,9 @@ class ServerOptimizer:
         """Name and hyperparameters: enough to rebuild it with :func:`make_server_optimizer`."""
         return {"name": self.name, **self.hyper}
 
-    def step(self, weights: Mapping[str, np.ndarray], avg_delta: Mapping[str, np.ndarray]) -> Params:
+    def step(
+        self, weights: Mapping[str, np.ndarray], avg_delta: Mapping[str, np.ndarray]
+    ) -> Params:
         """New weights after one round."""
         if set(weights) != set(avg_delta):
             raise ValueError(f"weights {sorted(weights)} and delta {sorted(avg_delta)} differ")

@@ -149,8 +149,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--shuffle-seed", type=int, help="LocalTraining.seed")
     parser.add_argument("--server", choices=sorted(SERVER_OPTIMIZERS))
-    parser.add_argument("--server-opt", action="append", default=[], metavar="KEY=VALUE",
-                        help="server optimizer option, e.g. lr=1.0 or beta=0.9 (repeatable)")
+    parser.add_argument(
+        "--server-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="server optimizer option, e.g. lr=1.0 or beta=0.9 (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="initialisation seed")
     return parser.parse_args(argv)
 
@@ -158,10 +163,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _configure(args: argparse.Namespace) -> tuple[MLPSpec, LocalTraining, ServerOptimizer, int]:
     """The preset, overridden by every option given on the command line."""
     preset = PRESETS[args.preset]
-    spec = replace(preset.spec, **_given(args, hidden="hidden", compat="compat",
-                                         scale_features="scale_features"))
-    opt = replace(preset.opt, **_given(args, epochs="epochs", eta="eta", optimizer="optimizer",
-                                       batch_size="batch_size", seed="shuffle_seed"))
+    spec = replace(
+        preset.spec,
+        **_given(args, hidden="hidden", compat="compat", scale_features="scale_features"),
+    )
+    opt = replace(
+        preset.opt,
+        **_given(
+            args,
+            epochs="epochs",
+            eta="eta",
+            optimizer="optimizer",
+            batch_size="batch_size",
+            seed="shuffle_seed",
+        ),
+    )
     server_config = dict(preset.server)
     if args.server is not None and args.server != server_config["name"]:
         server_config = {"name": args.server}  # the preset's options belong to its optimizer

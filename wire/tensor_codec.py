@@ -41,7 +41,8 @@ def to_wire(name: str, array: np.ndarray) -> ttypes.Tensor:
     little = arr.dtype.newbyteorder("<")
     if arr.dtype != little:
         arr = arr.astype(little)
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # not np.ascontiguousarray: it turns 0-d into 1-d
     data = memoryview(arr.reshape(-1).view(np.uint8))
     return ttypes.Tensor(name=name, dtype=arr.dtype.name, shape=list(arr.shape), data=data)
 

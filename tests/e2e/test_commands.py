@@ -7,13 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.procs import REPO, python_env, run_client
-from wire.generated import Coordinator, ttypes
-from wire.rpc import connect
+from devtools.local_cluster import REPO, python_env, run_client
 
 
 def run_script(script: str, *args: str, cwd=REPO, timeout: float = 60.0):
@@ -101,20 +98,6 @@ def test_the_three_commands_train_and_report(cluster):
     assert json.loads(status.stdout)["state"] == "completed"
 
 
-def _wait_for_running(port: int, deadline_seconds: float = 30.0) -> ttypes.RunStatus:
-    deadline = time.monotonic() + deadline_seconds
-    with connect(Coordinator.Client, "127.0.0.1", port, read_timeout=5) as client:
-        while time.monotonic() < deadline:
-            try:
-                status = client.status(ttypes.StatusRequest(run_id=""))
-                if status.in_flight > 0:
-                    return status
-            except ttypes.UnknownRun:
-                pass
-            time.sleep(0.05)  # polling the coordinator; bounded by the deadline
-    raise AssertionError("the run never got going")
-
-
 def test_ctrl_c_cancels_the_run_cleanly(cluster):
     cluster.add_node(1.0, "--load-delay", "30")  # every unit waits 30 s: the run is slow
     cluster.start_coordinator(1, "--no-speculation")
@@ -124,7 +107,8 @@ def test_ctrl_c_cancels_the_run_cleanly(cluster):
         cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
-        status = _wait_for_running(cluster.coordinator.port)
+        run_id = cluster.coordinator.wait_for(r"run (\S+): delta_avg").group(1)
+        cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
         client.send_signal(signal.SIGINT)
         _, err = client.communicate(timeout=30)
     finally:
@@ -132,7 +116,7 @@ def test_ctrl_c_cancels_the_run_cleanly(cluster):
             client.kill()
     assert client.returncode == 130
     assert "cancelled" in err
-    after = run_client(["status", "127.0.0.1", str(cluster.coordinator.port), status.run_id,
+    after = run_client(["status", "127.0.0.1", str(cluster.coordinator.port), run_id,
                         "--json"], cluster.workdir)
     assert json.loads(after.stdout)["state"] == "cancelled"
 
@@ -146,7 +130,7 @@ def test_client_notices_a_dead_coordinator(cluster):
         cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
-        _wait_for_running(cluster.coordinator.port)
+        cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
         cluster.coordinator.kill()
         _, err = client.communicate(timeout=30)
     finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.procs import run_client
+from devtools.local_cluster import run_client
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 FAST_DELAY = ["--load-delay", "0.2"]

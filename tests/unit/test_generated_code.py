@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.procs import REPO
+from devtools.local_cluster import REPO
 
 
 def _differences(left, right) -> list[str]:

@@ -51,7 +51,7 @@ def loop_train(W, V, X, y, eta, epochs, relu):
     previous = None
     for epoch in range(epochs):
         dW, dV, loss = np.zeros_like(W), np.zeros_like(V), 0.0
-        for x, label in zip(X, y):
+        for x, label in zip(X, y, strict=True):
             a, z, r = loop_forward_row(W, V, x, relu)
             loss -= math.log(r[label] + 1e-6)
             err = [r[c] - (1.0 if c == label else 0.0) for c in range(len(r))]
@@ -197,7 +197,11 @@ def test_deep_init_shapes_and_he_scale():
     spec = MLPSpec(hidden=(256, 128, 64))
     params = init_params(spec)
     assert {k: v.shape for k, v in params.items()} == {
-        "W": (17, 256), "W2": (257, 128), "W3": (129, 64), "V": (65, 26)}
+        "W": (17, 256),
+        "W2": (257, 128),
+        "W3": (129, 64),
+        "V": (65, 26),
+    }
     assert not params["W2"][0].any()  # zero biases
     assert np.abs(params["W2"]).max() <= math.sqrt(6 / 256)
 
@@ -206,9 +210,13 @@ def test_spec_dict_round_trip_and_rejections():
     spec = MLPSpec(hidden=(256, 256), scale_features=True)
     assert MLPSpec.from_dict(spec.to_dict()) == spec
     assert spec.to_dict()["hidden"] == [256, 256]
-    for bad, key in [({"hiden": [2]}, "hiden"), ({"n_in": 16.0}, "n_in"),
-                     ({"compat": "yes"}, "compat"), ({"hidden": [20, "5"]}, "hidden"),
-                     ({"hidden": []}, "hidden")]:
+    for bad, key in [
+        ({"hiden": [2]}, "hiden"),
+        ({"n_in": 16.0}, "n_in"),
+        ({"compat": "yes"}, "compat"),
+        ({"hidden": [20, "5"]}, "hidden"),
+        ({"hidden": []}, "hidden"),
+    ]:
         with pytest.raises(ValueError, match=key):
             MLPSpec.from_dict(bad)
     with pytest.raises(ValueError, match="scale_features"):
@@ -218,8 +226,13 @@ def test_spec_dict_round_trip_and_rejections():
     with pytest.raises(ValueError, match="'rmsprop' unknown"):
         LocalTraining(epochs=1, eta=0.1, optimizer="rmsprop")
     with pytest.raises(ValueError, match="gd"):
-        train_local(init_params(MLPSpec(compat=True)), np.zeros((2, 16)), np.zeros(2, int),
-                    MLPSpec(compat=True), opt)
+        train_local(
+            init_params(MLPSpec(compat=True)),
+            np.zeros((2, 16)),
+            np.zeros(2, int),
+            MLPSpec(compat=True),
+            opt,
+        )
 
 
 # -------------------------------------------------------------- server optimizers

@@ -1,4 +1,8 @@
-"""Starting the project's real processes for tests: port files, readiness, teardown by PID."""
+"""Real compute-node, coordinator and client processes on this machine.
+
+Used by the tests, the benchmarks and the demo: start a process, learn its port from
+the line it prints, wait for lines of its output, and end it by its PID.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,24 @@ class Proc:
     popen: subprocess.Popen
     log_path: Path
     port: int = 0
-    extra: dict = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match:
+        """Block until a line of output matches `pattern`; AssertionError after `timeout`."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        return match
+                seen = len(self.lines)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (not self.alive() and seen == len(self.lines)):
+                    raise AssertionError(f"no line matching {pattern!r}:\n{self.log()}")
+                self.changed.wait(min(remaining, 0.5))
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -73,10 +94,14 @@ def start(script: str, args: list[str], workdir: Path, name: str) -> Proc:
 def _copy_output(proc: Proc, ready: threading.Event) -> None:
     """Copy the child's output to its log file; note the port from its 'listening' line."""
     with open(proc.log_path, "wb") as log:
-        for line in proc.popen.stdout:
-            log.write(line)
+        for raw in proc.popen.stdout:
+            log.write(raw)
             log.flush()
-            match = LISTENING.search(line.decode(errors="replace"))
+            line = raw.decode(errors="replace")
+            with proc.changed:
+                proc.lines.append(line)
+                proc.changed.notify_all()
+            match = LISTENING.search(line)
             if match and not ready.is_set():
                 proc.port = int(match.group(1))
                 ready.set()
