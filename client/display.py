@@ -67,14 +67,19 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
         "coordinator_run_dir": result.run_dir,
         "history": [{"round": m.round, "validation_error": m.validation_error,
                      "validation_loss": m.validation_loss, "train_loss": m.train_loss,
-                     "seconds": round(m.seconds, 3)} for m in result.history],
+                     "seconds": round(m.seconds, 3),
+                     "update_seconds": round(m.update_seconds or 0.0, 4)}
+                    for m in result.history],
         "nodes": [node_dict(n) for n in result.nodes],
     }
 
 
 def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
     return {"node": n.node, "accepted": n.accepted, "rejected": n.rejected,
-            "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled}
+            "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled,
+            "busy_seconds": round(n.busy_seconds, 3),
+            "compute_seconds": round(n.compute_seconds or 0.0, 3),
+            "delay_seconds": round(n.delay_seconds or 0.0, 3)}
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:

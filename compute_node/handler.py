@@ -135,14 +135,19 @@ class ComputeNodeHandler:
     def _work(self, algorithm, job: UnitJob, data_dir: Path, delay: float,
               cancel: threading.Event) -> ttypes.TrainResult:
         self.counters.bump("running")
+        waited = 0.0
         try:
             # The simulated load delay is cancellable, so a unit that another node
             # finished first does not keep this node's thread for nothing.
-            if delay and cancel.wait(delay):
-                return self._cancelled(delay)
+            if delay:
+                began = time.perf_counter()
+                interrupted = cancel.wait(delay)
+                waited = time.perf_counter() - began
+                if interrupted:
+                    return self._cancelled(waited)
             with self._compute_lock:
                 if cancel.is_set():
-                    return self._cancelled(delay)
+                    return self._cancelled(waited)
                 started = time.perf_counter()
                 output = self._run(algorithm, job, data_dir)
                 seconds = time.perf_counter() - started
@@ -151,7 +156,7 @@ class ComputeNodeHandler:
         self.counters.bump("completed")
         log.info("unit %s round %d done: %d samples in %.3fs", job.unit.unit_id, job.round,
                  output.num_samples, seconds)
-        return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, delay)
+        return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, waited)
 
     def _run(self, algorithm, job: UnitJob, data_dir: Path) -> UnitOutput:
         try:

@@ -31,6 +31,8 @@ class NodeStats:
     failed: int = 0
     cancelled: int = 0
     busy_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    delay_seconds: float = 0.0
 
 
 class NodeHandle:
@@ -82,6 +84,8 @@ class NodeHandle:
             self.in_flight -= 1
             self._bench_seconds = 0.0
             self.stats.busy_seconds += seconds
+            self.stats.compute_seconds += result.compute_seconds
+            self.stats.delay_seconds += result.delay_seconds
             outcome = result.outcome
             if outcome == ttypes.UnitOutcome.REJECTED:
                 self.stats.rejected += 1
@@ -126,4 +130,6 @@ class NodeHandle:
             s = self.stats
             return ttypes.NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
                                       delayed=s.delayed, failed=s.failed, cancelled=s.cancelled,
-                                      busy_seconds=s.busy_seconds)
+                                      busy_seconds=s.busy_seconds,
+                                      compute_seconds=s.compute_seconds,
+                                      delay_seconds=s.delay_seconds)

@@ -104,7 +104,8 @@ class RoundEngine:
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder) -> RoundOutcome:
-        state = _RoundState(round_index, units, quorum, self.settings.deterministic)
+        state = _RoundState(round_index, units, quorum, self.settings.deterministic,
+                            max_attempts=len(self.nodes))
         threads = self.settings.threads or len(self.nodes) + 2
         workers = [threading.Thread(target=self._worker, args=(state, build_request),
                                     name=f"round{round_index}-worker{i}", daemon=True)
@@ -245,8 +246,9 @@ class _RoundState:
     """The queue and unit states of one round, under one condition variable."""
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
-                 deterministic: bool) -> None:
+                 deterministic: bool, max_attempts: int) -> None:
         self.round_index = round_index
+        self.max_attempts = max_attempts  # live attempts of one unit at once
         self.units = [_Unit(i, spec) for i, spec in enumerate(units)]
         self.quorum = min(quorum, len(units))
         self.average = WeightedAverage(deterministic)
@@ -275,12 +277,19 @@ class _RoundState:
             return None
 
     def _slow_unit(self, backup_after: float | None) -> _Unit | None:
+        """The unit whose newest attempt has been out longest, if that is over the threshold.
+
+        Only units whose every holder is waiting on a node qualify, and a unit never
+        holds more attempts than there are nodes, so backups cannot pile up.
+        """
         if backup_after is None:
             return None
         now = time.monotonic()
-        slow = [u for u in self.units if not u.done and not u.discarded and u.reserved == 1
-                and u.started and now - min(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: min(t for _, t in u.started.values()), default=None)
+        slow = [u for u in self.units
+                if not u.done and not u.discarded and u.started
+                and u.reserved == len(u.started) < self.max_attempts
+                and now - max(t for _, t in u.started.values()) > backup_after]
+        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
 
     def requeue(self, unit: _Unit, wait_seconds: float) -> None:
         with self._cond:

@@ -134,12 +134,14 @@ class Run:
             return self._work_request(round_index, unit, attempt, wire_weights)
 
         outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build)
+        update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
         evaluation = self.algorithm.evaluate(weights)
         metrics = ttypes.RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
             validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
-            seconds=time.monotonic() - started)
+            seconds=time.monotonic() - started,
+            update_seconds=time.monotonic() - update_started)
         self.progress.round_done(round_index, evaluation.validation_error)
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,

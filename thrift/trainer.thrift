@@ -135,7 +135,9 @@ struct NodeSummary {
   4: required i64 delayed,
   5: required i64 failed,
   6: required i64 cancelled,
-  7: required double busy_seconds,
+  7: required double busy_seconds,     // from call to answer, summed over calls
+  8: optional double compute_seconds,  // spent in the unit maths, as the node reports
+  9: optional double delay_seconds,    // spent in simulated load delays, as the node reports
 }
 
 struct RoundMetrics {
@@ -144,6 +146,7 @@ struct RoundMetrics {
   3: required double validation_loss,
   4: required double train_loss,
   5: required double seconds,
+  6: optional double update_seconds,   // applying the averaged update and evaluating
 }
 
 struct RunResult {

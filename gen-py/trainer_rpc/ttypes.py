@@ -1465,11 +1465,13 @@ class NodeSummary(object):
      - failed
      - cancelled
      - busy_seconds
+     - compute_seconds
+     - delay_seconds
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -1477,6 +1479,8 @@ class NodeSummary(object):
         self.failed = failed
         self.cancelled = cancelled
         self.busy_seconds = busy_seconds
+        self.compute_seconds = compute_seconds
+        self.delay_seconds = delay_seconds
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1522,6 +1526,16 @@ class NodeSummary(object):
                     self.busy_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.DOUBLE:
+                    self.compute_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.DOUBLE:
+                    self.delay_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1559,6 +1573,14 @@ class NodeSummary(object):
         if self.busy_seconds is not None:
             oprot.writeFieldBegin('busy_seconds', TType.DOUBLE, 7)
             oprot.writeDouble(self.busy_seconds)
+            oprot.writeFieldEnd()
+        if self.compute_seconds is not None:
+            oprot.writeFieldBegin('compute_seconds', TType.DOUBLE, 8)
+            oprot.writeDouble(self.compute_seconds)
+            oprot.writeFieldEnd()
+        if self.delay_seconds is not None:
+            oprot.writeFieldBegin('delay_seconds', TType.DOUBLE, 9)
+            oprot.writeDouble(self.delay_seconds)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1600,16 +1622,18 @@ class RoundMetrics(object):
      - validation_loss
      - train_loss
      - seconds
+     - update_seconds
 
     """
 
 
-    def __init__(self, round=None, validation_error=None, validation_loss=None, train_loss=None, seconds=None,):
+    def __init__(self, round=None, validation_error=None, validation_loss=None, train_loss=None, seconds=None, update_seconds=None,):
         self.round = round
         self.validation_error = validation_error
         self.validation_loss = validation_loss
         self.train_loss = train_loss
         self.seconds = seconds
+        self.update_seconds = update_seconds
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1645,6 +1669,11 @@ class RoundMetrics(object):
                     self.seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.DOUBLE:
+                    self.update_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1674,6 +1703,10 @@ class RoundMetrics(object):
         if self.seconds is not None:
             oprot.writeFieldBegin('seconds', TType.DOUBLE, 5)
             oprot.writeDouble(self.seconds)
+            oprot.writeFieldEnd()
+        if self.update_seconds is not None:
+            oprot.writeFieldBegin('update_seconds', TType.DOUBLE, 6)
+            oprot.writeDouble(self.update_seconds)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2532,6 +2565,8 @@ NodeSummary.thrift_spec = (
     (5, TType.I64, 'failed', None, None, ),  # 5
     (6, TType.I64, 'cancelled', None, None, ),  # 6
     (7, TType.DOUBLE, 'busy_seconds', None, None, ),  # 7
+    (8, TType.DOUBLE, 'compute_seconds', None, None, ),  # 8
+    (9, TType.DOUBLE, 'delay_seconds', None, None, ),  # 9
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (
@@ -2541,6 +2576,7 @@ RoundMetrics.thrift_spec = (
     (3, TType.DOUBLE, 'validation_loss', None, None, ),  # 3
     (4, TType.DOUBLE, 'train_loss', None, None, ),  # 4
     (5, TType.DOUBLE, 'seconds', None, None, ),  # 5
+    (6, TType.DOUBLE, 'update_seconds', None, None, ),  # 6
 )
 all_structs.append(RunResult)
 RunResult.thrift_spec = (
