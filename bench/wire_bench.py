@@ -47,7 +47,7 @@ from wire.transport import tune_socket  # noqa: E402
 
 THRIFT_COMPILER = "/usr/bin/thrift"
 LIST_IDL = """
-namespace py wire_bench
+namespace py list_bench
 struct DoubleList { 1: required list<double> values }
 service ListSink { i64 put(1: DoubleList values) }
 """
@@ -114,10 +114,10 @@ def serve_thrift() -> None:
 def serve_list(gen_dir: str) -> None:
     """Stock Thrift server taking a list<double> with the C codec, framed transport."""
     sys.path.insert(0, gen_dir)
+    from list_bench import ListSink
     from thrift.protocol.TBinaryProtocol import TBinaryProtocolAcceleratedFactory
     from thrift.transport.TSocket import TServerSocket
     from thrift.transport.TTransport import TFramedTransport, TTransportException
-    from wire_bench import ListSink
 
     class Sink:
         def put(self, values: object) -> int:
@@ -190,11 +190,11 @@ def work_request(arr: np.ndarray) -> ttypes.WorkRequest:
 
 def list_sender(port: int, gen_dir: str) -> tuple[Sender, Callable[[], None]]:
     sys.path.insert(0, gen_dir)
+    from list_bench import ListSink
+    from list_bench.ttypes import DoubleList
     from thrift.protocol.TBinaryProtocol import TBinaryProtocolAccelerated
     from thrift.transport.TSocket import TSocket
     from thrift.transport.TTransport import TFramedTransport
-    from wire_bench import ListSink
-    from wire_bench.ttypes import DoubleList
 
     sock = TSocket("127.0.0.1", port)
     sock.setTimeout(CALL_TIMEOUT_SECONDS * 1000)
@@ -238,7 +238,7 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 
 def compile_list_idl(folder: str) -> str:
     """Compile the list<double> IDL with the thrift compiler; return the gen-py folder."""
-    idl = Path(folder, "wire_bench.thrift")
+    idl = Path(folder, "list_bench.thrift")
     idl.write_text(LIST_IDL)
     subprocess.run(
         [THRIFT_COMPILER, "--gen", "py", "-out", folder, str(idl)], check=True, timeout=60
@@ -259,8 +259,11 @@ def measure(send: Sender, arr: np.ndarray, reps: int, warmup: int) -> float:
 
 
 def run_path(
-    server_args: list[str], make_sender: Callable[[int], tuple[Sender, Callable[[], None]]],
-    arr: np.ndarray, reps: int, warmup: int,
+    server_args: list[str],
+    make_sender: Callable[[int], tuple[Sender, Callable[[], None]]],
+    arr: np.ndarray,
+    reps: int,
+    warmup: int,
 ) -> float:
     proc, port = start_server(server_args)
     try:
@@ -277,8 +280,11 @@ def machine() -> str:
     import thrift
 
     cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
         platform.processor(),
     )
     thrift_version = getattr(thrift, "__version__", None) or _dist_version("thrift")
@@ -342,8 +348,11 @@ def main(argv: list[str] | None = None) -> None:
             "raw": run_path(["raw", str(arr.nbytes)], raw_sender, arr, args.reps, args.warmup),
             "thrift": run_path(["thrift"], thrift_sender, arr, args.reps, args.warmup),
             "list": run_path(
-                ["list", gen_dir], lambda port: list_sender(port, gen_dir),
-                arr, args.reps, args.warmup,
+                ["list", gen_dir],
+                lambda port: list_sender(port, gen_dir),
+                arr,
+                args.reps,
+                args.warmup,
             ),
         }
     print(machine())

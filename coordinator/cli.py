@@ -46,10 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker threads per round (default: number of nodes + 2)")
     parser.add_argument("--no-speculation", action="store_true",
                         help="never start a backup attempt of a slow unit on an idle node")
-    parser.add_argument("--speculate-after", type=float, default=0.25, metavar="SECONDS",
+    parser.add_argument("--speculate-after", type=float, default=None, metavar="SECONDS",
                         help="a unit out this long (or 4x the usual unit time, if longer) gets "
                              "a backup attempt on an idle node; the first result wins "
-                             "(default 0.25)")
+                             "(default: 0.25 for policies 1 and 2; policy 3 uses 3x the "
+                             "measured unit time)")
     parser.add_argument("--max-unit-failures", type=int, default=3,
                         help="failures after which a unit is discarded for its round (default 3)")
     parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",

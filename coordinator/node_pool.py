@@ -7,11 +7,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from wire.rpc import ConnectionPool
-
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
 from wire.generated import ComputeNode, ttypes
+from wire.rpc import ConnectionPool
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -46,7 +45,8 @@ class NodeHandle:
         self.stats = NodeStats()
         self.in_flight = 0
         self._lock = threading.Lock()
-        self._mean_seconds: float | None = None
+        self._compute_seconds: float | None = None  # moving averages for the policy
+        self._delay_seconds: float | None = None
         self._benched_until = 0.0
         self._bench_seconds = 0.0
         self._work = ConnectionPool(ComputeNode.Client, address.host, address.port,
@@ -92,12 +92,15 @@ class NodeHandle:
                 return
             if result.delay_seconds > 0:
                 self.stats.delayed += 1
+                self._delay_seconds = _moving_average(self._delay_seconds,
+                                                      result.delay_seconds)
+            elif outcome == ttypes.UnitOutcome.COMPLETED:
+                self._compute_seconds = _moving_average(self._compute_seconds,
+                                                        result.compute_seconds)
             if outcome == ttypes.UnitOutcome.CANCELLED:
                 self.stats.cancelled += 1
-                return
-            self.stats.accepted += 1
-            self._mean_seconds = seconds if self._mean_seconds is None else (
-                0.7 * self._mean_seconds + 0.3 * seconds)
+            else:
+                self.stats.accepted += 1
 
     def failed(self, seconds: float, bench: bool) -> None:
         """Record a failed call; a node that did not answer is benched with growing back-off."""
@@ -119,9 +122,11 @@ class NodeHandle:
             return NodeView(
                 index=self.index,
                 in_flight=self.in_flight,
-                accepted=self.stats.accepted,
+                admitted=self.stats.accepted + self.stats.cancelled,
                 rejected=self.stats.rejected,
-                mean_seconds=self._mean_seconds,
+                delayed=self.stats.delayed,
+                compute_seconds=self._compute_seconds,
+                delay_seconds=self._delay_seconds,
                 available=now >= self._benched_until,
             )
 
@@ -133,3 +138,7 @@ class NodeHandle:
                                       busy_seconds=s.busy_seconds,
                                       compute_seconds=s.compute_seconds,
                                       delay_seconds=s.delay_seconds)
+
+
+def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:
+    return value if previous is None else (1 - weight) * previous + weight * value

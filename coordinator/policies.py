@@ -15,6 +15,8 @@ from dataclasses import dataclass
 RANDOM = 1
 LOAD_BALANCING = 2
 ADAPTIVE = 3
+DEFAULT_BACKUP_FLOOR_SECONDS = 0.25
+ADAPTIVE_BACKUP_MIN_SECONDS = 0.05
 POLICY_NAMES = {RANDOM: "random", LOAD_BALANCING: "load balancing", ADAPTIVE: "adaptive"}
 
 
@@ -24,9 +26,11 @@ class NodeView:
 
     index: int
     in_flight: int = 0
-    accepted: int = 0
+    admitted: int = 0  # units the node accepted (finished or cancelled later)
     rejected: int = 0
-    mean_seconds: float | None = None  # mean time from call to result of its completed units
+    delayed: int = 0  # admitted units that sat in a load delay
+    compute_seconds: float | None = None  # typical call time of a unit that was not delayed
+    delay_seconds: float | None = None  # typical wait of a delayed unit
     available: bool = True  # False while benched after failures
 
 
@@ -34,6 +38,7 @@ class Policy:
     """Base class: order(views) -> node indexes to try, best first; unavailable nodes left out."""
 
     number: int
+    rerank_after_rejection = False  # True: ask for a new order after every rejection
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
@@ -41,6 +46,14 @@ class Policy:
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
         raise NotImplementedError
+
+    def backup_after(self, typical_seconds: float | None, floor: float | None) -> float:
+        """Seconds a unit may be out before a backup attempt starts elsewhere.
+
+        Four times the typical unit time, and at least `floor` (default 0.25 s).
+        """
+        floor = DEFAULT_BACKUP_FLOOR_SECONDS if floor is None else floor
+        return max(floor, 4 * (typical_seconds or 0.0))
 
 
 class RandomPolicy(Policy):
@@ -75,30 +88,60 @@ class RoundRobinPolicy(Policy):
 
 
 class AdaptivePolicy(Policy):
-    """Policy 3: nodes by expected time to a result, from measured acceptance and speed.
+    """Policy 3: nodes by expected time to a result, from what each node has shown.
 
-    Expected time = (units queued on the node + 1) x mean seconds per unit / acceptance
-    rate, with Laplace-smoothed acceptance and, for nodes not yet measured, the mean of
-    the measured ones; ties are broken at random so unmeasured nodes get tried.
+    Expected time = the units ahead of it x its unit time + its delay rate x its
+    typical delay + a retry cost per expected rejection. Rates are Laplace-smoothed;
+    a node not yet measured is assumed typical of the measured ones; ties are broken
+    at random so new nodes get tried.
     """
 
     number = ADAPTIVE
+    rerank_after_rejection = True
+
+    def backup_after(self, typical_seconds: float | None, floor: float | None) -> float:
+        """Three times the measured unit time: a unit out much longer than units take is
+        almost surely waiting in a load delay. Until units have been measured, and never
+        below an explicit floor, the base rule applies."""
+        if typical_seconds is None or floor is not None:
+            return super().backup_after(typical_seconds, floor)
+        return max(ADAPTIVE_BACKUP_MIN_SECONDS, 3 * typical_seconds)
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
         candidates = [v for v in views if v.available]
-        measured = [v.mean_seconds for v in candidates if v.mean_seconds is not None]
-        prior = sum(measured) / len(measured) if measured else 1.0
+        prior = Priors.of(candidates)
         with self._lock:
             noise = {v.index: self._rng.random() for v in candidates}
         ranked = sorted(candidates, key=lambda v: (expected_seconds(v, prior), noise[v.index]))
         return [v.index for v in ranked]
 
 
-def expected_seconds(view: NodeView, prior_seconds: float) -> float:
+@dataclass(frozen=True)
+class Priors:
+    """Stand-ins for a node's unmeasured timings: the mean over measured nodes."""
+
+    compute_seconds: float = 0.05
+    delay_seconds: float = 1.0
+
+    @classmethod
+    def of(cls, views: Sequence[NodeView]) -> Priors:
+        compute = [v.compute_seconds for v in views if v.compute_seconds is not None]
+        delay = [v.delay_seconds for v in views if v.delay_seconds is not None]
+        return cls(sum(compute) / len(compute) if compute else cls.compute_seconds,
+                   sum(delay) / len(delay) if delay else cls.delay_seconds)
+
+
+REJECTION_COST_SECONDS = 0.002  # one refused call on a local network
+
+
+def expected_seconds(view: NodeView, prior: Priors) -> float:
     """Expected wait for a result if one more unit goes to this node."""
-    acceptance = (view.accepted + 1) / (view.accepted + view.rejected + 2)
-    seconds = view.mean_seconds if view.mean_seconds is not None else prior_seconds
-    return (view.in_flight + 1) * seconds / acceptance
+    acceptance = (view.admitted + 1) / (view.admitted + view.rejected + 2)
+    delay_rate = (view.delayed + 1) / (view.admitted + 2)
+    compute = view.compute_seconds if view.compute_seconds is not None else prior.compute_seconds
+    delay = view.delay_seconds if view.delay_seconds is not None else prior.delay_seconds
+    retries = 1 / acceptance - 1
+    return (view.in_flight + 1) * compute + delay_rate * delay + retries * REJECTION_COST_SECONDS
 
 
 POLICIES: dict[int, type[Policy]] = {

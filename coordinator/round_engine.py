@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from thrift.Thrift import TException
@@ -34,13 +34,14 @@ from wire.tensor_codec import CodecError, wire_to_dict
 log = logging.getLogger("coordinator.engine")
 
 WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
+REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     threads: int | None = None  # None: number of nodes + 2
     speculation: bool = True
-    speculate_after: float = 0.25  # floor of the backup threshold, seconds
+    speculate_after: float | None = None  # backup threshold floor; None: the policy's
     max_unit_failures: int = 3
     grace_seconds: float = 30.0
     deterministic: bool = False
@@ -105,11 +106,14 @@ class RoundEngine:
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder) -> RoundOutcome:
         state = _RoundState(round_index, units, quorum, self.settings.deterministic,
-                            max_attempts=len(self.nodes))
+                            max_attempts=2 * len(self.nodes))
         threads = self.settings.threads or len(self.nodes) + 2
-        workers = [threading.Thread(target=self._worker, args=(state, build_request),
+        # Backup attempts get workers of their own: when every queue worker waits on a
+        # unit sitting in a load delay, these can still start the backups that free them.
+        backup_threads = len(self.nodes) if self.settings.speculation else 0
+        workers = [threading.Thread(target=self._worker, args=(state, build_request, i >= threads),
                                     name=f"round{round_index}-worker{i}", daemon=True)
-                   for i in range(threads)]
+                   for i in range(threads + backup_threads)]
         for worker in workers:
             worker.start()
         try:
@@ -139,10 +143,11 @@ class RoundEngine:
                               f"{state.last_error}", [n.name for n in self.nodes])
 
     # ---------------------------------------------------------------- workers
-    def _worker(self, state: _RoundState, build_request: RequestBuilder) -> None:
+    def _worker(self, state: _RoundState, build_request: RequestBuilder,
+                backups_only: bool) -> None:
         try:
             while True:
-                unit = state.next_unit(self._backup_after())
+                unit = state.next_unit(self._backup_after(), backups_only)
                 if unit is None:
                     return
                 try:
@@ -155,23 +160,50 @@ class RoundEngine:
     def _backup_after(self) -> float | None:
         if not self.settings.speculation:
             return None
-        typical = statistics.median(self._fast_durations) if self._fast_durations else 0.0
-        return max(self.settings.speculate_after, 4 * typical)
+        typical = statistics.median(self._fast_durations) if self._fast_durations else None
+        return self.policy.backup_after(typical, self.settings.speculate_after)
 
     def _try_nodes(self, state: _RoundState, unit: _Unit, build_request: RequestBuilder) -> None:
-        now = time.monotonic()
-        busy = state.nodes_of(unit)
-        order = self.policy.order([n.view(now) for n in self.nodes if n.index not in busy])
+        order = self._order(state, unit)
         if not order:
-            state.requeue(unit, wait_seconds=self._until_unbenched(now))
+            state.requeue(unit, wait_seconds=self._until_unbenched(time.monotonic()))
             return
-        for index in order:
+        for index in self._candidates(state, unit, order):
             if state.is_over(unit):
                 return
             answer = self._attempt(state, unit, self._by_index[index], build_request)
             if answer != "rejected":
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
+
+    def _order(self, state: _RoundState, unit: _Unit) -> list[int]:
+        """The policy's order over the nodes not already holding this unit.
+
+        When every node holds an attempt (each one sitting in a load delay, say), all
+        nodes are candidates again: a new attempt is a fresh draw of the node's load.
+        """
+        now = time.monotonic()
+        busy = state.nodes_of(unit)
+        views = [n.view(now) for n in self.nodes]
+        free = [v for v in views if v.index not in busy]
+        return self.policy.order(free or views)
+
+    def _candidates(self, state: _RoundState, unit: _Unit, order: list[int]) -> Iterator[int]:
+        """Nodes to try in turn until one accepts.
+
+        Policies 1 and 2 walk their order once (the assignment's "next node"). The
+        adaptive policy asks again after each rejection: a rejection is a fresh draw,
+        so trying the best node again can beat falling through to a node that is
+        likely to leave the unit waiting in a load delay.
+        """
+        if not self.policy.rerank_after_rejection:
+            yield from order
+            return
+        for _ in range(REJECTIONS_PER_NODE * len(self.nodes)):
+            yield order[0]
+            order = self._order(state, unit)
+            if not order:
+                return
 
     def _until_unbenched(self, now: float) -> float:
         soonest = min(n.benched_until() for n in self.nodes)
@@ -180,6 +212,8 @@ class RoundEngine:
     def _attempt(self, state: _RoundState, unit: _Unit, node: NodeHandle,
                  build_request: RequestBuilder) -> str:
         attempt = state.start_attempt(unit, node)
+        log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
+                  attempt, node.name)
         node.started()
         self.progress.add(in_flight=1)
         began = time.monotonic()
@@ -203,6 +237,9 @@ class RoundEngine:
         self._last_contact = time.monotonic()
         node.finished(result, seconds)
         state.end_attempt(unit, attempt)
+        log.debug("round %d: unit %s attempt %d on %s: outcome %d after %.3fs (delay %.2fs)",
+                  state.round_index, unit.spec.unit_id, attempt, node.name, result.outcome,
+                  seconds, result.delay_seconds)
         if result.outcome == ttypes.UnitOutcome.REJECTED:
             self.progress.add(rejected=1)
             return "rejected"
@@ -215,7 +252,9 @@ class RoundEngine:
                                  self.settings.max_unit_failures)
             return "failed"
         if result.delay_seconds == 0:
-            self._fast_durations.append(seconds)
+            # The node's own compute time, not the call time: queueing behind other
+            # units on a busy node must not raise the bar for starting a backup.
+            self._fast_durations.append(result.compute_seconds)
         if state.complete(unit, update, result):
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
@@ -261,11 +300,11 @@ class _RoundState:
         self._over = False
 
     # ------------------------------------------------------------ scheduling
-    def next_unit(self, backup_after: float | None) -> _Unit | None:
+    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> _Unit | None:
         """A unit to work on: queued first, then a backup of a slow one; None when over."""
         with self._cond:
             while not self._over:
-                if self._queue:
+                if self._queue and not backups_only:
                     unit = self._queue.popleft()
                     unit.reserved += 1
                     return unit

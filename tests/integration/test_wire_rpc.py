@@ -117,6 +117,10 @@ def assert_serving(srv: ThriftServer) -> None:
         assert c.ping(PING).node_id == "echo"
 
 
+def framed(payload: bytes) -> bytes:
+    return struct.pack("!i", len(payload)) + payload
+
+
 def hangs_up(sock: socket.socket) -> bool:
     """True once the server closed `sock` (EOF or reset) within the socket timeout."""
     try:
@@ -165,13 +169,16 @@ def test_arrays_a_caller_keeps_survive_later_calls(server: ThriftServer) -> None
 def test_binary_fields_decode_as_views_of_the_frame() -> None:
     left, right = socket.socketpair()
     with left, right:
+        left.settimeout(WAIT)
+        right.settimeout(WAIT)
         sender = FramedSocketTransport(left, peer="left")
-        receiver = FramedSocketTransport(right, peer="right")
         arr = np.arange(2**18, dtype=np.float32)  # 1 MiB: a mmap-backed frame
         to_wire("w", arr).write(WireProtocolFactory().getProtocol(sender))
-        sender.flush()
+        flusher = threading.Thread(target=sender.flush, daemon=True)  # 1 MiB > socket buffer
+        flusher.start()
         tensor = ttypes.Tensor()
-        tensor.read(WireProtocolFactory().getProtocol(receiver))
+        tensor.read(WireProtocolFactory().getProtocol(FramedSocketTransport(right, peer="right")))
+        flusher.join(WAIT)
     assert isinstance(tensor.data, memoryview)
     assert np.array_equal(from_wire(tensor), arr)
 
@@ -198,13 +205,17 @@ def test_declared_exceptions_reach_the_client(server: ThriftServer) -> None:
         with pytest.raises(TApplicationException):
             c.train_with_weights(work("crash"))
         assert c.ping(PING).node_id == "echo"  # the connection is still usable
+    # Thrift's exceptions are immutable: leaving `connect` must not turn them into TypeError.
+    with pytest.raises(ttypes.InvalidRequest), client(server) as c:
+        c.train_with_weights(work("invalid"))
 
 
 # ------------------------------------------------------------ hostile input
 def test_oversized_frame_is_refused_and_server_keeps_serving(server: ThriftServer) -> None:
     too_big = np.zeros(SERVER_MAX_FRAME // 4 + 1, dtype=np.float32)
-    with client(server, max_frame_bytes=2 * SERVER_MAX_FRAME) as c, pytest.raises(
-        TTransportException
+    with (
+        client(server, max_frame_bytes=2 * SERVER_MAX_FRAME) as c,
+        pytest.raises(TTransportException),
     ):
         c.train_with_weights(work(w=too_big))
     with socket.create_connection((HOST, server.port), timeout=WAIT) as raw:
@@ -218,8 +229,8 @@ def test_oversized_frame_is_refused_and_server_keeps_serving(server: ThriftServe
     [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         struct.pack("!i", -5),
-        struct.pack("!i", 8) + b"\xff" * 8,
-        struct.pack("!i", 12) + struct.pack("!i", -2147418111) + struct.pack("!i", 1000) + b"ab",
+        framed(b"\xff" * 8),
+        framed(struct.pack("!ii", -2147418111, 1000) + b"ab"),  # name overruns its frame
     ],
 )
 def test_garbage_closes_that_connection_only(server: ThriftServer, garbage: bytes) -> None:
@@ -232,8 +243,9 @@ def test_garbage_closes_that_connection_only(server: ThriftServer, garbage: byte
 
 
 def test_client_refuses_to_send_a_frame_over_its_own_limit(server: ThriftServer) -> None:
-    with client(server, max_frame_bytes=1024) as c, pytest.raises(
-        TTransportException, match="max_frame_bytes"
+    with (
+        client(server, max_frame_bytes=1024) as c,
+        pytest.raises(TTransportException, match="max_frame_bytes"),
     ):
         c.train_with_weights(work(w=np.zeros(1024)))
 
@@ -243,15 +255,15 @@ def test_connect_to_a_closed_port_fails_quickly() -> None:
     with socket.create_server((HOST, 0)) as probe:
         port = probe.getsockname()[1]  # free once closed
     start = time.monotonic()
-    with pytest.raises(ConnectionFailed, match=f"{HOST}:{port}.*refused"):
-        with connect(ComputeNode.Client, HOST, port, connect_timeout=WAIT):
-            pass
+    with (
+        pytest.raises(ConnectionFailed, match=f"{HOST}:{port}.*refused"),
+        connect(ComputeNode.Client, HOST, port, connect_timeout=WAIT),
+    ):
+        pass
     assert time.monotonic() - start < 2.0
 
 
-def test_read_timeout_fires_and_closes_the_connection(
-    server: ThriftServer, node: EchoNode
-) -> None:
+def test_read_timeout_fires_and_closes_the_connection(server: ThriftServer, node: EchoNode) -> None:
     with client(server, read_timeout=WAIT) as c:
         set_read_timeout(c, 0.2)
         with pytest.raises(TTransportException) as info:
@@ -281,6 +293,18 @@ def test_busy_handler_does_not_block_other_connections(
     assert len(outcome) == 1 and outcome[0].accepted
 
 
+def test_idle_connections_are_closed_after_idle_timeout(node: EchoNode) -> None:
+    srv = ThriftServer(ComputeNode.Processor(node), HOST, 0, idle_timeout=0.2)
+    thread = srv.serve_in_thread()
+    try:
+        with socket.create_connection((HOST, srv.port), timeout=WAIT) as silent:
+            assert hangs_up(silent)  # well before WAIT
+        assert_serving(srv)
+    finally:
+        srv.stop()
+        thread.join(WAIT)
+
+
 def test_stop_closes_open_connections_and_the_listener(node: EchoNode) -> None:
     srv = ThriftServer(ComputeNode.Processor(node), HOST, 0)
     thread = srv.serve_in_thread()
@@ -301,10 +325,9 @@ def test_pool_reuses_idle_connections_and_drops_failed_ones(server: ThriftServer
     with pool.client() as c:
         first = transport_of(c)
         c.ping(PING)
-    with pool.client() as c:
+    with pytest.raises(ttypes.InvalidRequest), pool.client() as c:
         assert transport_of(c) is first
-        with pytest.raises(ttypes.InvalidRequest):
-            c.train_with_weights(work("invalid"))
+        c.train_with_weights(work("invalid"))
     assert not first.isOpen()
     with pool.client() as c:
         assert transport_of(c) is not first
@@ -336,4 +359,3 @@ def test_pool_lends_one_connection_per_thread(server: ThriftServer) -> None:
         t.join(WAIT)
     pool.close()
     assert not errors and not any(t.is_alive() for t in threads)
-

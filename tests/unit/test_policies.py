@@ -7,6 +7,7 @@ import pytest
 from coordinator.policies import (
     AdaptivePolicy,
     NodeView,
+    Priors,
     RandomPolicy,
     RoundRobinPolicy,
     expected_seconds,
@@ -39,22 +40,43 @@ def test_random_policy_is_a_seeded_permutation():
     assert len(seen) > 5
 
 
-def test_adaptive_prefers_nodes_that_accept_and_answer_fast():
+def test_adaptive_prefers_nodes_that_accept_and_do_not_delay():
     nodes = [
-        NodeView(0, accepted=2, rejected=8, mean_seconds=3.0),  # busy and slow
-        NodeView(1, accepted=9, rejected=1, mean_seconds=0.05),  # the best
-        NodeView(2, accepted=9, rejected=1, mean_seconds=0.05, in_flight=3),  # queued up
+        NodeView(0, admitted=10, rejected=40, delayed=8, compute_seconds=0.03,
+                 delay_seconds=3.0),  # load 0.8: rejects and delays
+        NodeView(1, admitted=40, rejected=10, delayed=8, compute_seconds=0.03,
+                 delay_seconds=3.0),  # load 0.2: the best
+        NodeView(2, admitted=40, rejected=10, delayed=8, compute_seconds=0.03,
+                 delay_seconds=3.0, in_flight=30),  # as good, but 30 units queued
     ]
     assert AdaptivePolicy(0).order(nodes) == [1, 2, 0]
 
 
-def test_adaptive_tries_unmeasured_nodes_at_the_measured_mean():
-    measured = NodeView(0, accepted=5, mean_seconds=1.0)
+def test_adaptive_assumes_unmeasured_nodes_are_typical():
+    measured = NodeView(0, admitted=8, delayed=0, compute_seconds=0.1, delay_seconds=2.0)
     fresh = NodeView(1)
-    assert expected_seconds(fresh, prior_seconds=1.0) == pytest.approx(2.0)
-    assert AdaptivePolicy(0).order([measured, fresh])[0] == 0
+    prior = Priors.of([measured, fresh])
+    assert prior == Priors(compute_seconds=0.1, delay_seconds=2.0)
+    assert expected_seconds(fresh, prior) == pytest.approx(0.1 + 0.5 * 2.0 + 0.002)
+    assert AdaptivePolicy(0).order([measured, fresh]) == [0, 1]
 
 
 def test_unknown_policy_number_lists_the_known_ones():
     with pytest.raises(ValueError, match="1 random, 2 load balancing, 3 adaptive"):
         make_policy(9)
+
+
+def test_backup_threshold_is_four_unit_times_with_a_floor():
+    policy = RoundRobinPolicy()
+    assert policy.backup_after(None, None) == 0.25
+    assert policy.backup_after(0.01, None) == 0.25
+    assert policy.backup_after(0.5, None) == pytest.approx(2.0)
+    assert policy.backup_after(0.01, 0.05) == pytest.approx(0.05)
+
+
+def test_adaptive_backup_threshold_follows_measured_unit_times():
+    policy = AdaptivePolicy(0)
+    assert policy.backup_after(None, None) == 0.25  # nothing measured yet
+    assert policy.backup_after(0.04, None) == pytest.approx(0.12)
+    assert policy.backup_after(0.001, None) == pytest.approx(0.05)
+    assert policy.backup_after(0.04, 1.0) == pytest.approx(1.0)  # an explicit floor wins
