@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
-    stop_on_signals(lambda: (handler.cancel_all(), server.stop()))
+    stop_on_signals(lambda: handler.shutdown(then=server.stop))
     if args.port_file:
         write_port_file(args.port_file, server.port)
     print(f"coordinator listening on {args.host}:{server.port}, policy {args.policy} "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.nodes_file import NodesFileError, read_nodes_file
@@ -12,6 +14,7 @@ from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 
 log = logging.getLogger("coordinator")
+SHUTDOWN_SECONDS = 10.0  # how long a shutdown waits for cancelled runs to answer
 
 
 class CoordinatorHandler:
@@ -65,12 +68,21 @@ class CoordinatorHandler:
                                load_prob=0.0, units_running=running, units_completed=0,
                                units_rejected=0, uptime_seconds=0.0)
 
-    def cancel_all(self) -> None:
-        """Used on shutdown: every running run stops at its next check."""
+    def shutdown(self, then: Callable[[], None], timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Cancel every running run, give them `timeout` seconds to tell their clients,
+        then call `then` (stopping the server). Returns at once: safe in a signal handler."""
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:
-            run.cancel()
+            run.cancel("the coordinator is shutting down")
+
+        def wait_then_stop() -> None:
+            deadline = time.monotonic() + timeout
+            for run in runs:
+                run.finished.wait(max(0.0, deadline - time.monotonic()))
+            then()
+
+        threading.Thread(target=wait_then_stop, name="shutdown", daemon=True).start()
 
     def _find(self, run_id: str) -> Run:
         with self._lock:

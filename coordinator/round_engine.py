@@ -100,7 +100,8 @@ class RoundEngine:
         self.settings = settings
         self.progress = progress
         self.cancelled = cancelled
-        self._fast_durations: deque[float] = deque(maxlen=64)
+        self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
+        self._durations_lock = threading.Lock()
         self._last_contact = time.monotonic()
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
@@ -160,7 +161,9 @@ class RoundEngine:
     def _backup_after(self) -> float | None:
         if not self.settings.speculation:
             return None
-        typical = statistics.median(self._fast_durations) if self._fast_durations else None
+        with self._durations_lock:
+            recent = list(self._fast_durations)
+        typical = statistics.median(recent) if recent else None
         return self.policy.backup_after(typical, self.settings.speculate_after)
 
     def _try_nodes(self, state: _RoundState, unit: _Unit, build_request: RequestBuilder) -> None:
@@ -254,7 +257,8 @@ class RoundEngine:
         if result.delay_seconds == 0:
             # The node's own compute time, not the call time: queueing behind other
             # units on a busy node must not raise the bar for starting a backup.
-            self._fast_durations.append(result.compute_seconds)
+            with self._durations_lock:
+                self._fast_durations.append(result.compute_seconds)
         if state.complete(unit, update, result):
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)

@@ -64,15 +64,18 @@ class Run:
         self.nodes = [NodeHandle(i, address, settings.rpc_timeout, settings.connect_timeout)
                       for i, address in enumerate(nodes)]
         self.cancelled = threading.Event()
+        self.cancel_reason = ""
+        self.finished = threading.Event()  # set once execute() has returned or raised
         units_per_round = len(self.algorithm.plan_round(1))
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the run to stop; False if it had already ended."""
         if self.progress.state != "running":
             return False
+        self.cancel_reason = reason
         self.cancelled.set()
         return True
 
@@ -82,9 +85,11 @@ class Run:
                  self.request.model, self.request.dataset, self.request.rounds, len(self.nodes))
         try:
             result = self._train()
+            self.progress.end(COMPLETED)
         except RunCancelledError:
-            self.progress.end(CANCELLED, "cancelled by the client")
-            raise ttypes.RunCancelled(message=f"run {self.run_id} was cancelled") from None
+            self.progress.end(CANCELLED, self.cancel_reason)
+            raise ttypes.RunCancelled(
+                message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
         except (RoundFailed, FatalNodeError) as exc:
             self.progress.end(FAILED, str(exc))
             tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
@@ -97,7 +102,7 @@ class Run:
         finally:
             for node in self.nodes:
                 node.close()
-        self.progress.end(COMPLETED)
+            self.finished.set()
         return result
 
     # ---------------------------------------------------------------- rounds

@@ -139,3 +139,23 @@ def test_client_notices_a_dead_coordinator(cluster):
     assert client.returncode == 1
     assert "coordinator" in err
     assert "Traceback" not in err
+
+
+def test_sigterm_stops_the_coordinator_gracefully_and_tells_the_client(cluster):
+    cluster.add_node(1.0, "--load-delay", "30")
+    cluster.start_coordinator(1, "--no-speculation")
+    client = subprocess.Popen(
+        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
+         "letters", "3", "15", "20", "0.0001", "--quiet"],
+        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
+        cluster.coordinator.popen.send_signal(signal.SIGTERM)
+        assert cluster.coordinator.popen.wait(timeout=20) == 0
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1
+    assert "shutting down" in err
