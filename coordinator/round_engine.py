@@ -146,6 +146,8 @@ class RoundEngine:
     # ---------------------------------------------------------------- workers
     def _worker(self, state: _RoundState, build_request: RequestBuilder,
                 backups_only: bool) -> None:
+        """Take units until the round is over. Any unexpected error fails the round
+        loudly rather than leaving it to wait for a worker that has died."""
         try:
             while True:
                 unit = state.next_unit(self._backup_after(), backups_only)
@@ -156,6 +158,9 @@ class RoundEngine:
                 finally:
                     state.release(unit)
         except FatalNodeError as exc:
+            state.fail(exc)
+        except Exception as exc:
+            log.exception("round %d: worker failed", state.round_index)
             state.fail(exc)
 
     def _backup_after(self) -> float | None:
@@ -308,6 +313,8 @@ class _RoundState:
         """A unit to work on: queued first, then a backup of a slow one; None when over."""
         with self._cond:
             while not self._over:
+                if not self._queue:
+                    self._requeue_orphans()
                 if self._queue and not backups_only:
                     unit = self._queue.popleft()
                     unit.reserved += 1
@@ -318,6 +325,14 @@ class _RoundState:
                     return backup
                 self._cond.wait(WAIT_STEP_SECONDS)
             return None
+
+    def _requeue_orphans(self) -> None:
+        """Put back any unsettled unit that nobody holds, so no path can lose a unit."""
+        for unit in self.units:
+            if not (unit.done or unit.discarded or unit.reserved or unit in self._queue):
+                log.warning("round %d: unit %s was held by nobody; queued again",
+                            self.round_index, unit.spec.unit_id)
+                self._queue.append(unit)
 
     def _slow_unit(self, backup_after: float | None) -> _Unit | None:
         """The unit whose newest attempt has been out longest, if that is over the threshold.
