@@ -41,9 +41,9 @@ class ProgressView:
         if self._progress is None:
             return
         error = "-" if status.validation_error < 0 else f"{status.validation_error:.4f}"
-        detail = (f"val error {error} | units {status.units_done}/{status.units_total} | "
-                  f"rejected {status.rejected} | failed {status.failed} | "
-                  f"in flight {status.in_flight}")
+        detail = (f"error {error}  units {status.units_done}/{status.units_total}  "
+                  f"rejected {status.rejected}  failed {status.failed}  "
+                  f"out {status.in_flight}")
         if self._task is None:  # started on the first status, so early errors print alone
             self._progress.start()
             self._task = self._progress.add_task("train", total=status.rounds, round=0,
