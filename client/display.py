@@ -110,7 +110,12 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
             "validation_error": s.validation_error, "units_done": s.units_done,
             "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
-            "message": s.message, "nodes": [node_dict(n) for n in s.nodes]}
+            "message": s.message, "nodes": [node_dict(n) for n in s.nodes],
+            "ledger": dict(s.ledger or {}),
+            "unfinished": [{"round": u.round, "unit": u.unit_id, "status": u.status,
+                            "node": u.node, "age_seconds": round(u.age_seconds, 1),
+                            "attempts": u.attempts, "failures": u.failures,
+                            "last_reason": u.last_reason} for u in s.unfinished or []]}
 
 
 def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
@@ -125,4 +130,21 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                   f"{s.elapsed_seconds:.1f} s")
     if s.message:
         console.print(f"  {s.message}")
+    if data["ledger"]:
+        counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
+        console.print(f"  units by status: {counts}")
     console.print(node_table(data["nodes"]))
+    if data["unfinished"]:
+        console.print(unfinished_table(data["unfinished"]))
+
+
+def unfinished_table(units: list[dict[str, Any]]) -> Table:
+    table = Table(title="Unfinished units")
+    for column in ("round", "unit", "status", "node", "age s", "attempts", "failures",
+                   "last reason"):
+        table.add_column(column)
+    for u in units:
+        table.add_row(str(u["round"]), u["unit"], u["status"], u["node"] or "-",
+                      f"{u['age_seconds']:.1f}", str(u["attempts"]), str(u["failures"]),
+                      u["last_reason"] or "")
+    return table

@@ -13,6 +13,7 @@ from coordinator.nodes_file import NodesFileError, read_nodes_file
 from coordinator.policies import POLICY_NAMES
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
+from coordinator.run_store import RunStoreError
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, write_port_file
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", default="runs",
                         help="folder for each run's metrics, checkpoint and model "
                              "(default: ./runs)")
+    parser.add_argument("--store", default=None, metavar="PATH",
+                        help="SQLite run store: runs, rounds, every unit's status changes, node "
+                             "statistics (default: <run-dir>/runs.db)")
     parser.add_argument("--threads", type=int, default=None,
                         help="worker threads per round (default: number of nodes + 2)")
     parser.add_argument("--no-speculation", action="store_true",
@@ -78,7 +82,8 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     return CoordinatorSettings(data_root=Path(args.data_root), run_root=Path(args.run_dir),
                                policy=args.policy, rpc_timeout=args.rpc_timeout,
                                connect_timeout=args.connect_timeout, seed=args.seed,
-                               engine=engine)
+                               engine=engine,
+                               store_path=Path(args.store) if args.store else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
-    handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
+    try:
+        handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
+    except (RunStoreError, OSError) as exc:
+        print(f"error: cannot open the run store: {exc}", file=sys.stderr)
+        return 1
     try:
         server = ThriftServer(Coordinator.Processor(handler), args.host, args.port)
     except OSError as exc:

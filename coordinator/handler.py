@@ -10,6 +10,7 @@ from pathlib import Path
 
 from coordinator.nodes_file import NodesFileError, read_nodes_file
 from coordinator.run import CoordinatorSettings, Run
+from coordinator.run_store import RunStore, UnfinishedUnit
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 
@@ -24,6 +25,10 @@ class CoordinatorHandler:
     def __init__(self, nodes_file: Path, settings: CoordinatorSettings) -> None:
         self.nodes_file = nodes_file
         self.settings = settings
+        self.store = open_store(settings)
+        interrupted = self.store.fail_unfinished_runs("the coordinator stopped during the run")
+        if interrupted:
+            log.warning("runs interrupted by an earlier stop: %s", ", ".join(interrupted))
         self._runs: dict[str, Run] = {}
         self._order: list[str] = []
         self._lock = threading.Lock()
@@ -35,16 +40,20 @@ class CoordinatorHandler:
             nodes = read_nodes_file(self.nodes_file)
         except NodesFileError as exc:
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
-        run = Run(request, nodes, self.settings)
+        run = Run(request, nodes, self.settings, self.store)
         with self._lock:
             if run.run_id in self._runs:
                 raise ttypes.InvalidRequest(message=f"run id {run.run_id!r} is already used")
+            run.register()
             self._runs[run.run_id] = run
             self._order.append(run.run_id)
         return run.execute()
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
-        return self._find(request.run_id).progress.snapshot()
+        status = self._find(request.run_id).progress.snapshot()
+        status.unfinished = [_unit_info(u) for u in self.store.unfinished_units(status.run_id)]
+        status.ledger = self.store.ledger_counts(status.run_id)
+        return status
 
     def cancel(self, request: ttypes.CancelRunRequest) -> ttypes.CancelRunResult:
         run = self._find(request.run_id)
@@ -81,6 +90,7 @@ class CoordinatorHandler:
             for run in runs:
                 run.finished.wait(max(0.0, deadline - time.monotonic()))
             then()
+            self.store.close()
 
         threading.Thread(target=wait_then_stop, name="shutdown", daemon=True).start()
 
@@ -92,3 +102,16 @@ class CoordinatorHandler:
         if run is None:
             raise ttypes.UnknownRun(message=f"no run {run_id!r} on this coordinator")
         return run
+
+
+def open_store(settings: CoordinatorSettings) -> RunStore:
+    """The run store of these settings, its folder created if needed."""
+    path = settings.store_path or settings.run_root / "runs.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return RunStore(path)
+
+
+def _unit_info(unit: UnfinishedUnit) -> ttypes.UnitInfo:
+    return ttypes.UnitInfo(round=unit.round, unit_id=unit.unit_id, status=unit.status,
+                           node=unit.node, age_seconds=unit.age_seconds, attempts=unit.attempts,
+                           failures=unit.failures, last_reason=unit.last_reason)

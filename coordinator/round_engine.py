@@ -13,6 +13,7 @@ is cancelled. The round ends when `quorum` units are in.
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import threading
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from thrift.Thrift import TException
 
+from coordinator.ledger import UnitLedger
 from coordinator.node_pool import NodeHandle
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
@@ -34,6 +36,9 @@ from wire.tensor_codec import CodecError, wire_to_dict
 log = logging.getLogger("coordinator.engine")
 
 WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
+OUTCOME_NAMES = {ttypes.UnitOutcome.COMPLETED: "completed",
+                 ttypes.UnitOutcome.REJECTED: "rejected",
+                 ttypes.UnitOutcome.CANCELLED: "cancelled"}
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
@@ -92,8 +97,9 @@ class RoundEngine:
 
     def __init__(self, run_id: str, nodes: list[NodeHandle], policy: Policy,
                  settings: EngineSettings, progress: RunProgress,
-                 cancelled: threading.Event) -> None:
+                 cancelled: threading.Event, ledger: UnitLedger | None = None) -> None:
         self.run_id = run_id
+        self.ledger = ledger or UnitLedger(None, run_id)
         self.nodes = nodes
         self._by_index = {node.index: node for node in nodes}
         self.policy = policy
@@ -220,6 +226,7 @@ class RoundEngine:
     def _attempt(self, state: _RoundState, unit: _Unit, node: NodeHandle,
                  build_request: RequestBuilder) -> str:
         attempt = state.start_attempt(unit, node)
+        self.ledger.started(state.round_index, unit.spec.unit_id, attempt, node.name)
         log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
                   attempt, node.name)
         node.started()
@@ -248,16 +255,23 @@ class RoundEngine:
         log.debug("round %d: unit %s attempt %d on %s: outcome %d after %.3fs (delay %.2fs)",
                   state.round_index, unit.spec.unit_id, attempt, node.name, result.outcome,
                   seconds, result.delay_seconds)
+        self.ledger.node_answer(node.name, OUTCOME_NAMES[result.outcome],
+                                result.delay_seconds > 0, result.num_samples)
+        record = functools.partial(self.ledger.finished, state.round_index, unit.spec.unit_id,
+                                   attempt, node.name)
         if result.outcome == ttypes.UnitOutcome.REJECTED:
             self.progress.add(rejected=1)
+            record("pending", "rejected")
             return "rejected"
         if result.outcome != ttypes.UnitOutcome.COMPLETED:
+            record("cancelled" if state.is_over(unit) else "pending", result.message)
             return "cancelled"
         try:
             update = wire_to_dict(result.update)
         except CodecError as exc:
-            state.record_failure(unit, f"invalid result from {node.name}: {exc}",
-                                 self.settings.max_unit_failures)
+            reason = f"invalid result from {node.name}: {exc}"
+            discarded = state.record_failure(unit, reason, self.settings.max_unit_failures)
+            record("discarded" if discarded else "failed", reason)
             return "failed"
         if result.delay_seconds == 0:
             # The node's own compute time, not the call time: queueing behind other
@@ -265,8 +279,11 @@ class RoundEngine:
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
         if state.complete(unit, update, result):
+            record("completed")
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
+        else:
+            record("cancelled", "another attempt finished first")
         return "completed"
 
     def _failed(self, state: _RoundState, unit: _Unit, attempt: int, node: NodeHandle,
@@ -275,8 +292,11 @@ class RoundEngine:
         node.failed(time.monotonic() - began, bench=bench)
         state.end_attempt(unit, attempt)
         self.progress.add(failed=1)
+        self.ledger.node_failure(node.name, reason)
         discarded = state.record_failure(unit, f"{node.name}: {reason}",
                                          self.settings.max_unit_failures)
+        self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
+                             "discarded" if discarded else "failed", reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.ledger import UnitLedger
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
@@ -22,6 +23,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
+from coordinator.run_store import RunStore, RunStoreError
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
@@ -43,6 +45,7 @@ class CoordinatorSettings:
     connect_timeout: float = 3.0
     seed: int | None = None
     engine: EngineSettings = field(default_factory=EngineSettings)
+    store_path: Path | None = None  # SQLite run store; None: <run_root>/runs.db
 
 
 def _invalid(message: str) -> ttypes.InvalidRequest:
@@ -53,9 +56,10 @@ class Run:
     """Validates a TrainRequest up front, then `execute()` trains it to the end."""
 
     def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
-                 settings: CoordinatorSettings) -> None:
+                 settings: CoordinatorSettings, store: RunStore | None = None) -> None:
         self.request = request
         self.settings = settings
+        self.store = store
         self.run_id = _check_run_id(request.run_id)
         if request.rounds < 1:
             raise _invalid(f"rounds must be at least 1, got {request.rounds}")
@@ -70,6 +74,7 @@ class Run:
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
+        self.ledger = UnitLedger(store, self.run_id)
 
     def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the run to stop; False if it had already ended."""
@@ -79,24 +84,36 @@ class Run:
         self.cancelled.set()
         return True
 
+    def register(self) -> None:
+        """Enter the run in the store; a run id used before (even before a restart) is refused."""
+        if self.store is None:
+            return
+        r = self.request
+        try:
+            self.store.create_run(self.run_id, algorithm=r.algorithm, model=r.model,
+                                  dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
+                                  policy=self.settings.policy)
+        except (RunStoreError, ValueError) as exc:
+            raise _invalid(f"run id {self.run_id!r} cannot be used: {exc}") from None
+
     def execute(self) -> ttypes.RunResult:
         """Train every round; raises the IDL's TrainingFailed or RunCancelled."""
         log.info("run %s: %s/%s on %s, %d rounds, %d nodes", self.run_id, self.request.algorithm,
                  self.request.model, self.request.dataset, self.request.rounds, len(self.nodes))
         try:
             result = self._train()
-            self.progress.end(COMPLETED)
+            self._end(COMPLETED)
         except RunCancelledError:
-            self.progress.end(CANCELLED, self.cancel_reason)
+            self._end(CANCELLED, self.cancel_reason)
             raise ttypes.RunCancelled(
                 message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
         except (RoundFailed, FatalNodeError) as exc:
-            self.progress.end(FAILED, str(exc))
+            self._end(FAILED, str(exc))
             tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=tried) from None
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
-            self.progress.end(FAILED, f"internal error: {exc}")
+            self._end(FAILED, f"internal error: {exc}")
             raise ttypes.TrainingFailed(message=f"internal error: {exc}",
                                         nodes_tried=[n.name for n in self.nodes]) from None
         finally:
@@ -105,13 +122,17 @@ class Run:
             self.finished.set()
         return result
 
+    def _end(self, state: str, message: str | None = None) -> None:
+        self.progress.end(state, message)
+        self.ledger.run_ended(state, message)
+
     # ---------------------------------------------------------------- rounds
     def _train(self) -> ttypes.RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_json("run.json", self._describe())
         engine = RoundEngine(self.run_id, self.nodes,
                              make_policy(self.settings.policy, self.settings.seed),
-                             self.settings.engine, self.progress, self.cancelled)
+                             self.settings.engine, self.progress, self.cancelled, self.ledger)
         weights = self.algorithm.initial_weights()
         history: list[ttypes.RoundMetrics] = []
         for round_index in range(1, self.request.rounds + 1):
@@ -138,6 +159,7 @@ class Run:
         def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
             return self._work_request(round_index, unit, attempt, wire_weights)
 
+        self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
         outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build)
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
@@ -152,6 +174,7 @@ class Run:
                  round_index, self.request.rounds, evaluation.validation_error,
                  outcome.completed, len(outcome.discarded), metrics.seconds)
         self._append_metrics(metrics, outcome.discarded)
+        self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
         save_model(self.run_dir / "checkpoint.npz", weights,
                    {**self.algorithm.model_description(), "round": round_index})
         return weights, metrics

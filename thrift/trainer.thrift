@@ -165,6 +165,18 @@ struct StatusRequest {
   1: required string run_id,         // "" means the latest run
 }
 
+/* A unit that is not settled yet, as the run store sees it: why a round is waiting. */
+struct UnitInfo {
+  1: required i64 round,
+  2: required string unit_id,
+  3: required string status,         // pending, in_progress, failed, stale
+  4: optional string node,           // host:port of its latest attempt
+  5: required double age_seconds,    // since its latest change
+  6: required i32 attempts,
+  7: required i32 failures,
+  8: optional string last_reason,
+}
+
 struct RunStatus {
   1: required string run_id,
   2: required string state,          // "running", "completed", "failed", "cancelled"
@@ -179,6 +191,8 @@ struct RunStatus {
   11: required double elapsed_seconds,
   12: required list<NodeSummary> nodes,
   13: optional string message,       // why a run failed
+  14: optional list<UnitInfo> unfinished,
+  15: optional map<string, i64> ledger, // units per status, over all rounds
 }
 
 struct CancelRunRequest {

@@ -1985,6 +1985,152 @@ class StatusRequest(object):
         return not (self == other)
 
 
+class UnitInfo(object):
+    """
+    Attributes:
+     - round
+     - unit_id
+     - status
+     - node
+     - age_seconds
+     - attempts
+     - failures
+     - last_reason
+
+    """
+
+
+    def __init__(self, round=None, unit_id=None, status=None, node=None, age_seconds=None, attempts=None, failures=None, last_reason=None,):
+        self.round = round
+        self.unit_id = unit_id
+        self.status = status
+        self.node = node
+        self.age_seconds = age_seconds
+        self.attempts = attempts
+        self.failures = failures
+        self.last_reason = last_reason
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.round = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.unit_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.status = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.node = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.DOUBLE:
+                    self.age_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I32:
+                    self.attempts = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.I32:
+                    self.failures = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.last_reason = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('UnitInfo')
+        if self.round is not None:
+            oprot.writeFieldBegin('round', TType.I64, 1)
+            oprot.writeI64(self.round)
+            oprot.writeFieldEnd()
+        if self.unit_id is not None:
+            oprot.writeFieldBegin('unit_id', TType.STRING, 2)
+            oprot.writeString(self.unit_id.encode('utf-8') if sys.version_info[0] == 2 else self.unit_id)
+            oprot.writeFieldEnd()
+        if self.status is not None:
+            oprot.writeFieldBegin('status', TType.STRING, 3)
+            oprot.writeString(self.status.encode('utf-8') if sys.version_info[0] == 2 else self.status)
+            oprot.writeFieldEnd()
+        if self.node is not None:
+            oprot.writeFieldBegin('node', TType.STRING, 4)
+            oprot.writeString(self.node.encode('utf-8') if sys.version_info[0] == 2 else self.node)
+            oprot.writeFieldEnd()
+        if self.age_seconds is not None:
+            oprot.writeFieldBegin('age_seconds', TType.DOUBLE, 5)
+            oprot.writeDouble(self.age_seconds)
+            oprot.writeFieldEnd()
+        if self.attempts is not None:
+            oprot.writeFieldBegin('attempts', TType.I32, 6)
+            oprot.writeI32(self.attempts)
+            oprot.writeFieldEnd()
+        if self.failures is not None:
+            oprot.writeFieldBegin('failures', TType.I32, 7)
+            oprot.writeI32(self.failures)
+            oprot.writeFieldEnd()
+        if self.last_reason is not None:
+            oprot.writeFieldBegin('last_reason', TType.STRING, 8)
+            oprot.writeString(self.last_reason.encode('utf-8') if sys.version_info[0] == 2 else self.last_reason)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        if self.round is None:
+            raise TProtocolException(message='Required field round is unset!')
+        if self.unit_id is None:
+            raise TProtocolException(message='Required field unit_id is unset!')
+        if self.status is None:
+            raise TProtocolException(message='Required field status is unset!')
+        if self.age_seconds is None:
+            raise TProtocolException(message='Required field age_seconds is unset!')
+        if self.attempts is None:
+            raise TProtocolException(message='Required field attempts is unset!')
+        if self.failures is None:
+            raise TProtocolException(message='Required field failures is unset!')
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class RunStatus(object):
     """
     Attributes:
@@ -2001,11 +2147,13 @@ class RunStatus(object):
      - elapsed_seconds
      - nodes
      - message
+     - unfinished
+     - ledger
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -2019,6 +2167,8 @@ class RunStatus(object):
         self.elapsed_seconds = elapsed_seconds
         self.nodes = nodes
         self.message = message
+        self.unfinished = unfinished
+        self.ledger = ledger
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2100,6 +2250,28 @@ class RunStatus(object):
                     self.message = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 14:
+                if ftype == TType.LIST:
+                    self.unfinished = []
+                    (_etype58, _size55) = iprot.readListBegin()
+                    for _i59 in range(_size55):
+                        _elem60 = UnitInfo()
+                        _elem60.read(iprot)
+                        self.unfinished.append(_elem60)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 15:
+                if ftype == TType.MAP:
+                    self.ledger = {}
+                    (_ktype62, _vtype63, _size61) = iprot.readMapBegin()
+                    for _i65 in range(_size61):
+                        _key66 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val67 = iprot.readI64()
+                        self.ledger[_key66] = _val67
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2157,13 +2329,28 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter55 in self.nodes:
-                iter55.write(oprot)
+            for iter68 in self.nodes:
+                iter68.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
             oprot.writeFieldBegin('message', TType.STRING, 13)
             oprot.writeString(self.message.encode('utf-8') if sys.version_info[0] == 2 else self.message)
+            oprot.writeFieldEnd()
+        if self.unfinished is not None:
+            oprot.writeFieldBegin('unfinished', TType.LIST, 14)
+            oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
+            for iter69 in self.unfinished:
+                iter69.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.ledger is not None:
+            oprot.writeFieldBegin('ledger', TType.MAP, 15)
+            oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
+            for kiter70, viter71 in self.ledger.items():
+                oprot.writeString(kiter70.encode('utf-8') if sys.version_info[0] == 2 else kiter70)
+                oprot.writeI64(viter71)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2405,11 +2592,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype59, _size56) = iprot.readListBegin()
-                    for _i60 in range(_size56):
-                        _elem61 = RunStatus()
-                        _elem61.read(iprot)
-                        self.runs.append(_elem61)
+                    (_etype75, _size72) = iprot.readListBegin()
+                    for _i76 in range(_size72):
+                        _elem77 = RunStatus()
+                        _elem77.read(iprot)
+                        self.runs.append(_elem77)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2426,8 +2613,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter62 in self.runs:
-                iter62.write(oprot)
+            for iter78 in self.runs:
+                iter78.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2596,6 +2783,18 @@ StatusRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'run_id', 'UTF8', None, ),  # 1
 )
+all_structs.append(UnitInfo)
+UnitInfo.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'round', None, None, ),  # 1
+    (2, TType.STRING, 'unit_id', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'status', 'UTF8', None, ),  # 3
+    (4, TType.STRING, 'node', 'UTF8', None, ),  # 4
+    (5, TType.DOUBLE, 'age_seconds', None, None, ),  # 5
+    (6, TType.I32, 'attempts', None, None, ),  # 6
+    (7, TType.I32, 'failures', None, None, ),  # 7
+    (8, TType.STRING, 'last_reason', 'UTF8', None, ),  # 8
+)
 all_structs.append(RunStatus)
 RunStatus.thrift_spec = (
     None,  # 0
@@ -2612,6 +2811,8 @@ RunStatus.thrift_spec = (
     (11, TType.DOUBLE, 'elapsed_seconds', None, None, ),  # 11
     (12, TType.LIST, 'nodes', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 12
     (13, TType.STRING, 'message', 'UTF8', None, ),  # 13
+    (14, TType.LIST, 'unfinished', (TType.STRUCT, [UnitInfo, None], False), None, ),  # 14
+    (15, TType.MAP, 'ledger', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 15
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

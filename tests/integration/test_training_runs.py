@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from devtools.local_cluster import run_client
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
@@ -67,3 +69,18 @@ def test_all_nodes_dead_fails_with_the_nodes_tried(cluster):
     assert "training failed" in done.stderr
     assert f"127.0.0.1:{first.port}" in done.stderr and f"127.0.0.1:{second.port}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_run_store_accounts_for_every_unit(cluster):
+    cluster.add_node(0.5, *FAST_DELAY)
+    cluster.add_node(0.5, *FAST_DELAY)
+    cluster.start_coordinator(3)
+    result = cluster.train_json("letters", "3", "15", "20", "0.0001")
+    status = run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
+                         result["run_id"], "--json"], cluster.workdir)
+    ledger = json.loads(status.stdout)["ledger"]
+    assert ledger["completed"] == 33
+    assert ledger["pending"] == ledger["in_progress"] == ledger["failed"] == 0
+    assert sum(ledger.values()) == 33  # three rounds of eleven units, none lost
+    assert json.loads(status.stdout)["unfinished"] == []
+    assert (cluster.workdir / "runs" / "runs.db").is_file()

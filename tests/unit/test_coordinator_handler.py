@@ -36,10 +36,12 @@ def train_request(**changes) -> ttypes.TrainRequest:
     ({"config_json": "[1, 2]"}, "must hold a JSON object"),
 ])
 def test_bad_train_requests_are_refused_before_any_work(tmp_path, changes, message):
+    coordinator = handler(tmp_path)
     with pytest.raises(ttypes.InvalidRequest) as info:
-        handler(tmp_path).train(train_request(**changes))
+        coordinator.train(train_request(**changes))
     assert message in info.value.message
-    assert not (tmp_path / "runs").exists()
+    assert coordinator.store.list_runs() == []
+    assert not any(p.is_dir() for p in (tmp_path / "runs").iterdir())  # no run folder
 
 
 def test_a_broken_nodes_file_fails_the_run_with_its_line(tmp_path):

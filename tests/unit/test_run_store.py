@@ -1,0 +1,439 @@
+"""The SQLite run store: persistence, the unit life cycle, ledger counts, threads, schema."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import closing
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.run_store import (
+    SCHEMA_VERSION,
+    UNIT_STATUSES,
+    IllegalTransition,
+    RunStore,
+    RunStoreError,
+    SchemaError,
+    UnknownRecord,
+)
+
+UNITS = [f"train_letters{i}.txt" for i in range(1, 4)]
+A, B = "node1:9091", "node2:9092"
+METRICS = dict(validation_error=0.5, validation_loss=1.5, train_loss=1.2, seconds=2.0,
+               completed_units=2, discarded_units=0)
+
+
+class FakeClock:
+    """Time that moves only when a test says so: ages without sleeping."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock):
+    with RunStore(tmp_path / "runs.db", clock=clock) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2,
+                     config={"epochs": 5}, policy=2)
+        s.plan_units("r1", 1, UNITS)
+        yield s
+
+
+def raw_sql(path: Path | str, sql: str, params: tuple = ()) -> list[tuple[Any, ...]]:
+    """Read or change the file behind the store's back, as another tool would."""
+    with closing(sqlite3.connect(path)) as db, db:
+        return db.execute(sql, params).fetchall()
+
+
+def history(store: RunStore, unit_id: str, round_index: int = 1) -> list[tuple]:
+    return [(e.attempt, e.node, e.from_status, e.to_status, e.attempt_status)
+            for e in store.unit_history("r1", round_index, unit_id)]
+
+
+# ------------------------------------------------------------- persistence
+def test_everything_survives_close_and_reopen(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "runs.db"
+    with RunStore(path, clock=clock) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=1,
+                     config={"epochs": 5, "hidden": [20]}, policy=3)
+        s.plan_units("r1", 1, UNITS)
+        s.unit_started("r1", 1, UNITS[0], 1, A)
+        s.unit_finished("r1", 1, UNITS[0], 1, A, "completed")
+        s.node_answer("r1", A, "completed", delayed=True, samples=1800)
+        s.record_round("r1", 1, **METRICS)
+        clock.now += 5
+        s.end_run("r1", "completed", "done")
+    with RunStore(str(path)) as s:
+        run = s.get_run("r1")
+        assert run is not None
+        assert (run.state, run.message, run.ended, run.rounds_done) == ("completed", "done",
+                                                                       1005.0, 1)
+        assert run.config == {"epochs": 5, "hidden": [20]} and run.policy == 3
+        assert s.ledger_counts("r1")["completed"] == 1
+        assert s.ledger_counts("r1")["cancelled"] == 2  # the round's leftovers
+        assert [e.to_status for e in s.unit_history("r1", 1, UNITS[0])] == [
+            "pending", "in_progress", "completed"]
+        assert s.list_rounds("r1")[0].validation_error == 0.5
+        assert s.node_stats("r1")[0].samples == 1800
+
+
+def test_the_file_is_in_wal_mode(tmp_path: Path) -> None:
+    RunStore(tmp_path / "runs.db").close()
+    assert raw_sql(tmp_path / "runs.db", "PRAGMA journal_mode") == [("wal",)]
+    assert raw_sql(tmp_path / "runs.db", "SELECT version FROM schema_version") == [
+        (SCHEMA_VERSION,)]
+
+
+def test_a_closed_store_says_so(tmp_path: Path) -> None:
+    s = RunStore(tmp_path / "runs.db")
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(RunStoreError, match="closed"):
+        s.get_run("r1")
+
+
+# ---------------------------------------------------------------- schema
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"this is not an SQLite file, just some text\n" * 100)
+    with pytest.raises(SchemaError, match="not a run store.*not a database"):
+        RunStore(path)
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    RunStore(path).close()
+    raw_sql(path, "UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    with pytest.raises(SchemaError, match=f"version {SCHEMA_VERSION + 1}, newer"):
+        RunStore(path)
+
+
+def test_a_directory_is_an_open_error_not_a_schema_error(tmp_path: Path) -> None:
+    with pytest.raises(RunStoreError, match="cannot open the run store") as caught:
+        RunStore(tmp_path)
+    assert not isinstance(caught.value, SchemaError)
+
+
+def test_another_sqlite_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    raw_sql(path, "CREATE TABLE photos (id INTEGER)")
+    with pytest.raises(SchemaError, match="not a run store.*photos"):
+        RunStore(path)
+
+
+# ------------------------------------------------------------------- runs
+def test_list_runs_newest_first_with_a_limit(tmp_path: Path, clock: FakeClock) -> None:
+    with RunStore(tmp_path / "runs.db", clock=clock) as s:
+        for i, step in enumerate([0, 10, 0, 5]):  # run-2 ties with run-1: insertion decides
+            clock.now += step
+            s.create_run(f"run-{i}", algorithm="a", model="m", dataset="d", rounds=1)
+        assert [r.run_id for r in s.list_runs()] == ["run-3", "run-2", "run-1", "run-0"]
+        assert [r.run_id for r in s.list_runs(limit=2)] == ["run-3", "run-2"]
+        with pytest.raises(ValueError, match="limit"):
+            s.list_runs(limit=0)
+        assert s.get_run("nope") is None
+
+
+def test_run_ids_are_unique_and_runs_end_once(store: RunStore) -> None:
+    with pytest.raises(ValueError, match="already exists"):
+        store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+    assert store.end_run("r1", "cancelled", "by the client") == len(UNITS)
+    with pytest.raises(IllegalTransition, match="from cancelled to failed"):
+        store.end_run("r1", "failed")
+    with pytest.raises(ValueError, match="ends as one of"):
+        store.end_run("r1", "running")
+    with pytest.raises(UnknownRecord):
+        store.end_run("nope", "failed")
+    with pytest.raises(IllegalTransition, match="cancelled: cannot plan"):
+        store.plan_units("r1", 2, ["x"])
+
+
+def test_unfinished_runs_are_failed_at_start_up(store: RunStore) -> None:
+    store.create_run("r2", algorithm="a", model="m", dataset="d", rounds=1)
+    store.end_run("r2", "completed")
+    assert store.fail_unfinished_runs() == ["r1"]
+    run = store.get_run("r1")
+    assert run is not None and (run.state, run.message) == ("failed",
+                                                          "the coordinator restarted")
+    assert store.unfinished_units("r1") == []
+
+
+def test_a_round_is_recorded_once_and_settles_its_leftovers(store: RunStore) -> None:
+    store.unit_started("r1", 1, UNITS[0], 1, A)
+    store.unit_finished("r1", 1, UNITS[0], 1, A, "completed")
+    store.unit_started("r1", 1, UNITS[1], 1, B)
+    assert store.record_round("r1", 1, **METRICS) == 2
+    assert store.ledger_counts("r1", 1)["cancelled"] == 2
+    with pytest.raises(ValueError, match="already recorded"):
+        store.record_round("r1", 1, **METRICS)
+    # The attempt still out answers late: recorded, the unit stays cancelled; a result
+    # the round no longer wanted cannot complete it, nor can a new attempt start.
+    with pytest.raises(IllegalTransition, match="from cancelled to completed"):
+        store.unit_finished("r1", 1, UNITS[1], 1, B, "completed")
+    assert store.unit_finished("r1", 1, UNITS[1], 1, B, "cancelled") == "cancelled"
+    with pytest.raises(IllegalTransition, match="from cancelled to in_progress"):
+        store.unit_started("r1", 1, UNITS[2], 1, A)
+
+
+# ------------------------------------------------------------ transitions
+def test_planning_validates_unit_ids(store: RunStore) -> None:
+    with pytest.raises(ValueError, match="already has units train_letters1"):
+        store.plan_units("r1", 1, [UNITS[0]])
+    with pytest.raises(ValueError, match="repeated: x"):
+        store.plan_units("r1", 2, ["x", "y", "x"])
+    with pytest.raises(ValueError, match="non-empty"):
+        store.plan_units("r1", 2, [""])
+    with pytest.raises(ValueError, match="numbered from 1"):
+        store.plan_units("r1", 0, ["x"])
+    with pytest.raises(UnknownRecord):
+        store.plan_units("nope", 1, ["x"])
+    assert store.plan_units("r1", 2, iter(UNITS)) == 3
+    assert sum(store.ledger_counts("r1").values()) == 6
+
+
+@pytest.mark.parametrize(("ends", "final", "failures"), [
+    (["completed"], "completed", 0),
+    (["failed", "completed"], "completed", 1),
+    (["stale", "completed"], "completed", 1),
+    (["pending", "completed"], "completed", 0),  # rejected, then accepted elsewhere
+    (["failed", "failed", "discarded"], "discarded", 3),
+    (["cancelled"], "cancelled", 0),
+])
+def test_attempt_paths(store: RunStore, ends: list[str], final: str, failures: int) -> None:
+    unit = UNITS[0]
+    for attempt, end in enumerate(ends, start=1):
+        store.unit_started("r1", 1, unit, attempt, A)
+        assert store.unit_finished("r1", 1, unit, attempt, A, end, reason=f"#{attempt}") == end
+    events = history(store, unit)
+    assert [e[3] for e in events] == ["pending"] + [s for end in ends
+                                                    for s in ("in_progress", end)]
+    assert all(e[2] == prev[3] for prev, e in pairwise(events))  # a replayable chain
+    assert raw_sql(store.path, "SELECT status, attempts, failures, last_reason FROM units "
+                   "WHERE unit_id = ?", (unit,)) == [(final, len(ends), failures,
+                                                      f"#{len(ends)}")]
+    assert store.ledger_counts("r1", 1)[final] == 1
+
+
+def test_backup_attempts_keep_the_unit_in_progress(store: RunStore, clock: FakeClock) -> None:
+    unit = UNITS[0]
+    store.unit_started("r1", 1, unit, 1, A)
+    clock.now += 30
+    store.unit_started("r1", 1, unit, 2, B)  # backup while A sits in its load delay
+    store.unit_started("r1", 1, unit, 3, A)
+    assert store.unit_finished("r1", 1, unit, 3, A, "failed", "connection reset") == "in_progress"
+    assert store.unit_finished("r1", 1, unit, 2, B, "completed") == "completed"
+    # The loser answers after the winner: allowed only as failed, stale or cancelled.
+    with pytest.raises(IllegalTransition, match="from completed to completed"):
+        store.unit_finished("r1", 1, unit, 1, A, "completed")
+    assert store.unit_finished("r1", 1, unit, 1, A, "cancelled") == "completed"
+    store.unit_started("r1", 1, UNITS[1], 1, A)
+    store.unit_started("r1", 1, UNITS[1], 2, B)
+    store.unit_finished("r1", 1, UNITS[1], 1, A, "completed")
+    assert store.unit_finished("r1", 1, UNITS[1], 2, B, "pending") == "completed"  # late reject
+    assert history(store, unit)[-3:] == [
+        (3, A, "in_progress", "in_progress", "failed"),
+        (2, B, "in_progress", "completed", "completed"),
+        (1, A, "completed", "completed", "cancelled"),
+    ]
+
+
+@pytest.mark.parametrize(("path", "final"), [
+    (["cancelled"], "cancelled"),
+    (["discarded"], "discarded"),
+    (["start", "fail", "pending", "start", "fail", "discarded"], "discarded"),
+    (["start", "fail", "cancelled"], "cancelled"),
+    (["start", "stale", "start", "stale-end", "pending"], "pending"),
+    (["start", "stale", "discarded"], "discarded"),
+    (["start", "stale", "cancelled"], "cancelled"),
+    (["start", "cancelled"], "cancelled"),
+])
+def test_unit_level_moves(store: RunStore, path: list[str], final: str) -> None:
+    unit, attempt = UNITS[0], 0
+    for step in path:
+        if step == "start":
+            attempt += 1
+            store.unit_started("r1", 1, unit, attempt, A)
+        elif step == "fail":
+            store.unit_finished("r1", 1, unit, attempt, A, "failed")
+        elif step == "stale-end":  # the timed-out attempt answers after the retry started
+            store.unit_finished("r1", 1, unit, 1, A, "stale")
+            store.unit_finished("r1", 1, unit, attempt, A, "stale")
+        elif step == "stale":
+            store.move_unit("r1", 1, unit, "stale", "no answer for 60 s")
+        else:
+            store.move_unit("r1", 1, unit, step)
+    assert raw_sql(store.path, "SELECT status FROM units WHERE unit_id = ?", (unit,)) == [
+        (final,)]
+    assert [e.to_status for e in store.unit_history("r1", 1, unit)][-1] == final
+
+
+@pytest.mark.parametrize(("setup", "call", "states"), [
+    ("completed", ("move", "pending"), ("completed", "pending")),
+    ("completed", ("start",), ("completed", "in_progress")),
+    ("discarded", ("start",), ("discarded", "in_progress")),
+    ("cancelled", ("move", "pending"), ("cancelled", "pending")),
+    ("pending", ("move", "completed"), ("pending", "completed")),
+    ("pending", ("move", "in_progress"), ("pending", "in_progress")),
+    ("in_progress", ("move", "pending"), ("in_progress", "pending")),
+    ("failed", ("move", "stale"), ("failed", "stale")),
+])
+def test_illegal_transitions_name_both_states(store: RunStore, setup: str, call: tuple,
+                                              states: tuple[str, str]) -> None:
+    unit = UNITS[0]
+    if setup != "pending":
+        store.unit_started("r1", 1, unit, 1, A)
+    if setup not in ("pending", "in_progress"):
+        store.unit_finished("r1", 1, unit, 1, A, setup)
+    before = history(store, unit)
+    with pytest.raises(ValueError, match=f"from {states[0]} to {states[1]}"):
+        if call[0] == "start":
+            store.unit_started("r1", 1, unit, 2, B)
+        else:
+            store.move_unit("r1", 1, unit, call[1])
+    assert history(store, unit) == before  # nothing written
+
+
+def test_attempts_are_checked(store: RunStore) -> None:
+    unit = UNITS[0]
+    store.unit_started("r1", 1, unit, 1, A)
+    with pytest.raises(ValueError, match="attempt 1 was already started"):
+        store.unit_started("r1", 1, unit, 1, B)
+    with pytest.raises(ValueError, match="runs on node1:9091, not node2:9092"):
+        store.unit_finished("r1", 1, unit, 1, B, "completed")
+    with pytest.raises(UnknownRecord, match="no attempt 7"):
+        store.unit_finished("r1", 1, unit, 7, A, "completed")
+    with pytest.raises(ValueError, match="not 'in_progress'"):
+        store.unit_finished("r1", 1, unit, 1, A, "in_progress")
+    with pytest.raises(ValueError, match="not 'done'"):
+        store.unit_finished("r1", 1, unit, 1, A, "done")
+    with pytest.raises(ValueError, match="unknown unit status"):
+        store.move_unit("r1", 1, unit, "done")
+    with pytest.raises(ValueError, match="numbered from 1"):
+        store.unit_started("r1", 1, unit, 0, A)
+    with pytest.raises(UnknownRecord, match="no unit nope"):
+        store.unit_started("r1", 1, "nope", 1, A)
+    store.unit_finished("r1", 1, unit, 1, A, "failed")
+    with pytest.raises(IllegalTransition, match="from failed to completed; it already ended"):
+        store.unit_finished("r1", 1, unit, 1, A, "completed")
+
+
+def test_a_failing_call_inside_a_batch_undoes_only_itself(store: RunStore) -> None:
+    with store.batch():
+        store.unit_started("r1", 1, UNITS[0], 1, A)
+        with pytest.raises(IllegalTransition):
+            store.move_unit("r1", 1, UNITS[1], "completed")
+        store.unit_started("r1", 1, UNITS[1], 1, A)
+    assert store.ledger_counts("r1", 1)["in_progress"] == 2
+    with pytest.raises(RuntimeError), store.batch():
+        store.unit_finished("r1", 1, UNITS[0], 1, A, "completed")
+        raise RuntimeError("the caller failed halfway")
+    assert store.ledger_counts("r1", 1)["completed"] == 0
+
+
+# ---------------------------------------------------------------- queries
+def test_ledger_counts_add_up(store: RunStore) -> None:
+    store.plan_units("r1", 2, [f"u{i}" for i in range(10)])
+    store.unit_started("r1", 1, UNITS[0], 1, A)
+    store.unit_started("r1", 1, UNITS[1], 1, A)
+    store.unit_finished("r1", 1, UNITS[1], 1, A, "failed")
+    for i in range(6):
+        store.unit_started("r1", 2, f"u{i}", 1, B)
+        store.unit_finished("r1", 2, f"u{i}", 1, B, "completed" if i < 4 else "stale")
+    store.move_unit("r1", 2, "u9", "discarded")
+    assert store.ledger_counts("r1", 1) == {**dict.fromkeys(UNIT_STATUSES, 0), "pending": 1,
+                                            "in_progress": 1, "failed": 1}
+    assert store.ledger_counts("r1", 2) == {**dict.fromkeys(UNIT_STATUSES, 0), "pending": 3,
+                                            "completed": 4, "stale": 2, "discarded": 1}
+    assert sum(store.ledger_counts("r1").values()) == 13
+    assert store.ledger_counts("nope") == dict.fromkeys(UNIT_STATUSES, 0)
+
+
+def test_unfinished_units_explain_a_stall(store: RunStore, clock: FakeClock) -> None:
+    store.unit_started("r1", 1, UNITS[0], 1, A)  # t=1000, still out
+    clock.now += 10
+    store.unit_started("r1", 1, UNITS[1], 1, A)  # t=1010, fails at 1015
+    clock.now += 5
+    store.unit_finished("r1", 1, UNITS[1], 1, A, "failed", "node1: connection refused")
+    clock.now += 25
+    store.unit_started("r1", 1, UNITS[0], 2, B)  # backup at t=1040
+    clock.now += 20  # now 1060
+    rows = {u.unit_id: u for u in store.unfinished_units("r1")}
+    first, second, third = (rows[u] for u in UNITS)
+    assert (first.status, first.node, first.age_seconds, first.attempts,
+            first.live_attempts) == ("in_progress", B, 20.0, 2, 2)
+    assert (second.status, second.node, second.age_seconds, second.failures,
+            second.last_reason) == ("failed", A, 45.0, 1, "node1: connection refused")
+    assert (third.status, third.node, third.age_seconds, third.attempts) == ("pending", None,
+                                                                             60.0, 0)
+    assert [u.unit_id for u in store.unfinished_units("r1")] == [UNITS[2], UNITS[1], UNITS[0]]
+    store.unit_finished("r1", 1, UNITS[0], 2, B, "failed")  # A's attempt owns it again
+    owner = next(u for u in store.unfinished_units("r1") if u.unit_id == UNITS[0])
+    assert (owner.node, owner.age_seconds, owner.live_attempts) == (A, 60.0, 1)
+
+
+def test_node_counts_follow_the_node_pool(store: RunStore, clock: FakeClock) -> None:
+    store.node_answer("r1", A, "completed", delayed=False, samples=100)
+    store.node_answer("r1", A, "completed", delayed=True, samples=50)
+    store.node_answer("r1", A, "rejected", delayed=False)
+    store.node_answer("r1", A, "cancelled", delayed=True, samples=99)
+    clock.now += 3
+    store.node_failure("r1", A, "timed out")
+    store.node_failure("r1", B)
+    a, b = store.node_stats("r1")
+    assert (a.node, a.accepted, a.rejected, a.delayed, a.failed, a.cancelled,
+            a.samples) == (A, 2, 1, 2, 1, 1, 150)
+    assert (a.last_answer, a.last_failure, a.last_reason) == (1000.0, 1003.0, "timed out")
+    assert (b.accepted, b.failed, b.last_answer) == (0, 1, None)
+    with pytest.raises(ValueError, match="answers one of"):
+        store.node_answer("r1", A, "accepted", delayed=False)
+    with pytest.raises(UnknownRecord):
+        store.node_failure("nope", A)
+
+
+# ---------------------------------------------------------------- threads
+def test_eight_writer_threads_lose_nothing(store: RunStore) -> None:
+    per_thread, errors = 60, []
+
+    def work(t: int) -> None:
+        try:
+            ids = [f"t{t}-u{i}" for i in range(per_thread)]
+            store.plan_units("r1", 2, ids)
+            node = f"node{t}:9000"
+            for i, unit in enumerate(ids):
+                store.unit_started("r1", 2, unit, 1, node)
+                if i % 3 == 0:  # a failure, then a retry that completes
+                    store.unit_finished("r1", 2, unit, 1, node, "failed")
+                    store.unit_started("r1", 2, unit, 2, node)
+                    store.unit_finished("r1", 2, unit, 2, node, "completed")
+                else:
+                    store.unit_finished("r1", 2, unit, 1, node, "completed")
+                store.node_answer("r1", node, "completed", delayed=False, samples=1)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    counts = store.ledger_counts("r1", 2)
+    assert counts["completed"] == 8 * per_thread
+    assert sum(counts.values()) == 8 * per_thread
+    assert sum(n.samples for n in store.node_stats("r1")) == 8 * per_thread
+    retried = sum(1 for i in range(per_thread) if i % 3 == 0)
+    events = sum(len(store.unit_history("r1", 2, f"t{t}-u{i}"))
+                 for t in range(8) for i in range(per_thread))
+    assert events == 8 * (3 * per_thread + 2 * retried)
