@@ -5,10 +5,11 @@ the scheduling policy for an order of nodes and tries them until one accepts; if
 all refuse, the unit goes back to the queue. A node that does not answer is
 benched and the unit is retried elsewhere; a unit that fails too often is
 discarded. Results are folded into the algorithm's running weighted average as
-they arrive. When the queue is empty, idle workers start a backup attempt of a
-unit that has been out much longer than units usually take (a unit sitting in a
-node's load delay, or a straggler); the first result wins and the other attempt
-is cancelled. The round ends when `quorum` units are in.
+they arrive. When the queue is empty, idle workers (and N workers kept for this
+alone) start a backup attempt of a unit that has been out much longer than units
+usually take (a unit sitting in a node's load delay, or a straggler); the first
+result wins and the other attempts are cancelled. The round ends when `quorum`
+units are in. The queue and unit states live in `round_state`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from thrift.Thrift import TException
 
@@ -28,14 +29,14 @@ from coordinator.ledger import UnitLedger
 from coordinator.node_pool import NodeHandle
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
-from training.algorithms.base import UnitSpec, WeightedAverage, Weights
+from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
+from training.algorithms.base import UnitSpec
 from wire.generated import ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
 
-WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
 OUTCOME_NAMES = {ttypes.UnitOutcome.COMPLETED: "completed",
                  ttypes.UnitOutcome.REJECTED: "rejected",
                  ttypes.UnitOutcome.CANCELLED: "cancelled"}
@@ -68,27 +69,6 @@ class FatalNodeError(Exception):
     """A node refused the protocol itself; retrying elsewhere would not help."""
 
 
-@dataclass
-class RoundOutcome:
-    average: Weights
-    completed: int
-    discarded: list[str]
-    train_loss: float
-
-
-@dataclass
-class _Unit:
-    index: int
-    spec: UnitSpec
-    attempts: int = 0
-    failures: int = 0
-    reserved: int = 0  # workers holding the unit (primary and backup)
-    started: dict[int, tuple[NodeHandle, float]] = field(default_factory=dict)
-    done: bool = False
-    discarded: bool = False
-    last_error: str = ""
-
-
 RequestBuilder = Callable[[UnitSpec, int], ttypes.WorkRequest]
 
 
@@ -112,7 +92,7 @@ class RoundEngine:
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder) -> RoundOutcome:
-        state = _RoundState(round_index, units, quorum, self.settings.deterministic,
+        state = RoundState(round_index, units, quorum, self.settings.deterministic,
                             max_attempts=2 * len(self.nodes))
         threads = self.settings.threads or len(self.nodes) + 2
         # Backup attempts get workers of their own: when every queue worker waits on a
@@ -133,7 +113,7 @@ class RoundEngine:
         return state.outcome()
 
     # -------------------------------------------------------------- main wait
-    def _wait(self, state: _RoundState) -> None:
+    def _wait(self, state: RoundState) -> None:
         while not state.wait_finished(WAIT_STEP_SECONDS):
             if self.cancelled.is_set():
                 raise RunCancelledError("run cancelled")
@@ -150,7 +130,7 @@ class RoundEngine:
                               f"{state.last_error}", [n.name for n in self.nodes])
 
     # ---------------------------------------------------------------- workers
-    def _worker(self, state: _RoundState, build_request: RequestBuilder,
+    def _worker(self, state: RoundState, build_request: RequestBuilder,
                 backups_only: bool) -> None:
         """Take units until the round is over. Any unexpected error fails the round
         loudly rather than leaving it to wait for a worker that has died."""
@@ -177,7 +157,7 @@ class RoundEngine:
         typical = statistics.median(recent) if recent else None
         return self.policy.backup_after(typical, self.settings.speculate_after)
 
-    def _try_nodes(self, state: _RoundState, unit: _Unit, build_request: RequestBuilder) -> None:
+    def _try_nodes(self, state: RoundState, unit: Unit, build_request: RequestBuilder) -> None:
         order = self._order(state, unit)
         if not order:
             state.requeue(unit, wait_seconds=self._until_unbenched(time.monotonic()))
@@ -190,7 +170,7 @@ class RoundEngine:
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
 
-    def _order(self, state: _RoundState, unit: _Unit) -> list[int]:
+    def _order(self, state: RoundState, unit: Unit) -> list[int]:
         """The policy's order over the nodes not already holding this unit.
 
         When every node holds an attempt (each one sitting in a load delay, say), all
@@ -202,7 +182,7 @@ class RoundEngine:
         free = [v for v in views if v.index not in busy]
         return self.policy.order(free or views)
 
-    def _candidates(self, state: _RoundState, unit: _Unit, order: list[int]) -> Iterator[int]:
+    def _candidates(self, state: RoundState, unit: Unit, order: list[int]) -> Iterator[int]:
         """Nodes to try in turn until one accepts.
 
         Policies 1 and 2 walk their order once (the assignment's "next node"). The
@@ -223,7 +203,7 @@ class RoundEngine:
         soonest = min(n.benched_until() for n in self.nodes)
         return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
 
-    def _attempt(self, state: _RoundState, unit: _Unit, node: NodeHandle,
+    def _attempt(self, state: RoundState, unit: Unit, node: NodeHandle,
                  build_request: RequestBuilder) -> str:
         attempt = state.start_attempt(unit, node)
         self.ledger.started(state.round_index, unit.spec.unit_id, attempt, node.name)
@@ -247,7 +227,7 @@ class RoundEngine:
             self.progress.add(in_flight=-1)
         return self._answered(state, unit, attempt, node, result, time.monotonic() - began)
 
-    def _answered(self, state: _RoundState, unit: _Unit, attempt: int, node: NodeHandle,
+    def _answered(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
                   result: ttypes.TrainResult, seconds: float) -> str:
         self._last_contact = time.monotonic()
         node.finished(result, seconds)
@@ -286,7 +266,7 @@ class RoundEngine:
             record("cancelled", "another attempt finished first")
         return "completed"
 
-    def _failed(self, state: _RoundState, unit: _Unit, attempt: int, node: NodeHandle,
+    def _failed(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
                 began: float, bench: bool, reason: str) -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
         node.failed(time.monotonic() - began, bench=bench)
@@ -300,161 +280,11 @@ class RoundEngine:
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 
-    def _cancel_others(self, unit: _Unit, winner: NodeHandle) -> None:
+    def _cancel_others(self, unit: Unit, winner: NodeHandle) -> None:
         for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
             node.cancel(self.run_id, unit.spec.unit_id)
 
-    def _cancel_leftovers(self, state: _RoundState) -> None:
+    def _cancel_leftovers(self, state: RoundState) -> None:
         for unit in state.units:
             for node in {n for n, _ in unit.started.copy().values()}:
                 node.cancel(self.run_id, unit.spec.unit_id)
-
-
-class _RoundState:
-    """The queue and unit states of one round, under one condition variable."""
-
-    def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
-                 deterministic: bool, max_attempts: int) -> None:
-        self.round_index = round_index
-        self.max_attempts = max_attempts  # live attempts of one unit at once
-        self.units = [_Unit(i, spec) for i, spec in enumerate(units)]
-        self.quorum = min(quorum, len(units))
-        self.average = WeightedAverage(deterministic)
-        self.completed = 0
-        self.fatal: Exception | None = None
-        self.last_error = ""
-        self._losses: list[tuple[float, int]] = []
-        self._queue: deque[_Unit] = deque(self.units)
-        self._cond = threading.Condition()
-        self._over = False
-
-    # ------------------------------------------------------------ scheduling
-    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> _Unit | None:
-        """A unit to work on: queued first, then a backup of a slow one; None when over."""
-        with self._cond:
-            while not self._over:
-                if not self._queue:
-                    self._requeue_orphans()
-                if self._queue and not backups_only:
-                    unit = self._queue.popleft()
-                    unit.reserved += 1
-                    return unit
-                backup = self._slow_unit(backup_after)
-                if backup is not None:
-                    backup.reserved += 1
-                    return backup
-                self._cond.wait(WAIT_STEP_SECONDS)
-            return None
-
-    def _requeue_orphans(self) -> None:
-        """Put back any unsettled unit that nobody holds, so no path can lose a unit."""
-        for unit in self.units:
-            if not (unit.done or unit.discarded or unit.reserved or unit in self._queue):
-                log.warning("round %d: unit %s was held by nobody; queued again",
-                            self.round_index, unit.spec.unit_id)
-                self._queue.append(unit)
-
-    def _slow_unit(self, backup_after: float | None) -> _Unit | None:
-        """The unit whose newest attempt has been out longest, if that is over the threshold.
-
-        Only units whose every holder is waiting on a node qualify, and a unit never
-        holds more attempts than there are nodes, so backups cannot pile up.
-        """
-        if backup_after is None:
-            return None
-        now = time.monotonic()
-        slow = [u for u in self.units
-                if not u.done and not u.discarded and u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
-
-    def requeue(self, unit: _Unit, wait_seconds: float) -> None:
-        with self._cond:
-            if not unit.done and not unit.discarded and unit.reserved == 1:
-                self._queue.append(unit)
-            if wait_seconds > 0:
-                self._cond.wait(wait_seconds)
-
-    def release(self, unit: _Unit) -> None:
-        with self._cond:
-            unit.reserved -= 1
-            self._cond.notify_all()
-
-    def nodes_of(self, unit: _Unit) -> set[int]:
-        with self._cond:
-            return {node.index for node, _ in unit.started.values()}
-
-    def has_live_attempts(self) -> bool:
-        with self._cond:
-            return any(u.started for u in self.units)
-
-    def is_over(self, unit: _Unit) -> bool:
-        with self._cond:
-            return self._over or unit.done or unit.discarded
-
-    # --------------------------------------------------------------- attempts
-    def start_attempt(self, unit: _Unit, node: NodeHandle) -> int:
-        with self._cond:
-            unit.attempts += 1
-            unit.started[unit.attempts] = (node, time.monotonic())
-            return unit.attempts
-
-    def end_attempt(self, unit: _Unit, attempt: int) -> None:
-        with self._cond:
-            unit.started.pop(attempt, None)
-
-    def record_failure(self, unit: _Unit, reason: str, max_failures: int) -> bool:
-        """Count a failure; requeue the unit, or discard it past the limit (True)."""
-        with self._cond:
-            unit.failures += 1
-            unit.last_error = self.last_error = reason
-            if unit.failures >= max_failures and not unit.started:
-                unit.discarded = True
-            elif not unit.done and unit not in self._queue:
-                self._queue.appendleft(unit)
-            self._check_over()
-            self._cond.notify_all()
-            return unit.discarded
-
-    def complete(self, unit: _Unit, update: Weights, result: ttypes.TrainResult) -> bool:
-        """Fold a result in if it is the unit's first and the round still runs."""
-        with self._cond:
-            if unit.done or self._over:
-                return False
-            unit.done = True
-        self.average.add(unit.index, update, result.num_samples)
-        with self._cond:
-            self.completed += 1
-            self._losses.append((result.loss, result.num_samples))
-            self._check_over()
-            self._cond.notify_all()
-        return True
-
-    def _check_over(self) -> None:
-        settled = sum(1 for u in self.units if u.done or u.discarded)
-        if self.completed >= self.quorum or settled == len(self.units):
-            self._over = True
-
-    # ------------------------------------------------------------------- end
-    def wait_finished(self, timeout: float) -> bool:
-        with self._cond:
-            if not self._over and self.fatal is None:
-                self._cond.wait(timeout)
-            return self._over and self.fatal is None
-
-    def fail(self, exc: Exception) -> None:
-        with self._cond:
-            self.fatal = exc
-            self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._over = True
-            self._cond.notify_all()
-
-    def outcome(self) -> RoundOutcome:
-        samples = sum(n for _, n in self._losses)
-        loss = sum(loss * n for loss, n in self._losses) / samples if samples else float("nan")
-        discarded = [u.spec.unit_id for u in self.units if u.discarded]
-        return RoundOutcome(self.average.result(), self.completed, discarded, loss)

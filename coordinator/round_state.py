@@ -1,0 +1,192 @@
+"""The state of one round: its work units, their queue and attempts, under one lock.
+
+Workers of the round engine take units from here and report what happened; the state
+decides what is queued, what is a backup candidate, and when the round is over.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from coordinator.node_pool import NodeHandle
+from training.algorithms.base import UnitSpec, WeightedAverage, Weights
+from wire.generated import ttypes
+
+log = logging.getLogger("coordinator.engine")
+
+WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
+
+
+@dataclass
+class RoundOutcome:
+    average: Weights
+    completed: int
+    discarded: list[str]
+    train_loss: float
+
+
+@dataclass
+class Unit:
+    index: int
+    spec: UnitSpec
+    attempts: int = 0
+    failures: int = 0
+    reserved: int = 0  # workers holding the unit (primary and backup)
+    started: dict[int, tuple[NodeHandle, float]] = field(default_factory=dict)
+    done: bool = False
+    discarded: bool = False
+    last_error: str = ""
+
+
+class RoundState:
+    """The queue and unit states of one round, under one condition variable."""
+
+    def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
+                 deterministic: bool, max_attempts: int) -> None:
+        self.round_index = round_index
+        self.max_attempts = max_attempts  # live attempts of one unit at once
+        self.units = [Unit(i, spec) for i, spec in enumerate(units)]
+        self.quorum = min(quorum, len(units))
+        self.average = WeightedAverage(deterministic)
+        self.completed = 0
+        self.fatal: Exception | None = None
+        self.last_error = ""
+        self._losses: list[tuple[float, int]] = []
+        self._queue: deque[Unit] = deque(self.units)
+        self._cond = threading.Condition()
+        self._over = False
+
+    # ------------------------------------------------------------ scheduling
+    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
+        """A unit to work on: queued first, then a backup of a slow one; None when over."""
+        with self._cond:
+            while not self._over:
+                if not self._queue:
+                    self._requeue_orphans()
+                if self._queue and not backups_only:
+                    unit = self._queue.popleft()
+                    unit.reserved += 1
+                    return unit
+                backup = self._slow_unit(backup_after)
+                if backup is not None:
+                    backup.reserved += 1
+                    return backup
+                self._cond.wait(WAIT_STEP_SECONDS)
+            return None
+
+    def _requeue_orphans(self) -> None:
+        """Put back any unsettled unit that nobody holds, so no path can lose a unit."""
+        for unit in self.units:
+            if not (unit.done or unit.discarded or unit.reserved or unit in self._queue):
+                log.warning("round %d: unit %s was held by nobody; queued again",
+                            self.round_index, unit.spec.unit_id)
+                self._queue.append(unit)
+
+    def _slow_unit(self, backup_after: float | None) -> Unit | None:
+        """The unit whose newest attempt has been out longest, if that is over the threshold.
+
+        Only units whose every holder is waiting on a node qualify, and a unit never
+        holds more attempts than there are nodes, so backups cannot pile up.
+        """
+        if backup_after is None:
+            return None
+        now = time.monotonic()
+        slow = [u for u in self.units
+                if not u.done and not u.discarded and u.started
+                and u.reserved == len(u.started) < self.max_attempts
+                and now - max(t for _, t in u.started.values()) > backup_after]
+        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
+
+    def requeue(self, unit: Unit, wait_seconds: float) -> None:
+        with self._cond:
+            if not unit.done and not unit.discarded and unit.reserved == 1:
+                self._queue.append(unit)
+            if wait_seconds > 0:
+                self._cond.wait(wait_seconds)
+
+    def release(self, unit: Unit) -> None:
+        with self._cond:
+            unit.reserved -= 1
+            self._cond.notify_all()
+
+    def nodes_of(self, unit: Unit) -> set[int]:
+        with self._cond:
+            return {node.index for node, _ in unit.started.values()}
+
+    def has_live_attempts(self) -> bool:
+        with self._cond:
+            return any(u.started for u in self.units)
+
+    def is_over(self, unit: Unit) -> bool:
+        with self._cond:
+            return self._over or unit.done or unit.discarded
+
+    # --------------------------------------------------------------- attempts
+    def start_attempt(self, unit: Unit, node: NodeHandle) -> int:
+        with self._cond:
+            unit.attempts += 1
+            unit.started[unit.attempts] = (node, time.monotonic())
+            return unit.attempts
+
+    def end_attempt(self, unit: Unit, attempt: int) -> None:
+        with self._cond:
+            unit.started.pop(attempt, None)
+
+    def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
+        """Count a failure; requeue the unit, or discard it past the limit (True)."""
+        with self._cond:
+            unit.failures += 1
+            unit.last_error = self.last_error = reason
+            if unit.failures >= max_failures and not unit.started:
+                unit.discarded = True
+            elif not unit.done and unit not in self._queue:
+                self._queue.appendleft(unit)
+            self._check_over()
+            self._cond.notify_all()
+            return unit.discarded
+
+    def complete(self, unit: Unit, update: Weights, result: ttypes.TrainResult) -> bool:
+        """Fold a result in if it is the unit's first and the round still runs."""
+        with self._cond:
+            if unit.done or self._over:
+                return False
+            unit.done = True
+        self.average.add(unit.index, update, result.num_samples)
+        with self._cond:
+            self.completed += 1
+            self._losses.append((result.loss, result.num_samples))
+            self._check_over()
+            self._cond.notify_all()
+        return True
+
+    def _check_over(self) -> None:
+        settled = sum(1 for u in self.units if u.done or u.discarded)
+        if self.completed >= self.quorum or settled == len(self.units):
+            self._over = True
+
+    # ------------------------------------------------------------------- end
+    def wait_finished(self, timeout: float) -> bool:
+        with self._cond:
+            if not self._over and self.fatal is None:
+                self._cond.wait(timeout)
+            return self._over and self.fatal is None
+
+    def fail(self, exc: Exception) -> None:
+        with self._cond:
+            self.fatal = exc
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self._over = True
+            self._cond.notify_all()
+
+    def outcome(self) -> RoundOutcome:
+        samples = sum(n for _, n in self._losses)
+        loss = sum(loss * n for loss, n in self._losses) / samples if samples else float("nan")
+        discarded = [u.spec.unit_id for u in self.units if u.discarded]
+        return RoundOutcome(self.average.result(), self.completed, discarded, loss)
