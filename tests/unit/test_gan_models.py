@@ -1,0 +1,199 @@
+"""DCGAN models: shapes, initialisation, the BN-free switch, specs and state <-> numpy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from training.gan_models import (
+    GAN_MODELS,
+    GanSpec,
+    build_gan,
+    gan_spec,
+    gradients_to_numpy,
+    numpy_to_gradients,
+    numpy_to_state,
+    sample_images,
+    state_to_numpy,
+)
+
+torch.set_num_threads(1)
+
+ALL_VARIANTS = [(name, bn) for name in GAN_MODELS for bn in (True, False)]
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def batchnorms(module: nn.Module) -> list[nn.Module]:
+    return [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def trained_a_little(spec: GanSpec, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """A pair whose BN running statistics and counters moved away from their defaults."""
+    g, d = build_gan(spec, seed)
+    with torch.no_grad():
+        for _ in range(3):
+            d(g(torch.randn(6, spec.z_dim)))
+    return g, d
+
+
+@pytest.mark.parametrize("name, batchnorm", ALL_VARIANTS)
+def test_output_shapes(name, batchnorm):
+    spec = gan_spec(name, batchnorm)
+    g, d = build_gan(spec)
+    images = g(torch.randn(3, spec.z_dim))
+    assert images.shape == (3, *spec.image_shape)
+    assert images.abs().max() <= 1.0
+    assert d(images).shape == (3,)
+
+
+def test_dcgan28_has_the_measured_size():
+    g, d = build_gan(gan_spec("dcgan28"))
+    assert (n_params(g), n_params(d)) == (243_489, 36_641)
+    tiny_g, tiny_d = build_gan(gan_spec("dcgan28-tiny"))
+    assert n_params(tiny_g) < 10_000 and n_params(tiny_d) < 10_000
+
+
+def test_dcgan64_has_the_classic_size():
+    g, d = build_gan(gan_spec("dcgan64"))
+    assert 3.5e6 < n_params(g) < 3.6e6 and 2.7e6 < n_params(d) < 2.8e6
+
+
+def test_init_statistics():
+    g, d = build_gan(gan_spec("dcgan28"))
+    for module in (g, d):
+        for layer in module.modules():
+            if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+                if layer.weight.numel() >= 10_000:
+                    assert abs(layer.weight.mean().item()) < 2e-3
+                    assert layer.weight.std().item() == pytest.approx(0.02, rel=0.05)
+                assert layer.bias is None or not layer.bias.any()
+    for bn in batchnorms(g) + batchnorms(d):
+        assert bn.weight.mean().item() == pytest.approx(1.0, abs=0.01)
+        assert bn.weight.std().item() == pytest.approx(0.02, rel=0.2)
+        assert not bn.bias.any()
+
+
+@pytest.mark.parametrize("name", GAN_MODELS)
+def test_batchnorm_switch(name):
+    with_bn, without_bn = build_gan(gan_spec(name)), build_gan(gan_spec(name, batchnorm=False))
+    assert all(batchnorms(m) for m in with_bn)
+    assert not any(batchnorms(m) for m in without_bn)
+
+
+def test_same_seed_same_model_and_global_rng_untouched():
+    spec = gan_spec("dcgan28-tiny")
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first, second = build_gan(spec, seed=5), build_gan(spec, seed=5)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    for a, b in zip(first, second, strict=True):
+        assert all(torch.equal(x, y) for x, y in
+                   zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    other_g, _ = build_gan(spec, seed=6)
+    assert not torch.equal(other_g.project[0].weight, first[0].project[0].weight)
+
+
+def test_spec_json_round_trip():
+    spec = gan_spec("dcgan64-tiny", batchnorm=False)
+    assert GanSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert GanSpec.from_dict({"arch": "dcgan28", "z_dim": 4, "width": 2}).batchnorm is True
+
+
+@pytest.mark.parametrize("data, problem", [
+    ({"arch": "dcgan28", "z_dim": 4, "width": 2, "depth": 3}, "unknown GanSpec key 'depth'"),
+    ({"arch": "dcgan28", "z_dim": 4}, "'width' is missing"),
+    ({"arch": "dcgan32", "z_dim": 4, "width": 2}, "GanSpec.arch"),
+    ({"arch": "dcgan28", "z_dim": 0, "width": 2}, "GanSpec.z_dim"),
+    ({"arch": "dcgan28", "z_dim": 4, "width": 2.0}, "GanSpec.width"),
+    ({"arch": "dcgan28", "z_dim": 4, "width": 2, "batchnorm": 1}, "GanSpec.batchnorm"),
+])
+def test_bad_specs_are_named(data, problem):
+    with pytest.raises(ValueError, match=problem):
+        GanSpec.from_dict(data)
+
+
+def test_unknown_model_name():
+    with pytest.raises(ValueError, match="unknown GAN model 'dcgan'.*dcgan28-tiny"):
+        gan_spec("dcgan")
+
+
+@pytest.mark.parametrize("name", ["dcgan28-tiny", "dcgan64-tiny"])
+def test_state_numpy_round_trip_is_bit_exact(name):
+    spec = gan_spec(name)
+    source_g, source_d = trained_a_little(spec, seed=1)
+    target_g, target_d = build_gan(spec, seed=2)
+    arrays = {**state_to_numpy(source_g, "G."), **state_to_numpy(source_d, "D.")}
+    assert list(arrays) == ([f"G.{k}" for k in source_g.state_dict()]
+                            + [f"D.{k}" for k in source_d.state_dict()])
+    assert all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays.values())
+    params_before = list(target_g.parameters())
+    numpy_to_state(target_g, arrays, "G.")
+    numpy_to_state(target_d, arrays, "D.")
+    assert list(target_g.parameters()) == params_before  # updated in place
+    for source, target in ((source_g, target_g), (source_d, target_d)):
+        for (key, a), b in zip(source.state_dict().items(), target.state_dict().values(),
+                               strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), key
+    assert all(bn.num_batches_tracked.item() == 3 for bn in batchnorms(target_g))
+
+
+def test_state_arrays_are_copies():
+    g, _ = build_gan(gan_spec("dcgan28-tiny"))
+    arrays = state_to_numpy(g)
+    arrays["project.0.weight"][...] = 7.0
+    assert not (g.project[0].weight == 7.0).any()
+    numpy_to_state(g, arrays)
+    arrays["project.0.weight"][...] = 9.0
+    assert (g.project[0].weight == 7.0).all()
+
+
+def test_state_names_and_shapes_are_checked():
+    g, _ = build_gan(gan_spec("dcgan28-tiny"))
+    arrays = state_to_numpy(g)
+    missing = {k: v for k, v in arrays.items() if k != "project.1.running_mean"}
+    with pytest.raises(ValueError, match="missing project.1.running_mean"):
+        numpy_to_state(g, missing)
+    with pytest.raises(ValueError, match="unexpected extra"):
+        numpy_to_state(g, {**arrays, "extra": np.zeros(1, np.float32)})
+    arrays["project.0.weight"][...] = 5.0
+    arrays["upsample.3.bias"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="upsample.3.bias: shape"):
+        numpy_to_state(g, arrays)
+    assert not (g.project[0].weight == 5.0).any()  # nothing was copied
+
+
+def test_gradients_round_trip():
+    spec = gan_spec("dcgan28-tiny", batchnorm=False)
+    g, d = build_gan(spec)
+    d(g(torch.randn(4, spec.z_dim))).mean().backward()
+    grads = gradients_to_numpy(d, "D.")
+    assert list(grads) == [f"D.{k}" for k, _ in d.named_parameters()]
+    _, fresh = build_gan(spec, seed=3)
+    numpy_to_gradients(fresh, grads, "D.")
+    for (_, a), (_, b) in zip(d.named_parameters(), fresh.named_parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    untouched = gradients_to_numpy(build_gan(spec)[1])
+    assert all(not a.any() for a in untouched.values())
+    with pytest.raises(ValueError, match="missing"):
+        numpy_to_gradients(fresh, {})
+
+
+def test_sample_images_uses_eval_mode_and_restores_training():
+    g, _ = trained_a_little(gan_spec("dcgan28-tiny"))
+    g.train()
+    first = sample_images(g, 7, seed=4, batch_size=3)
+    assert first.shape == (7, 1, 28, 28) and g.training
+    assert torch.equal(first, sample_images(g, 7, seed=4, batch_size=3))
+    assert torch.allclose(first, sample_images(g, 7, seed=4), atol=1e-6)
+    g.eval()
+    with torch.no_grad():
+        expected = g(torch.randn(7, g.z_dim, generator=torch.Generator().manual_seed(4)))
+    assert torch.allclose(first, expected, atol=1e-6)
+    assert not g.training
