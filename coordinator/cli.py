@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to bind (default 0.0.0.0: every interface)")
     parser.add_argument("--nodes-file", default=str(REPO_ROOT / "compute_nodes.txt"),
-                        help="'host,port' per line, re-read at the start of every run "
+                        help="'host,port' per line, re-read before every round (nodes added join a running job) "
                              "(default: %(default)s)")
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets (default: %(default)s)")

@@ -40,7 +40,8 @@ class CoordinatorHandler:
             nodes = read_nodes_file(self.nodes_file)
         except NodesFileError as exc:
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
-        run = Run(request, nodes, self.settings, self.store)
+        run = Run(request, nodes, self.settings, self.store,
+                  nodes_source=lambda: read_nodes_file(self.nodes_file))
         with self._lock:
             if run.run_id in self._runs:
                 raise ttypes.InvalidRequest(message=f"run id {run.run_id!r} is already used")

@@ -80,8 +80,7 @@ class RoundEngine:
                  cancelled: threading.Event, ledger: UnitLedger | None = None) -> None:
         self.run_id = run_id
         self.ledger = ledger or UnitLedger(None, run_id)
-        self.nodes = nodes
-        self._by_index = {node.index: node for node in nodes}
+        self.set_nodes(nodes)
         self.policy = policy
         self.settings = settings
         self.progress = progress
@@ -89,6 +88,11 @@ class RoundEngine:
         self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
         self._durations_lock = threading.Lock()
         self._last_contact = time.monotonic()
+
+    def set_nodes(self, nodes: list[NodeHandle]) -> None:
+        """The nodes of the next rounds (nodes may join between rounds)."""
+        self.nodes = list(nodes)
+        self._by_index = {node.index: node for node in nodes}
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder) -> RoundOutcome:

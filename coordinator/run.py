@@ -7,13 +7,14 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coordinator.ledger import UnitLedger
 from coordinator.node_pool import NodeHandle
-from coordinator.nodes_file import NodeAddress
+from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
 from coordinator.round_engine import (
@@ -56,7 +57,8 @@ class Run:
     """Validates a TrainRequest up front, then `execute()` trains it to the end."""
 
     def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
-                 settings: CoordinatorSettings, store: RunStore | None = None) -> None:
+                 settings: CoordinatorSettings, store: RunStore | None = None,
+                 nodes_source: Callable[[], list[NodeAddress]] | None = None) -> None:
         self.request = request
         self.settings = settings
         self.store = store
@@ -65,8 +67,9 @@ class Run:
             raise _invalid(f"rounds must be at least 1, got {request.rounds}")
         self.algorithm = _make_algorithm(request, settings.data_root)
         self.run_dir = settings.run_root / self.run_id
-        self.nodes = [NodeHandle(i, address, settings.rpc_timeout, settings.connect_timeout)
-                      for i, address in enumerate(nodes)]
+        self.nodes: list[NodeHandle] = []
+        self._nodes_source = nodes_source
+        self._add_nodes(nodes)
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
@@ -150,8 +153,32 @@ class Run:
             run_dir=str(self.run_dir.resolve()),
         )
 
+    def _add_nodes(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
+        known = {n.address for n in self.nodes}
+        added = [NodeHandle(len(self.nodes) + i, address, self.settings.rpc_timeout,
+                            self.settings.connect_timeout)
+                 for i, address in enumerate(a for a in addresses if a not in known)]
+        self.nodes.extend(added)
+        return added
+
+    def _pick_up_new_nodes(self, engine: RoundEngine) -> None:
+        """Nodes added to the nodes file join at the next round, without a restart."""
+        if self._nodes_source is None:
+            return
+        try:
+            addresses = self._nodes_source()
+        except NodesFileError as exc:
+            log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
+            return
+        added = self._add_nodes(addresses)
+        if added:
+            engine.set_nodes(self.nodes)
+            log.info("run %s: nodes joined: %s", self.run_id, ", ".join(n.name for n in added))
+
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
+        if round_index > 1:
+            self._pick_up_new_nodes(engine)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
         wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit

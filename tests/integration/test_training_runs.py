@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
-from devtools.local_cluster import run_client
+from devtools.local_cluster import REPO, python_env, run_client, write_nodes_file
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 FAST_DELAY = ["--load-delay", "0.2"]
@@ -84,3 +86,28 @@ def test_the_run_store_accounts_for_every_unit(cluster):
     assert sum(ledger.values()) == 33  # three rounds of eleven units, none lost
     assert json.loads(status.stdout)["unfinished"] == []
     assert (cluster.workdir / "runs" / "runs.db").is_file()
+
+
+def test_nodes_added_to_the_nodes_file_join_the_running_job(cluster):
+    # The assignment's test case 6: start with 2 nodes, add 2 while training.
+    for _ in range(2):
+        cluster.add_node(1.0, "--load-delay", "0.3")  # policy 1: every unit waits 0.3 s
+    cluster.start_coordinator(1, "--no-speculation")
+    late = [cluster.add_node(0.0) for _ in range(2)]
+    client = subprocess.Popen(
+        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
+         *ASSIGNMENT, "--json", "--quiet"], cwd=cluster.workdir, env=python_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        cluster.coordinator.wait_for(r"round 1/5")
+        write_nodes_file(cluster.workdir / "compute_nodes.txt", cluster.nodes)
+        out, err = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err
+    result = json.loads(out)
+    assert round(result["validation_error"], 4) == 0.8054
+    joined = [n for n in result["nodes"] if n["node"].endswith(tuple(f":{p.port}" for p in late))]
+    assert len(joined) == 2 and all(n["accepted"] > 0 for n in joined)
+    cluster.coordinator.wait_for(r"nodes joined")
