@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to bind (default 0.0.0.0: every interface)")
     parser.add_argument("--nodes-file", default=str(REPO_ROOT / "compute_nodes.txt"),
-                        help="'host,port' per line, re-read before every round (nodes added join a running job) "
-                             "(default: %(default)s)")
+                        help="'host,port' per line, re-read before every round, so nodes "
+                             "added join a running job (default: %(default)s)")
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets (default: %(default)s)")
     parser.add_argument("--run-dir", default="runs",
