@@ -30,7 +30,7 @@ from coordinator.node_pool import NodeHandle
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
-from training.algorithms.base import UnitSpec
+from training.algorithms.base import UnitSpec, Weights
 from wire.generated import ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
@@ -70,6 +70,7 @@ class FatalNodeError(Exception):
 
 
 RequestBuilder = Callable[[UnitSpec, int], ttypes.WorkRequest]
+UpdateCheck = Callable[[Weights], None]  # raises ValueError for an update to refuse
 
 
 class RoundEngine:
@@ -95,7 +96,9 @@ class RoundEngine:
         self._by_index = {node.index: node for node in nodes}
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
-                  build_request: RequestBuilder) -> RoundOutcome:
+                  build_request: RequestBuilder,
+                  check_update: UpdateCheck | None = None) -> RoundOutcome:
+        self._check_update = check_update or (lambda update: None)
         state = RoundState(round_index, units, quorum, self.settings.deterministic,
                             max_attempts=2 * len(self.nodes))
         threads = self.settings.threads or len(self.nodes) + 2
@@ -229,11 +232,21 @@ class RoundEngine:
             return "failed"
         finally:
             self.progress.add(in_flight=-1)
-        return self._answered(state, unit, attempt, node, result, time.monotonic() - began)
+        self._last_contact = time.monotonic()
+        update: Weights = {}
+        if result.outcome == ttypes.UnitOutcome.COMPLETED:
+            try:
+                update = wire_to_dict(result.update)
+                self._check_update(update)
+            except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
+                self._failed(state, unit, attempt, node, began, bench=True,
+                             reason=f"invalid result: {exc}")
+                return "failed"
+        return self._answered(state, unit, attempt, node, result, update,
+                              time.monotonic() - began)
 
     def _answered(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
-                  result: ttypes.TrainResult, seconds: float) -> str:
-        self._last_contact = time.monotonic()
+                  result: ttypes.TrainResult, update: Weights, seconds: float) -> str:
         node.finished(result, seconds)
         state.end_attempt(unit, attempt)
         log.debug("round %d: unit %s attempt %d on %s: outcome %d after %.3fs (delay %.2fs)",
@@ -250,13 +263,6 @@ class RoundEngine:
         if result.outcome != ttypes.UnitOutcome.COMPLETED:
             record("cancelled" if state.is_over(unit) else "pending", result.message)
             return "cancelled"
-        try:
-            update = wire_to_dict(result.update)
-        except CodecError as exc:
-            reason = f"invalid result from {node.name}: {exc}"
-            discarded = state.record_failure(unit, reason, self.settings.max_unit_failures)
-            record("discarded" if discarded else "failed", reason)
-            return "failed"
         if result.delay_seconds == 0:
             # The node's own compute time, not the call time: queueing behind other
             # units on a busy node must not raise the bar for starting a backup.

@@ -187,7 +187,8 @@ class Run:
             return self._work_request(round_index, unit, attempt, wire_weights)
 
         self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
-        outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build)
+        outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build,
+                                   lambda update: self.algorithm.check_update(update, weights))
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
         evaluation = self.algorithm.evaluate(weights)

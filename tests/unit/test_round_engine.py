@@ -137,3 +137,38 @@ def test_cancel_stops_the_round():
     threading.Timer(0.2, cancelled.set).start()
     with pytest.raises(RunCancelledError):
         eng.run_round(1, units(2), 2, build_random)
+
+
+class CorruptNode(LocalNode):
+    """Answers every unit with a delta full of NaN, as a broken node might."""
+
+    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        result = super().train(request)
+        update = {name: np.full_like(value, np.nan) for name, value in
+                  wire_to_dict(result.update).items()}
+        result.update = dict_to_wire(update)
+        return result
+
+
+def check_finite(update):
+    ALGORITHM.check_update(update, WEIGHTS)
+
+
+def test_invalid_updates_are_refused_and_the_unit_goes_elsewhere():
+    corrupt, healthy = CorruptNode(0), LocalNode(1)
+    eng, progress, _ = engine([corrupt, healthy])
+    outcome = eng.run_round(1, units(4), 4, build, check_finite)
+    assert outcome.completed == 4
+    assert all(np.isfinite(v).all() for v in outcome.average.values())
+    assert corrupt.stats.failed >= 1 and corrupt.stats.accepted == 0
+    assert progress.snapshot().failed == corrupt.stats.failed
+
+
+def test_delta_check_names_the_wrong_tensor():
+    bad = {name: value.copy() for name, value in WEIGHTS.items()}
+    bad["V"] = bad["V"][:-1]
+    with pytest.raises(ValueError, match="'V' has shape"):
+        ALGORITHM.check_update(bad, WEIGHTS)
+    bad = {name: np.full_like(value, np.inf) for name, value in WEIGHTS.items()}
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ALGORITHM.check_update(bad, WEIGHTS)

@@ -147,6 +147,14 @@ class Algorithm(ABC):
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         """The work units of a round."""
 
+    def check_update(self, update: Weights, weights: Weights) -> None:
+        """Refuse a node's update that cannot be right (ValueError says why); the engine
+        then counts a failure and gives the unit to another node. By default: every value
+        must be finite. Algorithms add their own checks (names, shapes)."""
+        for name, value in update.items():
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"tensor {name!r} holds NaN or infinite values")
+
     def quorum(self, num_units: int) -> int:
         """How many results end a round (K of N); all of them by default."""
         return num_units

@@ -131,6 +131,11 @@ class DeltaAveraging(Algorithm):
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         return [UnitSpec(unit_id=name, unit_path=name) for name in self.units]
 
+    def check_update(self, update: Weights, weights: Weights) -> None:
+        """A delta has exactly the weights' tensors and shapes, all finite."""
+        _check_weights(update, weights)
+        super().check_update(update, weights)
+
     def apply(self, weights: Weights, average: Weights) -> Weights:
         return self.optimizer.step(weights, average)
 
