@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,13 @@ class Cluster:
     def client(self, *args: str, timeout: float = 120.0):
         return procs.run_client(["127.0.0.1", str(self.coordinator.port), *args], self.workdir,
                                 timeout=timeout)
+
+    def start_client(self, *args: str) -> subprocess.Popen:
+        """The client in the background, for tests that act while it trains."""
+        return subprocess.Popen(
+            [sys.executable, str(procs.REPO / "client.py"), "127.0.0.1",
+             str(self.coordinator.port), *args], cwd=self.workdir, env=procs.python_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def train_json(self, *args: str, timeout: float = 120.0) -> dict:
         done = self.client(*args, "--json", timeout=timeout)

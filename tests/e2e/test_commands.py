@@ -101,11 +101,8 @@ def test_the_three_commands_train_and_report(cluster):
 def test_ctrl_c_cancels_the_run_cleanly(cluster):
     cluster.add_node(1.0, "--load-delay", "30")  # every unit waits 30 s: the run is slow
     cluster.start_coordinator(1, "--no-speculation")
-    client = subprocess.Popen(
-        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
-         "letters", "3", "15", "20", "0.0001", "--quiet"],
-        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    client = cluster.start_client(
+        "letters", "3", "15", "20", "0.0001", "--quiet")
     try:
         run_id = cluster.coordinator.wait_for(r"run (\S+): delta_avg").group(1)
         cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
@@ -124,11 +121,8 @@ def test_ctrl_c_cancels_the_run_cleanly(cluster):
 def test_client_notices_a_dead_coordinator(cluster):
     cluster.add_node(1.0, "--load-delay", "30")
     cluster.start_coordinator(1, "--no-speculation")
-    client = subprocess.Popen(
-        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
-         "letters", "3", "15", "20", "0.0001", "--quiet", "--dead-after", "3"],
-        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    client = cluster.start_client(
+        "letters", "3", "15", "20", "0.0001", "--quiet", "--dead-after", "3")
     try:
         cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
         cluster.coordinator.kill()
@@ -144,11 +138,8 @@ def test_client_notices_a_dead_coordinator(cluster):
 def test_sigterm_stops_the_coordinator_gracefully_and_tells_the_client(cluster):
     cluster.add_node(1.0, "--load-delay", "30")
     cluster.start_coordinator(1, "--no-speculation")
-    client = subprocess.Popen(
-        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
-         "letters", "3", "15", "20", "0.0001", "--quiet"],
-        cwd=cluster.workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    client = cluster.start_client(
+        "letters", "3", "15", "20", "0.0001", "--quiet")
     try:
         cluster.nodes[0].wait_for(r"unit \S+ round \d+ accepted")
         cluster.coordinator.popen.send_signal(signal.SIGTERM)

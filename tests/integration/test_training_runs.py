@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from devtools.local_cluster import REPO, python_env, run_client, write_nodes_file
+from devtools.local_cluster import run_client, write_nodes_file
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 FAST_DELAY = ["--load-delay", "0.2"]
@@ -94,10 +92,7 @@ def test_nodes_added_to_the_nodes_file_join_the_running_job(cluster):
         cluster.add_node(1.0, "--load-delay", "0.3")  # policy 1: every unit waits 0.3 s
     cluster.start_coordinator(1, "--no-speculation")
     late = [cluster.add_node(0.0) for _ in range(2)]
-    client = subprocess.Popen(
-        [sys.executable, str(REPO / "client.py"), "127.0.0.1", str(cluster.coordinator.port),
-         *ASSIGNMENT, "--json", "--quiet"], cwd=cluster.workdir, env=python_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = cluster.start_client(*ASSIGNMENT, "--json", "--quiet")
     try:
         cluster.coordinator.wait_for(r"round 1/5")
         write_nodes_file(cluster.workdir / "compute_nodes.txt", cluster.nodes)
