@@ -1,10 +1,10 @@
 """Training algorithms, by name."""
 
 from training.algorithms.base import Algorithm, ConfigError, Registry
-from training.algorithms.delta_avg import DeltaAveraging
 
 ALGORITHMS = Registry()
-ALGORITHMS.register(DeltaAveraging)
+ALGORITHMS.register("delta_avg", "training.algorithms.delta_avg:DeltaAveraging")
+ALGORITHMS.register("sync_sgd", "training.algorithms.sync_sgd:SyncSGD")
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

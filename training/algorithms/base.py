@@ -9,6 +9,7 @@ tested in process.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -178,17 +179,22 @@ class Algorithm(ABC):
 
 @dataclass
 class Registry:
-    """Names to algorithm classes, checked at the boundary with a helpful message."""
+    """Names to algorithm classes, checked at the boundary with a helpful message.
 
-    entries: dict[str, type[Algorithm]] = field(default_factory=dict)
+    Entries are "module:Class" strings imported on first use, so a process only loads
+    what its runs need (the letters MLP never imports torch).
+    """
 
-    def register(self, cls: type[Algorithm]) -> type[Algorithm]:
-        self.entries[cls.name] = cls
-        return cls
+    entries: dict[str, str] = field(default_factory=dict)
+
+    def register(self, name: str, target: str) -> None:
+        self.entries[name] = target
 
     def get(self, name: str) -> type[Algorithm]:
         try:
-            return self.entries[name]
+            target = self.entries[name]
         except KeyError:
             known = ", ".join(sorted(self.entries))
             raise ConfigError(f"unknown algorithm {name!r}; known: {known}") from None
+        module, _, cls = target.partition(":")
+        return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,310 @@
+"""Synchronous SGD: both halves in process, against single-process references."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.nn import functional as F
+
+from coordinator.policies import RoundRobinPolicy
+from coordinator.progress import RunProgress
+from coordinator.round_engine import EngineSettings, RoundEngine
+from tests.inprocess import LocalNode
+from training import gan_models, mlp, mnist
+from training.algorithms import ConfigError, get_algorithm
+from training.algorithms.base import UnitJob, UnitSpec, WeightedAverage, Weights
+from training.algorithms.sync_sgd import SyncSGD, unit_noise
+from training.datapaths import DEFAULT_DATA_ROOT
+from training.letters import load_letters
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.tensor_codec import dict_to_wire
+
+torch.set_num_threads(1)
+
+LETTERS = DEFAULT_DATA_ROOT / "letters"
+MNIST = DEFAULT_DATA_ROOT / "mnist"
+TOLERANCE = 1e-5  # max |a - b| / max |b|, per tensor (GAN gradients: per network)
+
+
+def run_round(algorithm: SyncSGD, round_index: int, weights: Weights,
+              units: list[UnitSpec] | None = None) -> Weights:
+    """The node half on every given unit (all planned ones by default), averaged as the
+    engine does in deterministic mode; returns the average."""
+    average = WeightedAverage(deterministic=True)
+    for index, unit in enumerate(units or algorithm.plan_round(round_index)):
+        job = UnitJob("run", round_index, unit, algorithm.model, algorithm.config, weights)
+        output = SyncSGD.run_unit(job, algorithm.dataset_dir)
+        average.add(index, output.update, output.num_samples)
+    return average.result()
+
+
+def max_relative_difference(actual: Mapping[str, np.ndarray],
+                            expected: Mapping[str, np.ndarray]) -> float:
+    assert sorted(actual) == sorted(expected)
+    return max(float(np.max(np.abs(actual[k] - expected[k])) / max(np.max(np.abs(expected[k])),
+                                                                   1e-30))
+               for k in expected)
+
+
+def max_difference_per_network(actual: Mapping[str, np.ndarray],
+                               expected: Mapping[str, np.ndarray]) -> float:
+    """max |a - b| relative to the largest gradient of the same network (G or D).
+
+    Per tensor is too strict for float32 sums whose terms cancel: D's output bias gets
+    about +-0.5 from every real and fake sample and nets 1e-3, so summation order alone
+    moves it by 3e-5 of itself, yet by 2e-6 of D's largest gradient.
+    """
+    worst = 0.0
+    for network in ("grad.G.", "grad.D."):
+        names = [k for k in expected if k.startswith(network)]
+        scale = max(float(np.max(np.abs(expected[k]))) for k in names)
+        worst = max(worst, *(float(np.max(np.abs(actual[k] - expected[k]))) / scale
+                             for k in names))
+    return worst
+
+
+def report(capsys: pytest.CaptureFixture[str], what: str, value: float) -> None:
+    with capsys.disabled():
+        print(f"\n{what}: max relative difference {value:.2e}")
+
+
+# ------------------------------------------------------------------ (1) equivalence
+
+
+def test_registered() -> None:
+    assert get_algorithm("sync_sgd") is SyncSGD
+
+
+def test_gan_round_equals_one_adam_step_on_the_global_batch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config = {"images_per_work_unit": 24, "num_workunits_per_update": 3,
+              "units_per_iteration": 3, "batch_size": 10, "batchnorm": False, "seed": 7}
+    algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
+    units = algorithm.plan_round(1)
+    average = run_round(algorithm, 1, algorithm.initial_weights())
+    new_weights = algorithm.apply(algorithm.initial_weights(), average)
+
+    spec = gan_models.gan_spec("dcgan28-tiny", batchnorm=False)
+    g, d = gan_models.build_gan(spec, seed=7)
+    real = mnist.training_range(0, 72, MNIST)
+    z = torch.cat([unit_noise(spec.z_dim, 24, 7, 1, u.unit_id) for u in units])
+    fake = g(z)
+    real_logits, fake_logits = d(real), d(fake)
+    d_loss = (F.binary_cross_entropy_with_logits(real_logits, torch.ones(72))
+              + F.binary_cross_entropy_with_logits(fake_logits, torch.zeros(72)))
+    g_loss = F.binary_cross_entropy_with_logits(fake_logits, torch.ones(72))
+    d_grads = torch.autograd.grad(d_loss, list(d.parameters()), retain_graph=True)
+    g_grads = torch.autograd.grad(g_loss, list(g.parameters()))
+    expected_grads = {}
+    for prefix, module, grads in (("G.", g, g_grads), ("D.", d, d_grads)):
+        for (name, param), grad in zip(module.named_parameters(), grads, strict=True):
+            param.grad = grad
+            expected_grads[f"grad.{prefix}{name}"] = grad.numpy()
+        torch.optim.Adam(module.parameters(), lr=2e-4, betas=(0.5, 0.999)).step()
+    expected = {**gan_models.state_to_numpy(g, "G."), **gan_models.state_to_numpy(d, "D.")}
+
+    assert sorted(average) == sorted(expected_grads)
+    grad_difference = max_difference_per_network(average, expected_grads)
+    weight_difference = max_relative_difference(new_weights, expected)
+    report(capsys, "GAN gradients (per tensor)", max_relative_difference(average, expected_grads))
+    report(capsys, "GAN gradients (per network)", grad_difference)
+    report(capsys, "GAN weights after Adam", weight_difference)
+    assert grad_difference < TOLERANCE
+    assert weight_difference < TOLERANCE
+
+
+def torch_mlp_mean_gradients(params: Weights, features: np.ndarray,
+                             labels: np.ndarray) -> Weights:
+    """An independent reference: torch autograd on the mean cross-entropy of the batch."""
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+              for k, v in params.items()}
+    hidden = torch.tensor(features / mlp.FEATURE_MAX)
+    for name in ("W", "W2"):
+        hidden = torch.relu(hidden @ leaves[name][1:] + leaves[name][0])
+    logits = hidden @ leaves["V"][1:] + leaves["V"][0]
+    F.cross_entropy(logits, torch.tensor(labels)).backward()
+    return {f"grad.{k}": v.grad.numpy().astype(np.float32) for k, v in leaves.items()}
+
+
+def test_mlp_round_equals_one_adam_step_on_the_global_batch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config = {"images_per_work_unit": 100, "num_workunits_per_update": 3,
+              "units_per_iteration": 3, "batch_size": 32, "hidden": [16, 16], "lr": 0.01}
+    algorithm = SyncSGD("mlp", config, LETTERS)
+    initial = algorithm.initial_weights()
+    average = run_round(algorithm, 1, initial)
+    new_weights = algorithm.apply(initial, average)
+
+    features, labels = load_letters(LETTERS / "train_letters1.txt")
+    expected_grads = torch_mlp_mean_gradients(initial, features[:300], labels[:300])
+    params = [torch.tensor(initial[k], requires_grad=True) for k in ("W", "W2", "V")]
+    for param, name in zip(params, ("W", "W2", "V"), strict=True):
+        param.grad = torch.from_numpy(expected_grads[f"grad.{name}"])
+    torch.optim.Adam(params, lr=0.01, betas=(0.9, 0.999)).step()
+    expected = {name: p.detach().numpy() for name, p in zip(("W", "W2", "V"), params,
+                                                              strict=True)}
+
+    grad_difference = max_relative_difference(average, expected_grads)
+    weight_difference = max_relative_difference(new_weights, expected)
+    report(capsys, "MLP gradients", grad_difference)
+    report(capsys, "MLP weights after Adam", weight_difference)
+    assert grad_difference < TOLERANCE
+    assert weight_difference < TOLERANCE
+
+
+# ------------------------------------------------------------------ (2) planning
+
+
+def test_quorum_is_k_and_units_walk_the_data_set_in_order_and_wrap() -> None:
+    config = {"images_per_work_unit": 5000, "num_workunits_per_update": 2,
+              "units_per_iteration": 3}
+    algorithm = SyncSGD("mlp", config, LETTERS)  # 11 x 1500 = 16,500 rows: 4 units/epoch
+    assert algorithm.quorum(3) == 2
+    ranges = [(u.index_start, u.index_stop) for r in (1, 2) for u in algorithm.plan_round(r)]
+    assert ranges == [(0, 5000), (5000, 10000), (10000, 15000),
+                      (15000, 16500), (0, 5000), (5000, 10000)]
+    units = algorithm.plan_round(2)
+    assert [u.unit_path for u in units] == ["train_letters11.txt", "train_letters1.txt",
+                                            "train_letters4.txt"]
+    assert len({u.unit_id for r in (1, 2) for u in algorithm.plan_round(r)}) == 6
+
+
+def test_defaults_follow_the_reference_design() -> None:
+    algorithm = SyncSGD("dcgan28-tiny", {}, MNIST)
+    units = algorithm.plan_round(1)
+    assert algorithm.quorum(len(units)) == 3 and len(units) == 4
+    assert [(u.index_start, u.index_stop) for u in units][-1] == (960, 1280)
+    assert {u.unit_path for u in units} == {mnist.IMAGES_FILE}
+    assert SyncSGD.check_config("mlp", {"num_workunits_per_update": 5})["units_per_iteration"] == 6
+
+
+# ------------------------------------------------------------------ (3) configuration
+
+
+@pytest.mark.parametrize(("model", "config", "message"), [
+    ("dcgan28", {"lr_g": "fast"}, "'lr_g' must be of type float"),
+    ("dcgan28", {"batchnorm": 1}, "'batchnorm' must be of type bool"),
+    ("dcgan64", {"images_per_work_unit": 32.0}, "'images_per_work_unit' must be of type int"),
+    ("dcgan28", {"lr": 0.1}, "unknown config key 'lr'"),
+    ("mlp", {"lr_g": 0.1}, "unknown config key 'lr_g'"),
+    ("mlp", {"hidden": [0]}, "'hidden' must be a list of positive integers"),
+    ("mlp", {"seed": True}, "'seed' must be of type int"),
+    ("mlp", {"units_per_iteration": 2}, "'units_per_iteration' (N) must be at least"),
+    ("mlp", {"batch_size": 0}, "'batch_size' must be at least 1"),
+    ("dcgan28", {"beta1": 1.0}, "'beta1' must be in [0, 1)"),
+    ("resnet", {}, "not 'resnet'"),
+])
+def test_check_config_names_the_key(model: str, config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SyncSGD.check_config(model, config)
+    assert message in str(caught.value)
+
+
+def test_a_unit_without_an_index_range_is_refused() -> None:
+    algorithm = SyncSGD("mlp", {"hidden": [8]}, LETTERS)
+    job = UnitJob("run", 1, UnitSpec("u", "train_letters1.txt"), "mlp", algorithm.config,
+                  algorithm.initial_weights())
+    with pytest.raises(ConfigError, match="index range"):
+        SyncSGD.run_unit(job, LETTERS)
+
+
+# ------------------------------------------------------------------ (4) BatchNorm
+
+
+def test_batchnorm_statistics_are_averaged_into_the_weights() -> None:
+    config = {"images_per_work_unit": 16, "num_workunits_per_update": 2,
+              "units_per_iteration": 2, "batch_size": 8}
+    algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
+    initial = algorithm.initial_weights()
+    average = run_round(algorithm, 1, initial)
+    weights = algorithm.apply(initial, average)
+    buffers = [k for k in weights if k.endswith(("running_mean", "running_var"))]
+    assert buffers and all(f"buffer.{k}" in average for k in buffers)
+    for name in buffers:
+        np.testing.assert_allclose(weights[name], average[f"buffer.{name}"], rtol=1e-6)
+        assert not np.allclose(weights[name], initial[name])
+    counters = {k: v for k, v in weights.items() if k.endswith("num_batches_tracked")}
+    # Two micro-batches per unit: G runs twice, D twice on reals and twice on fakes.
+    assert {k: float(v) for k, v in counters.items()} == {
+        "G.project.1.num_batches_tracked": 2.0, "G.upsample.1.num_batches_tracked": 2.0,
+        "D.net.3.num_batches_tracked": 4.0}
+    evaluation = algorithm.evaluate(weights)
+    assert 0.0 <= evaluation.validation_error <= 1.0 and math.isfinite(evaluation.validation_loss)
+
+
+# ------------------------------------------------------------------ (5) training
+
+
+def test_a_few_mlp_rounds_reduce_the_validation_error() -> None:
+    algorithm = SyncSGD("mlp", {}, LETTERS)  # K = 3 of N = 4 units of 320 rows
+    weights = algorithm.initial_weights()
+    first = algorithm.evaluate(weights).validation_error
+    for round_index in range(1, 11):
+        arrived = algorithm.plan_round(round_index)[::-1][:algorithm.quorum(4)]  # K of N
+        weights = algorithm.apply(weights, run_round(algorithm, round_index, weights, arrived))
+    last = algorithm.evaluate(weights).validation_error
+    assert last < first - 0.3, (first, last)
+    state = algorithm.state_dict()
+    assert float(state["optim.mlp.W.step"]) == 10.0
+    assert state["optim.mlp.V.exp_avg"].shape == weights["V"].shape
+
+
+def test_weights_keep_the_model_order_and_float32(tmp_path: Path) -> None:
+    algorithm = SyncSGD("dcgan28-tiny", {"images_per_work_unit": 8, "batch_size": 8}, MNIST)
+    initial = algorithm.initial_weights()
+    weights = algorithm.apply(initial, run_round(algorithm, 1, initial))
+    assert list(weights) == list(initial)
+    assert all(v.dtype == np.float32 for v in weights.values())
+
+
+def test_dcgan64_trains_on_an_image_folder(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for index in range(6):
+        pixels = rng.integers(0, 256, (70, 80, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"img{index}.png")
+    config = {"images_per_work_unit": 4, "num_workunits_per_update": 2,
+              "units_per_iteration": 2, "batch_size": 4}
+    algorithm = SyncSGD("dcgan64-tiny", config, tmp_path)
+    units = algorithm.plan_round(1)
+    assert [(u.unit_path, u.index_start, u.index_stop) for u in units] == [
+        ("img0.png", 0, 4), ("img4.png", 4, 6)]
+    initial = algorithm.initial_weights()
+    weights = algorithm.apply(initial, run_round(algorithm, 1, initial))
+    assert not np.allclose(weights["G.net.0.weight"], initial["G.net.0.weight"])
+    assert 0.0 <= algorithm.evaluate(weights).validation_error <= 1.0
+
+
+def test_a_round_through_the_engine_and_node_handlers() -> None:
+    """The wire path: the handler checks unit_path and decodes the range; K of N end it."""
+
+    config = {"images_per_work_unit": 16, "num_workunits_per_update": 2,
+              "units_per_iteration": 3, "batch_size": 8}
+    algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
+    weights = algorithm.initial_weights()
+
+    def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+        return ttypes.WorkRequest(
+            protocol_version=PROTOCOL_VERSION, run_id="r1", round=1, unit_id=unit.unit_id,
+            attempt=attempt, algorithm="sync_sgd", model="dcgan28-tiny", dataset="mnist",
+            unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
+            weights=dict_to_wire(weights), scheduling_policy=2,
+            index_start=unit.index_start, index_stop=unit.index_stop)
+
+    nodes = [LocalNode(i) for i in range(2)]
+    progress = RunProgress("r1", 1, 3, lambda: [n.summary() for n in nodes])
+    engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(), progress,
+                         threading.Event())
+    units = algorithm.plan_round(1)
+    outcome = engine.run_round(1, units, algorithm.quorum(len(units)), build)
+    assert outcome.completed == 2
+    new_weights = algorithm.apply(weights, outcome.average)
+    assert list(new_weights) == list(weights)
