@@ -2,6 +2,9 @@
 
 The positional form trains (the default command):
     python client.py <coordinator_ip> <port> <data_dir> <rounds> <epochs> <h> <eta> [options]
+and so does the configuration form, where a YAML recipe (config.yaml's layout, configs/)
+replaces data_dir..eta and the model options:
+    python client.py <coordinator_ip> <port> --config PATH [--set SECTION.KEY=VALUE ...]
 Other actions are subcommands: status, runs, cancel, evaluate, predict.
 """
 
@@ -12,17 +15,33 @@ import json
 import sys
 import uuid
 from pathlib import Path
+from typing import Any, NoReturn
 
 from client import display
 from client.model_commands import ModelCommandError, evaluate, predict
 from client.session import ClientError, Endpoint, call, follow_training
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
+from training.run_config import RunConfigError, load_run_config
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "cancel", "evaluate", "predict")
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
+CONFIG_FLAG = "--config"
+TRAIN_USAGE = (
+    "client.py coordinator_ip port data_dir rounds epochs h eta [options]\n"
+    "       client.py coordinator_ip port --config PATH [--set SECTION.KEY=VALUE ...] [options]"
+)
+# Appended to argparse's errors so that each form's error points at the other form.
+POSITIONAL_FORM_HINTS = {
+    "the following arguments are required": " (or give the run as --config PATH)",
+}
+CONFIG_FORM_HINTS = {
+    "unrecognized arguments": " (with --config the run comes from the file: change it with "
+                              "--set SECTION.KEY=VALUE, e.g. --set run.rounds=3, not with "
+                              "data_dir..eta or the model options)",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -56,22 +75,67 @@ def _hidden_list(text: str) -> list[int]:
     return sizes
 
 
-def build_train_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="client.py",
+class TrainParser(argparse.ArgumentParser):
+    """A parser whose usage errors also say how the other form of the train command reads.
+
+    The two forms share options but not positionals, so argparse's own message ("arguments
+    are required", "unrecognized arguments") tells only half the story.
+    """
+
+    def __init__(self, *args: Any, hints: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hints = hints
+
+    def error(self, message: str) -> NoReturn:
+        hint = next((h for prefix, h in self.hints.items() if message.startswith(prefix)), "")
+        super().error(f"{message}{hint}")
+
+
+def uses_config(argv: list[str]) -> bool:
+    """Whether argv asks for the configuration form (--config, or a prefix argparse accepts)."""
+    for token in argv:
+        if token == "--":
+            return False
+        flag = token.split("=", 1)[0]
+        if len(flag) > len("--con") and CONFIG_FLAG.startswith(flag):
+            return True
+    return False
+
+
+def build_train_parser(with_config: bool = False) -> TrainParser:
+    """The train command; with --config, what follows the port comes from the file instead."""
+    parser = TrainParser(
+        prog="client.py", usage=TRAIN_USAGE,
+        hints=CONFIG_FORM_HINTS if with_config else POSITIONAL_FORM_HINTS,
         description="Train a model on the coordinator's compute nodes and print the final "
-                    "validation error. Other actions: client.py {status,runs,cancel,evaluate,"
+                    "validation error.\nOther actions: client.py {status,runs,cancel,evaluate,"
                     "predict} --help.",
-        epilog="Example: python client.py localhost 9095 letters 5 15 20 0.0001",
+        epilog="Examples:\n"
+               "  python client.py localhost 9095 letters 5 15 20 0.0001\n"
+               "  python client.py localhost 9095 --config configs/letters_recommended.yaml "
+               "--set delta_avg.eta=0.01",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_endpoint(parser)
+    if not with_config:
+        add_run_positionals(parser)
+        add_model_options(parser)
+    add_config_options(parser)
+    add_run_options(parser)
+    return parser
+
+
+def add_run_positionals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data_dir", help="data set folder under the coordinator's and nodes' "
                                          "data root, e.g. letters")
     parser.add_argument("rounds", type=_positive_int, help="rounds (global model updates)")
     parser.add_argument("epochs", type=_positive_int, help="local epochs per work unit")
     parser.add_argument("h", type=_positive_int, help="hidden units of the MLP")
     parser.add_argument("eta", type=_positive_float, help="learning rate")
-    model = parser.add_argument_group("model and optimisation")
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model and optimisation (positional form)")
     model.add_argument("--hidden", type=_hidden_list, default=None, metavar="H1,H2,...",
                        help="hidden layer sizes, overriding h (e.g. 256,256)")
     model.add_argument("--compat", action="store_true",
@@ -94,6 +158,21 @@ def build_train_parser() -> argparse.ArgumentParser:
     model.add_argument("--seed", type=int, default=1, help="initialisation seed (default 1)")
     model.add_argument("--algorithm", default="delta_avg", help="training algorithm")
     model.add_argument("--model", default="mlp", help="model name")
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("configuration form")
+    group.add_argument(CONFIG_FLAG, metavar="PATH", default=None,
+                       help="take the run from a YAML recipe, e.g. configs/letters_recommended"
+                            ".yaml (config.yaml lists every key with its default); it replaces "
+                            "data_dir, rounds, epochs, h, eta and the model options")
+    group.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="change one key of the --config run, repeatable, e.g. --set "
+                            "delta_avg.eta=0.01 --set run.rounds=3; VALUE is YAML: 3, 0.1, "
+                            "true, [128,128]")
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--run-id", default=None, help="name of the run (default: random)")
     run.add_argument("--out", default="models",
@@ -104,7 +183,6 @@ def build_train_parser() -> argparse.ArgumentParser:
                      help="give up when the coordinator has not answered for this long "
                           "(default 15)")
     add_output_flags(run)
-    return parser
 
 
 def add_endpoint(parser: argparse.ArgumentParser) -> None:
@@ -150,10 +228,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return run_subcommand(build_subcommand_parser().parse_args(argv))
-        return run_train(build_train_parser().parse_args(argv))
+        return run_train(parse_train_args(argv))
     except (ClientError, ModelCommandError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
+    except RunConfigError as exc:  # a bad configuration is bad arguments: exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parse_train_args(argv: list[str]) -> argparse.Namespace:
+    """Parse either form; --config decides which, before argparse sees the positionals."""
+    with_config = uses_config(argv)
+    parser = build_train_parser(with_config)
+    args = parser.parse_args(argv)
+    if not with_config and args.set:
+        parser.error("--set changes keys of a --config run; add --config PATH "
+                     "(config.yaml holds the defaults)")
+    return args
 
 
 def train_config(args: argparse.Namespace) -> dict:
@@ -166,13 +258,24 @@ def train_config(args: argparse.Namespace) -> dict:
     }
 
 
+def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
+    """The request of either form; a --config run is loaded (and checked) here, offline."""
+    if args.config is None:
+        return ttypes.TrainRequest(
+            protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
+            model=args.model, dataset=args.data_dir, rounds=args.rounds,
+            config_json=json.dumps(train_config(args)))
+    config = load_run_config(args.config, args.set)
+    return ttypes.TrainRequest(
+        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=config.algorithm,
+        model=config.model, dataset=config.dataset, rounds=config.rounds,
+        config_json=json.dumps(config.algorithm_config()))
+
+
 def run_train(args: argparse.Namespace) -> int:
-    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
     run_id = args.run_id or uuid.uuid4().hex[:12]
-    request = ttypes.TrainRequest(
-        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
-        model=args.model, dataset=args.data_dir, rounds=args.rounds,
-        config_json=json.dumps(train_config(args)))
+    request = train_request(args, run_id)
+    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(endpoint, request, view, args.poll, args.dead_after)
     model_path = save_model(Path(args.out) / f"{run_id}.npz", wire_to_dict(result.weights),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from devtools.local_cluster import run_client, write_nodes_file
+from devtools.local_cluster import REPO, run_client, write_nodes_file
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 FAST_DELAY = ["--load-delay", "0.2"]
@@ -106,3 +106,17 @@ def test_nodes_added_to_the_nodes_file_join_the_running_job(cluster):
     joined = [n for n in result["nodes"] if n["node"].endswith(tuple(f":{p.port}" for p in late))]
     assert len(joined) == 2 and all(n["accepted"] > 0 for n in joined)
     cluster.coordinator.wait_for(r"nodes joined")
+
+
+def test_a_config_file_runs_sync_sgd_on_the_mlp_and_on_a_tiny_dcgan(cluster):
+    cluster.add_node(0.2, *FAST_DELAY)
+    cluster.add_node(0.2, *FAST_DELAY)
+    cluster.start_coordinator(3)
+    configs = REPO / "configs"
+    letters = cluster.train_json("--config", str(configs / "letters_sync_sgd.yaml"),
+                                 "--set", "run.rounds=15")
+    assert letters["rounds"] == 15
+    assert letters["history"][-1]["validation_error"] < letters["history"][0]["validation_error"]
+    gan = cluster.train_json("--config", str(configs / "dcgan_mnist_tiny.yaml"))
+    assert gan["rounds"] == 2
+    assert sum(n["accepted"] for n in gan["nodes"]) >= 4  # K = 2 units per iteration

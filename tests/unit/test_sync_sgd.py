@@ -194,8 +194,7 @@ def test_defaults_follow_the_reference_design() -> None:
     ("dcgan28", {"lr_g": "fast"}, "'lr_g' must be of type float"),
     ("dcgan28", {"batchnorm": 1}, "'batchnorm' must be of type bool"),
     ("dcgan64", {"images_per_work_unit": 32.0}, "'images_per_work_unit' must be of type int"),
-    ("dcgan28", {"lr": 0.1}, "unknown config key 'lr'"),
-    ("mlp", {"lr_g": 0.1}, "unknown config key 'lr_g'"),
+    ("dcgan28", {"lr_gen": 0.1}, "unknown config key 'lr_gen'"),
     ("mlp", {"hidden": [0]}, "'hidden' must be a list of positive integers"),
     ("mlp", {"seed": True}, "'seed' must be of type int"),
     ("mlp", {"units_per_iteration": 2}, "'units_per_iteration' (N) must be at least"),
@@ -207,6 +206,12 @@ def test_check_config_names_the_key(model: str, config: dict[str, Any], message:
     with pytest.raises(ConfigError) as caught:
         SyncSGD.check_config(model, config)
     assert message in str(caught.value)
+
+
+def test_keys_for_the_other_kind_of_model_are_dropped() -> None:
+    # One config file serves every model: a GAN run ignores the MLP's keys and back.
+    assert "lr" not in SyncSGD.check_config("dcgan28", {"lr": 0.1, "hidden": [4]})
+    assert "lr_g" not in SyncSGD.check_config("mlp", {"lr_g": 0.1, "batchnorm": False})
 
 
 def test_a_unit_without_an_index_range_is_refused() -> None:

@@ -1,0 +1,248 @@
+"""Run configuration: defaults, recipes, --set overrides, their errors, and the client forms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from client import cli
+from training.run_config import DEFAULTS_PATH, RunConfigError, load_run_config
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path: str | Path | None, overrides: list[str] | None = None) -> str:
+    with pytest.raises(RunConfigError) as caught:
+        load_run_config(path, overrides or [])
+    return str(caught.value)
+
+
+# ------------------------------------------------------------------ loading and merging
+def test_defaults_are_the_assignment_run():
+    config = load_run_config(None, [])
+    assert (config.algorithm, config.model, config.dataset, config.rounds) == (
+        "delta_avg", "mlp", "letters", 5)
+    assert config.seed == 1 and config.deterministic is False
+    assert config.outputs == {"sample_every": 1, "checkpoint_every": 1, "eval_every": 1,
+                              "eval_n": 2000}
+    assert config.algorithm_config()["eta"] == 0.0001
+    assert config.section("sync_sgd")["num_workunits_per_update"] == 3
+
+
+def test_every_default_key_has_a_one_line_comment():
+    lines = [line for line in DEFAULTS_PATH.read_text().splitlines()
+             if line.startswith("  ") and ":" in line]
+    keys = sum(len(section) for section in yaml.safe_load(DEFAULTS_PATH.read_text()).values())
+    assert len(lines) == keys
+    assert all("# " in line for line in lines)
+
+
+def test_delta_avg_section_matches_the_algorithm_defaults():
+    from training.algorithms.delta_avg import DEFAULTS
+
+    config = load_run_config(None, [])
+    assert list(config.section("delta_avg")) == list(DEFAULTS)
+    assert config.section("delta_avg") == DEFAULTS
+
+
+def test_a_recipe_overrides_only_its_keys():
+    config = load_run_config(REPO / "configs" / "letters_recommended.yaml", [])
+    section = config.algorithm_config()
+    assert config.rounds == 10
+    assert section["hidden"] == [128, 128] and section["local_optimizer"] == "adam"
+    assert section["server_optimizer"] == "momentum" and section["server_momentum"] == 0.5
+    assert section["server_lr"] == 1.0  # untouched: the default
+
+
+def test_set_overrides_parse_yaml_values():
+    config = load_run_config(REPO / "configs" / "letters_recommended.yaml", [
+        "run.rounds=3", "delta_avg.eta=0.01", "delta_avg.compat=true",
+        "delta_avg.hidden=[64, 32]", "delta_avg.server_lr=2", "delta_avg.local_optimizer=sgd",
+    ])
+    section = config.algorithm_config()
+    assert config.rounds == 3
+    assert section["eta"] == 0.01 and section["compat"] is True
+    assert section["hidden"] == [64, 32] and section["local_optimizer"] == "sgd"
+    assert section["server_lr"] == 2.0 and isinstance(section["server_lr"], float)
+
+
+def test_later_overrides_win_and_exponents_are_numbers():
+    config = load_run_config(None, ["delta_avg.eta=0.1", "delta_avg.eta=1e-3"])
+    assert config.algorithm_config()["eta"] == 0.001
+
+
+def test_null_algorithm_seed_takes_the_run_seed():
+    assert load_run_config(None, ["run.seed=7"]).algorithm_config()["seed"] == 7
+    explicit = load_run_config(None, ["run.seed=7", "delta_avg.seed=3"])
+    assert explicit.algorithm_config()["seed"] == 3
+
+
+def test_algorithm_config_is_the_chosen_section_and_json_ready():
+    config = load_run_config(REPO / "configs" / "dcgan_mnist.yaml", [])
+    assert config.algorithm == "sync_sgd" and config.model == "dcgan28"
+    assert config.algorithm_config() == config.section("sync_sgd")
+    assert json.loads(json.dumps(config.algorithm_config()))["images_per_work_unit"] == 320
+
+
+def test_returned_sections_are_copies():
+    config = load_run_config(None, [])
+    config.algorithm_config()["hidden"].append(99)
+    assert config.algorithm_config()["hidden"] == [20]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads(recipe):
+    config = load_run_config(recipe, [])
+    assert config.algorithm in ("delta_avg", "sync_sgd")
+    assert config.algorithm_config()
+
+
+def test_the_named_recipes_exist():
+    names = {recipe.stem for recipe in RECIPES}
+    assert {"letters_assignment", "letters_recommended", "letters_sync_sgd", "dcgan_mnist",
+            "dcgan_mnist_tiny"} <= names
+
+
+# ---------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("override, suggestion", [
+    ("delta_avg.etta=0.1", "'delta_avg.eta'"),
+    ("rounds=3", "'run.rounds'"),
+    ("dela_avg.eta=0.1", "'delta_avg.eta'"),
+])
+def test_unknown_key_names_it_and_suggests(override, suggestion):
+    message = error_of(None, [override])
+    assert f"unknown key {override.split('=')[0]!r}" in message
+    assert f"did you mean {suggestion}" in message
+
+
+def test_unknown_key_in_a_recipe_names_the_file(tmp_path):
+    path = write(tmp_path, "delta_avg:\n  epoch: 3\n")
+    message = error_of(path)
+    assert "'delta_avg.epoch'" in message and str(path) in message and "'delta_avg.epochs'" \
+        in message
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("run.rounds=five", "run.rounds must be an integer"),
+    ("run.rounds=2.5", "run.rounds must be an integer"),
+    ("delta_avg.epochs=true", "delta_avg.epochs must be an integer"),
+    ("delta_avg.compat=1", "delta_avg.compat must be a boolean"),
+    ("delta_avg.eta=fast", "delta_avg.eta must be a number"),
+    ("delta_avg.hidden=[1, 2.5]", "delta_avg.hidden must be a list of integers"),
+    ("run.model=3", "run.model must be a string"),
+])
+def test_wrong_type_names_key_and_type(override, expected):
+    assert expected in error_of(None, [override])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("delta_avg.eta", "expected section.key=value"),
+    ("delta_avg=3", "'delta_avg' is a section"),
+    ("delta_avg.hidden=[1,", "not a valid YAML value"),
+    ("run.algorithm=adam", "run.algorithm must be one of delta_avg, sync_sgd"),
+    ("run.rounds=0", "run.rounds must be at least 1"),
+])
+def test_malformed_overrides_are_explained(override, expected):
+    assert expected in error_of(None, [override])
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "run:\n  rounds: 3\n  model: [mlp\n")
+    message = error_of(path)
+    assert str(path) in message and "line " in message and "invalid YAML" in message
+
+
+def test_a_key_given_twice_is_an_error_with_its_line(tmp_path):
+    path = write(tmp_path, "delta_avg:\n  eta: 0.1\n  eta: 0.2\n")
+    message = error_of(path)
+    assert str(path) in message and "line 3" in message and "given twice" in message
+
+
+def test_missing_file_names_the_path(tmp_path):
+    message = error_of(tmp_path / "nope.yaml")
+    assert "nope.yaml" in message and "cannot read" in message
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("- run\n", "expected sections"),
+    ("run: 3\n", "run must be a section of keys"),
+])
+def test_recipe_shape_errors(tmp_path, text, expected):
+    assert expected in error_of(write(tmp_path, text))
+
+
+def test_an_empty_recipe_is_the_defaults(tmp_path):
+    assert load_run_config(write(tmp_path, "# nothing\n"), []) == load_run_config(None, [])
+
+
+# ------------------------------------------------------------------------- the client
+def test_client_positional_form_is_unchanged():
+    args = cli.parse_train_args(["localhost", "9095", "letters", "5", "15", "20", "0.0001",
+                                 "--compat"])
+    request = cli.train_request(args, "r1")
+    assert (request.algorithm, request.model, request.dataset, request.rounds) == (
+        "delta_avg", "mlp", "letters", 5)
+    assert json.loads(request.config_json) == cli.train_config(args)
+    assert json.loads(request.config_json)["compat"] is True
+
+
+def test_client_config_form_builds_the_request_from_the_file():
+    recipe = str(REPO / "configs" / "letters_recommended.yaml")
+    args = cli.parse_train_args(["localhost", "9095", "--config", recipe, "--set",
+                                 "delta_avg.eta=0.01", "--set", "run.rounds=3", "--quiet"])
+    request = cli.train_request(args, "r2")
+    expected = load_run_config(recipe, ["delta_avg.eta=0.01", "run.rounds=3"])
+    assert (request.algorithm, request.dataset, request.rounds) == ("delta_avg", "letters", 3)
+    assert json.loads(request.config_json) == expected.algorithm_config()
+    assert args.quiet
+
+
+def test_client_accepts_an_unambiguous_prefix_of_config():
+    args = cli.parse_train_args(["localhost", "9095", "--conf=config.yaml"])
+    assert args.config == "config.yaml"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["localhost", "9095", "letters", "5"], "or give the run as --config PATH"),
+    (["localhost", "9095"], "required: data_dir"),
+    (["localhost", "9095", "--config", "config.yaml", "letters", "5"], "--set"),
+    (["localhost", "9095", "--config", "config.yaml", "--compat"], "unrecognized"),
+    (["localhost", "9095", "letters", "5", "15", "20", "0.1", "--set", "run.rounds=2"],
+     "add --config PATH"),
+])
+def test_client_usage_errors_exit_2(capsys, argv, expected):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and expected in err
+
+
+def test_client_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
+    argv = ["localhost", "9095", "--config", str(REPO / "config.yaml"), "--set",
+            "delta_avg.etaa=1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown key 'delta_avg.etaa'") and err.count("\n") == 1
+    assert cli.main(["localhost", "9095", "--config", str(tmp_path / "x.yaml")]) == 2
+    assert "x.yaml" in capsys.readouterr().err
+
+
+def test_sync_sgd_section_matches_the_algorithm_for_every_model():
+    from training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
+
+    section = load_run_config(None, []).section("sync_sgd")
+    assert set(section) == ALL_KEYS
+    for model in ("mlp", "dcgan28"):
+        checked = SyncSGD.check_config(model, section)
+        assert checked == {**defaults_for(model), "seed": 1}

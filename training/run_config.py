@@ -1,0 +1,274 @@
+"""Configuration of a training run: config.yaml defaults <- a recipe <- `--set` overrides.
+
+config.yaml at the repository root lists every key with its default, so it is also the
+schema: a key it does not list is a typo, and a value must have the type of its default.
+Checking here, on the client, turns a typo into one clear line before anything is sent,
+instead of a run that silently trains with a default. Only types are checked; the
+algorithm's own `check_config` on the coordinator still owns the value ranges.
+
+This module reads YAML and nothing else: it imports no algorithm (and so no torch), which
+keeps the client light; a unit test keeps the delta_avg section equal to its DEFAULTS.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
+RUN = "run"
+OUTPUTS = "outputs"
+NOT_ALGORITHMS = (RUN, OUTPUTS)
+# PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+Sections = dict[str, dict[str, Any]]
+
+
+class RunConfigError(ValueError):
+    """A configuration the client refuses; the message names the file or key at fault."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A merged and type-checked run configuration, one dict per section."""
+
+    sections: Mapping[str, Mapping[str, Any]]
+
+    @property
+    def algorithm(self) -> str:
+        return self.sections[RUN]["algorithm"]
+
+    @property
+    def model(self) -> str:
+        return self.sections[RUN]["model"]
+
+    @property
+    def dataset(self) -> str:
+        return self.sections[RUN]["dataset"]
+
+    @property
+    def rounds(self) -> int:
+        return self.sections[RUN]["rounds"]
+
+    @property
+    def seed(self) -> int:
+        return self.sections[RUN]["seed"]
+
+    @property
+    def deterministic(self) -> bool:
+        return self.sections[RUN]["deterministic"]
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        return self.section(OUTPUTS)
+
+    def algorithm_config(self) -> dict[str, Any]:
+        """The chosen algorithm's section: what the train request carries as config_json."""
+        return self.section(self.algorithm)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A copy of one section, so callers cannot change the configuration under others."""
+        return copy.deepcopy(dict(self.sections[name]))
+
+    def to_dict(self) -> Sections:
+        """Every section, e.g. to record the exact configuration a run used."""
+        return {name: self.section(name) for name in self.sections}
+
+
+def load_run_config(path: str | Path | None, overrides: list[str],
+                    defaults_path: str | Path = DEFAULTS_PATH) -> RunConfig:
+    """Merge the defaults, the recipe at `path` (if any) and `section.key=value` overrides.
+
+    Raises RunConfigError naming the file, line or key at fault.
+    """
+    defaults = _read_sections(Path(defaults_path))
+    _check_defaults(defaults, str(defaults_path))
+    merged = copy.deepcopy(defaults)
+    if path is not None:
+        _merge_recipe(merged, defaults, _read_sections(Path(path)), str(path))
+    for item in overrides:
+        _apply_override(merged, defaults, item)
+    _inherit_run_values(merged)
+    _check_run(merged, defaults)
+    return RunConfig(merged)
+
+
+# ------------------------------------------------------------------ reading YAML files
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice, which YAML would let silently win."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def _read_sections(path: Path) -> dict[Any, Any]:
+    """The top-level mapping of a YAML file; an empty file is an empty recipe."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise RunConfigError(f"cannot read config file {path}: {reason}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as exc:
+        raise RunConfigError(f"{path}{_yaml_position(exc)}: invalid YAML: "
+                             f"{_yaml_problem(exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RunConfigError(f"{path}: expected sections such as 'run:' at the top level, "
+                             f"got a {type(data).__name__}")
+    return data
+
+
+def _yaml_position(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+    words = ", ".join(part for part in parts if part)
+    return words or str(exc).splitlines()[0]
+
+
+def _check_defaults(defaults: dict[Any, Any], where: str) -> None:
+    """The defaults file is the schema: it must hold run, outputs and sections of keys."""
+    for name in NOT_ALGORITHMS:
+        if not isinstance(defaults.get(name), dict):
+            raise RunConfigError(f"{where}: the defaults need a '{name}:' section")
+    for name, section in defaults.items():
+        if not isinstance(section, dict):
+            raise RunConfigError(f"{where}: '{name}' must be a section of keys")
+
+
+# ---------------------------------------------------------------------------- merging
+def _merge_recipe(merged: Sections, defaults: Sections, recipe: dict[Any, Any],
+                  source: str) -> None:
+    """Lay a recipe over the merged values, checking every key and type it sets."""
+    for name, section in recipe.items():
+        name = str(name)
+        if name not in defaults:
+            raise _unknown(name, defaults, source)
+        if not isinstance(section, dict):
+            raise RunConfigError(f"{name} must be a section of keys (key: value lines), "
+                                 f"got {section!r} (in {source})")
+        for key, value in section.items():
+            _set(merged, defaults, f"{name}.{key}", value, source)
+
+
+def _apply_override(merged: Sections, defaults: Sections, item: str) -> None:
+    """Apply one `section.key=value`; the value is YAML, so 3, 0.1, true, [1, 2] work."""
+    source = f"--set {item}"
+    dotted, sep, text = item.partition("=")
+    dotted = dotted.strip()
+    if not sep or not dotted:
+        raise RunConfigError(f"{source}: expected section.key=value, e.g. delta_avg.eta=0.01")
+    if dotted in defaults:
+        example = next(iter(defaults[dotted]), "key")
+        raise RunConfigError(f"{source}: '{dotted}' is a section; set one of its keys, "
+                             f"e.g. {dotted}.{example}=...")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise RunConfigError(f"{source}: {text!r} is not a valid YAML value") from None
+    _set(merged, defaults, dotted, value, source)
+
+
+def _set(merged: Sections, defaults: Sections, dotted: str, value: Any, source: str) -> None:
+    name, _, key = dotted.partition(".")
+    if name not in defaults or key not in defaults[name]:
+        raise _unknown(dotted, defaults, source)
+    default = defaults[name][key]
+    if default is None:
+        default = defaults[RUN].get(key)
+        if value is None:
+            merged[name][key] = None
+            return
+    merged[name][key] = _checked(dotted, value, default, source)
+
+
+def _unknown(name: str, defaults: Sections, source: str) -> RunConfigError:
+    """An unknown key error that suggests what the user probably meant."""
+    close = _close_keys(name, defaults)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return RunConfigError(f"unknown key {name!r} (in {source}){hint}")
+
+
+def _close_keys(name: str, defaults: Sections) -> list[str]:
+    """Close spellings in the same section; else keys with that last part; else any close."""
+    section, dot, key = name.partition(".")
+    if dot and section in defaults:
+        return [f"{section}.{m}" for m in difflib.get_close_matches(key, defaults[section])]
+    known = [f"{section}.{key}" for section, keys in defaults.items() for key in keys]
+    leaf = name.rsplit(".", 1)[-1]
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+    return same_leaf[:3] or difflib.get_close_matches(name, list(defaults) + known)
+
+
+def _inherit_run_values(merged: Sections) -> None:
+    """A null algorithm key takes the run key of the same name (e.g. delta_avg.seed)."""
+    for name, section in merged.items():
+        for key, value in section.items():
+            if value is None and name != RUN and key in merged[RUN]:
+                section[key] = merged[RUN][key]
+
+
+def _check_run(merged: Sections, defaults: Sections) -> None:
+    algorithms = [name for name in defaults if name not in NOT_ALGORITHMS]
+    if merged[RUN]["algorithm"] not in algorithms:
+        raise RunConfigError(f"run.algorithm must be one of {', '.join(algorithms)}, "
+                             f"got {merged[RUN]['algorithm']!r}")
+    if merged[RUN]["rounds"] < 1:
+        raise RunConfigError(f"run.rounds must be at least 1, got {merged[RUN]['rounds']}")
+
+
+# ---------------------------------------------------------------------------- types
+def _checked(dotted: str, value: Any, default: Any, source: str) -> Any:
+    """The value, of its default's type (an int becomes a float where one is expected)."""
+    if default is None or _has_type(value, default):
+        return float(value) if isinstance(default, float) else value
+    if isinstance(default, float) and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(
+            value.strip()):
+        return float(value)
+    raise RunConfigError(f"{dotted} must be {_type_name(default)}, got {value!r} "
+                         f"(in {source})")
+
+
+def _has_type(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, list):
+        return isinstance(value, list) and (
+            not default or all(_has_type(item, default[0]) for item in value))
+    return isinstance(value, type(default))
+
+
+def _type_name(default: Any) -> str:
+    if isinstance(default, list):
+        return f"a list of {_type_name(default[0]).split(' ', 1)[1]}s" if default else "a list"
+    names = {bool: "a boolean (true or false)", int: "an integer", float: "a number",
+             str: "a string", dict: "a mapping"}
+    return names.get(type(default), f"a {type(default).__name__}")
