@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     handler.node_id = node_id = args.node_id or f"{socket.gethostname()}:{server.port}"
-    stop_on_signals(server.stop)
+
+    def shutdown() -> None:
+        handler.cancel_all()  # delayed units answer at once, so the server drains quickly
+        server.stop()
+
+    stop_on_signals(shutdown)
     if args.port_file:
         write_port_file(args.port_file, server.port)
     print(f"compute node {node_id} listening on {args.host}:{server.port} "

@@ -90,6 +90,12 @@ class ComputeNodeHandler:
                     cancelled += 1
         return ttypes.CancelUnitResult(cancelled=cancelled)
 
+    def cancel_all(self) -> None:
+        """On shutdown: units waiting in a load delay answer 'cancelled' at once."""
+        with self._active_lock:
+            for event in self._active.values():
+                event.set()
+
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         check_protocol_version(request.protocol_version, "node")
         c = self.counters

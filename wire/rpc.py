@@ -15,6 +15,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Generic, TypeVar
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 C = TypeVar("C")
 ClientFactory = Callable[[TProtocolBase], C]
+
+
+DRAIN_SECONDS = 5.0  # on stop, how long calls in progress may take to answer
 
 
 class ConnectionFailed(Exception):
@@ -235,6 +239,7 @@ class ThriftServer:
         self._wake_w.setblocking(False)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)  # notified as connections close
         self._stop_requested = False
 
     def serve_forever(self) -> None:
@@ -307,13 +312,28 @@ class ThriftServer:
             transport.close()
             with self._lock:
                 self._connections.discard(sock)
+                self._drained.notify_all()
 
     def _close_all(self) -> None:
+        """Stop reading, let calls in progress send their replies, then close the rest.
+
+        Shutting down the read side wakes every connection waiting for a request (it
+        sees end-of-file) while a handler still running can write its answer; after
+        DRAIN_SECONDS whatever is left is cut off.
+        """
         self._listener.close()
         self._wake_r.close()
         self._wake_w.close()
+        self._shutdown_connections(socket.SHUT_RD)
+        deadline = time.monotonic() + DRAIN_SECONDS
+        with self._lock:
+            while self._connections and time.monotonic() < deadline:
+                self._drained.wait(deadline - time.monotonic())
+        self._shutdown_connections(socket.SHUT_RDWR)
+
+    def _shutdown_connections(self, how: int) -> None:
         with self._lock:
             connections = list(self._connections)
         for sock in connections:
             with suppress(OSError):  # that connection is already closing
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked on it
+                sock.shutdown(how)
