@@ -269,7 +269,8 @@ def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
     return ttypes.TrainRequest(
         protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=config.algorithm,
         model=config.model, dataset=config.dataset, rounds=config.rounds,
-        config_json=json.dumps(config.algorithm_config()))
+        config_json=json.dumps(config.algorithm_config()),
+        outputs_json=json.dumps(dict(config.outputs)))
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -68,7 +68,8 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
         "history": [{"round": m.round, "validation_error": m.validation_error,
                      "validation_loss": m.validation_loss, "train_loss": m.train_loss,
                      "seconds": round(m.seconds, 3),
-                     "update_seconds": round(m.update_seconds or 0.0, 4)}
+                     "update_seconds": round(m.update_seconds or 0.0, 4),
+                     **(m.scores or {})}
                     for m in result.history],
         "nodes": [node_dict(n) for n in result.nodes],
     }

@@ -30,10 +30,12 @@ from training.algorithms.base import Algorithm, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
+from training.run_outputs import check_outputs, due, save_curves, save_grid
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 
 log = logging.getLogger("coordinator.run")
+SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -66,6 +68,8 @@ class Run:
         if request.rounds < 1:
             raise _invalid(f"rounds must be at least 1, got {request.rounds}")
         self.algorithm = _make_algorithm(request, settings.data_root)
+        self.outputs = _check_outputs(request.outputs_json)
+        self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
         self.run_dir = settings.run_root / self.run_id
         self.nodes: list[NodeHandle] = []
         self._nodes_source = nodes_source
@@ -143,6 +147,7 @@ class Run:
             history.append(metrics)
         model_path = save_model(self.run_dir / "model.npz", weights,
                                 self.algorithm.model_description())
+        save_curves(self._rows, self.run_dir / "curves.png")
         log.info("run %s finished: validation error %.4f, model in %s", self.run_id,
                  history[-1].validation_error, model_path)
         return ttypes.RunResult(
@@ -201,11 +206,28 @@ class Run:
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,
                  outcome.completed, len(outcome.discarded), metrics.seconds)
+        self._write_outputs(round_index, weights, metrics)
         self._append_metrics(metrics, outcome.discarded)
         self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
-        save_model(self.run_dir / "checkpoint.npz", weights,
-                   {**self.algorithm.model_description(), "round": round_index})
         return weights, metrics
+
+    def _write_outputs(self, round_index: int, weights: Weights,
+                       metrics: ttypes.RoundMetrics) -> None:
+        """Scores, sample grid and checkpoint of this round, each when it is due."""
+        last, out = self.request.rounds, self.outputs
+        if due(out["eval_every"], round_index, last):
+            metrics.scores = self.algorithm.score(weights, out["eval_n"]) or None
+            if metrics.scores:
+                log.info("round %d scores: %s", round_index, ", ".join(
+                    f"{k} {v:.4g}" for k, v in metrics.scores.items()))
+        if due(out["sample_every"], round_index, last):
+            images = self.algorithm.sample_images(weights, SAMPLE_COUNT, seed=SAMPLE_SEED)
+            if images is not None:
+                save_grid(images, self.run_dir / "samples" / f"round_{round_index:05d}.png")
+        if due(out["checkpoint_every"], round_index, last):
+            state = {f"optimizer.{k}": v for k, v in self.algorithm.state_dict().items()}
+            save_model(self.run_dir / "checkpoint.npz", {**weights, **state},
+                       {**self.algorithm.model_description(), "round": round_index})
 
     def _work_request(self, round_index: int, unit: UnitSpec, attempt: int,
                       weights: list[ttypes.Tensor]) -> ttypes.WorkRequest:
@@ -227,12 +249,23 @@ class Run:
     def _append_metrics(self, metrics: ttypes.RoundMetrics, discarded: list[str]) -> None:
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
-               "seconds": metrics.seconds, "discarded": discarded}
+               "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
+        self._rows.append({k: v for k, v in row.items() if k != "discarded"})
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_outputs(outputs_json: str | None) -> dict[str, int]:
+    try:
+        outputs = json.loads(outputs_json or "{}")
+        if not isinstance(outputs, dict):
+            raise ValueError("outputs_json must hold a JSON object")
+        return check_outputs(outputs)
+    except ValueError as exc:  # JSONDecodeError is one
+        raise _invalid(str(exc)) from None
 
 
 def _check_run_id(run_id: str) -> str:

@@ -126,6 +126,7 @@ struct TrainRequest {
   5: required string dataset,        // folder under the coordinator's data root
   6: required i32 rounds,
   7: required string config_json,    // epochs, hidden sizes, eta and the other options
+  8: optional string outputs_json,   // sample_every, checkpoint_every, eval_every, eval_n
 }
 
 struct NodeSummary {
@@ -147,6 +148,7 @@ struct RoundMetrics {
   4: required double train_loss,
   5: required double seconds,
   6: optional double update_seconds,   // applying the averaged update and evaluating
+  7: optional map<string, double> scores, // offline scores when due (e.g. IS, FID)
 }
 
 struct RunResult {

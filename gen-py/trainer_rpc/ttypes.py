@@ -1328,11 +1328,12 @@ class TrainRequest(object):
      - dataset
      - rounds
      - config_json
+     - outputs_json
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, algorithm=None, model=None, dataset=None, rounds=None, config_json=None,):
+    def __init__(self, protocol_version=None, run_id=None, algorithm=None, model=None, dataset=None, rounds=None, config_json=None, outputs_json=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.algorithm = algorithm
@@ -1340,6 +1341,7 @@ class TrainRequest(object):
         self.dataset = dataset
         self.rounds = rounds
         self.config_json = config_json
+        self.outputs_json = outputs_json
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1385,6 +1387,11 @@ class TrainRequest(object):
                     self.config_json = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.outputs_json = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1422,6 +1429,10 @@ class TrainRequest(object):
         if self.config_json is not None:
             oprot.writeFieldBegin('config_json', TType.STRING, 7)
             oprot.writeString(self.config_json.encode('utf-8') if sys.version_info[0] == 2 else self.config_json)
+            oprot.writeFieldEnd()
+        if self.outputs_json is not None:
+            oprot.writeFieldBegin('outputs_json', TType.STRING, 8)
+            oprot.writeString(self.outputs_json.encode('utf-8') if sys.version_info[0] == 2 else self.outputs_json)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1623,17 +1634,19 @@ class RoundMetrics(object):
      - train_loss
      - seconds
      - update_seconds
+     - scores
 
     """
 
 
-    def __init__(self, round=None, validation_error=None, validation_loss=None, train_loss=None, seconds=None, update_seconds=None,):
+    def __init__(self, round=None, validation_error=None, validation_loss=None, train_loss=None, seconds=None, update_seconds=None, scores=None,):
         self.round = round
         self.validation_error = validation_error
         self.validation_loss = validation_loss
         self.train_loss = train_loss
         self.seconds = seconds
         self.update_seconds = update_seconds
+        self.scores = scores
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1674,6 +1687,17 @@ class RoundMetrics(object):
                     self.update_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.MAP:
+                    self.scores = {}
+                    (_ktype29, _vtype30, _size28) = iprot.readMapBegin()
+                    for _i32 in range(_size28):
+                        _key33 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val34 = iprot.readDouble()
+                        self.scores[_key33] = _val34
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1707,6 +1731,14 @@ class RoundMetrics(object):
         if self.update_seconds is not None:
             oprot.writeFieldBegin('update_seconds', TType.DOUBLE, 6)
             oprot.writeDouble(self.update_seconds)
+            oprot.writeFieldEnd()
+        if self.scores is not None:
+            oprot.writeFieldBegin('scores', TType.MAP, 7)
+            oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
+            for kiter35, viter36 in self.scores.items():
+                oprot.writeString(kiter35.encode('utf-8') if sys.version_info[0] == 2 else kiter35)
+                oprot.writeDouble(viter36)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1795,33 +1827,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = RoundMetrics()
-                        _elem33.read(iprot)
-                        self.history.append(_elem33)
+                    (_etype40, _size37) = iprot.readListBegin()
+                    for _i41 in range(_size37):
+                        _elem42 = RoundMetrics()
+                        _elem42.read(iprot)
+                        self.history.append(_elem42)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype37, _size34) = iprot.readListBegin()
-                    for _i38 in range(_size34):
-                        _elem39 = NodeSummary()
-                        _elem39.read(iprot)
-                        self.nodes.append(_elem39)
+                    (_etype46, _size43) = iprot.readListBegin()
+                    for _i47 in range(_size43):
+                        _elem48 = NodeSummary()
+                        _elem48.read(iprot)
+                        self.nodes.append(_elem48)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype43, _size40) = iprot.readListBegin()
-                    for _i44 in range(_size40):
-                        _elem45 = Tensor()
-                        _elem45.read(iprot)
-                        self.weights.append(_elem45)
+                    (_etype52, _size49) = iprot.readListBegin()
+                    for _i53 in range(_size49):
+                        _elem54 = Tensor()
+                        _elem54.read(iprot)
+                        self.weights.append(_elem54)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1864,22 +1896,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter46 in self.history:
-                iter46.write(oprot)
+            for iter55 in self.history:
+                iter55.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter47 in self.nodes:
-                iter47.write(oprot)
+            for iter56 in self.nodes:
+                iter56.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter48 in self.weights:
-                iter48.write(oprot)
+            for iter57 in self.weights:
+                iter57.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -2237,11 +2269,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype52, _size49) = iprot.readListBegin()
-                    for _i53 in range(_size49):
-                        _elem54 = NodeSummary()
-                        _elem54.read(iprot)
-                        self.nodes.append(_elem54)
+                    (_etype61, _size58) = iprot.readListBegin()
+                    for _i62 in range(_size58):
+                        _elem63 = NodeSummary()
+                        _elem63.read(iprot)
+                        self.nodes.append(_elem63)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2253,22 +2285,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype58, _size55) = iprot.readListBegin()
-                    for _i59 in range(_size55):
-                        _elem60 = UnitInfo()
-                        _elem60.read(iprot)
-                        self.unfinished.append(_elem60)
+                    (_etype67, _size64) = iprot.readListBegin()
+                    for _i68 in range(_size64):
+                        _elem69 = UnitInfo()
+                        _elem69.read(iprot)
+                        self.unfinished.append(_elem69)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype62, _vtype63, _size61) = iprot.readMapBegin()
-                    for _i65 in range(_size61):
-                        _key66 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val67 = iprot.readI64()
-                        self.ledger[_key66] = _val67
+                    (_ktype71, _vtype72, _size70) = iprot.readMapBegin()
+                    for _i74 in range(_size70):
+                        _key75 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val76 = iprot.readI64()
+                        self.ledger[_key75] = _val76
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -2329,8 +2361,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter68 in self.nodes:
-                iter68.write(oprot)
+            for iter77 in self.nodes:
+                iter77.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -2340,16 +2372,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter69 in self.unfinished:
-                iter69.write(oprot)
+            for iter78 in self.unfinished:
+                iter78.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter70, viter71 in self.ledger.items():
-                oprot.writeString(kiter70.encode('utf-8') if sys.version_info[0] == 2 else kiter70)
-                oprot.writeI64(viter71)
+            for kiter79, viter80 in self.ledger.items():
+                oprot.writeString(kiter79.encode('utf-8') if sys.version_info[0] == 2 else kiter79)
+                oprot.writeI64(viter80)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2592,11 +2624,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype75, _size72) = iprot.readListBegin()
-                    for _i76 in range(_size72):
-                        _elem77 = RunStatus()
-                        _elem77.read(iprot)
-                        self.runs.append(_elem77)
+                    (_etype84, _size81) = iprot.readListBegin()
+                    for _i85 in range(_size81):
+                        _elem86 = RunStatus()
+                        _elem86.read(iprot)
+                        self.runs.append(_elem86)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2613,8 +2645,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter78 in self.runs:
-                iter78.write(oprot)
+            for iter87 in self.runs:
+                iter87.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2741,6 +2773,7 @@ TrainRequest.thrift_spec = (
     (5, TType.STRING, 'dataset', 'UTF8', None, ),  # 5
     (6, TType.I32, 'rounds', None, None, ),  # 6
     (7, TType.STRING, 'config_json', 'UTF8', None, ),  # 7
+    (8, TType.STRING, 'outputs_json', 'UTF8', None, ),  # 8
 )
 all_structs.append(NodeSummary)
 NodeSummary.thrift_spec = (
@@ -2764,6 +2797,7 @@ RoundMetrics.thrift_spec = (
     (4, TType.DOUBLE, 'train_loss', None, None, ),  # 4
     (5, TType.DOUBLE, 'seconds', None, None, ),  # 5
     (6, TType.DOUBLE, 'update_seconds', None, None, ),  # 6
+    (7, TType.MAP, 'scores', (TType.STRING, 'UTF8', TType.DOUBLE, None, False), None, ),  # 7
 )
 all_structs.append(RunResult)
 RunResult.thrift_spec = (

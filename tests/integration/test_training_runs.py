@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+from PIL import Image
 
 from devtools.local_cluster import REPO, run_client, write_nodes_file
 
@@ -120,3 +123,10 @@ def test_a_config_file_runs_sync_sgd_on_the_mlp_and_on_a_tiny_dcgan(cluster):
     gan = cluster.train_json("--config", str(configs / "dcgan_mnist_tiny.yaml"))
     assert gan["rounds"] == 2
     assert sum(n["accepted"] for n in gan["nodes"]) >= 4  # K = 2 units per iteration
+    assert all(h["fid_features"] > 0 and h["inception_score"] >= 1 for h in gan["history"])
+    run_dir = Path(gan["coordinator_run_dir"])
+    for name in ("samples/round_00001.png", "samples/round_00002.png", "curves.png",
+                 "checkpoint.npz", "model.npz", "metrics.jsonl"):
+        assert (run_dir / name).is_file(), name
+    with Image.open(run_dir / "samples" / "round_00002.png") as grid:
+        assert grid.size == (8 * 30 + 2, 8 * 30 + 2)  # 64 samples of 28x28, 2-pixel gaps

@@ -176,6 +176,15 @@ class Algorithm(ABC):
         """Coordinator-side optimizer state to checkpoint; none by default."""
         return {}
 
+    def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray | None:
+        """n generated images (n, C, H, W) in [-1, 1] from fixed noise, for generative
+        models; None for the others."""
+        return None
+
+    def score(self, weights: Weights, n: int) -> dict[str, float]:
+        """Offline quality scores of the global model (e.g. IS and FID); none by default."""
+        return {}
+
 
 @dataclass
 class Registry:

@@ -65,7 +65,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training import gan_models, image_folder, mlp, mnist
+from training import gan_metrics, gan_models, image_folder, mlp, mnist
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
@@ -102,6 +102,7 @@ MLP_DEFAULTS: dict[str, Any] = {
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
 # One config file serves every model, so keys meant for the other kind of model are
 # accepted and dropped rather than refused.
+SCORE_SEED = 12345  # the noise of every scoring sample, so scores differ only by the model
 ALL_KEYS = frozenset(GAN_DEFAULTS) | frozenset(MLP_DEFAULTS)
 POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_iteration",
                  "batch_size")
@@ -401,6 +402,18 @@ class SyncSGD(Algorithm):
 
     def model_description(self) -> dict[str, Any]:
         return self.state.description()
+
+    def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray | None:
+        if not isinstance(self.state, _GanState):
+            return None
+        return gan_models.sample_images(self.state.g, n, seed).numpy()
+
+    def score(self, weights: Weights, n: int) -> dict[str, float]:
+        """IS and FID (classifier features and logits) for the 28x28 MNIST models."""
+        if not (isinstance(self.state, _GanState) and self.model.startswith("dcgan28")):
+            return {}
+        images = gan_models.sample_images(self.state.g, n, seed=SCORE_SEED)
+        return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {f"optim.{group}.{key}": value

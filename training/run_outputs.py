@@ -1,0 +1,84 @@
+"""What a run writes besides metrics: sample grids and curves, as PNG files.
+
+Pillow draws the grids and matplotlib (headless Agg backend) the curves; both are imported
+only when a run writes such a file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Keys of the `outputs` section of a run configuration, with their defaults.
+OUTPUT_DEFAULTS: dict[str, int] = {
+    "sample_every": 1, "checkpoint_every": 1, "eval_every": 1, "eval_n": 2000,
+}
+
+
+def check_outputs(outputs: Mapping[str, Any]) -> dict[str, int]:
+    """The output settings with defaults filled in; ValueError naming a bad key."""
+    unknown = sorted(set(outputs) - set(OUTPUT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown outputs key {unknown[0]!r}; known: {', '.join(OUTPUT_DEFAULTS)}")
+    checked = {**OUTPUT_DEFAULTS, **outputs}
+    for key, value in checked.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"outputs key {key!r} must be an integer >= 0 (0: never), "
+                             f"got {value!r}")
+    return checked
+
+
+def due(every: int, round_index: int, last_round: int) -> bool:
+    """Whether a periodic output is due after this round (always after the last one)."""
+    return every > 0 and (round_index % every == 0 or round_index == last_round)
+
+
+def save_grid(images: np.ndarray, path: str | os.PathLike, columns: int = 8) -> Path:
+    """Tile images (n, C, H, W) in [-1, 1] into one PNG, `columns` per row."""
+    from PIL import Image
+
+    n, channels, height, width = images.shape
+    rows = math.ceil(n / columns)
+    pixels = ((np.clip(images, -1, 1) + 1) * 127.5).round().astype(np.uint8)
+    grid = np.zeros((rows * (height + 2) + 2, columns * (width + 2) + 2, channels), np.uint8)
+    for i, image in enumerate(pixels):
+        top, left = 2 + (i // columns) * (height + 2), 2 + (i % columns) * (width + 2)
+        grid[top:top + height, left:left + width] = image.transpose(1, 2, 0)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid[:, :, 0] if channels == 1 else grid).save(target)
+    return target
+
+
+def save_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """One panel per numeric metric of the rounds' rows (x axis: round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    names = list(dict.fromkeys(k for row in rows for k, v in row.items()
+                               if k != "round" and _is_number(v)))
+    fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.2 * len(names)), sharex=True,
+                             squeeze=False)
+    for i, name in enumerate(names):
+        rounds = [row["round"] for row in rows if _is_number(row.get(name))]
+        values = [row[name] for row in rows if _is_number(row.get(name))]
+        axes[i, 0].plot(rounds, values, marker=".")
+        axes[i, 0].set_ylabel(name)
+        axes[i, 0].grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("round")
+    fig.tight_layout()
+    target = Path(path)
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return target
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
