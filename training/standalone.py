@@ -1,0 +1,34 @@
+"""The standalone baseline: an algorithm's own maths in one process, no network.
+
+Each round takes the algorithm's planned units, computes them in turn with the node half
+and combines them with the same weighted average and update as the coordinator. With
+one unit per round of the global batch's size this is plain single-process training on
+that batch, which is what distributed runs are compared against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from training.algorithms.base import Algorithm, UnitJob, WeightedAverage, Weights
+
+
+def train_in_process(algorithm: Algorithm, rounds: int,
+                     on_round: Callable[[int, Weights], None] | None = None) -> Weights:
+    """Run `rounds` rounds of `algorithm` here; returns the final weights."""
+    weights = algorithm.initial_weights()
+    dataset_dir = Path(algorithm.dataset_dir)
+    for round_index in range(1, rounds + 1):
+        planned = algorithm.plan_round(round_index)
+        units = planned[: algorithm.quorum(len(planned))]  # the first K, as if they won
+        average = WeightedAverage(deterministic=True)
+        for index, unit in enumerate(units):
+            job = UnitJob("standalone", round_index, unit, algorithm.model, algorithm.config,
+                          weights)
+            output = type(algorithm).run_unit(job, dataset_dir)
+            average.add(index, output.update, output.num_samples)
+        weights = algorithm.apply(weights, average.result())
+        if on_round is not None:
+            on_round(round_index, weights)
+    return weights
