@@ -77,7 +77,7 @@ class Run:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
-        units_per_round = len(self.algorithm.plan_round(1))
+        units_per_round = self.algorithm.quorum(len(self.algorithm.plan_round(1)))  # K of N
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
