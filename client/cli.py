@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from client import display
-from client.model_commands import ModelCommandError, evaluate, predict
+from client.model_commands import (
+    ModelCommandError,
+    evaluate,
+    evaluate_gan,
+    is_generator,
+    predict,
+)
 from client.session import ClientError, Endpoint, call, follow_training
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
@@ -212,10 +218,13 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a running run")
     add_endpoint(cancel)
     cancel.add_argument("run_id", help="run id")
-    ev = sub.add_parser("evaluate", help="error rate of a saved model on a labelled file")
-    ev.add_argument("model", help="model file printed at the end of training (.npz)")
+    ev = sub.add_parser("evaluate", help="score a saved model: the MLP's error rate on a "
+                                         "labelled file, a generator's IS and FID")
+    ev.add_argument("model", help="model or checkpoint file (.npz)")
     ev.add_argument("--data", default=str(DEFAULT_VALIDATION),
-                    help="letters CSV with labels (default: %(default)s)")
+                    help="MLP: letters CSV with labels (default: %(default)s)")
+    ev.add_argument("--n", type=_positive_int, default=2000,
+                    help="generator: images scored against held-out MNIST (default 2000)")
     ev.add_argument("--json", action="store_true", help="print JSON")
     pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
     pr.add_argument("model", help="model file (.npz)")
@@ -287,6 +296,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_subcommand(args: argparse.Namespace) -> int:
     if args.command == "evaluate":
+        if is_generator(args.model):
+            scores = evaluate_gan(args.model, args.n)
+            print(json.dumps(scores) if args.json else
+                  "  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+            return 0
         scores = evaluate(args.model, args.data)
         print(json.dumps(scores) if args.json else
               f"error {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")

@@ -41,6 +41,36 @@ def evaluate(model_path: str, data_path: str) -> dict[str, float]:
     return {"error": float(error), "loss": float(loss), "rows": int(len(labels))}
 
 
+def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
+    """IS and FID of a saved 28x28 generator (a model file or a checkpoint), with the
+    project's frozen MNIST classifier against held-out MNIST images."""
+    from training import gan_metrics, gan_models  # torch only for generative models
+
+    try:
+        weights, description = load_model(model_path)
+    except ModelFileError as exc:
+        raise ModelCommandError(str(exc)) from None
+    if "gan" not in description:
+        raise ModelCommandError(f"{model_path} holds no generator")
+    spec = gan_models.GanSpec.from_dict(description["gan"])
+    if spec.arch != "dcgan28":
+        raise ModelCommandError("IS/FID are computed for 28x28 MNIST generators only")
+    g, _ = gan_models.build_gan(spec)
+    gan_models.numpy_to_state(g, weights, "G.")
+    images = gan_models.sample_images(g, n, seed=gan_metrics.SCORE_SEED)
+    try:
+        return gan_metrics.score_images(images, n).to_dict()
+    except ValueError as exc:
+        raise ModelCommandError(str(exc)) from None
+
+
+def is_generator(model_path: str) -> bool:
+    try:
+        return "gan" in load_model(model_path)[1]
+    except ModelFileError as exc:
+        raise ModelCommandError(str(exc)) from None
+
+
 def predict(model_path: str, data_path: str) -> list[str]:
     """Predicted letters for each row of a CSV of 16 features (a 17th label column is ignored)."""
     weights, spec = _load_mlp(model_path)

@@ -31,6 +31,7 @@ from training import mnist
 
 DEFAULT_CLASSIFIER = mnist.DEFAULT_MNIST_DIR / "classifier.npz"
 DEFAULT_N = 2_000
+SCORE_SEED = 12345  # noise of every scored sample, so scores differ only by the model
 _META_KEY = "__meta__"
 
 

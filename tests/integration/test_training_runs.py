@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from devtools.local_cluster import REPO, run_client, write_nodes_file
@@ -128,5 +129,10 @@ def test_a_config_file_runs_sync_sgd_on_the_mlp_and_on_a_tiny_dcgan(cluster):
     for name in ("samples/round_00001.png", "samples/round_00002.png", "curves.png",
                  "checkpoint.npz", "model.npz", "metrics.jsonl"):
         assert (run_dir / name).is_file(), name
+    for saved in (gan["model_path"], str(run_dir / "checkpoint.npz")):
+        scored = run_client(["evaluate", saved, "--n", "200", "--json"], cluster.workdir)
+        assert scored.returncode == 0, scored.stderr
+        assert json.loads(scored.stdout)["fid_features"] == pytest.approx(
+            gan["history"][-1]["fid_features"], rel=1e-6)
     with Image.open(run_dir / "samples" / "round_00002.png") as grid:
         assert grid.size == (8 * 30 + 2, 8 * 30 + 2)  # 64 samples of 28x28, 2-pixel gaps

@@ -102,7 +102,6 @@ MLP_DEFAULTS: dict[str, Any] = {
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
 # One config file serves every model, so keys meant for the other kind of model are
 # accepted and dropped rather than refused.
-SCORE_SEED = 12345  # the noise of every scoring sample, so scores differ only by the model
 ALL_KEYS = frozenset(GAN_DEFAULTS) | frozenset(MLP_DEFAULTS)
 POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_iteration",
                  "batch_size")
@@ -412,7 +411,7 @@ class SyncSGD(Algorithm):
         """IS and FID (classifier features and logits) for the 28x28 MNIST models."""
         if not (isinstance(self.state, _GanState) and self.model.startswith("dcgan28")):
             return {}
-        images = gan_models.sample_images(self.state.g, n, seed=SCORE_SEED)
+        images = gan_models.sample_images(self.state.g, n, seed=gan_metrics.SCORE_SEED)
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 
     def state_dict(self) -> dict[str, np.ndarray]:
