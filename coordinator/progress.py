@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,9 +40,11 @@ class RunProgress:
                 setattr(self, name, getattr(self, name) + value)
 
     def round_done(self, round_index: int, validation_error: float) -> None:
+        """Count the round; keep the latest validation error that was measured (not NaN)."""
         with self._lock:
             self.round = round_index
-            self.validation_error = validation_error
+            if not math.isnan(validation_error):
+                self.validation_error = validation_error
 
     def end(self, state: str, message: str | None = None) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -26,7 +27,7 @@ from coordinator.round_engine import (
 )
 from coordinator.run_store import RunStore, RunStoreError
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm, UnitSpec, Weights
+from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
@@ -196,7 +197,7 @@ class Run:
                                    lambda update: self.algorithm.check_update(update, weights))
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
-        evaluation = self.algorithm.evaluate(weights)
+        evaluation = self._evaluate(round_index, weights)
         metrics = ttypes.RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
             validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
@@ -210,6 +211,12 @@ class Run:
         self._append_metrics(metrics, outcome.discarded)
         self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
         return weights, metrics
+
+    def _evaluate(self, round_index: int, weights: Weights) -> RoundEval:
+        """The validation metrics every `eval_every` rounds (and after the last); NaN between."""
+        if due(self.outputs["eval_every"], round_index, self.request.rounds):
+            return self.algorithm.evaluate(weights)
+        return RoundEval(validation_error=math.nan, validation_loss=math.nan)
 
     def _write_outputs(self, round_index: int, weights: Weights,
                        metrics: ttypes.RoundMetrics) -> None:

@@ -52,11 +52,13 @@ cannot tell G's images from real ones; it is a progress proxy, not a quality met
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
+import threading
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -440,9 +442,40 @@ def _run_mlp_unit(job: UnitJob, config: Mapping[str, Any], features: np.ndarray,
     return UnitOutput(update=update, num_samples=len(labels), loss=loss, error=error)
 
 
+class _ModulePool:
+    """Built (G, D) pairs kept between units: building them costs more than loading weights
+    into them (every parameter and buffer is overwritten from the unit's weights)."""
+
+    def __init__(self) -> None:
+        self._free: dict[gan_models.GanSpec, list[tuple[nn.Module, nn.Module]]] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self, spec: gan_models.GanSpec) -> Iterator[tuple[nn.Module, nn.Module]]:
+        with self._lock:
+            free = self._free.setdefault(spec, [])
+            pair = free.pop() if free else None
+        pair = pair or gan_models.build_gan(spec)
+        try:
+            yield pair
+        finally:
+            with self._lock:
+                if len(free) < MAX_POOLED:
+                    free.append(pair)
+
+
+MAX_POOLED = 4
+_MODULES = _ModulePool()
+
+
 def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor) -> UnitOutput:
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
-    g, d = gan_models.build_gan(spec)
+    with _MODULES.borrow(spec) as (g, d):
+        return _gan_unit_with(g, d, spec, job, config, real)
+
+
+def _gan_unit_with(g: nn.Module, d: nn.Module, spec: gan_models.GanSpec, job: UnitJob,
+                   config: Mapping[str, Any], real: torch.Tensor) -> UnitOutput:
     try:
         gan_models.numpy_to_state(g, job.weights, "G.")
         gan_models.numpy_to_state(d, job.weights, "D.")
