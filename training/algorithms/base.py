@@ -66,6 +66,23 @@ class ConfigError(ValueError):
     """A configuration value that the algorithm cannot use; the message names the key."""
 
 
+def check_type(key: str, value: Any, default: Any) -> Any:
+    """The value if it has the default's type (an int is accepted for a float); else raise."""
+    if isinstance(default, list):
+        if not (isinstance(value, list) and value and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+            raise ConfigError(
+                f"config key {key!r} must be a list of positive integers, got {value!r}")
+        return list(value)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
+                                                                                      bool):
+        expected = type(default).__name__
+        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
+    return value
+
+
 class WeightedAverage:
     """Thread-safe weighted average of updates, folded in as results arrive.
 

@@ -23,6 +23,7 @@ from training.algorithms.base import (
     UnitOutput,
     UnitSpec,
     Weights,
+    check_type,
 )
 from training.letters import load_letters
 
@@ -43,28 +44,6 @@ DEFAULTS: dict[str, Any] = {
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam")
 
 
-def _check_type(key: str, value: Any, default: Any) -> Any:
-    """Coerce ints to floats where a float is expected; refuse anything else of the wrong type."""
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"config key {key!r} must be a boolean, got {value!r}")
-        return value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(default, list):
-        if not isinstance(value, list) or not value or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
-        ):
-            raise ConfigError(
-                f"config key {key!r} must be a list of positive integers, got {value!r}"
-            )
-        return list(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool):
-        expected = type(default).__name__
-        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
-    return value
-
-
 class DeltaAveraging(Algorithm):
     name = "delta_avg"
     models = ("mlp",)
@@ -79,7 +58,7 @@ class DeltaAveraging(Algorithm):
             raise ConfigError(
                 f"unknown config key {unknown[0]!r} for {cls.name}; known: {', '.join(DEFAULTS)}"
             )
-        checked = {k: _check_type(k, config.get(k, v), v) for k, v in DEFAULTS.items()}
+        checked = {k: check_type(k, config.get(k, v), v) for k, v in DEFAULTS.items()}
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
         if checked["eta"] <= 0:

@@ -76,6 +76,7 @@ from training.algorithms.base import (
     UnitOutput,
     UnitSpec,
     Weights,
+    check_type,
 )
 from training.letters import load_letters
 
@@ -115,23 +116,6 @@ POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_
 def defaults_for(model: str) -> dict[str, Any]:
     """Every config key the model understands, with its default."""
     return dict(GAN_DEFAULTS if model in GAN_MODELS else MLP_DEFAULTS)
-
-
-def _check_type(key: str, value: Any, default: Any) -> Any:
-    """The value if it has the default's type (an int is accepted for a float); else raise."""
-    if isinstance(default, list):
-        if not (isinstance(value, list) and value and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-            raise ConfigError(
-                f"config key {key!r} must be a list of positive integers, got {value!r}")
-        return list(value)
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
-                                                                                      bool):
-        expected = type(default).__name__
-        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
-    return value
 
 
 def _check_ranges(config: Mapping[str, Any]) -> None:
@@ -351,7 +335,7 @@ class SyncSGD(Algorithm):
             k = config.get("num_workunits_per_update", defaults["num_workunits_per_update"])
             if isinstance(k, int):
                 defaults["units_per_iteration"] = k + 1
-        checked = {key: _check_type(key, config.get(key, value), value)
+        checked = {key: check_type(key, config.get(key, value), value)
                    for key, value in defaults.items()}
         _check_ranges(checked)
         return checked
