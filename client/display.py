@@ -40,10 +40,7 @@ class ProgressView:
     def update(self, status: ttypes.RunStatus) -> None:
         if self._progress is None:
             return
-        error = "-" if status.validation_error < 0 else f"{status.validation_error:.4f}"
-        detail = (f"error {error}  units {status.units_done}/{status.units_total}  "
-                  f"rejected {status.rejected}  failed {status.failed}  "
-                  f"out {status.in_flight}")
+        detail = "  ".join(part for part in _progress_parts(status) if part)
         if self._task is None:  # started on the first status, so early errors print alone
             self._progress.start()
             self._task = self._progress.add_task("train", total=status.rounds, round=0,
@@ -54,6 +51,19 @@ class ProgressView:
     def note(self, message: str) -> None:
         if self._progress is not None:
             self._progress.console.print(message)
+
+
+def _progress_parts(s: ttypes.RunStatus) -> list[str]:
+    """The live line: metrics when known, then unit counts (stale/cancelled when any)."""
+    return [
+        f"epoch {s.epoch:.2f}" if s.epoch is not None else "",
+        f"loss {s.train_loss:.4f}" if s.train_loss is not None else "",
+        f"error {s.validation_error:.4f}" if s.validation_error >= 0 else "",
+        f"units {s.units_done}/{s.units_total}",
+        f"rejected {s.rejected}", f"failed {s.failed}", f"out {s.in_flight}",
+        f"cancelled {s.cancelled}" if s.cancelled else "",
+        f"stale {s.stale}" if s.stale else "",
+    ]
 
 
 def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
@@ -111,6 +121,8 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
             "validation_error": s.validation_error, "units_done": s.units_done,
             "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
+            "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
+            "train_loss": s.train_loss,
             "message": s.message, "nodes": [node_dict(n) for n in s.nodes],
             "ledger": dict(s.ledger or {}),
             "unfinished": [{"round": u.round, "unit": u.unit_id, "status": u.status,
@@ -125,10 +137,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
         print(json.dumps(data, indent=2))
         return
     console = Console(file=sys.stdout)
-    error = "-" if s.validation_error < 0 else f"{s.validation_error:.4f}"
-    console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, validation error "
-                  f"{error}, units {s.units_done}/{s.units_total}, in flight {s.in_flight}, "
-                  f"{s.elapsed_seconds:.1f} s")
+    console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, "
+                  f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message:
         console.print(f"  {s.message}")
     if data["ledger"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import socket
 import sys
 
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seed of the load simulation, for repeatable runs (default: random)")
     parser.add_argument("--node-id", default=None,
                         help="name in logs and results (default: <hostname>:<port>)")
+    parser.add_argument("--device", default="cpu",
+                        help="where torch models compute: cpu (default), cuda or cuda:N "
+                             "(the letters MLP always runs in numpy on the CPU)")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
@@ -58,6 +62,22 @@ def _probability(text: str) -> float:
     return value
 
 
+def check_device(device: str) -> str | None:
+    """Why `device` cannot be used here, or None. Loads torch only for a GPU device."""
+    if device == "cpu":
+        return None
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        return f"unknown device {device!r}; use cpu, cuda or cuda:N"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"device {device!r} asked for, but torch sees no CUDA GPU on this machine"
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        return f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
@@ -65,9 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
+    device_problem = check_device(args.device)
+    if device_problem:
+        print(f"error: {device_problem}", file=sys.stderr)
+        return 2
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
     handler = ComputeNodeHandler(args.node_id or "", args.data_root, load,
-                                 args.crash_after_units)
+                                 args.crash_after_units, device=args.device)
     try:
         server = ThriftServer(ComputeNode.Processor(handler), args.host, args.port)
     except OSError as exc:

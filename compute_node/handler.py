@@ -48,11 +48,13 @@ class ComputeNodeHandler:
         data_root: str | os.PathLike,
         load: LoadSimulator,
         crash_after_units: int | None = None,
+        device: str = "cpu",
     ) -> None:
         self.node_id = node_id
         self.data_root = Path(data_root)
         self.load = load
         self.crash_after_units = crash_after_units
+        self.device = device
         self.counters = NodeCounters()
         self.started = time.monotonic()
         self._compute_lock = threading.Lock()
@@ -129,7 +131,8 @@ class ComputeNodeHandler:
             raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
-        job = UnitJob(request.run_id, request.round, unit, request.model, config, weights)
+        job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
+                      device=self.device)
         return algorithm, job, data_dir
 
     def _admit(self, policy: int):

@@ -32,6 +32,10 @@ class RunProgress:
         self.rejected = 0
         self.failed = 0
         self.in_flight = 0
+        self.stale = 0
+        self.cancelled = 0
+        self.epoch: float | None = None
+        self.train_loss: float | None = None
 
     def add(self, **counts: int) -> None:
         """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
@@ -39,10 +43,13 @@ class RunProgress:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
 
-    def round_done(self, round_index: int, validation_error: float) -> None:
+    def round_done(self, round_index: int, validation_error: float, train_loss: float,
+                   epoch: float | None = None) -> None:
         """Count the round; keep the latest validation error that was measured (not NaN)."""
         with self._lock:
             self.round = round_index
+            self.epoch = epoch
+            self.train_loss = None if math.isnan(train_loss) else train_loss
             if not math.isnan(validation_error):
                 self.validation_error = validation_error
 
@@ -66,5 +73,6 @@ class RunProgress:
                 validation_error=self.validation_error, units_done=self.units_done,
                 units_total=self.units_total, rejected=self.rejected, failed=self.failed,
                 in_flight=self.in_flight, elapsed_seconds=elapsed, nodes=nodes,
-                message=self.message,
+                message=self.message, stale=self.stale, cancelled=self.cancelled,
+                epoch=self.epoch, train_loss=self.train_loss,
             )

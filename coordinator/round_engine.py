@@ -261,6 +261,7 @@ class RoundEngine:
             record("pending", "rejected")
             return "rejected"
         if result.outcome != ttypes.UnitOutcome.COMPLETED:
+            self.progress.add(cancelled=1)
             record("cancelled" if state.is_over(unit) else "pending", result.message)
             return "cancelled"
         if result.delay_seconds == 0:
@@ -272,7 +273,11 @@ class RoundEngine:
             record("completed")
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
+        elif state.over:  # the round ended without it: a stale result, dropped
+            self.progress.add(stale=1)
+            record("stale", f"arrived after round {state.round_index} ended")
         else:
+            self.progress.add(cancelled=1)
             record("cancelled", "another attempt finished first")
         return "completed"
 

@@ -117,6 +117,11 @@ class RoundState:
         with self._cond:
             return {node.index for node, _ in unit.started.values()}
 
+    @property
+    def over(self) -> bool:
+        with self._cond:
+            return self._over
+
     def has_live_attempts(self) -> bool:
         with self._cond:
             return any(u.started for u in self.units)

@@ -203,7 +203,8 @@ class Run:
             validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
             seconds=time.monotonic() - started,
             update_seconds=time.monotonic() - update_started)
-        self.progress.round_done(round_index, evaluation.validation_error)
+        self.progress.round_done(round_index, evaluation.validation_error, outcome.train_loss,
+                                 self.algorithm.epochs_done(round_index))
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,
                  outcome.completed, len(outcome.discarded), metrics.seconds)

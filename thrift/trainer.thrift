@@ -195,6 +195,10 @@ struct RunStatus {
   13: optional string message,       // why a run failed
   14: optional list<UnitInfo> unfinished,
   15: optional map<string, i64> ledger, // units per status, over all rounds
+  16: optional i64 stale,              // results that came back after their round had ended
+  17: optional i64 cancelled,          // attempts called off (backups that lost, quorum)
+  18: optional double epoch,           // passes over the data set so far, where it applies
+  19: optional double train_loss,      // mean loss the nodes reported in the latest round
 }
 
 struct CancelRunRequest {

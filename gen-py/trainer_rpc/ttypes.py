@@ -2181,11 +2181,15 @@ class RunStatus(object):
      - message
      - unfinished
      - ledger
+     - stale
+     - cancelled
+     - epoch
+     - train_loss
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -2201,6 +2205,10 @@ class RunStatus(object):
         self.message = message
         self.unfinished = unfinished
         self.ledger = ledger
+        self.stale = stale
+        self.cancelled = cancelled
+        self.epoch = epoch
+        self.train_loss = train_loss
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2304,6 +2312,26 @@ class RunStatus(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 16:
+                if ftype == TType.I64:
+                    self.stale = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 17:
+                if ftype == TType.I64:
+                    self.cancelled = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 18:
+                if ftype == TType.DOUBLE:
+                    self.epoch = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 19:
+                if ftype == TType.DOUBLE:
+                    self.train_loss = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2383,6 +2411,22 @@ class RunStatus(object):
                 oprot.writeString(kiter79.encode('utf-8') if sys.version_info[0] == 2 else kiter79)
                 oprot.writeI64(viter80)
             oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.stale is not None:
+            oprot.writeFieldBegin('stale', TType.I64, 16)
+            oprot.writeI64(self.stale)
+            oprot.writeFieldEnd()
+        if self.cancelled is not None:
+            oprot.writeFieldBegin('cancelled', TType.I64, 17)
+            oprot.writeI64(self.cancelled)
+            oprot.writeFieldEnd()
+        if self.epoch is not None:
+            oprot.writeFieldBegin('epoch', TType.DOUBLE, 18)
+            oprot.writeDouble(self.epoch)
+            oprot.writeFieldEnd()
+        if self.train_loss is not None:
+            oprot.writeFieldBegin('train_loss', TType.DOUBLE, 19)
+            oprot.writeDouble(self.train_loss)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2847,6 +2891,10 @@ RunStatus.thrift_spec = (
     (13, TType.STRING, 'message', 'UTF8', None, ),  # 13
     (14, TType.LIST, 'unfinished', (TType.STRUCT, [UnitInfo, None], False), None, ),  # 14
     (15, TType.MAP, 'ledger', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 15
+    (16, TType.I64, 'stale', None, None, ),  # 16
+    (17, TType.I64, 'cancelled', None, None, ),  # 17
+    (18, TType.DOUBLE, 'epoch', None, None, ),  # 18
+    (19, TType.DOUBLE, 'train_loss', None, None, ),  # 19
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

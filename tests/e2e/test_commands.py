@@ -150,3 +150,13 @@ def test_sigterm_stops_the_coordinator_gracefully_and_tells_the_client(cluster):
             client.kill()
     assert client.returncode == 1
     assert "shutting down" in err
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu", "unknown device 'tpu'"),
+    ("cuda:99", "cuda:99"),
+])
+def test_a_node_refuses_a_device_it_cannot_use(device, message):
+    done = run_script("compute_node.py", "0", "0.1", "--device", device)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr

@@ -42,6 +42,7 @@ class UnitJob:
     model: str
     config: dict[str, Any]
     weights: Weights
+    device: str = "cpu"  # where the node computes: "cpu", "cuda", "cuda:1", ...
 
 
 @dataclass
@@ -192,6 +193,10 @@ class Algorithm(ABC):
     def state_dict(self) -> dict[str, np.ndarray]:
         """Coordinator-side optimizer state to checkpoint; none by default."""
         return {}
+
+    def epochs_done(self, round_index: int) -> float | None:
+        """Passes over the data set after `round_index` rounds, where that is meaningful."""
+        return None
 
     def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray | None:
         """n generated images (n, C, H, W) in [-1, 1] from fixed noise, for generative

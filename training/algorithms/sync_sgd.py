@@ -376,6 +376,10 @@ class SyncSGD(Algorithm):
         return UnitSpec(unit_id=f"unit{number}-{start}-{stop}",
                         unit_path=self.data.path_of(start), index_start=start, index_stop=stop)
 
+    def epochs_done(self, round_index: int) -> float:
+        """K units of each round count; the cancelled ones come round again next epoch."""
+        return round_index * self.quorum(self.config["units_per_iteration"]) / self.units_per_epoch
+
     def quorum(self, num_units: int) -> int:
         return min(self.config["num_workunits_per_update"], num_units)
 
@@ -431,15 +435,18 @@ class _ModulePool:
     into them (every parameter and buffer is overwritten from the unit's weights)."""
 
     def __init__(self) -> None:
-        self._free: dict[gan_models.GanSpec, list[tuple[nn.Module, nn.Module]]] = {}
+        self._free: dict[tuple[gan_models.GanSpec, str], list[tuple[nn.Module, nn.Module]]] = {}
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def borrow(self, spec: gan_models.GanSpec) -> Iterator[tuple[nn.Module, nn.Module]]:
+    def borrow(self, spec: gan_models.GanSpec,
+               device: str = "cpu") -> Iterator[tuple[nn.Module, nn.Module]]:
         with self._lock:
-            free = self._free.setdefault(spec, [])
+            free = self._free.setdefault((spec, device), [])
             pair = free.pop() if free else None
-        pair = pair or gan_models.build_gan(spec)
+        if pair is None:
+            g, d = gan_models.build_gan(spec)
+            pair = (g.to(device), d.to(device))
         try:
             yield pair
         finally:
@@ -454,7 +461,7 @@ _MODULES = _ModulePool()
 
 def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor) -> UnitOutput:
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
-    with _MODULES.borrow(spec) as (g, d):
+    with _MODULES.borrow(spec, job.device) as (g, d):
         return _gan_unit_with(g, d, spec, job, config, real)
 
 
@@ -465,7 +472,9 @@ def _gan_unit_with(g: nn.Module, d: nn.Module, spec: gan_models.GanSpec, job: Un
         gan_models.numpy_to_state(d, job.weights, "D.")
     except ValueError as exc:
         raise ConfigError(f"weights do not fit {job.model}: {exc}") from exc
+    # The noise is drawn on the CPU, so a unit's fakes are the same on every device.
     z = unit_noise(spec.z_dim, len(real), config["seed"], job.round, job.unit.unit_id)
+    real, z = real.to(job.device), z.to(job.device)
     update, loss, error = gan_unit_update(g, d, real, z, config["batch_size"])
     return UnitOutput(update=update, num_samples=len(real), loss=loss, error=error)
 
