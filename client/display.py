@@ -102,6 +102,7 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
                   f"Run: {data['run_id']}")
     console.print(f"Model saved to: {data['model_path']}")
+    console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"]))
 
 
