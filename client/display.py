@@ -23,7 +23,7 @@ class ProgressView:
         if not quiet:
             self._progress = Progress(
                 TextColumn("round {task.fields[round]}/{task.total:.0f}"),
-                BarColumn(),
+                BarColumn(bar_width=16),
                 TextColumn("{task.fields[detail]}"),
                 TimeElapsedColumn(),
                 console=self._console,
