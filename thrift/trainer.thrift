@@ -10,7 +10,7 @@
 
 namespace py trainer_rpc
 
-const i32 PROTOCOL_VERSION = 1
+const i32 PROTOCOL_VERSION = 2
 
 struct Tensor {
   1: required string name,
@@ -47,6 +47,11 @@ exception UnknownRun {
   1: required string message,
 }
 
+/* The call lacked the shared token this server requires, or carried a wrong one. */
+exception Unauthorized {
+  1: required string message,
+}
+
 // ---------------------------------------------------------------- compute node
 
 enum UnitOutcome {
@@ -70,6 +75,7 @@ struct WorkRequest {
   12: required i32 scheduling_policy, // 1 random, 2 load balancing, 3 adaptive
   13: optional i64 index_start,      // index range of the unit inside unit_path, if any
   14: optional i64 index_stop,
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct TrainResult {
@@ -89,6 +95,7 @@ struct CancelUnitRequest {
   1: required string run_id,
   2: required string unit_id,
   3: optional i32 attempt,           // absent: every attempt of the unit
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct CancelUnitResult {
@@ -97,6 +104,7 @@ struct CancelUnitResult {
 
 struct PingRequest {
   1: required i32 protocol_version,
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct NodeInfo {
@@ -109,11 +117,71 @@ struct NodeInfo {
   7: required double uptime_seconds,
 }
 
+
+/* MD-GAN and other algorithms that keep per-run state on a node between units
+   (a discriminator and its optimizer): a session is named by run and slot. */
+struct SessionRequest {
+  1: required i32 protocol_version,
+  2: required string run_id,
+  3: required string session,        // slot name, e.g. "d3"
+  100: optional string token,
+}
+
+struct SessionState {
+  1: required string run_id,
+  2: required string session,
+  3: required list<Tensor> tensors,  // parameters, buffers and optimizer state
+  4: required i64 bytes,             // payload bytes of the tensors
+}
+
+/* Install tensors as a session's next state; they take effect from swap_id on. */
+struct ImportSessionRequest {
+  1: required i32 protocol_version,
+  2: required string run_id,
+  3: required string session,
+  4: required i64 swap_id,
+  5: required list<Tensor> tensors,
+  100: optional string token,
+}
+
+/* Send this node's session to another node (node-to-node swap). */
+struct SendSessionRequest {
+  1: required i32 protocol_version,
+  2: required string run_id,
+  3: required string session,        // the session to send
+  4: required string target_host,
+  5: required i32 target_port,
+  6: required string target_session, // its name on the target
+  7: required i64 swap_id,
+  100: optional string token,
+}
+
+struct SessionAck {
+  1: required bool ok,
+  2: required i64 bytes,             // payload bytes moved
+  3: optional string message,
+}
+
+struct DropSessionsRequest {
+  1: required i32 protocol_version,
+  2: required string run_id,
+  100: optional string token,
+}
+
 service ComputeNode {
   TrainResult train_with_weights(1: WorkRequest request)
-      throws (1: InvalidRequest invalid, 2: VersionMismatch version),
-  CancelUnitResult cancel_unit(1: CancelUnitRequest request),
-  NodeInfo ping(1: PingRequest request) throws (1: VersionMismatch version),
+      throws (1: InvalidRequest invalid, 2: VersionMismatch version, 3: Unauthorized denied),
+  CancelUnitResult cancel_unit(1: CancelUnitRequest request) throws (3: Unauthorized denied),
+  NodeInfo ping(1: PingRequest request)
+      throws (1: VersionMismatch version, 3: Unauthorized denied),
+  SessionState export_session(1: SessionRequest request)
+      throws (1: InvalidRequest invalid, 2: VersionMismatch version, 3: Unauthorized denied),
+  SessionAck import_session(1: ImportSessionRequest request)
+      throws (1: InvalidRequest invalid, 2: VersionMismatch version, 3: Unauthorized denied),
+  SessionAck send_session(1: SendSessionRequest request)
+      throws (1: InvalidRequest invalid, 2: VersionMismatch version, 3: Unauthorized denied),
+  SessionAck drop_sessions(1: DropSessionsRequest request)
+      throws (2: VersionMismatch version, 3: Unauthorized denied),
 }
 
 // ----------------------------------------------------------------- coordinator
@@ -127,6 +195,7 @@ struct TrainRequest {
   6: required i32 rounds,
   7: required string config_json,    // epochs, hidden sizes, eta and the other options
   8: optional string outputs_json,   // sample_every, checkpoint_every, eval_every, eval_n
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct NodeSummary {
@@ -165,6 +234,7 @@ struct RunResult {
 
 struct StatusRequest {
   1: required string run_id,         // "" means the latest run
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 /* A unit that is not settled yet, as the run store sees it: why a round is waiting. */
@@ -203,6 +273,7 @@ struct RunStatus {
 
 struct CancelRunRequest {
   1: required string run_id,
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct CancelRunResult {
@@ -211,18 +282,103 @@ struct CancelRunResult {
 
 struct ListRunsRequest {
   1: optional i32 limit,
+  100: optional string token,       // the shared token, when the server requires one
 }
 
 struct ListRunsResult {
   1: required list<RunStatus> runs,
 }
 
+
+/* Membership and pull mode: a node announces itself, heartbeats, and (when it cannot
+   accept connections) leases units from the coordinator and submits their results. */
+struct RegisterRequest {
+  1: required i32 protocol_version,
+  2: required string node_id,
+  3: required bool pull,             // true: the node dials out and leases units
+  4: optional string host,           // where a push node listens
+  5: optional i32 port,
+  6: optional double load_prob,
+  7: optional string device,
+  100: optional string token,
+}
+
+struct RegisterResult {
+  1: required string node,           // the name the coordinator gives the node
+  2: required double heartbeat_seconds, // how often to heartbeat
+  3: required double suspect_seconds,   // silence after which the node is suspect
+  4: required double dead_seconds,      // ... and dead: its units are reclaimed
+}
+
+struct HeartbeatRequest {
+  1: required i32 protocol_version,
+  2: required string node,
+  3: required i32 units_running,
+  100: optional string token,
+}
+
+struct HeartbeatResult {
+  1: required bool known,            // false: the coordinator forgot the node; register again
+  2: optional list<string> cancel,   // "run_id/unit_id/attempt" of leased units to give up
+}
+
+struct LeaseRequest {
+  1: required i32 protocol_version,
+  2: required string node,
+  3: required double wait_seconds,   // how long the call may wait for a unit
+  100: optional string token,
+}
+
+struct LeaseResult {
+  1: required bool known,            // false: register again
+  2: optional WorkRequest work,      // absent: nothing to do yet
+  3: optional double deadline_seconds, // the lease expires this long after it was given
+}
+
+struct SubmitRequest {
+  1: required i32 protocol_version,
+  2: required string node,
+  3: required string run_id,
+  4: required string unit_id,
+  5: required i32 attempt,
+  6: required TrainResult result,
+  100: optional string token,
+}
+
+struct SubmitResult {
+  1: required bool accepted,         // false: the lease had expired or the unit was settled
+  2: optional string message,
+}
+
+struct LeaveRequest {
+  1: required i32 protocol_version,
+  2: required string node,
+  100: optional string token,
+}
+
+struct LeaveResult {
+  1: required bool known,
+}
+
 service Coordinator {
   RunResult train(1: TrainRequest request)
       throws (1: InvalidRequest invalid, 2: TrainingFailed failed,
-              3: RunCancelled cancelled, 4: VersionMismatch version),
-  RunStatus status(1: StatusRequest request) throws (1: UnknownRun unknown),
-  CancelRunResult cancel(1: CancelRunRequest request) throws (1: UnknownRun unknown),
-  ListRunsResult list_runs(1: ListRunsRequest request),
-  NodeInfo ping(1: PingRequest request) throws (1: VersionMismatch version),
+              3: RunCancelled cancelled, 4: VersionMismatch version, 5: Unauthorized denied),
+  RunStatus status(1: StatusRequest request)
+      throws (1: UnknownRun unknown, 5: Unauthorized denied),
+  CancelRunResult cancel(1: CancelRunRequest request)
+      throws (1: UnknownRun unknown, 5: Unauthorized denied),
+  ListRunsResult list_runs(1: ListRunsRequest request) throws (5: Unauthorized denied),
+  NodeInfo ping(1: PingRequest request)
+      throws (1: VersionMismatch version, 5: Unauthorized denied),
+  RegisterResult register_node(1: RegisterRequest request)
+      throws (1: InvalidRequest invalid, 4: VersionMismatch version, 5: Unauthorized denied),
+  HeartbeatResult heartbeat(1: HeartbeatRequest request)
+      throws (4: VersionMismatch version, 5: Unauthorized denied),
+  LeaseResult lease_unit(1: LeaseRequest request)
+      throws (4: VersionMismatch version, 5: Unauthorized denied),
+  SubmitResult submit_result(1: SubmitRequest request)
+      throws (1: InvalidRequest invalid, 4: VersionMismatch version, 5: Unauthorized denied),
+  LeaveResult leave(1: LeaveRequest request)
+      throws (4: VersionMismatch version, 5: Unauthorized denied),
 }

@@ -43,6 +43,38 @@ class Iface(object):
         """
         pass
 
+    def export_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def import_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def send_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def drop_sessions(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
 
 class Client(Iface):
     def __init__(self, iprot, oprot=None):
@@ -85,6 +117,8 @@ class Client(Iface):
             raise result.invalid
         if result.version is not None:
             raise result.version
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "train_with_weights failed: unknown result")
 
     def cancel_unit(self, request):
@@ -117,6 +151,8 @@ class Client(Iface):
         iprot.readMessageEnd()
         if result.success is not None:
             return result.success
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "cancel_unit failed: unknown result")
 
     def ping(self, request):
@@ -151,7 +187,159 @@ class Client(Iface):
             return result.success
         if result.version is not None:
             raise result.version
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "ping failed: unknown result")
+
+    def export_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_export_session(request)
+        return self.recv_export_session()
+
+    def send_export_session(self, request):
+        self._oprot.writeMessageBegin('export_session', TMessageType.CALL, self._seqid)
+        args = export_session_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_export_session(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = export_session_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.invalid is not None:
+            raise result.invalid
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "export_session failed: unknown result")
+
+    def import_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_import_session(request)
+        return self.recv_import_session()
+
+    def send_import_session(self, request):
+        self._oprot.writeMessageBegin('import_session', TMessageType.CALL, self._seqid)
+        args = import_session_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_import_session(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = import_session_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.invalid is not None:
+            raise result.invalid
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "import_session failed: unknown result")
+
+    def send_session(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_send_session(request)
+        return self.recv_send_session()
+
+    def send_send_session(self, request):
+        self._oprot.writeMessageBegin('send_session', TMessageType.CALL, self._seqid)
+        args = send_session_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_send_session(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = send_session_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.invalid is not None:
+            raise result.invalid
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "send_session failed: unknown result")
+
+    def drop_sessions(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_drop_sessions(request)
+        return self.recv_drop_sessions()
+
+    def send_drop_sessions(self, request):
+        self._oprot.writeMessageBegin('drop_sessions', TMessageType.CALL, self._seqid)
+        args = drop_sessions_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_drop_sessions(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = drop_sessions_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "drop_sessions failed: unknown result")
 
 
 class Processor(Iface, TProcessor):
@@ -161,6 +349,10 @@ class Processor(Iface, TProcessor):
         self._processMap["train_with_weights"] = Processor.process_train_with_weights
         self._processMap["cancel_unit"] = Processor.process_cancel_unit
         self._processMap["ping"] = Processor.process_ping
+        self._processMap["export_session"] = Processor.process_export_session
+        self._processMap["import_session"] = Processor.process_import_session
+        self._processMap["send_session"] = Processor.process_send_session
+        self._processMap["drop_sessions"] = Processor.process_drop_sessions
         self._on_message_begin = None
 
     def on_message_begin(self, func):
@@ -199,6 +391,9 @@ class Processor(Iface, TProcessor):
         except VersionMismatch as version:
             msg_type = TMessageType.REPLY
             result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -222,6 +417,9 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.REPLY
         except TTransport.TTransportException:
             raise
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -248,6 +446,9 @@ class Processor(Iface, TProcessor):
         except VersionMismatch as version:
             msg_type = TMessageType.REPLY
             result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -257,6 +458,131 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("ping", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_export_session(self, seqid, iprot, oprot):
+        args = export_session_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = export_session_result()
+        try:
+            result.success = self._handler.export_session(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except InvalidRequest as invalid:
+            msg_type = TMessageType.REPLY
+            result.invalid = invalid
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("export_session", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_import_session(self, seqid, iprot, oprot):
+        args = import_session_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = import_session_result()
+        try:
+            result.success = self._handler.import_session(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except InvalidRequest as invalid:
+            msg_type = TMessageType.REPLY
+            result.invalid = invalid
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("import_session", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_send_session(self, seqid, iprot, oprot):
+        args = send_session_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = send_session_result()
+        try:
+            result.success = self._handler.send_session(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except InvalidRequest as invalid:
+            msg_type = TMessageType.REPLY
+            result.invalid = invalid
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("send_session", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_drop_sessions(self, seqid, iprot, oprot):
+        args = drop_sessions_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = drop_sessions_result()
+        try:
+            result.success = self._handler.drop_sessions(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("drop_sessions", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -333,14 +659,16 @@ class train_with_weights_result(object):
      - success
      - invalid
      - version
+     - denied
 
     """
 
 
-    def __init__(self, success=None, invalid=None, version=None,):
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
         self.success = success
         self.invalid = invalid
         self.version = version
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -367,6 +695,11 @@ class train_with_weights_result(object):
                     self.version = VersionMismatch.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -389,6 +722,10 @@ class train_with_weights_result(object):
             oprot.writeFieldBegin('version', TType.STRUCT, 2)
             self.version.write(oprot)
             oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
 
@@ -410,6 +747,7 @@ train_with_weights_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [TrainResult, None], None, ),  # 0
     (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
     (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
 )
 
 
@@ -480,12 +818,14 @@ class cancel_unit_result(object):
     """
     Attributes:
      - success
+     - denied
 
     """
 
 
-    def __init__(self, success=None,):
+    def __init__(self, success=None, denied=None,):
         self.success = success
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -502,6 +842,11 @@ class cancel_unit_result(object):
                     self.success.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -515,6 +860,10 @@ class cancel_unit_result(object):
         if self.success is not None:
             oprot.writeFieldBegin('success', TType.STRUCT, 0)
             self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -535,6 +884,9 @@ class cancel_unit_result(object):
 all_structs.append(cancel_unit_result)
 cancel_unit_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [CancelUnitResult, None], None, ),  # 0
+    None,  # 1
+    None,  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
 )
 
 
@@ -606,13 +958,15 @@ class ping_result(object):
     Attributes:
      - success
      - version
+     - denied
 
     """
 
 
-    def __init__(self, success=None, version=None,):
+    def __init__(self, success=None, version=None, denied=None,):
         self.success = success
         self.version = version
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -634,6 +988,11 @@ class ping_result(object):
                     self.version = VersionMismatch.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -651,6 +1010,10 @@ class ping_result(object):
         if self.version is not None:
             oprot.writeFieldBegin('version', TType.STRUCT, 1)
             self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -672,6 +1035,641 @@ all_structs.append(ping_result)
 ping_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [NodeInfo, None], None, ),  # 0
     (1, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 1
+    None,  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
+)
+
+
+class export_session_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = SessionRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('export_session_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(export_session_args)
+export_session_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [SessionRequest, None], None, ),  # 1
+)
+
+
+class export_session_result(object):
+    """
+    Attributes:
+     - success
+     - invalid
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
+        self.success = success
+        self.invalid = invalid
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SessionState()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.invalid = InvalidRequest.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('export_session_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.invalid is not None:
+            oprot.writeFieldBegin('invalid', TType.STRUCT, 1)
+            self.invalid.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 2)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(export_session_result)
+export_session_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SessionState, None], None, ),  # 0
+    (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
+)
+
+
+class import_session_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = ImportSessionRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('import_session_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(import_session_args)
+import_session_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [ImportSessionRequest, None], None, ),  # 1
+)
+
+
+class import_session_result(object):
+    """
+    Attributes:
+     - success
+     - invalid
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
+        self.success = success
+        self.invalid = invalid
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SessionAck()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.invalid = InvalidRequest.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('import_session_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.invalid is not None:
+            oprot.writeFieldBegin('invalid', TType.STRUCT, 1)
+            self.invalid.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 2)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(import_session_result)
+import_session_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SessionAck, None], None, ),  # 0
+    (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
+)
+
+
+class send_session_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = SendSessionRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('send_session_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(send_session_args)
+send_session_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [SendSessionRequest, None], None, ),  # 1
+)
+
+
+class send_session_result(object):
+    """
+    Attributes:
+     - success
+     - invalid
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
+        self.success = success
+        self.invalid = invalid
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SessionAck()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.invalid = InvalidRequest.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('send_session_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.invalid is not None:
+            oprot.writeFieldBegin('invalid', TType.STRUCT, 1)
+            self.invalid.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 2)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(send_session_result)
+send_session_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SessionAck, None], None, ),  # 0
+    (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
+)
+
+
+class drop_sessions_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = DropSessionsRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('drop_sessions_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(drop_sessions_args)
+drop_sessions_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [DropSessionsRequest, None], None, ),  # 1
+)
+
+
+class drop_sessions_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SessionAck()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('drop_sessions_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 2)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(drop_sessions_result)
+drop_sessions_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SessionAck, None], None, ),  # 0
+    None,  # 1
+    (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
 )
 fix_spec(all_structs)
 del all_structs

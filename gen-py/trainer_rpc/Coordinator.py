@@ -59,6 +59,46 @@ class Iface(object):
         """
         pass
 
+    def register_node(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def heartbeat(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def lease_unit(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def submit_result(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
+    def leave(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
 
 class Client(Iface):
     def __init__(self, iprot, oprot=None):
@@ -105,6 +145,8 @@ class Client(Iface):
             raise result.cancelled
         if result.version is not None:
             raise result.version
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "train failed: unknown result")
 
     def status(self, request):
@@ -139,6 +181,8 @@ class Client(Iface):
             return result.success
         if result.unknown is not None:
             raise result.unknown
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "status failed: unknown result")
 
     def cancel(self, request):
@@ -173,6 +217,8 @@ class Client(Iface):
             return result.success
         if result.unknown is not None:
             raise result.unknown
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "cancel failed: unknown result")
 
     def list_runs(self, request):
@@ -205,6 +251,8 @@ class Client(Iface):
         iprot.readMessageEnd()
         if result.success is not None:
             return result.success
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "list_runs failed: unknown result")
 
     def ping(self, request):
@@ -239,7 +287,193 @@ class Client(Iface):
             return result.success
         if result.version is not None:
             raise result.version
+        if result.denied is not None:
+            raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "ping failed: unknown result")
+
+    def register_node(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_register_node(request)
+        return self.recv_register_node()
+
+    def send_register_node(self, request):
+        self._oprot.writeMessageBegin('register_node', TMessageType.CALL, self._seqid)
+        args = register_node_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_register_node(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = register_node_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.invalid is not None:
+            raise result.invalid
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "register_node failed: unknown result")
+
+    def heartbeat(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_heartbeat(request)
+        return self.recv_heartbeat()
+
+    def send_heartbeat(self, request):
+        self._oprot.writeMessageBegin('heartbeat', TMessageType.CALL, self._seqid)
+        args = heartbeat_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_heartbeat(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = heartbeat_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "heartbeat failed: unknown result")
+
+    def lease_unit(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_lease_unit(request)
+        return self.recv_lease_unit()
+
+    def send_lease_unit(self, request):
+        self._oprot.writeMessageBegin('lease_unit', TMessageType.CALL, self._seqid)
+        args = lease_unit_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_lease_unit(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = lease_unit_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "lease_unit failed: unknown result")
+
+    def submit_result(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_submit_result(request)
+        return self.recv_submit_result()
+
+    def send_submit_result(self, request):
+        self._oprot.writeMessageBegin('submit_result', TMessageType.CALL, self._seqid)
+        args = submit_result_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_submit_result(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = submit_result_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.invalid is not None:
+            raise result.invalid
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "submit_result failed: unknown result")
+
+    def leave(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_leave(request)
+        return self.recv_leave()
+
+    def send_leave(self, request):
+        self._oprot.writeMessageBegin('leave', TMessageType.CALL, self._seqid)
+        args = leave_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_leave(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = leave_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "leave failed: unknown result")
 
 
 class Processor(Iface, TProcessor):
@@ -251,6 +485,11 @@ class Processor(Iface, TProcessor):
         self._processMap["cancel"] = Processor.process_cancel
         self._processMap["list_runs"] = Processor.process_list_runs
         self._processMap["ping"] = Processor.process_ping
+        self._processMap["register_node"] = Processor.process_register_node
+        self._processMap["heartbeat"] = Processor.process_heartbeat
+        self._processMap["lease_unit"] = Processor.process_lease_unit
+        self._processMap["submit_result"] = Processor.process_submit_result
+        self._processMap["leave"] = Processor.process_leave
         self._on_message_begin = None
 
     def on_message_begin(self, func):
@@ -295,6 +534,9 @@ class Processor(Iface, TProcessor):
         except VersionMismatch as version:
             msg_type = TMessageType.REPLY
             result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -321,6 +563,9 @@ class Processor(Iface, TProcessor):
         except UnknownRun as unknown:
             msg_type = TMessageType.REPLY
             result.unknown = unknown
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -347,6 +592,9 @@ class Processor(Iface, TProcessor):
         except UnknownRun as unknown:
             msg_type = TMessageType.REPLY
             result.unknown = unknown
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -370,6 +618,9 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.REPLY
         except TTransport.TTransportException:
             raise
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -396,6 +647,9 @@ class Processor(Iface, TProcessor):
         except VersionMismatch as version:
             msg_type = TMessageType.REPLY
             result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
         except TApplicationException as ex:
             logging.exception('TApplication exception in handler')
             msg_type = TMessageType.EXCEPTION
@@ -405,6 +659,157 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("ping", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_register_node(self, seqid, iprot, oprot):
+        args = register_node_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = register_node_result()
+        try:
+            result.success = self._handler.register_node(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except InvalidRequest as invalid:
+            msg_type = TMessageType.REPLY
+            result.invalid = invalid
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("register_node", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_heartbeat(self, seqid, iprot, oprot):
+        args = heartbeat_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = heartbeat_result()
+        try:
+            result.success = self._handler.heartbeat(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("heartbeat", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_lease_unit(self, seqid, iprot, oprot):
+        args = lease_unit_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = lease_unit_result()
+        try:
+            result.success = self._handler.lease_unit(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("lease_unit", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_submit_result(self, seqid, iprot, oprot):
+        args = submit_result_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = submit_result_result()
+        try:
+            result.success = self._handler.submit_result(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except InvalidRequest as invalid:
+            msg_type = TMessageType.REPLY
+            result.invalid = invalid
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("submit_result", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_leave(self, seqid, iprot, oprot):
+        args = leave_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = leave_result()
+        try:
+            result.success = self._handler.leave(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("leave", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -483,16 +888,18 @@ class train_result(object):
      - failed
      - cancelled
      - version
+     - denied
 
     """
 
 
-    def __init__(self, success=None, invalid=None, failed=None, cancelled=None, version=None,):
+    def __init__(self, success=None, invalid=None, failed=None, cancelled=None, version=None, denied=None,):
         self.success = success
         self.invalid = invalid
         self.failed = failed
         self.cancelled = cancelled
         self.version = version
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -529,6 +936,11 @@ class train_result(object):
                     self.version = VersionMismatch.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -559,6 +971,10 @@ class train_result(object):
             oprot.writeFieldBegin('version', TType.STRUCT, 4)
             self.version.write(oprot)
             oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
 
@@ -582,6 +998,7 @@ train_result.thrift_spec = (
     (2, TType.STRUCT, 'failed', [TrainingFailed, None], None, ),  # 2
     (3, TType.STRUCT, 'cancelled', [RunCancelled, None], None, ),  # 3
     (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
 )
 
 
@@ -653,13 +1070,15 @@ class status_result(object):
     Attributes:
      - success
      - unknown
+     - denied
 
     """
 
 
-    def __init__(self, success=None, unknown=None,):
+    def __init__(self, success=None, unknown=None, denied=None,):
         self.success = success
         self.unknown = unknown
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -681,6 +1100,11 @@ class status_result(object):
                     self.unknown = UnknownRun.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -698,6 +1122,10 @@ class status_result(object):
         if self.unknown is not None:
             oprot.writeFieldBegin('unknown', TType.STRUCT, 1)
             self.unknown.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -719,6 +1147,10 @@ all_structs.append(status_result)
 status_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [RunStatus, None], None, ),  # 0
     (1, TType.STRUCT, 'unknown', [UnknownRun, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    None,  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
 )
 
 
@@ -790,13 +1222,15 @@ class cancel_result(object):
     Attributes:
      - success
      - unknown
+     - denied
 
     """
 
 
-    def __init__(self, success=None, unknown=None,):
+    def __init__(self, success=None, unknown=None, denied=None,):
         self.success = success
         self.unknown = unknown
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -818,6 +1252,11 @@ class cancel_result(object):
                     self.unknown = UnknownRun.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -835,6 +1274,10 @@ class cancel_result(object):
         if self.unknown is not None:
             oprot.writeFieldBegin('unknown', TType.STRUCT, 1)
             self.unknown.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -856,6 +1299,10 @@ all_structs.append(cancel_result)
 cancel_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [CancelRunResult, None], None, ),  # 0
     (1, TType.STRUCT, 'unknown', [UnknownRun, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    None,  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
 )
 
 
@@ -926,12 +1373,14 @@ class list_runs_result(object):
     """
     Attributes:
      - success
+     - denied
 
     """
 
 
-    def __init__(self, success=None,):
+    def __init__(self, success=None, denied=None,):
         self.success = success
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -948,6 +1397,11 @@ class list_runs_result(object):
                     self.success.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -961,6 +1415,10 @@ class list_runs_result(object):
         if self.success is not None:
             oprot.writeFieldBegin('success', TType.STRUCT, 0)
             self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -981,6 +1439,11 @@ class list_runs_result(object):
 all_structs.append(list_runs_result)
 list_runs_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [ListRunsResult, None], None, ),  # 0
+    None,  # 1
+    None,  # 2
+    None,  # 3
+    None,  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
 )
 
 
@@ -1052,13 +1515,15 @@ class ping_result(object):
     Attributes:
      - success
      - version
+     - denied
 
     """
 
 
-    def __init__(self, success=None, version=None,):
+    def __init__(self, success=None, version=None, denied=None,):
         self.success = success
         self.version = version
+        self.denied = denied
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1080,6 +1545,11 @@ class ping_result(object):
                     self.version = VersionMismatch.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1097,6 +1567,10 @@ class ping_result(object):
         if self.version is not None:
             oprot.writeFieldBegin('version', TType.STRUCT, 1)
             self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1118,6 +1592,792 @@ all_structs.append(ping_result)
 ping_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [NodeInfo, None], None, ),  # 0
     (1, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    None,  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class register_node_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = RegisterRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('register_node_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(register_node_args)
+register_node_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [RegisterRequest, None], None, ),  # 1
+)
+
+
+class register_node_result(object):
+    """
+    Attributes:
+     - success
+     - invalid
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
+        self.success = success
+        self.invalid = invalid
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = RegisterResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.invalid = InvalidRequest.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('register_node_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.invalid is not None:
+            oprot.writeFieldBegin('invalid', TType.STRUCT, 1)
+            self.invalid.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(register_node_result)
+register_node_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [RegisterResult, None], None, ),  # 0
+    (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class heartbeat_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = HeartbeatRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('heartbeat_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(heartbeat_args)
+heartbeat_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [HeartbeatRequest, None], None, ),  # 1
+)
+
+
+class heartbeat_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = HeartbeatResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('heartbeat_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(heartbeat_result)
+heartbeat_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [HeartbeatResult, None], None, ),  # 0
+    None,  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class lease_unit_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = LeaseRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('lease_unit_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(lease_unit_args)
+lease_unit_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [LeaseRequest, None], None, ),  # 1
+)
+
+
+class lease_unit_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = LeaseResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('lease_unit_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(lease_unit_result)
+lease_unit_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [LeaseResult, None], None, ),  # 0
+    None,  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class submit_result_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = SubmitRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('submit_result_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(submit_result_args)
+submit_result_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [SubmitRequest, None], None, ),  # 1
+)
+
+
+class submit_result_result(object):
+    """
+    Attributes:
+     - success
+     - invalid
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, invalid=None, version=None, denied=None,):
+        self.success = success
+        self.invalid = invalid
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SubmitResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 1:
+                if ftype == TType.STRUCT:
+                    self.invalid = InvalidRequest.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('submit_result_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.invalid is not None:
+            oprot.writeFieldBegin('invalid', TType.STRUCT, 1)
+            self.invalid.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(submit_result_result)
+submit_result_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SubmitResult, None], None, ),  # 0
+    (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class leave_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = LeaveRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('leave_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(leave_args)
+leave_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [LeaveRequest, None], None, ),  # 1
+)
+
+
+class leave_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = LeaveResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('leave_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(leave_result)
+leave_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [LeaveResult, None], None, ),  # 0
+    None,  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
 )
 fix_spec(all_structs)
 del all_structs
