@@ -115,6 +115,7 @@ struct NodeInfo {
   5: required i64 units_completed,
   6: required i64 units_rejected,
   7: required double uptime_seconds,
+  8: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
 }
 
 
@@ -208,6 +209,9 @@ struct NodeSummary {
   7: required double busy_seconds,     // from call to answer, summed over calls
   8: optional double compute_seconds,  // spent in the unit maths, as the node reports
   9: optional double delay_seconds,    // spent in simulated load delays, as the node reports
+  10: optional string state,           // alive, suspect or dead, from heartbeats
+  11: optional double silent_seconds,  // since the node last answered anything
+  12: optional bool pull,              // the node leases units (it accepts no connections)
 }
 
 struct RoundMetrics {
@@ -314,6 +318,7 @@ struct HeartbeatRequest {
   1: required i32 protocol_version,
   2: required string node,
   3: required i32 units_running,
+  4: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
   100: optional string token,
 }
 
@@ -342,6 +347,7 @@ struct SubmitRequest {
   4: required string unit_id,
   5: required i32 attempt,
   6: required TrainResult result,
+  7: optional string error,          // the unit could not run here (InvalidRequest's message)
   100: optional string token,
 }
 

@@ -1299,11 +1299,12 @@ class NodeInfo(object):
      - units_completed
      - units_rejected
      - uptime_seconds
+     - delaying
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None,):
+    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.load_prob = load_prob
@@ -1311,6 +1312,7 @@ class NodeInfo(object):
         self.units_completed = units_completed
         self.units_rejected = units_rejected
         self.uptime_seconds = uptime_seconds
+        self.delaying = delaying
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1356,6 +1358,16 @@ class NodeInfo(object):
                     self.uptime_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.LIST:
+                    self.delaying = []
+                    (_etype31, _size28) = iprot.readListBegin()
+                    for _i32 in range(_size28):
+                        _elem33 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem33)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1393,6 +1405,13 @@ class NodeInfo(object):
         if self.uptime_seconds is not None:
             oprot.writeFieldBegin('uptime_seconds', TType.DOUBLE, 7)
             oprot.writeDouble(self.uptime_seconds)
+            oprot.writeFieldEnd()
+        if self.delaying is not None:
+            oprot.writeFieldBegin('delaying', TType.LIST, 8)
+            oprot.writeListBegin(TType.STRING, len(self.delaying))
+            for iter34 in self.delaying:
+                oprot.writeString(iter34.encode('utf-8') if sys.version_info[0] == 2 else iter34)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1561,11 +1580,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = Tensor()
-                        _elem33.read(iprot)
-                        self.tensors.append(_elem33)
+                    (_etype38, _size35) = iprot.readListBegin()
+                    for _i39 in range(_size35):
+                        _elem40 = Tensor()
+                        _elem40.read(iprot)
+                        self.tensors.append(_elem40)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1595,8 +1614,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter34 in self.tensors:
-                iter34.write(oprot)
+            for iter41 in self.tensors:
+                iter41.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -1682,11 +1701,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = Tensor()
-                        _elem40.read(iprot)
-                        self.tensors.append(_elem40)
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = Tensor()
+                        _elem47.read(iprot)
+                        self.tensors.append(_elem47)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1724,8 +1743,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter41 in self.tensors:
-                iter41.write(oprot)
+            for iter48 in self.tensors:
+                iter48.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2245,11 +2264,14 @@ class NodeSummary(object):
      - busy_seconds
      - compute_seconds
      - delay_seconds
+     - state
+     - silent_seconds
+     - pull
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2259,6 +2281,9 @@ class NodeSummary(object):
         self.busy_seconds = busy_seconds
         self.compute_seconds = compute_seconds
         self.delay_seconds = delay_seconds
+        self.state = state
+        self.silent_seconds = silent_seconds
+        self.pull = pull
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2314,6 +2339,21 @@ class NodeSummary(object):
                     self.delay_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.STRING:
+                    self.state = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.DOUBLE:
+                    self.silent_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.BOOL:
+                    self.pull = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2359,6 +2399,18 @@ class NodeSummary(object):
         if self.delay_seconds is not None:
             oprot.writeFieldBegin('delay_seconds', TType.DOUBLE, 9)
             oprot.writeDouble(self.delay_seconds)
+            oprot.writeFieldEnd()
+        if self.state is not None:
+            oprot.writeFieldBegin('state', TType.STRING, 10)
+            oprot.writeString(self.state.encode('utf-8') if sys.version_info[0] == 2 else self.state)
+            oprot.writeFieldEnd()
+        if self.silent_seconds is not None:
+            oprot.writeFieldBegin('silent_seconds', TType.DOUBLE, 11)
+            oprot.writeDouble(self.silent_seconds)
+            oprot.writeFieldEnd()
+        if self.pull is not None:
+            oprot.writeFieldBegin('pull', TType.BOOL, 12)
+            oprot.writeBool(self.pull)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2457,11 +2509,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype43, _vtype44, _size42) = iprot.readMapBegin()
-                    for _i46 in range(_size42):
-                        _key47 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val48 = iprot.readDouble()
-                        self.scores[_key47] = _val48
+                    (_ktype50, _vtype51, _size49) = iprot.readMapBegin()
+                    for _i53 in range(_size49):
+                        _key54 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val55 = iprot.readDouble()
+                        self.scores[_key54] = _val55
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -2502,9 +2554,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter49, viter50 in self.scores.items():
-                oprot.writeString(kiter49.encode('utf-8') if sys.version_info[0] == 2 else kiter49)
-                oprot.writeDouble(viter50)
+            for kiter56, viter57 in self.scores.items():
+                oprot.writeString(kiter56.encode('utf-8') if sys.version_info[0] == 2 else kiter56)
+                oprot.writeDouble(viter57)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2594,33 +2646,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype54, _size51) = iprot.readListBegin()
-                    for _i55 in range(_size51):
-                        _elem56 = RoundMetrics()
-                        _elem56.read(iprot)
-                        self.history.append(_elem56)
+                    (_etype61, _size58) = iprot.readListBegin()
+                    for _i62 in range(_size58):
+                        _elem63 = RoundMetrics()
+                        _elem63.read(iprot)
+                        self.history.append(_elem63)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype60, _size57) = iprot.readListBegin()
-                    for _i61 in range(_size57):
-                        _elem62 = NodeSummary()
-                        _elem62.read(iprot)
-                        self.nodes.append(_elem62)
+                    (_etype67, _size64) = iprot.readListBegin()
+                    for _i68 in range(_size64):
+                        _elem69 = NodeSummary()
+                        _elem69.read(iprot)
+                        self.nodes.append(_elem69)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype66, _size63) = iprot.readListBegin()
-                    for _i67 in range(_size63):
-                        _elem68 = Tensor()
-                        _elem68.read(iprot)
-                        self.weights.append(_elem68)
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = Tensor()
+                        _elem75.read(iprot)
+                        self.weights.append(_elem75)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2663,22 +2715,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter69 in self.history:
-                iter69.write(oprot)
+            for iter76 in self.history:
+                iter76.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter70 in self.nodes:
-                iter70.write(oprot)
+            for iter77 in self.nodes:
+                iter77.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter71 in self.weights:
-                iter71.write(oprot)
+            for iter78 in self.weights:
+                iter78.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3055,11 +3107,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype75, _size72) = iprot.readListBegin()
-                    for _i76 in range(_size72):
-                        _elem77 = NodeSummary()
-                        _elem77.read(iprot)
-                        self.nodes.append(_elem77)
+                    (_etype82, _size79) = iprot.readListBegin()
+                    for _i83 in range(_size79):
+                        _elem84 = NodeSummary()
+                        _elem84.read(iprot)
+                        self.nodes.append(_elem84)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3071,22 +3123,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype81, _size78) = iprot.readListBegin()
-                    for _i82 in range(_size78):
-                        _elem83 = UnitInfo()
-                        _elem83.read(iprot)
-                        self.unfinished.append(_elem83)
+                    (_etype88, _size85) = iprot.readListBegin()
+                    for _i89 in range(_size85):
+                        _elem90 = UnitInfo()
+                        _elem90.read(iprot)
+                        self.unfinished.append(_elem90)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype85, _vtype86, _size84) = iprot.readMapBegin()
-                    for _i88 in range(_size84):
-                        _key89 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val90 = iprot.readI64()
-                        self.ledger[_key89] = _val90
+                    (_ktype92, _vtype93, _size91) = iprot.readMapBegin()
+                    for _i95 in range(_size91):
+                        _key96 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val97 = iprot.readI64()
+                        self.ledger[_key96] = _val97
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3167,8 +3219,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter91 in self.nodes:
-                iter91.write(oprot)
+            for iter98 in self.nodes:
+                iter98.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3178,16 +3230,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter92 in self.unfinished:
-                iter92.write(oprot)
+            for iter99 in self.unfinished:
+                iter99.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter93, viter94 in self.ledger.items():
-                oprot.writeString(kiter93.encode('utf-8') if sys.version_info[0] == 2 else kiter93)
-                oprot.writeI64(viter94)
+            for kiter100, viter101 in self.ledger.items():
+                oprot.writeString(kiter100.encode('utf-8') if sys.version_info[0] == 2 else kiter100)
+                oprot.writeI64(viter101)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -3468,11 +3520,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype98, _size95) = iprot.readListBegin()
-                    for _i99 in range(_size95):
-                        _elem100 = RunStatus()
-                        _elem100.read(iprot)
-                        self.runs.append(_elem100)
+                    (_etype105, _size102) = iprot.readListBegin()
+                    for _i106 in range(_size102):
+                        _elem107 = RunStatus()
+                        _elem107.read(iprot)
+                        self.runs.append(_elem107)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3489,8 +3541,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter101 in self.runs:
-                iter101.write(oprot)
+            for iter108 in self.runs:
+                iter108.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3757,15 +3809,17 @@ class HeartbeatRequest(object):
      - protocol_version
      - node
      - units_running
+     - delaying
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, units_running=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, units_running=None, delaying=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.units_running = units_running
+        self.delaying = delaying
         self.token = token
 
     def read(self, iprot):
@@ -3790,6 +3844,16 @@ class HeartbeatRequest(object):
             elif fid == 3:
                 if ftype == TType.I32:
                     self.units_running = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.delaying = []
+                    (_etype112, _size109) = iprot.readListBegin()
+                    for _i113 in range(_size109):
+                        _elem114 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem114)
+                    iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -3818,6 +3882,13 @@ class HeartbeatRequest(object):
         if self.units_running is not None:
             oprot.writeFieldBegin('units_running', TType.I32, 3)
             oprot.writeI32(self.units_running)
+            oprot.writeFieldEnd()
+        if self.delaying is not None:
+            oprot.writeFieldBegin('delaying', TType.LIST, 4)
+            oprot.writeListBegin(TType.STRING, len(self.delaying))
+            for iter115 in self.delaying:
+                oprot.writeString(iter115.encode('utf-8') if sys.version_info[0] == 2 else iter115)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -3877,10 +3948,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype105, _size102) = iprot.readListBegin()
-                    for _i106 in range(_size102):
-                        _elem107 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem107)
+                    (_etype119, _size116) = iprot.readListBegin()
+                    for _i120 in range(_size116):
+                        _elem121 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem121)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3901,8 +3972,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter108 in self.cancel:
-                oprot.writeString(iter108.encode('utf-8') if sys.version_info[0] == 2 else iter108)
+            for iter122 in self.cancel:
+                oprot.writeString(iter122.encode('utf-8') if sys.version_info[0] == 2 else iter122)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4112,18 +4183,20 @@ class SubmitRequest(object):
      - unit_id
      - attempt
      - result
+     - error
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, run_id=None, unit_id=None, attempt=None, result=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, run_id=None, unit_id=None, attempt=None, result=None, error=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.run_id = run_id
         self.unit_id = unit_id
         self.attempt = attempt
         self.result = result
+        self.error = error
         self.token = token
 
     def read(self, iprot):
@@ -4166,6 +4239,11 @@ class SubmitRequest(object):
                     self.result.read(iprot)
                 else:
                     iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.STRING:
+                    self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -4204,6 +4282,10 @@ class SubmitRequest(object):
         if self.result is not None:
             oprot.writeFieldBegin('result', TType.STRUCT, 6)
             self.result.write(oprot)
+            oprot.writeFieldEnd()
+        if self.error is not None:
+            oprot.writeFieldBegin('error', TType.STRING, 7)
+            oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -4831,6 +4913,7 @@ NodeInfo.thrift_spec = (
     (5, TType.I64, 'units_completed', None, None, ),  # 5
     (6, TType.I64, 'units_rejected', None, None, ),  # 6
     (7, TType.DOUBLE, 'uptime_seconds', None, None, ),  # 7
+    (8, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 8
 )
 all_structs.append(SessionRequest)
 SessionRequest.thrift_spec = (
@@ -5379,6 +5462,9 @@ NodeSummary.thrift_spec = (
     (7, TType.DOUBLE, 'busy_seconds', None, None, ),  # 7
     (8, TType.DOUBLE, 'compute_seconds', None, None, ),  # 8
     (9, TType.DOUBLE, 'delay_seconds', None, None, ),  # 9
+    (10, TType.STRING, 'state', 'UTF8', None, ),  # 10
+    (11, TType.DOUBLE, 'silent_seconds', None, None, ),  # 11
+    (12, TType.BOOL, 'pull', None, None, ),  # 12
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (
@@ -5879,7 +5965,7 @@ HeartbeatRequest.thrift_spec = (
     (1, TType.I32, 'protocol_version', None, None, ),  # 1
     (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
     (3, TType.I32, 'units_running', None, None, ),  # 3
-    None,  # 4
+    (4, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 4
     None,  # 5
     None,  # 6
     None,  # 7
@@ -6103,7 +6189,7 @@ SubmitRequest.thrift_spec = (
     (4, TType.STRING, 'unit_id', 'UTF8', None, ),  # 4
     (5, TType.I32, 'attempt', None, None, ),  # 5
     (6, TType.STRUCT, 'result', [TrainResult, None], None, ),  # 6
-    None,  # 7
+    (7, TType.STRING, 'error', 'UTF8', None, ),  # 7
     None,  # 8
     None,  # 9
     None,  # 10
