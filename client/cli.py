@@ -5,7 +5,7 @@ The positional form trains (the default command):
 and so does the configuration form, where a YAML recipe (config.yaml's layout, configs/)
 replaces data_dir..eta and the model options:
     python client.py <coordinator_ip> <port> --config PATH [--set SECTION.KEY=VALUE ...]
-Other actions are subcommands: status, runs, cancel, evaluate, predict.
+Other actions are subcommands: status, runs, attach, cancel, evaluate, predict.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from client.model_commands import (
     is_generator,
     predict,
 )
-from client.session import ClientError, Endpoint, call, follow_training
+from client.session import ClientError, Endpoint, attach, call, follow_training
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
 from training.run_config import RunConfigError, load_run_config
+from wire import security
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
 
-SUBCOMMANDS = ("status", "runs", "cancel", "evaluate", "predict")
+SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 CONFIG_FLAG = "--config"
 TRAIN_USAGE = (
@@ -196,6 +197,15 @@ def add_endpoint(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("port", type=int, help="port of the coordinator")
     parser.add_argument("--connect-timeout", type=_positive_float, default=5.0,
                         metavar="SECONDS", help="(default 5)")
+    security.add_arguments(parser, serves=False)
+
+
+def endpoint_of(args: argparse.Namespace) -> Endpoint:
+    """The coordinator to call, with the token and TLS of the flags in force for every call."""
+    problem = security.configure_from_args(args, serves=False)
+    if problem:
+        raise ClientError(problem, exit_code=2)
+    return Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
 
 
 def add_output_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -215,6 +225,15 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the coordinator's runs")
     add_endpoint(runs)
     add_output_flags(runs)
+    attach = sub.add_parser("attach", help="follow a running run until it ends (e.g. one "
+                                           "resumed after a coordinator restart)")
+    add_endpoint(attach)
+    attach.add_argument("run_id", nargs="?", default="", help="run id (default: latest)")
+    attach.add_argument("--poll", type=_positive_float, default=1.0, metavar="SECONDS",
+                        help="seconds between status updates (default 1)")
+    attach.add_argument("--dead-after", type=_positive_float, default=60.0, metavar="SECONDS",
+                        help="give up after the coordinator is silent this long (default 60)")
+    add_output_flags(attach)
     cancel = sub.add_parser("cancel", help="cancel a running run")
     add_endpoint(cancel)
     cancel.add_argument("run_id", help="run id")
@@ -285,7 +304,7 @@ def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
 def run_train(args: argparse.Namespace) -> int:
     run_id = args.run_id or uuid.uuid4().hex[:12]
     request = train_request(args, run_id)
-    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
+    endpoint = endpoint_of(args)
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(endpoint, request, view, args.poll, args.dead_after)
     model_path = save_model(Path(args.out) / f"{run_id}.npz", wire_to_dict(result.weights),
@@ -308,7 +327,7 @@ def run_subcommand(args: argparse.Namespace) -> int:
     if args.command == "predict":
         print("\n".join(predict(args.model, args.data)))
         return 0
-    endpoint = Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
+    endpoint = endpoint_of(args)
     if args.command == "status":
         status = call(endpoint, "status", ttypes.StatusRequest(run_id=args.run_id))
         display.print_status(status, args.json)
@@ -318,6 +337,11 @@ def run_subcommand(args: argparse.Namespace) -> int:
             print(json.dumps([display.status_dict(r) for r in runs], indent=2))
         for status in [] if args.json else runs:
             display.print_status(status, as_json=False)
+    elif args.command == "attach":
+        with display.ProgressView(quiet=args.quiet or args.json) as view:
+            status = attach(endpoint, args.run_id, view, args.poll, args.dead_after)
+        display.print_status(status, args.json)
+        return 0 if status.state == "completed" else 1
     elif args.command == "cancel":
         done = call(endpoint, "cancel", ttypes.CancelRunRequest(run_id=args.run_id))
         print("cancelled" if done.cancelled else "the run had already ended")

@@ -90,7 +90,8 @@ def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
             "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled,
             "busy_seconds": round(n.busy_seconds, 3),
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
-            "delay_seconds": round(n.delay_seconds or 0.0, 3)}
+            "delay_seconds": round(n.delay_seconds or 0.0, 3),
+            "state": n.state or "alive", "pull": bool(n.pull)}
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:
@@ -109,11 +110,14 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
 def node_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title="Units per node")
     table.add_column("node")
+    table.add_column("state")
     for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
         table.add_column(column, justify="right")
     for n in nodes:
-        table.add_row(n["node"], *(str(n[c]) for c in
-                                   ("accepted", "rejected", "delayed", "failed", "cancelled")))
+        state = n.get("state", "alive") + (" (pull)" if n.get("pull") else "")
+        table.add_row(n["node"], state, *(str(n[c]) for c in
+                                          ("accepted", "rejected", "delayed", "failed",
+                                           "cancelled")))
     return table
 
 

@@ -53,7 +53,7 @@ def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
     if "gan" not in description:
         raise ModelCommandError(f"{model_path} holds no generator")
     spec = gan_models.GanSpec.from_dict(description["gan"])
-    if spec.arch != "dcgan28":
+    if spec.arch not in gan_models.MNIST_ARCHITECTURES:
         raise ModelCommandError("IS/FID are computed for 28x28 MNIST generators only")
     g, _ = gan_models.build_gan(spec)
     gan_models.numpy_to_state(g, weights, "G.")

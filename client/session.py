@@ -47,7 +47,7 @@ def call(endpoint: Endpoint, method: str, request: Any, timeout: float = 10.0) -
             return getattr(client, method)(request)
     except ConnectionFailed as exc:
         raise ClientError(f"cannot reach the coordinator: {exc}") from None
-    except ttypes.UnknownRun as exc:
+    except (ttypes.UnknownRun, ttypes.Unauthorized) as exc:
         raise ClientError(exc.message) from None
     except (TException, OSError) as exc:
         raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
@@ -85,7 +85,7 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
     except KeyboardInterrupt:
         _cancel(endpoint, request.run_id, train, view)
         raise ClientError(f"run {request.run_id} cancelled", exit_code=130) from None
-    return _train_outcome(train, endpoint)
+    return _train_outcome(train, endpoint, request.run_id)
 
 
 def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView,
@@ -105,10 +105,33 @@ def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView
                 last_answer = time.monotonic()  # answered; the run is not registered yet
             except (ConnectionFailed, TException, OSError) as exc:
                 if train.is_alive() and time.monotonic() - last_answer > dead_after:
-                    raise ClientError(f"lost contact with the coordinator at {endpoint} for "
-                                      f"{dead_after:.0f}s ({exc}); the run may be lost") from None
+                    raise ClientError(
+                        f"lost contact with the coordinator at {endpoint} for "
+                        f"{dead_after:.0f}s ({exc}); {_resume_hint(endpoint, run_id)}"
+                    ) from None
     finally:
         statuses.close()
+
+
+def attach(endpoint: Endpoint, run_id: str, view: ProgressView, poll_seconds: float,
+           dead_after: float) -> ttypes.RunStatus:
+    """Follow a run someone else started (or one resumed after a restart) until it ends;
+    returns its last status. Ctrl-C only stops following: the run goes on."""
+    status = call(endpoint, "status", ttypes.StatusRequest(run_id=run_id))
+    last_answer = time.monotonic()
+    while status.state == "running":
+        view.update(status)
+        time.sleep(poll_seconds)  # polling interval of a live display, not a wait for an event
+        try:
+            status = call(endpoint, "status", ttypes.StatusRequest(run_id=status.run_id),
+                          timeout=max(poll_seconds, 5.0))
+            last_answer = time.monotonic()
+        except ClientError as exc:
+            if time.monotonic() - last_answer > dead_after:
+                raise ClientError(f"lost contact with the coordinator for {dead_after:.0f}s: "
+                                  f"{exc}") from None
+    view.update(status)
+    return status
 
 
 def _cancel(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView) -> None:
@@ -121,15 +144,22 @@ def _cancel(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressVi
     train.join(CANCEL_WAIT_SECONDS)
 
 
-def _train_outcome(train: _TrainCall, endpoint: Endpoint) -> ttypes.RunResult:
+def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes.RunResult:
     error = train.error
     if error is None and train.result is not None:
         return train.result
     if isinstance(error, ttypes.TrainingFailed):
         tried = f" (nodes tried: {', '.join(error.nodes_tried)})" if error.nodes_tried else ""
         raise ClientError(f"training failed: {error.message}{tried}")
-    if isinstance(error, (ttypes.InvalidRequest, ttypes.RunCancelled, ttypes.VersionMismatch)):
+    if isinstance(error, (ttypes.InvalidRequest, ttypes.RunCancelled, ttypes.VersionMismatch,
+                          ttypes.Unauthorized)):
         raise ClientError(error.message)
     if isinstance(error, ConnectionFailed):
         raise ClientError(f"cannot reach the coordinator: {error}")
-    raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}")
+    raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}; "
+                      f"{_resume_hint(endpoint, run_id)}")
+
+
+def _resume_hint(endpoint: Endpoint, run_id: str) -> str:
+    return (f"restart it with --resume {run_id} and follow the run with: "
+            f"client.py attach {endpoint.host} {endpoint.port} {run_id}")

@@ -9,21 +9,46 @@ import re
 import socket
 import sys
 
+from compute_node.coordinator_link import (
+    CoordinatorLink,
+    PullSettings,
+    PullStopped,
+    PullWorker,
+)
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from training.datapaths import DEFAULT_DATA_ROOT
+from wire import security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals, write_port_file
 from wire.rpc import ThriftServer
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(pull: bool = False) -> argparse.ArgumentParser:
+    """Push form: `<port> <load_prob>`; pull form: `--pull HOST:PORT <load_prob>`."""
     parser = argparse.ArgumentParser(
         prog="compute_node.py",
-        description="Run a compute node: it trains the work units a coordinator sends it.",
-        epilog="Example: python compute_node.py 9091 0.2   (port 9091, load probability 0.2)",
+        description="Run a compute node: it trains the work units a coordinator sends it. "
+                    "A node that cannot accept connections (behind NAT, in a notebook) "
+                    "dials out instead with --pull HOST:PORT and leases units.",
+        epilog="Examples: python compute_node.py 9091 0.2   (port 9091, load probability 0.2); "
+               "python compute_node.py --pull coord.example.org:9095 0.2",
     )
-    parser.add_argument("port", type=int, help="TCP port to listen on (0 = any free port)")
+    parser.add_argument("--pull", default=None, metavar="HOST:PORT", type=_host_port,
+                        help="pull mode: register with the coordinator at HOST:PORT, lease "
+                             "units from it and heartbeat; no port is opened")
+    parser.add_argument("--register", default=None, metavar="HOST:PORT", type=_host_port,
+                        help="announce this node to the coordinator at HOST:PORT (no line in "
+                             "its compute_nodes.txt needed), heartbeat, and leave on stop")
+    parser.add_argument("--advertise", default=None, metavar="HOST",
+                        help="with --register: the address the coordinator should call "
+                             "(default: --host, or this machine's name when binding 0.0.0.0)")
+    parser.add_argument("--retry-for", type=float, default=300.0, metavar="SECONDS",
+                        help="--pull and --register: give up after the coordinator has been "
+                             "unreachable this long (default 300)")
+    if not pull:
+        parser.add_argument("port", type=int,
+                            help="TCP port to listen on (0 = any free port; not in pull mode)")
     parser.add_argument("load_prob", type=_probability,
                         help="simulated load, 0..1: with the random policy (1) a unit is delayed "
                              "with this probability; with policies 2 and 3 it is first rejected "
@@ -49,7 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
     parser.add_argument("--crash-after-units", type=int, default=None, metavar="N",
                         help="fault injection for tests: exit abruptly on the unit after N")
+    parser.add_argument("--hang-after-units", type=int, default=None, metavar="N",
+                        help="fault injection for tests: from the unit after N, accept units "
+                             "and never answer them (pings still answer)")
+    security.add_arguments(parser, serves=True)
     return parser
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
 
 
 def _probability(text: str) -> float:
@@ -79,19 +115,28 @@ def check_device(device: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    pull = any(a == "--pull" or a.startswith("--pull=") for a in argv)
+    args = build_parser(pull).parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s node %(levelname)s %(message)s")
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
+    security_problem = security.configure_from_args(args, serves=True)
+    if security_problem:
+        print(f"error: {security_problem}", file=sys.stderr)
+        return 2
     device_problem = check_device(args.device)
     if device_problem:
         print(f"error: {device_problem}", file=sys.stderr)
         return 2
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
     handler = ComputeNodeHandler(args.node_id or "", args.data_root, load,
-                                 args.crash_after_units, device=args.device)
+                                 args.crash_after_units, device=args.device,
+                                 hang_after_units=args.hang_after_units)
+    if args.pull:
+        return run_pull(handler, args)
     try:
         server = ThriftServer(ComputeNode.Processor(handler), args.host, args.port)
     except OSError as exc:
@@ -99,8 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     handler.node_id = node_id = args.node_id or f"{socket.gethostname()}:{server.port}"
 
+    link = None
+    if args.register:
+        link = _register(handler, args, server.port)
+        if link is None:
+            server.stop()
+            return 1
+
     def shutdown() -> None:
         handler.cancel_all()  # delayed units answer at once, so the server drains quickly
+        if link is not None:
+            link.stop()
         server.stop()
 
     stop_on_signals(shutdown)
@@ -110,4 +164,45 @@ def main(argv: list[str] | None = None) -> int:
           f"(load {args.load_prob}, delay {args.load_delay}s)", flush=True)
     server.serve_forever()
     print(f"compute node {node_id} stopped", flush=True)
+    return 0
+
+
+def _register(handler: ComputeNodeHandler, args: argparse.Namespace,
+              port: int) -> CoordinatorLink | None:
+    """Announce this push node to the coordinator; None (after saying why) if refused."""
+    host, coordinator_port = args.register
+    advertise = args.advertise or (args.host if args.host not in ("0.0.0.0", "::", "")
+                                   else socket.gethostname())
+    link = CoordinatorLink(handler, PullSettings(
+        host, coordinator_port, handler.node_id, args.load_prob, args.device,
+        retry_for=args.retry_for, listen_host=advertise, listen_port=port))
+    try:
+        link.start()
+    except PullStopped as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    return link
+
+
+def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace) -> int:
+    """Pull mode: lease units from the coordinator until a signal or a refusal."""
+    host, port = args.pull
+    handler.node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    worker = PullWorker(handler, PullSettings(host, port, handler.node_id, args.load_prob,
+                                              args.device, retry_for=args.retry_for))
+
+    def shutdown() -> None:
+        handler.cancel_all()
+        worker.stopped.set()
+
+    stop_on_signals(shutdown)
+    print(f"compute node {handler.node_id} pulling from {host}:{port} "
+          f"(load {args.load_prob}, delay {args.load_delay}s)", flush=True)
+    try:
+        worker.run()
+    except PullStopped as exc:
+        if not worker.stopped.is_set():
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print(f"compute node {handler.node_id} stopped", flush=True)
     return 0

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compute_node.load import LoadSimulator
+from compute_node.session_service import SessionService
+from compute_node.sessions import SessionStore
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.datapaths import DataPathError, dataset_dir, resolve_under
@@ -22,6 +24,7 @@ from wire.version import check_protocol_version
 log = logging.getLogger("compute_node")
 
 # Errors that mean "the request cannot work here": the caller gets InvalidRequest.
+HANG_SECONDS = 3600.0  # --hang-after-units: how long a unit hangs unless cancelled
 REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, ValueError)
 
 
@@ -38,9 +41,10 @@ class NodeCounters:
             setattr(self, name, getattr(self, name) + by)
 
 
-class ComputeNodeHandler:
+class ComputeNodeHandler(SessionService):
     """Implements ComputeNode.Iface. Several units may wait in their load delay at
-    once, but their maths runs one at a time (a lock), so a node uses one core."""
+    once, but their maths runs one at a time (a lock), so a node uses one core.
+    Per-run sessions (MD-GAN's discriminators) live in ``self.sessions``."""
 
     def __init__(
         self,
@@ -49,11 +53,15 @@ class ComputeNodeHandler:
         load: LoadSimulator,
         crash_after_units: int | None = None,
         device: str = "cpu",
+        hang_after_units: int | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_root = Path(data_root)
+        self.sessions = SessionStore()
         self.load = load
         self.crash_after_units = crash_after_units
+        self.hang_after_units = hang_after_units
+        self._delaying: set[tuple[str, str, int]] = set()  # units in their load delay
         self.device = device
         self.counters = NodeCounters()
         self.started = time.monotonic()
@@ -78,7 +86,7 @@ class ComputeNodeHandler:
         key = (request.run_id, request.unit_id, request.attempt)
         cancel = self._register(key)
         try:
-            return self._work(algorithm, job, data_dir, admission.delay_seconds, cancel)
+            return self._work(algorithm, job, data_dir, admission.delay_seconds, cancel, key)
         finally:
             self._unregister(key)
 
@@ -110,7 +118,14 @@ class ComputeNodeHandler:
                 units_completed=c.completed,
                 units_rejected=c.rejected,
                 uptime_seconds=time.monotonic() - self.started,
+                delaying=self.delaying(),
             )
+
+    def delaying(self) -> list[str]:
+        """Units waiting in their simulated load delay, as "run_id/unit_id/attempt": the
+        coordinator does not count that wait against a unit's deadline."""
+        with self._active_lock:
+            return [f"{r}/{u}/{a}" for r, u, a in sorted(self._delaying)]
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
@@ -132,7 +147,7 @@ class ComputeNodeHandler:
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
-                      device=self.device)
+                      device=self.device, sessions=self.sessions)
         return algorithm, job, data_dir
 
     def _admit(self, policy: int):
@@ -142,7 +157,7 @@ class ComputeNodeHandler:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
 
     def _work(self, algorithm, job: UnitJob, data_dir: Path, delay: float,
-              cancel: threading.Event) -> ttypes.TrainResult:
+              cancel: threading.Event, key: tuple[str, str, int]) -> ttypes.TrainResult:
         self.counters.bump("running")
         waited = 0.0
         try:
@@ -150,10 +165,13 @@ class ComputeNodeHandler:
             # finished first does not keep this node's thread for nothing.
             if delay:
                 began = time.perf_counter()
-                interrupted = cancel.wait(delay)
+                interrupted = self._wait_delay(key, cancel, delay)
                 waited = time.perf_counter() - began
                 if interrupted:
                     return self._cancelled(waited)
+            if self._hangs():
+                cancel.wait(HANG_SECONDS)  # fault injection: silent, yet answering pings
+                return self._cancelled(waited)
             with self._compute_lock:
                 if cancel.is_set():
                     return self._cancelled(waited)
@@ -166,6 +184,20 @@ class ComputeNodeHandler:
         log.info("unit %s round %d done: %d samples in %.3fs", job.unit.unit_id, job.round,
                  output.num_samples, seconds)
         return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, waited)
+
+    def _wait_delay(self, key: tuple[str, str, int], cancel: threading.Event,
+                    delay: float) -> bool:
+        with self._active_lock:
+            self._delaying.add(key)
+        try:
+            return cancel.wait(delay)
+        finally:
+            with self._active_lock:
+                self._delaying.discard(key)
+
+    def _hangs(self) -> bool:
+        with self._active_lock:
+            return self.hang_after_units is not None and self._units_seen > self.hang_after_units
 
     def _run(self, algorithm, job: UnitJob, data_dir: Path) -> UnitOutput:
         try:

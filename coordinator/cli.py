@@ -8,14 +8,17 @@ import os
 import sys
 from pathlib import Path
 
+from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
+from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
 from coordinator.nodes_file import NodesFileError, read_nodes_file
 from coordinator.policies import POLICY_NAMES
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import Coordinator
+from wire import security
+from wire.generated import Coordinator, ttypes
 from wire.launch import stop_on_signals, write_port_file
 from wire.rpc import ThriftServer
 
@@ -63,14 +66,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest wait for one training call (default 300)")
     parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS",
                         help="longest wait to connect to a node (default 3)")
+    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS, metavar="SECONDS",
+                        help="how often nodes are pinged (pull nodes call in as often) "
+                             f"(default {HEARTBEAT_SECONDS:g})")
+    parser.add_argument("--suspect-after", type=float, default=SUSPECT_SECONDS,
+                        metavar="SECONDS", help="a node silent this long is suspect "
+                                                f"(default {SUSPECT_SECONDS:g})")
+    parser.add_argument("--dead-after", type=float, default=DEAD_SECONDS, metavar="SECONDS",
+                        help="a node silent this long is dead and its units go to other nodes "
+                             f"(default {DEAD_SECONDS:g})")
+    parser.add_argument("--deadline-floor", type=float, default=EngineSettings.deadline_floor,
+                        metavar="SECONDS",
+                        help="a unit's deadline is --deadline-factor times the usual unit time, "
+                             "at least this and at most --rpc-timeout; a unit past it is "
+                             "reclaimed and issued again (time in a load delay does not count) "
+                             f"(default {EngineSettings.deadline_floor:g})")
+    parser.add_argument("--deadline-factor", type=float, default=EngineSettings.deadline_factor,
+                        metavar="X", help=f"(default {EngineSettings.deadline_factor:g})")
+    parser.add_argument("--max-update-norm", type=float, default=EngineSettings.max_update_norm,
+                        metavar="X",
+                        help="refuse an update whose norm is over X times the median of recent "
+                             "ones; its unit goes to another node (0: no limit) "
+                             f"(default {EngineSettings.max_update_norm:g})")
     parser.add_argument("--deterministic", action="store_true",
                         help="combine each round's results in unit order, not arrival order, so "
                              "repeated runs give the same bits")
     parser.add_argument("--seed", type=int, default=None, help="seed of the scheduling policy")
+    parser.add_argument("--resume", default=None, metavar="RUN_ID",
+                        help="continue this run of --run-dir from its last checkpoint (after "
+                             "a crash or kill); follow it with 'client.py attach HOST PORT RUN_ID'")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
+    security.add_arguments(parser, serves=True)
     return parser
 
 
@@ -78,11 +107,17 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     engine = EngineSettings(threads=args.threads, speculation=not args.no_speculation,
                             speculate_after=args.speculate_after,
                             max_unit_failures=args.max_unit_failures, grace_seconds=args.grace,
-                            deterministic=args.deterministic)
+                            deterministic=args.deterministic,
+                            deadline_floor=args.deadline_floor,
+                            deadline_factor=args.deadline_factor,
+                            deadline_cap=args.rpc_timeout,
+                            max_update_norm=args.max_update_norm or None)
     return CoordinatorSettings(data_root=Path(args.data_root), run_root=Path(args.run_dir),
                                policy=args.policy, rpc_timeout=args.rpc_timeout,
                                connect_timeout=args.connect_timeout, seed=args.seed,
-                               engine=engine,
+                               engine=engine, heartbeat_seconds=args.heartbeat,
+                               suspect_seconds=args.suspect_after,
+                               dead_seconds=args.dead_after,
                                store_path=Path(args.store) if args.store else None)
 
 
@@ -90,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s coordinator %(levelname)s %(message)s")
+    security_problem = security.configure_from_args(args, serves=True)
+    if security_problem:
+        print(f"error: {security_problem}", file=sys.stderr)
+        return 2
     try:
         nodes = read_nodes_file(args.nodes_file)
     except NodesFileError as exc:
@@ -108,6 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
+    if args.resume:
+        try:
+            handler.resume(args.resume)
+        except (CheckpointError, NodesFileError) as exc:
+            print(f"error: cannot resume run {args.resume}: {exc}", file=sys.stderr)
+            return 1
+        except ttypes.InvalidRequest as exc:
+            print(f"error: cannot resume run {args.resume}: {exc.message}", file=sys.stderr)
+            return 1
     stop_on_signals(lambda: handler.shutdown(then=server.stop))
     if args.port_file:
         write_port_file(args.port_file, server.port)

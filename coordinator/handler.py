@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from coordinator.nodes_file import NodesFileError, read_nodes_file
+from coordinator.membership import MemberError, Membership
+from coordinator.nodes_file import NodeAddress, NodesFileError, read_nodes_file
 from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunStore, UnfinishedUnit
+from coordinator.run_store import RunRecord, RunStore, UnfinishedUnit
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 
@@ -29,6 +30,8 @@ class CoordinatorHandler:
         interrupted = self.store.fail_unfinished_runs("the coordinator stopped during the run")
         if interrupted:
             log.warning("runs interrupted by an earlier stop: %s", ", ".join(interrupted))
+        self.membership = Membership(settings.heartbeat_seconds, settings.suspect_seconds,
+                                     settings.dead_seconds)
         self._runs: dict[str, Run] = {}
         self._order: list[str] = []
         self._lock = threading.Lock()
@@ -36,19 +39,41 @@ class CoordinatorHandler:
     def train(self, request: ttypes.TrainRequest) -> ttypes.RunResult:
         check_protocol_version(request.protocol_version, "coordinator")
         try:
-            # Read on every run, so an edited nodes file applies without a restart.
-            nodes = read_nodes_file(self.nodes_file)
+            nodes = self._file_nodes()
         except NodesFileError as exc:
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
-        run = Run(request, nodes, self.settings, self.store,
-                  nodes_source=lambda: read_nodes_file(self.nodes_file))
+        run = Run(request, nodes, self.settings, self.store, nodes_source=self._file_nodes,
+                  membership=self.membership)
+        self._add(run)
+        return run.execute()
+
+    def _file_nodes(self) -> list[NodeAddress]:
+        """The nodes file, read on every run and round so edits apply without a restart.
+        With registered nodes, a missing or empty file means only those."""
+        try:
+            return read_nodes_file(self.nodes_file)
+        except NodesFileError:
+            if self.membership.members():
+                return []
+            raise
+
+    def resume(self, run_id: str) -> Run:
+        """Continue run `run_id` from its last checkpoint, in a thread of its own; clients
+        follow it with status. Raises CheckpointError, NodesFileError or InvalidRequest."""
+        run = Run.resume(run_id, self._file_nodes(), self.settings, self.store,
+                         nodes_source=self._file_nodes, membership=self.membership)
+        self._add(run)
+        threading.Thread(target=_execute_quietly, args=(run,), name=f"resumed-{run_id}",
+                         daemon=True).start()
+        return run
+
+    def _add(self, run: Run) -> None:
         with self._lock:
             if run.run_id in self._runs:
                 raise ttypes.InvalidRequest(message=f"run id {run.run_id!r} is already used")
             run.register()
             self._runs[run.run_id] = run
             self._order.append(run.run_id)
-        return run.execute()
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
         status = self._find(request.run_id).progress.snapshot()
@@ -64,11 +89,16 @@ class CoordinatorHandler:
         return ttypes.CancelRunResult(cancelled=cancelled)
 
     def list_runs(self, request: ttypes.ListRunsRequest) -> ttypes.ListRunsResult:
+        """Runs of this process live, then the store's earlier ones (before a restart)."""
+        limit = request.limit or 50
         with self._lock:
-            ids = list(reversed(self._order))
-        if request.limit:
-            ids = ids[: request.limit]
-        return ttypes.ListRunsResult(runs=[self._runs[i].progress.snapshot() for i in ids])
+            live = [self._runs[i] for i in reversed(self._order)]
+        runs = [run.progress.snapshot() for run in live[:limit]]
+        known = {r.run_id for r in runs}
+        for record in self.store.list_runs(limit):
+            if len(runs) < limit and record.run_id not in known:
+                runs.append(_stored_status(record))
+        return ttypes.ListRunsResult(runs=runs)
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         check_protocol_version(request.protocol_version, "coordinator")
@@ -77,6 +107,30 @@ class CoordinatorHandler:
         return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id="coordinator",
                                load_prob=0.0, units_running=running, units_completed=0,
                                units_rejected=0, uptime_seconds=0.0)
+
+    # ------------------------------------------------------------- membership
+    def register_node(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        try:
+            return self.membership.register(request)
+        except MemberError as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from None
+
+    def heartbeat(self, request: ttypes.HeartbeatRequest) -> ttypes.HeartbeatResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        return self.membership.heartbeat(request)
+
+    def lease_unit(self, request: ttypes.LeaseRequest) -> ttypes.LeaseResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        return self.membership.lease(request)
+
+    def submit_result(self, request: ttypes.SubmitRequest) -> ttypes.SubmitResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        return self.membership.submit(request)
+
+    def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        return self.membership.leave(request)
 
     def shutdown(self, then: Callable[[], None], timeout: float = SHUTDOWN_SECONDS) -> None:
         """Cancel every running run, give them `timeout` seconds to tell their clients,
@@ -105,11 +159,30 @@ class CoordinatorHandler:
         return run
 
 
+def _execute_quietly(run: Run) -> None:
+    """A resumed run has no train() caller to raise to: its end goes to the log and the
+    store, where status and runs show it."""
+    try:
+        run.execute()
+    except (ttypes.TrainingFailed, ttypes.RunCancelled) as exc:
+        log.warning("resumed run %s ended: %s", run.run_id, exc.message)
+
+
 def open_store(settings: CoordinatorSettings) -> RunStore:
     """The run store of these settings, its folder created if needed."""
     path = settings.store_path or settings.run_root / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return RunStore(path)
+
+
+def _stored_status(record: RunRecord) -> ttypes.RunStatus:
+    """What the store knows of a run this process did not run."""
+    return ttypes.RunStatus(
+        run_id=record.run_id, state=record.state, round=record.rounds_done,
+        rounds=record.rounds, validation_error=-1.0, units_done=0, units_total=0, rejected=0,
+        failed=0, in_flight=0,
+        elapsed_seconds=(record.ended or record.created) - record.created, nodes=[],
+        message=record.message)
 
 
 def _unit_info(unit: UnfinishedUnit) -> ttypes.UnitInfo:

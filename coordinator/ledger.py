@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from typing import Any
 
 from coordinator.run_store import RunStore, RunStoreError
 from wire.generated import ttypes
@@ -23,8 +24,11 @@ class UnitLedger:
         self.store = store
         self.run_id = run_id
 
-    def plan_units(self, round_index: int, unit_ids: list[str]) -> None:
+    def plan_units(self, round_index: int, unit_ids: list[str]) -> dict[str, int]:
+        """Plan a round; returns the attempts its units already had (a round reopened by
+        a resume), so the engine numbers new attempts after them."""
         self._write("plan_units", round_index, unit_ids)
+        return self._write("attempts_so_far", round_index) or {}
 
     def round_ended(self, metrics: ttypes.RoundMetrics, completed: int, discarded: int) -> None:
         """Record the round; the store cancels whatever the round left unsettled."""
@@ -49,10 +53,11 @@ class UnitLedger:
     def node_failure(self, node: str, reason: str) -> None:
         self._write("node_failure", node, reason)
 
-    def _write(self, method: str, *args: object, **kwargs: object) -> None:
+    def _write(self, method: str, *args: object, **kwargs: object) -> Any:
         if self.store is None:
-            return
+            return None
         try:
-            getattr(self.store, method)(self.run_id, *args, **kwargs)
+            return getattr(self.store, method)(self.run_id, *args, **kwargs)
         except (RunStoreError, ValueError, sqlite3.Error) as exc:
             log.warning("run store refused %s%s: %s", method, args, exc)
+            return None

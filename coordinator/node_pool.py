@@ -6,11 +6,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
+
+from thrift.Thrift import TException
 
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
-from wire.generated import ComputeNode, ttypes
-from wire.rpc import ConnectionPool
+from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from wire.rpc import ConnectionPool, transport_of
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -18,6 +21,10 @@ log = logging.getLogger("coordinator.nodes")
 BENCH_FIRST_SECONDS = 0.5
 BENCH_MAX_SECONDS = 10.0
 CONTROL_TIMEOUT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
+SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...
+DEAD_SECONDS = 10.0  # ... and dead: its units are reclaimed
+MAX_DELAYING_KEPT = 4096
 
 
 @dataclass
@@ -34,32 +41,123 @@ class NodeStats:
     delay_seconds: float = 0.0
 
 
+class AttemptAborted(OSError):
+    """A call given up from outside: its unit passed its deadline or its node went dead."""
+
+
+class Liveness:
+    """When a node was last heard from, and the units it says are in their load delay.
+
+    alive: heard within `suspect` seconds; suspect: silent longer; dead: silent for
+    `dead` seconds, and its units are reclaimed. Any answer counts: a heartbeat, a
+    ping, a result."""
+
+    def __init__(self, suspect: float = SUSPECT_SECONDS, dead: float = DEAD_SECONDS) -> None:
+        self.suspect_after, self.dead_after = suspect, dead
+        self._lock = threading.Lock()
+        self._heard = time.monotonic()
+        self._delaying: dict[str, float] = {}  # "run/unit/attempt" -> when last seen delaying
+
+    def heard(self, delaying: list[str] | None = None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._heard = now
+            for key in delaying or []:
+                self._delaying[key] = now
+            if len(self._delaying) > MAX_DELAYING_KEPT:
+                cutoff = sorted(self._delaying.values())[-MAX_DELAYING_KEPT // 2]
+                self._delaying = {k: t for k, t in self._delaying.items() if t >= cutoff}
+
+    def silent_seconds(self, now: float | None = None) -> float:
+        with self._lock:
+            return max(0.0, (now or time.monotonic()) - self._heard)
+
+    def state(self, now: float | None = None) -> str:
+        silent = self.silent_seconds(now)
+        if silent >= self.dead_after:
+            return "dead"
+        return "suspect" if silent >= self.suspect_after else "alive"
+
+    def last_delaying(self, key: str) -> float | None:
+        """When the node last said this attempt was in its load delay, if ever."""
+        with self._lock:
+            return self._delaying.get(key)
+
+
 class NodeHandle:
     """One compute node: pooled connections, counters, and the bench after failures."""
 
+    accepts_connections = True  # False for nodes that lease units (pull mode)
+
     def __init__(self, index: int, address: NodeAddress, rpc_timeout: float,
                  connect_timeout: float) -> None:
-        self.index = index
+        self._init_common(index, str(address))
         self.address = address
-        self.name = str(address)
-        self.stats = NodeStats()
-        self.in_flight = 0
-        self._lock = threading.Lock()
-        self._compute_seconds: float | None = None  # moving averages for the policy
-        self._delay_seconds: float | None = None
-        self._benched_until = 0.0
-        self._bench_seconds = 0.0
+        self._calls: dict[tuple[str, str, int], Any] = {}  # attempt -> its transport
         self._work = ConnectionPool(ComputeNode.Client, address.host, address.port,
                                     connect_timeout=connect_timeout, read_timeout=rpc_timeout)
         self._control = ConnectionPool(ComputeNode.Client, address.host, address.port,
                                        connect_timeout=connect_timeout,
                                        read_timeout=CONTROL_TIMEOUT_SECONDS)
 
+    def _init_common(self, index: int, name: str) -> None:
+        self.index = index
+        self.name = name
+        self.stats = NodeStats()
+        self.in_flight = 0
+        self.liveness = Liveness()
+        self._lock = threading.Lock()
+        self._compute_seconds: float | None = None  # moving averages for the policy
+        self._delay_seconds: float | None = None
+        self._benched_until = 0.0
+        self._bench_seconds = 0.0
+        self._aborted: dict[tuple[str, str, int], str] = {}
+
     # ------------------------------------------------------------------ calls
     def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
-        """One training call; transport errors propagate to the engine."""
+        """One training call; transport errors propagate to the engine, and a call
+        aborted from outside raises AttemptAborted with the reason."""
+        key = (request.run_id, request.unit_id, request.attempt)
         with self._work.client() as client:
-            return client.train_with_weights(request)
+            with self._lock:
+                self._calls[key] = transport_of(client)
+            try:
+                result = client.train_with_weights(request)
+            except (TException, OSError) as exc:
+                reason = self._take_abort(key)
+                if reason:
+                    raise AttemptAborted(reason) from exc
+                raise
+            finally:
+                with self._lock:
+                    self._calls.pop(key, None)
+        self._take_abort(key)
+        self.liveness.heard()
+        return result
+
+    def abort(self, key: tuple[str, str, int], reason: str) -> bool:
+        """Give up an attempt in progress (its call fails at once with `reason`)."""
+        with self._lock:
+            transport = self._calls.get(key)
+            if transport is None:
+                return False
+            self._aborted[key] = reason
+        transport.interrupt()
+        return True
+
+    def _take_abort(self, key: tuple[str, str, int]) -> str | None:
+        with self._lock:
+            return self._aborted.pop(key, None)
+
+    def heartbeat(self) -> None:
+        """Ping the node; an answer marks it alive and tells which units are delaying."""
+        try:
+            with self._control.client() as client:
+                info = client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
+        except Exception as exc:  # noqa: BLE001 - silence is what liveness measures
+            log.debug("heartbeat to %s failed: %s", self.name, exc)
+            return
+        self.liveness.heard(info.delaying)
 
     def cancel(self, run_id: str, unit_id: str) -> None:
         """Best effort: a node that cannot be told will time out the attempt anyway."""
@@ -68,6 +166,14 @@ class NodeHandle:
                 client.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id))
         except Exception as exc:  # noqa: BLE001 - cancellation is advisory
             log.debug("could not cancel %s on %s: %s", unit_id, self.name, exc)
+
+    def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
+        """A session call (export_session, import_session, send_session, drop_sessions).
+        By default on a work connection, whose long read timeout covers a node-to-node
+        send; ``quick`` uses a control connection (short timeout). Transport errors and
+        declared exceptions propagate."""
+        with (self._control if quick else self._work).client() as client:
+            return getattr(client, method)(request)
 
     def close(self) -> None:
         self._work.close()
@@ -137,7 +243,10 @@ class NodeHandle:
                                       delayed=s.delayed, failed=s.failed, cancelled=s.cancelled,
                                       busy_seconds=s.busy_seconds,
                                       compute_seconds=s.compute_seconds,
-                                      delay_seconds=s.delay_seconds)
+                                      delay_seconds=s.delay_seconds,
+                                      state=self.liveness.state(),
+                                      silent_seconds=self.liveness.silent_seconds(),
+                                      pull=not self.accepts_connections)
 
 
 def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:

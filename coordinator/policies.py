@@ -11,6 +11,7 @@ import random
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 RANDOM = 1
 LOAD_BALANCING = 2
@@ -46,6 +47,15 @@ class Policy:
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
         raise NotImplementedError
+
+    def random_state(self) -> Any:
+        """The random generator's state, for a checkpoint."""
+        with self._lock:
+            return self._rng.getstate()
+
+    def set_random_state(self, state: Any) -> None:
+        with self._lock:
+            self._rng.setstate(state)
 
     def backup_after(self, typical_seconds: float | None, floor: float | None) -> float:
         """Seconds a unit may be out before a backup attempt starts elsewhere.

@@ -20,17 +20,18 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from thrift.Thrift import TException
 
 from coordinator.ledger import UnitLedger
-from coordinator.node_pool import NodeHandle
+from coordinator.node_pool import AttemptAborted, NodeHandle
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
-from training.algorithms.base import UnitSpec, Weights
+from coordinator.update_norms import NormGuard
+from training.algorithms.base import PerUnitUpdates, UnitSpec, WeightedAverage, Weights
 from wire.generated import ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
@@ -40,6 +41,7 @@ log = logging.getLogger("coordinator.engine")
 OUTCOME_NAMES = {ttypes.UnitOutcome.COMPLETED: "completed",
                  ttypes.UnitOutcome.REJECTED: "rejected",
                  ttypes.UnitOutcome.CANCELLED: "cancelled"}
+RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
@@ -51,6 +53,10 @@ class EngineSettings:
     max_unit_failures: int = 3
     grace_seconds: float = 30.0
     deterministic: bool = False
+    deadline_floor: float = 30.0  # a unit's deadline: factor x the usual unit time,
+    deadline_factor: float = 10.0  # at least the floor ...
+    deadline_cap: float = 300.0  # ... and at most the cap
+    max_update_norm: float | None = 10.0  # refuse updates this many times the usual norm
 
 
 class RoundFailed(Exception):
@@ -67,6 +73,18 @@ class RunCancelledError(Exception):
 
 class FatalNodeError(Exception):
     """A node refused the protocol itself; retrying elsewhere would not help."""
+
+
+def _overdue(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
+             deadline: float) -> str | None:
+    """Why an attempt should be reclaimed now, or None."""
+    if node.liveness.state(now) == "dead":
+        return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
+    delaying = node.liveness.last_delaying("/".join(map(str, key)))
+    working = now - max(started, delaying or 0.0)
+    if working > deadline:
+        return f"deadline exceeded: working {working:.1f}s > {deadline:.1f}s"
+    return None
 
 
 RequestBuilder = Callable[[UnitSpec, int], ttypes.WorkRequest]
@@ -87,6 +105,7 @@ class RoundEngine:
         self.progress = progress
         self.cancelled = cancelled
         self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
+        self._norms = NormGuard(settings.max_update_norm)
         self._durations_lock = threading.Lock()
         self._last_contact = time.monotonic()
 
@@ -97,10 +116,15 @@ class RoundEngine:
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder,
-                  check_update: UpdateCheck | None = None) -> RoundOutcome:
+                  check_update: UpdateCheck | None = None,
+                  earlier_attempts: Mapping[str, int] | None = None,
+                  aggregate: WeightedAverage | PerUnitUpdates | None = None) -> RoundOutcome:
+        """Run the units until `quorum` are in; ``aggregate`` combines the results (the
+        algorithm's `aggregator`; a weighted average when None)."""
         self._check_update = check_update or (lambda update: None)
         state = RoundState(round_index, units, quorum, self.settings.deterministic,
-                            max_attempts=2 * len(self.nodes))
+                           max_attempts=2 * len(self.nodes), earlier_attempts=earlier_attempts,
+                           aggregate=aggregate)
         threads = self.settings.threads or len(self.nodes) + 2
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
@@ -121,11 +145,15 @@ class RoundEngine:
 
     # -------------------------------------------------------------- main wait
     def _wait(self, state: RoundState) -> None:
+        next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
         while not state.wait_finished(WAIT_STEP_SECONDS):
             if self.cancelled.is_set():
                 raise RunCancelledError("run cancelled")
             if state.fatal:
                 raise state.fatal
+            if time.monotonic() >= next_check:
+                self._reclaim_overdue(state)
+                next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
             silent = time.monotonic() - self._last_contact
             if silent > self.settings.grace_seconds and not state.has_live_attempts():
                 names = [n.name for n in self.nodes]
@@ -135,6 +163,27 @@ class RoundEngine:
         if state.completed == 0:
             raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
                               f"{state.last_error}", [n.name for n in self.nodes])
+
+    # -------------------------------------------------------------- deadlines
+    def unit_deadline(self) -> float:
+        """Seconds of work a unit gets: a multiple of the usual undelayed unit time,
+        within the floor and the cap. Time in a load delay does not count."""
+        with self._durations_lock:
+            recent = list(self._fast_durations)
+        typical = statistics.median(recent) if recent else 0.0
+        s = self.settings
+        return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
+
+    def _reclaim_overdue(self, state: RoundState) -> None:
+        """Abort attempts past their deadline or on dead nodes: the worker sees a failure
+        and the unit goes to another node (a unit waiting in its load delay is working)."""
+        now, deadline = time.monotonic(), self.unit_deadline()
+        for unit, attempt, node, started in state.live_attempts():
+            key = (self.run_id, unit.spec.unit_id, attempt)
+            reason = _overdue(node, key, started, now, deadline)
+            if reason and node.abort(key, reason):
+                log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
+                            state.round_index, unit.spec.unit_id, attempt, node.name, reason)
 
     # ---------------------------------------------------------------- workers
     def _worker(self, state: RoundState, build_request: RequestBuilder,
@@ -187,7 +236,13 @@ class RoundEngine:
         busy = state.nodes_of(unit)
         views = [n.view(now) for n in self.nodes]
         free = [v for v in views if v.index not in busy]
-        return self.policy.order(free or views)
+        return self._preferred_first(self.policy.order(free or views), unit.spec)
+
+    def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:
+        """The unit's preferred node (the one holding its session) first, when the policy
+        offers it; otherwise the policy's order, so a unit falls back to any node."""
+        preferred = [i for i in order if self._by_index[i].name == spec.preferred_node]
+        return preferred + [i for i in order if i not in preferred]
 
     def _candidates(self, state: RoundState, unit: Unit, order: list[int]) -> Iterator[int]:
         """Nodes to try in turn until one accepts.
@@ -227,6 +282,10 @@ class RoundEngine:
         except ttypes.InvalidRequest as exc:
             self._failed(state, unit, attempt, node, began, bench=False, reason=exc.message)
             return "failed"
+        except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead
+            self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
+                         status="stale")
+            return "failed"
         except (ConnectionFailed, TException, OSError) as exc:
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
@@ -238,6 +297,7 @@ class RoundEngine:
             try:
                 update = wire_to_dict(result.update)
                 self._check_update(update)
+                self._norms.check(update)
             except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")
@@ -269,7 +329,7 @@ class RoundEngine:
             # units on a busy node must not raise the bar for starting a backup.
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
-        if state.complete(unit, update, result):
+        if state.complete(unit, update, result, node.name):
             record("completed")
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
@@ -282,7 +342,7 @@ class RoundEngine:
         return "completed"
 
     def _failed(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
-                began: float, bench: bool, reason: str) -> None:
+                began: float, bench: bool, reason: str, status: str = "failed") -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
         node.failed(time.monotonic() - began, bench=bench)
         state.end_attempt(unit, attempt)
@@ -291,7 +351,7 @@ class RoundEngine:
         discarded = state.record_failure(unit, f"{node.name}: {reason}",
                                          self.settings.max_unit_failures)
         self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
-                             "discarded" if discarded else "failed", reason)
+                             "discarded" if discarded else status, reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 

@@ -10,10 +10,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coordinator.node_pool import NodeHandle
-from training.algorithms.base import UnitSpec, WeightedAverage, Weights
+from training.algorithms.base import PerUnitUpdates, UnitSpec, WeightedAverage, Weights
 from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.engine")
@@ -27,6 +28,8 @@ class RoundOutcome:
     completed: int
     discarded: list[str]
     train_loss: float
+    # unit id -> name of the node whose result was used (where its session now lives)
+    placement: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,18 +43,23 @@ class Unit:
     done: bool = False
     discarded: bool = False
     last_error: str = ""
+    completed_on: str | None = None  # name of the node whose result was used
 
 
 class RoundState:
     """The queue and unit states of one round, under one condition variable."""
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
-                 deterministic: bool, max_attempts: int) -> None:
+                 deterministic: bool, max_attempts: int,
+                 earlier_attempts: Mapping[str, int] | None = None,
+                 aggregate: WeightedAverage | PerUnitUpdates | None = None) -> None:
         self.round_index = round_index
         self.max_attempts = max_attempts  # live attempts of one unit at once
-        self.units = [Unit(i, spec) for i, spec in enumerate(units)]
+        earlier = earlier_attempts or {}  # a reopened round numbers attempts on from there
+        self.units = [Unit(i, spec, attempts=earlier.get(spec.unit_id, 0))
+                      for i, spec in enumerate(units)]
         self.quorum = min(quorum, len(units))
-        self.average = WeightedAverage(deterministic)
+        self.average = aggregate if aggregate is not None else WeightedAverage(deterministic)
         self.completed = 0
         self.fatal: Exception | None = None
         self.last_error = ""
@@ -137,6 +145,12 @@ class RoundState:
             unit.started[unit.attempts] = (node, time.monotonic())
             return unit.attempts
 
+    def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
+        """(unit, attempt, node, started) of every attempt out on a node."""
+        with self._cond:
+            return [(unit, attempt, node, started) for unit in self.units
+                    for attempt, (node, started) in unit.started.items()]
+
     def end_attempt(self, unit: Unit, attempt: int) -> None:
         with self._cond:
             unit.started.pop(attempt, None)
@@ -154,12 +168,15 @@ class RoundState:
             self._cond.notify_all()
             return unit.discarded
 
-    def complete(self, unit: Unit, update: Weights, result: ttypes.TrainResult) -> bool:
-        """Fold a result in if it is the unit's first and the round still runs."""
+    def complete(self, unit: Unit, update: Weights, result: ttypes.TrainResult,
+                 node: str | None = None) -> bool:
+        """Fold a result (from node ``node``) in if it is the unit's first and the round
+        still runs."""
         with self._cond:
             if unit.done or self._over:
                 return False
             unit.done = True
+            unit.completed_on = node
         self.average.add(unit.index, update, result.num_samples)
         with self._cond:
             self.completed += 1
@@ -194,4 +211,6 @@ class RoundState:
         samples = sum(n for _, n in self._losses)
         loss = sum(loss * n for loss, n in self._losses) / samples if samples else float("nan")
         discarded = [u.spec.unit_id for u in self.units if u.discarded]
-        return RoundOutcome(self.average.result(), self.completed, discarded, loss)
+        placement = {u.spec.unit_id: u.completed_on for u in self.units
+                     if u.done and u.completed_on is not None}
+        return RoundOutcome(self.average.result(), self.completed, discarded, loss, placement)

@@ -9,12 +9,30 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    load_request,
+    metrics_of,
+    metrics_until,
+    save_checkpoint,
+    save_request,
+)
+from coordinator.heartbeats import HeartbeatMonitor
 from coordinator.ledger import UnitLedger
-from coordinator.node_pool import NodeHandle
+from coordinator.membership import Member, Membership, PullNodeHandle
+from coordinator.node_pool import (
+    DEAD_SECONDS,
+    HEARTBEAT_SECONDS,
+    SUSPECT_SECONDS,
+    Liveness,
+    NodeHandle,
+)
 from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
@@ -26,6 +44,7 @@ from coordinator.round_engine import (
     RunCancelledError,
 )
 from coordinator.run_store import RunStore, RunStoreError
+from coordinator.session_moves import NodeSessions, drop_sessions
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
@@ -50,6 +69,9 @@ class CoordinatorSettings:
     seed: int | None = None
     engine: EngineSettings = field(default_factory=EngineSettings)
     store_path: Path | None = None  # SQLite run store; None: <run_root>/runs.db
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
+    suspect_seconds: float = SUSPECT_SECONDS
+    dead_seconds: float = DEAD_SECONDS
 
 
 def _invalid(message: str) -> ttypes.InvalidRequest:
@@ -61,8 +83,12 @@ class Run:
 
     def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
                  settings: CoordinatorSettings, store: RunStore | None = None,
-                 nodes_source: Callable[[], list[NodeAddress]] | None = None) -> None:
+                 nodes_source: Callable[[], list[NodeAddress]] | None = None,
+                 resume_from: Checkpoint | None = None,
+                 membership: Membership | None = None) -> None:
         self.request = request
+        self.membership = membership
+        self.resume_from = resume_from
         self.settings = settings
         self.store = store
         self.run_id = _check_run_id(request.run_id)
@@ -73,8 +99,11 @@ class Run:
         self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
         self.run_dir = settings.run_root / self.run_id
         self.nodes: list[NodeHandle] = []
+        self._next_index = 0
+        self._registered_push: set[str] = set()  # push nodes that came by registering
         self._nodes_source = nodes_source
         self._add_nodes(nodes)
+        self._add_members()
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
@@ -83,6 +112,21 @@ class Run:
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
         self.ledger = UnitLedger(store, self.run_id)
+        self._policy = make_policy(settings.policy, settings.seed)
+
+    @classmethod
+    def resume(cls, run_id: str, nodes: list[NodeAddress], settings: CoordinatorSettings,
+               store: RunStore | None = None,
+               nodes_source: Callable[[], list[NodeAddress]] | None = None,
+               membership: Membership | None = None) -> Run:
+        """The run `run_id` of `settings.run_root`, to continue after its last checkpoint."""
+        run_dir = settings.run_root / _check_run_id(run_id)
+        request = load_request(run_dir, PROTOCOL_VERSION)
+        checkpoint = load_checkpoint(run_dir)
+        if checkpoint.round >= request.rounds:
+            raise CheckpointError(f"run {run_id} already finished its {request.rounds} rounds")
+        return cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
+                   membership=membership)
 
     def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the run to stop; False if it had already ended."""
@@ -97,6 +141,14 @@ class Run:
         if self.store is None:
             return
         r = self.request
+        if self.resume_from is not None:
+            try:
+                reopened = self.store.resume_run(self.run_id, self.resume_from.round)
+            except RunStoreError as exc:
+                raise CheckpointError(f"run {self.run_id} cannot be resumed: {exc}") from None
+            log.info("run %s resumes after round %d (%d units reopened)", self.run_id,
+                     self.resume_from.round, reopened)
+            return
         try:
             self.store.create_run(self.run_id, algorithm=r.algorithm, model=r.model,
                                   dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
@@ -125,6 +177,8 @@ class Run:
             raise ttypes.TrainingFailed(message=f"internal error: {exc}",
                                         nodes_tried=[n.name for n in self.nodes]) from None
         finally:
+            if self.algorithm.uses_sessions:  # the nodes' per-run state of this run
+                drop_sessions(self.run_id, self.nodes)
             for node in self.nodes:
                 node.close()
             self.finished.set()
@@ -138,14 +192,19 @@ class Run:
     def _train(self) -> ttypes.RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_json("run.json", self._describe())
-        engine = RoundEngine(self.run_id, self.nodes,
-                             make_policy(self.settings.policy, self.settings.seed),
-                             self.settings.engine, self.progress, self.cancelled, self.ledger)
-        weights = self.algorithm.initial_weights()
-        history: list[ttypes.RoundMetrics] = []
-        for round_index in range(1, self.request.rounds + 1):
-            weights, metrics = self._round(engine, round_index, weights)
-            history.append(metrics)
+        save_request(self.run_dir, self.request)
+        engine = RoundEngine(self.run_id, self.nodes, self._policy, self._engine_settings(),
+                             self.progress, self.cancelled, self.ledger)
+        weights, done = self._starting_point()
+        history = [metrics_of(row) for row in self._rows]
+        heartbeats = HeartbeatMonitor(lambda: list(self.nodes),
+                                      self.settings.heartbeat_seconds).start()
+        try:
+            for round_index in range(done + 1, self.request.rounds + 1):
+                weights, metrics = self._round(engine, round_index, weights)
+                history.append(metrics)
+        finally:
+            heartbeats.stop()
         model_path = save_model(self.run_dir / "model.npz", weights,
                                 self.algorithm.model_description())
         save_curves(self._rows, self.run_dir / "curves.png")
@@ -159,44 +218,103 @@ class Run:
             run_dir=str(self.run_dir.resolve()),
         )
 
+    def _starting_point(self) -> tuple[Weights, int]:
+        """Round 0's weights, or the checkpoint's weights, optimizer and random state."""
+        checkpoint = self.resume_from
+        if checkpoint is None:
+            return self.algorithm.initial_weights(), 0
+        self.algorithm.load_state_dict(checkpoint.optimizer)
+        if checkpoint.policy_rng is not None:
+            self._policy.set_random_state(checkpoint.policy_rng)
+        self._rows = [{k: v for k, v in row.items() if k != "discarded"}
+                      for row in metrics_until(self.run_dir, checkpoint.round)]
+        self.progress.round_done(checkpoint.round, self._last_error(), math.nan)
+        return checkpoint.weights, checkpoint.round
+
+    def _last_error(self) -> float:
+        measured = [row["validation_error"] for row in self._rows
+                    if row.get("validation_error") is not None
+                    and not math.isnan(row["validation_error"])]
+        return measured[-1] if measured else math.nan
+
+    def _index(self) -> int:
+        self._next_index += 1
+        return self._next_index - 1
+
     def _add_nodes(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
         known = {n.address for n in self.nodes}
-        added = [NodeHandle(len(self.nodes) + i, address, self.settings.rpc_timeout,
+        added = [NodeHandle(self._index(), address, self.settings.rpc_timeout,
                             self.settings.connect_timeout)
-                 for i, address in enumerate(a for a in addresses if a not in known)]
+                 for address in dict.fromkeys(a for a in addresses if a not in known)]
+        for node in added:
+            node.liveness = Liveness(self.settings.suspect_seconds, self.settings.dead_seconds)
         self.nodes.extend(added)
         return added
 
+    def _add_members(self) -> list[NodeHandle]:
+        """Registered nodes: push ones like nodes-file lines, pull ones by their mailbox.
+        Pull nodes that left or registered again (a restart) are replaced or dropped."""
+        if self.membership is None:
+            return []
+        current = {m.name: m for m in self.membership.members()}
+        self.nodes = [n for n in self.nodes if self._still_member(n, current)]
+        known = {n.name for n in self.nodes}
+        added = [PullNodeHandle(self._index(), m, self.settings.rpc_timeout)
+                 for m in current.values() if m.pull and m.name not in known]
+        self.nodes.extend(added)
+        pushed = self._add_nodes(self.membership.push_addresses())
+        self._registered_push.update(n.name for n in pushed)
+        return added + pushed
+
+    def _still_member(self, node: NodeHandle, current: dict[str, Member]) -> bool:
+        """False for a registered node that left (or a pull node that re-registered)."""
+        if isinstance(node, PullNodeHandle):
+            return current.get(node.name) is node.member
+        if node.name in self._registered_push and node.name not in current:
+            self._registered_push.discard(node.name)
+            return False
+        return True
+
     def _pick_up_new_nodes(self, engine: RoundEngine) -> None:
-        """Nodes added to the nodes file join at the next round, without a restart."""
-        if self._nodes_source is None:
-            return
-        try:
-            addresses = self._nodes_source()
-        except NodesFileError as exc:
-            log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
-            return
-        added = self._add_nodes(addresses)
-        if added:
+        """Nodes added to the nodes file or registered join at the next round."""
+        before = {n.name for n in self.nodes}
+        if self._nodes_source is not None:
+            try:
+                self._add_nodes(self._nodes_source())
+            except NodesFileError as exc:
+                log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
+        self._add_members()
+        after = {n.name for n in self.nodes}
+        if after != before:
             engine.set_nodes(self.nodes)
-            log.info("run %s: nodes joined: %s", self.run_id, ", ".join(n.name for n in added))
+            if after - before:
+                log.info("run %s: nodes joined: %s", self.run_id, ", ".join(sorted(after - before)))
+            if before - after:
+                log.info("run %s: nodes left: %s", self.run_id, ", ".join(sorted(before - after)))
 
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
-        if round_index > 1:
-            self._pick_up_new_nodes(engine)
+        self._pick_up_new_nodes(engine)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
         wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
 
         def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-            return self._work_request(round_index, unit, attempt, wire_weights)
+            own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
+            payload = wire_weights if own is None else dict_to_wire(own)
+            return self._work_request(round_index, unit, attempt, payload)
 
-        self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
+        earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
         outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build,
-                                   lambda update: self.algorithm.check_update(update, weights))
+                                   lambda update: self.algorithm.check_update(update, weights),
+                                   earlier_attempts=earlier,
+                                   aggregate=self.algorithm.aggregator(
+                                       units, self.settings.engine.deterministic))
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
+        self.algorithm.after_round(round_index, NodeSessions(
+            self.run_id, self.nodes, outcome.placement,
+            cannot_dial=lambda node: not node.accepts_connections))
         evaluation = self._evaluate(round_index, weights)
         metrics = ttypes.RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
@@ -208,10 +326,19 @@ class Run:
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,
                  outcome.completed, len(outcome.discarded), metrics.seconds)
-        self._write_outputs(round_index, weights, metrics)
+        self._score(round_index, weights, metrics)
         self._append_metrics(metrics, outcome.discarded)
         self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
+        # The checkpoint comes last: it is the commit point a resume starts from, so the
+        # metrics and the ledger already hold every round it covers.
+        self._write_outputs(round_index, weights)
         return weights, metrics
+
+    def _engine_settings(self) -> EngineSettings:
+        """No backup attempts for an algorithm whose units change state on their node."""
+        if self.algorithm.allows_backups:
+            return self.settings.engine
+        return replace(self.settings.engine, speculation=False)
 
     def _evaluate(self, round_index: int, weights: Weights) -> RoundEval:
         """The validation metrics every `eval_every` rounds (and after the last); NaN between."""
@@ -219,23 +346,25 @@ class Run:
             return self.algorithm.evaluate(weights)
         return RoundEval(validation_error=math.nan, validation_loss=math.nan)
 
-    def _write_outputs(self, round_index: int, weights: Weights,
-                       metrics: ttypes.RoundMetrics) -> None:
-        """Scores, sample grid and checkpoint of this round, each when it is due."""
-        last, out = self.request.rounds, self.outputs
-        if due(out["eval_every"], round_index, last):
-            metrics.scores = self.algorithm.score(weights, out["eval_n"]) or None
+    def _score(self, round_index: int, weights: Weights, metrics: ttypes.RoundMetrics) -> None:
+        """Offline scores (IS, FID) into the round's metrics, when they are due."""
+        if due(self.outputs["eval_every"], round_index, self.request.rounds):
+            metrics.scores = self.algorithm.score(weights, self.outputs["eval_n"]) or None
             if metrics.scores:
                 log.info("round %d scores: %s", round_index, ", ".join(
                     f"{k} {v:.4g}" for k, v in metrics.scores.items()))
+
+    def _write_outputs(self, round_index: int, weights: Weights) -> None:
+        """Sample grid and checkpoint of this round, each when it is due."""
+        last, out = self.request.rounds, self.outputs
         if due(out["sample_every"], round_index, last):
             images = self.algorithm.sample_images(weights, SAMPLE_COUNT, seed=SAMPLE_SEED)
             if images is not None:
                 save_grid(images, self.run_dir / "samples" / f"round_{round_index:05d}.png")
         if due(out["checkpoint_every"], round_index, last):
-            state = {f"optimizer.{k}": v for k, v in self.algorithm.state_dict().items()}
-            save_model(self.run_dir / "checkpoint.npz", {**weights, **state},
-                       {**self.algorithm.model_description(), "round": round_index})
+            checkpoint = Checkpoint(round_index, weights, self.algorithm.state_dict(),
+                                    self._policy.random_state())
+            save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
 
     def _work_request(self, round_index: int, unit: UnitSpec, attempt: int,
                       weights: list[ttypes.Tensor]) -> ttypes.WorkRequest:

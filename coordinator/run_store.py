@@ -383,6 +383,39 @@ class RunStore:
                 self._end_run(db, run_id, "failed", message, now)
         return ids
 
+    def resume_run(self, run_id: str, from_round: int) -> int:
+        """Take an ended run up again after its round `from_round` (its checkpoint).
+
+        The run is running again; rounds after `from_round` lose their metrics and their
+        units go back to pending (an event says why): results of those rounds died with
+        the coordinator and were never applied to the checkpoint's weights, so they are
+        done again, once. This is the one move out of a settled status. Returns how many
+        units were reopened."""
+        now = self._clock()
+        reason = f"reopened: the run resumed from its checkpoint of round {from_round}"
+        with self._tx() as db:
+            state = _run_state(db, run_id)
+            if state in ("running", "completed"):
+                raise IllegalTransition(f"run {run_id} is {state}: it cannot be resumed")
+            db.execute("UPDATE runs SET state = 'running', message = NULL, ended = NULL "
+                       "WHERE id = ?", (run_id,))
+            db.execute("DELETE FROM rounds WHERE run_id = ? AND round > ?", (run_id, from_round))
+            rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? AND "
+                              "round > ?", (run_id, from_round)).fetchall()
+            db.executemany(f"UPDATE units SET status = 'pending', failures = 0, last_reason = ?, "
+                           f"updated = ? WHERE {_UNIT_WHERE}",
+                           [(reason, now, run_id, r, u) for r, u, _ in rows])
+            db.executemany(_EVENT_INSERT, [(run_id, r, u, None, None, s, "pending", None, reason,
+                                            now) for r, u, s in rows])
+            return len(rows)
+
+    def attempts_so_far(self, run_id: str, round_index: int) -> dict[str, int]:
+        """Attempts already numbered per unit of a round (a reopened round has some), so
+        new attempts continue the numbering."""
+        with self._tx(write=False) as db:
+            return dict(db.execute("SELECT unit_id, attempts FROM units WHERE run_id = ? AND "
+                                   "round = ? AND attempts > 0", (run_id, round_index)))
+
     def _end_run(self, db: sqlite3.Connection, run_id: str, state: str,
                  message: str | None, now: float) -> int:
         current = _run_state(db, run_id)
@@ -423,7 +456,7 @@ class RunStore:
             state = _run_state(db, run_id)
             if state != "running":
                 raise IllegalTransition(f"run {run_id} is {state}: cannot plan units")
-            _check_new_units(db, run_id, round_index, ids)
+            ids = _check_new_units(db, run_id, round_index, ids)
             db.executemany("INSERT INTO units (run_id, round, unit_id, status, created, updated) "
                            "VALUES (?, ?, ?, 'pending', ?, ?)",
                            [(run_id, round_index, u, now, now) for u in ids])
@@ -678,13 +711,18 @@ def _check_unit_ids(unit_ids: Iterable[str]) -> list[str]:
 
 
 def _check_new_units(db: sqlite3.Connection, run_id: str, round_index: int,
-                     ids: list[str]) -> None:
-    existing = {u for (u,) in db.execute("SELECT unit_id FROM units WHERE run_id = ? AND "
-                                         "round = ?", (run_id, round_index))}
-    clash = sorted(existing.intersection(ids))
+                     ids: list[str]) -> list[str]:
+    """The ids to insert: a reopened round (see resume_run) plans again exactly the
+    units it has, all pending; any other clash is an error."""
+    existing = dict(db.execute("SELECT unit_id, status FROM units WHERE run_id = ? AND "
+                               "round = ?", (run_id, round_index)))
+    if existing and set(existing) == set(ids) and set(existing.values()) == {"pending"}:
+        return []
+    clash = sorted(set(existing).intersection(ids))
     if clash:
         raise ValueError(f"round {round_index} of run {run_id} already has units "
                          f"{', '.join(clash[:5])}")
+    return ids
 
 
 def _name(key: UnitKey) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 READY_SECONDS = 30.0
 LISTENING = re.compile(r"listening on \S+:(\d+)")
+PULLING = re.compile(r"pulling from \S+:(\d+)")  # a pull node's port is its coordinator's
 
 
 @dataclass
@@ -75,23 +76,24 @@ def python_env() -> dict[str, str]:
     return env
 
 
-def start(script: str, args: list[str], workdir: Path, name: str) -> Proc:
+def start(script: str, args: list[str], workdir: Path, name: str,
+          ready: re.Pattern = LISTENING) -> Proc:
     """Start `python <script> <args>` and wait until it prints the port it listens on."""
     log_path = workdir / f"{name}.log"
     popen = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=workdir,
                              env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = Proc(popen, log_path)
-    ready = threading.Event()
-    threading.Thread(target=_copy_output, args=(proc, ready), daemon=True).start()
+    threading.Thread(target=_copy_output, args=(proc, ready_event := threading.Event(), ready),
+                     daemon=True).start()
     deadline = time.monotonic() + READY_SECONDS
-    while not ready.wait(0.05):
+    while not ready_event.wait(0.05):
         if not proc.alive() or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"{name} did not start (exit {popen.returncode}):\n{proc.log()}")
     return proc
 
 
-def _copy_output(proc: Proc, ready: threading.Event) -> None:
+def _copy_output(proc: Proc, ready: threading.Event, ready_line: re.Pattern) -> None:
     """Copy the child's output to its log file; note the port from its 'listening' line."""
     with open(proc.log_path, "wb") as log:
         for raw in proc.popen.stdout:
@@ -101,7 +103,7 @@ def _copy_output(proc: Proc, ready: threading.Event) -> None:
             with proc.changed:
                 proc.lines.append(line)
                 proc.changed.notify_all()
-            match = LISTENING.search(line)
+            match = ready_line.search(line)
             if match and not ready.is_set():
                 proc.port = int(match.group(1))
                 ready.set()
@@ -110,6 +112,13 @@ def _copy_output(proc: Proc, ready: threading.Event) -> None:
 def start_node(workdir: Path, name: str, load: float = 0.0, *extra: str) -> Proc:
     return start("compute_node.py", ["0", str(load), "--host", "127.0.0.1", *extra],
                  workdir, name)
+
+
+def start_pull_node(workdir: Path, name: str, coordinator_port: int, load: float = 0.0,
+                    *extra: str) -> Proc:
+    """A node in pull mode: it dials the coordinator on 127.0.0.1 and leases units."""
+    return start("compute_node.py", ["--pull", f"127.0.0.1:{coordinator_port}", str(load),
+                                     "--node-id", name, *extra], workdir, name, ready=PULLING)
 
 
 def write_nodes_file(path: Path, nodes: list[Proc]) -> Path:

@@ -12,6 +12,12 @@ Two architectures (DCGAN-28 was measured to learn recognisable digits in minutes
   + BN + ReLU -> ConvT(w->3) 64x64 + tanh;
   D: the mirror, Conv(3->w) + LReLU, then three Conv + BN + LReLU doubling the channels,
   then Conv(8w->1, 4, 1, 0) logits.
+* ``mlp28``: 28x28 greyscale, the MLP of the MD-GAN paper's MNIST experiments with hidden
+  width w (512 there) and z_dim 100: G: z -> Linear(w) + BN + ReLU -> Linear(w) + BN +
+  ReLU -> Linear(784) + tanh; D: Linear(784 -> w) + LReLU(0.2) -> Linear(w) + BN +
+  LReLU(0.2) -> Linear(1) logits (the paper's ACGAN D has 11 outputs; ours is
+  unconditional). Registered as ``mlpgan28`` (G 716,560 parameters without BN, as the
+  paper counts; 718,608 with) and ``mlpgan28-tiny``.
 
 Every G takes ``z`` of shape (n, z_dim) and returns images in [-1, 1]; every D returns
 logits of shape (n,). ``batchnorm=False`` removes every BatchNorm module, which makes a
@@ -35,8 +41,11 @@ import numpy as np
 import torch
 from torch import nn
 
-ARCHITECTURES = ("dcgan28", "dcgan64")
-IMAGE_SHAPES = {"dcgan28": (1, 28, 28), "dcgan64": (3, 64, 64)}
+ARCHITECTURES = ("dcgan28", "dcgan64", "mlp28")
+IMAGE_SHAPES = {"dcgan28": (1, 28, 28), "dcgan64": (3, 64, 64), "mlp28": (1, 28, 28)}
+# Architectures whose images are 28x28 greyscale: they train on MNIST and are scored by
+# the frozen MNIST classifier (training/gan_metrics.py).
+MNIST_ARCHITECTURES = ("dcgan28", "mlp28")
 LEAKY_SLOPE = 0.2
 INIT_STD = 0.02
 
@@ -89,7 +98,16 @@ GAN_MODELS: dict[str, GanSpec] = {
     "dcgan28-tiny": GanSpec("dcgan28", z_dim=8, width=4),
     "dcgan64": GanSpec("dcgan64", z_dim=100, width=64),
     "dcgan64-tiny": GanSpec("dcgan64", z_dim=8, width=4),
+    # The MD-GAN paper's MNIST MLP (z_dim 100, hidden 512): 716,560 G parameters without
+    # BatchNorm, as the paper counts; its D ends in 1 logit instead of ACGAN's 11.
+    "mlpgan28": GanSpec("mlp28", z_dim=100, width=512),
+    "mlpgan28-tiny": GanSpec("mlp28", z_dim=8, width=16),
 }
+
+
+def is_mnist_model(name: str) -> bool:
+    """True for the registered models that make 28x28 greyscale images (MNIST)."""
+    return name in GAN_MODELS and GAN_MODELS[name].arch in MNIST_ARCHITECTURES
 
 
 def gan_spec(name: str, batchnorm: bool = True) -> GanSpec:
@@ -140,6 +158,43 @@ class Discriminator28(nn.Module):
                     nn.LeakyReLU(LEAKY_SLOPE)),
             nn.Flatten(),
             nn.Linear(2 * width * 7 * 7, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).view(-1)
+
+
+class GeneratorMlp28(nn.Module):
+    """The MD-GAN paper's MLP generator: z -> Linear(w) [+ BN] + ReLU -> Linear(w) [+ BN]
+    + ReLU -> Linear(784) + tanh, viewed as (n, 1, 28, 28)."""
+
+    def __init__(self, z_dim: int, width: int, batchnorm: bool) -> None:
+        super().__init__()
+        self.z_dim = z_dim
+        self.net = nn.Sequential(
+            *_block(nn.Linear(z_dim, width), width, batchnorm, 1, nn.ReLU()),
+            *_block(nn.Linear(width, width), width, batchnorm, 1, nn.ReLU()),
+            nn.Linear(width, 28 * 28),
+            nn.Tanh(),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z).view(-1, 1, 28, 28)
+
+
+class DiscriminatorMlp28(nn.Module):
+    """The MD-GAN paper's MLP discriminator with one logit: Linear(784 -> w) + LReLU(0.2)
+    -> Linear(w) [+ BN] + LReLU(0.2) -> Linear(1). Like DCGAN-28's D, only its second
+    layer has BatchNorm."""
+
+    def __init__(self, width: int, batchnorm: bool) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(28 * 28, width),
+            nn.LeakyReLU(LEAKY_SLOPE),
+            *_block(nn.Linear(width, width), width, batchnorm, 1, nn.LeakyReLU(LEAKY_SLOPE)),
+            nn.Linear(width, 1),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,6 +258,9 @@ def build_gan(spec: GanSpec, seed: int = 0) -> tuple[nn.Module, nn.Module]:
         if spec.arch == "dcgan28":
             g: nn.Module = Generator28(spec.z_dim, spec.width, spec.batchnorm)
             d: nn.Module = Discriminator28(spec.width, spec.batchnorm)
+        elif spec.arch == "mlp28":
+            g = GeneratorMlp28(spec.z_dim, spec.width, spec.batchnorm)
+            d = DiscriminatorMlp28(spec.width, spec.batchnorm)
         else:
             g = Generator64(spec.z_dim, spec.width, spec.batchnorm)
             d = Discriminator64(spec.width, spec.batchnorm)

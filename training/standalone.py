@@ -3,29 +3,38 @@
 Each round takes the algorithm's planned units, computes them in turn with the node half
 and combines them with the same weighted average and update as the coordinator. With
 one unit per round of the global batch's size this is plain single-process training on
-that batch, which is what distributed runs are compared against.
+that batch, which is what distributed runs are compared against. The algorithm's hooks
+apply as on the coordinator: a unit carries `unit_tensors` when the algorithm sends its
+own, results go through its `aggregator`, and algorithms that keep node sessions get the
+``sessions`` store given here (one store: every unit runs on this one "node").
+
+A plain single-process GAN (batch b, or N x b) is in training/standalone_gan.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from training.algorithms.base import Algorithm, UnitJob, WeightedAverage, Weights
+from training.algorithms.base import Algorithm, UnitJob, Weights
 
 
 def train_in_process(algorithm: Algorithm, rounds: int,
-                     on_round: Callable[[int, Weights], None] | None = None) -> Weights:
-    """Run `rounds` rounds of `algorithm` here; returns the final weights."""
+                     on_round: Callable[[int, Weights], None] | None = None,
+                     sessions: Any = None) -> Weights:
+    """Run `rounds` rounds of `algorithm` here; returns the final weights. ``sessions``
+    is a node session store (compute_node/sessions.py) for algorithms that need one."""
     weights = algorithm.initial_weights()
     dataset_dir = Path(algorithm.dataset_dir)
     for round_index in range(1, rounds + 1):
         planned = algorithm.plan_round(round_index)
         units = planned[: algorithm.quorum(len(planned))]  # the first K, as if they won
-        average = WeightedAverage(deterministic=True)
+        average = algorithm.aggregator(units, deterministic=True)
         for index, unit in enumerate(units):
+            tensors = algorithm.unit_tensors(unit)
             job = UnitJob("standalone", round_index, unit, algorithm.model, algorithm.config,
-                          weights)
+                          weights if tensors is None else tensors, sessions=sessions)
             output = type(algorithm).run_unit(job, dataset_dir)
             average.add(index, output.update, output.num_samples)
         weights = algorithm.apply(weights, average.result())

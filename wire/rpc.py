@@ -7,6 +7,9 @@ peer turns into an exception instead of a hung thread.
 Generated clients are not thread-safe: one call at a time per connection. Use
 one `connect()` per thread, or a `ConnectionPool`, which hands each caller its
 own connection.
+
+Token, TLS and frame limit: each constructor takes them as arguments; left as None
+they come from `wire.security.current()`, which the commands set from their flags.
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolBase
-from thrift.Thrift import TProcessor
-from thrift.transport.TTransport import TTransportException
+from thrift.Thrift import TApplicationException, TMessageType, TProcessor
+from thrift.transport.TTransport import TMemoryBuffer, TTransportException
 
+from wire import auth, security
 from wire.transport import (
-    DEFAULT_MAX_FRAME_BYTES,
     FramedSocketTransport,
     WireProtocolFactory,
     tune_socket,
@@ -38,6 +44,7 @@ ClientFactory = Callable[[TProtocolBase], C]
 
 
 DRAIN_SECONDS = 5.0  # on stop, how long calls in progress may take to answer
+HANDSHAKE_SECONDS = 10.0  # longest TLS handshake a server waits for, per connection
 
 
 class ConnectionFailed(Exception):
@@ -50,10 +57,17 @@ def open_transport(
     *,
     connect_timeout: float = 5.0,
     read_timeout: float | None = 60.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> FramedSocketTransport:
-    """Connect to host:port and return an open transport, or raise ConnectionFailed."""
+    """Connect to host:port and return an open transport, or raise ConnectionFailed.
+
+    With `tls` (default: the process's client context, if any) the connection is
+    TLS and the server's certificate must be signed by its CA and name `host`;
+    the handshake is bounded by `connect_timeout`.
+    """
     where = f"{host}:{port}"
+    tls = tls or security.current().client_tls
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
     except socket.gaierror as exc:
@@ -70,8 +84,33 @@ def open_transport(
     except OSError as exc:
         raise ConnectionFailed(f"cannot connect to {where}: {exc}") from exc
     tune_socket(sock)
+    if tls is not None:
+        sock = _start_client_tls(sock, tls, host, where)
     sock.settimeout(read_timeout)
-    return FramedSocketTransport(sock, max_frame_bytes=max_frame_bytes, peer=where)
+    return FramedSocketTransport(
+        sock, max_frame_bytes=max_frame_bytes or security.current().max_frame_bytes, peer=where
+    )
+
+
+def _start_client_tls(
+    sock: socket.socket, tls: ssl.SSLContext, host: str, where: str
+) -> ssl.SSLSocket:
+    """Handshake on `sock` (under its connect timeout), or close it and raise ConnectionFailed."""
+    try:
+        return tls.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise ConnectionFailed(
+            f"cannot connect to {where}: its TLS certificate is not trusted "
+            f"({exc.verify_message}); --tls-ca must hold the CA that signed it and the "
+            f"certificate must name {host} in its subjectAltName"
+        ) from exc
+    except OSError as exc:  # ssl.SSLError, a reset or a timeout during the handshake
+        sock.close()
+        raise ConnectionFailed(
+            f"cannot connect to {where}: TLS handshake failed ({exc}); is the server started "
+            "with --tls-cert and --tls-key?"
+        ) from exc
 
 
 class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(...) as c`
@@ -91,7 +130,9 @@ class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(.
         *,
         connect_timeout: float = 5.0,
         read_timeout: float | None = 60.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int | None = None,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._transport = open_transport(
             host,
@@ -99,14 +140,22 @@ class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(.
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_frame_bytes=max_frame_bytes,
+            tls=tls,
         )
-        self._client = client_cls(WireProtocolFactory(max_frame_bytes).getProtocol(self._transport))
+        protocols = WireProtocolFactory(self._transport.max_frame_bytes)
+        self._client = _with_token(client_cls(protocols.getProtocol(self._transport)), token)
 
     def __enter__(self) -> C:
         return self._client
 
     def __exit__(self, *exc_info: object) -> None:
         self._transport.close()
+
+
+def _with_token(client: C, token: str | None) -> C:
+    """`client` sending `token` (default: the process's) with every request, if there is one."""
+    token = token or security.current().token
+    return auth.TokenClient(client, token) if token else client  # type: ignore[return-value]
 
 
 def set_read_timeout(client: Any, seconds: float | None) -> None:
@@ -120,7 +169,7 @@ def set_read_timeout(client: Any, seconds: float | None) -> None:
 
 def transport_of(client: Any) -> FramedSocketTransport:
     """The transport under a generated client (they keep their protocol in `_iprot`)."""
-    transport = getattr(getattr(client, "_iprot", None), "trans", None)
+    transport = getattr(getattr(auth.unwrap(client), "_iprot", None), "trans", None)
     if not isinstance(transport, FramedSocketTransport):
         raise TypeError(f"{client!r} was not made by wire.rpc.connect or a ConnectionPool")
     return transport
@@ -144,14 +193,19 @@ class ConnectionPool(Generic[C]):
         max_idle: int = 8,
         connect_timeout: float = 5.0,
         read_timeout: float | None = 60.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int | None = None,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        defaults = security.current()  # settled now, so every connection of the pool agrees
         self._client_cls = client_cls
         self.host, self.port = host, port
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._protocols = WireProtocolFactory(max_frame_bytes)
+        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
+        self._token = token or defaults.token
+        self._tls = tls or defaults.client_tls
         self._idle: list[C] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -179,8 +233,10 @@ class ConnectionPool(Generic[C]):
                 self.port,
                 connect_timeout=self._connect_timeout,
                 max_frame_bytes=self._protocols.max_frame_bytes,
+                tls=self._tls,
             )
-            client = self._client_cls(self._protocols.getProtocol(transport))
+            client = _with_token(self._client_cls(self._protocols.getProtocol(transport)),
+                                 self._token)
         set_read_timeout(client, self._read_timeout)
         return client
 
@@ -216,6 +272,11 @@ class ThriftServer:
     A busy handler only blocks its own connection. A client that sends garbage
     or an oversized frame loses its connection; the server keeps serving.
     `stop()` may be called from any thread or a signal handler.
+
+    With a `token` every call must carry it (else the declared Unauthorized);
+    with `tls` every connection must complete a TLS handshake within
+    `handshake_timeout`. Both, and `max_frame_bytes`, default to the process's
+    `wire.security` settings.
     """
 
     def __init__(
@@ -224,12 +285,19 @@ class ThriftServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int | None = None,
         idle_timeout: float | None = None,
         backlog: int = 128,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        handshake_timeout: float = HANDSHAKE_SECONDS,
     ) -> None:
-        self._processor = processor
-        self._protocols = WireProtocolFactory(max_frame_bytes)
+        defaults = security.current()
+        token = token or defaults.token
+        self._processor = auth.guard_processor(processor, token) if token else processor
+        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
+        self._tls = tls or defaults.server_tls
+        self._handshake_timeout = handshake_timeout
         self._idle_timeout = idle_timeout
         self._listener = socket.create_server((host, port), backlog=backlog)  # SO_REUSEADDR
         self._listener.setblocking(False)
@@ -296,6 +364,11 @@ class ThriftServer:
         ).start()
 
     def _serve_connection(self, sock: socket.socket, peer: str) -> None:
+        if self._tls is not None:
+            secured = self._start_server_tls(sock, peer)
+            if secured is None:
+                return
+            sock = secured
         transport = FramedSocketTransport(
             sock, max_frame_bytes=self._protocols.max_frame_bytes, peer=peer
         )
@@ -304,15 +377,51 @@ class ThriftServer:
             while not self._stop_requested:
                 self._processor.process(protocol, protocol)
         except TTransportException as exc:
-            quiet = exc.type == TTransportException.END_OF_FILE
-            log.log(logging.DEBUG if quiet else logging.WARNING, "closing %s: %s", peer, exc)
+            log.log(_level_of(exc), "closing %s: %s", peer, exc)
         except Exception as exc:  # a bad client must never take the server down
             log.warning("closing %s after a bad request: %r", peer, exc)
         finally:
             transport.close()
-            with self._lock:
-                self._connections.discard(sock)
-                self._drained.notify_all()
+            self._forget(sock)
+
+    def _start_server_tls(self, sock: socket.socket, peer: str) -> ssl.SSLSocket | None:
+        """The TLS connection over `sock`, or None (closed, logged) if the handshake failed.
+
+        Done on the connection's own thread, so a slow or silent peer delays no
+        one else, and bounded by `handshake_timeout` so it cannot hold the thread.
+        """
+        assert self._tls is not None
+        current: socket.socket = sock
+        try:
+            sock.settimeout(self._handshake_timeout)
+            if _speaks_plaintext(sock):
+                log.warning("closing %s: it does not speak TLS (a client without --tls-ca?)", peer)
+                _refuse_plaintext(sock)
+                return self._drop(sock)
+            secured = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            self._replace(sock, secured)  # wrap_socket took over the file descriptor
+            current = secured
+            secured.do_handshake()  # under the handshake timeout, which wrap_socket kept
+            secured.settimeout(self._idle_timeout)
+            return secured
+        except OSError as exc:  # ssl.SSLError, a timeout, a reset
+            log.warning("closing %s: TLS handshake failed (%s); a client without --tls-ca, or "
+                        "one that does not trust this server's certificate?", peer, exc)
+            return self._drop(current)
+
+    def _drop(self, sock: socket.socket) -> None:
+        sock.close()
+        self._forget(sock)
+
+    def _replace(self, old: socket.socket, new: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(old)
+            self._connections.add(new)
+
+    def _forget(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(sock)
+            self._drained.notify_all()
 
     def _close_all(self) -> None:
         """Stop reading, let calls in progress send their replies, then close the rest.
@@ -336,4 +445,58 @@ class ThriftServer:
             connections = list(self._connections)
         for sock in connections:
             with suppress(OSError):  # that connection is already closing
-                sock.shutdown(how)
+                # The plain socket's shutdown even for TLS: SSLSocket.shutdown drops its
+                # TLS state, after which a reply still being written would go out unencrypted.
+                socket.socket.shutdown(sock, how)
+
+
+def _speaks_plaintext(sock: socket.socket) -> bool:
+    """Whether the peer's first byte (peeked, left unread) cannot start a TLS handshake."""
+    first = sock.recv(1, socket.MSG_PEEK)
+    return bool(first) and first[0] != _TLS_HANDSHAKE_RECORD
+
+
+def _refuse_plaintext(sock: socket.socket) -> None:
+    """Answer a plaintext client's first call with a Thrift error that names the fix.
+
+    What the client sent is then read and dropped (bounded) until it hangs up:
+    closing with unread data would reset the connection, and the client could
+    lose the answer before reading it.
+    """
+    with suppress(OSError):
+        sock.sendall(_PLAINTEXT_REFUSAL)
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(_DRAIN_CHUNKS):
+            if not sock.recv(64 * 1024):
+                break
+
+
+def _plaintext_refusal() -> bytes:
+    """One framed Thrift exception message, which any generated client raises."""
+    error = TApplicationException(
+        TApplicationException.UNKNOWN,
+        "this server accepts only TLS connections; give the connecting side --tls-ca with "
+        "the CA that signed the server's certificate",
+    )
+    buffer = TMemoryBuffer()
+    protocol = TBinaryProtocol(buffer)
+    protocol.writeMessageBegin("", TMessageType.EXCEPTION, 0)
+    error.write(protocol)
+    protocol.writeMessageEnd()
+    message = buffer.getvalue()
+    return struct.pack("!i", len(message)) + message
+
+
+# A TLS connection opens with a handshake record, whose first byte is 22.
+_TLS_HANDSHAKE_RECORD = 0x16
+_DRAIN_CHUNKS = 16  # of 64 KiB: a plaintext client's first request, read and dropped
+_PLAINTEXT_REFUSAL = _plaintext_refusal()
+
+
+def _level_of(exc: TTransportException) -> int:
+    """How loudly to log a closed connection: a hang-up is routine, a refused frame is not."""
+    if exc.type == TTransportException.END_OF_FILE:
+        return logging.DEBUG
+    if exc.type == TTransportException.SIZE_LIMIT:
+        return logging.ERROR
+    return logging.WARNING

@@ -22,14 +22,18 @@ byte and cannot read memoryviews.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import socket
+import ssl
 import struct
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
 from thrift.transport.TTransport import TTransportBase, TTransportException
+
+from wire import stats as wire_stats
 
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 DEFAULT_CONTAINER_LIMIT = 1_000_000
@@ -44,8 +48,13 @@ _HARD_MAX_FRAME_BYTES = 2**31 - 1
 _HEADER = struct.Struct("!i")
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _EMPTY = memoryview(b"")
+_MIB = 1024 * 1024
+# A TLS record carrying a handshake starts 0x16 0x03: a TLS client on a plaintext server.
+_TLS_HANDSHAKE = b"\x16\x03"
 
 BytesLike = bytes | bytearray | memoryview
+
+wire_stats.dump_from_environment()  # only when TRAINER_WIRE_STATS names a file
 
 
 def tune_socket(sock: socket.socket) -> None:
@@ -81,11 +90,24 @@ class FramedSocketTransport(TTransportBase):
         self._frame: memoryview = _EMPTY
         self._pos = 0
         self._spare: mmap.mmap | None = None
+        # An SSLSocket has no sendmsg: it encrypts one buffer at a time.
+        self._scatter = not isinstance(sock, ssl.SSLSocket)
+        # Bytes on the wire (frame headers included), also reported to wire.stats.
+        self.bytes_sent = self.bytes_received = 0
+        self.frames_sent = self.frames_received = 0
         self._reset_writes()
 
     # ------------------------------------------------------------ lifecycle
     def isOpen(self) -> bool:
         return self._sock is not None
+
+    def interrupt(self) -> None:
+        """From another thread: make a call blocked on this connection fail at once (its
+        socket is shut down; the caller's thread then closes it as for any failure)."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def open(self) -> None:
         if self._sock is None:
@@ -136,14 +158,22 @@ class FramedSocketTransport(TTransportBase):
         self._recv_exactly(memoryview(self._header))
         (size,) = _HEADER.unpack(self._header)
         if not 0 <= size <= self.max_frame_bytes:
-            raise TTransportException(
-                TTransportException.SIZE_LIMIT,
-                f"frame of {size} bytes from {self.peer} is outside 0..{self.max_frame_bytes}; "
-                "raise max_frame_bytes on both ends or send smaller messages",
-            )
+            raise TTransportException(TTransportException.SIZE_LIMIT, self._refusal(size))
         frame = memoryview(self._buffer_for(size))[:size]
         self._recv_exactly(frame)
         self._frame = frame
+        self._count(wire_stats.RECEIVED, size, frame)
+
+    def _refusal(self, size: int) -> str:
+        """Why a frame header was refused, in words an operator can act on."""
+        if self._header[:2] == _TLS_HANDSHAKE:
+            return (f"{self.peer} speaks TLS to a plaintext connection; start the server with "
+                    "--tls-cert and --tls-key, or drop --tls-ca on the connecting side")
+        if size < 0:
+            return f"frame from {self.peer} declares a negative length ({size}); not our protocol"
+        return (f"frame of {size} bytes ({size / _MIB:.1f} MiB) from {self.peer} exceeds the "
+                f"limit of {self.max_frame_bytes} bytes ({self.max_frame_bytes / _MIB:g} MiB); "
+                "raise --max-frame-mb on every process or send smaller messages")
 
     def _buffer_for(self, size: int) -> bytearray | mmap.mmap:
         if size < _MMAP_FRAME_BYTES:
@@ -189,7 +219,8 @@ class FramedSocketTransport(TTransportBase):
             raise TTransportException(
                 TTransportException.SIZE_LIMIT,
                 f"message of {size} bytes to {self.peer} exceeds max_frame_bytes="
-                f"{self.max_frame_bytes}; raise it on both ends or send smaller messages",
+                f"{self.max_frame_bytes}; raise it (--max-frame-mb) on both ends or send "
+                "smaller messages",
             )
         _HEADER.pack_into(pieces[0], 0, size)
         try:
@@ -199,6 +230,7 @@ class FramedSocketTransport(TTransportBase):
                 self._send_pieces([memoryview(p).cast("B") for p in pieces])
         except OSError as exc:
             raise self._failure(exc, "sending to") from exc
+        self._count(wire_stats.SENT, size, memoryview(pieces[0])[_HEADER.size:])
 
     def _reset_writes(self) -> None:
         self._pieces: list[BytesLike] = []
@@ -208,6 +240,10 @@ class FramedSocketTransport(TTransportBase):
     def _send_pieces(self, views: list[memoryview]) -> None:
         """sendmsg until every byte is out, resuming after partial sends."""
         sock, first = self._socket(), 0
+        if not self._scatter:
+            for view in views:  # one TLS write per piece: big tensors are still not copied
+                sock.sendall(view)
+            return
         while first < len(views):
             sent = sock.sendmsg(views[first : first + _IOV_MAX])
             while first < len(views) and sent >= views[first].nbytes:
@@ -217,6 +253,17 @@ class FramedSocketTransport(TTransportBase):
                 views[first] = views[first][sent:]
 
     # -------------------------------------------------------------- helpers
+    def _count(self, direction: str, size: int, message: memoryview) -> None:
+        """Count one frame of `size` message bytes plus its length header."""
+        nbytes = size + _HEADER.size
+        if direction == wire_stats.SENT:
+            self.bytes_sent += nbytes
+            self.frames_sent += 1
+        else:
+            self.bytes_received += nbytes
+            self.frames_received += 1
+        wire_stats.WIRE_STATS.record(direction, self.peer, nbytes, message)
+
     def _socket(self) -> socket.socket:
         if self._sock is None:
             self.open()  # raises NOT_OPEN

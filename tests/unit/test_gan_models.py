@@ -60,6 +60,15 @@ def test_dcgan28_has_the_measured_size():
     assert n_params(tiny_g) < 10_000 and n_params(tiny_d) < 10_000
 
 
+def test_mlpgan28_has_the_papers_size():
+    # The MD-GAN paper counts 716,560 parameters for its MNIST MLP G and 670,219 for its
+    # ACGAN D with 11 outputs; ours has one logit, so 10 x 513 fewer.
+    g, d = build_gan(gan_spec("mlpgan28", batchnorm=False))
+    assert (n_params(g), n_params(d)) == (716_560, 670_219 - 10 * 513)
+    tiny_g, tiny_d = build_gan(gan_spec("mlpgan28-tiny"))
+    assert n_params(tiny_g) < 20_000 and n_params(tiny_d) < 20_000
+
+
 def test_dcgan64_has_the_classic_size():
     g, d = build_gan(gan_spec("dcgan64"))
     assert 3.5e6 < n_params(g) < 3.6e6 and 2.7e6 < n_params(d) < 2.8e6

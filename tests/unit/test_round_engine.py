@@ -17,6 +17,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
+from coordinator.update_norms import NormGuard
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
@@ -172,3 +173,38 @@ def test_delta_check_names_the_wrong_tensor():
     bad = {name: np.full_like(value, np.inf) for name, value in WEIGHTS.items()}
     with pytest.raises(ValueError, match="NaN or infinite"):
         ALGORITHM.check_update(bad, WEIGHTS)
+
+
+class InflatingNode(LocalNode):
+    """Answers with finite deltas of the right shape, a thousand times too large."""
+
+    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        result = super().train(request)
+        update = {name: value * 1000.0 for name, value in wire_to_dict(result.update).items()}
+        result.update = dict_to_wire(update)
+        return result
+
+
+def test_an_update_far_beyond_the_usual_norm_is_refused_with_its_reason():
+    healthy = LocalNode(0)
+    eng, _, _ = engine([healthy], max_update_norm=10.0)
+    eng.run_round(1, units(11), 11, build, check_finite)  # sets the usual scale
+    inflating = InflatingNode(1)
+    eng.set_nodes([inflating, LocalNode(2)])
+    outcome = eng.run_round(1, units(4), 4, build, check_finite)
+    assert outcome.completed == 4
+    assert inflating.stats.failed >= 1 and inflating.stats.accepted == 0
+    expected = sequential_average(units(4))
+    for name, value in outcome.average.items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-12)
+
+
+def test_norm_guard_waits_for_a_scale_and_names_the_ratio():
+    guard = NormGuard(factor=10.0, warmup=3)
+    ones = {"w": np.ones(4)}
+    assert guard.check({"w": np.full(4, 100.0)}) == 200.0  # no scale yet: accepted
+    for _ in range(3):
+        guard.check(ones)
+    with pytest.raises(ValueError, match=r"the limit is 10x"):
+        guard.check({"w": np.full(4, 100.0)})
+    assert NormGuard(factor=None, warmup=0).check({"w": np.full(4, 1e9)}) == 2e9

@@ -103,7 +103,7 @@ def test_returned_sections_are_copies():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_loads(recipe):
     config = load_run_config(recipe, [])
-    assert config.algorithm in ("delta_avg", "sync_sgd")
+    assert config.algorithm in ("delta_avg", "sync_sgd", "md_gan", "fl_gan")
     assert config.algorithm_config()
 
 

@@ -5,6 +5,8 @@ from training.algorithms.base import Algorithm, ConfigError, Registry
 ALGORITHMS = Registry()
 ALGORITHMS.register("delta_avg", "training.algorithms.delta_avg:DeltaAveraging")
 ALGORITHMS.register("sync_sgd", "training.algorithms.sync_sgd:SyncSGD")
+ALGORITHMS.register("md_gan", "training.algorithms.md_gan:MDGan")
+ALGORITHMS.register("fl_gan", "training.algorithms.fl_gan:FLGan")
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

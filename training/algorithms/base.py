@@ -5,6 +5,12 @@ work unit (`run_unit`) and how the coordinator plans a round and turns the resul
 into the next weights. It never opens a socket, starts a thread or sleeps: the
 round engine owns threads, retries, timeouts and quorum, so every algorithm can be
 tested in process.
+
+Hooks with defaults, for algorithms that keep state on nodes (MD-GAN): `unit_tensors`
+(what a unit carries instead of the global weights), `aggregator` (keep each unit's update
+by unit id instead of one weighted average), `after_round` (move node sessions, given a
+`SessionMoves`), `UnitSpec.preferred_node` (the node tried first), and the class flags
+`uses_sessions` (the run drops the nodes' sessions at its end) and `allows_backups`.
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ from __future__ import annotations
 import importlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -30,6 +36,9 @@ class UnitSpec:
     unit_path: str
     index_start: int | None = None
     index_stop: int | None = None
+    # Name ("host:port") of the node to try first, e.g. the one holding the unit's session;
+    # the engine falls back to any node when that one is gone or benched.
+    preferred_node: str | None = None
 
 
 @dataclass
@@ -43,6 +52,9 @@ class UnitJob:
     config: dict[str, Any]
     weights: Weights
     device: str = "cpu"  # where the node computes: "cpu", "cuda", "cuda:1", ...
+    # The node's session store (compute_node/sessions.py) for algorithms that keep state
+    # on a node between units (Algorithm.uses_sessions); None where there is none.
+    sessions: Any = None
 
 
 @dataclass
@@ -135,11 +147,92 @@ class WeightedAverage:
             return {name: total / self._total for name, total in self._sum.items()}
 
 
+class PerUnitUpdates:
+    """Every unit's update kept whole, by unit id, instead of one weighted average: for
+    algorithms whose units are not interchangeable (MD-GAN: a unit's feedback belongs to
+    the generated batch it was computed on). Same interface as WeightedAverage.
+
+    ``result()`` flattens the updates to ``<unit_id>/<name>`` so that `Algorithm.apply`
+    keeps its signature; `per_unit` splits them back.
+    """
+
+    SEPARATOR = "/"
+
+    def __init__(self, units: Sequence[UnitSpec]) -> None:
+        self._ids = [unit.unit_id for unit in units]
+        for unit_id in self._ids:
+            if self.SEPARATOR in unit_id:
+                raise ValueError(f"unit id {unit_id!r} must not hold {self.SEPARATOR!r}")
+        self._kept: dict[int, Weights] = {}
+        self._lock = threading.Lock()
+
+    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
+        if num_samples <= 0:
+            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
+        with self._lock:
+            self._kept[unit_index] = {k: np.array(v) for k, v in update.items()}
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+    def result(self) -> Weights:
+        """Every kept update, in unit order; raises if nothing was added."""
+        with self._lock:
+            if not self._kept:
+                raise ValueError("no update was added")
+            return {f"{self._ids[index]}{self.SEPARATOR}{name}": value
+                    for index in sorted(self._kept)
+                    for name, value in self._kept[index].items()}
+
+
+def per_unit(flat: Mapping[str, np.ndarray]) -> dict[str, Weights]:
+    """Undo `PerUnitUpdates.result`: unit id -> that unit's update."""
+    units: dict[str, Weights] = {}
+    for key, value in flat.items():
+        unit_id, sep, name = key.partition(PerUnitUpdates.SEPARATOR)
+        if not sep:
+            raise ValueError(f"{key!r} is not a per-unit update name (<unit_id>/<name>)")
+        units.setdefault(unit_id, {})[name] = value
+    return units
+
+
+class SessionMoveError(Exception):
+    """A node session could not be moved; the message names both ends and the cause."""
+
+
+@dataclass(frozen=True)
+class SessionMoved:
+    """What one move carried: payload bytes, and whether it went through the coordinator."""
+
+    bytes: int
+    relayed: bool
+
+
+class SessionMoves(Protocol):
+    """What `Algorithm.after_round` may do with node sessions. The coordinator implements
+    it over its node connections (coordinator/session_moves.py); tests may use stores."""
+
+    # unit id -> name ("host:port") of the node whose result the round used
+    placement: Mapping[str, str]
+
+    def move(self, source: str, session: str, target: str, target_session: str,
+             swap_id: int) -> SessionMoved:
+        """Copy ``session`` of node ``source`` into ``target_session`` of node ``target``,
+        staged under ``swap_id`` (see compute_node/sessions.py); SessionMoveError if not."""
+
+
 class Algorithm(ABC):
     """Base class of every training algorithm; see the module docstring."""
 
     name: ClassVar[str]
     models: ClassVar[tuple[str, ...]]
+    # True: nodes keep per-run sessions for this algorithm; the run drops them at its end.
+    uses_sessions: ClassVar[bool] = False
+    # False: a unit never runs on two nodes at once (no backup attempts), because running
+    # it changes state on the node (a session) that a duplicate would fork.
+    allows_backups: ClassVar[bool] = True
 
     # ------------------------------------------------------------- node half
     @classmethod
@@ -165,6 +258,22 @@ class Algorithm(ABC):
     @abstractmethod
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         """The work units of a round."""
+
+    def unit_tensors(self, unit: UnitSpec) -> Weights | None:
+        """Tensors sent with this unit instead of the global weights; None (the default)
+        sends the global weights with every unit. Called from the engine's threads."""
+        return None
+
+    def aggregator(self, units: Sequence[UnitSpec],
+                   deterministic: bool) -> WeightedAverage | PerUnitUpdates:
+        """How the round's results are combined before `apply`: a weighted average by
+        default; `PerUnitUpdates` keeps each unit's update by unit id."""
+        return WeightedAverage(deterministic)
+
+    def after_round(self, round_index: int, sessions: SessionMoves) -> None:
+        """Called after `apply` with where each unit's result came from and a way to move
+        node sessions between nodes (e.g. MD-GAN's discriminator swap); nothing by default."""
+        return None
 
     def check_update(self, update: Weights, weights: Weights) -> None:
         """Refuse a node's update that cannot be right (ValueError says why); the engine
@@ -193,6 +302,12 @@ class Algorithm(ABC):
     def state_dict(self) -> dict[str, np.ndarray]:
         """Coordinator-side optimizer state to checkpoint; none by default."""
         return {}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what `state_dict` returned (after an .npz round trip), so a resumed
+        run continues exactly where the checkpoint left it."""
+        if state:
+            raise ValueError(f"{self.name} keeps no optimizer state, got {sorted(state)[:3]}")
 
     def epochs_done(self, round_index: int) -> float | None:
         """Passes over the data set after `round_index` rounds, where that is meaningful."""

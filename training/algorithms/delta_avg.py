@@ -128,6 +128,9 @@ class DeltaAveraging(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
 
 def _spec(config: Mapping[str, Any]) -> mlp.MLPSpec:
     return mlp.MLPSpec(

@@ -21,7 +21,8 @@ Models and data sets:
 * ``mlp``: the letters MLP (``training/mlp.py``) on a letters folder; the training part is the
   ``train_*`` files concatenated in natural order, the validation error is measured on
   ``validate_*`` after every round.
-* ``dcgan28`` / ``dcgan28-tiny``: MNIST (``training/mnist.py``, the 8,000-image training part);
+* ``dcgan28`` / ``dcgan28-tiny`` and the MLP GANs ``mlpgan28`` / ``mlpgan28-tiny``: MNIST
+  (``training/mnist.py``, the 8,000-image training part);
   ``dcgan64`` / ``dcgan64-tiny``: any image folder (``training/image_folder.py``).
 
 GAN maths. D's and G's gradients are both computed from the SAME received (G, D) version:
@@ -80,7 +81,7 @@ from training.algorithms.base import (
 )
 from training.letters import load_letters
 
-GAN_MODELS = ("dcgan28", "dcgan28-tiny", "dcgan64", "dcgan64-tiny")
+GAN_MODELS = ("dcgan28", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28", "mlpgan28-tiny")
 GRAD = "grad."
 BUFFER = "buffer."
 PROBE_SIZE = 64  # real and fake images scored by a GAN's cheap per-round evaluation
@@ -209,7 +210,7 @@ def _data(model: str, folder: str) -> _Letters | _Mnist | _Folder:
     try:
         if model == "mlp":
             return _Letters(Path(folder))
-        if gan_models.gan_spec(model).arch == "dcgan28":
+        if gan_models.is_mnist_model(model):
             return _Mnist(Path(folder))
         return _Folder(Path(folder))
     except (OSError, ValueError) as exc:
@@ -399,7 +400,7 @@ class SyncSGD(Algorithm):
 
     def score(self, weights: Weights, n: int) -> dict[str, float]:
         """IS and FID (classifier features and logits) for the 28x28 MNIST models."""
-        if not (isinstance(self.state, _GanState) and self.model.startswith("dcgan28")):
+        if not (isinstance(self.state, _GanState) and gan_models.is_mnist_model(self.model)):
             return {}
         images = gan_models.sample_images(self.state.g, n, seed=gan_metrics.SCORE_SEED)
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
@@ -408,6 +409,21 @@ class SyncSGD(Algorithm):
         return {f"optim.{group}.{key}": value
                 for group, (named, optimizer) in self.state.optimizers().items()
                 for key, value in _optimizer_arrays(named, optimizer).items()}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        for group, (named, optimizer) in self.state.optimizers().items():
+            _load_optimizer_arrays(named, optimizer, state, f"optim.{group}.")
+
+
+def _load_optimizer_arrays(named: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                           state: Mapping[str, np.ndarray], prefix: str) -> None:
+    """Put Adam's step and moments back from the arrays `_optimizer_arrays` made."""
+    for name, param in named.items():
+        keys = {key[len(prefix) + len(name) + 1:]: value for key, value in state.items()
+                if key.startswith(f"{prefix}{name}.")}
+        if keys:
+            optimizer.state[param] = {key: torch.from_numpy(np.array(value, copy=True))
+                                      for key, value in keys.items()}
 
 
 def _optimizer_arrays(named: Mapping[str, torch.Tensor],

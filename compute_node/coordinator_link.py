@@ -1,0 +1,161 @@
+"""A node's own link to the coordinator: self-registration, heartbeats, pull mode.
+
+`CoordinatorLink` registers a push node (it gives the port it listens on, and the
+coordinator's runs pick it up at their next round), heartbeats, and says goodbye on
+stop. `PullWorker` is the pull mode of a node that cannot accept connections: it
+registers, then leases one unit at a time, computes it with the same handler as a
+push node (load simulation included) and submits the result; heartbeats give up
+leases the coordinator cancels. An unreachable coordinator is retried with growing
+back-off, for `retry_for` seconds at most, so a dead one cannot keep a node waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from thrift.Thrift import TException
+
+from compute_node.handler import ComputeNodeHandler
+from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from wire.rpc import ConnectionFailed, connect
+
+log = logging.getLogger("compute_node.pull")
+
+LEASE_WAIT_SECONDS = 2.0
+RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 10.0
+
+
+class PullStopped(Exception):
+    """The node cannot go on (coordinator gone too long, refused); the message says why."""
+
+
+@dataclass
+class PullSettings:
+    host: str
+    port: int
+    node_id: str
+    load_prob: float
+    device: str = "cpu"
+    retry_for: float = 300.0
+    connect_timeout: float = 5.0
+    listen_host: str | None = None  # a push node registering itself: where it listens
+    listen_port: int | None = None
+
+
+class CoordinatorLink:
+    """Registration, heartbeats and leaving; alone, it announces a push node."""
+
+    def __init__(self, handler: ComputeNodeHandler, settings: PullSettings) -> None:
+        self.handler = handler
+        self.settings = settings
+        self.stopped = threading.Event()
+        self.name = ""
+        self._heartbeat_seconds = 1.0
+
+    def start(self) -> None:
+        """Register, then heartbeat in a thread until `stop()`."""
+        self._register()
+        threading.Thread(target=self._heartbeats, name="heartbeats", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._leave()
+
+    def _register(self) -> None:
+        s = self.settings
+        pull = s.listen_port is None
+        result = self._call("register_node", lambda: ttypes.RegisterRequest(
+            protocol_version=PROTOCOL_VERSION, node_id=s.node_id, pull=pull,
+            host=s.listen_host, port=s.listen_port, load_prob=s.load_prob, device=s.device))
+        self.name, self._heartbeat_seconds = result.node, result.heartbeat_seconds
+        log.info("registered with %s:%d as %s", s.host, s.port, self.name)
+
+    def _heartbeats(self) -> None:
+        while not self.stopped.wait(self._heartbeat_seconds):
+            try:
+                answer = self._call("heartbeat", lambda: ttypes.HeartbeatRequest(
+                    protocol_version=PROTOCOL_VERSION, node=self.name,
+                    units_running=self.handler.counters.running,
+                    delaying=self.handler.delaying()), retry=False)
+            except (PullStopped, ConnectionFailed, TException, OSError) as exc:
+                log.debug("heartbeat failed: %s", exc)
+                continue
+            for key in answer.cancel or []:
+                run_id, unit_id, attempt = key.rsplit("/", 2)
+                self.handler.cancel_unit(ttypes.CancelUnitRequest(
+                    run_id=run_id, unit_id=unit_id, attempt=int(attempt)))
+
+    def _leave(self) -> None:
+        if not self.name:
+            return
+        try:
+            self._call("leave", lambda: ttypes.LeaveRequest(
+                protocol_version=PROTOCOL_VERSION, node=self.name), retry=False)
+        except (PullStopped, ConnectionFailed, TException, OSError) as exc:
+            log.debug("could not say goodbye: %s", exc)
+
+    # ------------------------------------------------------------------- calls
+    def _call(self, method: str, build, read_timeout: float = 30.0, retry: bool = True):
+        """One call on a fresh connection, retried with back-off while the coordinator
+        is unreachable; declared refusals (version, token) stop the node at once."""
+        s = self.settings
+        began, wait = time.monotonic(), RETRY_FIRST_SECONDS
+        while True:
+            try:
+                with connect(Coordinator.Client, s.host, s.port,
+                             connect_timeout=s.connect_timeout,
+                             read_timeout=read_timeout) as client:
+                    return getattr(client, method)(build())
+            except ttypes.VersionMismatch as exc:
+                raise PullStopped(f"the coordinator refused this node: {exc.message}") from None
+            except (ttypes.Unauthorized, ttypes.InvalidRequest) as exc:
+                raise PullStopped(f"the coordinator refused this node: {exc.message}") from None
+            except (ConnectionFailed, TException, OSError) as exc:
+                failing = time.monotonic() - began
+                if not retry or self.stopped.is_set():
+                    raise
+                if failing > s.retry_for:
+                    raise PullStopped(f"coordinator {s.host}:{s.port} unreachable for "
+                                      f"{failing:.0f}s: {exc}") from None
+                log.warning("coordinator %s:%d unreachable (%s); retrying in %.1fs",
+                            s.host, s.port, exc, wait)
+                if self.stopped.wait(wait):
+                    raise PullStopped("stopped") from None
+                wait = min(RETRY_MAX_SECONDS, wait * 2)
+
+
+class PullWorker(CoordinatorLink):
+    """Registers with the coordinator, then leases, computes and submits until stopped."""
+
+    def run(self) -> None:
+        """Work until `stopped` is set; raises PullStopped when the node must give up."""
+        self.start()
+        try:
+            while not self.stopped.is_set():
+                lease = self._call("lease_unit", lambda: ttypes.LeaseRequest(
+                    protocol_version=PROTOCOL_VERSION, node=self.name,
+                    wait_seconds=LEASE_WAIT_SECONDS), LEASE_WAIT_SECONDS + 10.0)
+                if not lease.known:
+                    self._register()
+                elif lease.work is not None:
+                    self._work(lease.work)
+        finally:
+            self._leave()
+
+    def _work(self, work: ttypes.WorkRequest) -> None:
+        error, result = None, None
+        try:
+            result = self.handler.train_with_weights(work)
+        except (ttypes.InvalidRequest, ttypes.VersionMismatch) as exc:
+            error = exc.message
+            result = ttypes.TrainResult(accepted=False, outcome=ttypes.UnitOutcome.CANCELLED,
+                                        update=[], num_samples=0, loss=0.0, error=0.0,
+                                        compute_seconds=0.0, delay_seconds=0.0, message=error)
+        answer = self._call("submit_result", lambda: ttypes.SubmitRequest(
+            protocol_version=PROTOCOL_VERSION, node=self.name, run_id=work.run_id,
+            unit_id=work.unit_id, attempt=work.attempt, result=result, error=error))
+        if not answer.accepted:
+            log.info("result of unit %s not taken: %s", work.unit_id, answer.message)

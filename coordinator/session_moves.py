@@ -1,0 +1,107 @@
+"""Node sessions seen from the coordinator: moving them between nodes, dropping them.
+
+`NodeSessions` is what `Algorithm.after_round` gets (the `SessionMoves` protocol of
+training/algorithms/base.py). A move goes **node to node** when both ends accept
+connections: the coordinator asks the source to `send_session` to the target's address
+(as the nodes file lists it, so that address must be reachable from the source), and the
+payload never passes through the coordinator. When either end cannot be dialled (a node
+in pull mode, which only dials out), the coordinator **relays**: `export_session` from the
+source, then `import_session` into the target, passing the tensors through undecoded.
+A pull node takes no calls at all, so for now its sessions cannot be reached: such a move
+fails with a SessionMoveError that says so, and the slot's discriminator stays where it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from thrift.Thrift import TException
+
+from coordinator.node_pool import NodeHandle
+from training.algorithms.base import SessionMoved, SessionMoveError
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.rpc import ConnectionFailed
+
+log = logging.getLogger("coordinator.sessions")
+
+CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
+
+
+class NodeSessions:
+    """Session moves over the run's node connections; see the module docstring."""
+
+    def __init__(self, run_id: str, nodes: Iterable[NodeHandle], placement: Mapping[str, str],
+                 cannot_dial: Callable[[NodeHandle], bool] = lambda node: False) -> None:
+        """``cannot_dial(node)``: whether other nodes cannot open connections to it (a node
+        in pull mode, behind NAT, ...); a move with such an end is relayed."""
+        self.run_id = run_id
+        self.placement = dict(placement)
+        self._nodes = {node.name: node for node in nodes}
+        self._cannot_dial = cannot_dial
+
+    def move(self, source: str, session: str, target: str, target_session: str,
+             swap_id: int) -> SessionMoved:
+        """Node to node when both ends accept connections, else relayed."""
+        if self._cannot_dial(self._node(source)) or self._cannot_dial(self._node(target)):
+            return self.relay(source, session, target, target_session, swap_id)
+        return self.send(source, session, target, target_session, swap_id)
+
+    def send(self, source: str, session: str, target: str, target_session: str,
+             swap_id: int) -> SessionMoved:
+        """The source node sends its session straight to the target node."""
+        address = self._node(target).address
+        request = ttypes.SendSessionRequest(
+            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=session,
+            target_host=address.host, target_port=address.port, target_session=target_session,
+            swap_id=swap_id)
+        ack = self._call(source, "send_session", request, f"send {session} to {target}")
+        return SessionMoved(bytes=ack.bytes, relayed=False)
+
+    def relay(self, source: str, session: str, target: str, target_session: str,
+              swap_id: int) -> SessionMoved:
+        """Export from the source, import into the target, through the coordinator."""
+        state = self._call(source, "export_session", ttypes.SessionRequest(
+            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=session),
+            f"export {session}")
+        ack = self._call(target, "import_session", ttypes.ImportSessionRequest(
+            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=target_session,
+            swap_id=swap_id, tensors=state.tensors), f"import {target_session}")
+        return SessionMoved(bytes=ack.bytes, relayed=True)
+
+    def _node(self, name: str) -> NodeHandle:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise SessionMoveError(f"node {name} is not one of this run's nodes") from None
+
+    def _call(self, name: str, method: str, request: Any, what: str) -> Any:
+        node = self._node(name)
+        if not node.accepts_connections:
+            raise SessionMoveError(f"{what}: {name} is a pull node, which takes no calls")
+        try:
+            answer = node.session_call(method, request)
+        except ttypes.InvalidRequest as exc:
+            raise SessionMoveError(f"{what}: {name} refused: {exc.message}") from None
+        except CALL_ERRORS as exc:
+            raise SessionMoveError(f"{what}: {name} did not answer: {exc}") from None
+        if isinstance(answer, ttypes.SessionAck) and not answer.ok:
+            raise SessionMoveError(f"{what}: {name}: {answer.message}")
+        return answer
+
+
+def drop_sessions(run_id: str, nodes: Iterable[NodeHandle]) -> int:
+    """Ask every node to forget the run's sessions (best effort, short timeouts); returns
+    how many nodes answered. A node that does not answer evicts them in time anyway."""
+    answered = 0
+    request = ttypes.DropSessionsRequest(protocol_version=PROTOCOL_VERSION, run_id=run_id)
+    for node in nodes:
+        if not node.accepts_connections:
+            continue
+        try:
+            node.session_call("drop_sessions", request, quick=True)
+            answered += 1
+        except CALL_ERRORS as exc:
+            log.debug("could not drop the sessions of run %s on %s: %s", run_id, node.name, exc)
+    return answered

@@ -1,0 +1,158 @@
+"""MD-GAN and FL-GAN through real node and coordinator processes on loopback: swaps node
+to node and relayed, a short run that learns, a node killed mid-run, sessions dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from compute_node.sessions import SessionStore
+from coordinator.node_pool import NodeHandle
+from coordinator.nodes_file import NodeAddress
+from coordinator.session_moves import NodeSessions
+from devtools.local_cluster import REPO
+from training import gan_metrics, gan_models
+from training.algorithms.base import UnitJob, UnitSpec
+from training.algorithms.md_gan import Discriminator, MDGan
+from training.datapaths import DEFAULT_DATA_ROOT
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.tensor_codec import dict_to_wire, wire_to_dict
+
+torch.set_num_threads(1)
+
+MNIST = DEFAULT_DATA_ROOT / "mnist"
+MD_GAN = str(REPO / "configs" / "md_gan_mnist.yaml")
+# The tiny DCGAN learns fast enough to show in a few dozen iterations at a high lr.
+TINY_RUN = ["--set", "run.model=dcgan28-tiny", "--set", "md_gan.workers=2",
+            "--set", "md_gan.batch_size=32", "--set", "md_gan.k=1", "--set", "md_gan.lr=0.005",
+            "--set", "md_gan.swap_every_epochs=0.1",  # 125 iterations an epoch: every 12
+            "--set", "outputs.sample_every=0", "--set", "outputs.checkpoint_every=0"]
+EVAL_N = 500
+# A node's first GAN unit imports torch; on a busy 2-core machine that alone can pass the
+# default 30 s deadline, and a reclaimed unit would blur the counts these tests check.
+PATIENT = ("--deadline-floor", "120")
+
+
+def handles(cluster, count: int = 2) -> list[NodeHandle]:
+    procs = [cluster.add_node(0.0) for _ in range(count)]
+    return [NodeHandle(i, NodeAddress("127.0.0.1", p.port), rpc_timeout=180.0,
+                       connect_timeout=3.0) for i, p in enumerate(procs)]
+
+
+def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) -> None:
+    result = node.train(ttypes.WorkRequest(
+        protocol_version=PROTOCOL_VERSION, run_id="run", round=round_index, unit_id=unit.unit_id,
+        attempt=1, algorithm="md_gan", model=algorithm.model, dataset="mnist",
+        unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
+        weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2))
+    assert result.outcome == ttypes.UnitOutcome.COMPLETED, result.message
+
+
+def export(node: NodeHandle, session: str) -> dict[str, np.ndarray]:
+    state = node.session_call("export_session", ttypes.SessionRequest(
+        protocol_version=PROTOCOL_VERSION, run_id="run", session=session))
+    return {k: v.copy() for k, v in wire_to_dict(state.tensors).items()}
+
+
+def replay(algorithm: MDGan, unit: UnitSpec, start: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What slot 1's unit of iteration 2 makes of a D that starts from ``start``."""
+    store = SessionStore()
+    with store.use("run", "d1") as session:
+        session.state = Discriminator(algorithm.spec, algorithm.config, 1)
+        session.state.load(start)
+        session.last_round = 1
+    MDGan.run_unit(UnitJob("run", 2, unit, algorithm.model, algorithm.config,
+                           algorithm.unit_tensors(unit), sessions=store), MNIST)
+    return store.export("run", "d1")
+
+
+def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return sorted(a) == sorted(b) and all(np.allclose(a[k], b[k], rtol=1e-5, atol=1e-7)
+                                          for k in a)
+
+
+@pytest.mark.parametrize("relayed", [False, True], ids=["node to node", "relayed"])
+def test_a_swap_moves_parameters_buffers_and_adam_state_between_nodes(cluster,
+                                                                      relayed: bool) -> None:
+    a, b = handles(cluster)
+    algorithm = MDGan("dcgan28-tiny", {"workers": 2, "batch_size": 16, "k": 1, "seed": 5},
+                      MNIST)
+    units = algorithm.plan_round(1)
+    train(a, algorithm, units[0], 1)  # slot 0's D lives on a, slot 1's on b
+    train(b, algorithm, units[1], 1)
+    d0, d1 = export(a, "d0"), export(b, "d1")
+    assert any("running_mean" in k for k in d0) and any(k.startswith("adam.") for k in d0)
+
+    sessions = NodeSessions("run", [a, b], {}, cannot_dial=lambda node: relayed and node is a)
+    moved = sessions.move(a.name, "d0", b.name, "d1", swap_id=1)
+    assert moved.relayed is relayed
+    assert moved.bytes == algorithm.model_bytes + algorithm.optimizer_bytes
+    assert same(export(b, "d1"), d1)  # staged: the trained state has not changed yet
+
+    algorithm.swaps_done = 1  # the next iteration's units carry swap id 1
+    units = algorithm.plan_round(2)
+    train(b, algorithm, units[1], 2)
+    after = export(b, "d1")
+    assert same(after, replay(algorithm, units[1], d0))  # it trained slot 0's D, exactly
+    assert not same(after, replay(algorithm, units[1], d1))
+
+
+def initial_fid(model: str, seed: int) -> float:
+    g, _ = gan_models.build_gan(gan_models.gan_spec(model), seed=seed)
+    images = gan_models.sample_images(g, EVAL_N, seed=gan_metrics.SCORE_SEED)
+    return gan_metrics.score_images(images, EVAL_N).fid_features
+
+
+def test_a_short_two_node_run_improves_fid_and_drops_its_sessions(cluster) -> None:
+    nodes = [cluster.add_node(0.0), cluster.add_node(0.0)]
+    cluster.start_coordinator(2, *PATIENT)
+    result = cluster.train_json("--config", MD_GAN, *TINY_RUN, "--set", "run.rounds=40",
+                                "--set", "outputs.eval_every=40",
+                                "--set", f"outputs.eval_n={EVAL_N}", timeout=300)
+    assert result["rounds"] == 40
+    start, end = initial_fid("dcgan28-tiny", 1), result["history"][-1]["fid_features"]
+    seconds = sorted(h["seconds"] for h in result["history"][1:-1])  # no start-up, no scoring
+    print(f"\nMD-GAN 2 nodes, 40 iterations: FID {start:.0f} -> {end:.0f}, "
+          f"median iteration {seconds[len(seconds) // 2]:.3f} s")
+    assert end < 0.75 * start
+    cluster.coordinator.wait_for(r"swap 3: 2 discriminators moved \(0 relayed, 0 failed\)")
+    for node in nodes:  # the run's sessions were dropped on every node at its end
+        node.wait_for(r"dropped 1 sessions of run")
+    assert sum(n["accepted"] for n in result["nodes"]) == 80
+
+
+def test_md_gan_survives_a_node_killed_mid_run(cluster) -> None:
+    cluster.add_node(0.0)
+    doomed = cluster.add_node(0.0, "--crash-after-units", "7")
+    cluster.start_coordinator(2, *PATIENT)
+    result = cluster.train_json("--config", MD_GAN, *TINY_RUN, "--set", "run.rounds=30",
+                                "--set", "outputs.eval_every=30",
+                                "--set", f"outputs.eval_n={EVAL_N}", timeout=300)
+    assert not doomed.alive()
+    assert result["rounds"] == 30
+    crashed = next(n for n in result["nodes"] if n["node"].endswith(f":{doomed.port}"))
+    survivor = next(n for n in result["nodes"] if n is not crashed)
+    assert crashed["failed"] >= 1 and crashed["accepted"] == 7
+    # Every later unit; the crashed node's slot went on with a D started afresh.
+    assert survivor["accepted"] == 60 - 7
+    # A swap after the crash still moves both discriminators (both live on the survivor).
+    cluster.coordinator.wait_for(r"swap 2: 2 discriminators moved \(0 relayed, 0 failed\)")
+
+
+def test_fl_gan_trains_through_two_nodes(cluster, tmp_path: Path) -> None:
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2, *PATIENT)
+    result = cluster.train_json(
+        "--config", str(REPO / "configs" / "fl_gan_mnist.yaml"), "--set", "run.rounds=2",
+        "--set", "run.model=dcgan28-tiny", "--set", "fl_gan.workers=2",
+        "--set", "fl_gan.batch_size=500", "--set", "outputs.eval_every=1",
+        "--set", f"outputs.eval_n={EVAL_N}", timeout=300)
+    assert result["rounds"] == 2
+    assert sum(n["accepted"] for n in result["nodes"]) >= 4  # backups may add duplicates
+    assert all(0.0 <= h["validation_error"] <= 1.0 for h in result["history"])
+    assert all(h["fid_features"] > 0 for h in result["history"])

@@ -1,0 +1,182 @@
+"""FL-GAN: federated averaging of whole GANs, the MD-GAN paper's competitor.
+
+One round is one federated round. The coordinator sends the global (G, D), parameters and
+BatchNorm buffers, to N worker slots (``workers``), one unit each. A node trains the pair
+for ``local_epochs`` E passes over its slot's iid shard of the MNIST training part
+(training/gan_training.py) in batches of ``batch_size`` b, with the usual alternating DCGAN
+step (a D step, then a G step against the updated D), and returns the full ``state_dict``
+of both networks. Buffers are part of it: averaging the parameters without BN's running
+statistics gives garbage samples in eval mode.
+
+Each round starts a fresh Adam per network on the node: the paper averages the networks
+only, and moment estimates made for one node's model would not fit the average anyway.
+
+The coordinator averages the full state weighted by each slot's shard size (the engine's
+``WeightedAverage``), and that average is the next global model (BN's integer batch
+counter is rounded). The per-round evaluation is sync_sgd's cheap progress signal: the
+global D's error on a fixed probe of 64 held-out real images and 64 fakes from fixed noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training import gan_metrics, gan_models, mnist
+from training.algorithms.base import (
+    Algorithm,
+    ConfigError,
+    RoundEval,
+    UnitJob,
+    UnitOutput,
+    UnitSpec,
+    Weights,
+    check_type,
+)
+from training.gan_training import (
+    adam,
+    alternating_step,
+    batch_indices,
+    check_adam,
+    check_positive,
+    check_shards,
+    d_loss,
+    noise,
+    real_batch,
+    shard_indices,
+    slot_of,
+    slot_unit_id,
+    training_size,
+)
+
+MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
+DEFAULTS: dict[str, Any] = {
+    "workers": 4, "local_epochs": 1, "batch_size": 64, "lr": 2e-4, "beta1": 0.5,
+    "beta2": 0.999, "seed": 1, "batchnorm": True,
+}
+UNIT_TAG = "fl"
+PROBE_SIZE, PROBE_SEED = 64, 12345
+
+
+def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    if model not in MODELS:
+        raise ConfigError(f"algorithm 'fl_gan' trains models {MODELS}, not {model!r}")
+    unknown = sorted(set(config) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r} for fl_gan; "
+                          f"known: {', '.join(DEFAULTS)}")
+    checked = {key: check_type(key, config[key] if config.get(key) is not None else default,
+                               default)
+               for key, default in DEFAULTS.items()}
+    check_positive(checked, ("workers", "local_epochs", "batch_size"))
+    check_adam(checked)
+    return checked
+
+
+def _load_pair(spec: gan_models.GanSpec, weights: Mapping[str, np.ndarray],
+               device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    g, d = gan_models.build_gan(spec)
+    try:
+        gan_models.numpy_to_state(g, weights, "G.")
+        gan_models.numpy_to_state(d, weights, "D.")
+    except ValueError as exc:
+        raise ConfigError(f"weights do not fit {spec}: {exc}") from exc
+    return g.to(device), d.to(device)
+
+
+def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any]) -> UnitOutput:
+    """E local epochs of alternating D/G steps on the slot's shard, from the global pair."""
+    slot = slot_of(job.unit.unit_id, config["workers"])
+    spec = gan_models.gan_spec(job.model, config["batchnorm"])
+    g, d = _load_pair(spec, job.weights, job.device)
+    g.train()
+    d.train()
+    opt_g, opt_d = adam(g.parameters(), config), adam(d.parameters(), config)
+    b, seed, epochs = config["batch_size"], config["seed"], config["local_epochs"]
+    shard = shard_indices(training_size(dataset_dir), slot, config["workers"], seed)
+    per_epoch = len(shard) // b
+    losses, wrong = [], 0
+    for local in range(epochs * per_epoch):
+        step = (job.round - 1) * epochs * per_epoch + local  # the slot's batch number
+        real = real_batch(dataset_dir, batch_indices(shard, b, step, seed, slot))
+        z = noise(spec.z_dim, b, seed, slot, step)
+        loss, batch_wrong = alternating_step(g, d, opt_g, opt_d, real.to(job.device),
+                                             z.to(job.device))
+        losses.append(loss)
+        wrong += batch_wrong
+    update = {**gan_models.state_to_numpy(g, "G."), **gan_models.state_to_numpy(d, "D.")}
+    return UnitOutput(update=update, num_samples=len(shard), loss=float(np.mean(losses)),
+                      error=wrong / (2 * b * len(losses)))
+
+
+class FLGan(Algorithm):
+    """See the module docstring."""
+
+    name = "fl_gan"
+    models = MODELS
+
+    @classmethod
+    def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        return _check_config(model, config)
+
+    @classmethod
+    def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
+        return train_slot(job, dataset_dir, cls.check_config(job.model, job.config))
+
+    # ------------------------------------------------------ coordinator half
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
+        super().__init__(model, config, dataset_dir)
+        check_shards(dataset_dir, self.config["workers"], self.config["batch_size"])
+        self.spec = gan_models.gan_spec(model, self.config["batchnorm"])
+        self.g, self.d = gan_models.build_gan(self.spec, seed=self.config["seed"])
+        self.g.eval()
+        self.d.eval()
+        self.probe = mnist.to_model_input(mnist.held_out_part(dataset_dir)[0][:PROBE_SIZE])
+        self.probe_z = noise(self.spec.z_dim, PROBE_SIZE, PROBE_SEED)
+
+    def initial_weights(self) -> Weights:
+        return {**gan_models.state_to_numpy(self.g, "G."),
+                **gan_models.state_to_numpy(self.d, "D.")}
+
+    def plan_round(self, round_index: int) -> list[UnitSpec]:
+        return [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), mnist.IMAGES_FILE)
+                for slot in range(self.config["workers"])]
+
+    def apply(self, weights: Weights, average: Weights) -> Weights:
+        """The weighted average of the nodes' states is the next global model."""
+        expected = sorted(self.initial_weights())
+        if sorted(average) != expected:
+            missing = sorted(set(expected) - set(average))[:3]
+            raise ValueError(f"averaged state does not match the model: missing {missing}, "
+                             f"unexpected {sorted(set(average) - set(expected))[:3]}")
+        self._load(average)
+        return self.initial_weights()
+
+    def _load(self, weights: Mapping[str, np.ndarray]) -> None:
+        gan_models.numpy_to_state(self.g, weights, "G.")
+        gan_models.numpy_to_state(self.d, weights, "D.")
+
+    @torch.no_grad()
+    def evaluate(self, weights: Weights) -> RoundEval:
+        self._load(weights)
+        loss, wrong = d_loss(self.d, self.probe, self.g(self.probe_z))
+        return RoundEval(validation_error=wrong / (2 * PROBE_SIZE), validation_loss=float(loss))
+
+    def epochs_done(self, round_index: int) -> float:
+        return float(round_index * self.config["local_epochs"])
+
+    def model_description(self) -> dict[str, Any]:
+        return {"model": self.model, "gan": self.spec.to_dict()}
+
+    def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray:
+        self._load(weights)
+        return gan_models.sample_images(self.g, n, seed).numpy()
+
+    def score(self, weights: Weights, n: int) -> dict[str, float]:
+        self._load(weights)
+        images = gan_models.sample_images(self.g, n, seed=gan_metrics.SCORE_SEED)
+        return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()

@@ -1,0 +1,154 @@
+"""Bytes on the wire, counted where they are sent and received: the framed transport.
+
+Every `wire.transport.FramedSocketTransport` counts its own frames and bytes
+(`bytes_sent`, `bytes_received`, `frames_sent`, `frames_received`) and reports each frame
+to the process-wide registry `WIRE_STATS`, which keeps totals by Thrift method and message
+type (e.g. ``train_with_weights call``) and by peer (``host:port`` as the transport names
+it). A frame counts its 4-byte length header and the whole Thrift message; TCP/IP headers
+are not counted. Counting costs a lock and a few bytes of parsing per frame, nothing per
+byte: a 16 MiB tensor costs the same to count as a ping.
+
+Reading the counters:
+
+* in process: ``WIRE_STATS.snapshot()`` (JSON-ready dict), ``WIRE_STATS.reset()``;
+* from outside, for any process that uses `wire/` (node, coordinator, client) without
+  touching its command line: set ``TRAINER_WIRE_STATS=PATH`` in its environment and it
+  writes the snapshot as JSON to PATH every ``TRAINER_WIRE_STATS_EVERY`` seconds
+  (default 1) and once more at a normal exit. ``{pid}`` in PATH is replaced by the process
+  id, so one setting serves several processes. A process killed abruptly leaves its last
+  periodic snapshot. Per-iteration figures come from dividing the counts of the methods an
+  algorithm uses per iteration by the iterations run (see ``bench/mdgan_paper.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import struct
+import threading
+import time
+from typing import Any
+
+ENV_PATH = "TRAINER_WIRE_STATS"
+ENV_EVERY = "TRAINER_WIRE_STATS_EVERY"
+SENT, RECEIVED = "sent", "received"
+# Connections accepted by a server are named by the client's ephemeral port, so a
+# long-lived server could see unboundedly many peers; beyond this they are pooled.
+MAX_PEERS = 256
+OTHER_PEERS = "<other peers>"
+MAX_NAME_BYTES = 128
+_STRICT_VERSION = 0x80010000
+_VERSION_MASK = 0xFFFF0000
+_KINDS = {1: "call", 2: "reply", 3: "exception", 4: "oneway"}
+_U32 = struct.Struct("!I")
+
+
+def message_label(message: bytes | bytearray | memoryview) -> str:
+    """``"<method> <call|reply|exception|oneway>"`` from the start of a strict binary
+    Thrift message (what `WireProtocol` writes), or ``"?"`` when it is not one."""
+    if len(message) < 8:
+        return "?"
+    version, length = _U32.unpack_from(message, 0)[0], _U32.unpack_from(message, 4)[0]
+    if version & _VERSION_MASK != _STRICT_VERSION:
+        return "?"
+    if not 0 < length <= MAX_NAME_BYTES or len(message) < 8 + length:
+        return "?"
+    name = bytes(message[8:8 + length]).decode("ascii", errors="replace")
+    return f"{name} {_KINDS.get(version & 0xFF, 'unknown')}"
+
+
+def _empty_counts() -> dict[str, int]:
+    return {"sent_bytes": 0, "sent_frames": 0, "received_bytes": 0, "received_frames": 0}
+
+
+class WireStats:
+    """Thread-safe byte and frame counts of one process, by message label and by peer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = time.time()
+        self._by_label: dict[str, dict[str, int]] = {}
+        self._by_peer: dict[str, dict[str, int]] = {}
+
+    def record(self, direction: str, peer: str, nbytes: int,
+               message: bytes | bytearray | memoryview) -> None:
+        """Count one frame of ``nbytes`` (header included) whose message starts
+        ``message``; ``direction`` is `SENT` or `RECEIVED`."""
+        label = message_label(message)
+        with self._lock:
+            for table, key in ((self._by_label, label), (self._by_peer, peer)):
+                counts = table.get(key)
+                if counts is None:
+                    if table is self._by_peer and len(table) >= MAX_PEERS:
+                        key = OTHER_PEERS
+                    counts = table.setdefault(key, _empty_counts())
+                counts[direction + "_bytes"] += nbytes
+                counts[direction + "_frames"] += 1
+
+    def reset(self) -> None:
+        """Forget every count (e.g. between the runs of one process)."""
+        with self._lock:
+            self._started = time.time()
+            self._by_label.clear()
+            self._by_peer.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Totals, counts by message label and by peer, as plain JSON-ready dicts."""
+        with self._lock:
+            by_label = {k: dict(v) for k, v in sorted(self._by_label.items())}
+            by_peer = {k: dict(v) for k, v in sorted(self._by_peer.items())}
+            started = self._started
+        totals = _empty_counts()
+        for counts in by_label.values():
+            for key, value in counts.items():
+                totals[key] += value
+        return {"pid": os.getpid(), "since": started, "time": time.time(), "totals": totals,
+                "by_method": by_label, "by_peer": by_peer}
+
+
+WIRE_STATS = WireStats()
+
+
+def write_snapshot(path: str, stats: WireStats = WIRE_STATS) -> None:
+    """Write the snapshot atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(stats.snapshot(), f)
+    os.replace(tmp, path)
+
+
+def dump_from_environment(environ: dict[str, str] | None = None) -> str | None:
+    """Start writing snapshots if ``TRAINER_WIRE_STATS`` is set; returns the path or None.
+
+    A daemon thread writes every ``TRAINER_WIRE_STATS_EVERY`` seconds and an exit handler
+    writes the final counts. Called once when `wire.transport` is imported.
+    """
+    env = os.environ if environ is None else environ
+    template = env.get(ENV_PATH)
+    if not template:
+        return None
+    path = template.replace("{pid}", str(os.getpid()))
+    every = float(env.get(ENV_EVERY, "1"))
+    if not every > 0:
+        raise ValueError(f"{ENV_EVERY} must be a positive number of seconds, got {every}")
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):  # ends with the process (daemon) or at exit
+            _write_quietly(path)
+
+    def final() -> None:
+        stop.set()
+        _write_quietly(path)
+
+    threading.Thread(target=loop, name="wire-stats", daemon=True).start()
+    atexit.register(final)
+    return path
+
+
+def _write_quietly(path: str) -> None:
+    """Statistics must never take a node down: a failed write is skipped."""
+    with contextlib.suppress(OSError):
+        write_snapshot(path)
