@@ -14,7 +14,7 @@ completed or discarded with a reason, with no unit pending or in progress, no at
 left open, and counts that add up. The exit status is 1 when the audit or the run fails.
 
     python bench/soak.py --quick                      # 8 nodes, 40 rounds, under a minute
-    python bench/soak.py --nodes 48 --rounds 300 --kill-every 3 --seed 1 \\
+    python bench/soak.py --nodes 48 --rounds 1000 --kill-every 2 --seed 1 \\
         --plot docs/images/soak.png
 """
 
@@ -108,7 +108,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     add("--workdir", default=None, help="keep logs, data and the run store here (default: a "
                                         "temporary folder, removed at the end)")
     add("--json", default=None, metavar="PATH", help="write every figure and sample here")
-    add("--plot", default=None, metavar="PATH", help="draw CPU, RSS and throughput to this PNG")
+    add("--plot", default=None, metavar="PATH",
+        help="draw units/s, the coordinator's CPU and RSS and the load average to this PNG")
     args = parser.parse_args(argv)
     quick = args.quick
     nodes = args.nodes or (8 if quick else 48)
@@ -211,6 +212,8 @@ class Children:
                                      stdin=subprocess.DEVNULL,
                                      stdout=out if stdout_path else log, stderr=log)
         with self._lock:
+            # Forget ended processes, so hundreds of restarts keep this list short.
+            self._procs = [p for p in self._procs if p.poll() is None]
             self._procs.append(popen)
         return popen
 
@@ -262,6 +265,7 @@ class Group:
     popen: subprocess.Popen | None = None
     restart_at: float | None = None  # monotonic time; None while it runs
     restart_tries: int = 0
+    starts: int = 0
 
     @property
     def down(self) -> bool:
@@ -297,11 +301,13 @@ class Cluster:
         """Start (or restart) a group on its ports and wait until all of them listen."""
         port_file = self.workdir / f"group{group.index}.ports"
         port_file.unlink(missing_ok=True)
+        # A new load seed per start, so a restarted group does not replay its old draws.
+        seed = self.s.seed * 1_000_003 + group.index * 10_007 + group.starts * 101
+        group.starts += 1
         group.popen = self.children.start(
             ["-m", "devtools.node_group", "--ports", ",".join(map(str, group.ports)),
              "--port-file", str(port_file), "--load", str(self.s.load),
-             "--load-delay", str(self.s.load_delay), "--seed", str(self.s.seed * 1000 + group.index
-                                                                      * 64),
+             "--load-delay", str(self.s.load_delay), "--seed", str(seed),
              "--data-root", str(self.data_root)], self.workdir / f"group{group.index}.log")
         wait_for_file(port_file, group.popen)
 
@@ -431,12 +437,16 @@ def read_sample(pid: int) -> Sample | None:
     fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces; fields 3.. follow
     ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15
     values = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in values:  # a zombie: exited, not yet reaped
+        return None
     return Sample(time=time.time(), cpu_seconds=ticks / os.sysconf("SC_CLK_TCK"),
                   rss_mib=int(values["VmRSS"].split()[0]) / 1024,
                   threads=int(values["Threads"]), fds=fds, loadavg=os.getloadavg()[0])
 
 
 class Sampler(threading.Thread):
+    """Reads the coordinator's /proc entries every `every` seconds until `done` or its exit."""
+
     def __init__(self, pid: int, every: float, done: threading.Event) -> None:
         super().__init__(name="sampler", daemon=True)
         self.pid = pid

@@ -15,6 +15,7 @@ from compute_node.coordinator_link import (
     PullStopped,
     PullWorker,
 )
+from compute_node.faults import CORRUPTIONS
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from training.datapaths import DEFAULT_DATA_ROOT
@@ -77,6 +78,11 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--hang-after-units", type=int, default=None, metavar="N",
                         help="fault injection for tests: from the unit after N, accept units "
                              "and never answer them (pings still answer)")
+    parser.add_argument("--corrupt-updates", choices=CORRUPTIONS, default=None,
+                        help="fault injection for tests: spoil updates (NaN values, a wrong "
+                             "shape, or a norm a million times too large)")
+    parser.add_argument("--corrupt-after-units", type=int, default=0, metavar="N",
+                        help="with --corrupt-updates: only from the unit after N (default 0)")
     security.add_arguments(parser, serves=True)
     return parser
 
@@ -134,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
     handler = ComputeNodeHandler(args.node_id or "", args.data_root, load,
                                  args.crash_after_units, device=args.device,
-                                 hang_after_units=args.hang_after_units)
+                                 hang_after_units=args.hang_after_units,
+                                 corrupt=args.corrupt_updates,
+                                 corrupt_after_units=args.corrupt_after_units)
     if args.pull:
         return run_pull(handler, args)
     try:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compute_node.faults import corrupt_update
 from compute_node.load import LoadSimulator
 from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
@@ -54,6 +55,8 @@ class ComputeNodeHandler(SessionService):
         crash_after_units: int | None = None,
         device: str = "cpu",
         hang_after_units: int | None = None,
+        corrupt: str | None = None,
+        corrupt_after_units: int = 0,
     ) -> None:
         self.node_id = node_id
         self.data_root = Path(data_root)
@@ -61,6 +64,8 @@ class ComputeNodeHandler(SessionService):
         self.load = load
         self.crash_after_units = crash_after_units
         self.hang_after_units = hang_after_units
+        self.corrupt = corrupt  # fault injection: spoil updates this way ...
+        self.corrupt_after_units = corrupt_after_units  # ... after this many units
         self._delaying: set[tuple[str, str, int]] = set()  # units in their load delay
         self.device = device
         self.counters = NodeCounters()
@@ -178,6 +183,8 @@ class ComputeNodeHandler(SessionService):
                 started = time.perf_counter()
                 output = self._run(algorithm, job, data_dir)
                 seconds = time.perf_counter() - started
+            if self.corrupt and self._units_seen > self.corrupt_after_units:
+                output.update = corrupt_update(output.update, self.corrupt)
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")

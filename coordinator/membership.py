@@ -283,5 +283,8 @@ class PullNodeHandle(NodeHandle):
     def heartbeat(self) -> None:
         """Pull nodes call in; nothing to send them."""
 
+    def _forget_connections(self) -> None:
+        """No connections of its own."""
+
     def close(self) -> None:
         """No connections of its own."""

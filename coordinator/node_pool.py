@@ -218,6 +218,13 @@ class NodeHandle:
                 self._bench_seconds = min(BENCH_MAX_SECONDS,
                                           max(BENCH_FIRST_SECONDS, self._bench_seconds * 2))
                 self._benched_until = time.monotonic() + self._bench_seconds
+        if bench:
+            self._forget_connections()
+
+    def _forget_connections(self) -> None:
+        """After a failure the node may have restarted: its idle connections are dead."""
+        for pool in (self._work, self._control):
+            pool.discard_idle()
 
     def benched_until(self) -> float:
         with self._lock:

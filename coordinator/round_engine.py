@@ -267,8 +267,10 @@ class RoundEngine:
 
     def _attempt(self, state: RoundState, unit: Unit, node: NodeHandle,
                  build_request: RequestBuilder) -> str:
-        attempt = state.start_attempt(unit, node)
-        self.ledger.started(state.round_index, unit.spec.unit_id, attempt, node.name)
+        attempt = state.start_attempt(unit, node, lambda number: self.ledger.started(
+            state.round_index, unit.spec.unit_id, number, node.name))
+        if attempt is None:
+            return "completed"  # settled by another attempt just now: nothing to do
         log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
                   attempt, node.name)
         node.started()
@@ -286,7 +288,13 @@ class RoundEngine:
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
                          status="stale")
             return "failed"
-        except (ConnectionFailed, TException, OSError) as exc:
+        except ConnectionFailed as exc:
+            # The unit never reached the node: the node's failure, not the unit's, so
+            # it does not count towards discarding the unit (a machine hosting many
+            # nodes dying at once would otherwise use up a unit's failures at once).
+            self._unreachable(state, unit, attempt, node, began, str(exc))
+            return "rejected"
+        except (TException, OSError) as exc:
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
         finally:
@@ -329,8 +337,8 @@ class RoundEngine:
             # units on a busy node must not raise the bar for starting a backup.
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
-        if state.complete(unit, update, result, node.name):
-            record("completed")
+        if state.complete(unit, update, result, node.name,
+                          on_folded=lambda: record("completed")):
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
         elif state.over:  # the round ended without it: a stale result, dropped
@@ -354,6 +362,16 @@ class RoundEngine:
                              "discarded" if discarded else status, reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
+
+    def _unreachable(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
+                     began: float, reason: str) -> None:
+        log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
+        node.failed(time.monotonic() - began, bench=True)
+        state.end_attempt(unit, attempt)
+        self.progress.add(failed=1)
+        self.ledger.node_failure(node.name, reason)
+        self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
+                             "pending", f"node unreachable: {reason}")
 
     def _cancel_others(self, unit: Unit, winner: NodeHandle) -> None:
         for node in {n for n, _ in unit.started.copy().values() if n is not winner}:

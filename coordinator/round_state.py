@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.node_pool import NodeHandle
@@ -139,10 +139,17 @@ class RoundState:
             return self._over or unit.done or unit.discarded
 
     # --------------------------------------------------------------- attempts
-    def start_attempt(self, unit: Unit, node: NodeHandle) -> int:
+    def start_attempt(self, unit: Unit, node: NodeHandle,
+                      on_started: Callable[[int], None] | None = None) -> int | None:
+        """A new attempt's number, or None when the unit settled meanwhile. `on_started`
+        (the ledger's record) runs under the lock, so no completion can come between."""
         with self._cond:
+            if self._over or unit.done or unit.discarded:
+                return None
             unit.attempts += 1
             unit.started[unit.attempts] = (node, time.monotonic())
+            if on_started is not None:
+                on_started(unit.attempts)
             return unit.attempts
 
     def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
@@ -169,15 +176,18 @@ class RoundState:
             return unit.discarded
 
     def complete(self, unit: Unit, update: Weights, result: ttypes.TrainResult,
-                 node: str | None = None) -> bool:
+                 node: str | None = None, on_folded: Callable[[], None] | None = None) -> bool:
         """Fold a result (from node ``node``) in if it is the unit's first and the round
-        still runs."""
+        still runs. `on_folded` runs before the round can end (the ledger's "completed",
+        which must precede the round's record that cancels what it left unsettled)."""
         with self._cond:
             if unit.done or self._over:
                 return False
             unit.done = True
             unit.completed_on = node
         self.average.add(unit.index, update, result.num_samples)
+        if on_folded is not None:
+            on_folded()
         with self._cond:
             self.completed += 1
             self._losses.append((result.loss, result.num_samples))

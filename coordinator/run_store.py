@@ -164,6 +164,12 @@ _SCHEMA = (
         PRIMARY KEY (run_id, node))""",
 )
 
+# Status queries (`client.py status` polls twice a second) read only the unsettled rows
+# through these, instead of every unit and attempt of a long run.
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS units_by_status ON units (run_id, status)",
+    "CREATE INDEX IF NOT EXISTS attempts_by_status ON attempts (run_id, status)",
+)
 _RUN_COLUMNS = ("id, created, state, algorithm, model, dataset, rounds, config, policy, "
                 "message, ended, (SELECT COUNT(*) FROM rounds WHERE run_id = runs.id)")
 _EVENT_INSERT = ("INSERT INTO unit_events (run_id, round, unit_id, attempt, node, from_status, "
@@ -343,8 +349,10 @@ class RunStore:
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not tables:
                 _create_schema(db)
-                return
-            _check_version(self.path, db, tables)
+            else:
+                _check_version(self.path, db, tables)
+            for statement in _INDEXES:  # idempotent, so older files get them too
+                db.execute(statement)
 
     # ------------------------------------------------------------------- runs
     def create_run(self, run_id: str, *, algorithm: str, model: str, dataset: str,
@@ -586,10 +594,12 @@ class RunStore:
         with self._tx(write=False) as db:
             units = db.execute(
                 "SELECT round, unit_id, status, node, updated, attempts, failures, last_reason "
-                "FROM units WHERE run_id = ? AND status IN (?, ?, ?, ?)",
+                "FROM units INDEXED BY units_by_status WHERE run_id = ? "
+                "AND status IN (?, ?, ?, ?)",
                 (run_id, *UNSETTLED)).fetchall()
-            live = db.execute("SELECT round, unit_id, node, started FROM attempts "
-                              "WHERE run_id = ? AND status = 'in_progress' ORDER BY attempt",
+            live = db.execute("SELECT round, unit_id, node, started FROM attempts INDEXED BY "
+                              "attempts_by_status WHERE run_id = ? AND status = 'in_progress' "
+                              "ORDER BY attempt",
                               (run_id,)).fetchall()
         owners: dict[tuple[int, str], list[tuple[str, float]]] = {}
         for round_index, unit_id, node, started in live:

@@ -222,6 +222,14 @@ class ConnectionPool(Generic[C]):
         for client in idle:
             transport_of(client).close()
 
+    def discard_idle(self) -> None:
+        """Close the idle connections but stay usable: after the server failed (it may
+        have restarted), old connections would only fail on their next use."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            transport_of(client).close()
+
     def _checkout(self) -> C:
         with self._lock:
             if self._closed:

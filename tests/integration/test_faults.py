@@ -163,3 +163,21 @@ def test_a_frozen_node_is_declared_dead_and_its_units_go_elsewhere(cluster):
     assert round(json.loads(out)["validation_error"], 4) == 0.8054
     dead = _events(cluster, "frozen", "node % is dead%")
     assert dead and all(e[2].endswith(f":{frozen.port}") for e in dead)
+
+
+@pytest.mark.parametrize("mode, reason", [
+    ("nan", "%NaN or infinite%"), ("shape", "%has shape%"), ("huge", "%median of recent%")])
+def test_spoiled_updates_are_refused_with_their_reason_and_redone_elsewhere(cluster, mode,
+                                                                            reason):
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    # A node that goes bad during the run: the norm check judges against the scale of
+    # the updates accepted before (the first updates of a run set that scale).
+    spoiler = cluster.add_node(0.0, "--corrupt-updates", mode, "--corrupt-after-units", "8")
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*ASSIGNMENT, "--run-id", f"spoiled-{mode}")
+    assert round(result["validation_error"], 4) == 0.8054  # nothing spoiled got in
+    refused = _events(cluster, f"spoiled-{mode}", f"invalid result: {reason}")
+    assert refused and all(e[2].endswith(f":{spoiler.port}") for e in refused)
+    by_node = {n["node"]: n for n in result["nodes"]}
+    assert by_node[f"127.0.0.1:{spoiler.port}"]["failed"] >= 1
