@@ -42,6 +42,7 @@ OUTCOME_NAMES = {ttypes.UnitOutcome.COMPLETED: "completed",
                  ttypes.UnitOutcome.REJECTED: "rejected",
                  ttypes.UnitOutcome.CANCELLED: "cancelled"}
 RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
+FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
@@ -80,6 +81,10 @@ def _overdue(node: NodeHandle, key: tuple[str, str, int], started: float, now: f
     """Why an attempt should be reclaimed now, or None."""
     if node.liveness.state(now) == "dead":
         return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
+    if node.stats.accepted == 0:
+        # A node's first unit also loads libraries and builds caches (torch alone can
+        # take many seconds on a busy machine): it gets more time.
+        deadline *= FIRST_UNIT_GRACE
     delaying = node.liveness.last_delaying("/".join(map(str, key)))
     working = now - max(started, delaying or 0.0)
     if working > deadline:

@@ -72,6 +72,7 @@ from training.algorithms.base import (
     ConfigError,
     PerUnitUpdates,
     RoundEval,
+    SessionMoved,
     SessionMoveError,
     SessionMoves,
     UnitJob,
@@ -465,7 +466,8 @@ class MDGan(Algorithm):
         self._record_swap(swap_id, perm, moved, relayed, failed)
         return perm
 
-    def _move(self, sessions: SessionMoves, source: int, target: int, swap_id: int) -> Any:
+    def _move(self, sessions: SessionMoves, source: int, target: int,
+              swap_id: int) -> SessionMoved:
         if source not in self.placement or target not in self.placement:
             raise SessionMoveError(f"slot {source if source not in self.placement else target}"
                                    " has not run on any node yet")
