@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from thrift.Thrift import TException
 
 from compute_node.handler import ComputeNodeHandler
+from wire import node_calls
 from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
 from wire.rpc import ConnectionFailed, connect
 
@@ -142,6 +143,8 @@ class PullWorker(CoordinatorLink):
                     self._register()
                 elif lease.work is not None:
                     self._work(lease.work)
+                elif lease.call is not None:
+                    self._run_call(lease.call)
         finally:
             self._leave()
 
@@ -159,3 +162,19 @@ class PullWorker(CoordinatorLink):
             unit_id=work.unit_id, attempt=work.attempt, result=result, error=error))
         if not answer.accepted:
             log.info("result of unit %s not taken: %s", work.unit_id, answer.message)
+
+    def _run_call(self, call: ttypes.NodeCall) -> None:
+        """A session call relayed through the lease (this node takes no connections)."""
+        result, error = None, None
+        try:
+            request = node_calls.decode_request(call.method, call.request)
+            result = node_calls.encode(getattr(self.handler, call.method)(request))
+        except node_calls.UnknownCall as exc:
+            error = str(exc)
+        except (ttypes.InvalidRequest, ttypes.VersionMismatch) as exc:
+            error = exc.message
+        except TException as exc:  # an undecodable request
+            error = f"cannot decode the {call.method} request: {exc}"
+        self._call("submit_call", lambda: ttypes.CallResult(
+            protocol_version=PROTOCOL_VERSION, node=self.name, call_id=call.call_id,
+            result=result, error=error))

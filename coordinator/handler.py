@@ -128,6 +128,10 @@ class CoordinatorHandler:
         check_protocol_version(request.protocol_version, "coordinator")
         return self.membership.submit(request)
 
+    def submit_call(self, request: ttypes.CallResult) -> ttypes.SubmitResult:
+        check_protocol_version(request.protocol_version, "coordinator")
+        return self.membership.submit_call(request)
+
     def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
         check_protocol_version(request.protocol_version, "coordinator")
         return self.membership.leave(request)

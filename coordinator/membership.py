@@ -14,8 +14,10 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.node_pool import (
     DEAD_SECONDS,
@@ -26,6 +28,7 @@ from coordinator.node_pool import (
     NodeHandle,
 )
 from coordinator.nodes_file import NodeAddress
+from wire import node_calls
 from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.members")
@@ -33,7 +36,9 @@ log = logging.getLogger("coordinator.members")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 MAX_MEMBERS = 1024
 MAX_LEASE_WAIT_SECONDS = 10.0  # a lease call waits at most this long for work
-UnitKey = tuple[str, str, int]  # run_id, unit_id, attempt
+QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
+UnitKey = tuple[str, str, int]  # run_id, unit_id, attempt; (CALL, call_id, 0) for calls
+CALL = "\0call"  # no run id can start with a NUL
 
 
 class MemberError(ValueError):
@@ -42,11 +47,13 @@ class MemberError(ValueError):
 
 @dataclass
 class _Pending:
-    """A unit waiting in a pull node's mailbox, then leased, until its result is in."""
+    """A unit (or a relayed call) waiting in a pull node's mailbox, then leased, until
+    its answer is in."""
 
-    request: ttypes.WorkRequest
+    request: ttypes.WorkRequest | None = None
+    call: ttypes.NodeCall | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    result: ttypes.TrainResult | None = None
+    result: Any = None  # a TrainResult, or a call's encoded answer
     error: str | None = None  # the node could not run it (InvalidRequest)
     failure: str | None = None  # given up: lease expired, node left or dead
 
@@ -61,8 +68,9 @@ class Mailbox:
         self._cancel: list[UnitKey] = []
         self.closed = False
 
-    def put(self, request: ttypes.WorkRequest) -> _Pending:
-        pending = _Pending(request)
+    def put(self, request: ttypes.WorkRequest | None = None,
+            call: ttypes.NodeCall | None = None) -> _Pending:
+        pending = _Pending(request, call)
         with self._cond:
             if self.closed:
                 raise AttemptAborted("the pull node left")
@@ -70,7 +78,7 @@ class Mailbox:
             self._cond.notify_all()
         return pending
 
-    def lease(self, wait_seconds: float) -> ttypes.WorkRequest | None:
+    def lease(self, wait_seconds: float) -> _Pending | None:
         deadline = time.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
         with self._cond:
             while not self._queue and not self.closed:
@@ -81,10 +89,10 @@ class Mailbox:
             if self.closed:
                 return None
             pending = self._queue.popleft()
-            self._leased[_key(pending.request)] = pending
-            return pending.request
+            self._leased[_key(pending)] = pending
+            return pending
 
-    def submit(self, key: UnitKey, result: ttypes.TrainResult, error: str | None) -> bool:
+    def submit(self, key: UnitKey, result: Any, error: str | None) -> bool:
         with self._cond:
             pending = self._leased.pop(key, None)
         if pending is None:
@@ -96,11 +104,11 @@ class Mailbox:
     def withdraw(self, pending: _Pending, reason: str | None) -> None:
         """Give a unit up: out of the queue, or off its lease (the node is told to stop).
         With a reason it is a failure; without, the unit ends with the result it has."""
-        key = _key(pending.request)
+        key = _key(pending)
         with self._cond:
             if pending in self._queue:
                 self._queue.remove(pending)
-            elif self._leased.pop(key, None) is not None:
+            elif self._leased.pop(key, None) is not None and pending.request is not None:
                 self._cancel.append(key)
         pending.failure = pending.failure or reason
         pending.done.set()
@@ -122,7 +130,10 @@ class Mailbox:
             pending.done.set()
 
 
-def _key(request: ttypes.WorkRequest) -> UnitKey:
+def _key(pending: _Pending) -> UnitKey:
+    if pending.call is not None:
+        return CALL, pending.call.call_id, 0
+    request = pending.request
     return request.run_id, request.unit_id, request.attempt
 
 
@@ -187,9 +198,11 @@ class Membership:
         if member is None or member.mailbox is None:
             return ttypes.LeaseResult(known=False)
         member.liveness.heard()
-        work = member.mailbox.lease(request.wait_seconds)
+        pending = member.mailbox.lease(request.wait_seconds)
         member.liveness.heard()
-        return ttypes.LeaseResult(known=True, work=work)
+        if pending is None:
+            return ttypes.LeaseResult(known=True)
+        return ttypes.LeaseResult(known=True, work=pending.request, call=pending.call)
 
     def submit(self, request: ttypes.SubmitRequest) -> ttypes.SubmitResult:
         member = self.get(request.node)
@@ -201,6 +214,15 @@ class Membership:
             return ttypes.SubmitResult(accepted=True)
         return ttypes.SubmitResult(accepted=False,
                                    message="no such lease: it expired or the unit was settled")
+
+    def submit_call(self, request: ttypes.CallResult) -> ttypes.SubmitResult:
+        member = self.get(request.node)
+        if member is None or member.mailbox is None:
+            return ttypes.SubmitResult(accepted=False, message="unknown node: register again")
+        member.liveness.heard()
+        if member.mailbox.submit((CALL, request.call_id, 0), request.result, request.error):
+            return ttypes.SubmitResult(accepted=True)
+        return ttypes.SubmitResult(accepted=False, message="no such call: it was given up")
 
     def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
         with self._lock:
@@ -242,7 +264,7 @@ class PullNodeHandle(NodeHandle):
         mailbox = self.member.mailbox
         assert mailbox is not None
         pending = mailbox.put(request)
-        key = _key(request)
+        key = _key(pending)
         with self._lock:
             self._pending[key] = pending
         try:
@@ -257,6 +279,23 @@ class PullNodeHandle(NodeHandle):
             raise ttypes.InvalidRequest(message=pending.error)
         assert pending.result is not None
         return pending.result
+
+    def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
+        """A session call carried through the mailbox (see wire.node_calls): the node
+        leases it, runs it and submits the answer. Raises like a call over the wire."""
+        mailbox = self.member.mailbox
+        assert mailbox is not None
+        call = ttypes.NodeCall(call_id=uuid.uuid4().hex, method=method,
+                               request=node_calls.encode(request))
+        pending = mailbox.put(call=call)
+        timeout = QUICK_CALL_SECONDS if quick else self._rpc_timeout
+        if not pending.done.wait(timeout):
+            mailbox.withdraw(pending, f"{method}: no answer within {timeout:g}s")
+        if pending.failure:
+            raise AttemptAborted(pending.failure)
+        if pending.error:
+            raise ttypes.InvalidRequest(message=pending.error)
+        return node_calls.decode_result(method, pending.result)
 
     def abort(self, key: UnitKey, reason: str) -> bool:
         with self._lock:

@@ -7,8 +7,8 @@ connections: the coordinator asks the source to `send_session` to the target's a
 payload never passes through the coordinator. When either end cannot be dialled (a node
 in pull mode, which only dials out), the coordinator **relays**: `export_session` from the
 source, then `import_session` into the target, passing the tensors through undecoded.
-A pull node takes no calls at all, so for now its sessions cannot be reached: such a move
-fails with a SessionMoveError that says so, and the slot's discriminator stays where it is.
+A pull node takes no calls at all: its export and import travel inside its leases
+(see wire.node_calls), so relaying reaches it all the same.
 """
 
 from __future__ import annotations
@@ -78,8 +78,6 @@ class NodeSessions:
 
     def _call(self, name: str, method: str, request: Any, what: str) -> Any:
         node = self._node(name)
-        if not node.accepts_connections:
-            raise SessionMoveError(f"{what}: {name} is a pull node, which takes no calls")
         try:
             answer = node.session_call(method, request)
         except ttypes.InvalidRequest as exc:
@@ -97,8 +95,6 @@ def drop_sessions(run_id: str, nodes: Iterable[NodeHandle]) -> int:
     answered = 0
     request = ttypes.DropSessionsRequest(protocol_version=PROTOCOL_VERSION, run_id=run_id)
     for node in nodes:
-        if not node.accepts_connections:
-            continue
         try:
             node.session_call("drop_sessions", request, quick=True)
             answered += 1

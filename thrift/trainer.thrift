@@ -334,10 +334,28 @@ struct LeaseRequest {
   100: optional string token,
 }
 
+/* A ComputeNode call for a pull node, which takes no connections: it leases the call
+   like a unit, runs it on itself and hands the answer back with submit_call. */
+struct NodeCall {
+  1: required string call_id,
+  2: required string method,         // export_session, import_session, drop_sessions
+  3: required binary request,        // the method's request struct, binary protocol
+}
+
 struct LeaseResult {
   1: required bool known,            // false: register again
   2: optional WorkRequest work,      // absent: nothing to do yet
   3: optional double deadline_seconds, // the lease expires this long after it was given
+  4: optional NodeCall call,         // instead of work: a call to run
+}
+
+struct CallResult {
+  1: required i32 protocol_version,
+  2: required string node,
+  3: required string call_id,
+  4: optional binary result,         // the method's result struct, binary protocol
+  5: optional string error,          // InvalidRequest's message, if it raised
+  100: optional string token,
 }
 
 struct SubmitRequest {
@@ -385,6 +403,8 @@ service Coordinator {
       throws (4: VersionMismatch version, 5: Unauthorized denied),
   SubmitResult submit_result(1: SubmitRequest request)
       throws (1: InvalidRequest invalid, 4: VersionMismatch version, 5: Unauthorized denied),
+  SubmitResult submit_call(1: CallResult request)
+      throws (4: VersionMismatch version, 5: Unauthorized denied),
   LeaveResult leave(1: LeaveRequest request)
       throws (4: VersionMismatch version, 5: Unauthorized denied),
 }

@@ -91,6 +91,14 @@ class Iface(object):
         """
         pass
 
+    def submit_call(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
     def leave(self, request):
         """
         Parameters:
@@ -439,6 +447,42 @@ class Client(Iface):
             raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "submit_result failed: unknown result")
 
+    def submit_call(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_submit_call(request)
+        return self.recv_submit_call()
+
+    def send_submit_call(self, request):
+        self._oprot.writeMessageBegin('submit_call', TMessageType.CALL, self._seqid)
+        args = submit_call_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_submit_call(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = submit_call_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "submit_call failed: unknown result")
+
     def leave(self, request):
         """
         Parameters:
@@ -489,6 +533,7 @@ class Processor(Iface, TProcessor):
         self._processMap["heartbeat"] = Processor.process_heartbeat
         self._processMap["lease_unit"] = Processor.process_lease_unit
         self._processMap["submit_result"] = Processor.process_submit_result
+        self._processMap["submit_call"] = Processor.process_submit_call
         self._processMap["leave"] = Processor.process_leave
         self._on_message_begin = None
 
@@ -781,6 +826,35 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("submit_result", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_submit_call(self, seqid, iprot, oprot):
+        args = submit_call_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = submit_call_result()
+        try:
+            result.success = self._handler.submit_call(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("submit_call", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -2222,6 +2296,158 @@ all_structs.append(submit_result_result)
 submit_result_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [SubmitResult, None], None, ),  # 0
     (1, TType.STRUCT, 'invalid', [InvalidRequest, None], None, ),  # 1
+    None,  # 2
+    None,  # 3
+    (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4
+    (5, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 5
+)
+
+
+class submit_call_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = CallResult()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('submit_call_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(submit_call_args)
+submit_call_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [CallResult, None], None, ),  # 1
+)
+
+
+class submit_call_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = SubmitResult()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('submit_call_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 4)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 5)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(submit_call_result)
+submit_call_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [SubmitResult, None], None, ),  # 0
+    None,  # 1
     None,  # 2
     None,  # 3
     (4, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 4

@@ -4092,20 +4092,107 @@ class LeaseRequest(object):
         return not (self == other)
 
 
+class NodeCall(object):
+    """
+    Attributes:
+     - call_id
+     - method
+     - request
+
+    """
+
+
+    def __init__(self, call_id=None, method=None, request=None,):
+        self.call_id = call_id
+        self.method = method
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRING:
+                    self.call_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.method = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.request = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('NodeCall')
+        if self.call_id is not None:
+            oprot.writeFieldBegin('call_id', TType.STRING, 1)
+            oprot.writeString(self.call_id.encode('utf-8') if sys.version_info[0] == 2 else self.call_id)
+            oprot.writeFieldEnd()
+        if self.method is not None:
+            oprot.writeFieldBegin('method', TType.STRING, 2)
+            oprot.writeString(self.method.encode('utf-8') if sys.version_info[0] == 2 else self.method)
+            oprot.writeFieldEnd()
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRING, 3)
+            oprot.writeBinary(self.request)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        if self.call_id is None:
+            raise TProtocolException(message='Required field call_id is unset!')
+        if self.method is None:
+            raise TProtocolException(message='Required field method is unset!')
+        if self.request is None:
+            raise TProtocolException(message='Required field request is unset!')
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class LeaseResult(object):
     """
     Attributes:
      - known
      - work
      - deadline_seconds
+     - call
 
     """
 
 
-    def __init__(self, known=None, work=None, deadline_seconds=None,):
+    def __init__(self, known=None, work=None, deadline_seconds=None, call=None,):
         self.known = known
         self.work = work
         self.deadline_seconds = deadline_seconds
+        self.call = call
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -4132,6 +4219,12 @@ class LeaseResult(object):
                     self.deadline_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRUCT:
+                    self.call = NodeCall()
+                    self.call.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4154,12 +4247,134 @@ class LeaseResult(object):
             oprot.writeFieldBegin('deadline_seconds', TType.DOUBLE, 3)
             oprot.writeDouble(self.deadline_seconds)
             oprot.writeFieldEnd()
+        if self.call is not None:
+            oprot.writeFieldBegin('call', TType.STRUCT, 4)
+            self.call.write(oprot)
+            oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
 
     def validate(self):
         if self.known is None:
             raise TProtocolException(message='Required field known is unset!')
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class CallResult(object):
+    """
+    Attributes:
+     - protocol_version
+     - node
+     - call_id
+     - result
+     - error
+     - token
+
+    """
+
+
+    def __init__(self, protocol_version=None, node=None, call_id=None, result=None, error=None, token=None,):
+        self.protocol_version = protocol_version
+        self.node = node
+        self.call_id = call_id
+        self.result = result
+        self.error = error
+        self.token = token
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.protocol_version = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.node = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.call_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.result = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 100:
+                if ftype == TType.STRING:
+                    self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('CallResult')
+        if self.protocol_version is not None:
+            oprot.writeFieldBegin('protocol_version', TType.I32, 1)
+            oprot.writeI32(self.protocol_version)
+            oprot.writeFieldEnd()
+        if self.node is not None:
+            oprot.writeFieldBegin('node', TType.STRING, 2)
+            oprot.writeString(self.node.encode('utf-8') if sys.version_info[0] == 2 else self.node)
+            oprot.writeFieldEnd()
+        if self.call_id is not None:
+            oprot.writeFieldBegin('call_id', TType.STRING, 3)
+            oprot.writeString(self.call_id.encode('utf-8') if sys.version_info[0] == 2 else self.call_id)
+            oprot.writeFieldEnd()
+        if self.result is not None:
+            oprot.writeFieldBegin('result', TType.STRING, 4)
+            oprot.writeBinary(self.result)
+            oprot.writeFieldEnd()
+        if self.error is not None:
+            oprot.writeFieldBegin('error', TType.STRING, 5)
+            oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        if self.token is not None:
+            oprot.writeFieldBegin('token', TType.STRING, 100)
+            oprot.writeString(self.token.encode('utf-8') if sys.version_info[0] == 2 else self.token)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        if self.protocol_version is None:
+            raise TProtocolException(message='Required field protocol_version is unset!')
+        if self.node is None:
+            raise TProtocolException(message='Required field node is unset!')
+        if self.call_id is None:
+            raise TProtocolException(message='Required field call_id is unset!')
         return
 
     def __repr__(self):
@@ -6173,12 +6388,124 @@ LeaseRequest.thrift_spec = (
     None,  # 99
     (100, TType.STRING, 'token', 'UTF8', None, ),  # 100
 )
+all_structs.append(NodeCall)
+NodeCall.thrift_spec = (
+    None,  # 0
+    (1, TType.STRING, 'call_id', 'UTF8', None, ),  # 1
+    (2, TType.STRING, 'method', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'request', 'BINARY', None, ),  # 3
+)
 all_structs.append(LeaseResult)
 LeaseResult.thrift_spec = (
     None,  # 0
     (1, TType.BOOL, 'known', None, None, ),  # 1
     (2, TType.STRUCT, 'work', [WorkRequest, None], None, ),  # 2
     (3, TType.DOUBLE, 'deadline_seconds', None, None, ),  # 3
+    (4, TType.STRUCT, 'call', [NodeCall, None], None, ),  # 4
+)
+all_structs.append(CallResult)
+CallResult.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'protocol_version', None, None, ),  # 1
+    (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'call_id', 'UTF8', None, ),  # 3
+    (4, TType.STRING, 'result', 'BINARY', None, ),  # 4
+    (5, TType.STRING, 'error', 'UTF8', None, ),  # 5
+    None,  # 6
+    None,  # 7
+    None,  # 8
+    None,  # 9
+    None,  # 10
+    None,  # 11
+    None,  # 12
+    None,  # 13
+    None,  # 14
+    None,  # 15
+    None,  # 16
+    None,  # 17
+    None,  # 18
+    None,  # 19
+    None,  # 20
+    None,  # 21
+    None,  # 22
+    None,  # 23
+    None,  # 24
+    None,  # 25
+    None,  # 26
+    None,  # 27
+    None,  # 28
+    None,  # 29
+    None,  # 30
+    None,  # 31
+    None,  # 32
+    None,  # 33
+    None,  # 34
+    None,  # 35
+    None,  # 36
+    None,  # 37
+    None,  # 38
+    None,  # 39
+    None,  # 40
+    None,  # 41
+    None,  # 42
+    None,  # 43
+    None,  # 44
+    None,  # 45
+    None,  # 46
+    None,  # 47
+    None,  # 48
+    None,  # 49
+    None,  # 50
+    None,  # 51
+    None,  # 52
+    None,  # 53
+    None,  # 54
+    None,  # 55
+    None,  # 56
+    None,  # 57
+    None,  # 58
+    None,  # 59
+    None,  # 60
+    None,  # 61
+    None,  # 62
+    None,  # 63
+    None,  # 64
+    None,  # 65
+    None,  # 66
+    None,  # 67
+    None,  # 68
+    None,  # 69
+    None,  # 70
+    None,  # 71
+    None,  # 72
+    None,  # 73
+    None,  # 74
+    None,  # 75
+    None,  # 76
+    None,  # 77
+    None,  # 78
+    None,  # 79
+    None,  # 80
+    None,  # 81
+    None,  # 82
+    None,  # 83
+    None,  # 84
+    None,  # 85
+    None,  # 86
+    None,  # 87
+    None,  # 88
+    None,  # 89
+    None,  # 90
+    None,  # 91
+    None,  # 92
+    None,  # 93
+    None,  # 94
+    None,  # 95
+    None,  # 96
+    None,  # 97
+    None,  # 98
+    None,  # 99
+    (100, TType.STRING, 'token', 'UTF8', None, ),  # 100
 )
 all_structs.append(SubmitRequest)
 SubmitRequest.thrift_spec = (

@@ -14,7 +14,7 @@ from compute_node.sessions import SessionStore
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.session_moves import NodeSessions
-from devtools.local_cluster import REPO
+from devtools.local_cluster import REPO, start_pull_node
 from training import gan_metrics, gan_models
 from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.md_gan import Discriminator, MDGan
@@ -156,3 +156,19 @@ def test_fl_gan_trains_through_two_nodes(cluster, tmp_path: Path) -> None:
     assert sum(n["accepted"] for n in result["nodes"]) >= 4  # backups may add duplicates
     assert all(0.0 <= h["validation_error"] <= 1.0 for h in result["history"])
     assert all(h["fid_features"] > 0 for h in result["history"])
+
+
+def test_md_gan_swaps_reach_a_pull_node_through_its_leases(cluster) -> None:
+    pushed = cluster.add_node(0.0)
+    coordinator = cluster.start_coordinator(2, *PATIENT, nodes=[pushed])
+    pulled = start_pull_node(cluster.workdir, "laptop", coordinator.port)
+    cluster.nodes.append(pulled)  # stopped with the cluster
+    coordinator.wait_for(r"node pull:laptop registered")
+    result = cluster.train_json("--config", MD_GAN, *TINY_RUN, "--set", "run.rounds=26",
+                                "--set", "outputs.eval_every=0", timeout=300)
+    assert result["rounds"] == 26
+    by_node = {n["node"]: n for n in result["nodes"]}
+    assert by_node["pull:laptop"]["accepted"] > 0 and by_node["pull:laptop"]["pull"]
+    # Every move has a pull-node end, so both discriminators go through the coordinator.
+    coordinator.wait_for(r"swap 2: 2 discriminators moved \(2 relayed, 0 failed\)")
+    pulled.wait_for(r"dropped 1 sessions of run")
