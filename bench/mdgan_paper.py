@@ -617,6 +617,8 @@ def write_report(groups: dict[str, list[Experiment]], settings: Settings, out: P
     every = _unique([e for members in groups.values() for e in members])
     lines += bytes_section(load_results(out, [e for e in every if e.method == "md_gan"],
                                         settings))
+    lines += fl_bytes_section(load_results(out, [e for e in every if e.method == "fl_gan"],
+                                           settings))
     _replace_block(page, lines)
 
 
@@ -682,7 +684,7 @@ def bytes_section(results: list[tuple[Experiment, dict[str, Any]]]) -> list[str]
              "a swap. Formulas: 2bd and bd with d = 784 x 4 B; |theta| x 4 B (parameters and "
              "buffers of D) plus, where it moves, Adam's state (2 moments per parameter and "
              "a step count per tensor), shown apart.", "",
-             "| configuration | calls | C->W measured / 2bd | W->C measured / bd | swaps | "
+             "| configuration | calls | C->W measured / 2bd | W->C measured / bd | D sent in swaps | "
              "W->W measured / formula | formula: theta + Adam |",
              "|---|---:|---|---|---:|---|---|"]
     for exp, result in rows:
@@ -694,6 +696,33 @@ def bytes_section(results: list[tuple[Experiment, dict[str, Any]]]) -> list[str]
             f"({got['down'] / want['down']:.4f}x) | {got['up']:,.0f} / {want['up']:,} "
             f"({got['up'] / want['up']:.4f}x) | {got['swaps']:,} | {swap} | "
             f"{want['theta']:,} + {want['adam']:,} |")
+    return [*lines, ""]
+
+
+def gan_values(model: str) -> int:
+    """|w| + |theta|: float32 values of G's and D's parameters and buffers."""
+    g, d = gan_models.build_gan(gan_models.gan_spec(model))
+    return sum(t.numel() for m in (g, d) for t in m.state_dict().values())
+
+
+def fl_bytes_section(results: list[tuple[Experiment, dict[str, Any]]]) -> list[str]:
+    """FL-GAN's bytes per worker and round against Table III's |w| + |theta| each way."""
+    rows = [(e, r) for e, r in results if r.get("wire", {}).get("coordinator")]
+    if not rows:
+        return []
+    lines = ["FL-GAN, per worker and round (Table III: |w| + |theta| each way, parameters and "
+             "buffers of G and D, x 4 B):", "",
+             "| configuration | calls | C->W measured / formula | W->C measured / formula |",
+             "|---|---:|---|---|"]
+    for exp, result in rows:
+        methods = result["wire"]["coordinator"]["by_method"]
+        down, up = methods[f"{TRAIN_METHOD} call"], methods[f"{TRAIN_METHOD} reply"]
+        want = gan_values(exp.model) * FLOAT32
+        per_down = down["sent_bytes"] / down["sent_frames"]
+        per_up = up["received_bytes"] / up["received_frames"]
+        lines.append(f"| {exp.label} | {down['sent_frames']} | {per_down:,.0f} / {want:,} "
+                     f"({per_down / want:.4f}x) | {per_up:,.0f} / {want:,} "
+                     f"({per_up / want:.4f}x) |")
     return [*lines, ""]
 
 
