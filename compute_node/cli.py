@@ -120,19 +120,27 @@ def check_device(device: str) -> str | None:
     return None
 
 
+def startup_problem(args: argparse.Namespace) -> tuple[str, int] | None:
+    """Why a node cannot start with these arguments (message, exit code), or None; sets
+    up the process's token and TLS when it can."""
+    if not os.path.isdir(args.data_root):
+        return f"data root {args.data_root} does not exist", 1
+    security_problem = security.configure_from_args(args, serves=True)
+    if security_problem:
+        return security_problem, 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pull = any(a == "--pull" or a.startswith("--pull=") for a in argv)
     args = build_parser(pull).parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s node %(levelname)s %(message)s")
-    if not os.path.isdir(args.data_root):
-        print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
-        return 1
-    security_problem = security.configure_from_args(args, serves=True)
-    if security_problem:
-        print(f"error: {security_problem}", file=sys.stderr)
-        return 2
+    problem = startup_problem(args)
+    if problem:
+        print(f"error: {problem[0]}", file=sys.stderr)
+        return problem[1]
     device_problem = check_device(args.device)
     if device_problem:
         print(f"error: {device_problem}", file=sys.stderr)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from compute_node.cli import startup_problem
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from training.datapaths import DEFAULT_DATA_ROOT
@@ -153,13 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--load must be in 0..1 and --load-delay at least 0")
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s node-group %(levelname)s %(message)s")
-    if not os.path.isdir(args.data_root):
-        print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
-        return 1
-    security_problem = security.configure_from_args(args, serves=True)
-    if security_problem:
-        print(f"error: {security_problem}", file=sys.stderr)
-        return 2
+    problem = startup_problem(args)
+    if problem:
+        print(f"error: {problem[0]}", file=sys.stderr)
+        return problem[1]
     try:
         nodes = start_nodes(args, ports)
     except OSError as exc:
