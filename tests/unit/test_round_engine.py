@@ -170,6 +170,12 @@ def test_delta_check_names_the_wrong_tensor():
     bad["V"] = bad["V"][:-1]
     with pytest.raises(ValueError, match="'V' has shape"):
         ALGORITHM.check_update(bad, WEIGHTS)
+    bad = {name: value.astype(np.float32) for name, value in WEIGHTS.items()}
+    with pytest.raises(ValueError, match="has dtype float32, expected float64"):
+        ALGORITHM.check_update(bad, WEIGHTS)
+    bad = {name: value.copy() for name, value in WEIGHTS.items() if name != "V"}
+    with pytest.raises(ValueError, match=r"missing \['V'\]"):
+        ALGORITHM.check_update(bad, WEIGHTS)
     bad = {name: np.full_like(value, np.inf) for name, value in WEIGHTS.items()}
     with pytest.raises(ValueError, match="NaN or infinite"):
         ALGORITHM.check_update(bad, WEIGHTS)

@@ -75,6 +75,29 @@ class RoundEval:
     validation_loss: float
 
 
+TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
+
+
+def specs_of(weights: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, tuple]:
+    """Each tensor's (shape, dtype), under `prefix` + its name."""
+    return {prefix + name: (value.shape, value.dtype) for name, value in weights.items()}
+
+
+def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> None:
+    """ValueError naming the first tensor missing, unexpected, or of another shape or dtype."""
+    if set(update) != set(expected):
+        missing = sorted(set(expected) - set(update))[:3]
+        unexpected = sorted(set(update) - set(expected))[:3]
+        raise ValueError(f"update tensors do not match the model: missing {missing}, "
+                         f"unexpected {unexpected}")
+    for name, (shape, dtype) in expected.items():
+        value = update[name]
+        if value.shape != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {value.shape}, expected {tuple(shape)}")
+        if value.dtype != dtype:
+            raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
+
+
 class ConfigError(ValueError):
     """A configuration value that the algorithm cannot use; the message names the key."""
 
@@ -275,10 +298,18 @@ class Algorithm(ABC):
         node sessions between nodes (e.g. MD-GAN's discriminator swap); nothing by default."""
         return None
 
+    def expected_update(self, weights: Weights) -> TensorSpecs | None:
+        """The names, shapes and dtypes a node's update must have, from the weights it
+        was sent; None when the algorithm checks its updates otherwise."""
+        return None
+
     def check_update(self, update: Weights, weights: Weights) -> None:
         """Refuse a node's update that cannot be right (ValueError says why); the engine
-        then counts a failure and gives the unit to another node. By default: every value
-        must be finite. Algorithms add their own checks (names, shapes)."""
+        then counts a failure and gives the unit to another node. By default: the tensors
+        of `expected_update`, with their shapes and dtypes, and every value finite."""
+        expected = self.expected_update(weights)
+        if expected is not None:
+            check_tensors(update, expected)
         for name, value in update.items():
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"tensor {name!r} holds NaN or infinite values")

@@ -19,11 +19,13 @@ from training.algorithms.base import (
     Algorithm,
     ConfigError,
     RoundEval,
+    TensorSpecs,
     UnitJob,
     UnitOutput,
     UnitSpec,
     Weights,
     check_type,
+    specs_of,
 )
 from training.letters import load_letters
 
@@ -110,10 +112,9 @@ class DeltaAveraging(Algorithm):
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         return [UnitSpec(unit_id=name, unit_path=name) for name in self.units]
 
-    def check_update(self, update: Weights, weights: Weights) -> None:
-        """A delta has exactly the weights' tensors and shapes, all finite."""
-        _check_weights(update, weights)
-        super().check_update(update, weights)
+    def expected_update(self, weights: Weights) -> TensorSpecs:
+        """A delta has exactly the weights' tensors, shapes and dtypes."""
+        return specs_of(weights)
 
     def apply(self, weights: Weights, average: Weights) -> Weights:
         return self.optimizer.step(weights, average)

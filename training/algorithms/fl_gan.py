@@ -31,11 +31,13 @@ from training.algorithms.base import (
     Algorithm,
     ConfigError,
     RoundEval,
+    TensorSpecs,
     UnitJob,
     UnitOutput,
     UnitSpec,
     Weights,
     check_type,
+    specs_of,
 )
 from training.gan_training import (
     adam,
@@ -145,6 +147,10 @@ class FLGan(Algorithm):
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         return [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), mnist.IMAGES_FILE)
                 for slot in range(self.config["workers"])]
+
+    def expected_update(self, weights: Weights) -> TensorSpecs:
+        """A node returns the whole state: the weights' tensors, shapes and dtypes."""
+        return specs_of(weights)
 
     def apply(self, weights: Weights, average: Weights) -> Weights:
         """The weighted average of the nodes' states is the next global model."""

@@ -73,11 +73,13 @@ from training.algorithms.base import (
     Algorithm,
     ConfigError,
     RoundEval,
+    TensorSpecs,
     UnitJob,
     UnitOutput,
     UnitSpec,
     Weights,
     check_type,
+    specs_of,
 )
 from training.letters import load_letters
 
@@ -384,6 +386,13 @@ class SyncSGD(Algorithm):
     def quorum(self, num_units: int) -> int:
         return min(self.config["num_workunits_per_update"], num_units)
 
+    def expected_update(self, weights: Weights) -> TensorSpecs:
+        """Gradients of the parameters and the BatchNorm buffers, shaped and typed as the
+        weights they belong to."""
+        params = set(self.state.parameter_names())
+        return {(GRAD if name in params else BUFFER) + name: spec
+                for name, spec in specs_of(weights).items()}
+
     def apply(self, weights: Weights, average: Weights) -> Weights:
         return self.state.step(weights, average)
 
@@ -545,6 +554,9 @@ class _MlpState:
     def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
         return {"mlp": (self.params, self.optimizer)}
 
+    def parameter_names(self) -> list[str]:
+        return list(self.params)
+
 
 def _letters_validation(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     files = sorted(p for p in folder.glob("validate_*") if p.is_file())
@@ -584,6 +596,9 @@ class _GanState:
         for prefix, module in (("G.", self.g), ("D.", self.d)):
             _set_buffers(module, average, BUFFER + prefix)
         return self.weights()
+
+    def parameter_names(self) -> list[str]:
+        return self._names("named_parameters")
 
     def _names(self, method: str) -> list[str]:
         return [prefix + name for prefix, module in (("G.", self.g), ("D.", self.d))
