@@ -50,6 +50,9 @@ class UnitLedger:
     def node_answer(self, node: str, outcome: str, delayed: bool, samples: int) -> None:
         self._write("node_answer", node, outcome, delayed, samples)
 
+    def node_heartbeats(self, heard: dict[str, float]) -> None:
+        self._write("node_heartbeats", heard)
+
     def node_failure(self, node: str, reason: str) -> None:
         self._write("node_failure", node, reason)
 

@@ -197,8 +197,8 @@ class Run:
                              self.progress, self.cancelled, self.ledger)
         weights, done = self._starting_point()
         history = [metrics_of(row) for row in self._rows]
-        heartbeats = HeartbeatMonitor(lambda: list(self.nodes),
-                                      self.settings.heartbeat_seconds).start()
+        heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
+                                      self.ledger.node_heartbeats).start()
         try:
             for round_index in range(done + 1, self.request.rounds + 1):
                 weights, metrics = self._round(engine, round_index, weights)

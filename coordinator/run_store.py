@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: nodes.last_heartbeat
 RUN_STATES = ("running", "completed", "failed", "cancelled")
 END_STATES = frozenset(RUN_STATES[1:])
 UNIT_STATUSES = ("pending", "in_progress", "completed", "failed", "stale", "cancelled",
@@ -161,6 +161,7 @@ _SCHEMA = (
         last_answer REAL,
         last_failure REAL,
         last_reason TEXT,
+        last_heartbeat REAL,
         PRIMARY KEY (run_id, node))""",
 )
 
@@ -279,6 +280,7 @@ class NodeRecord:
     last_answer: float | None
     last_failure: float | None
     last_reason: str | None
+    last_heartbeat: float | None = None
 
 
 class RunStore:
@@ -553,6 +555,15 @@ class RunStore:
         """Count a call that failed (no answer, transport error, invalid request)."""
         self._node_upsert(run_id, node, (0, 0, 0, 1, 0, 0), (None, self._clock(), reason))
 
+    def node_heartbeats(self, run_id: str, heard: Mapping[str, float]) -> None:
+        """When each node was last heard from (UNIX seconds), in one transaction."""
+        with self._tx() as db:
+            for node, when in heard.items():
+                _check_text("node", node)
+                db.execute("INSERT INTO nodes (run_id, node, last_heartbeat) VALUES (?, ?, ?) "
+                           "ON CONFLICT (run_id, node) DO UPDATE SET "
+                           "last_heartbeat = excluded.last_heartbeat", (run_id, node, when))
+
     def _node_upsert(self, run_id: str, node: str, counts: tuple[int, ...],
                      times: tuple[float | None, float | None, str | None]) -> None:
         _check_text("node", node)
@@ -631,8 +642,8 @@ class RunStore:
         """Per-node counts of a run, by node name."""
         with self._tx(write=False) as db:
             rows = db.execute("SELECT node, accepted, rejected, delayed, failed, cancelled, "
-                              "samples, last_answer, last_failure, last_reason FROM nodes "
-                              "WHERE run_id = ? ORDER BY node", (run_id,)).fetchall()
+                              "samples, last_answer, last_failure, last_reason, last_heartbeat "
+                              "FROM nodes WHERE run_id = ? ORDER BY node", (run_id,)).fetchall()
         return [NodeRecord(*row) for row in rows]
 
 
@@ -677,6 +688,10 @@ def _check_version(path: str, db: sqlite3.Connection, tables: set[str]) -> None:
     rows = db.execute("SELECT version FROM schema_version LIMIT 2").fetchall()
     version = rows[0][0] if len(rows) == 1 else None
     if version == SCHEMA_VERSION:
+        return
+    if version == 1:  # the one migration so far: a column added
+        db.execute("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL")
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         return
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise SchemaError(f"{path} has run store schema version {version}, newer than this "

@@ -163,6 +163,11 @@ def test_a_frozen_node_is_declared_dead_and_its_units_go_elsewhere(cluster):
     assert round(json.loads(out)["validation_error"], 4) == 0.8054
     dead = _events(cluster, "frozen", "node % is dead%")
     assert dead and all(e[2].endswith(f":{frozen.port}") for e in dead)
+    with sqlite3.connect(cluster.workdir / "runs" / "runs.db") as db:
+        heard = dict(db.execute("SELECT node, last_heartbeat FROM nodes WHERE run_id = ?",
+                                ("frozen",)))
+    healthy = f"127.0.0.1:{cluster.nodes[0].port}"
+    assert heard[healthy] - heard[f"127.0.0.1:{frozen.port}"] > 1.5  # silent since frozen
 
 
 @pytest.mark.parametrize("mode, reason", [

@@ -437,3 +437,20 @@ def test_eight_writer_threads_lose_nothing(store: RunStore) -> None:
     events = sum(len(store.unit_history("r1", 2, f"t{t}-u{i}"))
                  for t in range(8) for i in range(per_thread))
     assert events == 8 * (3 * per_thread + 2 * retried)
+
+
+def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with RunStore(path) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=1)
+        s.node_failure("r1", A, "refused")
+    with closing(sqlite3.connect(path)) as db, db:  # make it a file of the first schema
+        db.execute("ALTER TABLE nodes DROP COLUMN last_heartbeat")
+        db.execute("UPDATE schema_version SET version = 1")
+    with RunStore(path) as s:
+        s.node_heartbeats("r1", {A: 100.5, B: 101.0})
+        s.node_heartbeats("r1", {A: 102.0})
+        stats = {n.node: n for n in s.node_stats("r1")}
+    assert stats[A].last_heartbeat == 102.0 and stats[A].failed == 1  # counts kept
+    assert stats[B].last_heartbeat == 101.0 and stats[B].failed == 0
