@@ -245,7 +245,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", default=",".join(GROUPS),
                         help=f"comma-separated groups to run, in order (default: all of "
-                             f"{', '.join(GROUPS)})")
+                             f"{', '.join(GROUPS)}); the report shows every group")
     parser.add_argument("--iterations", type=int, default=1000,
                         help="generator updates per configuration (default 1000)")
     parser.add_argument("--group-iterations", default="",
@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     images = args.images or args.page.parent / "images"
     if not args.report_only:
         run_all(groups, settings, args)
-    write_report(groups, settings, args.out, args.page, images)
+    # The page shows every group's finished configurations, not only this invocation's,
+    # so running the grid in pieces never drops what earlier pieces measured.
+    everything = groups if args.quick else plan(
+        argparse.Namespace(**{**vars(args), "groups": ",".join(GROUPS)}), settings)
+    write_report(everything, settings, args.out, args.page, images)
     print(f"report written to {args.page}", file=sys.stderr)
     return 0
 
@@ -566,8 +570,9 @@ def plot_group(name: str, results: list[tuple[Experiment, dict[str, Any]]],
         for ax, (metric, _) in zip(axes, PANELS, strict=True):
             ax.plot(xs, [row[metric] for row in result["curve"]], style, marker=".",
                     label=exp.label)
-        for crash in result.get("crashes", []):
-            axes[0].axvline(crash["after_round"], color="grey", lw=0.6)
+        for crash in result.get("crashes", []):  # when each node was killed
+            for ax in axes:
+                ax.axvline(crash["after_round"], color="grey", lw=0.6)
     for ax, (metric, title) in zip(axes, PANELS, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("generator updates (iterations)")
@@ -684,15 +689,16 @@ def bytes_section(results: list[tuple[Experiment, dict[str, Any]]]) -> list[str]
              "a swap. Formulas: 2bd and bd with d = 784 x 4 B; |theta| x 4 B (parameters and "
              "buffers of D) plus, where it moves, Adam's state (2 moments per parameter and "
              "a step count per tensor), shown apart.", "",
-             "| configuration | calls | C->W measured / 2bd | W->C measured / bd | D sent in swaps | "
-             "W->W measured / formula | formula: theta + Adam |",
-             "|---|---:|---|---|---:|---|---|"]
+             "| configuration | model | calls | C->W measured / 2bd | W->C measured / bd | "
+             "D sent in swaps | W->W measured / formula | formula: theta + Adam |",
+             "|---|---|---:|---|---|---:|---|---|"]
     for exp, result in rows:
         got, want = measured_bytes(exp, result["wire"]), formula_bytes(exp)
         swap = (f"{got['swap']:,.0f} / {want['swap']:,} ({got['swap'] / want['swap']:.4f}x)"
                 if got["swaps"] else "-")
         lines.append(
-            f"| {exp.label} | {got['calls']:,} | {got['down']:,.0f} / {want['down']:,} "
+            f"| {exp.label} | {exp.model} | {got['calls']:,} | {got['down']:,.0f} / "
+            f"{want['down']:,} "
             f"({got['down'] / want['down']:.4f}x) | {got['up']:,.0f} / {want['up']:,} "
             f"({got['up'] / want['up']:.4f}x) | {got['swaps']:,} | {swap} | "
             f"{want['theta']:,} + {want['adam']:,} |")
@@ -712,15 +718,17 @@ def fl_bytes_section(results: list[tuple[Experiment, dict[str, Any]]]) -> list[s
         return []
     lines = ["FL-GAN, per worker and round (Table III: |w| + |theta| each way, parameters and "
              "buffers of G and D, x 4 B):", "",
-             "| configuration | calls | C->W measured / formula | W->C measured / formula |",
-             "|---|---:|---|---|"]
+             "| configuration | model | calls | C->W measured / formula | "
+             "W->C measured / formula |",
+             "|---|---|---:|---|---|"]
     for exp, result in rows:
         methods = result["wire"]["coordinator"]["by_method"]
         down, up = methods[f"{TRAIN_METHOD} call"], methods[f"{TRAIN_METHOD} reply"]
         want = gan_values(exp.model) * FLOAT32
         per_down = down["sent_bytes"] / down["sent_frames"]
         per_up = up["received_bytes"] / up["received_frames"]
-        lines.append(f"| {exp.label} | {down['sent_frames']} | {per_down:,.0f} / {want:,} "
+        lines.append(f"| {exp.label} | {exp.model} | {down['sent_frames']} | "
+                     f"{per_down:,.0f} / {want:,} "
                      f"({per_down / want:.4f}x) | {per_up:,.0f} / {want:,} "
                      f"({per_up / want:.4f}x) |")
     return [*lines, ""]
