@@ -25,15 +25,14 @@ from coordinator.checkpoint import (
 )
 from coordinator.heartbeats import HeartbeatMonitor
 from coordinator.ledger import UnitLedger
-from coordinator.membership import Member, Membership, PullNodeHandle
+from coordinator.membership import Membership
 from coordinator.node_pool import (
     DEAD_SECONDS,
     HEARTBEAT_SECONDS,
     SUSPECT_SECONDS,
-    Liveness,
     NodeHandle,
 )
-from coordinator.nodes_file import NodeAddress, NodesFileError
+from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
 from coordinator.round_engine import (
@@ -43,6 +42,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
+from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError
 from coordinator.session_moves import NodeSessions, drop_sessions
 from training.algorithms import ConfigError, get_algorithm
@@ -98,12 +98,10 @@ class Run:
         self.outputs = _check_outputs(request.outputs_json)
         self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
         self.run_dir = settings.run_root / self.run_id
-        self.nodes: list[NodeHandle] = []
-        self._next_index = 0
-        self._registered_push: set[str] = set()  # push nodes that came by registering
-        self._nodes_source = nodes_source
-        self._add_nodes(nodes)
-        self._add_members()
+        self._nodes = RunNodes(
+            self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
+            connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
+            dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership)
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
@@ -179,8 +177,7 @@ class Run:
         finally:
             if self.algorithm.uses_sessions:  # the nodes' per-run state of this run
                 drop_sessions(self.run_id, self.nodes)
-            for node in self.nodes:
-                node.close()
+            self._nodes.close()
             self.finished.set()
         return result
 
@@ -237,64 +234,14 @@ class Run:
                     and not math.isnan(row["validation_error"])]
         return measured[-1] if measured else math.nan
 
-    def _index(self) -> int:
-        self._next_index += 1
-        return self._next_index - 1
-
-    def _add_nodes(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
-        known = {n.address for n in self.nodes}
-        added = [NodeHandle(self._index(), address, self.settings.rpc_timeout,
-                            self.settings.connect_timeout)
-                 for address in dict.fromkeys(a for a in addresses if a not in known)]
-        for node in added:
-            node.liveness = Liveness(self.settings.suspect_seconds, self.settings.dead_seconds)
-        self.nodes.extend(added)
-        return added
-
-    def _add_members(self) -> list[NodeHandle]:
-        """Registered nodes: push ones like nodes-file lines, pull ones by their mailbox.
-        Pull nodes that left or registered again (a restart) are replaced or dropped."""
-        if self.membership is None:
-            return []
-        current = {m.name: m for m in self.membership.members()}
-        self.nodes = [n for n in self.nodes if self._still_member(n, current)]
-        known = {n.name for n in self.nodes}
-        added = [PullNodeHandle(self._index(), m, self.settings.rpc_timeout)
-                 for m in current.values() if m.pull and m.name not in known]
-        self.nodes.extend(added)
-        pushed = self._add_nodes(self.membership.push_addresses())
-        self._registered_push.update(n.name for n in pushed)
-        return added + pushed
-
-    def _still_member(self, node: NodeHandle, current: dict[str, Member]) -> bool:
-        """False for a registered node that left (or a pull node that re-registered)."""
-        if isinstance(node, PullNodeHandle):
-            return current.get(node.name) is node.member
-        if node.name in self._registered_push and node.name not in current:
-            self._registered_push.discard(node.name)
-            return False
-        return True
-
-    def _pick_up_new_nodes(self, engine: RoundEngine) -> None:
-        """Nodes added to the nodes file or registered join at the next round."""
-        before = {n.name for n in self.nodes}
-        if self._nodes_source is not None:
-            try:
-                self._add_nodes(self._nodes_source())
-            except NodesFileError as exc:
-                log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
-        self._add_members()
-        after = {n.name for n in self.nodes}
-        if after != before:
-            engine.set_nodes(self.nodes)
-            if after - before:
-                log.info("run %s: nodes joined: %s", self.run_id, ", ".join(sorted(after - before)))
-            if before - after:
-                log.info("run %s: nodes left: %s", self.run_id, ", ".join(sorted(before - after)))
+    @property
+    def nodes(self) -> list[NodeHandle]:
+        return self._nodes.nodes
 
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
-        self._pick_up_new_nodes(engine)
+        if self._nodes.refresh():  # nodes joined or left since the last round
+            engine.set_nodes(self.nodes)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
         wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
