@@ -4,7 +4,7 @@ A node may register instead of (or besides) being listed in compute_nodes.txt. A
 node gives the host and port it listens on; runs pick it up at their next round like a
 line added to the nodes file. A pull node (behind NAT, in a notebook) accepts no
 connections: it leases units from its mailbox here with `lease_unit` and hands results
-back with `submit_result`; `PullNodeHandle` makes such a node look to the round engine
+back with `submit_result`; `pull_node.PullNodeHandle` makes such a node look to the engine
 like any other, so pushed and pulling nodes mix in one run.
 """
 
@@ -14,7 +14,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +24,8 @@ from coordinator.node_pool import (
     SUSPECT_SECONDS,
     AttemptAborted,
     Liveness,
-    NodeHandle,
 )
 from coordinator.nodes_file import NodeAddress
-from wire import node_calls
 from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.members")
@@ -36,7 +33,6 @@ log = logging.getLogger("coordinator.members")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 MAX_MEMBERS = 1024
 MAX_LEASE_WAIT_SECONDS = 10.0  # a lease call waits at most this long for work
-QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
 UnitKey = tuple[str, str, int]  # run_id, unit_id, attempt; (CALL, call_id, 0) for calls
 CALL = "\0call"  # no run id can start with a NUL
 
@@ -46,7 +42,7 @@ class MemberError(ValueError):
 
 
 @dataclass
-class _Pending:
+class Pending:
     """A unit (or a relayed call) waiting in a pull node's mailbox, then leased, until
     its answer is in."""
 
@@ -63,14 +59,14 @@ class Mailbox:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._queue: deque[_Pending] = deque()
-        self._leased: dict[UnitKey, _Pending] = {}
+        self._queue: deque[Pending] = deque()
+        self._leased: dict[UnitKey, Pending] = {}
         self._cancel: list[UnitKey] = []
         self.closed = False
 
     def put(self, request: ttypes.WorkRequest | None = None,
-            call: ttypes.NodeCall | None = None) -> _Pending:
-        pending = _Pending(request, call)
+            call: ttypes.NodeCall | None = None) -> Pending:
+        pending = Pending(request, call)
         with self._cond:
             if self.closed:
                 raise AttemptAborted("the pull node left")
@@ -78,7 +74,7 @@ class Mailbox:
             self._cond.notify_all()
         return pending
 
-    def lease(self, wait_seconds: float) -> _Pending | None:
+    def lease(self, wait_seconds: float) -> Pending | None:
         deadline = time.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
         with self._cond:
             while not self._queue and not self.closed:
@@ -89,7 +85,7 @@ class Mailbox:
             if self.closed:
                 return None
             pending = self._queue.popleft()
-            self._leased[_key(pending)] = pending
+            self._leased[key_of(pending)] = pending
             return pending
 
     def submit(self, key: UnitKey, result: Any, error: str | None) -> bool:
@@ -101,10 +97,10 @@ class Mailbox:
         pending.done.set()
         return True
 
-    def withdraw(self, pending: _Pending, reason: str | None) -> None:
+    def withdraw(self, pending: Pending, reason: str | None) -> None:
         """Give a unit up: out of the queue, or off its lease (the node is told to stop).
         With a reason it is a failure; without, the unit ends with the result it has."""
-        key = _key(pending)
+        key = key_of(pending)
         with self._cond:
             if pending in self._queue:
                 self._queue.remove(pending)
@@ -130,7 +126,7 @@ class Mailbox:
             pending.done.set()
 
 
-def _key(pending: _Pending) -> UnitKey:
+def key_of(pending: Pending) -> UnitKey:
     if pending.call is not None:
         return CALL, pending.call.call_id, 0
     request = pending.request
@@ -244,86 +240,3 @@ class Membership:
 
     def push_addresses(self) -> list[NodeAddress]:
         return [m.address for m in self.members() if m.address is not None]
-
-
-class PullNodeHandle(NodeHandle):
-    """A pull node as the round engine sees it: `train` puts the unit in the node's
-    mailbox and waits for the node to lease it and submit the result."""
-
-    accepts_connections = False
-
-    def __init__(self, index: int, member: Member, rpc_timeout: float) -> None:
-        self._init_common(index, member.name)
-        self.address = None
-        self.member = member
-        self.liveness = member.liveness
-        self._rpc_timeout = rpc_timeout
-        self._pending: dict[UnitKey, _Pending] = {}
-
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
-        mailbox = self.member.mailbox
-        assert mailbox is not None
-        pending = mailbox.put(request)
-        key = _key(pending)
-        with self._lock:
-            self._pending[key] = pending
-        try:
-            if not pending.done.wait(self._rpc_timeout):
-                mailbox.withdraw(pending, f"no result within {self._rpc_timeout:g}s")
-        finally:
-            with self._lock:
-                self._pending.pop(key, None)
-        if pending.failure:
-            raise AttemptAborted(pending.failure)
-        if pending.error:
-            raise ttypes.InvalidRequest(message=pending.error)
-        assert pending.result is not None
-        return pending.result
-
-    def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
-        """A session call carried through the mailbox (see wire.node_calls): the node
-        leases it, runs it and submits the answer. Raises like a call over the wire."""
-        mailbox = self.member.mailbox
-        assert mailbox is not None
-        call = ttypes.NodeCall(call_id=uuid.uuid4().hex, method=method,
-                               request=node_calls.encode(request))
-        pending = mailbox.put(call=call)
-        timeout = QUICK_CALL_SECONDS if quick else self._rpc_timeout
-        if not pending.done.wait(timeout):
-            mailbox.withdraw(pending, f"{method}: no answer within {timeout:g}s")
-        if pending.failure:
-            raise AttemptAborted(pending.failure)
-        if pending.error:
-            raise ttypes.InvalidRequest(message=pending.error)
-        return node_calls.decode_result(method, pending.result)
-
-    def abort(self, key: UnitKey, reason: str) -> bool:
-        with self._lock:
-            pending = self._pending.get(key)
-        if pending is None or self.member.mailbox is None:
-            return False
-        self.member.mailbox.withdraw(pending, reason)
-        return True
-
-    def cancel(self, run_id: str, unit_id: str) -> None:
-        with self._lock:
-            keys = [k for k in self._pending if k[:2] == (run_id, unit_id)]
-        for key in keys:
-            with self._lock:
-                pending = self._pending.get(key)
-            if (pending is not None and self.member.mailbox is not None
-                    and not pending.done.is_set()):
-                pending.result = ttypes.TrainResult(
-                    accepted=False, outcome=ttypes.UnitOutcome.CANCELLED, update=[],
-                    num_samples=0, loss=0.0, error=0.0, compute_seconds=0.0, delay_seconds=0.0,
-                    message="cancelled by the coordinator", node_id=self.name)
-                self.member.mailbox.withdraw(pending, None)
-
-    def heartbeat(self) -> None:
-        """Pull nodes call in; nothing to send them."""
-
-    def _forget_connections(self) -> None:
-        """No connections of its own."""
-
-    def close(self) -> None:
-        """No connections of its own."""

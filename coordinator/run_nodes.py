@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from coordinator.membership import Member, Membership, PullNodeHandle
+from coordinator.membership import Member, Membership
 from coordinator.node_pool import Liveness, NodeHandle
 from coordinator.nodes_file import NodeAddress, NodesFileError
+from coordinator.pull_node import PullNodeHandle
 
 log = logging.getLogger("coordinator.run")
 

@@ -1,0 +1,105 @@
+"""Registration, heartbeats and the pull-node mailbox, without sockets."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from coordinator.membership import Mailbox, MemberError, Membership
+from coordinator.node_pool import AttemptAborted
+from coordinator.pull_node import PullNodeHandle
+from wire.generated import PROTOCOL_VERSION, ttypes
+
+V = PROTOCOL_VERSION
+
+
+def work(unit: str = "u1", attempt: int = 1) -> ttypes.WorkRequest:
+    return ttypes.WorkRequest(protocol_version=V, run_id="r1", round=1, unit_id=unit,
+                              attempt=attempt, algorithm="delta_avg", model="mlp",
+                              dataset="letters", unit_path=unit, config_json="{}", weights=[],
+                              scheduling_policy=2)
+
+
+def done(message: str = "") -> ttypes.TrainResult:
+    return ttypes.TrainResult(accepted=True, outcome=ttypes.UnitOutcome.COMPLETED, update=[],
+                              num_samples=5, loss=0.0, error=0.0, compute_seconds=0.0,
+                              delay_seconds=0.0, message=message)
+
+
+def pull_member(membership: Membership, node_id: str = "laptop"):
+    name = membership.register(ttypes.RegisterRequest(
+        protocol_version=V, node_id=node_id, pull=True)).node
+    return name, membership.get(name)
+
+
+def test_a_lease_waits_a_bounded_time_and_hands_out_units_in_order() -> None:
+    box = Mailbox()
+    assert box.lease(0.01) is None
+    box.put(work("u1"))
+    box.put(work("u2"))
+    assert box.lease(0.01).request.unit_id == "u1"
+    assert box.lease(0.01).request.unit_id == "u2"
+
+
+def test_a_pull_handle_returns_what_the_node_submits() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    handle = PullNodeHandle(0, member, rpc_timeout=5.0)
+
+    def node() -> None:
+        lease = membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name,
+                                                     wait_seconds=5.0))
+        membership.submit(ttypes.SubmitRequest(
+            protocol_version=V, node=name, run_id="r1", unit_id=lease.work.unit_id,
+            attempt=lease.work.attempt, result=done("from the node")))
+
+    threading.Thread(target=node, daemon=True).start()
+    assert handle.train(work()).message == "from the node"
+
+
+def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    handle = PullNodeHandle(0, member, rpc_timeout=5.0)
+    leased = threading.Event()
+
+    def node() -> None:
+        membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=5.0))
+        leased.set()
+
+    threading.Thread(target=node, daemon=True).start()
+    threading.Thread(target=lambda: leased.wait(5) and handle.abort(("r1", "u1", 1), "late"),
+                     daemon=True).start()
+    with pytest.raises(AttemptAborted, match="late"):
+        handle.train(work())
+    beat = membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
+                                                        units_running=1))
+    assert beat.cancel == ["r1/u1/1"]
+    assert not membership.submit(ttypes.SubmitRequest(
+        protocol_version=V, node=name, run_id="r1", unit_id="u1", attempt=1,
+        result=done())).accepted  # too late: the unit went elsewhere
+
+
+def test_leaving_fails_what_the_node_held_and_forgets_it() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    pending = member.mailbox.put(work())
+    assert membership.leave(ttypes.LeaveRequest(protocol_version=V, node=name)).known
+    assert pending.done.is_set() and pending.failure == "the node left"
+    assert not membership.heartbeat(ttypes.HeartbeatRequest(
+        protocol_version=V, node=name, units_running=0)).known  # register again
+    with pytest.raises(AttemptAborted):
+        member.mailbox.put(work("u2"))
+
+
+def test_registrations_are_checked_and_push_nodes_give_an_address() -> None:
+    membership = Membership()
+    with pytest.raises(MemberError, match="node id"):
+        membership.register(ttypes.RegisterRequest(protocol_version=V, node_id="", pull=True))
+    with pytest.raises(MemberError, match="host and port"):
+        membership.register(ttypes.RegisterRequest(protocol_version=V, node_id="a", pull=False))
+    result = membership.register(ttypes.RegisterRequest(
+        protocol_version=V, node_id="a", pull=False, host="10.0.0.7", port=9091))
+    assert result.node == "10.0.0.7:9091"
+    assert [str(a) for a in membership.push_addresses()] == ["10.0.0.7:9091"]
