@@ -76,7 +76,7 @@ class FatalNodeError(Exception):
     """A node refused the protocol itself; retrying elsewhere would not help."""
 
 
-def _overdue(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
+def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
              deadline: float) -> str | None:
     """Why an attempt should be reclaimed now, or None."""
     if node.liveness.state(now) == "dead":
@@ -185,7 +185,7 @@ class RoundEngine:
         now, deadline = time.monotonic(), self.unit_deadline()
         for unit, attempt, node, started in state.live_attempts():
             key = (self.run_id, unit.spec.unit_id, attempt)
-            reason = _overdue(node, key, started, now, deadline)
+            reason = overdue_reason(node, key, started, now, deadline)
             if reason and node.abort(key, reason):
                 log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
                             state.round_index, unit.spec.unit_id, attempt, node.name, reason)
