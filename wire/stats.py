@@ -67,7 +67,8 @@ class WireStats:
     """Thread-safe byte and frame counts of one process, by message label and by peer."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified on every frame, for wait_for_frames
+        self._frames = 0
         self._started = time.time()
         self._by_label: dict[str, dict[str, int]] = {}
         self._by_peer: dict[str, dict[str, int]] = {}
@@ -86,11 +87,21 @@ class WireStats:
                     counts = table.setdefault(key, _empty_counts())
                 counts[direction + "_bytes"] += nbytes
                 counts[direction + "_frames"] += 1
+            self._frames += 1
+            self._lock.notify_all()
+
+    def wait_for_frames(self, frames: int, timeout: float) -> bool:
+        """Wait until `frames` frames (sent and received) have been counted; False if
+        `timeout` seconds pass first. A server counts its reply after sending it, so a
+        reader of the counts may have to wait for it."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._frames >= frames, timeout)
 
     def reset(self) -> None:
         """Forget every count (e.g. between the runs of one process)."""
         with self._lock:
             self._started = time.time()
+            self._frames = 0
             self._by_label.clear()
             self._by_peer.clear()
 

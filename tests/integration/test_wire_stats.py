@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,14 +114,8 @@ def test_counters_match_the_encoded_sizes_exactly(server: ThriftServer) -> None:
 def _settled_snapshot(frames: int) -> dict:
     """The registry once it holds `frames` frames: a server counts its reply after sending
     it, so the client may read the reply a moment before the server has counted it."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        snapshot = stats.WIRE_STATS.snapshot()
-        totals = snapshot["totals"]
-        if totals["sent_frames"] + totals["received_frames"] >= frames \
-                or time.monotonic() > deadline:
-            return snapshot
-        time.sleep(0.01)
+    assert stats.WIRE_STATS.wait_for_frames(frames, WAIT), "frames were not counted in time"
+    return stats.WIRE_STATS.snapshot()
 
 
 def test_counting_is_thread_safe() -> None:
