@@ -26,7 +26,9 @@ a backup race, or a straggler after the round ended) is recorded and leaves the 
 it is; it may end any way but completed, which would count a result twice (report a
 result the engine dropped as cancelled). `move_unit` makes the moves that involve no
 attempt (requeue, discard, time out, cancel); see MOVES. `record_round` and `end_run`
-cancel whatever their round or run left unsettled. Settled units (completed, discarded,
+cancel whatever their round or run left unsettled; `end_run` (and so a restart, which
+fails the runs it finds running) also closes the run's live attempts as cancelled, and
+an answer that still comes for one of them is ignored. Settled units (completed, discarded,
 cancelled) never change again; trying raises IllegalTransition, a ValueError that names
 both states.
 
@@ -38,6 +40,11 @@ process ever sees SQLITE_BUSY. `batch()` groups many calls into one transaction 
 commit) and holds the lock meanwhile. WAL lets other processes read the file while the
 coordinator writes; synchronous=NORMAL skips the fsync per commit, so a power cut may
 lose the last commits but never corrupts the file.
+
+Errors. A refusal (IllegalTransition, UnknownRecord, ValueError) leaves the file as it
+was. When SQLite itself fails (disk full, file read-only, I/O error) the call raises
+StoreUnavailable, naming the file and the error: the file no longer says everything that
+happened, and callers must not carry on as if it did.
 
 Timestamps are UNIX seconds (float). NaN metrics are stored as NULL and read back as
 None (SQLite has no NaN).
@@ -78,6 +85,7 @@ NODE_OUTCOMES = frozenset({"completed", "rejected", "cancelled"})
 MAX_UNITS_PER_CALL = 100_000
 MAX_LIST = 10_000
 BUSY_TIMEOUT_SECONDS = 5.0
+MAX_PAGES_VARIABLE = "TRAINER_STORE_MAX_PAGES"
 
 UnitKey = tuple[str, int, str]  # (run_id, round, unit_id)
 
@@ -204,6 +212,12 @@ class IllegalTransition(RunStoreError, ValueError):
     """A status change the life cycle forbids; the message names both states."""
 
 
+class StoreUnavailable(RunStoreError):
+    """SQLite could not read or write the file (disk full, read-only, I/O error): what
+    the store holds may now lag behind what happened, so a run must not go on as if
+    it were recorded. The message names the file and SQLite's error."""
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One run as `client.py runs` lists it; config is the decoded JSON."""
@@ -325,7 +339,7 @@ class RunStore:
         """One transaction under the lock; nested calls become savepoints, so a failing
         call inside batch() undoes only itself. Writers take SQLite's write lock up
         front (no lock upgrade to fail halfway); readers only read a snapshot."""
-        with self._lock:
+        with self._lock, self._unavailable_on_error():
             db = self._connection()
             outer = self._depth == 0
             begin = "BEGIN IMMEDIATE" if write else "BEGIN"
@@ -340,13 +354,23 @@ class RunStore:
             self._depth -= 1
             _commit(db, outer)
 
+    @contextmanager
+    def _unavailable_on_error(self) -> Iterator[None]:
+        """SQLite's own errors leave the store as StoreUnavailable; the store's refusals
+        (IllegalTransition, UnknownRecord, ValueError) pass unchanged. An IntegrityError
+        that gets here is not a refusal either: every expected one is caught inside."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"run store {self.path}: {exc}") from exc
+
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
             raise RunStoreError(f"the run store {self.path} is closed")
         return self._db
 
     def _check_schema(self) -> None:
-        with _opening(self.path), self._tx() as db:
+        with self._tx() as db, _opening(self.path):
             tables = {name for (name,) in db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not tables:
@@ -409,6 +433,7 @@ class RunStore:
                 raise IllegalTransition(f"run {run_id} is {state}: it cannot be resumed")
             db.execute("UPDATE runs SET state = 'running', message = NULL, ended = NULL "
                        "WHERE id = ?", (run_id,))
+            _close_attempts(db, run_id, "the coordinator stopped before it answered", now)
             db.execute("DELETE FROM rounds WHERE run_id = ? AND round > ?", (run_id, from_round))
             rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? AND "
                               "round > ?", (run_id, from_round)).fetchall()
@@ -432,6 +457,7 @@ class RunStore:
         if current != "running":
             raise IllegalTransition(f"run {run_id}: cannot go from {current} to {state}")
         withdrawn = _settle(db, run_id, None, message or f"run {state}", now)
+        _close_attempts(db, run_id, message or f"run {state}", now)
         db.execute("UPDATE runs SET state = ?, message = ?, ended = ? WHERE id = ?",
                    (state, message, now, run_id))
         return withdrawn
@@ -509,7 +535,10 @@ class RunStore:
         key = (run_id, round_index, unit_id)
         now = self._clock()
         with self._tx() as db:
-            current, others_live = _check_live_attempt(db, key, attempt, node, status)
+            live = _check_live_attempt(db, key, attempt, node, status)
+            if live is None:  # closed when its run ended: nobody waits for this answer
+                return _unit_status(db, key)
+            current, others_live = live
             new = _after_attempt(key, current, status, others_live)
             db.execute(f"UPDATE attempts SET status = ?, ended = ?, reason = ? "
                        f"WHERE {_UNIT_WHERE} AND attempt = ?", (status, now, reason, *key, attempt))
@@ -657,10 +686,19 @@ def _connect(path: str) -> sqlite3.Connection:
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA foreign_keys = ON")
+            _limit_pages(db)
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _limit_pages(db: sqlite3.Connection) -> None:
+    """Fault injection for drills and tests: TRAINER_STORE_MAX_PAGES caps the file's
+    size in pages, so writes past it fail as on a full disk (SQLITE_FULL)."""
+    limit = os.environ.get(MAX_PAGES_VARIABLE)
+    if limit:
+        db.execute(f"PRAGMA max_page_count = {int(limit)}")
 
 
 @contextmanager
@@ -702,6 +740,8 @@ def _check_version(path: str, db: sqlite3.Connection, tables: set[str]) -> None:
 
 
 def _undo(db: sqlite3.Connection, outer: bool) -> None:
+    if not db.in_transaction:  # SQLite rolled back by itself (disk full, I/O error)
+        return
     if outer:
         db.execute("ROLLBACK")
     else:
@@ -769,21 +809,25 @@ def _unit_status(db: sqlite3.Connection, key: UnitKey) -> str:
 
 
 def _check_live_attempt(db: sqlite3.Connection, key: UnitKey, attempt: int, node: str,
-                        status: str) -> tuple[str, bool]:
+                        status: str) -> tuple[str, bool] | None:
     """Check that `attempt` is live on `node`; returns the unit's status and whether
-    other attempts of the unit are live (one query: this runs for every answer)."""
+    other attempts of the unit are live (one query: this runs for every answer), or
+    None for an attempt that the end of its run closed (see _close_attempts)."""
     row = db.execute(
         "SELECT u.status, a.node, a.status, (SELECT COUNT(*) FROM attempts o WHERE "
         "o.run_id = u.run_id AND o.round = u.round AND o.unit_id = u.unit_id AND "
-        "o.status = 'in_progress' AND o.attempt != ?) FROM units u LEFT JOIN attempts a ON "
+        "o.status = 'in_progress' AND o.attempt != ?), (SELECT state FROM runs r WHERE "
+        "r.id = u.run_id) FROM units u LEFT JOIN attempts a ON "
         "a.run_id = u.run_id AND a.round = u.round AND a.unit_id = u.unit_id AND "
         "a.attempt = ? WHERE u.run_id = ? AND u.round = ? AND u.unit_id = ?",
         (attempt, attempt, *key)).fetchone()
     if row is None:
         raise UnknownRecord(f"no {_name(key)}")
-    current, owner, attempt_status, others = row
+    current, owner, attempt_status, others, run_state = row
     if owner is None:
         raise UnknownRecord(f"{_name(key)}: no attempt {attempt}")
+    if attempt_status != "in_progress" and run_state != "running" and owner == node:
+        return None
     if attempt_status != "in_progress":
         raise IllegalTransition(f"{_name(key)}: attempt {attempt} cannot go from "
                                 f"{attempt_status} to {status}; it already ended")
@@ -824,6 +868,22 @@ def _settle(db: sqlite3.Connection, run_id: str, round_index: int | None, reason
                    f"WHERE {_UNIT_WHERE}", [(reason, now, run_id, r, u) for r, u, _ in rows])
     db.executemany(_EVENT_INSERT, [(run_id, r, u, None, None, s, "cancelled", None, reason, now)
                                    for r, u, s in rows])
+    return len(rows)
+
+
+def _close_attempts(db: sqlite3.Connection, run_id: str, reason: str, now: float) -> int:
+    """Close every live attempt of a run as cancelled, its unit left as it is: once the
+    run has ended (or its coordinator died) nobody waits for those answers, and an
+    attempt left in_progress would look like work still out. Returns how many."""
+    rows = db.execute("SELECT a.round, a.unit_id, a.attempt, a.node, u.status FROM attempts a "
+                      "INDEXED BY attempts_by_status JOIN units u ON u.run_id = a.run_id AND "
+                      "u.round = a.round AND u.unit_id = a.unit_id WHERE a.run_id = ? AND "
+                      "a.status = 'in_progress'", (run_id,)).fetchall()
+    db.executemany(f"UPDATE attempts SET status = 'cancelled', ended = ?, reason = ? "
+                   f"WHERE {_UNIT_WHERE} AND attempt = ?",
+                   [(now, reason, run_id, r, u, a) for r, u, a, _, _ in rows])
+    db.executemany(_EVENT_INSERT, [(run_id, r, u, a, n, s, s, "cancelled", reason, now)
+                                   for r, u, a, n, s in rows])
     return len(rows)
 
 

@@ -18,6 +18,7 @@ from coordinator.run_store import (
     RunStore,
     RunStoreError,
     SchemaError,
+    StoreUnavailable,
     UnknownRecord,
 )
 
@@ -168,6 +169,50 @@ def test_unfinished_runs_are_failed_at_start_up(store: RunStore) -> None:
     assert run is not None and (run.state, run.message) == ("failed",
                                                           "the coordinator restarted")
     assert store.unfinished_units("r1") == []
+
+
+def test_a_run_that_ends_closes_its_live_attempts_and_ignores_their_answers(
+        store: RunStore) -> None:
+    store.unit_started("r1", 1, UNITS[0], 1, A)
+    store.unit_started("r1", 1, UNITS[1], 1, B)
+    assert store.fail_unfinished_runs("the coordinator stopped") == ["r1"]
+    attempts = raw_sql(store.path, "SELECT unit_id, status, reason, ended IS NOT NULL "
+                                   "FROM attempts ORDER BY unit_id")
+    assert attempts == [(UNITS[0], "cancelled", "the coordinator stopped", 1),
+                        (UNITS[1], "cancelled", "the coordinator stopped", 1)]
+    assert history(store, UNITS[0])[-1] == (1, A, "cancelled", "cancelled", "cancelled")
+    # A straggler answering after the end changes nothing, and is not an error.
+    assert store.unit_finished("r1", 1, UNITS[0], 1, A, "completed") == "cancelled"
+    assert store.ledger_counts("r1")["completed"] == 0
+    with pytest.raises(IllegalTransition, match="already ended"):  # not its node
+        store.unit_finished("r1", 1, UNITS[0], 1, B, "completed")
+
+
+def test_a_resumed_run_has_no_attempt_left_in_progress(store: RunStore) -> None:
+    store.unit_started("r1", 1, UNITS[0], 1, A)
+    store.end_run("r1", "failed", "crashed")
+    raw_sql(store.path, "UPDATE attempts SET status = 'in_progress'")  # as older code left it
+    store.resume_run("r1", 0)
+    assert raw_sql(store.path, "SELECT status FROM attempts") == [("cancelled",)]
+    assert store.attempts_so_far("r1", 1) == {UNITS[0]: 1}  # numbering goes on after it
+
+
+def test_a_full_disk_is_a_store_error_naming_the_file_and_leaves_no_half_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "runs.db"
+    RunStore(path).close()
+    pages = raw_sql(path, "PRAGMA page_count")[0][0]
+    monkeypatch.setenv("TRAINER_STORE_MAX_PAGES", str(pages + 2))
+    with RunStore(path) as s:
+        s.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+        ids = [f"unit-{i:05d}-{'x' * 80}" for i in range(2000)]
+        with pytest.raises(StoreUnavailable, match=rf"run store {path}: database or disk "
+                                                   "is full"):
+            s.plan_units("r1", 1, ids)
+        assert s.ledger_counts("r1")["pending"] == 0  # all or nothing
+        assert s.get_run("r1").state == "running"  # reads still work
+        s.end_run("r1", "failed", "disk full")  # and small writes that fit
+    assert raw_sql(path, "SELECT state FROM runs") == [("failed",)]
 
 
 def test_a_round_is_recorded_once_and_settles_its_leftovers(store: RunStore) -> None:
