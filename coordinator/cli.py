@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ from coordinator.policies import POLICY_NAMES
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
+from coordinator.store_lock import StoreInUse
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import security
 from wire.generated import Coordinator, ttypes
@@ -125,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s coordinator %(levelname)s %(message)s")
+    # A fatal signal (SIGBUS when the store's WAL index file is truncated under SQLite's
+    # memory map, SIGSEGV) still leaves the signal and the Python stacks in the log.
+    faulthandler.enable(all_threads=True)
     security_problem = security.configure_from_args(args, serves=True)
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
@@ -139,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
+    except StoreInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (RunStoreError, OSError) as exc:
         print(f"error: cannot open the run store: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,8 @@ from pathlib import Path
 from coordinator.membership import MemberError, Membership
 from coordinator.nodes_file import NodeAddress, NodesFileError, read_nodes_file
 from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunRecord, RunStore, UnfinishedUnit
+from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
+from coordinator.store_lock import StoreLock
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 
@@ -26,7 +27,7 @@ class CoordinatorHandler:
     def __init__(self, nodes_file: Path, settings: CoordinatorSettings) -> None:
         self.nodes_file = nodes_file
         self.settings = settings
-        self.store = open_store(settings)
+        self.lock, self.store = open_store(settings)
         interrupted = self.store.fail_unfinished_runs("the coordinator stopped during the run")
         if interrupted:
             log.warning("runs interrupted by an earlier stop: %s", ", ".join(interrupted))
@@ -77,8 +78,12 @@ class CoordinatorHandler:
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
         status = self._find(request.run_id).progress.snapshot()
-        status.unfinished = [_unit_info(u) for u in self.store.unfinished_units(status.run_id)]
-        status.ledger = self.store.ledger_counts(status.run_id)
+        try:
+            status.unfinished = [_unit_info(u)
+                                 for u in self.store.unfinished_units(status.run_id)]
+            status.ledger = self.store.ledger_counts(status.run_id)
+        except RunStoreError as exc:  # the progress still answers; the run reports the fault
+            log.warning("status of run %s without the store: %s", status.run_id, exc)
         return status
 
     def cancel(self, request: ttypes.CancelRunRequest) -> ttypes.CancelRunResult:
@@ -149,9 +154,14 @@ class CoordinatorHandler:
             for run in runs:
                 run.finished.wait(max(0.0, deadline - time.monotonic()))
             then()
-            self.store.close()
+            self.close()
 
         threading.Thread(target=wait_then_stop, name="shutdown", daemon=True).start()
+
+    def close(self) -> None:
+        """Close the store and give up its lock, for another coordinator to take."""
+        self.store.close()
+        self.lock.release()
 
     def _find(self, run_id: str) -> Run:
         with self._lock:
@@ -172,11 +182,18 @@ def _execute_quietly(run: Run) -> None:
         log.warning("resumed run %s ended: %s", run.run_id, exc.message)
 
 
-def open_store(settings: CoordinatorSettings) -> RunStore:
-    """The run store of these settings, its folder created if needed."""
+def open_store(settings: CoordinatorSettings) -> tuple[StoreLock, RunStore]:
+    """The run store of these settings, its folder created if needed, locked for this
+    process first: a second coordinator on the same store is refused with StoreInUse
+    before it can touch the first one's runs."""
     path = settings.store_path or settings.run_root / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return RunStore(path)
+    lock = StoreLock(path)
+    try:
+        return lock, RunStore(path)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _stored_status(record: RunRecord) -> ttypes.RunStatus:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from coordinator.handler import CoordinatorHandler
 from coordinator.run import CoordinatorSettings
+from coordinator.store_lock import StoreInUse
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
 
@@ -51,7 +53,17 @@ def test_a_broken_nodes_file_fails_the_run_with_its_line(tmp_path):
 
 
 def test_status_of_an_unknown_run_is_a_declared_error(tmp_path):
+    coordinator = handler(tmp_path)
     with pytest.raises(ttypes.UnknownRun):
-        handler(tmp_path).status(ttypes.StatusRequest(run_id="nope"))
+        coordinator.status(ttypes.StatusRequest(run_id="nope"))
     with pytest.raises(ttypes.UnknownRun):
-        handler(tmp_path).status(ttypes.StatusRequest(run_id=""))
+        coordinator.status(ttypes.StatusRequest(run_id=""))
+
+
+def test_a_second_coordinator_on_the_same_store_is_refused_until_the_first_closes(tmp_path):
+    first = handler(tmp_path)
+    with pytest.raises(StoreInUse, match=rf"runs.db is in use by another coordinator "
+                                         rf"\(pid {os.getpid()}\)"):
+        handler(tmp_path)
+    first.close()
+    handler(tmp_path).close()
