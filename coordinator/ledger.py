@@ -1,17 +1,25 @@
-"""The round engine's view of the run store: one call per event, never fatal.
+"""The round engine's view of the run store: one call per event.
 
 The store checks every transition, and the engine has legitimate races (a backup
-answering after its round settled, say). A ledger write that the store refuses is
-logged, not raised: the books must never stop the training they describe.
+answering after its round settled, say). A write that the store refuses is logged,
+not raised: such a refusal must not stop the training it describes.
+
+A write that SQLite could not make (disk full, file read-only, I/O error) is another
+matter: from then on the store misses what happened, and a run reported as a success
+would not be in it. The first such failure is kept, logged once and handed to
+`on_failure` (the run cancels itself); `check()` raises it where the run must not go
+on unrecorded (after a round is recorded, before the run is reported as completed).
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from coordinator.run_store import RunStore, RunStoreError
+from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.ledger")
@@ -20,9 +28,18 @@ log = logging.getLogger("coordinator.ledger")
 class UnitLedger:
     """Records one run's unit attempts and node answers in a RunStore (or nowhere)."""
 
-    def __init__(self, store: RunStore | None, run_id: str) -> None:
+    def __init__(self, store: RunStore | None, run_id: str,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.run_id = run_id
+        self.on_failure = on_failure
+        self.failure: StoreUnavailable | None = None  # the first write SQLite could not make
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise the first store failure of this run, if there was one."""
+        if self.failure is not None:
+            raise self.failure
 
     def plan_units(self, round_index: int, unit_ids: list[str]) -> dict[str, int]:
         """Plan a round; returns the attempts its units already had (a round reopened by
@@ -61,6 +78,18 @@ class UnitLedger:
             return None
         try:
             return getattr(self.store, method)(self.run_id, *args, **kwargs)
-        except (RunStoreError, ValueError, sqlite3.Error) as exc:
+        except StoreUnavailable as exc:
+            self._failed(exc)
+        except sqlite3.Error as exc:  # the store turns these into StoreUnavailable; in case
+            self._failed(StoreUnavailable(f"run store {self.store.path}: {exc}"))
+        except (RunStoreError, ValueError) as exc:
             log.warning("run store refused %s%s: %s", method, args, exc)
-            return None
+        return None
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        with self._lock:
+            first, self.failure = self.failure is None, self.failure or exc
+        if first:
+            log.error("run %s: %s", self.run_id, exc)
+            if self.on_failure is not None:
+                self.on_failure(str(exc))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.checkpoint import (
+    CHECKPOINT_FILE,
     Checkpoint,
     CheckpointError,
     load_checkpoint,
@@ -43,7 +44,7 @@ from coordinator.round_engine import (
     RunCancelledError,
 )
 from coordinator.run_nodes import RunNodes
-from coordinator.run_store import RunStore, RunStoreError
+from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
@@ -85,10 +86,12 @@ class Run:
                  settings: CoordinatorSettings, store: RunStore | None = None,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
                  resume_from: Checkpoint | None = None,
-                 membership: Membership | None = None) -> None:
+                 membership: Membership | None = None, resumed: bool = False) -> None:
         self.request = request
         self.membership = membership
         self.resume_from = resume_from
+        # resumed without a checkpoint: the run died before its first one, so it starts over
+        self.resumed = resumed or resume_from is not None
         self.settings = settings
         self.store = store
         self.run_id = _check_run_id(request.run_id)
@@ -109,7 +112,7 @@ class Run:
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
-        self.ledger = UnitLedger(store, self.run_id)
+        self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)
 
     @classmethod
@@ -117,14 +120,15 @@ class Run:
                store: RunStore | None = None,
                nodes_source: Callable[[], list[NodeAddress]] | None = None,
                membership: Membership | None = None) -> Run:
-        """The run `run_id` of `settings.run_root`, to continue after its last checkpoint."""
+        """The run `run_id` of `settings.run_root`, to continue after its last checkpoint:
+        from round 1 with its stored request if it died before its first checkpoint, and
+        only the end-of-run writes if it died after its last. The store refuses a run
+        that is recorded as completed (or still running)."""
         run_dir = settings.run_root / _check_run_id(run_id)
         request = load_request(run_dir, PROTOCOL_VERSION)
-        checkpoint = load_checkpoint(run_dir)
-        if checkpoint.round >= request.rounds:
-            raise CheckpointError(f"run {run_id} already finished its {request.rounds} rounds")
+        checkpoint = load_checkpoint(run_dir) if (run_dir / CHECKPOINT_FILE).exists() else None
         return cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
-                   membership=membership)
+                   membership=membership, resumed=True)
 
     def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the run to stop; False if it had already ended."""
@@ -139,18 +143,21 @@ class Run:
         if self.store is None:
             return
         r = self.request
-        if self.resume_from is not None:
+        if self.resumed:
+            done = self.resume_from.round if self.resume_from is not None else 0
             try:
-                reopened = self.store.resume_run(self.run_id, self.resume_from.round)
+                reopened = self.store.resume_run(self.run_id, done)
             except RunStoreError as exc:
                 raise CheckpointError(f"run {self.run_id} cannot be resumed: {exc}") from None
             log.info("run %s resumes after round %d (%d units reopened)", self.run_id,
-                     self.resume_from.round, reopened)
+                     done, reopened)
             return
         try:
             self.store.create_run(self.run_id, algorithm=r.algorithm, model=r.model,
                                   dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
                                   policy=self.settings.policy)
+        except StoreUnavailable as exc:
+            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
         except (RunStoreError, ValueError) as exc:
             raise _invalid(f"run id {self.run_id!r} cannot be used: {exc}") from None
 
@@ -161,7 +168,11 @@ class Run:
         try:
             result = self._train()
             self._end(COMPLETED)
+        except StoreUnavailable as exc:
+            raise self._store_failed(exc) from None
         except RunCancelledError:
+            if self.ledger.failure is not None:  # the run cancelled itself: see UnitLedger
+                raise self._store_failed(self.ledger.failure) from None
             self._end(CANCELLED, self.cancel_reason)
             raise ttypes.RunCancelled(
                 message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
@@ -182,8 +193,17 @@ class Run:
         return result
 
     def _end(self, state: str, message: str | None = None) -> None:
-        self.progress.end(state, message)
+        """Record the end, then show it: a run is never reported completed unless the
+        store holds it as completed (StoreUnavailable otherwise)."""
         self.ledger.run_ended(state, message)
+        if state == COMPLETED:
+            self.ledger.check()
+        self.progress.end(state, message)
+
+    def _store_failed(self, exc: StoreUnavailable) -> ttypes.TrainingFailed:
+        """The run stops when its store cannot record it; the error names the file."""
+        self._end(FAILED, str(exc))
+        return ttypes.TrainingFailed(message=str(exc), nodes_tried=[])
 
     # ---------------------------------------------------------------- rounds
     def _train(self) -> ttypes.RunResult:
@@ -219,6 +239,8 @@ class Run:
         """Round 0's weights, or the checkpoint's weights, optimizer and random state."""
         checkpoint = self.resume_from
         if checkpoint is None:
+            if self.resumed:  # no round was checkpointed: rows of earlier tries go
+                metrics_until(self.run_dir, 0)
             return self.algorithm.initial_weights(), 0
         self.algorithm.load_state_dict(checkpoint.optimizer)
         if checkpoint.policy_rng is not None:
@@ -252,6 +274,7 @@ class Run:
             return self._work_request(round_index, unit, attempt, payload)
 
         earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
+        self.ledger.check()
         outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build,
                                    lambda update: self.algorithm.check_update(update, weights),
                                    earlier_attempts=earlier,
@@ -276,6 +299,7 @@ class Run:
         self._score(round_index, weights, metrics)
         self._append_metrics(metrics, outcome.discarded)
         self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
+        self.ledger.check()  # a round the store missed must not be checkpointed
         # The checkpoint comes last: it is the commit point a resume starts from, so the
         # metrics and the ledger already hold every round it covers.
         self._write_outputs(round_index, weights)

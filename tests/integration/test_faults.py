@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -186,3 +187,147 @@ def test_spoiled_updates_are_refused_with_their_reason_and_redone_elsewhere(clus
     assert refused and all(e[2].endswith(f":{spoiler.port}") for e in refused)
     by_node = {n["node"]: n for n in result["nodes"]}
     assert by_node[f"127.0.0.1:{spoiler.port}"]["failed"] >= 1
+
+
+def _store_rows(cluster, sql: str, params: tuple = ()) -> list[tuple]:
+    with closing(sqlite3.connect(cluster.workdir / "runs" / "runs.db")) as db:
+        return db.execute(sql, params).fetchall()
+
+
+def _resume_and_attach(cluster, run_id: str, nodes: list[procs.Proc]) -> dict:
+    """Restart the coordinator on `nodes` with --resume and follow the run to its end."""
+    nodes_file = procs.write_nodes_file(cluster.workdir / "compute_nodes.txt", nodes)
+    cluster.coordinator = procs.start_coordinator(cluster.workdir, nodes_file, 2,
+                                                  "--resume", run_id)
+    attached = procs.run_client(["attach", "127.0.0.1", str(cluster.coordinator.port),
+                                 run_id, "--json", "--poll", "0.2"], cluster.workdir)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    return json.loads(attached.stdout)
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_round_1(cluster):
+    # Every unit on this node waits 60 s first (policy 1, load 1): round 1 cannot end.
+    slow = cluster.add_node(1.0, "--load-delay", "60")
+    cluster.start_coordinator(1)
+    client = cluster.start_client(*TRAIN, "--run-id", "early", "--quiet", "--dead-after", "3")
+    try:
+        slow.wait_for(r"round 1 accepted", timeout=60)
+        cluster.coordinator.kill()
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    run_dir = cluster.workdir / "runs" / "early"
+    assert "--resume early" in err and not (run_dir / "checkpoint.npz").exists()
+    out_when_killed = _store_rows(cluster, "SELECT COUNT(*) FROM attempts WHERE run_id = ?",
+                                  ("early",))[0][0]
+    assert out_when_killed >= 1
+
+    fast = [cluster.add_node(0.0), cluster.add_node(0.0)]
+    assert _resume_and_attach(cluster, "early", fast)["state"] == "completed"
+    cluster.coordinator.wait_for(r"resumes after round 0")
+    assert (run_dir / "model.npz").is_file()
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round"] for r in rows] == list(range(1, ROUNDS + 1))
+    # The attempts that were out on the slow node when the coordinator died are settled.
+    assert _store_rows(cluster, "SELECT COUNT(*) FROM attempts WHERE run_id = ? AND "
+                                "status = 'in_progress'", ("early",)) == [(0,)]
+    assert _store_rows(cluster, "SELECT DISTINCT reason FROM attempts WHERE run_id = ? AND "
+                                "node = ?", ("early", f"127.0.0.1:{slow.port}")) == [
+        ("the coordinator stopped during the run",)]
+
+
+def test_a_run_killed_after_its_last_checkpoint_resumes_to_its_end_writes(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    cluster.train_json(*TRAIN, "--run-id", "late")
+    cluster.coordinator.stop()
+    # What a kill -9 between the last checkpoint and the end of the run leaves: every
+    # round recorded and checkpointed, the run still running, no final model yet.
+    run_dir = cluster.workdir / "runs" / "late"
+    expected = _model(cluster, "late")
+    for name in ("model.npz", "curves.png"):
+        (run_dir / name).unlink()
+    with closing(sqlite3.connect(cluster.workdir / "runs" / "runs.db")) as db, db:
+        db.execute("UPDATE runs SET state = 'running', ended = NULL WHERE id = 'late'")
+
+    assert _resume_and_attach(cluster, "late", cluster.nodes)["state"] == "completed"
+    resumed = _model(cluster, "late")
+    assert expected.keys() == resumed.keys()
+    assert all(np.array_equal(expected[k], resumed[k]) for k in expected)
+    assert (run_dir / "curves.png").is_file()
+    assert _store_rows(cluster, "SELECT state, (SELECT COUNT(*) FROM rounds WHERE run_id = "
+                                "'late') FROM runs WHERE id = 'late'") == [("completed", ROUNDS)]
+    cluster.coordinator.stop()
+    again = subprocess.run(
+        [sys.executable, str(procs.REPO / "coordinator_node.py"), "0", "2", "--nodes-file",
+         str(cluster.workdir / "compute_nodes.txt"), "--run-dir", str(cluster.workdir / "runs"),
+         "--resume", "late"], capture_output=True, text=True, timeout=60, env=procs.python_env())
+    assert again.returncode == 1 and "run late is completed" in again.stderr
+
+
+def test_a_store_that_cannot_be_written_fails_the_run_loudly(cluster, monkeypatch):
+    # The store file may not grow past this many pages: SQLite fails its writes with
+    # SQLITE_FULL ("database or disk is full"), as on a full disk, a few rounds in.
+    monkeypatch.setenv("TRAINER_STORE_MAX_PAGES", "24")
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    done = cluster.client("letters", "40", *TRAIN[2:], "--run-id", "full", "--quiet")
+    store = cluster.workdir / "runs" / "runs.db"
+    assert done.returncode == 1, done.stdout + cluster.logs()
+    assert done.stderr.strip().splitlines() == [
+        f"error: training failed: run store {store}: database or disk is full"]
+    assert f"run full: run store {store}: database or disk is full" in cluster.coordinator.log()
+    assert cluster.coordinator.alive()
+    # Nothing checkpointed (what a resume would build on) that the store does not hold.
+    recorded = _store_rows(cluster, "SELECT COUNT(*) FROM rounds WHERE run_id = 'full'")[0][0]
+    assert 1 <= _checkpoint_round(cluster, "full") <= recorded < 40
+    assert _store_rows(cluster, "SELECT state FROM runs WHERE id = 'full'") != [("completed",)]
+
+
+def _checkpoint_round(cluster, run_id: str) -> int:
+    _, meta = load_model(cluster.workdir / "runs" / run_id / "checkpoint.npz")
+    return int(meta["round"])
+
+
+def test_a_second_coordinator_on_the_same_store_is_refused(cluster):
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    first = cluster.start_coordinator(2)
+    client = cluster.start_client(*TRAIN, "--run-id", "first", "--json", "--quiet")
+    second = None
+    try:
+        first.wait_for(r"round 1/6", timeout=60)
+        second = subprocess.Popen(
+            [sys.executable, str(procs.REPO / "coordinator_node.py"), "0", "2", "--host",
+             "127.0.0.1", "--nodes-file", str(cluster.workdir / "compute_nodes.txt"),
+             "--run-dir", str(cluster.workdir / "runs")], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=procs.python_env())
+        _, second_err = second.communicate(timeout=60)
+        out, err = client.communicate(timeout=120)
+    finally:
+        for proc in (second, client):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    store = cluster.workdir / "runs" / "runs.db"
+    assert second.returncode == 1
+    assert second_err.strip().splitlines()[-1] == (
+        f"error: run store {store} is in use by another coordinator (pid {first.popen.pid})")
+    assert client.returncode == 0, err + cluster.logs()
+    assert _store_rows(cluster, "SELECT state FROM runs WHERE id = 'first'") == [("completed",)]
+
+
+def test_a_store_truncated_under_the_coordinator_leaves_the_fault_in_its_log(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    cluster.train_json("letters", "1", *TRAIN[2:], "--run-id", "before")
+    # Truncating the WAL index that SQLite has memory-mapped makes its next access a
+    # SIGBUS: the process cannot survive it, but it must not die without a word.
+    os.truncate(cluster.workdir / "runs" / "runs.db-shm", 0)
+    cluster.client("letters", "1", *TRAIN[2:], "--run-id", "after", "--dead-after", "3",
+                   timeout=60)
+    cluster.coordinator.popen.wait(30)
+    assert cluster.coordinator.popen.returncode == -signal.SIGBUS
+    cluster.coordinator.wait_for(r"Fatal Python error: Bus error")
+    assert "run_store.py" in cluster.coordinator.log()
