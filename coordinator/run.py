@@ -256,7 +256,8 @@ class Run:
                                    lambda update: self.algorithm.check_update(update, weights),
                                    earlier_attempts=earlier,
                                    aggregate=self.algorithm.aggregator(
-                                       units, self.settings.engine.deterministic))
+                                       units, self.settings.engine.deterministic),
+                                   check_samples=self.algorithm.check_samples)
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
         self.algorithm.after_round(round_index, NodeSessions(

@@ -98,6 +98,16 @@ def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> No
             raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
 
 
+def check_sample_count(num_samples: int, holds: int | None) -> None:
+    """ValueError unless a result's sample count is possible: at least 1 and at most what
+    its unit holds (when known). The count weighs the result in the average, so a node
+    claiming more than its unit could otherwise outweigh every other node."""
+    upper = "" if holds is None else f"..{holds}"
+    if num_samples < 1 or (holds is not None and num_samples > holds):
+        raise ValueError(f"num_samples {num_samples} is out of range 1{upper} "
+                         f"(the samples its unit holds)")
+
+
 class ConfigError(ValueError):
     """A configuration value that the algorithm cannot use; the message names the key."""
 
@@ -313,6 +323,15 @@ class Algorithm(ABC):
         for name, value in update.items():
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"tensor {name!r} holds NaN or infinite values")
+
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        """How many samples ``unit`` holds: the most a node's result for it may count;
+        None when the coordinator cannot know."""
+        return None
+
+    def check_samples(self, unit: UnitSpec, num_samples: int) -> None:
+        """Refuse a result's sample count outside 1..`unit_samples` (ValueError says why)."""
+        check_sample_count(num_samples, self.unit_samples(unit))
 
     def quorum(self, num_units: int) -> int:
         """How many results end a round (K of N); all of them by default."""

@@ -101,6 +101,8 @@ class DeltaAveraging(Algorithm):
         super().__init__(model, config, dataset_dir)
         self.spec = _spec(self.config)
         self.units = _unit_files(dataset_dir)
+        # Rows of each unit file: the most samples a node's result for it may count.
+        self.unit_rows = {name: len(load_letters(dataset_dir / name)[1]) for name in self.units}
         self.validation = _validation_data(dataset_dir)
         self.optimizer = server_optim.make_server_optimizer(
             self.config["server_optimizer"], **_server_kwargs(self.config)
@@ -111,6 +113,9 @@ class DeltaAveraging(Algorithm):
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         return [UnitSpec(unit_id=name, unit_path=name) for name in self.units]
+
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        return self.unit_rows.get(unit.unit_path)
 
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """A delta has exactly the weights' tensors, shapes and dtypes."""

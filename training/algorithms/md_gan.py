@@ -393,6 +393,10 @@ class MDGan(Algorithm):
     def aggregator(self, units: Sequence[UnitSpec], deterministic: bool) -> PerUnitUpdates:
         return PerUnitUpdates(units)
 
+    def unit_samples(self, unit: UnitSpec) -> int:
+        """A unit trains on one real batch."""
+        return self.config["batch_size"]
+
     def check_update(self, update: Weights, weights: Weights) -> None:
         super().check_update(update, weights)
         if sorted(update) != sorted((FEEDBACK, ITERATION, D_STATS)):
