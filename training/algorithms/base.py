@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 Weights = dict[str, np.ndarray]
+MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,14 @@ def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> No
             raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
 
 
+def shown(value: int) -> str:
+    """An integer for a one-line message: a huge one abbreviated to its digit count."""
+    digits = len(str(abs(value))) if abs(value) < 10**4000 else None
+    if digits is not None and digits <= 24:
+        return str(value)
+    return f"an integer of {digits or 'over 4000'} digits"
+
+
 def check_sample_count(num_samples: int, holds: int | None) -> None:
     """ValueError unless a result's sample count is possible: at least 1 and at most what
     its unit holds (when known). The count weighs the result in the average, so a node
@@ -121,6 +130,8 @@ def check_type(key: str, value: Any, default: Any) -> Any:
                 f"config key {key!r} must be a list of positive integers, got {value!r}")
         return list(value)
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_FLOAT_INT:  # float() would overflow
+            raise ConfigError(f"config key {key!r} is out of range, got {shown(value)}")
         return float(value)
     if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
                                                                                       bool):

@@ -8,6 +8,7 @@ assignment), then the validation error on `validate_*`.
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Mapping
@@ -63,8 +64,7 @@ class DeltaAveraging(Algorithm):
         checked = {k: check_type(k, config.get(k, v), v) for k, v in DEFAULTS.items()}
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
-        if checked["eta"] <= 0:
-            raise ConfigError("config key 'eta' must be positive")
+        _check_optimizer_ranges(checked)
         if checked["local_optimizer"] not in LOCAL_OPTIMIZERS:
             raise ConfigError(
                 f"config key 'local_optimizer' must be one of {LOCAL_OPTIMIZERS}, "
@@ -136,6 +136,18 @@ class DeltaAveraging(Algorithm):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def _check_optimizer_ranges(config: Mapping[str, Any]) -> None:
+    """Learning rates finite and positive, momentum in [0, 1), a seed numpy accepts."""
+    for key in ("eta", "server_lr"):
+        if not (math.isfinite(config[key]) and config[key] > 0):
+            raise ConfigError(f"config key {key!r} must be positive, got {config[key]}")
+    if not 0.0 <= config["server_momentum"] < 1.0:
+        raise ConfigError(f"config key 'server_momentum' must be in [0, 1), "
+                          f"got {config['server_momentum']}")
+    if not 0 <= config["seed"] < 2**31:
+        raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {config['seed']}")
 
 
 def _spec(config: Mapping[str, Any]) -> mlp.MLPSpec:
