@@ -47,6 +47,8 @@ def invalid(field: str, problem: str) -> ttypes.InvalidRequest:
 
 def check_range(field: str, value: int, high: int, flag: str) -> None:
     """InvalidRequest unless 1 <= value <= high (a limit set by `flag`)."""
+    if isinstance(value, bool) or not isinstance(value, int):  # e.g. a field left out
+        raise invalid(field, f"an integer is required, got {value!r}")
     if not 1 <= value <= high:
         raise invalid(field, f"{shown(value)} is out of range 1..{high} "
                              f"(this coordinator's {flag})")

@@ -42,6 +42,7 @@ def config(**keys) -> str:
     ({"rounds": 5_000_000}, "rounds: 5000000 is out of range 1..1000000 (this coordinator's "
                             "--max-rounds)"),
     ({"rounds": -1}, "rounds: -1 is out of range"),
+    ({"rounds": None}, "rounds: an integer is required, got None"),
     ({"config_json": config(epochs=10**20)}, "config key 'epochs': 100000000000000000000 is "
                                              "out of range 1..1000 (this coordinator's "
                                              "--max-epochs)"),
@@ -59,6 +60,10 @@ def config(**keys) -> str:
      "config key 'server_lr' must be positive"),
     ({"config_json": config(server_optimizer="momentum", server_momentum=2.0)},
      "config key 'server_momentum' must be in [0, 1)"),
+    ({"config_json": config(server_optimizer="sgd")},
+     "config key 'server_optimizer': unknown server optimizer 'sgd'"),
+    ({"algorithm": "md_gan", "model": "dcgan28-tiny", "dataset": "mnist",
+      "config_json": config(swap_every_epochs=1e308)}, "'swap_every_epochs' must be at most"),
     ({"config_json": config(seed=-1)}, "config key 'seed' must be in [0, 2**31)"),
     ({"config_json": config(seed=10**30)}, "config key 'seed' must be in [0, 2**31)"),
     ({"dataset": "d" * 5000}, "dataset: a name of 5000 characters, longer than 255"),

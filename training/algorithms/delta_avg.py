@@ -74,7 +74,11 @@ class DeltaAveraging(Algorithm):
             raise ConfigError("config key 'batch_size' must be at least 1")
         if checked["compat"] and (len(checked["hidden"]) != 1 or checked["scale_features"]):
             raise ConfigError("'compat' reproduces the reference MLP: one hidden layer, no scaling")
-        server_optim.make_server_optimizer(checked["server_optimizer"], **_server_kwargs(checked))
+        try:
+            server_optim.make_server_optimizer(checked["server_optimizer"],
+                                               **_server_kwargs(checked))
+        except ValueError as exc:
+            raise ConfigError(f"config key 'server_optimizer': {exc}") from None
         return checked
 
     @classmethod
