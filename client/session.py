@@ -177,6 +177,6 @@ def _is_stored(endpoint: Endpoint, run_id: str) -> bool:
 def _resume_hint(endpoint: Endpoint, run_id: str, stored: bool) -> str:
     """How to go on: resuming helps only a run the coordinator has stored."""
     if not stored:
-        return f"run {run_id} never started on the coordinator, so there is nothing to resume"
+        return f"the coordinator never reported run {run_id}, so there is no run to resume"
     return (f"restart it with --resume {run_id} and follow the run with: "
             f"client.py attach {endpoint.host} {endpoint.port} {run_id}")

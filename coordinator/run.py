@@ -35,7 +35,13 @@ from coordinator.node_pool import (
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
-from coordinator.request_checks import RequestLimits, check_config, check_fields, check_units
+from coordinator.request_checks import (
+    RequestLimits,
+    check_config,
+    check_fields,
+    check_model_bytes,
+    check_units,
+)
 from coordinator.round_engine import (
     EngineSettings,
     FatalNodeError,
@@ -96,6 +102,8 @@ class Run:
         self.run_id = _check_run_id(request.run_id)
         check_fields(request, settings.limits)
         self.algorithm = _make_algorithm(request, settings.data_root, settings.limits)
+        check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
+                          settings.limits)
         self.outputs = _check_outputs(request.outputs_json)
         self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
         self.run_dir = settings.run_root / self.run_id

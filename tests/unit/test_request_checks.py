@@ -103,6 +103,15 @@ def test_limits_are_the_coordinators_and_bound_the_units_a_data_set_makes(tmp_pa
         "units: 11 per round, more than this coordinator's --max-units 10"
 
 
+def test_the_model_size_limit_holds_for_every_model(tmp_path):
+    coordinator = handler(tmp_path, RequestLimits(max_model_mb=0.01))
+    with pytest.raises(ttypes.InvalidRequest) as info:
+        coordinator.train(train_request(algorithm="fl_gan", model="dcgan28-tiny",
+                                        dataset="mnist"))
+    assert info.value.message.startswith("model: a model of ")
+    assert info.value.message.endswith("MiB, more than this coordinator's --max-model-mb 0.01")
+
+
 def test_the_model_size_is_counted_without_building_the_model():
     for hidden in ([20], [128, 128], [7, 9, 11]):
         weights = mlp.init_params(mlp.MLPSpec(hidden=tuple(hidden)))
@@ -161,7 +170,7 @@ def test_the_client_suggests_resume_only_for_a_run_the_coordinator_stored():
     with pytest.raises(session.ClientError) as info:
         session._train_outcome(call, endpoint, "run-1")
     assert "--resume" not in str(info.value)
-    assert "never started" in str(info.value)
+    assert "no run to resume" in str(info.value)
     call.seen = True  # the coordinator reported the run while it ran
     with pytest.raises(session.ClientError, match="--resume run-1"):
         session._train_outcome(call, endpoint, "run-1")
