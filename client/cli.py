@@ -28,7 +28,7 @@ from client.model_commands import (
 from client.session import ClientError, Endpoint, attach, call, follow_training
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
-from training.run_config import RunConfigError, load_run_config
+from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
 from wire import security
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
@@ -58,6 +58,15 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _rounds(text: str) -> int:
+    """Rounds travel as a 32-bit integer: a larger number could not even be sent."""
+    value = _positive_int(text)
+    if value > MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_ROUNDS} (a 32-bit field), "
+                                         f"got {value}")
     return value
 
 
@@ -135,7 +144,7 @@ def build_train_parser(with_config: bool = False) -> TrainParser:
 def add_run_positionals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data_dir", help="data set folder under the coordinator's and nodes' "
                                          "data root, e.g. letters")
-    parser.add_argument("rounds", type=_positive_int, help="rounds (global model updates)")
+    parser.add_argument("rounds", type=_rounds, help="rounds (global model updates)")
     parser.add_argument("epochs", type=_positive_int, help="local epochs per work unit")
     parser.add_argument("h", type=_positive_int, help="hidden units of the MLP")
     parser.add_argument("eta", type=_positive_float, help="learning rate")

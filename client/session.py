@@ -62,6 +62,8 @@ class _TrainCall(threading.Thread):
         self.request = request
         self.result: ttypes.RunResult | None = None
         self.error: BaseException | None = None
+        # The coordinator has reported the run: it is stored there, so it can be resumed.
+        self.seen = False
 
     def run(self) -> None:
         try:
@@ -100,6 +102,7 @@ def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView
             try:
                 with statuses.client() as client:
                     view.update(client.status(ttypes.StatusRequest(run_id=run_id)))
+                train.seen = True
                 last_answer = time.monotonic()
             except ttypes.UnknownRun:
                 last_answer = time.monotonic()  # answered; the run is not registered yet
@@ -107,7 +110,7 @@ def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView
                 if train.is_alive() and time.monotonic() - last_answer > dead_after:
                     raise ClientError(
                         f"lost contact with the coordinator at {endpoint} for "
-                        f"{dead_after:.0f}s ({exc}); {_resume_hint(endpoint, run_id)}"
+                        f"{dead_after:.0f}s ({exc}); {_resume_hint(endpoint, run_id, train.seen)}"
                     ) from None
     finally:
         statuses.close()
@@ -156,10 +159,24 @@ def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes
         raise ClientError(error.message)
     if isinstance(error, ConnectionFailed):
         raise ClientError(f"cannot reach the coordinator: {error}")
+    stored = train.seen or _is_stored(endpoint, run_id)
     raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}; "
-                      f"{_resume_hint(endpoint, run_id)}")
+                      f"{_resume_hint(endpoint, run_id, stored)}")
 
 
-def _resume_hint(endpoint: Endpoint, run_id: str) -> str:
+def _is_stored(endpoint: Endpoint, run_id: str) -> bool:
+    """Whether the coordinator knows the run (False too when it cannot be asked)."""
+    try:
+        call(endpoint, "status", ttypes.StatusRequest(run_id=run_id),
+             timeout=endpoint.connect_timeout)
+    except ClientError:
+        return False
+    return True
+
+
+def _resume_hint(endpoint: Endpoint, run_id: str, stored: bool) -> str:
+    """How to go on: resuming helps only a run the coordinator has stored."""
+    if not stored:
+        return f"the coordinator never reported run {run_id}, so there is no run to resume"
     return (f"restart it with --resume {run_id} and follow the run with: "
             f"client.py attach {endpoint.host} {endpoint.port} {run_id}")

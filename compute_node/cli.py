@@ -80,7 +80,8 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                              "and never answer them (pings still answer)")
     parser.add_argument("--corrupt-updates", choices=CORRUPTIONS, default=None,
                         help="fault injection for tests: spoil updates (NaN values, a wrong "
-                             "shape, or a norm a million times too large)")
+                             "shape, or a norm a million times too large) or their sample "
+                             "counts (0, or 10^15)")
     parser.add_argument("--corrupt-after-units", type=int, default=0, metavar="N",
                         help="with --corrupt-updates: only from the unit after N (default 0)")
     security.add_arguments(parser, serves=True)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compute_node.faults import corrupt_update
+from compute_node.faults import corrupt_output
 from compute_node.load import LoadSimulator
 from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
@@ -184,7 +184,7 @@ class ComputeNodeHandler(SessionService):
                 output = self._run(algorithm, job, data_dir)
                 seconds = time.perf_counter() - started
             if self.corrupt and self._units_seen > self.corrupt_after_units:
-                output.update = corrupt_update(output.update, self.corrupt)
+                output = corrupt_output(output, self.corrupt)
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")

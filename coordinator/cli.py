@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.checkpoint import CheckpointError
@@ -14,6 +16,7 @@ from coordinator.handler import CoordinatorHandler
 from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
 from coordinator.nodes_file import NodesFileError, read_nodes_file
 from coordinator.policies import POLICY_NAMES
+from coordinator.request_checks import RequestLimits
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
@@ -25,6 +28,56 @@ from wire.launch import stop_on_signals, write_port_file
 from wire.rpc import ThriftServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+I32_MAX = 2**31 - 1  # rounds travel as a Thrift i32
+
+
+def _limit(high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from 1 to `high`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range 1..{high}")
+        return value
+    return parse
+
+
+def _positive_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text}")
+    return value
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """Per-request limits: a request over one is refused with a message naming the field."""
+    d = RequestLimits()
+    group = parser.add_argument_group(
+        "request limits", "the most one train request may ask for; a request over a limit is "
+                          "refused with a message naming the field")
+    group.add_argument("--max-rounds", type=_limit(I32_MAX), default=d.max_rounds, metavar="N",
+                       help=f"rounds of a run (default {d.max_rounds})")
+    group.add_argument("--max-epochs", type=_limit(I32_MAX), default=d.max_epochs, metavar="N",
+                       help="local epochs (or discriminator steps) a node makes per unit "
+                            f"(default {d.max_epochs})")
+    group.add_argument("--max-hidden", type=_limit(I32_MAX), default=d.max_hidden, metavar="N",
+                       help=f"units of one hidden layer (default {d.max_hidden})")
+    group.add_argument("--max-units", type=_limit(I32_MAX), default=d.max_units, metavar="N",
+                       help=f"work units sent out per round (default {d.max_units})")
+    group.add_argument("--max-model-mb", type=_positive_mb, default=d.max_model_mb,
+                       metavar="MIB", help="size of the model's weights, as float64, in MiB "
+                                           f"(default {d.max_model_mb:g})")
+
+
+def limits_from(args: argparse.Namespace) -> RequestLimits:
+    return RequestLimits(max_rounds=args.max_rounds, max_epochs=args.max_epochs,
+                         max_hidden=args.max_hidden, max_units=args.max_units,
+                         max_model_mb=args.max_model_mb)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
+    add_limit_arguments(parser)
     security.add_arguments(parser, serves=True)
     return parser
 
@@ -120,7 +174,8 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                                engine=engine, heartbeat_seconds=args.heartbeat,
                                suspect_seconds=args.suspect_after,
                                dead_seconds=args.dead_after,
-                               store_path=Path(args.store) if args.store else None)
+                               store_path=Path(args.store) if args.store else None,
+                               limits=limits_from(args))
 
 
 def main(argv: list[str] | None = None) -> int:

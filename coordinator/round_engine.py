@@ -31,7 +31,13 @@ from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
 from coordinator.update_norms import NormGuard
-from training.algorithms.base import PerUnitUpdates, UnitSpec, WeightedAverage, Weights
+from training.algorithms.base import (
+    PerUnitUpdates,
+    UnitSpec,
+    WeightedAverage,
+    Weights,
+    check_sample_count,
+)
 from wire.generated import ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
@@ -94,6 +100,12 @@ def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, 
 
 RequestBuilder = Callable[[UnitSpec, int], ttypes.WorkRequest]
 UpdateCheck = Callable[[Weights], None]  # raises ValueError for an update to refuse
+SampleCheck = Callable[[UnitSpec, int], None]  # ... and for a sample count to refuse
+
+
+def any_positive_count(unit: UnitSpec, num_samples: int) -> None:
+    """The check of a sample count when the unit's size is unknown: at least 1."""
+    check_sample_count(num_samples, None)
 
 
 class RoundEngine:
@@ -123,10 +135,13 @@ class RoundEngine:
                   build_request: RequestBuilder,
                   check_update: UpdateCheck | None = None,
                   earlier_attempts: Mapping[str, int] | None = None,
-                  aggregate: WeightedAverage | PerUnitUpdates | None = None) -> RoundOutcome:
+                  aggregate: WeightedAverage | PerUnitUpdates | None = None,
+                  check_samples: SampleCheck = any_positive_count) -> RoundOutcome:
         """Run the units until `quorum` are in; ``aggregate`` combines the results (the
-        algorithm's `aggregator`; a weighted average when None)."""
+        algorithm's `aggregator`; a weighted average when None). A result whose update
+        or sample count the checks refuse is a failure of its node."""
         self._check_update = check_update or (lambda update: None)
+        self._check_samples = check_samples
         state = RoundState(round_index, units, quorum, self.settings.deterministic,
                            max_attempts=2 * len(self.nodes), earlier_attempts=earlier_attempts,
                            aggregate=aggregate)
@@ -308,6 +323,7 @@ class RoundEngine:
         update: Weights = {}
         if result.outcome == ttypes.UnitOutcome.COMPLETED:
             try:
+                self._check_samples(unit.spec, result.num_samples)
                 update = wire_to_dict(result.update)
                 self._check_update(update)
                 self._norms.check(update)

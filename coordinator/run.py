@@ -36,6 +36,13 @@ from coordinator.node_pool import (
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from coordinator.request_checks import (
+    RequestLimits,
+    check_config,
+    check_fields,
+    check_model_bytes,
+    check_units,
+)
 from coordinator.round_engine import (
     EngineSettings,
     FatalNodeError,
@@ -73,6 +80,7 @@ class CoordinatorSettings:
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     suspect_seconds: float = SUSPECT_SECONDS
     dead_seconds: float = DEAD_SECONDS
+    limits: RequestLimits = field(default_factory=RequestLimits)  # the most a request may ask
 
 
 def _invalid(message: str) -> ttypes.InvalidRequest:
@@ -95,9 +103,10 @@ class Run:
         self.settings = settings
         self.store = store
         self.run_id = _check_run_id(request.run_id)
-        if request.rounds < 1:
-            raise _invalid(f"rounds must be at least 1, got {request.rounds}")
-        self.algorithm = _make_algorithm(request, settings.data_root)
+        check_fields(request, settings.limits)
+        self.algorithm = _make_algorithm(request, settings.data_root, settings.limits)
+        check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
+                          settings.limits)
         self.outputs = _check_outputs(request.outputs_json)
         self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
         self.run_dir = settings.run_root / self.run_id
@@ -108,7 +117,9 @@ class Run:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
-        units_per_round = self.algorithm.quorum(len(self.algorithm.plan_round(1)))  # K of N
+        planned = len(self.algorithm.plan_round(1))
+        check_units(planned, settings.limits)
+        units_per_round = self.algorithm.quorum(planned)  # K of N
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(self.algorithm.config)
@@ -279,7 +290,8 @@ class Run:
                                    lambda update: self.algorithm.check_update(update, weights),
                                    earlier_attempts=earlier,
                                    aggregate=self.algorithm.aggregator(
-                                       units, self.settings.engine.deterministic))
+                                       units, self.settings.engine.deterministic),
+                                   check_samples=self.algorithm.check_samples)
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
         self.algorithm.after_round(round_index, NodeSessions(
@@ -366,13 +378,21 @@ class Run:
         (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def _check_outputs(outputs_json: str | None) -> dict[str, int]:
+def _json_object(field: str, text: str | None) -> Any:
+    """The JSON value of a request field (None: an empty object), or InvalidRequest."""
     try:
-        outputs = json.loads(outputs_json or "{}")
+        return json.loads(text or "{}")
+    except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
+        raise _invalid(f"{field} is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _check_outputs(outputs_json: str | None) -> dict[str, int]:
+    outputs = _json_object("outputs_json", outputs_json)
+    try:
         if not isinstance(outputs, dict):
             raise ValueError("outputs_json must hold a JSON object")
         return check_outputs(outputs)
-    except ValueError as exc:  # JSONDecodeError is one
+    except ValueError as exc:
         raise _invalid(str(exc)) from None
 
 
@@ -382,14 +402,18 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _make_algorithm(request: ttypes.TrainRequest, data_root: Path) -> Algorithm:
+def _make_algorithm(request: ttypes.TrainRequest, data_root: Path,
+                    limits: RequestLimits) -> Algorithm:
+    """The request's algorithm, its config checked against the limits before the algorithm
+    builds anything (a model, a plan) from it."""
     try:
         cls = get_algorithm(request.algorithm)
-        config = json.loads(request.config_json or "{}")
+        config = _json_object("config_json", request.config_json)
         if not isinstance(config, dict):
             raise ConfigError("config_json must hold a JSON object")
+        check_config(cls.check_config(request.model, config), limits)
         return cls(request.model, config, dataset_dir(data_root, request.dataset))
-    except json.JSONDecodeError as exc:
-        raise _invalid(f"config_json is not valid JSON: {exc}") from None
     except (ConfigError, DataPathError, DataFormatError) as exc:
         raise _invalid(str(exc)) from None
+    except OSError as exc:  # e.g. a name the file system refuses
+        raise _invalid(f"dataset: {exc.strerror or exc}") from None

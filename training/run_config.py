@@ -26,6 +26,7 @@ DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
 NOT_ALGORITHMS = (RUN, OUTPUTS)
+MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -241,6 +242,9 @@ def _check_run(merged: Sections, defaults: Sections) -> None:
                              f"got {merged[RUN]['algorithm']!r}")
     if merged[RUN]["rounds"] < 1:
         raise RunConfigError(f"run.rounds must be at least 1, got {merged[RUN]['rounds']}")
+    if merged[RUN]["rounds"] > MAX_ROUNDS:
+        raise RunConfigError(f"run.rounds must be at most {MAX_ROUNDS} (a 32-bit field), "
+                             f"got {merged[RUN]['rounds']}")
 
 
 # ---------------------------------------------------------------------------- types

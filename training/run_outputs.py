@@ -18,6 +18,7 @@ import numpy as np
 OUTPUT_DEFAULTS: dict[str, int] = {
     "sample_every": 1, "checkpoint_every": 1, "eval_every": 1, "eval_n": 2000,
 }
+MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator
 
 
 def check_outputs(outputs: Mapping[str, Any]) -> dict[str, int]:
@@ -30,6 +31,9 @@ def check_outputs(outputs: Mapping[str, Any]) -> dict[str, int]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"outputs key {key!r} must be an integer >= 0 (0: never), "
                              f"got {value!r}")
+    if checked["eval_n"] > MAX_EVAL_N:
+        raise ValueError(f"outputs key 'eval_n' must be at most {MAX_EVAL_N}, "
+                         f"got {checked['eval_n']}")
     return checked
 
 

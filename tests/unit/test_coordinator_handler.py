@@ -31,7 +31,7 @@ def train_request(**changes) -> ttypes.TrainRequest:
 
 @pytest.mark.parametrize("changes, message", [
     ({"run_id": "../escape"}, "run id '../escape' must be"),
-    ({"rounds": 0}, "rounds must be at least 1"),
+    ({"rounds": 0}, "rounds: 0 is out of range 1..1000000"),
     ({"dataset": "nowhere"}, "nowhere does not exist"),
     ({"algorithm": "magic"}, "unknown algorithm 'magic'"),
     ({"config_json": json.dumps({"eta": -1.0})}, "'eta' must be positive"),

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 Weights = dict[str, np.ndarray]
+MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,24 @@ def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> No
             raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
 
 
+def shown(value: int) -> str:
+    """An integer for a one-line message: a huge one abbreviated to its digit count."""
+    digits = len(str(abs(value))) if abs(value) < 10**4000 else None
+    if digits is not None and digits <= 24:
+        return str(value)
+    return f"an integer of {digits or 'over 4000'} digits"
+
+
+def check_sample_count(num_samples: int, holds: int | None) -> None:
+    """ValueError unless a result's sample count is possible: at least 1 and at most what
+    its unit holds (when known). The count weighs the result in the average, so a node
+    claiming more than its unit could otherwise outweigh every other node."""
+    upper = "" if holds is None else f"..{holds}"
+    if num_samples < 1 or (holds is not None and num_samples > holds):
+        raise ValueError(f"num_samples {num_samples} is out of range 1{upper} "
+                         f"(the samples its unit holds)")
+
+
 class ConfigError(ValueError):
     """A configuration value that the algorithm cannot use; the message names the key."""
 
@@ -111,6 +130,8 @@ def check_type(key: str, value: Any, default: Any) -> Any:
                 f"config key {key!r} must be a list of positive integers, got {value!r}")
         return list(value)
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_FLOAT_INT:  # float() would overflow
+            raise ConfigError(f"config key {key!r} is out of range, got {shown(value)}")
         return float(value)
     if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
                                                                                       bool):
@@ -313,6 +334,15 @@ class Algorithm(ABC):
         for name, value in update.items():
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"tensor {name!r} holds NaN or infinite values")
+
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        """How many samples ``unit`` holds: the most a node's result for it may count;
+        None when the coordinator cannot know."""
+        return None
+
+    def check_samples(self, unit: UnitSpec, num_samples: int) -> None:
+        """Refuse a result's sample count outside 1..`unit_samples` (ValueError says why)."""
+        check_sample_count(num_samples, self.unit_samples(unit))
 
     def quorum(self, num_units: int) -> int:
         """How many results end a round (K of N); all of them by default."""

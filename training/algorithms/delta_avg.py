@@ -8,6 +8,7 @@ assignment), then the validation error on `validate_*`.
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Mapping
@@ -63,8 +64,7 @@ class DeltaAveraging(Algorithm):
         checked = {k: check_type(k, config.get(k, v), v) for k, v in DEFAULTS.items()}
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
-        if checked["eta"] <= 0:
-            raise ConfigError("config key 'eta' must be positive")
+        _check_optimizer_ranges(checked)
         if checked["local_optimizer"] not in LOCAL_OPTIMIZERS:
             raise ConfigError(
                 f"config key 'local_optimizer' must be one of {LOCAL_OPTIMIZERS}, "
@@ -74,7 +74,11 @@ class DeltaAveraging(Algorithm):
             raise ConfigError("config key 'batch_size' must be at least 1")
         if checked["compat"] and (len(checked["hidden"]) != 1 or checked["scale_features"]):
             raise ConfigError("'compat' reproduces the reference MLP: one hidden layer, no scaling")
-        server_optim.make_server_optimizer(checked["server_optimizer"], **_server_kwargs(checked))
+        try:
+            server_optim.make_server_optimizer(checked["server_optimizer"],
+                                               **_server_kwargs(checked))
+        except ValueError as exc:
+            raise ConfigError(f"config key 'server_optimizer': {exc}") from None
         return checked
 
     @classmethod
@@ -101,6 +105,8 @@ class DeltaAveraging(Algorithm):
         super().__init__(model, config, dataset_dir)
         self.spec = _spec(self.config)
         self.units = _unit_files(dataset_dir)
+        # Rows of each unit file: the most samples a node's result for it may count.
+        self.unit_rows = {name: len(load_letters(dataset_dir / name)[1]) for name in self.units}
         self.validation = _validation_data(dataset_dir)
         self.optimizer = server_optim.make_server_optimizer(
             self.config["server_optimizer"], **_server_kwargs(self.config)
@@ -111,6 +117,9 @@ class DeltaAveraging(Algorithm):
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         return [UnitSpec(unit_id=name, unit_path=name) for name in self.units]
+
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        return self.unit_rows.get(unit.unit_path)
 
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """A delta has exactly the weights' tensors, shapes and dtypes."""
@@ -131,6 +140,18 @@ class DeltaAveraging(Algorithm):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def _check_optimizer_ranges(config: Mapping[str, Any]) -> None:
+    """Learning rates finite and positive, momentum in [0, 1), a seed numpy accepts."""
+    for key in ("eta", "server_lr"):
+        if not (math.isfinite(config[key]) and config[key] > 0):
+            raise ConfigError(f"config key {key!r} must be positive, got {config[key]}")
+    if not 0.0 <= config["server_momentum"] < 1.0:
+        raise ConfigError(f"config key 'server_momentum' must be in [0, 1), "
+                          f"got {config['server_momentum']}")
+    if not 0 <= config["seed"] < 2**31:
+        raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {config['seed']}")
 
 
 def _spec(config: Mapping[str, Any]) -> mlp.MLPSpec:

@@ -148,6 +148,12 @@ class FLGan(Algorithm):
         return [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), mnist.IMAGES_FILE)
                 for slot in range(self.config["workers"])]
 
+    def unit_samples(self, unit: UnitSpec) -> int:
+        """The images of the unit's shard (np.array_split: the first shards get one more)."""
+        workers = self.config["workers"]
+        size = training_size(self.dataset_dir)
+        return size // workers + (slot_of(unit.unit_id, workers) < size % workers)
+
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """A node returns the whole state: the weights' tensors, shapes and dtypes."""
         return specs_of(weights)

@@ -108,6 +108,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 1, "batchnorm": True,
 }
 UNIT_TAG = "md"
+MAX_SWAP_EPOCHS = 1e9
 X_G, X_D, SWAP_ID = "x_g", "x_d", "swap_id"  # a unit's tensors
 FEEDBACK, ITERATION, D_STATS = "feedback", "iteration", "d_stats"  # a unit's update
 ADAM = "adam."  # prefix of the optimizer state in a session's tensors
@@ -154,6 +155,9 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
                for key, default in DEFAULTS.items() if key != "k"}
     checked["k"] = _check_k(given.get("k", DEFAULTS["k"]))
     check_positive(checked, ("workers", "batch_size", "disc_steps", "swap_every_epochs"))
+    if checked["swap_every_epochs"] > MAX_SWAP_EPOCHS:  # its period in iterations must fit an int
+        raise ConfigError(f"config key 'swap_every_epochs' must be at most {MAX_SWAP_EPOCHS:g} "
+                          f"(false 'swap' turns swaps off), got {checked['swap_every_epochs']}")
     check_adam(checked)
     if resolve_k(checked["k"], checked["workers"]) > checked["workers"]:
         raise ConfigError(f"config key 'k' ({checked['k']}) must be at most 'workers' "
@@ -392,6 +396,10 @@ class MDGan(Algorithm):
 
     def aggregator(self, units: Sequence[UnitSpec], deterministic: bool) -> PerUnitUpdates:
         return PerUnitUpdates(units)
+
+    def unit_samples(self, unit: UnitSpec) -> int:
+        """A unit trains on one real batch."""
+        return self.config["batch_size"]
 
     def check_update(self, update: Weights, weights: Weights) -> None:
         super().check_update(update, weights)

@@ -379,6 +379,11 @@ class SyncSGD(Algorithm):
         return UnitSpec(unit_id=f"unit{number}-{start}-{stop}",
                         unit_path=self.data.path_of(start), index_start=start, index_stop=stop)
 
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        if unit.index_start is None or unit.index_stop is None:
+            return None
+        return unit.index_stop - unit.index_start
+
     def epochs_done(self, round_index: int) -> float:
         """K units of each round count; the cancelled ones come round again next epoch."""
         return round_index * self.quorum(self.config["units_per_iteration"]) / self.units_per_epoch
