@@ -17,12 +17,13 @@ from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire import security
+from wire import arg_types, security
 from wire.generated import Coordinator, ttypes
 from wire.launch import stop_on_signals, write_port_file
 from wire.rpc import ThriftServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+MAX_THREADS = 1024  # worker threads of one round; more only exhausts the process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the current weights, to the compute nodes of the nodes file.",
         epilog="Example: python coordinator_node.py 9095 2",
     )
-    parser.add_argument("port", type=int, help="TCP port to listen on (0 = any free port)")
-    parser.add_argument("policy", type=int, choices=sorted(POLICY_NAMES), metavar="policy",
+    parser.add_argument("port", type=arg_types.listen_port,
+                        help="TCP port to listen on (0 = any free port)")
+    parser.add_argument("policy", type=arg_types.int_range(1, max(POLICY_NAMES)),
+                        choices=sorted(POLICY_NAMES), metavar="policy",
                         help=f"scheduling policy: {policies}")
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to bind (default 0.0.0.0: every interface)")
@@ -49,41 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store", default=None, metavar="PATH",
                         help="SQLite run store: runs, rounds, every unit's status changes, node "
                              "statistics (default: <run-dir>/runs.db)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=arg_types.int_range(1, MAX_THREADS), default=None,
                         help="worker threads per round (default: number of nodes + 2)")
     parser.add_argument("--no-speculation", action="store_true",
                         help="never start a backup attempt of a slow unit on an idle node")
-    parser.add_argument("--speculate-after", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--speculate-after", type=arg_types.seconds,
+                        default=None, metavar="SECONDS",
                         help="a unit out this long (or 4x the usual unit time, if longer) gets "
                              "a backup attempt on an idle node; the first result wins "
                              "(default: 0.25 for policies 1 and 2; policy 3 uses 3x the "
                              "measured unit time)")
-    parser.add_argument("--max-unit-failures", type=int, default=3,
+    parser.add_argument("--max-unit-failures", type=arg_types.positive_int, default=3,
                         help="failures after which a unit is discarded for its round (default 3)")
-    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=arg_types.seconds, default=30.0, metavar="SECONDS",
                         help="a run fails when no node has answered for this long (default 30)")
-    parser.add_argument("--rpc-timeout", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--rpc-timeout", type=arg_types.seconds, default=300.0, metavar="SECONDS",
                         help="longest wait for one training call (default 300)")
-    parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS",
+    parser.add_argument("--connect-timeout", type=arg_types.seconds, default=3.0, metavar="SECONDS",
                         help="longest wait to connect to a node (default 3)")
-    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS, metavar="SECONDS",
+    parser.add_argument("--heartbeat", type=arg_types.seconds,
+                        default=HEARTBEAT_SECONDS, metavar="SECONDS",
                         help="how often nodes are pinged (pull nodes call in as often) "
                              f"(default {HEARTBEAT_SECONDS:g})")
-    parser.add_argument("--suspect-after", type=float, default=SUSPECT_SECONDS,
+    parser.add_argument("--suspect-after", type=arg_types.seconds, default=SUSPECT_SECONDS,
                         metavar="SECONDS", help="a node silent this long is suspect "
                                                 f"(default {SUSPECT_SECONDS:g})")
-    parser.add_argument("--dead-after", type=float, default=DEAD_SECONDS, metavar="SECONDS",
+    parser.add_argument("--dead-after", type=arg_types.seconds,
+                        default=DEAD_SECONDS, metavar="SECONDS",
                         help="a node silent this long is dead and its units go to other nodes "
                              f"(default {DEAD_SECONDS:g})")
-    parser.add_argument("--deadline-floor", type=float, default=EngineSettings.deadline_floor,
+    parser.add_argument("--deadline-floor", type=arg_types.seconds,
+                        default=EngineSettings.deadline_floor,
                         metavar="SECONDS",
                         help="a unit's deadline is --deadline-factor times the usual unit time, "
                              "at least this and at most --rpc-timeout; a unit past it is "
                              "reclaimed and issued again (time in a load delay does not count) "
                              f"(default {EngineSettings.deadline_floor:g})")
-    parser.add_argument("--deadline-factor", type=float, default=EngineSettings.deadline_factor,
+    parser.add_argument("--deadline-factor", type=arg_types.positive_float,
+                        default=EngineSettings.deadline_factor,
                         metavar="X", help=f"(default {EngineSettings.deadline_factor:g})")
-    parser.add_argument("--max-update-norm", type=float, default=EngineSettings.max_update_norm,
+    parser.add_argument("--max-update-norm", type=arg_types.non_negative_float,
+                        default=EngineSettings.max_update_norm,
                         metavar="X",
                         help="refuse an update whose norm is over X times the median of recent "
                              "ones; its unit goes to another node (0: no limit) "
@@ -91,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deterministic", action="store_true",
                         help="combine each round's results in unit order, not arrival order, so "
                              "repeated runs give the same bits")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the scheduling policy")
+    parser.add_argument("--seed", type=arg_types.seed,
+                        default=None, help="seed of the scheduling policy")
     parser.add_argument("--resume", default=None, metavar="RUN_ID",
                         help="continue this run of --run-dir from its last checkpoint (after "
                              "a crash or kill); follow it with 'client.py attach HOST PORT RUN_ID'")

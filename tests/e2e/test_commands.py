@@ -41,11 +41,17 @@ def test_help_documents_every_argument(script, words):
     ("client.py", ["localhost", "9095", "letters", "5"]),
     ("compute_node.py", ["9091", "1.5"]),
     ("coordinator_node.py", ["9095", "7"]),
+    ("coordinator_node.py", ["70000", "2"]),
+    ("coordinator_node.py", ["0", "2", "--grace", "nan"]),
+    ("coordinator_node.py", ["0", "2", "--heartbeat", "0"]),
+    ("compute_node.py", ["0", "0.2", "--load-delay", "inf"]),
+    ("client.py", ["localhost", "9095", "letters", "1", "1", "20", "0.1", "--poll", "-3"]),
 ])
 def test_bad_arguments_print_usage_and_exit_2(script, args):
     done = run_script(script, *args)
     assert done.returncode == 2
     assert "usage:" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_unreachable_coordinator_is_one_line_and_non_zero(tmp_path):
