@@ -11,7 +11,7 @@ from pathlib import Path
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
 from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from coordinator.nodes_file import NodesFileError, read_nodes_file
+from coordinator.nodes_file import NodesFileError
 from coordinator.policies import POLICY_NAMES
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
@@ -139,11 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
         return 2
-    try:
-        nodes = read_nodes_file(args.nodes_file)
-    except NodesFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
@@ -156,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         server = ThriftServer(Coordinator.Processor(handler), args.host, args.port)
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    handler.nodes_file.serve_at(args.host, server.port)
+    try:  # after binding: a line naming this coordinator's own port is refused
+        nodes = handler.file_nodes()
+    except NodesFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        server.stop()
         return 1
     if args.resume:
         try:

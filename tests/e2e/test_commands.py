@@ -85,6 +85,18 @@ def test_bad_nodes_file_is_a_clear_error(tmp_path, content, expected):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "LOCALHOST"])
+def test_the_coordinators_own_address_in_the_nodes_file_is_refused_at_start(tmp_path, host):
+    port = free_port()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"{host},{port}\n")
+    done = run_script("coordinator_node.py", str(port), "2", "--host", "127.0.0.1",
+                      "--nodes-file", str(nodes), cwd=tmp_path)
+    assert done.returncode == 1
+    assert f"{host}:{port} is this coordinator's own address" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_three_commands_train_and_report(cluster):
     cluster.add_node(0.2, "--load-delay", "0.1")
     cluster.add_node(0.4, "--load-delay", "0.1")
