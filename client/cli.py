@@ -31,6 +31,7 @@ from training.model_file import save_model
 from training.run_config import RunConfigError, load_run_config
 from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.log_limit import setup_logging
 from wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
@@ -234,6 +235,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    setup_logging("WARNING", "%(message)s")  # what Python prints anyway, rate-limited
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return run_subcommand(build_subcommand_parser().parse_args(argv))

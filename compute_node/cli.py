@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import socket
@@ -22,6 +21,7 @@ from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals, write_port_file
+from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
 
@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pull = any(a == "--pull" or a.startswith("--pull=") for a in argv)
     args = build_parser(pull).parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s node %(levelname)s %(message)s")
+    setup_logging(args.log_level, "%(asctime)s node %(levelname)s %(message)s")
     problem = startup_problem(args)
     if problem:
         print(f"error: {problem[0]}", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator, ttypes
 from wire.launch import stop_on_signals, write_port_file
+from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -133,8 +133,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s coordinator %(levelname)s %(message)s")
+    setup_logging(args.log_level, "%(asctime)s coordinator %(levelname)s %(message)s")
     security_problem = security.configure_from_args(args, serves=True)
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
