@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator.checkpoint import OPTIMIZER_PREFIX
 from training import mlp
 from training.letters import DataFormatError, load_letters
 from training.model_file import ModelFileError, load_model
@@ -31,6 +32,8 @@ def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
         raise ModelCommandError(
             f"{model_path} holds a {description.get('model')!r} model; these commands "
             "score the letters MLP")
+    # A run's checkpoint holds the server optimizer's state besides the model's weights.
+    weights = {k: v for k, v in weights.items() if not k.startswith(OPTIMIZER_PREFIX)}
     try:
         spec = mlp.MLPSpec.from_dict(description["spec"])
     except (KeyError, TypeError, ValueError) as exc:

@@ -81,7 +81,7 @@ def test_a_damaged_model_file_is_one_line_and_exit_1(tmp_path, command, damage):
     model = _good_model(tmp_path / "model.npz")
     MODEL_DAMAGE[damage](model)
     rows = tmp_path / "rows.csv"
-    rows.write_text("2,8,3,5,1,8,13,0,6,6,10,8,0,8,0,8,T\n")
+    rows.write_text("2,8,3,5,1,8,13,0,6,6,10,8,0,8,0,8,19\n")
     args = [str(model), str(rows)] if command == "predict" else [str(model), "--data", str(rows)]
     done = _script("client.py", command, *args, cwd=tmp_path)
     _assert_one_line_error(done, str(model))
@@ -101,6 +101,15 @@ def _run_dir(tmp_path: Path) -> Path:
     checkpoint = Checkpoint(1, mlp.init_params(SPEC), optimizer, None)
     save_checkpoint(run_dir, checkpoint, {"model": "mlp", "spec": dataclasses.asdict(SPEC)})
     return run_dir
+
+
+def test_a_sound_checkpoint_is_evaluated_like_a_model(tmp_path):
+    checkpoint = _run_dir(tmp_path) / "checkpoint.npz"
+    rows = tmp_path / "rows.csv"
+    rows.write_text("2,8,3,5,1,8,13,0,6,6,10,8,0,8,0,8,19\n")
+    done = _script("client.py", "evaluate", str(checkpoint), "--data", str(rows), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "rows 1" in done.stdout
 
 
 def _model_instead_of_checkpoint(run_dir: Path) -> None:
