@@ -10,7 +10,7 @@ from pathlib import Path
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
 from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from coordinator.nodes_file import NodesFileError
+from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.policies import POLICY_NAMES
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
         return 2
+    if _read_nodes(NodesFile(args.nodes_file)) is None:  # before the run store is opened
+        return 1
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
@@ -152,10 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     handler.nodes_file.serve_at(args.host, server.port)
-    try:  # after binding: a line naming this coordinator's own port is refused
-        nodes = handler.file_nodes()
-    except NodesFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    nodes = _read_nodes(handler.nodes_file)  # again: a line naming our own port is refused
+    if nodes is None:
         server.stop()
         return 1
     if args.resume:
@@ -175,3 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     server.serve_forever()
     print("coordinator stopped", flush=True)
     return 0
+
+
+def _read_nodes(nodes_file: NodesFile) -> list[NodeAddress] | None:
+    """The file's nodes, or None after printing why it cannot be used."""
+    try:
+        return nodes_file.read()
+    except NodesFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
