@@ -29,8 +29,9 @@ from client.session import ClientError, Endpoint, attach, call, follow_training
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
-from wire import security
+from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.log_limit import setup_logging
 from wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
@@ -50,34 +51,8 @@ CONFIG_FORM_HINTS = {
                               "data_dir..eta or the model options)",
 }
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _rounds(text: str) -> int:
-    """Rounds travel as a 32-bit integer: a larger number could not even be sent."""
-    value = _positive_int(text)
-    if value > MAX_ROUNDS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_ROUNDS} (a 32-bit field), "
-                                         f"got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+# Rounds travel as a 32-bit integer: a larger number could not even be sent.
+ROUNDS = arg_types.int_range(1, MAX_ROUNDS)
 
 
 def _hidden_list(text: str) -> list[int]:
@@ -144,10 +119,11 @@ def build_train_parser(with_config: bool = False) -> TrainParser:
 def add_run_positionals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data_dir", help="data set folder under the coordinator's and nodes' "
                                          "data root, e.g. letters")
-    parser.add_argument("rounds", type=_rounds, help="rounds (global model updates)")
-    parser.add_argument("epochs", type=_positive_int, help="local epochs per work unit")
-    parser.add_argument("h", type=_positive_int, help="hidden units of the MLP")
-    parser.add_argument("eta", type=_positive_float, help="learning rate")
+    parser.add_argument("rounds", type=ROUNDS,
+                        help="rounds (global model updates)")
+    parser.add_argument("epochs", type=arg_types.positive_int, help="local epochs per work unit")
+    parser.add_argument("h", type=arg_types.positive_int, help="hidden units of the MLP")
+    parser.add_argument("eta", type=arg_types.positive_float, help="learning rate")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -162,16 +138,17 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--local-optimizer", choices=["gd", "sgd", "adam"], default="gd",
                        help="optimizer on the nodes: gd full-batch (default), sgd or adam "
                             "minibatch")
-    model.add_argument("--batch-size", type=_positive_int, default=32,
+    model.add_argument("--batch-size", type=arg_types.positive_int, default=32,
                        help="minibatch size of sgd/adam (default 32)")
     model.add_argument("--server-optimizer", choices=["avg", "momentum", "adam"], default="avg",
                        help="how the coordinator applies the averaged delta: avg adds it "
                             "(default), momentum or adam treat it as a gradient")
-    model.add_argument("--server-lr", type=_positive_float, default=1.0,
+    model.add_argument("--server-lr", type=arg_types.positive_float, default=1.0,
                        help="learning rate of the server optimizer (default 1.0)")
-    model.add_argument("--server-momentum", type=float, default=0.9,
+    model.add_argument("--server-momentum", type=arg_types.probability, default=0.9,
                        help="momentum of the momentum server optimizer (default 0.9)")
-    model.add_argument("--seed", type=int, default=1, help="initialisation seed (default 1)")
+    model.add_argument("--seed", type=arg_types.seed,
+                       default=1, help="initialisation seed (default 1)")
     model.add_argument("--algorithm", default="delta_avg", help="training algorithm")
     model.add_argument("--model", default="mlp", help="model name")
 
@@ -193,9 +170,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--run-id", default=None, help="name of the run (default: random)")
     run.add_argument("--out", default="models",
                      help="folder for the trained model file (default: ./models)")
-    run.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS",
+    run.add_argument("--poll", type=arg_types.seconds, default=0.5, metavar="SECONDS",
                      help="progress refresh interval (default 0.5)")
-    run.add_argument("--dead-after", type=_positive_float, default=15.0, metavar="SECONDS",
+    run.add_argument("--dead-after", type=arg_types.seconds, default=15.0, metavar="SECONDS",
                      help="give up when the coordinator has not answered for this long "
                           "(default 15)")
     add_output_flags(run)
@@ -203,8 +180,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def add_endpoint(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("coordinator_ip", help="host name or address of the coordinator")
-    parser.add_argument("port", type=int, help="port of the coordinator")
-    parser.add_argument("--connect-timeout", type=_positive_float, default=5.0,
+    parser.add_argument("port", type=arg_types.port, help="port of the coordinator")
+    parser.add_argument("--connect-timeout", type=arg_types.seconds, default=5.0,
                         metavar="SECONDS", help="(default 5)")
     security.add_arguments(parser, serves=False)
 
@@ -238,9 +215,9 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
                                            "resumed after a coordinator restart)")
     add_endpoint(attach)
     attach.add_argument("run_id", nargs="?", default="", help="run id (default: latest)")
-    attach.add_argument("--poll", type=_positive_float, default=1.0, metavar="SECONDS",
+    attach.add_argument("--poll", type=arg_types.seconds, default=1.0, metavar="SECONDS",
                         help="seconds between status updates (default 1)")
-    attach.add_argument("--dead-after", type=_positive_float, default=60.0, metavar="SECONDS",
+    attach.add_argument("--dead-after", type=arg_types.seconds, default=60.0, metavar="SECONDS",
                         help="give up after the coordinator is silent this long (default 60)")
     add_output_flags(attach)
     cancel = sub.add_parser("cancel", help="cancel a running run")
@@ -251,7 +228,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     ev.add_argument("model", help="model or checkpoint file (.npz)")
     ev.add_argument("--data", default=str(DEFAULT_VALIDATION),
                     help="MLP: letters CSV with labels (default: %(default)s)")
-    ev.add_argument("--n", type=_positive_int, default=2000,
+    ev.add_argument("--n", type=arg_types.positive_int, default=2000,
                     help="generator: images scored against held-out MNIST (default 2000)")
     ev.add_argument("--json", action="store_true", help="print JSON")
     pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
@@ -262,6 +239,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    setup_logging("WARNING", "%(message)s")  # what Python prints anyway, rate-limited
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return run_subcommand(build_subcommand_parser().parse_args(argv))

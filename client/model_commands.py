@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator.checkpoint import OPTIMIZER_PREFIX
 from training import mlp
 from training.letters import DataFormatError, load_letters
 from training.model_file import ModelFileError, load_model
@@ -18,16 +19,40 @@ class ModelCommandError(Exception):
     """A model or data file the command cannot use; the message says which and why."""
 
 
-def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
+def _load(model_path: str) -> tuple[dict[str, np.ndarray], dict]:
     try:
-        weights, description = load_model(model_path)
+        return load_model(model_path)
     except ModelFileError as exc:
         raise ModelCommandError(str(exc)) from None
+
+
+def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
+    weights, description = _load(model_path)
     if description.get("model") != "mlp":
         raise ModelCommandError(
             f"{model_path} holds a {description.get('model')!r} model; these commands "
             "score the letters MLP")
-    return weights, mlp.MLPSpec.from_dict(description["spec"])
+    # A run's checkpoint holds the server optimizer's state besides the model's weights.
+    weights = {k: v for k, v in weights.items() if not k.startswith(OPTIMIZER_PREFIX)}
+    try:
+        spec = mlp.MLPSpec.from_dict(description["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelCommandError(f"{model_path} is damaged: no valid MLP spec ({exc})") from None
+    _check_shapes(model_path, weights, spec.layer_shapes())
+    return weights, spec
+
+
+def _check_shapes(model_path: str, weights: dict[str, np.ndarray],
+                  shapes: dict[str, tuple[int, ...]]) -> None:
+    """The weights must be exactly the spec's layers, or scoring fails half-way."""
+    if set(weights) != set(shapes):
+        raise ModelCommandError(f"{model_path} is damaged: it holds weights "
+                                f"{sorted(weights)}, its spec needs {sorted(shapes)}")
+    for name, shape in shapes.items():
+        if weights[name].shape != shape or weights[name].dtype.kind not in "fiu":
+            raise ModelCommandError(
+                f"{model_path} is damaged: weight {name} is {weights[name].dtype} "
+                f"{weights[name].shape}, its spec needs a number array {shape}")
 
 
 def evaluate(model_path: str, data_path: str) -> dict[str, float]:
@@ -46,17 +71,20 @@ def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
     project's frozen MNIST classifier against held-out MNIST images."""
     from training import gan_metrics, gan_models  # torch only for generative models
 
-    try:
-        weights, description = load_model(model_path)
-    except ModelFileError as exc:
-        raise ModelCommandError(str(exc)) from None
+    weights, description = _load(model_path)
     if "gan" not in description:
         raise ModelCommandError(f"{model_path} holds no generator")
-    spec = gan_models.GanSpec.from_dict(description["gan"])
+    try:
+        spec = gan_models.GanSpec.from_dict(description["gan"])
+    except (TypeError, ValueError) as exc:
+        raise ModelCommandError(f"{model_path} is damaged: no valid GAN spec ({exc})") from None
     if spec.arch not in gan_models.MNIST_ARCHITECTURES:
         raise ModelCommandError("IS/FID are computed for 28x28 MNIST generators only")
     g, _ = gan_models.build_gan(spec)
-    gan_models.numpy_to_state(g, weights, "G.")
+    try:
+        gan_models.numpy_to_state(g, weights, "G.")
+    except (TypeError, ValueError) as exc:
+        raise ModelCommandError(f"{model_path} is damaged: {exc}") from None
     images = gan_models.sample_images(g, n, seed=gan_metrics.SCORE_SEED)
     try:
         return gan_metrics.score_images(images, n).to_dict()
@@ -65,10 +93,7 @@ def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
 
 
 def is_generator(model_path: str) -> bool:
-    try:
-        return "gan" in load_model(model_path)[1]
-    except ModelFileError as exc:
-        raise ModelCommandError(str(exc)) from None
+    return "gan" in _load(model_path)[1]
 
 
 def predict(model_path: str, data_path: str) -> list[str]:

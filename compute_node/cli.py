@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import socket
@@ -19,9 +18,10 @@ from compute_node.faults import CORRUPTIONS
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire import security
+from wire import arg_types, security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals, write_port_file
+from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
 
@@ -44,13 +44,13 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--advertise", default=None, metavar="HOST",
                         help="with --register: the address the coordinator should call "
                              "(default: --host, or this machine's name when binding 0.0.0.0)")
-    parser.add_argument("--retry-for", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--retry-for", type=arg_types.seconds, default=300.0, metavar="SECONDS",
                         help="--pull and --register: give up after the coordinator has been "
                              "unreachable this long (default 300)")
     if not pull:
-        parser.add_argument("port", type=int,
+        parser.add_argument("port", type=arg_types.listen_port,
                             help="TCP port to listen on (0 = any free port; not in pull mode)")
-    parser.add_argument("load_prob", type=_probability,
+    parser.add_argument("load_prob", type=arg_types.probability,
                         help="simulated load, 0..1: with the random policy (1) a unit is delayed "
                              "with this probability; with policies 2 and 3 it is first rejected "
                              "with this probability, and an accepted unit is still delayed with it")
@@ -60,9 +60,9 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets; unit files are resolved under it "
                              "and paths that escape it are refused (default: %(default)s)")
-    parser.add_argument("--load-delay", type=float, default=3.0,
+    parser.add_argument("--load-delay", type=arg_types.non_negative_seconds, default=3.0,
                         help="seconds a delayed unit waits before it is trained (default 3)")
-    parser.add_argument("--seed", type=int, default=None,
+    parser.add_argument("--seed", type=arg_types.seed, default=None,
                         help="seed of the load simulation, for repeatable runs (default: random)")
     parser.add_argument("--node-id", default=None,
                         help="name in logs and results (default: <hostname>:<port>)")
@@ -73,16 +73,19 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
-    parser.add_argument("--crash-after-units", type=int, default=None, metavar="N",
+    parser.add_argument("--crash-after-units", type=arg_types.non_negative_int,
+                        default=None, metavar="N",
                         help="fault injection for tests: exit abruptly on the unit after N")
-    parser.add_argument("--hang-after-units", type=int, default=None, metavar="N",
+    parser.add_argument("--hang-after-units", type=arg_types.non_negative_int,
+                        default=None, metavar="N",
                         help="fault injection for tests: from the unit after N, accept units "
                              "and never answer them (pings still answer)")
     parser.add_argument("--corrupt-updates", choices=CORRUPTIONS, default=None,
                         help="fault injection for tests: spoil updates (NaN values, a wrong "
                              "shape, or a norm a million times too large) or their sample "
                              "counts (0, or 10^15)")
-    parser.add_argument("--corrupt-after-units", type=int, default=0, metavar="N",
+    parser.add_argument("--corrupt-after-units", type=arg_types.non_negative_int,
+                        default=0, metavar="N",
                         help="with --corrupt-updates: only from the unit after N (default 0)")
     security.add_arguments(parser, serves=True)
     return parser
@@ -93,16 +96,6 @@ def _host_port(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host, int(port)
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"load probability must be between 0 and 1, got {text}")
-    return value
 
 
 def check_device(device: str) -> str | None:
@@ -136,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pull = any(a == "--pull" or a.startswith("--pull=") for a in argv)
     args = build_parser(pull).parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s node %(levelname)s %(message)s")
+    setup_logging(args.log_level, "%(asctime)s node %(levelname)s %(message)s")
     problem = startup_problem(args)
     if problem:
         print(f"error: {problem[0]}", file=sys.stderr)

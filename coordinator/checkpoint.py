@@ -10,6 +10,7 @@ so a resumed run in deterministic mode ends with the same bits as an uninterrupt
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,25 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint, description: dict[str
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
+    """The run's last checkpoint; CheckpointError names the file and what is wrong."""
+    path = run_dir / CHECKPOINT_FILE
     try:
-        arrays, meta = load_model(run_dir / CHECKPOINT_FILE)
+        arrays, meta = load_model(path)
     except ModelFileError as exc:
         raise CheckpointError(f"no usable checkpoint in {run_dir}: {exc}") from None
     optimizer = {k[len(OPTIMIZER_PREFIX):]: v for k, v in arrays.items()
                  if k.startswith(OPTIMIZER_PREFIX)}
     weights = {k: v for k, v in arrays.items() if not k.startswith(OPTIMIZER_PREFIX)}
-    return Checkpoint(int(meta["round"]), weights, optimizer, _rng_state(meta.get("policy_rng")))
+    round_index = meta.get("round")
+    if isinstance(round_index, bool) or not isinstance(round_index, int) or round_index < 0:
+        raise CheckpointError(f"{path} is not a checkpoint: it has no round number "
+                              "(a model file, or damaged)")
+    try:
+        rng = _rng_state(meta.get("policy_rng"))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{path} is damaged: its policy_rng is not a random "
+                              "generator state") from None
+    return Checkpoint(round_index, weights, optimizer, rng)
 
 
 def _rng_state(saved: Any) -> Any:
@@ -64,7 +76,21 @@ def _rng_state(saved: Any) -> Any:
     if saved is None:
         return None
     version, internal, gauss = saved
-    return version, tuple(internal), gauss
+    state = version, tuple(internal), gauss
+    random.Random().setstate(state)  # raises on a damaged state, before the run starts
+    return state
+
+
+def check_weights(path: Path, weights: Weights, expected: Weights) -> None:
+    """The checkpoint's weights must have the names and shapes of the run's model."""
+    if set(weights) != set(expected):
+        raise CheckpointError(f"{path} does not fit this run's model: it holds "
+                              f"{sorted(weights)[:4]}, the model needs {sorted(expected)[:4]}")
+    for name, array in expected.items():
+        if weights[name].shape != array.shape or weights[name].dtype.kind not in "fiu":
+            raise CheckpointError(
+                f"{path} does not fit this run's model: {name} is {weights[name].dtype} "
+                f"{weights[name].shape}, the model needs {array.dtype} {array.shape}")
 
 
 def save_request(run_dir: Path, request: ttypes.TrainRequest) -> None:
@@ -76,13 +102,20 @@ def load_request(run_dir: Path, protocol_version: int) -> ttypes.TrainRequest:
     path = run_dir / REQUEST_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return ttypes.TrainRequest(protocol_version=protocol_version,
-                                   **{name: data[name] for name in REQUEST_FIELDS})
+        fields = {name: data[name] for name in REQUEST_FIELDS}
     except FileNotFoundError:
         raise CheckpointError(f"{path} not found: is {run_dir.name} a run of this "
                               "coordinator's --run-dir?") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path} is damaged: {exc}") from None
+        raise CheckpointError(f"{path} is damaged: {exc!r}") from None
+    for name, value in fields.items():
+        wanted = int if name == "rounds" else str
+        optional = name == "outputs_json" and value is None
+        if type(value) is not wanted and not optional:  # type(): a bool is no round count
+            raise CheckpointError(f"{path} is damaged: {name} is not a {wanted.__name__}")
+    return ttypes.TrainRequest(protocol_version=protocol_version, **fields)
 
 
 def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
@@ -91,8 +124,17 @@ def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"{path}, line {number} is damaged: not JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("round", 0), int):
+            raise CheckpointError(f"{path}, line {number} is damaged: not a round's metrics")
+        rows.append(row)
     kept = [row for row in rows if row.get("round", 0) <= last_round]
     path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     return kept

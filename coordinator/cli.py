@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import logging
-import math
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
 from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from coordinator.nodes_file import NodesFileError, read_nodes_file
+from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.policies import POLICY_NAMES
 from coordinator.request_checks import RequestLimits
 from coordinator.round_engine import EngineSettings
@@ -22,36 +19,15 @@ from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire import security
+from wire import arg_types, security
 from wire.generated import Coordinator, ttypes
 from wire.launch import stop_on_signals, write_port_file
+from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-I32_MAX = 2**31 - 1  # rounds travel as a Thrift i32
-
-
-def _limit(high: int) -> Callable[[str], int]:
-    """An argparse type: an integer from 1 to `high`."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not 1 <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is out of range 1..{high}")
-        return value
-    return parse
-
-
-def _positive_mb(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text}")
-    return value
+MAX_THREADS = 1024  # worker threads of one round; more only exhausts the process
+LIMIT = arg_types.int_range(1, 2**31 - 1)  # request fields travel as Thrift i32s
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,16 +36,16 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "request limits", "the most one train request may ask for; a request over a limit is "
                           "refused with a message naming the field")
-    group.add_argument("--max-rounds", type=_limit(I32_MAX), default=d.max_rounds, metavar="N",
+    group.add_argument("--max-rounds", type=LIMIT, default=d.max_rounds, metavar="N",
                        help=f"rounds of a run (default {d.max_rounds})")
-    group.add_argument("--max-epochs", type=_limit(I32_MAX), default=d.max_epochs, metavar="N",
+    group.add_argument("--max-epochs", type=LIMIT, default=d.max_epochs, metavar="N",
                        help="local epochs (or discriminator steps) a node makes per unit "
                             f"(default {d.max_epochs})")
-    group.add_argument("--max-hidden", type=_limit(I32_MAX), default=d.max_hidden, metavar="N",
+    group.add_argument("--max-hidden", type=LIMIT, default=d.max_hidden, metavar="N",
                        help=f"units of one hidden layer (default {d.max_hidden})")
-    group.add_argument("--max-units", type=_limit(I32_MAX), default=d.max_units, metavar="N",
+    group.add_argument("--max-units", type=LIMIT, default=d.max_units, metavar="N",
                        help=f"work units sent out per round (default {d.max_units})")
-    group.add_argument("--max-model-mb", type=_positive_mb, default=d.max_model_mb,
+    group.add_argument("--max-model-mb", type=arg_types.positive_float, default=d.max_model_mb,
                        metavar="MIB", help="size of the model's weights, as float64, in MiB "
                                            f"(default {d.max_model_mb:g})")
 
@@ -88,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the current weights, to the compute nodes of the nodes file.",
         epilog="Example: python coordinator_node.py 9095 2",
     )
-    parser.add_argument("port", type=int, help="TCP port to listen on (0 = any free port)")
-    parser.add_argument("policy", type=int, choices=sorted(POLICY_NAMES), metavar="policy",
+    parser.add_argument("port", type=arg_types.listen_port,
+                        help="TCP port to listen on (0 = any free port)")
+    parser.add_argument("policy", type=arg_types.int_range(1, max(POLICY_NAMES)),
+                        choices=sorted(POLICY_NAMES), metavar="policy",
                         help=f"scheduling policy: {policies}")
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to bind (default 0.0.0.0: every interface)")
@@ -104,41 +82,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store", default=None, metavar="PATH",
                         help="SQLite run store: runs, rounds, every unit's status changes, node "
                              "statistics (default: <run-dir>/runs.db)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=arg_types.int_range(1, MAX_THREADS), default=None,
                         help="worker threads per round (default: number of nodes + 2)")
     parser.add_argument("--no-speculation", action="store_true",
                         help="never start a backup attempt of a slow unit on an idle node")
-    parser.add_argument("--speculate-after", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--speculate-after", type=arg_types.seconds,
+                        default=None, metavar="SECONDS",
                         help="a unit out this long (or 4x the usual unit time, if longer) gets "
                              "a backup attempt on an idle node; the first result wins "
                              "(default: 0.25 for policies 1 and 2; policy 3 uses 3x the "
                              "measured unit time)")
-    parser.add_argument("--max-unit-failures", type=int, default=3,
+    parser.add_argument("--max-unit-failures", type=arg_types.positive_int, default=3,
                         help="failures after which a unit is discarded for its round (default 3)")
-    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=arg_types.seconds, default=30.0, metavar="SECONDS",
                         help="a run fails when no node has answered for this long (default 30)")
-    parser.add_argument("--rpc-timeout", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--rpc-timeout", type=arg_types.seconds, default=300.0, metavar="SECONDS",
                         help="longest wait for one training call (default 300)")
-    parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS",
+    parser.add_argument("--connect-timeout", type=arg_types.seconds, default=3.0, metavar="SECONDS",
                         help="longest wait to connect to a node (default 3)")
-    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS, metavar="SECONDS",
+    parser.add_argument("--heartbeat", type=arg_types.seconds,
+                        default=HEARTBEAT_SECONDS, metavar="SECONDS",
                         help="how often nodes are pinged (pull nodes call in as often) "
                              f"(default {HEARTBEAT_SECONDS:g})")
-    parser.add_argument("--suspect-after", type=float, default=SUSPECT_SECONDS,
+    parser.add_argument("--suspect-after", type=arg_types.seconds, default=SUSPECT_SECONDS,
                         metavar="SECONDS", help="a node silent this long is suspect "
                                                 f"(default {SUSPECT_SECONDS:g})")
-    parser.add_argument("--dead-after", type=float, default=DEAD_SECONDS, metavar="SECONDS",
+    parser.add_argument("--dead-after", type=arg_types.seconds,
+                        default=DEAD_SECONDS, metavar="SECONDS",
                         help="a node silent this long is dead and its units go to other nodes "
                              f"(default {DEAD_SECONDS:g})")
-    parser.add_argument("--deadline-floor", type=float, default=EngineSettings.deadline_floor,
+    parser.add_argument("--deadline-floor", type=arg_types.seconds,
+                        default=EngineSettings.deadline_floor,
                         metavar="SECONDS",
                         help="a unit's deadline is --deadline-factor times the usual unit time, "
                              "at least this and at most --rpc-timeout; a unit past it is "
                              "reclaimed and issued again (time in a load delay does not count) "
                              f"(default {EngineSettings.deadline_floor:g})")
-    parser.add_argument("--deadline-factor", type=float, default=EngineSettings.deadline_factor,
+    parser.add_argument("--deadline-factor", type=arg_types.positive_float,
+                        default=EngineSettings.deadline_factor,
                         metavar="X", help=f"(default {EngineSettings.deadline_factor:g})")
-    parser.add_argument("--max-update-norm", type=float, default=EngineSettings.max_update_norm,
+    parser.add_argument("--max-update-norm", type=arg_types.non_negative_float,
+                        default=EngineSettings.max_update_norm,
                         metavar="X",
                         help="refuse an update whose norm is over X times the median of recent "
                              "ones; its unit goes to another node (0: no limit) "
@@ -146,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deterministic", action="store_true",
                         help="combine each round's results in unit order, not arrival order, so "
                              "repeated runs give the same bits")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the scheduling policy")
+    parser.add_argument("--seed", type=arg_types.seed,
+                        default=None, help="seed of the scheduling policy")
     parser.add_argument("--resume", default=None, metavar="RUN_ID",
                         help="continue this run of --run-dir from its last checkpoint (after "
                              "a crash or kill); follow it with 'client.py attach HOST PORT RUN_ID'")
@@ -180,8 +165,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s coordinator %(levelname)s %(message)s")
+    setup_logging(args.log_level, "%(asctime)s coordinator %(levelname)s %(message)s")
     # A fatal signal (SIGBUS when the store's WAL index file is truncated under SQLite's
     # memory map, SIGSEGV) still leaves the signal and the Python stacks in the log.
     faulthandler.enable(all_threads=True)
@@ -189,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
         return 2
-    try:
-        nodes = read_nodes_file(args.nodes_file)
-    except NodesFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if _read_nodes(NodesFile(args.nodes_file)) is None:  # before the run store is opened
         return 1
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
@@ -209,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         server = ThriftServer(Coordinator.Processor(handler), args.host, args.port)
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    handler.nodes_file.serve_at(args.host, server.port)
+    nodes = _read_nodes(handler.nodes_file)  # again: a line naming our own port is refused
+    if nodes is None:
+        server.stop()
         return 1
     if args.resume:
         try:
@@ -227,3 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     server.serve_forever()
     print("coordinator stopped", flush=True)
     return 0
+
+
+def _read_nodes(nodes_file: NodesFile) -> list[NodeAddress] | None:
+    """The file's nodes, or None after printing why it cannot be used."""
+    try:
+        return nodes_file.read()
+    except NodesFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.membership import MemberError, Membership
-from coordinator.nodes_file import NodeAddress, NodesFileError, read_nodes_file
+from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
 from coordinator.store_lock import StoreLock
@@ -25,7 +25,7 @@ class CoordinatorHandler:
     answer at once from the run's live progress, on other connections."""
 
     def __init__(self, nodes_file: Path, settings: CoordinatorSettings) -> None:
-        self.nodes_file = nodes_file
+        self.nodes_file = NodesFile(nodes_file)
         self.settings = settings
         self.lock, self.store = open_store(settings)
         interrupted = self.store.fail_unfinished_runs("the coordinator stopped during the run")
@@ -40,19 +40,19 @@ class CoordinatorHandler:
     def train(self, request: ttypes.TrainRequest) -> ttypes.RunResult:
         check_protocol_version(request.protocol_version, "coordinator")
         try:
-            nodes = self._file_nodes()
+            nodes = self.file_nodes()
         except NodesFileError as exc:
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
-        run = Run(request, nodes, self.settings, self.store, nodes_source=self._file_nodes,
+        run = Run(request, nodes, self.settings, self.store, nodes_source=self.file_nodes,
                   membership=self.membership)
         self._add(run)
         return run.execute()
 
-    def _file_nodes(self) -> list[NodeAddress]:
+    def file_nodes(self) -> list[NodeAddress]:
         """The nodes file, read on every run and round so edits apply without a restart.
         With registered nodes, a missing or empty file means only those."""
         try:
-            return read_nodes_file(self.nodes_file)
+            return self.nodes_file.read()
         except NodesFileError:
             if self.membership.members():
                 return []
@@ -61,8 +61,8 @@ class CoordinatorHandler:
     def resume(self, run_id: str) -> Run:
         """Continue run `run_id` from its last checkpoint, in a thread of its own; clients
         follow it with status. Raises CheckpointError, NodesFileError or InvalidRequest."""
-        run = Run.resume(run_id, self._file_nodes(), self.settings, self.store,
-                         nodes_source=self._file_nodes, membership=self.membership)
+        run = Run.resume(run_id, self.file_nodes(), self.settings, self.store,
+                         nodes_source=self.file_nodes, membership=self.membership)
         self._add(run)
         threading.Thread(target=_execute_quietly, args=(run,), name=f"resumed-{run_id}",
                          daemon=True).start()

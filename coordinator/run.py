@@ -17,6 +17,7 @@ from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     CheckpointError,
+    check_weights,
     load_checkpoint,
     load_request,
     metrics_of,
@@ -125,6 +126,8 @@ class Run:
         self._config_json = json.dumps(self.algorithm.config)
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)
+        if resume_from is not None:
+            self._restore(resume_from)
 
     @classmethod
     def resume(cls, run_id: str, nodes: list[NodeAddress], settings: CoordinatorSettings,
@@ -246,18 +249,28 @@ class Run:
             run_dir=str(self.run_dir.resolve()),
         )
 
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """Take in the checkpoint's optimizer, random state and metrics, or raise
+        CheckpointError now: a checkpoint that does not fit must stop --resume at start-up,
+        not fail later in the run's thread."""
+        path = self.run_dir / CHECKPOINT_FILE
+        check_weights(path, checkpoint.weights, self.algorithm.initial_weights())
+        try:
+            self.algorithm.load_state_dict(checkpoint.optimizer)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path} does not fit this run's optimizer: {exc}") from None
+        if checkpoint.policy_rng is not None:
+            self._policy.set_random_state(checkpoint.policy_rng)
+        self._rows = [{k: v for k, v in row.items() if k != "discarded"}
+                      for row in metrics_until(self.run_dir, checkpoint.round)]
+
     def _starting_point(self) -> tuple[Weights, int]:
-        """Round 0's weights, or the checkpoint's weights, optimizer and random state."""
+        """Round 0's weights, or the checkpoint's (restored at construction)."""
         checkpoint = self.resume_from
         if checkpoint is None:
             if self.resumed:  # no round was checkpointed: rows of earlier tries go
                 metrics_until(self.run_dir, 0)
             return self.algorithm.initial_weights(), 0
-        self.algorithm.load_state_dict(checkpoint.optimizer)
-        if checkpoint.policy_rng is not None:
-            self._policy.set_random_state(checkpoint.policy_rng)
-        self._rows = [{k: v for k, v in row.items() if k != "discarded"}
-                      for row in metrics_until(self.run_dir, checkpoint.round)]
         self.progress.round_done(checkpoint.round, self._last_error(), math.nan)
         return checkpoint.weights, checkpoint.round
 

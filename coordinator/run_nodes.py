@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from coordinator.local_host import canonical_host
 from coordinator.membership import Member, Membership
 from coordinator.node_pool import Liveness, NodeHandle
 from coordinator.nodes_file import NodeAddress, NodesFileError
@@ -64,9 +65,15 @@ class RunNodes:
         return self._next_index - 1
 
     def _add_addresses(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
-        known = {n.address for n in self.nodes}
+        """Handles for addresses not yet in the run; an alias of a node already in it (a
+        registration as 127.0.0.1 of a node the file lists as localhost) adds nothing."""
+        known = {_identity(n.address) for n in self.nodes if n.address is not None}
+        new = {}
+        for address in addresses:
+            if _identity(address) not in known:
+                new.setdefault(_identity(address), address)
         added = [NodeHandle(self._index(), address, self._rpc_timeout, self._connect_timeout)
-                 for address in dict.fromkeys(a for a in addresses if a not in known)]
+                 for address in new.values()]
         for node in added:
             node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)
         self.nodes.extend(added)
@@ -92,3 +99,8 @@ class RunNodes:
             self._registered_push.discard(node.name)
             return False
         return True
+
+
+def _identity(address: NodeAddress) -> tuple[str, int]:
+    """One key per node, whatever name of its machine an address uses."""
+    return canonical_host(address.host), address.port

@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from wire import arg_types
 from wire.transport import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
              "connections this process opens use TLS and check that the server's certificate "
              "is signed by it and names the address dialled")
     group.add_argument(
-        "--max-frame-mb", type=_frame_mb, default=DEFAULT_MAX_FRAME_BYTES // MIB, metavar="MB",
+        "--max-frame-mb", type=arg_types.int_range(1, MAX_FRAME_MB_LIMIT),
+        default=DEFAULT_MAX_FRAME_BYTES // MIB, metavar="MB",
         help="largest message this process accepts or sends, in MiB (default %(default)s); "
              "a bigger frame from a peer is refused before memory is allocated, its connection "
              "closed and an error logged. Use the same value on every process")
@@ -181,13 +183,3 @@ def configure_from_args(args: argparse.Namespace, *, serves: bool) -> str | None
     log.info("connection security: %s", settings.describe())
     return None
 
-
-def _frame_mb(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
-    if not 1 <= value <= MAX_FRAME_MB_LIMIT:
-        raise argparse.ArgumentTypeError(
-            f"must be between 1 and {MAX_FRAME_MB_LIMIT} MiB, got {value}")
-    return value

@@ -41,11 +41,17 @@ def test_help_documents_every_argument(script, words):
     ("client.py", ["localhost", "9095", "letters", "5"]),
     ("compute_node.py", ["9091", "1.5"]),
     ("coordinator_node.py", ["9095", "7"]),
+    ("coordinator_node.py", ["70000", "2"]),
+    ("coordinator_node.py", ["0", "2", "--grace", "nan"]),
+    ("coordinator_node.py", ["0", "2", "--heartbeat", "0"]),
+    ("compute_node.py", ["0", "0.2", "--load-delay", "inf"]),
+    ("client.py", ["localhost", "9095", "letters", "1", "1", "20", "0.1", "--poll", "-3"]),
 ])
 def test_bad_arguments_print_usage_and_exit_2(script, args):
     done = run_script(script, *args)
     assert done.returncode == 2
     assert "usage:" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_unreachable_coordinator_is_one_line_and_non_zero(tmp_path):
@@ -76,6 +82,18 @@ def test_bad_nodes_file_is_a_clear_error(tmp_path, content, expected):
     done = run_script("coordinator_node.py", "0", "2", "--nodes-file", str(nodes), cwd=tmp_path)
     assert done.returncode == 1
     assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "LOCALHOST"])
+def test_the_coordinators_own_address_in_the_nodes_file_is_refused_at_start(tmp_path, host):
+    port = free_port()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"{host},{port}\n")
+    done = run_script("coordinator_node.py", str(port), "2", "--host", "127.0.0.1",
+                      "--nodes-file", str(nodes), cwd=tmp_path)
+    assert done.returncode == 1
+    assert f"{host}:{port} is this coordinator's own address" in done.stderr
     assert "Traceback" not in done.stderr
 
 
