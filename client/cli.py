@@ -51,8 +51,14 @@ CONFIG_FORM_HINTS = {
                               "data_dir..eta or the model options)",
 }
 
-# Rounds travel as a 32-bit integer: a larger number could not even be sent.
-ROUNDS = arg_types.int_range(1, MAX_ROUNDS)
+
+
+def ROUNDS(text: str) -> int:  # noqa: N802 - an argparse type, named like the others
+    """Rounds travel as a 32-bit integer: a larger number could not even be sent."""
+    try:
+        return arg_types.int_range(1, MAX_ROUNDS)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (rounds travel as a 32-bit field)") from None
 
 
 def _hidden_list(text: str) -> list[int]:
