@@ -127,6 +127,7 @@ class RoundEngine:
         """Run the units until `quorum` are in; ``aggregate`` combines the results (the
         algorithm's `aggregator`; a weighted average when None)."""
         self._check_update = check_update or (lambda update: None)
+        self._norms.start_round(quorum, len(self.nodes))
         state = RoundState(round_index, units, quorum, self.settings.deterministic,
                            max_attempts=2 * len(self.nodes), earlier_attempts=earlier_attempts,
                            aggregate=aggregate)
@@ -143,6 +144,7 @@ class RoundEngine:
             self._wait(state)
         finally:
             state.finish()
+            self._norms.end_round()
             self._cancel_leftovers(state)
             for worker in workers:
                 worker.join(timeout=WAIT_STEP_SECONDS)
@@ -310,7 +312,10 @@ class RoundEngine:
             try:
                 update = wire_to_dict(result.update)
                 self._check_update(update)
-                self._norms.check(update)
+                # A large update waits for peers of its round: refused only if it is far
+                # above them too, so growing updates of an unstable run bench no one.
+                self._norms.check(update, unit.spec.unit_id, node.name, self.unit_deadline(),
+                                  lambda: state.over or self.cancelled.is_set())
             except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")
