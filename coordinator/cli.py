@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.checkpoint import CheckpointError
@@ -62,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="failures after which a unit is discarded for its round (default 3)")
     parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                         help="a run fails when no node has answered for this long (default 30)")
+    parser.add_argument("--min-nodes", type=_at_least(1), default=1, metavar="N",
+                        help="a run needs N answering nodes: with fewer it fails after --grace "
+                             "seconds, or pauses with --pause-below-min (default 1)")
+    parser.add_argument("--pause-below-min", action="store_true",
+                        help="with fewer than --min-nodes answering, pause the run (status: "
+                             "waiting for nodes) until enough answer again")
+    parser.add_argument("--max-pause", type=_positive_float, default=600.0, metavar="SECONDS",
+                        help="longest pause below --min-nodes, and longest wait for "
+                             "--wait-for-nodes, before the run fails (default 600)")
+    parser.add_argument("--wait-for-nodes", type=_at_least(0), default=0, metavar="N",
+                        help="start a run's first round only once N nodes have answered "
+                             "(default 0: at once)")
     parser.add_argument("--rpc-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="longest wait for one training call (default 300)")
     parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS",
@@ -103,6 +116,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     engine = EngineSettings(threads=args.threads, speculation=not args.no_speculation,
                             speculate_after=args.speculate_after,
@@ -111,13 +146,16 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                             deadline_floor=args.deadline_floor,
                             deadline_factor=args.deadline_factor,
                             deadline_cap=args.rpc_timeout,
-                            max_update_norm=args.max_update_norm or None)
+                            max_update_norm=args.max_update_norm or None,
+                            min_nodes=args.min_nodes, pause_below_min=args.pause_below_min,
+                            max_pause=args.max_pause)
     return CoordinatorSettings(data_root=Path(args.data_root), run_root=Path(args.run_dir),
                                policy=args.policy, rpc_timeout=args.rpc_timeout,
                                connect_timeout=args.connect_timeout, seed=args.seed,
                                engine=engine, heartbeat_seconds=args.heartbeat,
                                suspect_seconds=args.suspect_after,
                                dead_seconds=args.dead_after,
+                               wait_for_nodes=args.wait_for_nodes,
                                store_path=Path(args.store) if args.store else None)
 
 
