@@ -17,7 +17,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
-from coordinator.update_norms import NormGuard
+from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
@@ -269,6 +269,7 @@ def test_an_update_far_above_its_peers_is_refused_in_an_unstable_run():
     outcomes = unstable_rounds(eng, 2)
     assert [o.completed for o in outcomes] == [11, 11]
     assert inflating.stats.failed >= 1
+    assert update_norm(outcomes[1].average) < 500  # honest ones are 12-140; inflated 1000x
     assert nodes[0].stats.failed == 0 and nodes[2].stats.failed == 0
 
 
