@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-unit-failures", type=int, default=3,
                         help="failures after which a unit is discarded for its round (default 3)")
     parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
-                        help="a run fails when no node has answered for this long (default 30)")
+                        help="a run fails when no node has answered for this long, or fewer than "
+                             "--min-nodes have (default 30)")
     parser.add_argument("--min-nodes", type=_at_least(1), default=1, metavar="N",
                         help="a run needs N answering nodes: with fewer it fails after --grace "
                              "seconds, or pauses with --pause-below-min (default 1)")

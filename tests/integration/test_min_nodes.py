@@ -9,7 +9,10 @@ from devtools import local_cluster as procs
 from wire.generated import Coordinator, ttypes
 from wire.rpc import connect
 
-LONG_RUN = ["letters", "30", "15", "20", "0.0001", "--compat"]  # long enough to kill a node in
+LONG_RUN = ["letters", "30", "15", "20", "0.0001", "--compat"]
+# Every unit waits 0.2s on its node (policy 1, load 1.0), so 30 rounds take well over the
+# seconds a killed node needs to be found dead, however fast the machine.
+DELAYED = ("--load-delay", "0.2")
 FAST_LIVENESS = ["--heartbeat", "0.2", "--suspect-after", "0.6", "--dead-after", "1.5"]
 
 
@@ -45,17 +48,18 @@ def _finish(client, timeout: float = 240.0) -> tuple[str, str]:
 
 
 def test_a_run_below_min_nodes_pauses_and_continues_when_the_node_comes_back(cluster):
-    cluster.add_node(0.0)
-    leaving = cluster.add_node(0.0)
-    cluster.start_coordinator(2, "--min-nodes", "2", "--pause-below-min", *FAST_LIVENESS)
+    cluster.add_node(1.0, *DELAYED)
+    leaving = cluster.add_node(1.0, *DELAYED)
+    cluster.start_coordinator(1, "--no-speculation", "--min-nodes", "2", "--pause-below-min",
+                              *FAST_LIVENESS)
     client = cluster.start_client(*LONG_RUN, "--run-id", "paused", "--json", "--quiet")
     try:
         leaving.wait_for(r"round 2 accepted", timeout=60)
         leaving.kill()
         paused = _wait_for_message(cluster, "paused", "waiting for nodes")
         assert paused.state == "running" and paused.round < 30
-        back = procs.start("compute_node.py", [str(leaving.port), "0.0", "--host", "127.0.0.1"],
-                           cluster.workdir, "node2-again")
+        back = procs.start("compute_node.py", [str(leaving.port), "1.0", "--host", "127.0.0.1",
+                                               *DELAYED], cluster.workdir, "node2-again")
         cluster.nodes.append(back)
         out, err = _finish(client)
     finally:
@@ -69,10 +73,10 @@ def test_a_run_below_min_nodes_pauses_and_continues_when_the_node_comes_back(clu
 
 
 def test_a_pause_longer_than_max_pause_fails_the_run_with_its_reason(cluster):
-    cluster.add_node(0.0)
-    leaving = cluster.add_node(0.0)
-    cluster.start_coordinator(2, "--min-nodes", "2", "--pause-below-min", "--max-pause", "2",
-                              *FAST_LIVENESS)
+    cluster.add_node(1.0, *DELAYED)
+    leaving = cluster.add_node(1.0, *DELAYED)
+    cluster.start_coordinator(1, "--no-speculation", "--min-nodes", "2", "--pause-below-min",
+                              "--max-pause", "2", *FAST_LIVENESS)
     client = cluster.start_client(*LONG_RUN, "--run-id", "too-long", "--quiet")
     leaving.wait_for(r"round 2 accepted", timeout=60)
     leaving.kill()
