@@ -72,6 +72,27 @@ def test_a_run_below_min_nodes_pauses_and_continues_when_the_node_comes_back(clu
     back.wait_for(r"accepted", timeout=5)  # the returned node trained after the pause
 
 
+def test_a_paused_run_takes_in_a_node_that_registers_and_continues(cluster):
+    cluster.add_node(1.0, *DELAYED)
+    leaving = cluster.add_node(1.0, *DELAYED)
+    coordinator = cluster.start_coordinator(1, "--no-speculation", "--min-nodes", "2",
+                                            "--pause-below-min", *FAST_LIVENESS)
+    client = cluster.start_client(*LONG_RUN, "--run-id", "joined", "--json", "--quiet")
+    try:
+        leaving.wait_for(r"round 2 accepted", timeout=60)
+        leaving.kill()
+        _wait_for_message(cluster, "joined", "waiting for nodes")
+        joining = cluster.add_node(1.0, *DELAYED, "--register", f"127.0.0.1:{coordinator.port}",
+                                   "--advertise", "127.0.0.1")
+        out, err = _finish(client)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + cluster.logs()
+    by_node = {n["node"]: n for n in json.loads(out)["nodes"]}
+    assert by_node[f"127.0.0.1:{joining.port}"]["accepted"] > 0
+
+
 def test_a_pause_longer_than_max_pause_fails_the_run_with_its_reason(cluster):
     cluster.add_node(1.0, *DELAYED)
     leaving = cluster.add_node(1.0, *DELAYED)
