@@ -56,6 +56,7 @@ class ProgressView:
 def _progress_parts(s: ttypes.RunStatus) -> list[str]:
     """The live line: metrics when known, then unit counts (stale/cancelled when any)."""
     return [
+        s.message if s.state == "running" and s.message else "",  # e.g. waiting for nodes
         f"epoch {s.epoch:.2f}" if s.epoch is not None else "",
         f"loss {s.train_loss:.4f}" if s.train_loss is not None else "",
         f"error {s.validation_error:.4f}" if s.validation_error >= 0 else "",
@@ -144,7 +145,7 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     console = Console(file=sys.stdout)
     console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, "
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
-    if s.message:
+    if s.message and s.state != "running":  # a running run's message is in the line above
         console.print(f"  {s.message}")
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)

@@ -95,7 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-unit-failures", type=arg_types.positive_int, default=3,
                         help="failures after which a unit is discarded for its round (default 3)")
     parser.add_argument("--grace", type=arg_types.seconds, default=30.0, metavar="SECONDS",
-                        help="a run fails when no node has answered for this long (default 30)")
+                        help="a run fails when no node has answered for this long, or fewer than "
+                             "--min-nodes have (default 30)")
+    parser.add_argument("--min-nodes", type=arg_types.positive_int, default=1, metavar="N",
+                        help="a run needs N answering nodes: with fewer it fails after --grace "
+                             "seconds, or pauses with --pause-below-min (default 1)")
+    parser.add_argument("--pause-below-min", action="store_true",
+                        help="with fewer than --min-nodes answering, pause the run (status: "
+                             "waiting for nodes) until enough answer again")
+    parser.add_argument("--max-pause", type=arg_types.seconds, default=600.0, metavar="SECONDS",
+                        help="longest pause below --min-nodes, and longest wait for "
+                             "--wait-for-nodes, before the run fails (default 600)")
+    parser.add_argument("--wait-for-nodes", type=arg_types.non_negative_int, default=0, metavar="N",
+                        help="start a run's first round only once N nodes have answered "
+                             "(default 0: at once)")
     parser.add_argument("--rpc-timeout", type=arg_types.seconds, default=300.0, metavar="SECONDS",
                         help="longest wait for one training call (default 300)")
     parser.add_argument("--connect-timeout", type=arg_types.seconds, default=3.0, metavar="SECONDS",
@@ -144,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
 def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     engine = EngineSettings(threads=args.threads, speculation=not args.no_speculation,
                             speculate_after=args.speculate_after,
@@ -152,13 +166,16 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                             deadline_floor=args.deadline_floor,
                             deadline_factor=args.deadline_factor,
                             deadline_cap=args.rpc_timeout,
-                            max_update_norm=args.max_update_norm or None)
+                            max_update_norm=args.max_update_norm or None,
+                            min_nodes=args.min_nodes, pause_below_min=args.pause_below_min,
+                            max_pause=args.max_pause)
     return CoordinatorSettings(data_root=Path(args.data_root), run_root=Path(args.run_dir),
                                policy=args.policy, rpc_timeout=args.rpc_timeout,
                                connect_timeout=args.connect_timeout, seed=args.seed,
                                engine=engine, heartbeat_seconds=args.heartbeat,
                                suspect_seconds=args.suspect_after,
                                dead_seconds=args.dead_after,
+                               wait_for_nodes=args.wait_for_nodes,
                                store_path=Path(args.store) if args.store else None,
                                limits=limits_from(args))
 

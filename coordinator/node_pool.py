@@ -56,12 +56,14 @@ class Liveness:
         self.suspect_after, self.dead_after = suspect, dead
         self._lock = threading.Lock()
         self._heard = time.monotonic()
+        self.ever_heard = False  # until the node's first answer, `_heard` is its creation
         self._delaying: dict[str, float] = {}  # "run/unit/attempt" -> when last seen delaying
 
     def heard(self, delaying: list[str] | None = None) -> None:
         now = time.monotonic()
         with self._lock:
             self._heard = now
+            self.ever_heard = True
             for key in delaying or []:
                 self._delaying[key] = now
             if len(self._delaying) > MAX_DELAYING_KEPT:

@@ -53,6 +53,12 @@ class RunProgress:
             if not math.isnan(validation_error):
                 self.validation_error = validation_error
 
+    def waiting(self, message: str | None) -> None:
+        """Show why a running run waits (too few nodes), or clear it with None."""
+        with self._lock:
+            if self.state == RUNNING:
+                self.message = message
+
     def end(self, state: str, message: str | None = None) -> None:
         with self._lock:
             self.state = state

@@ -27,6 +27,7 @@ from thrift.Thrift import TException
 
 from coordinator.ledger import UnitLedger
 from coordinator.node_pool import AttemptAborted, NodeHandle
+from coordinator.node_quorum import NodeGate, NodeMinimum
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
@@ -64,6 +65,9 @@ class EngineSettings:
     deadline_factor: float = 10.0  # at least the floor ...
     deadline_cap: float = 300.0  # ... and at most the cap
     max_update_norm: float | None = 10.0  # refuse updates this many times the usual norm
+    min_nodes: int = 1  # fewer answering nodes: pause (pause_below_min) or fail after grace
+    pause_below_min: bool = False
+    max_pause: float = 600.0  # longest pause before the run fails
 
 
 class RoundFailed(Exception):
@@ -116,6 +120,7 @@ class RoundEngine:
                  cancelled: threading.Event, ledger: UnitLedger | None = None) -> None:
         self.run_id = run_id
         self.ledger = ledger or UnitLedger(None, run_id)
+        self._by_index: dict[int, NodeHandle] = {}
         self.set_nodes(nodes)
         self.policy = policy
         self.settings = settings
@@ -125,11 +130,16 @@ class RoundEngine:
         self._norms = NormGuard(settings.max_update_norm)
         self._durations_lock = threading.Lock()
         self._last_contact = time.monotonic()
+        self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
+                                         settings.max_pause, settings.grace_seconds), progress)
+        # While paused, called to take in nodes that joined (file, registrations).
+        self.refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None
 
     def set_nodes(self, nodes: list[NodeHandle]) -> None:
-        """The nodes of the next rounds (nodes may join between rounds)."""
+        """The nodes of the next rounds, or of this one while it is paused. Handles of
+        nodes that left stay reachable by index for the attempts they still hold."""
         self.nodes = list(nodes)
-        self._by_index = {node.index: node for node in nodes}
+        self._by_index = {**self._by_index, **{node.index: node for node in nodes}}
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_request: RequestBuilder,
@@ -142,6 +152,7 @@ class RoundEngine:
         or sample count the checks refuse is a failure of its node."""
         self._check_update = check_update or (lambda update: None)
         self._check_samples = check_samples
+        self._norms.start_round(quorum, len(self.nodes))
         state = RoundState(round_index, units, quorum, self.settings.deterministic,
                            max_attempts=2 * len(self.nodes), earlier_attempts=earlier_attempts,
                            aggregate=aggregate)
@@ -158,6 +169,7 @@ class RoundEngine:
             self._wait(state)
         finally:
             state.finish()
+            self._norms.end_round()
             self._cancel_leftovers(state)
             for worker in workers:
                 worker.join(timeout=WAIT_STEP_SECONDS)
@@ -173,6 +185,7 @@ class RoundEngine:
                 raise state.fatal
             if time.monotonic() >= next_check:
                 self._reclaim_overdue(state)
+                self._watch_nodes()
                 next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
             silent = time.monotonic() - self._last_contact
             if silent > self.settings.grace_seconds and not state.has_live_attempts():
@@ -183,6 +196,17 @@ class RoundEngine:
         if state.completed == 0:
             raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
                               f"{state.last_error}", [n.name for n in self.nodes])
+
+    def _watch_nodes(self) -> None:
+        """Pause, resume or fail on the minimum of nodes; while paused, take in nodes
+        that joined, and do not count the pause against the grace period."""
+        if self.gate.paused:
+            joined = self.refresh_nodes()
+            if joined is not None:
+                self.set_nodes(joined)
+        self.gate.watch(self.nodes, time.monotonic())
+        if self.gate.paused:
+            self._last_contact = time.monotonic()
 
     # -------------------------------------------------------------- deadlines
     def unit_deadline(self) -> float:
@@ -234,6 +258,9 @@ class RoundEngine:
         return self.policy.backup_after(typical, self.settings.speculate_after)
 
     def _try_nodes(self, state: RoundState, unit: Unit, build_request: RequestBuilder) -> None:
+        if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
+            state.requeue(unit, wait_seconds=0)
+            return
         order = self._order(state, unit)
         if not order:
             state.requeue(unit, wait_seconds=self._until_unbenched(time.monotonic()))
@@ -326,7 +353,10 @@ class RoundEngine:
                 self._check_samples(unit.spec, result.num_samples)
                 update = wire_to_dict(result.update)
                 self._check_update(update)
-                self._norms.check(update)
+                # A large update waits for peers of its round: refused only if it is far
+                # above them too, so growing updates of an unstable run bench no one.
+                self._norms.check(update, unit.spec.unit_id, node.name, self.unit_deadline(),
+                                  lambda: state.over or self.cancelled.is_set())
             except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")

@@ -34,6 +34,7 @@ from coordinator.node_pool import (
     SUSPECT_SECONDS,
     NodeHandle,
 )
+from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
@@ -82,6 +83,7 @@ class CoordinatorSettings:
     suspect_seconds: float = SUSPECT_SECONDS
     dead_seconds: float = DEAD_SECONDS
     limits: RequestLimits = field(default_factory=RequestLimits)  # the most a request may ask
+    wait_for_nodes: int = 0  # nodes that must have answered before the first round
 
 
 def _invalid(message: str) -> ttypes.InvalidRequest:
@@ -190,7 +192,7 @@ class Run:
             self._end(CANCELLED, self.cancel_reason)
             raise ttypes.RunCancelled(
                 message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
-        except (RoundFailed, FatalNodeError) as exc:
+        except (RoundFailed, FatalNodeError, TooFewNodes) as exc:
             self._end(FAILED, str(exc))
             tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=tried) from None
@@ -224,13 +226,16 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_json("run.json", self._describe())
         save_request(self.run_dir, self.request)
-        engine = RoundEngine(self.run_id, self.nodes, self._policy, self._engine_settings(),
-                             self.progress, self.cancelled, self.ledger)
         weights, done = self._starting_point()
         history = [metrics_of(row) for row in self._rows]
         heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
                                       self.ledger.node_heartbeats).start()
         try:
+            self._wait_for_nodes()  # before the engine, whose grace period starts with it
+            engine = RoundEngine(self.run_id, self.nodes, self._policy,
+                                 self._engine_settings(), self.progress, self.cancelled,
+                                 self.ledger)
+            engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
             for round_index in range(done + 1, self.request.rounds + 1):
                 weights, metrics = self._round(engine, round_index, weights)
                 history.append(metrics)
@@ -248,6 +253,16 @@ class Run:
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
         )
+
+    def _wait_for_nodes(self) -> None:
+        """Hold the first round until --wait-for-nodes nodes have answered."""
+        if self.settings.wait_for_nodes <= 0:
+            return
+        wait_for_nodes(self.settings.wait_for_nodes, lambda: self.nodes, self._nodes.refresh,
+                       self.progress, self.cancelled, self.settings.engine.max_pause,
+                       self.settings.heartbeat_seconds)
+        if self.cancelled.is_set():
+            raise RunCancelledError("run cancelled")
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         """Take in the checkpoint's optimizer, random state and metrics, or raise

@@ -1,46 +1,129 @@
-"""Refusing updates whose size is far beyond the recent ones.
+"""Refusing updates far larger than their peers' and than the recent ones.
 
 A node with a bug, flipped bits or bad intent can send an update of the right shape
 with finite values that would still wreck the model: a norm many times the usual.
-The check keeps the norms of recent accepted updates and refuses one larger than
-`factor` times their median; the engine then counts a failure, records the reason
-and gives the unit to another node. The first updates of a run set the scale, so the
-check starts once `warmup` of them are in.
+The check keeps the norms of recent accepted updates; an update within `factor` times
+their median is accepted at once. A larger one is judged against its peers, the
+updates of the same round from other nodes (a bad node's own updates vouch for
+nothing). When training itself is unstable (a learning rate too high) every node's
+update grows at once: the run's problem, not the nodes'. So a large update is accepted
+as soon as it is within `factor` times the largest of its peers, and refused only once
+it is over `factor` times every one of a few peers (or of all the round could give
+within the wait): far above all of them, not just above a few small ones, since the
+updates of an unstable round can differ twenty-fold. The first updates of a run set
+the scale, so the check starts once `warmup` of them are in.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import statistics
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
+log = logging.getLogger("coordinator.engine")
+
 RECENT = 64
+PEERS = 4  # updates of other nodes in the round a large one must dwarf to be refused
 
 
 class NormGuard:
-    """Thread-safe: `check(update)` raises ValueError for an update to refuse."""
+    """Thread-safe: `check(update)` raises ValueError for an update to refuse.
+
+    Call `start_round(units, nodes)` before each round's results and `end_round()` after, so
+    a check waiting for peers stops waiting once the round is over."""
 
     def __init__(self, factor: float | None, warmup: int = 8) -> None:
         self.factor = factor
         self.warmup = warmup
         self._recent: deque[float] = deque(maxlen=RECENT)
-        self._lock = threading.Lock()
+        self._round: dict[Hashable, tuple[str, float]] = {}  # unit -> (node, latest norm)
+        self._peers_needed = PEERS
+        self._round_over = False
+        self._warned_unstable = False
+        self._anonymous = itertools.count()
+        self._cond = threading.Condition()
 
-    def check(self, update: Mapping[str, np.ndarray]) -> float:
-        """The update's L2 norm over all its tensors, if acceptable; else ValueError."""
+    def start_round(self, units: int, nodes: int) -> None:
+        """A new round of `units` results over `nodes` nodes: forget the last round's."""
+        with self._cond:
+            self._round = {}
+            self._peers_needed = max(0, min(PEERS, units - 1, nodes - 1))
+            self._round_over = False
+
+    def end_round(self) -> None:
+        with self._cond:
+            self._round_over = True
+            self._cond.notify_all()
+
+    def check(self, update: Mapping[str, np.ndarray], unit: Hashable | None = None,
+              node: str = "", wait_seconds: float = 0.0,
+              should_stop: Callable[[], bool] = lambda: False) -> float:
+        """The update's L2 norm over all its tensors, if acceptable; else ValueError.
+        A norm over the recent bound waits up to `wait_seconds` for peers of its round
+        (or until `should_stop()`) before it is judged."""
         norm = update_norm(update)
-        with self._lock:
-            if self.factor and len(self._recent) >= self.warmup:
-                typical = statistics.median(self._recent)
-                if typical > 0 and norm > self.factor * typical:
-                    raise ValueError(f"update norm {norm:.4g} is {norm / typical:.1f}x the median "
-                                     f"of recent updates ({typical:.4g}); the limit is "
-                                     f"{self.factor:g}x (--max-update-norm)")
+        key = next(self._anonymous) if unit is None else unit
+        with self._cond:
+            self._round[key] = (node, norm)
+            self._cond.notify_all()
+            typical = self._typical()
+            if typical is None or norm <= self.factor * typical:
+                self._recent.append(norm)
+                return norm
+            peers = self._wait_for_peers(key, node, norm, time.monotonic() + wait_seconds,
+                                         should_stop)
+            self._judge(norm, typical, peers)
             self._recent.append(norm)
         return norm
+
+    def _typical(self) -> float | None:
+        """The median of recent accepted norms, once the check applies; else None."""
+        if not self.factor or len(self._recent) < self.warmup:
+            return None
+        typical = statistics.median(self._recent)
+        return typical if typical > 0 else None
+
+    def _peers(self, key: Hashable, node: str) -> list[float]:
+        return [n for k, (other, n) in self._round.items() if k != key and other != node]
+
+    def _wait_for_peers(self, key: Hashable, node: str, norm: float, deadline: float,
+                        should_stop: Callable[[], bool]) -> list[float]:
+        """The peers to judge `norm` by: once one vouches for it, once enough are in,
+        or, at the deadline or the round's end, those there are."""
+        while True:
+            peers = self._peers(key, node)
+            if peers and norm <= self.factor * max(peers):
+                return peers
+            remaining = deadline - time.monotonic()
+            if (len(peers) >= self._peers_needed or self._round_over or remaining <= 0
+                    or should_stop()):
+                return peers
+            self._cond.wait(min(remaining, 0.25))
+
+    def _judge(self, norm: float, typical: float, peers: list[float]) -> None:
+        """Refuse a norm far above all its peers' (without peers: above the recent ones)."""
+        recent = (f"{norm / typical:.1f}x the median of recent updates ({typical:.4g}); "
+                  f"the limit is {self.factor:g}x (--max-update-norm)")
+        if not peers:  # nothing to compare with: if every update grows, lower the rate
+            raise ValueError(f"update norm {norm:.4g} is {recent}, and no other node's "
+                             f"update of the round to compare with (if all updates grow, "
+                             f"lower the learning rate)")
+        top = max(peers)
+        if norm > self.factor * top:
+            raise ValueError(f"update norm {norm:.4g} is {norm / top:.1f}x the largest of "
+                             f"{len(peers)} other nodes' updates of the round ({top:.4g}) "
+                             f"and {recent}")
+        if not self._warned_unstable:
+            self._warned_unstable = True
+            log.warning("training looks unstable: updates grow together (norm %.4g, %.1fx the "
+                        "median of recent ones); accepting them, since no node stands out; "
+                        "a lower learning rate may help", norm, norm / typical)
 
 
 def update_norm(update: Mapping[str, np.ndarray]) -> float:

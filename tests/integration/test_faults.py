@@ -331,3 +331,19 @@ def test_a_store_truncated_under_the_coordinator_leaves_the_fault_in_its_log(clu
     assert cluster.coordinator.popen.returncode == -signal.SIGBUS
     cluster.coordinator.wait_for(r"Fatal Python error: Bus error")
     assert "run_store.py" in cluster.coordinator.log()
+
+
+UNSTABLE = ["letters", "4", "5", "64", "0.001"]  # updates grow 15-140x in round 2
+
+
+def test_an_unstable_run_benches_no_honest_node_and_still_refuses_a_huge_update(cluster):
+    honest = [cluster.add_node(0.0) for _ in range(3)]
+    spoiler = cluster.add_node(0.0, "--corrupt-updates", "huge", "--corrupt-after-units", "5")
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*UNSTABLE, "--run-id", "unstable", timeout=240)
+    by_node = {n["node"]: n for n in result["nodes"]}
+    failed = [by_node[f"127.0.0.1:{n.port}"]["failed"] for n in honest]
+    assert failed == [0, 0, 0], cluster.logs()
+    refused = _events(cluster, "unstable", "invalid result: %norm%")
+    assert refused and all(e[2].endswith(f":{spoiler.port}") for e in refused)
+    assert cluster.coordinator.log().count("training looks unstable") == 1

@@ -17,7 +17,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
-from coordinator.update_norms import NormGuard
+from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
@@ -214,3 +214,81 @@ def test_norm_guard_waits_for_a_scale_and_names_the_ratio():
     with pytest.raises(ValueError, match=r"the limit is 10x"):
         guard.check({"w": np.full(4, 100.0)})
     assert NormGuard(factor=None, warmup=0).check({"w": np.full(4, 1e9)}) == 2e9
+
+
+UNSTABLE = DeltaAveraging("mlp", {"epochs": 5, "eta": 0.001, "hidden": [64]},
+                          DEFAULT_DATA_ROOT / "letters")  # as `letters 5 5 64 0.001`
+
+
+def unstable_rounds(eng: RoundEngine, rounds: int) -> list:
+    """Rounds of the unstable configuration through `eng`, each from the last's weights."""
+    weights, outcomes = UNSTABLE.initial_weights(), []
+    for round_index in range(1, rounds + 1):
+        wire_weights = dict_to_wire(weights)
+
+        def build_unstable(unit: UnitSpec, attempt: int, r=round_index, w=wire_weights):
+            return ttypes.WorkRequest(
+                protocol_version=PROTOCOL_VERSION, run_id="r1", round=r, unit_id=unit.unit_id,
+                attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
+                unit_path=unit.unit_path, config_json=json.dumps(UNSTABLE.config), weights=w,
+                scheduling_policy=2)
+
+        specs = UNSTABLE.plan_round(round_index)
+        outcome = eng.run_round(round_index, specs, len(specs), build_unstable,
+                                lambda update, w=weights: UNSTABLE.check_update(update, w))
+        weights = UNSTABLE.apply(weights, outcome.average)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def test_updates_that_grow_together_in_an_unstable_run_bench_no_node(caplog):
+    # Round 2 of this configuration has updates 15-140x the norm of round 1's, on
+    # every node: the run is unstable, no node is at fault.
+    nodes = [LocalNode(0), LocalNode(1), LocalNode(2)]
+    eng, _, _ = engine(nodes, max_update_norm=10.0)
+    outcomes = unstable_rounds(eng, 2)
+    assert [o.completed for o in outcomes] == [11, 11]
+    assert all(o.discarded == [] for o in outcomes)
+    assert [n.stats.failed for n in nodes] == [0, 0, 0]
+    assert sum("training looks unstable" in r.message for r in caplog.records) == 1
+
+
+class InflatingFromRound2(InflatingNode):
+    """Honest in round 1 (whose updates set the scale), inflating from round 2 on."""
+
+    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        if request.round < 2:
+            return LocalNode.train(self, request)
+        return super().train(request)
+
+
+def test_an_update_far_above_its_peers_is_refused_in_an_unstable_run():
+    inflating = InflatingFromRound2(1)
+    nodes = [LocalNode(0), inflating, LocalNode(2)]
+    eng, _, _ = engine(nodes, max_update_norm=10.0)
+    outcomes = unstable_rounds(eng, 2)
+    assert [o.completed for o in outcomes] == [11, 11]
+    assert inflating.stats.failed >= 1
+    assert update_norm(outcomes[1].average) < 500  # honest ones are 12-140; inflated 1000x
+    assert nodes[0].stats.failed == 0 and nodes[2].stats.failed == 0
+
+
+def test_norm_guard_judges_a_large_update_against_its_peers():
+    guard = NormGuard(factor=10.0, warmup=3)
+    for unit in "abc":
+        guard.check({"w": np.ones(4)}, unit)  # recent scale: norm 2
+    guard.start_round(4, nodes=4)
+    accepted: dict[str, float] = {}
+
+    def grown(unit: str, value: float) -> None:  # each waits until its peers are in
+        accepted[unit] = guard.check({"w": np.full(4, value)}, unit, node=unit, wait_seconds=30)
+
+    threads = [threading.Thread(target=grown, args=(unit, value))  # all 25-35x the scale
+               for unit, value in zip("abc", (50.0, 60.0, 70.0), strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert accepted == {"a": 100.0, "b": 120.0, "c": 140.0}
+    with pytest.raises(ValueError, match=r"x the largest of 3 other nodes' updates"):
+        guard.check({"w": np.full(4, 1e6)}, "d", node="d")
