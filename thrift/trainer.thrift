@@ -116,6 +116,7 @@ struct NodeInfo {
   6: required i64 units_rejected,
   7: required double uptime_seconds,
   8: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
+  9: optional map<string, i64> progress, // "run_id/unit_id/attempt" -> batches done so far
 }
 
 
@@ -319,6 +320,7 @@ struct HeartbeatRequest {
   2: required string node,
   3: required i32 units_running,
   4: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
+  5: optional map<string, i64> progress, // "run_id/unit_id/attempt" -> batches done so far
   100: optional string token,
 }
 
