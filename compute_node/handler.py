@@ -74,6 +74,7 @@ class ComputeNodeHandler(SessionService):
         self._compute_lock = threading.Lock()
         self._active: dict[tuple[str, str, int], UnitControl] = {}
         self._active_lock = threading.Lock()
+        self._batches_done = 0  # batches of the units that have left the node
         self._units_seen = 0
 
     # ---------------------------------------------------------------- service
@@ -136,11 +137,12 @@ class ComputeNodeHandler(SessionService):
             return [f"{r}/{u}/{a}" for r, u, a in sorted(self._delaying)]
 
     def progress(self) -> dict[str, int]:
-        """Batches done by each unit the node holds, by "run_id/unit_id/attempt": while
-        the count grows, the coordinator knows the unit is working, however long it takes."""
+        """Every unit the node holds ("run_id/unit_id/attempt") with the batches the node
+        has done so far. The count grows while the unit works and while the units ahead of
+        it at the compute lock do: either way the unit is on its way, not lost."""
         with self._active_lock:
-            return {f"{r}/{u}/{a}": control.batches
-                    for (r, u, a), control in self._active.items()}
+            total = self._batches_done + sum(c.batches for c in self._active.values())
+            return {f"{r}/{u}/{a}": total for r, u, a in self._active}
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
@@ -241,7 +243,9 @@ class ComputeNodeHandler(SessionService):
 
     def _unregister(self, key: tuple[str, str, int]) -> None:
         with self._active_lock:
-            self._active.pop(key, None)
+            control = self._active.pop(key, None)
+            if control is not None:
+                self._batches_done += control.batches
 
     def _maybe_crash(self) -> None:
         """Fault injection for tests: die abruptly, mid-call, after N units."""

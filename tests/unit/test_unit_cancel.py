@@ -88,16 +88,20 @@ def wait_for(condition, seconds: float = DEADLINE_SECONDS) -> bool:
 def test_a_node_reports_progress_and_a_cancel_stops_a_unit_in_its_maths() -> None:
     node = ComputeNodeHandler("n1", DEFAULT_DATA_ROOT, LoadSimulator(0.0, 0.0, seed=1))
     answers: list[ttypes.TrainResult] = []
-    worker = threading.Thread(target=lambda: answers.append(
-        node.train_with_weights(huge_request())), daemon=True)
-    worker.start()
+    workers = [threading.Thread(target=lambda a=attempt: answers.append(
+        node.train_with_weights(huge_request(a))), daemon=True) for attempt in (1, 2)]
+    for worker in workers:
+        worker.start()
     ping = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
-    # The heartbeat carries the batches done, and the count grows while the unit works.
-    assert wait_for(lambda: node.ping(ping).progress.get("r/u1/1", 0) > 0)
-    seen = node.ping(ping).progress["r/u1/1"]
-    assert wait_for(lambda: node.ping(ping).progress["r/u1/1"] > seen)
-    cancel = ttypes.CancelUnitRequest(run_id="r", unit_id="u1", attempt=1)
-    assert node.cancel_unit(cancel).cancelled == 1
-    worker.join(DEADLINE_SECONDS)
-    assert not worker.is_alive() and answers[0].outcome == ttypes.UnitOutcome.CANCELLED
+    # Both units are held; one computes and the other waits its turn. The heartbeat's
+    # count grows for both: the node is working through them.
+    assert wait_for(lambda: len(node.ping(ping).progress) == 2
+                    and min(node.ping(ping).progress.values()) > 0)
+    seen = node.ping(ping).progress
+    assert wait_for(lambda: all(v > seen[k] for k, v in node.ping(ping).progress.items()))
+    assert node.cancel_unit(ttypes.CancelUnitRequest(run_id="r", unit_id="u1")).cancelled == 2
+    for worker in workers:
+        worker.join(DEADLINE_SECONDS)
+        assert not worker.is_alive()
+    assert [a.outcome for a in answers] == [ttypes.UnitOutcome.CANCELLED] * 2
     assert node.ping(ping).progress == {}
