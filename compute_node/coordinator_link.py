@@ -80,7 +80,8 @@ class CoordinatorLink:
                 answer = self._call("heartbeat", lambda: ttypes.HeartbeatRequest(
                     protocol_version=PROTOCOL_VERSION, node=self.name,
                     units_running=self.handler.counters.running,
-                    delaying=self.handler.delaying()), retry=False)
+                    delaying=self.handler.delaying(),
+                    progress=self.handler.progress()), retry=False)
             except (PullStopped, ConnectionFailed, TException, OSError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 continue

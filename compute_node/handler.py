@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from compute_node.faults import corrupt_output
@@ -16,6 +16,7 @@ from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
+from training.cancel import UnitCancelled, UnitControl
 from training.datapaths import DataPathError, dataset_dir, resolve_under
 from training.letters import DataFormatError
 from wire.generated import PROTOCOL_VERSION, ttypes
@@ -71,8 +72,9 @@ class ComputeNodeHandler(SessionService):
         self.counters = NodeCounters()
         self.started = time.monotonic()
         self._compute_lock = threading.Lock()
-        self._active: dict[tuple[str, str, int], threading.Event] = {}
+        self._active: dict[tuple[str, str, int], UnitControl] = {}
         self._active_lock = threading.Lock()
+        self._batches_done = 0  # batches of the units that have left the node
         self._units_seen = 0
 
     # ---------------------------------------------------------------- service
@@ -89,27 +91,28 @@ class ComputeNodeHandler(SessionService):
                  f", waiting {admission.delay_seconds:g}s (simulated load)"
                  if admission.delay_seconds else "")
         key = (request.run_id, request.unit_id, request.attempt)
-        cancel = self._register(key)
+        control = self._register(key)
         try:
-            return self._work(algorithm, job, data_dir, admission.delay_seconds, cancel, key)
+            return self._work(algorithm, replace(job, control=control), data_dir,
+                              admission.delay_seconds, key)
         finally:
             self._unregister(key)
 
     def cancel_unit(self, request: ttypes.CancelUnitRequest) -> ttypes.CancelUnitResult:
         cancelled = 0
         with self._active_lock:
-            for (run_id, unit_id, attempt), event in self._active.items():
+            for (run_id, unit_id, attempt), control in self._active.items():
                 same_attempt = request.attempt is None or request.attempt == attempt
                 if run_id == request.run_id and unit_id == request.unit_id and same_attempt:
-                    event.set()
+                    control.cancel()  # its maths stops before its next batch
                     cancelled += 1
         return ttypes.CancelUnitResult(cancelled=cancelled)
 
     def cancel_all(self) -> None:
         """On shutdown: units waiting in a load delay answer 'cancelled' at once."""
         with self._active_lock:
-            for event in self._active.values():
-                event.set()
+            for control in self._active.values():
+                control.cancel()
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         check_protocol_version(request.protocol_version, "node")
@@ -124,6 +127,7 @@ class ComputeNodeHandler(SessionService):
                 units_rejected=c.rejected,
                 uptime_seconds=time.monotonic() - self.started,
                 delaying=self.delaying(),
+                progress=self.progress(),
             )
 
     def delaying(self) -> list[str]:
@@ -131,6 +135,14 @@ class ComputeNodeHandler(SessionService):
         coordinator does not count that wait against a unit's deadline."""
         with self._active_lock:
             return [f"{r}/{u}/{a}" for r, u, a in sorted(self._delaying)]
+
+    def progress(self) -> dict[str, int]:
+        """Every unit the node holds ("run_id/unit_id/attempt") with the batches the node
+        has done so far. The count grows while the unit works and while the units ahead of
+        it at the compute lock do: either way the unit is on its way, not lost."""
+        with self._active_lock:
+            total = self._batches_done + sum(c.batches for c in self._active.values())
+            return {f"{r}/{u}/{a}": total for r, u, a in self._active}
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
@@ -162,7 +174,8 @@ class ComputeNodeHandler(SessionService):
             raise ttypes.InvalidRequest(message=str(exc)) from exc
 
     def _work(self, algorithm, job: UnitJob, data_dir: Path, delay: float,
-              cancel: threading.Event, key: tuple[str, str, int]) -> ttypes.TrainResult:
+              key: tuple[str, str, int]) -> ttypes.TrainResult:
+        cancel = job.control.cancelled
         self.counters.bump("running")
         waited = 0.0
         try:
@@ -181,7 +194,12 @@ class ComputeNodeHandler(SessionService):
                 if cancel.is_set():
                     return self._cancelled(waited)
                 started = time.perf_counter()
-                output = self._run(algorithm, job, data_dir)
+                try:
+                    output = self._run(algorithm, job, data_dir)
+                except UnitCancelled:
+                    log.info("unit %s round %d cancelled after %d batches", job.unit.unit_id,
+                             job.round, job.control.batches)
+                    return self._cancelled(waited)
                 seconds = time.perf_counter() - started
             if self.corrupt and self._units_seen > self.corrupt_after_units:
                 output = corrupt_output(output, self.corrupt)
@@ -217,15 +235,17 @@ class ComputeNodeHandler(SessionService):
         return _result(ttypes.UnitOutcome.CANCELLED, self.node_id, delay=delay,
                        message="cancelled by the coordinator")
 
-    def _register(self, key: tuple[str, str, int]) -> threading.Event:
-        event = threading.Event()
+    def _register(self, key: tuple[str, str, int]) -> UnitControl:
+        control = UnitControl()
         with self._active_lock:
-            self._active[key] = event
-        return event
+            self._active[key] = control
+        return control
 
     def _unregister(self, key: tuple[str, str, int]) -> None:
         with self._active_lock:
-            self._active.pop(key, None)
+            control = self._active.pop(key, None)
+            if control is not None:
+                self._batches_done += control.batches
 
     def _maybe_crash(self) -> None:
         """Fault injection for tests: die abruptly, mid-call, after N units."""

@@ -127,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline-floor", type=arg_types.seconds,
                         default=EngineSettings.deadline_floor,
                         metavar="SECONDS",
-                        help="a unit's deadline is --deadline-factor times the usual unit time, "
-                             "at least this and at most --rpc-timeout; a unit past it is "
-                             "reclaimed and issued again (time in a load delay does not count) "
+                        help="a unit may go --deadline-factor times its node's unit time "
+                             "without progress, at least this and at most --rpc-timeout; a "
+                             "unit past it is reclaimed and issued again (batches done and "
+                             "time in a load delay count as progress) "
                              f"(default {EngineSettings.deadline_floor:g})")
     parser.add_argument("--deadline-factor", type=arg_types.positive_float,
                         default=EngineSettings.deadline_factor,

@@ -185,7 +185,7 @@ class Membership:
         member = self.get(request.node)
         if member is None:
             return ttypes.HeartbeatResult(known=False)
-        member.liveness.heard(request.delaying)
+        member.liveness.heard(request.delaying, request.progress)
         cancel = member.mailbox.cancels() if member.mailbox else []
         return ttypes.HeartbeatResult(known=True, cancel=cancel or None)
 

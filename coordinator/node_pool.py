@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ CONTROL_TIMEOUT_SECONDS = 5.0
 HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
 SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...
 DEAD_SECONDS = 10.0  # ... and dead: its units are reclaimed
-MAX_DELAYING_KEPT = 4096
+MAX_KEYS_KEPT = 4096  # attempts whose delay or progress a node's liveness remembers
 
 
 @dataclass
@@ -46,7 +47,8 @@ class AttemptAborted(OSError):
 
 
 class Liveness:
-    """When a node was last heard from, and the units it says are in their load delay.
+    """When a node was last heard from, the units it says are in their load delay, and
+    when each unit's count of batches done last grew.
 
     alive: heard within `suspect` seconds; suspect: silent longer; dead: silent for
     `dead` seconds, and its units are reclaimed. Any answer counts: a heartbeat, a
@@ -58,17 +60,22 @@ class Liveness:
         self._heard = time.monotonic()
         self.ever_heard = False  # until the node's first answer, `_heard` is its creation
         self._delaying: dict[str, float] = {}  # "run/unit/attempt" -> when last seen delaying
+        self._progress: dict[str, tuple[int, float]] = {}  # key -> (batches, when it grew)
 
-    def heard(self, delaying: list[str] | None = None) -> None:
+    def heard(self, delaying: list[str] | None = None,
+              progress: dict[str, int] | None = None) -> None:
         now = time.monotonic()
         with self._lock:
             self._heard = now
             self.ever_heard = True
             for key in delaying or []:
                 self._delaying[key] = now
-            if len(self._delaying) > MAX_DELAYING_KEPT:
-                cutoff = sorted(self._delaying.values())[-MAX_DELAYING_KEPT // 2]
-                self._delaying = {k: t for k, t in self._delaying.items() if t >= cutoff}
+            for key, batches in (progress or {}).items():
+                before = self._progress.get(key)
+                if batches > (before[0] if before else 0):
+                    self._progress[key] = (batches, now)
+            self._delaying = _newest(self._delaying, lambda t: t)
+            self._progress = _newest(self._progress, lambda v: v[1])
 
     def silent_seconds(self, now: float | None = None) -> float:
         with self._lock:
@@ -84,6 +91,20 @@ class Liveness:
         """When the node last said this attempt was in its load delay, if ever."""
         with self._lock:
             return self._delaying.get(key)
+
+    def last_progress(self, key: str) -> float | None:
+        """When the node last reported more batches done for this attempt, if ever."""
+        with self._lock:
+            seen = self._progress.get(key)
+            return seen[1] if seen else None
+
+
+def _newest(seen: dict[str, Any], when: Callable[[Any], float]) -> dict[str, Any]:
+    """``seen`` cut to the newest half once it holds more than MAX_KEYS_KEPT keys."""
+    if len(seen) <= MAX_KEYS_KEPT:
+        return seen
+    cutoff = sorted(when(v) for v in seen.values())[-MAX_KEYS_KEPT // 2]
+    return {k: v for k, v in seen.items() if when(v) >= cutoff}
 
 
 class NodeHandle:
@@ -159,13 +180,20 @@ class NodeHandle:
         except Exception as exc:  # noqa: BLE001 - silence is what liveness measures
             log.debug("heartbeat to %s failed: %s", self.name, exc)
             return
-        self.liveness.heard(info.delaying)
+        self.liveness.heard(info.delaying, info.progress)
 
-    def cancel(self, run_id: str, unit_id: str) -> None:
-        """Best effort: a node that cannot be told will time out the attempt anyway."""
+    def can_be_told(self) -> bool:
+        """Whether a cancel may reach the node now: a silent node would only make the
+        sender wait out the control timeout."""
+        return self.liveness.state() == "alive"
+
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        """Best effort: a node that cannot be told will time out the attempt anyway.
+        Blocks up to the control timeout: callers send it through coordinator.cancels."""
         try:
             with self._control.client() as client:
-                client.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id))
+                client.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
+                                                            attempt=attempt))
         except Exception as exc:  # noqa: BLE001 - cancellation is advisory
             log.debug("could not cancel %s on %s: %s", unit_id, self.name, exc)
 
@@ -227,6 +255,11 @@ class NodeHandle:
         """After a failure the node may have restarted: its idle connections are dead."""
         for pool in (self._work, self._control):
             pool.discard_idle()
+
+    def unit_seconds(self) -> float | None:
+        """This node's recent undelayed unit time (a moving average), once it has one."""
+        with self._lock:
+            return self._compute_seconds
 
     def benched_until(self) -> float:
         with self._lock:

@@ -78,9 +78,10 @@ class PullNodeHandle(NodeHandle):
         self.member.mailbox.withdraw(pending, reason)
         return True
 
-    def cancel(self, run_id: str, unit_id: str) -> None:
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
         with self._lock:
-            keys = [k for k in self._pending if k[:2] == (run_id, unit_id)]
+            keys = [k for k in self._pending if k[:2] == (run_id, unit_id)
+                    and attempt in (None, k[2])]
         for key in keys:
             with self._lock:
                 pending = self._pending.get(key)
@@ -91,6 +92,10 @@ class PullNodeHandle(NodeHandle):
                     num_samples=0, loss=0.0, error=0.0, compute_seconds=0.0, delay_seconds=0.0,
                     message="cancelled by the coordinator", node_id=self.name)
                 self.member.mailbox.withdraw(pending, None)
+
+    def can_be_told(self) -> bool:
+        """Its cancels go to its mailbox, which never blocks."""
+        return True
 
     def heartbeat(self) -> None:
         """Pull nodes call in; nothing to send them."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from thrift.Thrift import TException
 
+from coordinator.cancels import CancelSender, shared_sender
 from coordinator.ledger import UnitLedger
 from coordinator.node_pool import AttemptAborted, NodeHandle
 from coordinator.node_quorum import NodeGate, NodeMinimum
@@ -87,18 +88,23 @@ class FatalNodeError(Exception):
 
 
 def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
-             deadline: float) -> str | None:
-    """Why an attempt should be reclaimed now, or None."""
+                   deadline: float) -> str | None:
+    """Why an attempt should be reclaimed now, or None. The deadline counts from the
+    attempt's last sign of work: its start, its node saying it sits in its load delay,
+    or its node reporting more batches done. A unit that progresses is never reclaimed,
+    however busy its machine; one that stops progressing is, a deadline later."""
     if node.liveness.state(now) == "dead":
         return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
     if node.stats.accepted == 0:
         # A node's first unit also loads libraries and builds caches (torch alone can
         # take many seconds on a busy machine): it gets more time.
         deadline *= FIRST_UNIT_GRACE
-    delaying = node.liveness.last_delaying("/".join(map(str, key)))
-    working = now - max(started, delaying or 0.0)
-    if working > deadline:
-        return f"deadline exceeded: working {working:.1f}s > {deadline:.1f}s"
+    name = "/".join(map(str, key))
+    delaying = node.liveness.last_delaying(name)
+    progressed = node.liveness.last_progress(name)
+    idle = now - max(started, delaying or 0.0, progressed or 0.0)
+    if idle > deadline:
+        return f"deadline exceeded: no progress for {idle:.1f}s > {deadline:.1f}s"
     return None
 
 
@@ -117,8 +123,10 @@ class RoundEngine:
 
     def __init__(self, run_id: str, nodes: list[NodeHandle], policy: Policy,
                  settings: EngineSettings, progress: RunProgress,
-                 cancelled: threading.Event, ledger: UnitLedger | None = None) -> None:
+                 cancelled: threading.Event, ledger: UnitLedger | None = None,
+                 cancels: CancelSender | None = None) -> None:
         self.run_id = run_id
+        self.cancels = cancels or shared_sender()
         self.ledger = ledger or UnitLedger(None, run_id)
         self._by_index: dict[int, NodeHandle] = {}
         self.set_nodes(nodes)
@@ -209,25 +217,31 @@ class RoundEngine:
             self._last_contact = time.monotonic()
 
     # -------------------------------------------------------------- deadlines
-    def unit_deadline(self) -> float:
-        """Seconds of work a unit gets: a multiple of the usual undelayed unit time,
-        within the floor and the cap. Time in a load delay does not count."""
-        with self._durations_lock:
-            recent = list(self._fast_durations)
-        typical = statistics.median(recent) if recent else 0.0
+    def unit_deadline(self, node: NodeHandle | None = None) -> float:
+        """Seconds a unit may go without progress: a multiple of the node's own recent
+        unit time (a node on a busy machine is slower; the deadline follows it), or of the
+        usual unit time before the node has one, within the floor and the cap."""
+        typical = node.unit_seconds() if node is not None else None
+        if typical is None:
+            with self._durations_lock:
+                recent = list(self._fast_durations)
+            typical = statistics.median(recent) if recent else 0.0
         s = self.settings
         return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
 
     def _reclaim_overdue(self, state: RoundState) -> None:
         """Abort attempts past their deadline or on dead nodes: the worker sees a failure
-        and the unit goes to another node (a unit waiting in its load delay is working)."""
-        now, deadline = time.monotonic(), self.unit_deadline()
+        and the unit goes to another node (a unit waiting in its load delay or reporting
+        progress is working). The node is told to drop the attempt, so its maths stops
+        instead of adding load while the unit runs again elsewhere."""
+        now = time.monotonic()
         for unit, attempt, node, started in state.live_attempts():
             key = (self.run_id, unit.spec.unit_id, attempt)
-            reason = overdue_reason(node, key, started, now, deadline)
+            reason = overdue_reason(node, key, started, now, self.unit_deadline(node))
             if reason and node.abort(key, reason):
                 log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
                             state.round_index, unit.spec.unit_id, attempt, node.name, reason)
+                self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
 
     # ---------------------------------------------------------------- workers
     def _worker(self, state: RoundState, build_request: RequestBuilder,
@@ -424,11 +438,13 @@ class RoundEngine:
         self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
                              "pending", f"node unreachable: {reason}")
 
+    # Cancels are queued, never sent from here: a frozen node would hold a worker or the
+    # round's own thread for a whole control timeout per cancel.
     def _cancel_others(self, unit: Unit, winner: NodeHandle) -> None:
         for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
-            node.cancel(self.run_id, unit.spec.unit_id)
+            self.cancels.send(node, self.run_id, unit.spec.unit_id)
 
     def _cancel_leftovers(self, state: RoundState) -> None:
         for unit in state.units:
             for node in {n for n, _ in unit.started.copy().values()}:
-                node.cancel(self.run_id, unit.spec.unit_id)
+                self.cancels.send(node, self.run_id, unit.spec.unit_id)

@@ -37,5 +37,6 @@ class LocalNode(NodeHandle):
             raise self.fail_with
         return self.handler.train_with_weights(request)
 
-    def cancel(self, run_id: str, unit_id: str) -> None:
-        self.handler.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id))
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        self.handler.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
+                                                          attempt=attempt))

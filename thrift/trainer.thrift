@@ -116,6 +116,8 @@ struct NodeInfo {
   6: required i64 units_rejected,
   7: required double uptime_seconds,
   8: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
+  9: optional map<string, i64> progress, // "run_id/unit_id/attempt" of units held -> the
+                                         // node's batches done so far (grows as it works)
 }
 
 
@@ -319,6 +321,7 @@ struct HeartbeatRequest {
   2: required string node,
   3: required i32 units_running,
   4: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
+  5: optional map<string, i64> progress, // as NodeInfo.progress
   100: optional string token,
 }
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from training.cancel import no_step
 
 Params = dict[str, np.ndarray]
 
@@ -211,11 +213,13 @@ def evaluate(params: Params, X: np.ndarray, y: np.ndarray, spec: MLPSpec) -> tup
 
 
 def train_local(
-    params: Params, X: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining
+    params: Params, X: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining,
+    step: Callable[[], None] = no_step,
 ) -> tuple[Params, TrainStats]:
     """Train a copy of ``params`` on one shard; the inputs are left untouched.
 
-    The caller computes ``delta = new - params`` (what a node sends back).
+    The caller computes ``delta = new - params`` (what a node sends back). ``step`` is
+    called before every batch (every epoch of full-batch descent): a node's cancel check.
     """
     if spec.compat and opt.optimizer != "gd":
         raise ValueError(f"compat mode reproduces the reference's 'gd', not {opt.optimizer!r}")
@@ -224,9 +228,9 @@ def train_local(
     Xs = _inputs(X, spec)
     work = {name: np.array(value, dtype=np.float64) for name, value in params.items()}
     if opt.optimizer == "gd":
-        epochs_run = _full_batch_descent(work, Xs, y, spec, opt)
+        epochs_run = _full_batch_descent(work, Xs, y, spec, opt, step)
     else:
-        _minibatch_descent(work, Xs, y, spec, opt)
+        _minibatch_descent(work, Xs, y, spec, opt, step)
         epochs_run = opt.epochs
     error, loss = evaluate(work, X, y, spec)
     return work, TrainStats(loss=loss, error=error, num_samples=len(y), epochs_run=epochs_run)
@@ -340,7 +344,8 @@ def _output_grad(probs: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _full_batch_descent(
-    work: Params, Xs: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining
+    work: Params, Xs: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining,
+    step: Callable[[], None],
 ) -> int:
     """The assignment's ``train(eta, epochs)``: W -= eta * grad(summed loss). Epochs run.
 
@@ -350,6 +355,7 @@ def _full_batch_descent(
     """
     previous_loss = None
     for epoch in range(opt.epochs):
+        step()
         acts, pres = _hidden_pass(work, Xs, spec)
         probs = _softmax(_affine(acts[-1], work["V"]))
         if spec.compat:
@@ -364,7 +370,8 @@ def _full_batch_descent(
 
 
 def _minibatch_descent(
-    work: Params, Xs: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining
+    work: Params, Xs: np.ndarray, y: np.ndarray, spec: MLPSpec, opt: LocalTraining,
+    step: Callable[[], None],
 ) -> None:
     """Shuffled minibatch SGD or Adam on the mean cross-entropy of each batch.
 
@@ -376,6 +383,7 @@ def _minibatch_descent(
     for _ in range(opt.epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(y), opt.batch_size):
+            step()
             batch = order[start : start + opt.batch_size]
             acts, pres = _hidden_pass(work, Xs[batch], spec)
             probs = _softmax(_affine(acts[-1], work["V"]))

@@ -1300,11 +1300,12 @@ class NodeInfo(object):
      - units_rejected
      - uptime_seconds
      - delaying
+     - progress
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None,):
+    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.load_prob = load_prob
@@ -1313,6 +1314,7 @@ class NodeInfo(object):
         self.units_rejected = units_rejected
         self.uptime_seconds = uptime_seconds
         self.delaying = delaying
+        self.progress = progress
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1368,6 +1370,17 @@ class NodeInfo(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.MAP:
+                    self.progress = {}
+                    (_ktype35, _vtype36, _size34) = iprot.readMapBegin()
+                    for _i38 in range(_size34):
+                        _key39 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val40 = iprot.readI64()
+                        self.progress[_key39] = _val40
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1409,9 +1422,17 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter34 in self.delaying:
-                oprot.writeString(iter34.encode('utf-8') if sys.version_info[0] == 2 else iter34)
+            for iter41 in self.delaying:
+                oprot.writeString(iter41.encode('utf-8') if sys.version_info[0] == 2 else iter41)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.progress is not None:
+            oprot.writeFieldBegin('progress', TType.MAP, 9)
+            oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
+            for kiter42, viter43 in self.progress.items():
+                oprot.writeString(kiter42.encode('utf-8') if sys.version_info[0] == 2 else kiter42)
+                oprot.writeI64(viter43)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1580,11 +1601,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = Tensor()
-                        _elem40.read(iprot)
-                        self.tensors.append(_elem40)
+                    (_etype47, _size44) = iprot.readListBegin()
+                    for _i48 in range(_size44):
+                        _elem49 = Tensor()
+                        _elem49.read(iprot)
+                        self.tensors.append(_elem49)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1614,8 +1635,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter41 in self.tensors:
-                iter41.write(oprot)
+            for iter50 in self.tensors:
+                iter50.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -1701,11 +1722,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype45, _size42) = iprot.readListBegin()
-                    for _i46 in range(_size42):
-                        _elem47 = Tensor()
-                        _elem47.read(iprot)
-                        self.tensors.append(_elem47)
+                    (_etype54, _size51) = iprot.readListBegin()
+                    for _i55 in range(_size51):
+                        _elem56 = Tensor()
+                        _elem56.read(iprot)
+                        self.tensors.append(_elem56)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1743,8 +1764,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter48 in self.tensors:
-                iter48.write(oprot)
+            for iter57 in self.tensors:
+                iter57.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2509,11 +2530,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype50, _vtype51, _size49) = iprot.readMapBegin()
-                    for _i53 in range(_size49):
-                        _key54 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val55 = iprot.readDouble()
-                        self.scores[_key54] = _val55
+                    (_ktype59, _vtype60, _size58) = iprot.readMapBegin()
+                    for _i62 in range(_size58):
+                        _key63 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val64 = iprot.readDouble()
+                        self.scores[_key63] = _val64
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -2554,9 +2575,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter56, viter57 in self.scores.items():
-                oprot.writeString(kiter56.encode('utf-8') if sys.version_info[0] == 2 else kiter56)
-                oprot.writeDouble(viter57)
+            for kiter65, viter66 in self.scores.items():
+                oprot.writeString(kiter65.encode('utf-8') if sys.version_info[0] == 2 else kiter65)
+                oprot.writeDouble(viter66)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2646,33 +2667,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype61, _size58) = iprot.readListBegin()
-                    for _i62 in range(_size58):
-                        _elem63 = RoundMetrics()
-                        _elem63.read(iprot)
-                        self.history.append(_elem63)
+                    (_etype70, _size67) = iprot.readListBegin()
+                    for _i71 in range(_size67):
+                        _elem72 = RoundMetrics()
+                        _elem72.read(iprot)
+                        self.history.append(_elem72)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype67, _size64) = iprot.readListBegin()
-                    for _i68 in range(_size64):
-                        _elem69 = NodeSummary()
-                        _elem69.read(iprot)
-                        self.nodes.append(_elem69)
+                    (_etype76, _size73) = iprot.readListBegin()
+                    for _i77 in range(_size73):
+                        _elem78 = NodeSummary()
+                        _elem78.read(iprot)
+                        self.nodes.append(_elem78)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype73, _size70) = iprot.readListBegin()
-                    for _i74 in range(_size70):
-                        _elem75 = Tensor()
-                        _elem75.read(iprot)
-                        self.weights.append(_elem75)
+                    (_etype82, _size79) = iprot.readListBegin()
+                    for _i83 in range(_size79):
+                        _elem84 = Tensor()
+                        _elem84.read(iprot)
+                        self.weights.append(_elem84)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2715,22 +2736,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter76 in self.history:
-                iter76.write(oprot)
+            for iter85 in self.history:
+                iter85.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter77 in self.nodes:
-                iter77.write(oprot)
+            for iter86 in self.nodes:
+                iter86.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter78 in self.weights:
-                iter78.write(oprot)
+            for iter87 in self.weights:
+                iter87.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3107,11 +3128,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype82, _size79) = iprot.readListBegin()
-                    for _i83 in range(_size79):
-                        _elem84 = NodeSummary()
-                        _elem84.read(iprot)
-                        self.nodes.append(_elem84)
+                    (_etype91, _size88) = iprot.readListBegin()
+                    for _i92 in range(_size88):
+                        _elem93 = NodeSummary()
+                        _elem93.read(iprot)
+                        self.nodes.append(_elem93)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3123,22 +3144,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype88, _size85) = iprot.readListBegin()
-                    for _i89 in range(_size85):
-                        _elem90 = UnitInfo()
-                        _elem90.read(iprot)
-                        self.unfinished.append(_elem90)
+                    (_etype97, _size94) = iprot.readListBegin()
+                    for _i98 in range(_size94):
+                        _elem99 = UnitInfo()
+                        _elem99.read(iprot)
+                        self.unfinished.append(_elem99)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype92, _vtype93, _size91) = iprot.readMapBegin()
-                    for _i95 in range(_size91):
-                        _key96 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val97 = iprot.readI64()
-                        self.ledger[_key96] = _val97
+                    (_ktype101, _vtype102, _size100) = iprot.readMapBegin()
+                    for _i104 in range(_size100):
+                        _key105 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val106 = iprot.readI64()
+                        self.ledger[_key105] = _val106
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3219,8 +3240,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter98 in self.nodes:
-                iter98.write(oprot)
+            for iter107 in self.nodes:
+                iter107.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3230,16 +3251,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter99 in self.unfinished:
-                iter99.write(oprot)
+            for iter108 in self.unfinished:
+                iter108.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter100, viter101 in self.ledger.items():
-                oprot.writeString(kiter100.encode('utf-8') if sys.version_info[0] == 2 else kiter100)
-                oprot.writeI64(viter101)
+            for kiter109, viter110 in self.ledger.items():
+                oprot.writeString(kiter109.encode('utf-8') if sys.version_info[0] == 2 else kiter109)
+                oprot.writeI64(viter110)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -3520,11 +3541,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype105, _size102) = iprot.readListBegin()
-                    for _i106 in range(_size102):
-                        _elem107 = RunStatus()
-                        _elem107.read(iprot)
-                        self.runs.append(_elem107)
+                    (_etype114, _size111) = iprot.readListBegin()
+                    for _i115 in range(_size111):
+                        _elem116 = RunStatus()
+                        _elem116.read(iprot)
+                        self.runs.append(_elem116)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3541,8 +3562,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter108 in self.runs:
-                iter108.write(oprot)
+            for iter117 in self.runs:
+                iter117.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3810,16 +3831,18 @@ class HeartbeatRequest(object):
      - node
      - units_running
      - delaying
+     - progress
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, units_running=None, delaying=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, units_running=None, delaying=None, progress=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.units_running = units_running
         self.delaying = delaying
+        self.progress = progress
         self.token = token
 
     def read(self, iprot):
@@ -3849,11 +3872,22 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype112, _size109) = iprot.readListBegin()
-                    for _i113 in range(_size109):
-                        _elem114 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem114)
+                    (_etype121, _size118) = iprot.readListBegin()
+                    for _i122 in range(_size118):
+                        _elem123 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem123)
                     iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.MAP:
+                    self.progress = {}
+                    (_ktype125, _vtype126, _size124) = iprot.readMapBegin()
+                    for _i128 in range(_size124):
+                        _key129 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val130 = iprot.readI64()
+                        self.progress[_key129] = _val130
+                    iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -3886,9 +3920,17 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter115 in self.delaying:
-                oprot.writeString(iter115.encode('utf-8') if sys.version_info[0] == 2 else iter115)
+            for iter131 in self.delaying:
+                oprot.writeString(iter131.encode('utf-8') if sys.version_info[0] == 2 else iter131)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.progress is not None:
+            oprot.writeFieldBegin('progress', TType.MAP, 5)
+            oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
+            for kiter132, viter133 in self.progress.items():
+                oprot.writeString(kiter132.encode('utf-8') if sys.version_info[0] == 2 else kiter132)
+                oprot.writeI64(viter133)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -3948,10 +3990,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype119, _size116) = iprot.readListBegin()
-                    for _i120 in range(_size116):
-                        _elem121 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem121)
+                    (_etype137, _size134) = iprot.readListBegin()
+                    for _i138 in range(_size134):
+                        _elem139 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem139)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3972,8 +4014,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter122 in self.cancel:
-                oprot.writeString(iter122.encode('utf-8') if sys.version_info[0] == 2 else iter122)
+            for iter140 in self.cancel:
+                oprot.writeString(iter140.encode('utf-8') if sys.version_info[0] == 2 else iter140)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5129,6 +5171,7 @@ NodeInfo.thrift_spec = (
     (6, TType.I64, 'units_rejected', None, None, ),  # 6
     (7, TType.DOUBLE, 'uptime_seconds', None, None, ),  # 7
     (8, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 8
+    (9, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
 )
 all_structs.append(SessionRequest)
 SessionRequest.thrift_spec = (
@@ -6181,7 +6224,7 @@ HeartbeatRequest.thrift_spec = (
     (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
     (3, TType.I32, 'units_running', None, None, ),  # 3
     (4, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 4
-    None,  # 5
+    (5, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 5
     None,  # 6
     None,  # 7
     None,  # 8

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
+
 from coordinator.node_pool import Liveness
-from coordinator.round_engine import overdue_reason
+from coordinator.policies import RoundRobinPolicy
+from coordinator.progress import RunProgress
+from coordinator.round_engine import EngineSettings, RoundEngine, overdue_reason
+from coordinator.round_state import RoundState
 from tests.inprocess import LocalNode
+from training.algorithms.base import UnitSpec
+from wire.generated import ttypes
 
 KEY = ("r1", "u1", 1)
 
@@ -36,3 +44,65 @@ def test_a_first_unit_gets_more_time_and_a_dead_node_loses_its_units() -> None:
     assert overdue_reason(node, KEY, started, time.monotonic(), 5.0) is None  # 4 x 5 s for a first
     node.liveness = Liveness(suspect=0.01, dead=0.02)
     assert "is dead" in overdue_reason(node, KEY, time.monotonic(), time.monotonic() + 1.0, 5.0)
+
+
+def test_a_unit_whose_node_reports_progress_is_not_reclaimed_until_progress_stops() -> None:
+    node = LocalNode(0)
+    node.stats.accepted = 1
+    started = time.monotonic() - 100.0  # far past any deadline, yet working
+    node.liveness.heard(progress={"r1/u1/1": 40})
+    now = time.monotonic()
+    assert overdue_reason(node, KEY, started, now, 5.0) is None
+    node.liveness.heard(progress={"r1/u1/1": 40})  # heard again, but no batch more
+    assert "no progress" in overdue_reason(node, KEY, started, now + 6.0, 5.0)
+    node.liveness.heard(progress={"r1/u1/1": 41, "r1/u2/1": 7})  # one more: working again
+    assert overdue_reason(node, KEY, started, time.monotonic() + 4.0, 5.0) is None
+
+
+def test_the_deadline_follows_each_nodes_measured_unit_time() -> None:
+    fast, slow, new = LocalNode(0), LocalNode(1), LocalNode(2)
+    eng = RoundEngine("r1", [fast, slow, new], RoundRobinPolicy(),
+                      EngineSettings(deadline_floor=1.0, deadline_factor=10.0,
+                                     deadline_cap=300.0),
+                      RunProgress("r1", 1, 1, list), threading.Event())
+    for node, seconds in ((fast, 0.2), (slow, 8.0)):
+        for _ in range(3):
+            node.started()
+            node.finished(_completed(seconds), seconds)
+    assert eng.unit_deadline(fast) == pytest.approx(2.0)
+    assert eng.unit_deadline(slow) == pytest.approx(80.0)  # a busy machine gets longer
+    assert eng.unit_deadline(new) == eng.unit_deadline() == 1.0  # nothing measured yet
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def send(self, node, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        self.sent.append((node.name, run_id, unit_id, attempt))
+
+
+class Stuck(LocalNode):
+    """A node whose call is out and can be aborted, as a real connection can."""
+
+    def abort(self, key, reason: str) -> bool:
+        return True
+
+
+def test_a_reclaimed_attempt_is_cancelled_on_its_node() -> None:
+    node, cancels = Stuck(0), Recorder()
+    node.stats.accepted = 1
+    eng = RoundEngine("r1", [node], RoundRobinPolicy(), EngineSettings(deadline_floor=1.0),
+                      RunProgress("r1", 1, 1, list), threading.Event(), cancels=cancels)
+    state = RoundState(1, [UnitSpec("u1", "train_letters1.txt")], 1, False, max_attempts=2)
+    unit = state.units[0]
+    assert state.start_attempt(unit, node) == 1
+    unit.started[1] = (node, time.monotonic() - 5.0)  # out for 5 s without progress
+    eng._reclaim_overdue(state)
+    assert cancels.sent == [(node.name, "r1", "u1", 1)]
+
+
+def _completed(seconds: float) -> ttypes.TrainResult:
+    return ttypes.TrainResult(accepted=True, outcome=ttypes.UnitOutcome.COMPLETED, update=[],
+                              num_samples=1, loss=0.0, error=0.0, compute_seconds=seconds,
+                              delay_seconds=0.0)

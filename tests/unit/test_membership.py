@@ -81,6 +81,15 @@ def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
         result=done())).accepted  # too late: the unit went elsewhere
 
 
+def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    assert member.liveness.last_progress("r1/u1/1") is None
+    membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
+                                                 units_running=1, progress={"r1/u1/1": 12}))
+    assert member.liveness.last_progress("r1/u1/1") is not None
+
+
 def test_leaving_fails_what_the_node_held_and_forgets_it() -> None:
     membership = Membership()
     name, member = pull_member(membership)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from compute_node.load import LoadSimulator
+from coordinator.node_pool import Liveness
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import (
@@ -115,7 +117,53 @@ def test_backup_attempt_beats_a_unit_stuck_in_a_load_delay():
     outcome = eng.run_round(1, units(4), 4, build_random)
     assert outcome.completed == 4
     assert stuck.stats.accepted == 0
-    assert stuck.handler.counters.cancelled >= 1  # its waiting attempts were called off
+    # Its waiting attempts are called off (cancels go out on threads of their own).
+    assert wait_until(lambda: stuck.handler.counters.cancelled >= 1)
+
+
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class FrozenNode(LocalNode):
+    """A node stopped with SIGSTOP: its calls never answer, and a cancel takes the whole
+    control timeout (here: until the test releases it)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.liveness = Liveness(suspect=600.0, dead=1200.0)  # not silent for long yet
+        self.released = threading.Event()
+        self.cancel_threads: list[str] = []
+
+    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        self.released.wait(60)
+        raise ConnectionFailed("frozen")
+
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        self.cancel_threads.append(threading.current_thread().name)
+        self.released.wait(60)
+
+
+def test_cancels_to_a_frozen_node_never_hold_up_the_round():
+    frozen, healthy = FrozenNode(0), LocalNode(1)
+    eng, _, _ = engine([frozen, healthy], speculation=False)
+    round_thread = threading.current_thread().name
+    try:
+        began = time.monotonic()
+        outcome = eng.run_round(1, units(4), 2, build)  # the quorum leaves frozen's units out
+        seconds = time.monotonic() - began
+        assert outcome.completed == 2
+        assert wait_until(lambda: len(frozen.cancel_threads) >= 1)
+    finally:
+        frozen.released.set()
+    assert seconds < 30.0  # a cancel on the round's path would take the whole 60 s
+    assert round_thread not in frozen.cancel_threads
+    assert all(name.startswith("cancel-") for name in frozen.cancel_threads)
 
 
 def test_quorum_ends_the_round_early():

@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from training.cancel import UnitControl
+
 Weights = dict[str, np.ndarray]
 MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
 
@@ -56,6 +58,9 @@ class UnitJob:
     # The node's session store (compute_node/sessions.py) for algorithms that keep state
     # on a node between units (Algorithm.uses_sessions); None where there is none.
     sessions: Any = None
+    # The unit's cancel flag and batch count: training loops call ``control.step()``
+    # before every batch, so a cancelled unit stops at the next batch (training/cancel.py).
+    control: UnitControl = field(default_factory=UnitControl)
 
 
 @dataclass

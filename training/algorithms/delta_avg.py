@@ -94,7 +94,8 @@ class DeltaAveraging(Algorithm):
             batch_size=config["batch_size"],
             seed=_unit_seed(config["seed"], job.round, job.unit.unit_id),
         )
-        trained, stats = mlp.train_local(job.weights, features, labels, spec, local)
+        trained, stats = mlp.train_local(job.weights, features, labels, spec, local,
+                                         job.control.step)
         delta = {name: trained[name] - job.weights[name] for name in job.weights}
         return UnitOutput(
             update=delta, num_samples=len(labels), loss=float(stats.loss), error=float(stats.error)

@@ -103,6 +103,7 @@ def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any]) -> Un
     per_epoch = len(shard) // b
     losses, wrong = [], 0
     for local in range(epochs * per_epoch):
+        job.control.step()
         step = (job.round - 1) * epochs * per_epoch + local  # the slot's batch number
         real = real_batch(dataset_dir, batch_indices(shard, b, step, seed, slot))
         z = noise(spec.z_dim, b, seed, slot, step)

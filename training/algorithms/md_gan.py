@@ -277,6 +277,7 @@ def _train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], slot
         disc = _session_discriminator(session, spec, config, slot, swap_id, job.device)
         real = _real(dataset_dir, config, slot, job.round).to(job.device)
         for _ in range(config["disc_steps"]):
+            job.control.step()
             loss, wrong = d_step(disc.d, disc.optimizer, real, x_d)
         feedback = disc.feedback(x_g)
         session.last_round = job.round

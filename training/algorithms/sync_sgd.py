@@ -59,7 +59,7 @@ import math
 import re
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ from training.algorithms.base import (
     check_type,
     specs_of,
 )
+from training.cancel import no_step
 from training.letters import load_letters
 
 GAN_MODELS = ("dcgan28", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28", "mlpgan28-tiny")
@@ -255,9 +256,11 @@ def gan_losses(g: nn.Module, d: nn.Module, real: torch.Tensor,
 
 
 def gan_unit_update(g: nn.Module, d: nn.Module, real: torch.Tensor, z: torch.Tensor,
-                    batch_size: int) -> tuple[Weights, float, float]:
+                    batch_size: int, step: Callable[[], None] = no_step
+                    ) -> tuple[Weights, float, float]:
     """Mean gradients over the unit (micro-batches weighted by their share) and the modules'
-    buffers after the pass; also the mean D loss and D's error rate on reals and fakes."""
+    buffers after the pass; also the mean D loss and D's error rate on reals and fakes.
+    ``step`` is called before every micro-batch (a node's cancel check)."""
     g.train()
     d.train()
     g_params, d_params = list(g.parameters()), list(d.parameters())
@@ -265,6 +268,7 @@ def gan_unit_update(g: nn.Module, d: nn.Module, real: torch.Tensor, z: torch.Ten
     d_sum = [torch.zeros_like(p) for p in d_params]
     n, loss, wrong = len(real), 0.0, 0
     for start in range(0, n, batch_size):
+        step()
         share = len(real[start:start + batch_size]) / n
         d_loss, g_loss, batch_wrong = gan_losses(g, d, real[start:start + batch_size],
                                                  z[start:start + batch_size])
@@ -298,13 +302,16 @@ def _buffers(module: nn.Module, prefix: str) -> Weights:
 
 
 def mlp_unit_gradients(weights: Mapping[str, np.ndarray], features: np.ndarray,
-                       labels: np.ndarray, spec: mlp.MLPSpec, batch_size: int) -> Weights:
+                       labels: np.ndarray, spec: mlp.MLPSpec, batch_size: int,
+                       step: Callable[[], None] = no_step) -> Weights:
     """The mean cross-entropy gradient over the unit, summed over micro-batches in float64
-    (mlp's own backpropagation), returned as float32 ``grad.<name>`` arrays."""
+    (mlp's own backpropagation), returned as float32 ``grad.<name>`` arrays. ``step`` is
+    called before every micro-batch (a node's cancel check)."""
     params = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
     inputs = mlp._inputs(features, spec)
     total = {name: np.zeros_like(value) for name, value in params.items()}
     for start in range(0, len(labels), batch_size):
+        step()
         acts, pres = mlp._hidden_pass(params, inputs[start:start + batch_size], spec)
         probs = mlp._softmax(mlp._affine(acts[-1], params["V"]))
         grad_out = mlp._output_grad(probs, labels[start:start + batch_size])
@@ -455,7 +462,8 @@ def _run_mlp_unit(job: UnitJob, config: Mapping[str, Any], features: np.ndarray,
                   labels: np.ndarray) -> UnitOutput:
     spec = _mlp_spec(config)
     mlp._check_params(job.weights, spec)
-    update = mlp_unit_gradients(job.weights, features, labels, spec, config["batch_size"])
+    update = mlp_unit_gradients(job.weights, features, labels, spec, config["batch_size"],
+                                job.control.step)
     error, loss = mlp.evaluate(job.weights, features, labels, spec)
     return UnitOutput(update=update, num_samples=len(labels), loss=loss, error=error)
 
@@ -505,7 +513,8 @@ def _gan_unit_with(g: nn.Module, d: nn.Module, spec: gan_models.GanSpec, job: Un
     # The noise is drawn on the CPU, so a unit's fakes are the same on every device.
     z = unit_noise(spec.z_dim, len(real), config["seed"], job.round, job.unit.unit_id)
     real, z = real.to(job.device), z.to(job.device)
-    update, loss, error = gan_unit_update(g, d, real, z, config["batch_size"])
+    update, loss, error = gan_unit_update(g, d, real, z, config["batch_size"],
+                                          job.control.step)
     return UnitOutput(update=update, num_samples=len(real), loss=loss, error=error)
 
 
