@@ -108,10 +108,9 @@ def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView
                 last_answer = time.monotonic()  # answered; the run is not registered yet
             except (ConnectionFailed, TException, OSError) as exc:
                 if train.is_alive() and time.monotonic() - last_answer > dead_after:
-                    raise ClientError(
-                        f"lost contact with the coordinator at {endpoint} for "
-                        f"{dead_after:.0f}s ({exc}); {_resume_hint(endpoint, run_id, train.seen)}"
-                    ) from None
+                    hint = _resume_hint(endpoint, run_id, train.seen or None)
+                    raise ClientError(f"lost contact with the coordinator at {endpoint} for "
+                                      f"{dead_after:.0f}s ({exc}); {hint}") from None
     finally:
         statuses.close()
 
@@ -164,19 +163,27 @@ def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes
                       f"{_resume_hint(endpoint, run_id, stored)}")
 
 
-def _is_stored(endpoint: Endpoint, run_id: str) -> bool:
-    """Whether the coordinator knows the run (False too when it cannot be asked)."""
+def _is_stored(endpoint: Endpoint, run_id: str) -> bool | None:
+    """Whether the coordinator knows the run; None when it cannot be asked (it is down)."""
     try:
-        call(endpoint, "status", ttypes.StatusRequest(run_id=run_id),
-             timeout=endpoint.connect_timeout)
-    except ClientError:
+        with connect(Coordinator.Client, endpoint.host, endpoint.port,
+                     connect_timeout=endpoint.connect_timeout,
+                     read_timeout=endpoint.connect_timeout) as client:
+            client.status(ttypes.StatusRequest(run_id=run_id))
+    except ttypes.UnknownRun:
         return False
+    except (ConnectionFailed, TException, OSError):
+        return None
     return True
 
 
-def _resume_hint(endpoint: Endpoint, run_id: str, stored: bool) -> str:
-    """How to go on: resuming helps only a run the coordinator has stored."""
-    if not stored:
-        return f"the coordinator never reported run {run_id}, so there is no run to resume"
-    return (f"restart it with --resume {run_id} and follow the run with: "
-            f"client.py attach {endpoint.host} {endpoint.port} {run_id}")
+def _resume_hint(endpoint: Endpoint, run_id: str, stored: bool | None) -> str:
+    """How to go on: resuming helps only a run the coordinator has stored; when the
+    coordinator died before it could say, the hint is conditional."""
+    if stored is False:
+        return f"the coordinator has no run {run_id}, so there is no run to resume"
+    how = (f"restart it with --resume {run_id} and follow the run with: "
+           f"client.py attach {endpoint.host} {endpoint.port} {run_id}")
+    if stored is None:
+        return f"if it had stored run {run_id} before it stopped, {how}"
+    return how
