@@ -1,4 +1,4 @@
-"""Process-wide connection settings: the shared token, TLS and the frame size limit.
+"""Process-wide connection settings: the shared token, TLS, the frame size and server limits.
 
 Each command builds a `Security` from its flags (`add_arguments`, `from_args`) and calls
 `configure` once at start-up. From then on every server and every connection the process
@@ -14,8 +14,9 @@ import logging
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from wire.limits import ServerLimits
 from wire.transport import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
@@ -37,19 +38,21 @@ class Security:
     server_tls: wraps accepted connections (None: plaintext).
     client_tls: wraps opened connections and verifies the server (None: plaintext).
     max_frame_bytes: largest frame accepted or sent.
+    limits: what each server grants its peers (timeouts, connections, frame memory).
     """
 
     token: str | None = None
     server_tls: ssl.SSLContext | None = None
     client_tls: ssl.SSLContext | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def describe(self) -> str:
         """One line for the start-up log; never shows the token itself."""
         return (f"token {'required' if self.token else 'off'}, "
                 f"TLS serving {'on' if self.server_tls else 'off'}, "
                 f"TLS to peers {'on' if self.client_tls else 'off'}, "
-                f"max frame {self.max_frame_bytes / MIB:g} MiB")
+                f"max frame {self.max_frame_bytes / MIB:g} MiB, {self.limits.describe()}")
 
 
 _current = Security()
@@ -153,6 +156,35 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
         help="largest message this process accepts or sends, in MiB (default %(default)s); "
              "a bigger frame from a peer is refused before memory is allocated, its connection "
              "closed and an error logged. Use the same value on every process")
+    if serves:
+        _add_server_limits(group)
+
+
+def _add_server_limits(group: argparse._ArgumentGroup) -> None:
+    defaults = ServerLimits()
+    group.add_argument(
+        "--idle-timeout", type=_seconds, default=defaults.idle_timeout, metavar="SECONDS",
+        help="close a connection on which no request starts for this long (default "
+             "%(default)s; 0: never). Pooled connections of peers reconnect transparently")
+    group.add_argument(
+        "--frame-timeout", type=_positive_seconds, default=defaults.frame_timeout,
+        metavar="SECONDS",
+        help="a request must arrive whole within this long of its first byte, else its "
+             "connection is closed (default %(default)s); raise it for big models on slow links")
+    group.add_argument(
+        "--max-connections", type=_positive, default=defaults.max_connections, metavar="N",
+        help="open connections this server accepts; more are closed at once (default "
+             "%(default)s)")
+    group.add_argument(
+        "--max-connections-per-peer", type=_positive,
+        default=defaults.max_connections_per_peer, metavar="N",
+        help="open connections accepted from one address (default %(default)s)")
+    group.add_argument(
+        "--max-pending-frames-mb", type=_positive,
+        default=defaults.pending_frame_bytes // MIB, metavar="MB",
+        help="MiB that requests still arriving from peers whose token is not yet checked "
+             "may claim together; a request waits for room (default %(default)s; at least "
+             "--max-frame-mb)")
 
 
 def from_args(args: argparse.Namespace, *, serves: bool) -> Security:
@@ -168,6 +200,21 @@ def from_args(args: argparse.Namespace, *, serves: bool) -> Security:
         server_tls=server_context(cert, key) if cert is not None else None,
         client_tls=client_context(args.tls_ca) if args.tls_ca is not None else None,
         max_frame_bytes=args.max_frame_mb * MIB,
+        limits=_limits_from(args) if serves else ServerLimits(),
+    )
+
+
+def _limits_from(args: argparse.Namespace) -> ServerLimits:
+    if args.max_pending_frames_mb < args.max_frame_mb:
+        raise SecurityError(f"--max-pending-frames-mb ({args.max_pending_frames_mb}) must be at "
+                            f"least --max-frame-mb ({args.max_frame_mb}), or a request of the "
+                            "largest size could never be received")
+    return ServerLimits(
+        idle_timeout=args.idle_timeout or None,
+        frame_timeout=args.frame_timeout,
+        max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        pending_frame_bytes=args.max_pending_frames_mb * MIB,
     )
 
 
@@ -190,4 +237,31 @@ def _frame_mb(text: str) -> int:
     if not 1 <= value <= MAX_FRAME_MB_LIMIT:
         raise argparse.ArgumentTypeError(
             f"must be between 1 and {MAX_FRAME_MB_LIMIT} MiB, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
