@@ -15,6 +15,7 @@ they come from `wire.security.current()`, which the commands set from their flag
 from __future__ import annotations
 
 import logging
+import select
 import selectors
 import socket
 import ssl
@@ -422,10 +423,7 @@ class ThriftServer:
         """Wait a moment (or until stopped): the listener stays readable while accept
         fails, and retrying at once would spin a core."""
         with suppress(OSError, ValueError):  # the wake socket closed: stopping anyway
-            selectors_wait = selectors.DefaultSelector()
-            with selectors_wait:
-                selectors_wait.register(self._wake_r, selectors.EVENT_READ)
-                selectors_wait.select(ACCEPT_BACKOFF_SECONDS)
+            select.select([self._wake_r], [], [], ACCEPT_BACKOFF_SECONDS)
 
     def _serve_connection(self, sock: socket.socket, peer: str, host: str) -> None:
         try:
