@@ -335,7 +335,8 @@ class ThriftServer:
         self._handshake_timeout = handshake_timeout
         self.limits = limits = limits or defaults.limits
         self._reads = ServerReads(limits.idle_timeout, limits.frame_timeout,
-                                  FrameBudget(limits.pending_frame_bytes))
+                                  FrameBudget(limits.pending_frame_bytes),
+                                  keep_buffers=not token)
         self._slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_peer)
         self._listener = socket.create_server((host, port), backlog=backlog)  # SO_REUSEADDR
         self._listener.setblocking(False)

@@ -52,7 +52,7 @@ class Security:
         return (f"token {'required' if self.token else 'off'}, "
                 f"TLS serving {'on' if self.server_tls else 'off'}, "
                 f"TLS to peers {'on' if self.client_tls else 'off'}, "
-                f"max frame {self.max_frame_bytes / MIB:g} MiB, {self.limits.describe()}")
+                f"max frame {self.max_frame_bytes / MIB:g} MiB")
 
 
 _current = Security()
@@ -225,7 +225,8 @@ def configure_from_args(args: argparse.Namespace, *, serves: bool) -> str | None
     except SecurityError as exc:
         return str(exc)
     configure(settings)
-    log.info("connection security: %s", settings.describe())
+    limits = f", {settings.limits.describe()}" if serves else ""
+    log.info("connection security: %s%s", settings.describe(), limits)
     return None
 
 

@@ -71,11 +71,15 @@ class ServerReads:
     idle_timeout: wait for the first byte of a request (None: forever).
     frame_timeout: from a frame's first byte to its last.
     budget: what frames of unauthenticated peers claim while they arrive.
+    keep_buffers: whether those frames may also reuse and keep the connection's receive
+        buffer, as authenticated ones do: for a server that requires no token, where no
+        peer is trusted more than another and big frames are the normal case.
     """
 
     idle_timeout: float | None
     frame_timeout: float
     budget: FrameBudget
+    keep_buffers: bool = False
 
 
 def tune_socket(sock: socket.socket) -> None:
@@ -251,7 +255,8 @@ class FramedSocketTransport(TTransportBase):
 
     def _budgeted_frame(self, reads: ServerReads, size: int, deadline: float) -> memoryview:
         """Receive a frame of an unauthenticated peer: claimed from the budget while it
-        arrives, in memory committed only as bytes come, and never kept for reuse."""
+        arrives and, unless `keep_buffers`, in memory committed only as bytes come and
+        never kept for reuse."""
         if not reads.budget.claim(size, deadline):
             self.close()
             raise TTransportException(
@@ -260,7 +265,12 @@ class FramedSocketTransport(TTransportBase):
                 f"{reads.frame_timeout:g}s: unfinished frames hold the server's "
                 f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb)")
         try:
-            buffer = bytearray(size) if size < _LAZY_FRAME_BYTES else _huge_page_buffer(size)
+            if reads.keep_buffers:
+                buffer = self._buffer_for(size)
+            elif size < _LAZY_FRAME_BYTES:
+                buffer = bytearray(size)
+            else:
+                buffer = _huge_page_buffer(size)
             frame = memoryview(buffer)[:size]
             self._recv_by(frame, deadline)
             return frame
