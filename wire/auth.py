@@ -36,6 +36,8 @@ from wire.transport import FramedSocketTransport
 
 log = logging.getLogger(__name__)
 
+NO_TOKEN = "this server requires a token and the call carried none"
+WRONG_TOKEN = "the call's token does not match this server's"
 HOW_TO_FIX = ("give every process the same token: --token-file PATH on client.py, "
               "coordinator_node.py and compute_node.py, or the TRAINER_TOKEN environment variable")
 
@@ -47,11 +49,9 @@ def check_token(received: str | None, expected: str) -> None:
     token cannot be guessed a character at a time from response times.
     """
     if received is None:
-        raise ttypes.Unauthorized(message=f"this server requires a token and the call carried "
-                                          f"none; {HOW_TO_FIX}")
+        raise ttypes.Unauthorized(message=f"{NO_TOKEN}; {HOW_TO_FIX}")
     if not hmac.compare_digest(received.encode("utf-8"), expected.encode("utf-8")):
-        raise ttypes.Unauthorized(message=f"the call's token does not match this server's; "
-                                          f"{HOW_TO_FIX}")
+        raise ttypes.Unauthorized(message=f"{WRONG_TOKEN}; {HOW_TO_FIX}")
 
 
 class TokenGuard:
@@ -160,9 +160,7 @@ class RequestGate:
         return False
 
     def _refuse(self, call: frame_scan.CallHead, protocol: TProtocolBase) -> None:
-        reason = ("this server requires a token and the call carried none" if call.token is None
-                  else "the call's token does not match this server's")
-        message = f"{reason}; {HOW_TO_FIX}"
+        message = f"{NO_TOKEN if call.token is None else WRONG_TOKEN}; {HOW_TO_FIX}"
         result_cls = getattr(self._service, f"{call.method}_result", None)
         field = _unauthorized_field(result_cls)
         if field is None:  # not a method of this service: answer as the processor would

@@ -307,10 +307,12 @@ class ThriftServer:
     or an oversized frame loses its connection; the server keeps serving.
     `stop()` may be called from any thread or a signal handler.
 
-    With a `token` every call must carry it (else the declared Unauthorized);
-    with `tls` every connection must complete a TLS handshake within
-    `handshake_timeout`. Both, and `max_frame_bytes`, default to the process's
-    `wire.security` settings.
+    With a `token` every call must carry it (else the declared Unauthorized,
+    answered before the call is decoded); with `tls` every connection must
+    complete a TLS handshake within `handshake_timeout`. `limits` (see
+    `wire.limits`) caps connections, in all and per address, and bounds how long
+    a request may take to start and to arrive and the memory of unfinished frames.
+    All, and `max_frame_bytes`, default to the process's `wire.security` settings.
     """
 
     def __init__(

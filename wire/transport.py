@@ -15,9 +15,11 @@ differs is where the bytes live:
 
 Limits are deliberate: frames above `max_frame_bytes` are refused before any
 memory is allocated, strings may be as long as a frame, containers hold at most
-`DEFAULT_CONTAINER_LIMIT` elements. Protocols must be the pure-Python binary
-protocol (`WireProtocol`): the C-accelerated one copies big binaries byte by
-byte and cannot read memoryviews.
+`DEFAULT_CONTAINER_LIMIT` elements. A server's transport (`ServerReads`) also
+bounds the wait for a request and for the rest of a started frame, and receives
+frames of peers not yet authenticated within a shared budget. Protocols must be
+the pure-Python binary protocol (`WireProtocol`): the C-accelerated one copies big
+binaries byte by byte and cannot read memoryviews.
 """
 
 from __future__ import annotations

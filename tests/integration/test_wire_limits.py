@@ -24,6 +24,7 @@ from tests.integration.test_wire_rpc import EchoNode, framed, hangs_up, work
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.limits import ServerLimits
 from wire.rpc import ACCEPT_BACKOFF_SECONDS, ConnectionPool, ThriftServer, connect, transport_of
+from wire.transport import WireProtocolFactory
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"
@@ -300,3 +301,13 @@ def test_failing_accepts_back_off_and_are_logged_once(
     assert third - first >= 2 * ACCEPT_BACKOFF_SECONDS * 0.9  # not spinning
     failures = [r for r in caplog.records if "Too many open files" in r.getMessage()]
     assert len(failures) == 1, [r.getMessage() for r in failures]
+
+
+def test_an_older_client_skips_a_newer_servers_unknown_fields_in_a_reply() -> None:
+    info = ttypes.NodeInfo(PROTOCOL_VERSION, "newer", 0.0, 0, 0, 0, 1.0)
+    buffer = TMemoryBuffer()
+    info.write(TBinaryProtocol(buffer))
+    data = with_unknown_fields(buffer.getvalue())
+    decoded = ttypes.NodeInfo()
+    decoded.read(WireProtocolFactory().getProtocol(TMemoryBuffer(data)))
+    assert decoded == info
