@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from thrift.Thrift import TException
+from thrift.Thrift import TApplicationException, TException
 
 from client.display import ProgressView
 from wire.generated import Coordinator, ttypes
@@ -159,6 +159,8 @@ def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes
     if isinstance(error, ConnectionFailed):
         raise ClientError(f"cannot reach the coordinator: {error}")
     stored = train.seen or _is_stored(endpoint, run_id)
+    if stored is None and isinstance(error, TApplicationException):
+        stored = False  # the coordinator answered the call itself: it refused the run
     raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}; "
                       f"{_resume_hint(endpoint, run_id, stored)}")
 

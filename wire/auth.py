@@ -8,7 +8,12 @@ declares `Unauthorized`, so the check needs no knowledge of any one service:
 * `TokenClient` wraps a generated client and fills in the token of each request
   that has none, on a copy, so the caller's request is never changed.
 
-`wire.rpc` applies both (`ThriftServer(token=...)`, `connect`, `ConnectionPool`);
+* `RequestGate` checks the token of each request while it is still raw bytes (see
+  `wire.frame_scan`), so a request without the token is answered Unauthorized
+  before anything of it is decoded; a connection whose request passed is marked
+  authenticated, which lets its transport receive big frames the fast way.
+
+`wire.rpc` applies them (`ThriftServer(token=...)`, `connect`, `ConnectionPool`);
 handlers and callers stay unaware of tokens.
 """
 
@@ -18,13 +23,21 @@ import copy
 import functools
 import hmac
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from thrift.protocol.TProtocol import TProtocolBase, TProtocolException
+from thrift.Thrift import TApplicationException, TMessageType
+
+from wire import frame_scan
 from wire.generated import ttypes
+from wire.transport import FramedSocketTransport
 
 log = logging.getLogger(__name__)
 
+NO_TOKEN = "this server requires a token and the call carried none"
+WRONG_TOKEN = "the call's token does not match this server's"
 HOW_TO_FIX = ("give every process the same token: --token-file PATH on client.py, "
               "coordinator_node.py and compute_node.py, or the TRAINER_TOKEN environment variable")
 
@@ -36,11 +49,9 @@ def check_token(received: str | None, expected: str) -> None:
     token cannot be guessed a character at a time from response times.
     """
     if received is None:
-        raise ttypes.Unauthorized(message=f"this server requires a token and the call carried "
-                                          f"none; {HOW_TO_FIX}")
+        raise ttypes.Unauthorized(message=f"{NO_TOKEN}; {HOW_TO_FIX}")
     if not hmac.compare_digest(received.encode("utf-8"), expected.encode("utf-8")):
-        raise ttypes.Unauthorized(message=f"the call's token does not match this server's; "
-                                          f"{HOW_TO_FIX}")
+        raise ttypes.Unauthorized(message=f"{WRONG_TOKEN}; {HOW_TO_FIX}")
 
 
 class TokenGuard:
@@ -120,3 +131,54 @@ def _stamped(request: Any, token: str) -> Any:
     stamped = copy.copy(request)
     stamped.token = token
     return stamped
+
+
+class RequestGate:
+    """Checks each request's token in its raw frame, before the processor decodes it."""
+
+    def __init__(self, processor: Any, token: str) -> None:
+        if not token:
+            raise ValueError("a RequestGate needs a non-empty token")
+        self._service = sys.modules[type(processor).__module__]  # has the <method>_result
+        self._token = token.encode("utf-8")
+
+    def admit(self, transport: FramedSocketTransport, protocol: TProtocolBase) -> bool:
+        """Whether the next request carries the token; if not, it is answered
+        Unauthorized and dropped unread. Malformed frames raise TProtocolException."""
+        try:
+            call = frame_scan.scan_call(transport.current_frame())
+        except frame_scan.ScanError as exc:
+            raise TProtocolException(TProtocolException.INVALID_DATA,
+                                     f"malformed request from {transport.peer}: {exc}") from None
+        if call.token is not None and hmac.compare_digest(call.token, self._token):
+            transport.authenticated = True
+            return True
+        transport.skip_frame()
+        log.warning("refused a %s call from %s: missing or wrong token", call.method[:64],
+                    transport.peer)
+        self._refuse(call, protocol)
+        return False
+
+    def _refuse(self, call: frame_scan.CallHead, protocol: TProtocolBase) -> None:
+        message = f"{NO_TOKEN if call.token is None else WRONG_TOKEN}; {HOW_TO_FIX}"
+        result_cls = getattr(self._service, f"{call.method}_result", None)
+        field = _unauthorized_field(result_cls)
+        if field is None:  # not a method of this service: answer as the processor would
+            protocol.writeMessageBegin(call.method, TMessageType.EXCEPTION, call.seqid)
+            TApplicationException(TApplicationException.UNKNOWN_METHOD,
+                                  f"unknown method {call.method[:64]!r}").write(protocol)
+        else:
+            result = result_cls()
+            setattr(result, field, ttypes.Unauthorized(message=message))
+            protocol.writeMessageBegin(call.method, TMessageType.REPLY, call.seqid)
+            result.write(protocol)
+        protocol.writeMessageEnd()
+        protocol.trans.flush()
+
+
+def _unauthorized_field(result_cls: Any) -> str | None:
+    """The name of the Unauthorized field of a generated `<method>_result`, if any."""
+    for spec in getattr(result_cls, "thrift_spec", None) or ():
+        if spec is not None and spec[3] is not None and spec[3][0] is ttypes.Unauthorized:
+            return spec[2]
+    return None

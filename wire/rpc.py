@@ -15,6 +15,7 @@ they come from `wire.security.current()`, which the commands set from their flag
 from __future__ import annotations
 
 import logging
+import select
 import selectors
 import socket
 import ssl
@@ -31,8 +32,11 @@ from thrift.Thrift import TApplicationException, TMessageType, TProcessor
 from thrift.transport.TTransport import TMemoryBuffer, TTransportException
 
 from wire import auth, security
+from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
 from wire.transport import (
     FramedSocketTransport,
+    IdleTimeout,
+    ServerReads,
     WireProtocolFactory,
     tune_socket,
 )
@@ -45,6 +49,7 @@ ClientFactory = Callable[[TProtocolBase], C]
 
 DRAIN_SECONDS = 5.0  # on stop, how long calls in progress may take to answer
 HANDSHAKE_SECONDS = 10.0  # longest TLS handshake a server waits for, per connection
+ACCEPT_BACKOFF_SECONDS = 0.2  # pause after a failed accept (out of descriptors): no spinning
 
 
 class ConnectionFailed(Exception):
@@ -182,6 +187,11 @@ class ConnectionPool(Generic[C]):
     if there is one, otherwise a new one. A connection whose block raised
     anything is closed, not returned, so a broken socket is never reused.
     Each borrowed client starts with the pool's read timeout.
+
+    Servers close connections idle for their idle timeout, so an idle connection
+    is only lent if it has been idle for less than `max_idle_seconds` (default:
+    half the process's idle timeout) and the server has not closed it; otherwise it
+    is closed and the next one, or a new one, is used instead.
     """
 
     def __init__(
@@ -196,17 +206,20 @@ class ConnectionPool(Generic[C]):
         max_frame_bytes: int | None = None,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
+        max_idle_seconds: float | None = None,
     ) -> None:
         defaults = security.current()  # settled now, so every connection of the pool agrees
         self._client_cls = client_cls
         self.host, self.port = host, port
         self._max_idle = max_idle
+        server_idle = defaults.limits.idle_timeout
+        self._max_idle_seconds = max_idle_seconds or (server_idle / 2 if server_idle else None)
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
         self._token = token or defaults.token
         self._tls = tls or defaults.client_tls
-        self._idle: list[C] = []
+        self._idle: list[tuple[C, float]] = []  # with the time each came back
         self._lock = threading.Lock()
         self._closed = False
 
@@ -219,7 +232,7 @@ class ConnectionPool(Generic[C]):
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for client in idle:
+        for client, _ in idle:
             transport_of(client).close()
 
     def discard_idle(self) -> None:
@@ -227,14 +240,11 @@ class ConnectionPool(Generic[C]):
         have restarted), old connections would only fail on their next use."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for client in idle:
+        for client, _ in idle:
             transport_of(client).close()
 
     def _checkout(self) -> C:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"connection pool for {self.host}:{self.port} is closed")
-            client = self._idle.pop() if self._idle else None
+        client = self._usable_idle()
         if client is None:
             transport = open_transport(
                 self.host,
@@ -248,10 +258,26 @@ class ConnectionPool(Generic[C]):
         set_read_timeout(client, self._read_timeout)
         return client
 
+    def _usable_idle(self) -> C | None:
+        """The most recently returned idle connection still fit to use; unfit ones closed."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError(f"connection pool for {self.host}:{self.port} is closed")
+                if not self._idle:
+                    return None
+                client, since = self._idle.pop()
+            transport = transport_of(client)
+            too_old = (self._max_idle_seconds is not None
+                       and time.monotonic() - since > self._max_idle_seconds)
+            if not too_old and not transport.peer_closed():
+                return client
+            transport.close()
+
     def _checkin(self, client: C) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(client)
+                self._idle.append((client, time.monotonic()))
                 return
         transport_of(client).close()
 
@@ -281,10 +307,12 @@ class ThriftServer:
     or an oversized frame loses its connection; the server keeps serving.
     `stop()` may be called from any thread or a signal handler.
 
-    With a `token` every call must carry it (else the declared Unauthorized);
-    with `tls` every connection must complete a TLS handshake within
-    `handshake_timeout`. Both, and `max_frame_bytes`, default to the process's
-    `wire.security` settings.
+    With a `token` every call must carry it (else the declared Unauthorized,
+    answered before the call is decoded); with `tls` every connection must
+    complete a TLS handshake within `handshake_timeout`. `limits` (see
+    `wire.limits`) caps connections, in all and per address, and bounds how long
+    a request may take to start and to arrive and the memory of unfinished frames.
+    All, and `max_frame_bytes`, default to the process's `wire.security` settings.
     """
 
     def __init__(
@@ -294,7 +322,7 @@ class ThriftServer:
         port: int = 0,
         *,
         max_frame_bytes: int | None = None,
-        idle_timeout: float | None = None,
+        limits: ServerLimits | None = None,
         backlog: int = 128,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
@@ -303,14 +331,20 @@ class ThriftServer:
         defaults = security.current()
         token = token or defaults.token
         self._processor = auth.guard_processor(processor, token) if token else processor
+        self._gate = auth.RequestGate(processor, token) if token else None
         self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
         self._tls = tls or defaults.server_tls
         self._handshake_timeout = handshake_timeout
-        self._idle_timeout = idle_timeout
+        self.limits = limits = limits or defaults.limits
+        self._reads = ServerReads(limits.idle_timeout, limits.frame_timeout,
+                                  FrameBudget(limits.pending_frame_bytes),
+                                  keep_buffers=not token)
+        self._slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_peer)
         self._listener = socket.create_server((host, port), backlog=backlog)  # SO_REUSEADDR
         self._listener.setblocking(False)
         self.host: str = host
         self.port: int = self._listener.getsockname()[1]
+        self._refusals = RefusalLog(self.port)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._connections: set[socket.socket] = set()
@@ -334,6 +368,17 @@ class ThriftServer:
         finally:
             selector.close()
             self._close_all()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not yet closed."""
+        with self._lock:
+            return len(self._connections)
+
+    @property
+    def frame_budget(self) -> FrameBudget:
+        """What frames of unauthenticated peers still arriving claim (see wire.limits)."""
+        return self._reads.budget
 
     def serve_in_thread(self) -> threading.Thread:
         """Run `serve_forever` in a started daemon thread and return the thread."""
@@ -360,30 +405,50 @@ class ThriftServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # e.g. out of file descriptors: keep serving the others
-            log.warning("accept failed on port %d: %s", self.port, exc)
+            self._refusals.refused(f"accept failed: {exc}")
+            self._pause_accepting()
+            return
+        refused = self._slots.acquire(address[0])
+        if refused is not None:
+            sock.close()
+            self._refusals.refused(refused)
             return
         peer = f"{address[0]}:{address[1]}"
         tune_socket(sock)
-        sock.settimeout(self._idle_timeout)
         with self._lock:
             self._connections.add(sock)
         threading.Thread(
-            target=self._serve_connection, args=(sock, peer), name=f"thrift-{peer}", daemon=True
+            target=self._serve_connection, args=(sock, peer, address[0]), name=f"thrift-{peer}",
+            daemon=True,
         ).start()
 
-    def _serve_connection(self, sock: socket.socket, peer: str) -> None:
+    def _pause_accepting(self) -> None:
+        """Wait a moment (or until stopped): the listener stays readable while accept
+        fails, and retrying at once would spin a core."""
+        with suppress(OSError, ValueError):  # the wake socket closed: stopping anyway
+            select.select([self._wake_r], [], [], ACCEPT_BACKOFF_SECONDS)
+
+    def _serve_connection(self, sock: socket.socket, peer: str, host: str) -> None:
+        try:
+            self._serve(sock, peer)
+        finally:
+            self._slots.release(host)
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
         if self._tls is not None:
             secured = self._start_server_tls(sock, peer)
             if secured is None:
                 return
             sock = secured
         transport = FramedSocketTransport(
-            sock, max_frame_bytes=self._protocols.max_frame_bytes, peer=peer
+            sock, max_frame_bytes=self._protocols.max_frame_bytes, peer=peer,
+            server_reads=self._reads,
         )
         protocol = self._protocols.getProtocol(transport)
         try:
             while not self._stop_requested:
-                self._processor.process(protocol, protocol)
+                if self._gate is None or self._gate.admit(transport, protocol):
+                    self._processor.process(protocol, protocol)
         except TTransportException as exc:
             log.log(_level_of(exc), "closing %s: %s", peer, exc)
         except Exception as exc:  # a bad client must never take the server down
@@ -410,7 +475,6 @@ class ThriftServer:
             self._replace(sock, secured)  # wrap_socket took over the file descriptor
             current = secured
             secured.do_handshake()  # under the handshake timeout, which wrap_socket kept
-            secured.settimeout(self._idle_timeout)
             return secured
         except OSError as exc:  # ssl.SSLError, a timeout, a reset
             log.warning("closing %s: TLS handshake failed (%s); a client without --tls-ca, or "
@@ -503,7 +567,7 @@ _PLAINTEXT_REFUSAL = _plaintext_refusal()
 
 def _level_of(exc: TTransportException) -> int:
     """How loudly to log a closed connection: a hang-up is routine, a refused frame is not."""
-    if exc.type == TTransportException.END_OF_FILE:
+    if exc.type == TTransportException.END_OF_FILE or isinstance(exc, IdleTimeout):
         return logging.DEBUG
     if exc.type == TTransportException.SIZE_LIMIT:
         return logging.ERROR

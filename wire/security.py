@@ -1,4 +1,4 @@
-"""Process-wide connection settings: the shared token, TLS and the frame size limit.
+"""Process-wide connection settings: the shared token, TLS, the frame size and server limits.
 
 Each command builds a `Security` from its flags (`add_arguments`, `from_args`) and calls
 `configure` once at start-up. From then on every server and every connection the process
@@ -14,9 +14,10 @@ import logging
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from wire import arg_types
+from wire.limits import ServerLimits
 from wire.transport import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,14 @@ class Security:
     server_tls: wraps accepted connections (None: plaintext).
     client_tls: wraps opened connections and verifies the server (None: plaintext).
     max_frame_bytes: largest frame accepted or sent.
+    limits: what each server grants its peers (timeouts, connections, frame memory).
     """
 
     token: str | None = None
     server_tls: ssl.SSLContext | None = None
     client_tls: ssl.SSLContext | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def describe(self) -> str:
         """One line for the start-up log; never shows the token itself."""
@@ -155,6 +158,37 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
         help="largest message this process accepts or sends, in MiB (default %(default)s); "
              "a bigger frame from a peer is refused before memory is allocated, its connection "
              "closed and an error logged. Use the same value on every process")
+    if serves:
+        _add_server_limits(group)
+
+
+def _add_server_limits(group: argparse._ArgumentGroup) -> None:
+    defaults = ServerLimits()
+    group.add_argument(
+        "--idle-timeout", type=arg_types.non_negative_seconds, default=defaults.idle_timeout,
+        metavar="SECONDS",
+        help="close a connection on which no request starts for this long (default "
+             "%(default)s; 0: never). Pooled connections of peers reconnect transparently")
+    group.add_argument(
+        "--frame-timeout", type=arg_types.seconds, default=defaults.frame_timeout,
+        metavar="SECONDS",
+        help="a request must arrive whole within this long of its first byte, else its "
+             "connection is closed (default %(default)s); raise it for big models on slow links")
+    group.add_argument(
+        "--max-connections", type=arg_types.positive_int, default=defaults.max_connections,
+        metavar="N",
+        help="open connections this server accepts; more are closed at once (default "
+             "%(default)s)")
+    group.add_argument(
+        "--max-connections-per-peer", type=arg_types.positive_int,
+        default=defaults.max_connections_per_peer, metavar="N",
+        help="open connections accepted from one address (default %(default)s)")
+    group.add_argument(
+        "--max-pending-frames-mb", type=arg_types.positive_int,
+        default=defaults.pending_frame_bytes // MIB, metavar="MB",
+        help="MiB that requests still arriving from peers whose token is not yet checked "
+             "may claim together; a request waits for room (default %(default)s; at least "
+             "--max-frame-mb)")
 
 
 def from_args(args: argparse.Namespace, *, serves: bool) -> Security:
@@ -170,6 +204,21 @@ def from_args(args: argparse.Namespace, *, serves: bool) -> Security:
         server_tls=server_context(cert, key) if cert is not None else None,
         client_tls=client_context(args.tls_ca) if args.tls_ca is not None else None,
         max_frame_bytes=args.max_frame_mb * MIB,
+        limits=_limits_from(args) if serves else ServerLimits(),
+    )
+
+
+def _limits_from(args: argparse.Namespace) -> ServerLimits:
+    if args.max_pending_frames_mb < args.max_frame_mb:
+        raise SecurityError(f"--max-pending-frames-mb ({args.max_pending_frames_mb}) must be at "
+                            f"least --max-frame-mb ({args.max_frame_mb}), or a request of the "
+                            "largest size could never be received")
+    return ServerLimits(
+        idle_timeout=args.idle_timeout or None,
+        frame_timeout=args.frame_timeout,
+        max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        pending_frame_bytes=args.max_pending_frames_mb * MIB,
     )
 
 
@@ -180,6 +229,7 @@ def configure_from_args(args: argparse.Namespace, *, serves: bool) -> str | None
     except SecurityError as exc:
         return str(exc)
     configure(settings)
-    log.info("connection security: %s", settings.describe())
+    limits = f", {settings.limits.describe()}" if serves else ""
+    log.info("connection security: %s%s", settings.describe(), limits)
     return None
 

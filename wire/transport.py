@@ -15,9 +15,11 @@ differs is where the bytes live:
 
 Limits are deliberate: frames above `max_frame_bytes` are refused before any
 memory is allocated, strings may be as long as a frame, containers hold at most
-`DEFAULT_CONTAINER_LIMIT` elements. Protocols must be the pure-Python binary
-protocol (`WireProtocol`): the C-accelerated one copies big binaries byte by
-byte and cannot read memoryviews.
+`DEFAULT_CONTAINER_LIMIT` elements. A server's transport (`ServerReads`) also
+bounds the wait for a request and for the rest of a started frame, and receives
+frames of peers not yet authenticated within a shared budget. Protocols must be
+the pure-Python binary protocol (`WireProtocol`): the C-accelerated one copies big
+binaries byte by byte and cannot read memoryviews.
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ import os
 import socket
 import ssl
 import struct
+import time
+from dataclasses import dataclass
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
+from thrift.Thrift import TType
 from thrift.transport.TTransport import TTransportBase, TTransportException
 
 from wire import stats as wire_stats
+from wire.limits import FrameBudget
 
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 DEFAULT_CONTAINER_LIMIT = 1_000_000
@@ -42,6 +48,9 @@ DEFAULT_CONTAINER_LIMIT = 1_000_000
 LARGE_WRITE_BYTES = 64 * 1024
 # Frames at least this big are received into a reusable huge-page mmap.
 _MMAP_FRAME_BYTES = 1024 * 1024
+# From unauthenticated peers, frames at least this big go to a fresh mmap, whose
+# memory is committed only as bytes arrive (a bytearray is committed at once).
+_LAZY_FRAME_BYTES = 64 * 1024
 _HUGE_PAGE_BYTES = 2 * 1024 * 1024
 # The signed 32-bit length field of a frame cannot say more than this.
 _HARD_MAX_FRAME_BYTES = 2**31 - 1
@@ -57,6 +66,24 @@ BytesLike = bytes | bytearray | memoryview
 wire_stats.dump_from_environment()  # only when TRAINER_WIRE_STATS names a file
 
 
+@dataclass(frozen=True)
+class ServerReads:
+    """How a server reads requests: the timeouts and the budget of its `ServerLimits`.
+
+    idle_timeout: wait for the first byte of a request (None: forever).
+    frame_timeout: from a frame's first byte to its last.
+    budget: what frames of unauthenticated peers claim while they arrive.
+    keep_buffers: whether those frames may also reuse and keep the connection's receive
+        buffer, as authenticated ones do: for a server that requires no token, where no
+        peer is trusted more than another and big frames are the normal case.
+    """
+
+    idle_timeout: float | None
+    frame_timeout: float
+    budget: FrameBudget
+    keep_buffers: bool = False
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Turn off Nagle: each message is one write, so delaying its tail only adds latency.
 
@@ -64,6 +91,13 @@ def tune_socket(sock: socket.socket) -> None:
     them (1 or 4 MiB) measured no faster here and disables autotuning.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class IdleTimeout(TTransportException):
+    """A server closed a connection on which no request started within its idle timeout."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(TTransportException.TIMED_OUT, message)
 
 
 class FramedSocketTransport(TTransportBase):
@@ -80,6 +114,7 @@ class FramedSocketTransport(TTransportBase):
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         peer: str | None = None,
+        server_reads: ServerReads | None = None,
     ) -> None:
         if not 0 < max_frame_bytes <= _HARD_MAX_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be in 1..{_HARD_MAX_FRAME_BYTES}")
@@ -92,6 +127,10 @@ class FramedSocketTransport(TTransportBase):
         self._spare: mmap.mmap | None = None
         # An SSLSocket has no sendmsg: it encrypts one buffer at a time.
         self._scatter = not isinstance(sock, ssl.SSLSocket)
+        # Server side only: deadlines on every frame, and until the peer is
+        # `authenticated` (its token checked) a budgeted, lazily committed buffer.
+        self._server_reads = server_reads
+        self.authenticated = False
         # Bytes on the wire (frame headers included), also reported to wire.stats.
         self.bytes_sent = self.bytes_received = 0
         self.frames_sent = self.frames_received = 0
@@ -121,6 +160,24 @@ class FramedSocketTransport(TTransportBase):
         self._frame, self._spare = _EMPTY, None
         if sock is not None:
             sock.close()
+
+    def peer_closed(self) -> bool:
+        """Without waiting: whether an idle connection is unusable, because the peer
+        closed it (a server's idle timeout) or sent something unasked."""
+        sock = self._sock
+        if sock is None:
+            return True
+        timeout = sock.gettimeout()
+        sock.settimeout(0.0)  # a socket with a timeout would wait for data to peek at
+        try:  # the plain socket's recv even under TLS: any byte here is unexpected
+            socket.socket.recv(sock, 1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: still open
+        except OSError:
+            return True
+        finally:
+            sock.settimeout(timeout)
+        return True
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send or receive (None waits forever)."""
@@ -153,16 +210,107 @@ class FramedSocketTransport(TTransportBase):
         self._pos = end
         return self._frame[start:end]
 
+    def current_frame(self) -> memoryview:
+        """The unread rest of the current frame, receiving the next one if it is used up."""
+        if self._pos >= len(self._frame):
+            self._next_frame()
+        return self._frame[self._pos :]
+
+    def skip_frame(self) -> None:
+        """Drop the unread rest of the current frame."""
+        self._pos = len(self._frame)
+
     def _next_frame(self) -> None:
         self._frame, self._pos = _EMPTY, 0  # our own view must not pin the old buffer
+        if self._server_reads is not None:
+            self._next_request_frame(self._server_reads)
+            return
         self._recv_exactly(memoryview(self._header))
-        (size,) = _HEADER.unpack(self._header)
-        if not 0 <= size <= self.max_frame_bytes:
-            raise TTransportException(TTransportException.SIZE_LIMIT, self._refusal(size))
+        size = self._checked_size()
         frame = memoryview(self._buffer_for(size))[:size]
         self._recv_exactly(frame)
         self._frame = frame
         self._count(wire_stats.RECEIVED, size, frame)
+
+    def _next_request_frame(self, reads: ServerReads) -> None:
+        """A server's read: idle until the first byte, then the frame by its deadline."""
+        header = memoryview(self._header)
+        self._socket().settimeout(reads.idle_timeout)
+        try:
+            self._recv_exactly(header[:1])
+        except TTransportException as exc:
+            if exc.type != TTransportException.TIMED_OUT:
+                raise
+            raise IdleTimeout(f"{self.peer} sent no request for {reads.idle_timeout:g}s; "
+                              "closed its connection (--idle-timeout)") from None
+        deadline = time.monotonic() + reads.frame_timeout
+        self._recv_by(header[1:], deadline)
+        size = self._checked_size()
+        if self.authenticated:
+            frame = memoryview(self._buffer_for(size))[:size]
+            self._recv_by(frame, deadline)
+        else:
+            frame = self._budgeted_frame(reads, size, deadline)
+        self._socket().settimeout(reads.idle_timeout)  # for the reply
+        self._frame = frame
+        self._count(wire_stats.RECEIVED, size, frame)
+
+    def _budgeted_frame(self, reads: ServerReads, size: int, deadline: float) -> memoryview:
+        """Receive a frame of an unauthenticated peer: claimed from the budget while it
+        arrives and, unless `keep_buffers`, in memory committed only as bytes come and
+        never kept for reuse."""
+        if not reads.budget.claim(size, deadline):
+            self.close()
+            raise TTransportException(
+                TTransportException.TIMED_OUT,
+                f"no room for a frame of {size} bytes from {self.peer} within "
+                f"{reads.frame_timeout:g}s: unfinished frames hold the server's "
+                f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb)")
+        try:
+            if reads.keep_buffers:
+                buffer = self._buffer_for(size)
+            elif size < _LAZY_FRAME_BYTES:
+                buffer = bytearray(size)
+            else:
+                buffer = _huge_page_buffer(size)
+            frame = memoryview(buffer)[:size]
+            self._recv_by(frame, deadline)
+            return frame
+        finally:
+            reads.budget.release(size)
+
+    def _checked_size(self) -> int:
+        (size,) = _HEADER.unpack(self._header)
+        if not 0 <= size <= self.max_frame_bytes:
+            raise TTransportException(TTransportException.SIZE_LIMIT, self._refusal(size))
+        return size
+
+    def _recv_by(self, view: memoryview, deadline: float) -> None:
+        """Receive all of `view` before the monotonic `deadline`, or close and raise."""
+        sock, pos, size = self._socket(), 0, len(view)
+        while pos < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise TTransportException(
+                    TTransportException.TIMED_OUT,
+                    f"{self.peer} sent {pos} of a frame's {size} bytes and no more within the "
+                    "frame timeout; the connection is closed (--frame-timeout)")
+            sock.settimeout(left)
+            pos += self._recv_some(sock, view[pos:], size - pos)
+
+    def _recv_some(self, sock: socket.socket, view: memoryview, wanted: int) -> int:
+        try:
+            got = sock.recv_into(view, wanted)
+        except TimeoutError:  # the deadline passed: the caller says so
+            return 0
+        except OSError as exc:
+            raise self._failure(exc, "receiving from") from exc
+        if not got:
+            raise TTransportException(
+                TTransportException.END_OF_FILE,
+                f"{self.peer} closed the connection {wanted} bytes short of a frame")
+        return got
 
     def _refusal(self, size: int) -> str:
         """Why a frame header was refused, in words an operator can act on."""
@@ -293,6 +441,14 @@ class WireProtocol(TBinaryProtocol):
 
     def readString(self) -> str:
         return str(self.readBinary(), "utf-8")
+
+    def skip(self, ttype: int, max_depth: int = 64) -> None:
+        """Skip a value, binary ones without decoding them: an unknown field a newer
+        peer added may hold any bytes, and skipping it must not fail on them."""
+        if ttype == TType.STRING:
+            self.readBinary()
+        else:
+            super().skip(ttype, max_depth)
 
 
 class WireProtocolFactory(TProtocolFactory):

@@ -8,13 +8,21 @@ server must hang up within CASE_SECONDS. Afterwards both servers still answer
 `ping` and their resident memory has grown by less than RSS_GROWTH_LIMIT.
 
 The servers require a token and the fuzzed requests that could do work carry
-none, so a mutation cannot start a training run; what is fuzzed is the decoding
-that every call goes through before the token check.
+none, so a mutation cannot start a training run; what is fuzzed is the scan of
+the raw request for its token, and the decoding of those that carry it.
+
+A second test plays hostile peers at both servers, started with short
+--idle-timeout and --frame-timeout and a small --max-connections-per-peer:
+silent connections, more connections than allowed, a frame trickling in, a
+token-less request of a million tiny elements and a request with fields a newer
+peer might add. The servers must cut them off in time, refuse the extra
+connections with a single log line, stay within RSS_GROWTH_LIMIT and keep serving.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import socket
 import struct
 import time
@@ -241,3 +249,130 @@ def ping_without_token(proc: Proc) -> bool:
     with connect(ComputeNode.Client, HOST, proc.port, read_timeout=CASE_SECONDS) as c:
         return c.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)).protocol_version \
             == PROTOCOL_VERSION
+
+
+# ------------------------------------------------------- hostile peers
+IDLE_SECONDS = 1.0  # the servers' --idle-timeout and --frame-timeout
+PER_PEER = 24  # the servers' --max-connections-per-peer
+TINY_ELEMENTS = 1_000_000  # elements of the token-less request
+
+
+def hangs_up_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` within `seconds`, reading whatever it sends."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+def silent_and_extra_connections(port: int) -> None:
+    """PER_PEER + 10 connections that send nothing: the extra ones are refused at
+    once, the others closed after the idle timeout."""
+    socks = [socket.create_connection((HOST, port), timeout=CASE_SECONDS)
+             for _ in range(PER_PEER + 10)]
+    try:
+        for sock in socks:
+            assert hangs_up_within(sock, IDLE_SECONDS + CASE_SECONDS), "a silent connection"
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def trickled_frame(port: int) -> None:
+    """A 10 MiB frame header, then a byte at a time: cut off at the frame timeout."""
+    with socket.create_connection((HOST, port), timeout=CASE_SECONDS) as sock:
+        sock.sendall(struct.pack("!i", 10 * 1024 * 1024))
+        deadline = time.monotonic() + IDLE_SECONDS + CASE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return  # hung up
+            if hangs_up_within(sock, 0.1):
+                return
+        raise AssertionError("a trickled frame was not cut off")
+
+
+def tiny_elements_without_token(port: int, method: str, args: Any) -> bytes:
+    """A token-less request of TINY_ELEMENTS empty tensors; the server's reply."""
+    payload = framed(message(method, args))  # first: encoding takes longer than the timeouts
+    with socket.create_connection((HOST, port), timeout=CASE_SECONDS * 4) as sock:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        for _ in range(1000):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
+def newer_ping(token: str) -> bytes:
+    """A ping whose request carries fields this version does not know: binary bytes
+    that are not UTF-8, and a Tensor."""
+    request = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION, token=token)
+    buffer = TMemoryBuffer()
+    request.write(TBinaryProtocol(buffer))
+    junk = b"\xff\xfe\x80 not utf-8"
+    extra = (struct.pack("!bhi", TType.STRING, 70, len(junk)) + junk
+             + struct.pack("!bh", TType.STRUCT, 71)
+             + struct.pack("!bhi", TType.STRING, 4, len(junk)) + junk + b"\x00")
+    return framed(call_header("ping") + extra + buffer.getvalue() + b"\x00")
+
+
+def answers_newer_ping(port: int) -> bool:
+    with socket.create_connection((HOST, port), timeout=CASE_SECONDS) as sock:
+        sock.sendall(newer_ping(TOKEN))
+        (size,) = struct.unpack("!i", sock.recv(4, socket.MSG_WAITALL))
+        protocol = TBinaryProtocol(TMemoryBuffer(sock.recv(size, socket.MSG_WAITALL)))
+        protocol.readMessageBegin()
+        result = ComputeNode.ping_result()  # Coordinator's ping_result has the same fields
+        result.read(protocol)
+        return result.success is not None and result.success.protocol_version == PROTOCOL_VERSION
+
+
+def test_hostile_peers_are_cut_off_and_both_servers_keep_serving(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    flags = ["--token-file", str(token_file), "--max-frame-mb", str(MAX_FRAME_MB),
+             "--idle-timeout", str(IDLE_SECONDS), "--frame-timeout", str(IDLE_SECONDS),
+             "--max-connections-per-peer", str(PER_PEER)]
+    node = cluster.add_node(0.0, *flags)
+    coordinator = cluster.start_coordinator(2, *flags)
+    tiny = work_request()
+    tiny.weights = [ttypes.Tensor() for _ in range(TINY_ELEMENTS)]  # 1 byte each on the wire
+    targets = [
+        (ComputeNode, node, "train_with_weights", ComputeNode.train_with_weights_args(
+            request=tiny)),
+        (Coordinator, coordinator, "submit_result", Coordinator.submit_result_args(
+            request=ttypes.SubmitRequest(
+                protocol_version=PROTOCOL_VERSION, node="n", run_id="fuzz", unit_id="u",
+                attempt=1, result=ttypes.TrainResult(True, ttypes.UnitOutcome.COMPLETED,
+                                                     tiny.weights, 4, 0.1, 0.2, 0.0, 0.0)))),
+    ]
+    started = time.monotonic()
+    for service, proc, method, args in targets:
+        ping(service, proc)
+        before = resident_bytes(proc)
+        silent_and_extra_connections(proc.port)
+        trickled_frame(proc.port)
+        reply = tiny_elements_without_token(proc.port, method, args)
+        assert b"requires a token" in reply, f"{service.__name__}: {reply[:200]!r}"
+        assert answers_newer_ping(proc.port), service.__name__
+        assert proc.alive(), cluster.logs()
+        assert ping(service, proc).protocol_version == PROTOCOL_VERSION
+        grown = resident_bytes(proc) - before
+        assert grown < RSS_GROWTH_LIMIT, f"{service.__name__} grew by {grown / 2**20:.0f} MiB"
+        refusals = re.findall(r"refused \d+ connection", proc.log())
+        assert len(refusals) == 1, f"{service.__name__} logged {len(refusals)} refusal lines"
+    assert time.monotonic() - started < FUZZ_SECONDS

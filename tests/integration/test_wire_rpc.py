@@ -21,6 +21,7 @@ from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TFramedTransport, TTransportException
 
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from wire.limits import ServerLimits
 from wire.rpc import (
     ConnectionFailed,
     ConnectionPool,
@@ -294,7 +295,8 @@ def test_busy_handler_does_not_block_other_connections(
 
 
 def test_idle_connections_are_closed_after_idle_timeout(node: EchoNode) -> None:
-    srv = ThriftServer(ComputeNode.Processor(node), HOST, 0, idle_timeout=0.2)
+    srv = ThriftServer(ComputeNode.Processor(node), HOST, 0,
+                       limits=ServerLimits(idle_timeout=0.2))
     thread = srv.serve_in_thread()
     try:
         with socket.create_connection((HOST, srv.port), timeout=WAIT) as silent:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.tls_certs import Certs, make_certs
 from wire import security
+from wire.limits import ServerLimits
 from wire.security import MIB, SecurityError, from_args, read_token_file, token_from
 
 
@@ -119,3 +120,36 @@ def test_configure_from_args_sets_the_process_default(monkeypatch, tmp_path: Pat
                                            serves=True)
     assert problem is not None and "does not exist" in problem
     assert security.current().token == "abc"  # a failed configuration changes nothing
+
+
+# ----------------------------------------------------------- server limits
+def test_server_limit_flags_build_the_limits(monkeypatch):
+    monkeypatch.delenv(security.TOKEN_ENV, raising=False)
+    limits = from_args(parse(["--idle-timeout", "0", "--frame-timeout", "30",
+                              "--max-connections", "50", "--max-connections-per-peer", "5",
+                              "--max-pending-frames-mb", "300"]), serves=True).limits
+    assert limits == ServerLimits(idle_timeout=None, frame_timeout=30.0, max_connections=50,
+                                  max_connections_per_peer=5, pending_frame_bytes=300 * MIB)
+    assert from_args(parse([]), serves=True).limits == ServerLimits()
+
+
+def test_a_pending_frame_budget_below_the_frame_limit_is_an_error(monkeypatch):
+    monkeypatch.delenv(security.TOKEN_ENV, raising=False)
+    args = parse(["--max-frame-mb", "64", "--max-pending-frames-mb", "32"])
+    with pytest.raises(SecurityError, match="--max-pending-frames-mb .32. must be at least"):
+        from_args(args, serves=True)
+
+
+@pytest.mark.parametrize("flag, value", [("--frame-timeout", "0"), ("--idle-timeout", "-1"),
+                                         ("--max-connections", "0"),
+                                         ("--max-connections-per-peer", "x")])
+def test_bad_server_limits_are_usage_errors(flag, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse([flag, value])
+    assert info.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_client_has_no_server_limit_flags():
+    with pytest.raises(SystemExit):
+        parse(["--max-connections", "3"], serves=False)
