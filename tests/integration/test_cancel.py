@@ -11,13 +11,16 @@ import time
 from devtools import local_cluster as procs
 
 HUGE = ["letters", "1", "1000000", "20", "0.0001"]  # days of epochs on one node
+# A coordinator's --max-epochs refuses such a request by default; one that allows it must
+# still be able to stop the work.
+ALLOW_HUGE = ("--max-epochs", "1000000")
 SMALL = ["letters", "1", "2", "20", "0.0001"]
 SERVED_WITHIN = 45.0  # generous on a loaded machine; a node left computing takes hours
 
 
 def test_a_cancelled_run_frees_its_node_for_the_next_run(cluster):
     node = cluster.add_node(0.0)
-    cluster.start_coordinator(2, "--no-speculation")
+    cluster.start_coordinator(2, "--no-speculation", *ALLOW_HUGE)
     client = cluster.start_client(*HUGE, "--run-id", "huge", "--quiet")
     try:
         node.wait_for(r"unit \S+ round 1 accepted", timeout=60)
