@@ -23,11 +23,16 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from thrift.Thrift import TException
-
 from coordinator.cancels import CancelSender, shared_sender
 from coordinator.ledger import UnitLedger
-from coordinator.node_pool import AttemptAborted, NodeHandle
+from coordinator.node_errors import (
+    AttemptAborted,
+    NodeError,
+    NodeIncompatible,
+    NodeRefused,
+    NodeUnavailable,
+)
+from coordinator.node_pool import NodeHandle
 from coordinator.node_quorum import NodeGate, NodeMinimum
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
@@ -41,7 +46,6 @@ from training.algorithms.base import (
     check_sample_count,
 )
 from wire.generated import ttypes
-from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
@@ -339,23 +343,23 @@ class RoundEngine:
         began = time.monotonic()
         try:
             result = node.train(build_request(unit.spec, attempt))
-        except ttypes.VersionMismatch as exc:
-            self._failed(state, unit, attempt, node, began, bench=False, reason=exc.message)
-            raise FatalNodeError(f"{node.name}: {exc.message}") from exc
-        except ttypes.InvalidRequest as exc:
-            self._failed(state, unit, attempt, node, began, bench=False, reason=exc.message)
+        except NodeIncompatible as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
+            raise FatalNodeError(f"{node.name}: {exc}") from exc
+        except NodeRefused as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
             return "failed"
         except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
                          status="stale")
             return "failed"
-        except ConnectionFailed as exc:
+        except NodeUnavailable as exc:
             # The unit never reached the node: the node's failure, not the unit's, so
             # it does not count towards discarding the unit (a machine hosting many
             # nodes dying at once would otherwise use up a unit's failures at once).
             self._unreachable(state, unit, attempt, node, began, str(exc))
             return "rejected"
-        except (TException, OSError) as exc:
+        except NodeError as exc:  # timed out, reset, a remote error
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
         finally:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from coordinator.local_host import canonical_host
 from coordinator.membership import Member, Membership
-from coordinator.node_pool import Liveness, NodeHandle
+from coordinator.node_pool import Liveness, NodeHandle, pushed_node
 from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.pull_node import PullNodeHandle
 
@@ -72,7 +72,7 @@ class RunNodes:
         for address in addresses:
             if _identity(address) not in known:
                 new.setdefault(_identity(address), address)
-        added = [NodeHandle(self._index(), address, self._rpc_timeout, self._connect_timeout)
+        added = [pushed_node(self._index(), address, self._rpc_timeout, self._connect_timeout)
                  for address in new.values()]
         for node in added:
             node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from compute_node.sessions import SessionStore
-from coordinator.node_pool import NodeHandle
+from coordinator.node_pool import NodeHandle, pushed_node
 from coordinator.nodes_file import NodeAddress
 from coordinator.session_moves import NodeSessions
 from devtools.local_cluster import REPO, start_pull_node
@@ -39,8 +39,8 @@ PATIENT = ("--deadline-floor", "120")
 
 def handles(cluster, count: int = 2) -> list[NodeHandle]:
     procs = [cluster.add_node(0.0) for _ in range(count)]
-    return [NodeHandle(i, NodeAddress("127.0.0.1", p.port), rpc_timeout=180.0,
-                       connect_timeout=3.0) for i, p in enumerate(procs)]
+    return [pushed_node(i, NodeAddress("127.0.0.1", p.port), rpc_timeout=180.0,
+                        connect_timeout=3.0) for i, p in enumerate(procs)]
 
 
 def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) -> None:
@@ -53,9 +53,8 @@ def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) 
 
 
 def export(node: NodeHandle, session: str) -> dict[str, np.ndarray]:
-    state = node.session_call("export_session", ttypes.SessionRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="run", session=session))
-    return {k: v.copy() for k, v in wire_to_dict(state.tensors).items()}
+    tensors = node.client.export_session("run", session)
+    return {k: v.copy() for k, v in wire_to_dict(tensors).items()}
 
 
 def replay(algorithm: MDGan, unit: UnitSpec, start: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

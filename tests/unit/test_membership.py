@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from coordinator.membership import Mailbox, MemberError, Membership
-from coordinator.node_pool import AttemptAborted
+from coordinator.node_errors import AttemptAborted
 from coordinator.pull_node import PullNodeHandle
 from wire.generated import PROTOCOL_VERSION, ttypes
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from compute_node.load import LoadSimulator
+from coordinator.node_errors import NodeUnavailable
 from coordinator.node_pool import Liveness
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
@@ -142,7 +143,7 @@ class FrozenNode(LocalNode):
 
     def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         self.released.wait(60)
-        raise ConnectionFailed("frozen")
+        raise NodeUnavailable("frozen")
 
     def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
         self.cancel_threads.append(threading.current_thread().name)
