@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coordinator.nodes_file import NodeAddress
+from coordinator.tasks import Task, TaskResult
 
 AttemptKey = tuple[str, str, int]  # run_id, unit_id, attempt
 
@@ -32,7 +33,7 @@ class NodeClient(Protocol):
     accepts_connections: bool  # False for a node others cannot dial (pull mode)
     address: NodeAddress | None  # where other nodes reach it, when they can
 
-    def train(self, request: Any) -> Any:
+    def train(self, task: Task) -> TaskResult:
         """Run one unit and return its result; an abort makes it raise AttemptAborted."""
 
     def abort(self, key: AttemptKey, reason: str) -> bool:

@@ -13,6 +13,7 @@ from coordinator.node_client import NodeClient
 from coordinator.node_errors import NodeError
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
+from coordinator.tasks import Task, TaskResult, TaskStatus
 from coordinator.thrift_node import ThriftNodeClient
 from wire.generated import ttypes
 
@@ -125,10 +126,10 @@ class NodeHandle:
         return self.client.accepts_connections
 
     # ------------------------------------------------------------------ calls
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         """One training call; failures raise coordinator.node_errors (AttemptAborted with
         the reason for a call aborted from outside)."""
-        result = self.client.train(request)
+        result = self.client.train(task)
         self.liveness.heard()
         return result
 
@@ -166,7 +167,7 @@ class NodeHandle:
         with self._lock:
             self.in_flight += 1
 
-    def finished(self, result: ttypes.TrainResult, seconds: float) -> None:
+    def finished(self, result: TaskResult, seconds: float) -> None:
         """Record an answer (any outcome): the node is alive, so it leaves the bench."""
         with self._lock:
             self.in_flight -= 1
@@ -174,18 +175,18 @@ class NodeHandle:
             self.stats.busy_seconds += seconds
             self.stats.compute_seconds += result.compute_seconds
             self.stats.delay_seconds += result.delay_seconds
-            outcome = result.outcome
-            if outcome == ttypes.UnitOutcome.REJECTED:
+            status = result.status
+            if status == TaskStatus.REJECTED:
                 self.stats.rejected += 1
                 return
             if result.delay_seconds > 0:
                 self.stats.delayed += 1
                 self._delay_seconds = _moving_average(self._delay_seconds,
                                                       result.delay_seconds)
-            elif outcome == ttypes.UnitOutcome.COMPLETED:
+            elif status == TaskStatus.COMPLETED:
                 self._compute_seconds = _moving_average(self._compute_seconds,
                                                         result.compute_seconds)
-            if outcome == ttypes.UnitOutcome.CANCELLED:
+            if status == TaskStatus.CANCELLED:
                 self.stats.cancelled += 1
             else:
                 self.stats.accepted += 1

@@ -16,7 +16,8 @@ from coordinator.membership import Member, Pending, UnitKey, key_of
 from coordinator.node_client import NodePing
 from coordinator.node_errors import AttemptAborted, NodeRefused, NodeUnavailable
 from coordinator.node_pool import NodeHandle
-from coordinator.thrift_node import SessionRequests
+from coordinator.tasks import Task, TaskResult
+from coordinator.thrift_node import SessionRequests, task_result, work_request
 from wire import node_calls
 from wire.generated import ttypes
 
@@ -35,10 +36,10 @@ class PullNodeClient(SessionRequests):
         self._lock = threading.Lock()
         self._pending: dict[UnitKey, Pending] = {}
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         mailbox = self.member.mailbox
         assert mailbox is not None
-        pending = mailbox.put(request)
+        pending = mailbox.put(work_request(task))
         key = key_of(pending)
         with self._lock:
             self._pending[key] = pending
@@ -50,7 +51,7 @@ class PullNodeClient(SessionRequests):
                 self._pending.pop(key, None)
         _raise_failure(pending)
         assert pending.result is not None
-        return pending.result
+        return task_result(pending.result, task)
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         """A session call carried through the mailbox (see wire.node_calls): the node

@@ -55,6 +55,7 @@ from coordinator.round_engine import (
 from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
+from coordinator.tasks import EncodedTensors, Task
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
@@ -307,10 +308,10 @@ class Run:
         units = self.algorithm.plan_round(round_index)
         wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
 
-        def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+        def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
             payload = wire_weights if own is None else dict_to_wire(own)
-            return self._work_request(round_index, unit, attempt, payload)
+            return self._task(round_index, unit, attempt, payload)
 
         earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
         self.ledger.check()
@@ -377,10 +378,10 @@ class Run:
                                     self._policy.random_state())
             save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
 
-    def _work_request(self, round_index: int, unit: UnitSpec, attempt: int,
-                      weights: list[ttypes.Tensor]) -> ttypes.WorkRequest:
-        return ttypes.WorkRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, round=round_index,
+    def _task(self, round_index: int, unit: UnitSpec, attempt: int,
+              weights: EncodedTensors) -> Task:
+        return Task(
+            run_id=self.run_id, round=round_index,
             unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,
             model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
             config_json=self._config_json, weights=weights,

@@ -1,8 +1,9 @@
 """Pushed compute nodes over Thrift: the NodeClient the coordinator dials.
 
 The one place where Thrift and socket errors of calls to a node become the
-coordinator's own (coordinator.node_errors). Session calls are built here too, by
-`SessionRequests`, which the pull client shares (its calls travel as bytes).
+coordinator's own (coordinator.node_errors), and where tasks and results become Thrift
+structs and back. Session calls are built here too, by `SessionRequests`; the pull and
+in-process clients share these (their calls carry the same structs without a socket).
 """
 
 from __future__ import annotations
@@ -26,11 +27,40 @@ from coordinator.node_errors import (
     NodeUnavailable,
 )
 from coordinator.nodes_file import NodeAddress
+from coordinator.tasks import Task, TaskResult, TaskStatus
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
+_STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,
+           ttypes.UnitOutcome.REJECTED: TaskStatus.REJECTED,
+           ttypes.UnitOutcome.CANCELLED: TaskStatus.CANCELLED}
+
+
+def work_request(task: Task) -> ttypes.WorkRequest:
+    """A task as the Thrift request a node runs."""
+    return ttypes.WorkRequest(
+        protocol_version=PROTOCOL_VERSION, run_id=task.run_id, round=task.round,
+        unit_id=task.unit_id, attempt=task.attempt, algorithm=task.algorithm,
+        model=task.model, dataset=task.dataset, unit_path=task.unit_path,
+        config_json=task.config_json, weights=task.weights,
+        scheduling_policy=task.scheduling_policy, index_start=task.index_start,
+        index_stop=task.index_stop)
+
+
+def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
+    """A node's Thrift answer to `task`; NodeRemoteError for an outcome not known here."""
+    try:
+        status = _STATUS[result.outcome]
+    except KeyError:
+        raise NodeRemoteError(f"unknown unit outcome {result.outcome!r}") from None
+    return TaskResult(status=status, update=result.update or [],
+                      num_samples=result.num_samples, model_version=task.round,
+                      loss=result.loss, error=result.error,
+                      compute_seconds=result.compute_seconds,
+                      delay_seconds=result.delay_seconds, message=result.message,
+                      node_id=result.node_id)
 
 
 def node_error(exc: Exception) -> NodeError:
@@ -109,14 +139,14 @@ class ThriftNodeClient(SessionRequests):
                                        connect_timeout=connect_timeout,
                                        read_timeout=CONTROL_TIMEOUT_SECONDS)
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
-        key = (request.run_id, request.unit_id, request.attempt)
+    def train(self, task: Task) -> TaskResult:
+        key = task.key
         try:
             with self._work.client() as client:
                 with self._lock:
                     self._calls[key] = transport_of(client)
                 try:
-                    return client.train_with_weights(request)
+                    return task_result(client.train_with_weights(work_request(task)), task)
                 finally:
                     with self._lock:
                         self._calls.pop(key, None)

@@ -18,7 +18,8 @@ from compute_node.load import LoadSimulator
 from coordinator.node_client import AttemptKey, NodePing
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
-from coordinator.thrift_node import SessionRequests, mapped_errors
+from coordinator.tasks import Task, TaskResult
+from coordinator.thrift_node import SessionRequests, mapped_errors, task_result, work_request
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
 
@@ -32,11 +33,11 @@ class InProcessNodeClient(SessionRequests):
         self.address: NodeAddress | None = address
         self.fail_with = fail_with
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         with mapped_errors():
             if self.fail_with is not None:
                 raise self.fail_with
-            return self.handler.train_with_weights(request)
+            return task_result(self.handler.train_with_weights(work_request(task)), task)
 
     def abort(self, key: AttemptKey, reason: str) -> bool:
         return False  # the call runs on the caller's thread: nothing to interrupt
@@ -74,7 +75,7 @@ class LocalNode(NodeHandle):
         self.calls = 0
         self._calls_lock = threading.Lock()
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         with self._calls_lock:
             self.calls += 1
-        return super().train(request)
+        return super().train(task)

@@ -14,12 +14,12 @@ from compute_node.sessions import SessionStore
 from coordinator.node_pool import NodeHandle, pushed_node
 from coordinator.nodes_file import NodeAddress
 from coordinator.session_moves import NodeSessions
+from coordinator.tasks import Task, TaskStatus
 from devtools.local_cluster import REPO, start_pull_node
 from training import gan_metrics, gan_models
 from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.md_gan import Discriminator, MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 
 torch.set_num_threads(1)
@@ -44,12 +44,12 @@ def handles(cluster, count: int = 2) -> list[NodeHandle]:
 
 
 def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) -> None:
-    result = node.train(ttypes.WorkRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="run", round=round_index, unit_id=unit.unit_id,
+    result = node.train(Task(
+        run_id="run", round=round_index, unit_id=unit.unit_id,
         attempt=1, algorithm="md_gan", model=algorithm.model, dataset="mnist",
         unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
         weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2))
-    assert result.outcome == ttypes.UnitOutcome.COMPLETED, result.message
+    assert result.status == TaskStatus.COMPLETED, result.message
 
 
 def export(node: NodeHandle, session: str) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ from coordinator.node_errors import (
     NodeUnavailable,
 )
 from coordinator.nodes_file import NodeAddress
+from coordinator.tasks import Task, TaskStatus
 from coordinator.thrift_node import ThriftNodeClient
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ThriftServer
@@ -52,11 +53,10 @@ class ScriptedNode(ComputeNode.Iface):
                                   compute_seconds=0.0, delay_seconds=0.0)
 
 
-def work(run_id: str) -> ttypes.WorkRequest:
-    return ttypes.WorkRequest(protocol_version=PROTOCOL_VERSION, run_id=run_id, round=1,
-                              unit_id="u", attempt=1, algorithm="delta_avg", model="mlp",
-                              dataset="letters", unit_path="p", config_json="{}", weights=[],
-                              scheduling_policy=2)
+def work(run_id: str) -> Task:
+    return Task(run_id=run_id, round=7, unit_id="u", attempt=1, algorithm="delta_avg",
+                model="mlp", dataset="letters", unit_path="p", config_json="{}", weights=[],
+                scheduling_policy=2)
 
 
 @pytest.fixture
@@ -86,7 +86,9 @@ def closed_port() -> int:
 
 def test_an_answer_and_a_ping_come_back(address: NodeAddress) -> None:
     node = client(address)
-    assert node.train(work("ok")).num_samples == 1
+    result = node.train(work("ok"))
+    assert (result.status, result.num_samples, result.model_version) == (
+        TaskStatus.COMPLETED, 1, 7)
     ping = node.ping()
     assert ping.delaying == ["r/u/1"] and ping.progress == {"r/u/1": 3}
     node.close()
