@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.records import RoundMetrics
 from training.algorithms.base import Weights
 from training.model_file import ModelFileError, load_model, save_model
 from wire.generated import ttypes
@@ -140,12 +141,11 @@ def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
     return kept
 
 
-def metrics_of(row: dict[str, Any]) -> ttypes.RoundMetrics:
+def metrics_of(row: dict[str, Any]) -> RoundMetrics:
     """A RoundMetrics back from a metrics.jsonl row."""
     core = ("round", "validation_error", "validation_loss", "train_loss", "seconds")
     scores = {k: float(v) for k, v in row.items()
               if k not in core and k != "discarded" and isinstance(v, (int, float))}
-    return ttypes.RoundMetrics(round=row["round"], validation_error=row["validation_error"],
-                               validation_loss=row["validation_loss"],
-                               train_loss=row["train_loss"], seconds=row["seconds"],
-                               scores=scores or None)
+    return RoundMetrics(round=row["round"], validation_error=row["validation_error"],
+                        validation_loss=row["validation_loss"], train_loss=row["train_loss"],
+                        seconds=row["seconds"], scores=scores or None)

@@ -12,6 +12,7 @@ from coordinator.membership import MemberError, Membership
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
+from coordinator.status_wire import run_status
 from coordinator.store_lock import StoreLock
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
@@ -77,7 +78,7 @@ class CoordinatorHandler:
             self._order.append(run.run_id)
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
-        status = self._find(request.run_id).progress.snapshot()
+        status = run_status(self._find(request.run_id).progress.snapshot())
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]
@@ -98,7 +99,7 @@ class CoordinatorHandler:
         limit = request.limit or 50
         with self._lock:
             live = [self._runs[i] for i in reversed(self._order)]
-        runs = [run.progress.snapshot() for run in live[:limit]]
+        runs = [run_status(run.progress.snapshot()) for run in live[:limit]]
         known = {r.run_id for r in runs}
         for record in self.store.list_runs(limit):
             if len(runs) < limit and record.run_id not in known:

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from coordinator.records import RoundMetrics
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
-from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.ledger")
 
@@ -47,7 +47,7 @@ class UnitLedger:
         self._write("plan_units", round_index, unit_ids)
         return self._write("attempts_so_far", round_index) or {}
 
-    def round_ended(self, metrics: ttypes.RoundMetrics, completed: int, discarded: int) -> None:
+    def round_ended(self, metrics: RoundMetrics, completed: int, discarded: int) -> None:
         """Record the round; the store cancels whatever the round left unsettled."""
         self._write("record_round", metrics.round, validation_error=metrics.validation_error,
                     validation_loss=metrics.validation_loss, train_loss=metrics.train_loss,

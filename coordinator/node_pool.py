@@ -13,9 +13,9 @@ from coordinator.node_client import NodeClient
 from coordinator.node_errors import NodeError
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
+from coordinator.records import NodeSummary
 from coordinator.tasks import Task, TaskResult, TaskStatus
 from coordinator.thrift_node import ThriftNodeClient
-from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -226,17 +226,15 @@ class NodeHandle:
                 available=now >= self._benched_until,
             )
 
-    def summary(self) -> ttypes.NodeSummary:
+    def summary(self) -> NodeSummary:
         with self._lock:
             s = self.stats
-            return ttypes.NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
+            return NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
                                       delayed=s.delayed, failed=s.failed, cancelled=s.cancelled,
-                                      busy_seconds=s.busy_seconds,
-                                      compute_seconds=s.compute_seconds,
-                                      delay_seconds=s.delay_seconds,
-                                      state=self.liveness.state(),
-                                      silent_seconds=self.liveness.silent_seconds(),
-                                      pull=not self.accepts_connections)
+                               busy_seconds=s.busy_seconds, compute_seconds=s.compute_seconds,
+                               delay_seconds=s.delay_seconds, state=self.liveness.state(),
+                               silent_seconds=self.liveness.silent_seconds(),
+                               pull=not self.accepts_connections)
 
 
 def pushed_node(index: int, address: NodeAddress, rpc_timeout: float,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator import status_wire
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -38,6 +39,7 @@ from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from coordinator.records import RoundMetrics
 from coordinator.request_checks import (
     RequestLimits,
     check_config,
@@ -249,8 +251,10 @@ class Run:
                  history[-1].validation_error, model_path)
         return ttypes.RunResult(
             run_id=self.run_id, validation_error=history[-1].validation_error,
-            rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
-            nodes=[n.summary() for n in self.nodes], weights=dict_to_wire(weights),
+            rounds=len(history), wall_seconds=self.progress.elapsed(),
+            history=[status_wire.round_metrics(m) for m in history],
+            nodes=[status_wire.node_summary(n.summary()) for n in self.nodes],
+            weights=dict_to_wire(weights),
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
         )
@@ -301,7 +305,7 @@ class Run:
         return self._nodes.nodes
 
     def _round(self, engine: RoundEngine, round_index: int,
-               weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
+               weights: Weights) -> tuple[Weights, RoundMetrics]:
         if self._nodes.refresh():  # nodes joined or left since the last round
             engine.set_nodes(self.nodes)
         started = time.monotonic()
@@ -327,7 +331,7 @@ class Run:
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
         evaluation = self._evaluate(round_index, weights)
-        metrics = ttypes.RoundMetrics(
+        metrics = RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
             validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
             seconds=time.monotonic() - started,
@@ -358,7 +362,7 @@ class Run:
             return self.algorithm.evaluate(weights)
         return RoundEval(validation_error=math.nan, validation_loss=math.nan)
 
-    def _score(self, round_index: int, weights: Weights, metrics: ttypes.RoundMetrics) -> None:
+    def _score(self, round_index: int, weights: Weights, metrics: RoundMetrics) -> None:
         """Offline scores (IS, FID) into the round's metrics, when they are due."""
         if due(self.outputs["eval_every"], round_index, self.request.rounds):
             metrics.scores = self.algorithm.score(weights, self.outputs["eval_n"]) or None
@@ -395,7 +399,7 @@ class Run:
                 "dataset": r.dataset, "rounds": r.rounds, "config": self.algorithm.config,
                 "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
 
-    def _append_metrics(self, metrics: ttypes.RoundMetrics, discarded: list[str]) -> None:
+    def _append_metrics(self, metrics: RoundMetrics, discarded: list[str]) -> None:
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
                "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
