@@ -7,6 +7,7 @@ The coordinator's own records; the service handler turns them into Thrift struct
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -59,3 +60,47 @@ class RunSnapshot:
     cancelled: int = 0
     epoch: float | None = None
     train_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a client asks to train (the TrainRequest of the service, without its envelope)."""
+
+    run_id: str
+    algorithm: str
+    model: str
+    dataset: str
+    rounds: int
+    config_json: str
+    outputs_json: str | None = None
+
+
+@dataclass
+class RunOutcome:
+    """A run trained to its end."""
+
+    run_id: str
+    validation_error: float
+    rounds: int
+    wall_seconds: float
+    history: list[RoundMetrics]
+    nodes: list[NodeSummary]
+    weights: dict[str, Any]  # name -> numpy array: the final model
+    model_json: str
+    run_dir: str
+
+
+class InvalidRun(ValueError):
+    """A request that cannot be run; the message names the field and why."""
+
+
+class RunFailed(Exception):
+    """A run that could not finish; `nodes_tried` names the nodes it used."""
+
+    def __init__(self, message: str, nodes_tried: list[str]) -> None:
+        super().__init__(message)
+        self.nodes_tried = nodes_tried
+
+
+class RunStopped(Exception):
+    """A run cancelled before its end (by its client, or by itself)."""

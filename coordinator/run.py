@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from coordinator import status_wire
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -39,7 +38,14 @@ from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
-from coordinator.records import RoundMetrics
+from coordinator.records import (
+    InvalidRun,
+    RoundMetrics,
+    RunFailed,
+    RunOutcome,
+    RunRequest,
+    RunStopped,
+)
 from coordinator.request_checks import (
     RequestLimits,
     check_config,
@@ -64,7 +70,6 @@ from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, save_curves, save_grid
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 
 log = logging.getLogger("coordinator.run")
@@ -89,14 +94,14 @@ class CoordinatorSettings:
     wait_for_nodes: int = 0  # nodes that must have answered before the first round
 
 
-def _invalid(message: str) -> ttypes.InvalidRequest:
-    return ttypes.InvalidRequest(message=message)
+def _invalid(message: str) -> InvalidRun:
+    return InvalidRun(message)
 
 
 class Run:
-    """Validates a TrainRequest up front, then `execute()` trains it to the end."""
+    """Validates a RunRequest up front, then `execute()` trains it to the end."""
 
-    def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
+    def __init__(self, request: RunRequest, nodes: list[NodeAddress],
                  settings: CoordinatorSettings, store: RunStore | None = None,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
                  resume_from: Checkpoint | None = None,
@@ -144,7 +149,7 @@ class Run:
         only the end-of-run writes if it died after its last. The store refuses a run
         that is recorded as completed (or still running)."""
         run_dir = settings.run_root / _check_run_id(run_id)
-        request = load_request(run_dir, PROTOCOL_VERSION)
+        request = load_request(run_dir)
         checkpoint = load_checkpoint(run_dir) if (run_dir / CHECKPOINT_FILE).exists() else None
         return cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
                    membership=membership, resumed=True)
@@ -176,12 +181,12 @@ class Run:
                                   dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
                                   policy=self.settings.policy)
         except StoreUnavailable as exc:
-            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
+            raise RunFailed(str(exc), nodes_tried=[]) from None
         except (RunStoreError, ValueError) as exc:
             raise _invalid(f"run id {self.run_id!r} cannot be used: {exc}") from None
 
-    def execute(self) -> ttypes.RunResult:
-        """Train every round; raises the IDL's TrainingFailed or RunCancelled."""
+    def execute(self) -> RunOutcome:
+        """Train every round; raises RunFailed or RunStopped."""
         log.info("run %s: %s/%s on %s, %d rounds, %d nodes", self.run_id, self.request.algorithm,
                  self.request.model, self.request.dataset, self.request.rounds, len(self.nodes))
         try:
@@ -193,17 +198,16 @@ class Run:
             if self.ledger.failure is not None:  # the run cancelled itself: see UnitLedger
                 raise self._store_failed(self.ledger.failure) from None
             self._end(CANCELLED, self.cancel_reason)
-            raise ttypes.RunCancelled(
-                message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
+            raise RunStopped(f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
         except (RoundFailed, FatalNodeError, TooFewNodes) as exc:
             self._end(FAILED, str(exc))
             tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
-            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=tried) from None
+            raise RunFailed(str(exc), nodes_tried=tried) from None
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             self._end(FAILED, f"internal error: {exc}")
-            raise ttypes.TrainingFailed(message=f"internal error: {exc}",
-                                        nodes_tried=[n.name for n in self.nodes]) from None
+            raise RunFailed(f"internal error: {exc}",
+                            nodes_tried=[n.name for n in self.nodes]) from None
         finally:
             if self.algorithm.uses_sessions:  # the nodes' per-run state of this run
                 drop_sessions(self.run_id, self.nodes)
@@ -219,13 +223,13 @@ class Run:
             self.ledger.check()
         self.progress.end(state, message)
 
-    def _store_failed(self, exc: StoreUnavailable) -> ttypes.TrainingFailed:
+    def _store_failed(self, exc: StoreUnavailable) -> RunFailed:
         """The run stops when its store cannot record it; the error names the file."""
         self._end(FAILED, str(exc))
-        return ttypes.TrainingFailed(message=str(exc), nodes_tried=[])
+        return RunFailed(str(exc), nodes_tried=[])
 
     # ---------------------------------------------------------------- rounds
-    def _train(self) -> ttypes.RunResult:
+    def _train(self) -> RunOutcome:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_json("run.json", self._describe())
         save_request(self.run_dir, self.request)
@@ -249,12 +253,10 @@ class Run:
         save_curves(self._rows, self.run_dir / "curves.png")
         log.info("run %s finished: validation error %.4f, model in %s", self.run_id,
                  history[-1].validation_error, model_path)
-        return ttypes.RunResult(
+        return RunOutcome(
             run_id=self.run_id, validation_error=history[-1].validation_error,
-            rounds=len(history), wall_seconds=self.progress.elapsed(),
-            history=[status_wire.round_metrics(m) for m in history],
-            nodes=[status_wire.node_summary(n.summary()) for n in self.nodes],
-            weights=dict_to_wire(weights),
+            rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
+            nodes=[n.summary() for n in self.nodes], weights=weights,
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
         )
@@ -435,7 +437,7 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _make_algorithm(request: ttypes.TrainRequest, data_root: Path,
+def _make_algorithm(request: RunRequest, data_root: Path,
                     limits: RequestLimits) -> Algorithm:
     """The request's algorithm, its config checked against the limits before the algorithm
     builds anything (a model, a plan) from it."""
