@@ -11,11 +11,9 @@ from typing import Any
 
 from coordinator.node_client import NodeClient
 from coordinator.node_errors import NodeError
-from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
 from coordinator.records import NodeSummary
 from coordinator.tasks import Task, TaskResult, TaskStatus
-from coordinator.thrift_node import ThriftNodeClient
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -235,13 +233,6 @@ class NodeHandle:
                                delay_seconds=s.delay_seconds, state=self.liveness.state(),
                                silent_seconds=self.liveness.silent_seconds(),
                                pull=not self.accepts_connections)
-
-
-def pushed_node(index: int, address: NodeAddress, rpc_timeout: float,
-                connect_timeout: float) -> NodeHandle:
-    """A node the coordinator dials, over Thrift."""
-    return NodeHandle(index, str(address), ThriftNodeClient(address, rpc_timeout,
-                                                            connect_timeout))
 
 
 def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:

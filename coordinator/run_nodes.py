@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 from coordinator.local_host import canonical_host
 from coordinator.membership import Member, Membership
-from coordinator.node_pool import Liveness, NodeHandle, pushed_node
+from coordinator.node_pool import Liveness, NodeHandle
 from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.pull_node import PullNodeHandle
+from coordinator.thrift_node import pushed_node
 
 log = logging.getLogger("coordinator.run")
 

@@ -8,6 +8,7 @@ in-process clients share these (their calls carry the same structs without a soc
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from coordinator.node_errors import (
     NodeTimedOut,
     NodeUnavailable,
 )
+from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.tasks import Task, TaskResult, TaskStatus
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
@@ -88,11 +90,12 @@ def mapped_errors() -> Iterator[None]:
         raise node_error(exc) from exc
 
 
-class SessionRequests:
+class SessionRequests(abc.ABC):
     """Session calls as Thrift requests; subclasses carry them with `_session_call`."""
 
+    @abc.abstractmethod
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
-        raise NotImplementedError
+        """Run the ComputeNode `method` with `request`; raises NodeError."""
 
     def _acked(self, method: str, request: Any, quick: bool = False) -> int:
         ack = self._session_call(method, request, quick)
@@ -194,3 +197,10 @@ class ThriftNodeClient(SessionRequests):
     def close(self) -> None:
         self._work.close()
         self._control.close()
+
+
+def pushed_node(index: int, address: NodeAddress, rpc_timeout: float,
+                connect_timeout: float) -> NodeHandle:
+    """The engine's handle of a node the coordinator dials."""
+    return NodeHandle(index, str(address), ThriftNodeClient(address, rpc_timeout,
+                                                            connect_timeout))

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from compute_node.sessions import SessionStore
-from coordinator.node_pool import NodeHandle, pushed_node
+from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.session_moves import NodeSessions
 from coordinator.tasks import Task, TaskStatus
+from coordinator.thrift_node import pushed_node
 from devtools.local_cluster import REPO, start_pull_node
 from training import gan_metrics, gan_models
 from training.algorithms.base import UnitJob, UnitSpec
