@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.records import RoundMetrics, RunRequest
 from training.algorithms.base import Weights
 from training.model_file import ModelFileError, load_model, save_model
-from wire.generated import ttypes
 
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"
@@ -93,12 +93,12 @@ def check_weights(path: Path, weights: Weights, expected: Weights) -> None:
                 f"{weights[name].shape}, the model needs {array.dtype} {array.shape}")
 
 
-def save_request(run_dir: Path, request: ttypes.TrainRequest) -> None:
+def save_request(run_dir: Path, request: RunRequest) -> None:
     data = {name: getattr(request, name) for name in REQUEST_FIELDS}
     (run_dir / REQUEST_FILE).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def load_request(run_dir: Path, protocol_version: int) -> ttypes.TrainRequest:
+def load_request(run_dir: Path) -> RunRequest:
     path = run_dir / REQUEST_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -115,7 +115,7 @@ def load_request(run_dir: Path, protocol_version: int) -> ttypes.TrainRequest:
         optional = name == "outputs_json" and value is None
         if type(value) is not wanted and not optional:  # type(): a bool is no round count
             raise CheckpointError(f"{path} is damaged: {name} is not a {wanted.__name__}")
-    return ttypes.TrainRequest(protocol_version=protocol_version, **fields)
+    return RunRequest(**fields)
 
 
 def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
@@ -140,12 +140,11 @@ def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
     return kept
 
 
-def metrics_of(row: dict[str, Any]) -> ttypes.RoundMetrics:
+def metrics_of(row: dict[str, Any]) -> RoundMetrics:
     """A RoundMetrics back from a metrics.jsonl row."""
     core = ("round", "validation_error", "validation_loss", "train_loss", "seconds")
     scores = {k: float(v) for k, v in row.items()
               if k not in core and k != "discarded" and isinstance(v, (int, float))}
-    return ttypes.RoundMetrics(round=row["round"], validation_error=row["validation_error"],
-                               validation_loss=row["validation_loss"],
-                               train_loss=row["train_loss"], seconds=row["seconds"],
-                               scores=scores or None)
+    return RoundMetrics(round=row["round"], validation_error=row["validation_error"],
+                        validation_loss=row["validation_loss"], train_loss=row["train_loss"],
+                        seconds=row["seconds"], scores=scores or None)

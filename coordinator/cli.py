@@ -13,6 +13,7 @@ from coordinator.handler import CoordinatorHandler
 from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.policies import POLICY_NAMES
+from coordinator.records import InvalidRun
 from coordinator.request_checks import RequestLimits
 from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
@@ -20,7 +21,7 @@ from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
-from wire.generated import Coordinator, ttypes
+from wire.generated import Coordinator
 from wire.launch import stop_on_signals, write_port_file
 from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
@@ -220,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         except (CheckpointError, NodesFileError) as exc:
             print(f"error: cannot resume run {args.resume}: {exc}", file=sys.stderr)
             return 1
-        except ttypes.InvalidRequest as exc:
-            print(f"error: cannot resume run {args.resume}: {exc.message}", file=sys.stderr)
+        except InvalidRun as exc:
+            print(f"error: cannot resume run {args.resume}: {exc}", file=sys.stderr)
             return 1
     stop_on_signals(lambda: handler.shutdown(then=server.stop))
     if args.port_file:

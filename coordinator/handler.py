@@ -10,8 +10,10 @@ from pathlib import Path
 
 from coordinator.membership import MemberError, Membership
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
+from coordinator.records import InvalidRun, RunFailed, RunStopped
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
+from coordinator.status_wire import run_request, run_result, run_status, service_errors
 from coordinator.store_lock import StoreLock
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
@@ -43,10 +45,11 @@ class CoordinatorHandler:
             nodes = self.file_nodes()
         except NodesFileError as exc:
             raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
-        run = Run(request, nodes, self.settings, self.store, nodes_source=self.file_nodes,
-                  membership=self.membership)
-        self._add(run)
-        return run.execute()
+        with service_errors():
+            run = Run(run_request(request), nodes, self.settings, self.store,
+                      nodes_source=self.file_nodes, membership=self.membership)
+            self._add(run)
+            return run_result(run.execute())
 
     def file_nodes(self) -> list[NodeAddress]:
         """The nodes file, read on every run and round so edits apply without a restart.
@@ -60,7 +63,7 @@ class CoordinatorHandler:
 
     def resume(self, run_id: str) -> Run:
         """Continue run `run_id` from its last checkpoint, in a thread of its own; clients
-        follow it with status. Raises CheckpointError, NodesFileError or InvalidRequest."""
+        follow it with status. Raises CheckpointError, NodesFileError or InvalidRun."""
         run = Run.resume(run_id, self.file_nodes(), self.settings, self.store,
                          nodes_source=self.file_nodes, membership=self.membership)
         self._add(run)
@@ -71,13 +74,13 @@ class CoordinatorHandler:
     def _add(self, run: Run) -> None:
         with self._lock:
             if run.run_id in self._runs:
-                raise ttypes.InvalidRequest(message=f"run id {run.run_id!r} is already used")
+                raise InvalidRun(f"run id {run.run_id!r} is already used")
             run.register()
             self._runs[run.run_id] = run
             self._order.append(run.run_id)
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
-        status = self._find(request.run_id).progress.snapshot()
+        status = run_status(self._find(request.run_id).progress.snapshot())
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]
@@ -98,7 +101,7 @@ class CoordinatorHandler:
         limit = request.limit or 50
         with self._lock:
             live = [self._runs[i] for i in reversed(self._order)]
-        runs = [run.progress.snapshot() for run in live[:limit]]
+        runs = [run_status(run.progress.snapshot()) for run in live[:limit]]
         known = {r.run_id for r in runs}
         for record in self.store.list_runs(limit):
             if len(runs) < limit and record.run_id not in known:
@@ -178,8 +181,8 @@ def _execute_quietly(run: Run) -> None:
     store, where status and runs show it."""
     try:
         run.execute()
-    except (ttypes.TrainingFailed, ttypes.RunCancelled) as exc:
-        log.warning("resumed run %s ended: %s", run.run_id, exc.message)
+    except (RunFailed, RunStopped) as exc:
+        log.warning("resumed run %s ended: %s", run.run_id, exc)
 
 
 def open_store(settings: CoordinatorSettings) -> tuple[StoreLock, RunStore]:

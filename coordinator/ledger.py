@@ -1,8 +1,10 @@
 """The round engine's view of the run store: one call per event.
 
-The store checks every transition, and the engine has legitimate races (a backup
-answering after its round settled, say). A write that the store refuses is logged,
-not raised: such a refusal must not stop the training it describes.
+The store checks every transition and accepts the engine's legitimate races (a backup
+answering after its round settled, an attempt closed by the end of its run), so a write
+it refuses is a bug of the caller. In strict mode (`TRAINER_STRICT_LEDGER=1`, which the
+tests set) the refusal is raised; otherwise it is logged, so that it cannot stop the
+training it describes.
 
 A write that SQLite could not make (disk full, file read-only, I/O error) is another
 matter: from then on the store misses what happened, and a run reported as a success
@@ -14,23 +16,28 @@ on unrecorded (after a round is recorded, before the run is reported as complete
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from coordinator.records import RoundMetrics
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
-from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.ledger")
+STRICT_ENV = "TRAINER_STRICT_LEDGER"
 
 
 class UnitLedger:
     """Records one run's unit attempts and node answers in a RunStore (or nowhere)."""
 
     def __init__(self, store: RunStore | None, run_id: str,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None,
+                 strict: bool | None = None) -> None:
+        """``strict``: raise refused writes (None: as TRAINER_STRICT_LEDGER says)."""
         self.store = store
+        self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         self.run_id = run_id
         self.on_failure = on_failure
         self.failure: StoreUnavailable | None = None  # the first write SQLite could not make
@@ -47,7 +54,7 @@ class UnitLedger:
         self._write("plan_units", round_index, unit_ids)
         return self._write("attempts_so_far", round_index) or {}
 
-    def round_ended(self, metrics: ttypes.RoundMetrics, completed: int, discarded: int) -> None:
+    def round_ended(self, metrics: RoundMetrics, completed: int, discarded: int) -> None:
         """Record the round; the store cancels whatever the round left unsettled."""
         self._write("record_round", metrics.round, validation_error=metrics.validation_error,
                     validation_loss=metrics.validation_loss, train_loss=metrics.train_loss,
@@ -83,6 +90,9 @@ class UnitLedger:
         except sqlite3.Error as exc:  # the store turns these into StoreUnavailable; in case
             self._failed(StoreUnavailable(f"run store {self.store.path}: {exc}"))
         except (RunStoreError, ValueError) as exc:
+            # After a failed write the store lacks what came before: refusals follow.
+            if self.strict and self.failure is None:
+                raise
             log.warning("run store refused %s%s: %s", method, args, exc)
         return None
 

@@ -18,11 +18,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.node_errors import AttemptAborted
 from coordinator.node_pool import (
     DEAD_SECONDS,
     HEARTBEAT_SECONDS,
     SUSPECT_SECONDS,
-    AttemptAborted,
     Liveness,
 )
 from coordinator.nodes_file import NodeAddress

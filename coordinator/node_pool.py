@@ -9,19 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from thrift.Thrift import TException
-
-from coordinator.nodes_file import NodeAddress
+from coordinator.node_client import NodeClient
+from coordinator.node_errors import NodeError
 from coordinator.policies import NodeView
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ConnectionPool, transport_of
+from coordinator.records import NodeSummary
+from coordinator.tasks import Task, TaskResult, TaskStatus
 
 log = logging.getLogger("coordinator.nodes")
 
 # A node that failed waits this long before it is tried again, doubling up to the cap.
 BENCH_FIRST_SECONDS = 0.5
 BENCH_MAX_SECONDS = 10.0
-CONTROL_TIMEOUT_SECONDS = 5.0
 HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
 SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...
 DEAD_SECONDS = 10.0  # ... and dead: its units are reclaimed
@@ -40,10 +38,6 @@ class NodeStats:
     busy_seconds: float = 0.0
     compute_seconds: float = 0.0
     delay_seconds: float = 0.0
-
-
-class AttemptAborted(OSError):
-    """A call given up from outside: its unit passed its deadline or its node went dead."""
 
 
 class Liveness:
@@ -108,24 +102,14 @@ def _newest(seen: dict[str, Any], when: Callable[[Any], float]) -> dict[str, Any
 
 
 class NodeHandle:
-    """One compute node: pooled connections, counters, and the bench after failures."""
+    """One compute node as the engine sees it: its client (coordinator.node_client),
+    counters, liveness, and the bench after failures."""
 
-    accepts_connections = True  # False for nodes that lease units (pull mode)
-
-    def __init__(self, index: int, address: NodeAddress, rpc_timeout: float,
-                 connect_timeout: float) -> None:
-        self._init_common(index, str(address))
-        self.address = address
-        self._calls: dict[tuple[str, str, int], Any] = {}  # attempt -> its transport
-        self._work = ConnectionPool(ComputeNode.Client, address.host, address.port,
-                                    connect_timeout=connect_timeout, read_timeout=rpc_timeout)
-        self._control = ConnectionPool(ComputeNode.Client, address.host, address.port,
-                                       connect_timeout=connect_timeout,
-                                       read_timeout=CONTROL_TIMEOUT_SECONDS)
-
-    def _init_common(self, index: int, name: str) -> None:
+    def __init__(self, index: int, name: str, client: NodeClient) -> None:
         self.index = index
         self.name = name
+        self.client = client
+        self.address = client.address
         self.stats = NodeStats()
         self.in_flight = 0
         self.liveness = Liveness()
@@ -134,50 +118,28 @@ class NodeHandle:
         self._delay_seconds: float | None = None
         self._benched_until = 0.0
         self._bench_seconds = 0.0
-        self._aborted: dict[tuple[str, str, int], str] = {}
+
+    @property
+    def accepts_connections(self) -> bool:
+        return self.client.accepts_connections
 
     # ------------------------------------------------------------------ calls
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
-        """One training call; transport errors propagate to the engine, and a call
-        aborted from outside raises AttemptAborted with the reason."""
-        key = (request.run_id, request.unit_id, request.attempt)
-        with self._work.client() as client:
-            with self._lock:
-                self._calls[key] = transport_of(client)
-            try:
-                result = client.train_with_weights(request)
-            except (TException, OSError) as exc:
-                reason = self._take_abort(key)
-                if reason:
-                    raise AttemptAborted(reason) from exc
-                raise
-            finally:
-                with self._lock:
-                    self._calls.pop(key, None)
-        self._take_abort(key)
+    def train(self, task: Task) -> TaskResult:
+        """One training call; failures raise coordinator.node_errors (AttemptAborted with
+        the reason for a call aborted from outside)."""
+        result = self.client.train(task)
         self.liveness.heard()
         return result
 
     def abort(self, key: tuple[str, str, int], reason: str) -> bool:
         """Give up an attempt in progress (its call fails at once with `reason`)."""
-        with self._lock:
-            transport = self._calls.get(key)
-            if transport is None:
-                return False
-            self._aborted[key] = reason
-        transport.interrupt()
-        return True
-
-    def _take_abort(self, key: tuple[str, str, int]) -> str | None:
-        with self._lock:
-            return self._aborted.pop(key, None)
+        return self.client.abort(key, reason)
 
     def heartbeat(self) -> None:
         """Ping the node; an answer marks it alive and tells which units are delaying."""
         try:
-            with self._control.client() as client:
-                info = client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
-        except Exception as exc:  # noqa: BLE001 - silence is what liveness measures
+            info = self.client.ping()
+        except NodeError as exc:  # silence is what liveness measures
             log.debug("heartbeat to %s failed: %s", self.name, exc)
             return
         self.liveness.heard(info.delaying, info.progress)
@@ -191,30 +153,19 @@ class NodeHandle:
         """Best effort: a node that cannot be told will time out the attempt anyway.
         Blocks up to the control timeout: callers send it through coordinator.cancels."""
         try:
-            with self._control.client() as client:
-                client.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
-                                                            attempt=attempt))
-        except Exception as exc:  # noqa: BLE001 - cancellation is advisory
+            self.client.cancel(run_id, unit_id, attempt)
+        except NodeError as exc:  # cancellation is advisory
             log.debug("could not cancel %s on %s: %s", unit_id, self.name, exc)
 
-    def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
-        """A session call (export_session, import_session, send_session, drop_sessions).
-        By default on a work connection, whose long read timeout covers a node-to-node
-        send; ``quick`` uses a control connection (short timeout). Transport errors and
-        declared exceptions propagate."""
-        with (self._control if quick else self._work).client() as client:
-            return getattr(client, method)(request)
-
     def close(self) -> None:
-        self._work.close()
-        self._control.close()
+        self.client.close()
 
     # -------------------------------------------------------------- bookkeeping
     def started(self) -> None:
         with self._lock:
             self.in_flight += 1
 
-    def finished(self, result: ttypes.TrainResult, seconds: float) -> None:
+    def finished(self, result: TaskResult, seconds: float) -> None:
         """Record an answer (any outcome): the node is alive, so it leaves the bench."""
         with self._lock:
             self.in_flight -= 1
@@ -222,18 +173,18 @@ class NodeHandle:
             self.stats.busy_seconds += seconds
             self.stats.compute_seconds += result.compute_seconds
             self.stats.delay_seconds += result.delay_seconds
-            outcome = result.outcome
-            if outcome == ttypes.UnitOutcome.REJECTED:
+            status = result.status
+            if status == TaskStatus.REJECTED:
                 self.stats.rejected += 1
                 return
             if result.delay_seconds > 0:
                 self.stats.delayed += 1
                 self._delay_seconds = _moving_average(self._delay_seconds,
                                                       result.delay_seconds)
-            elif outcome == ttypes.UnitOutcome.COMPLETED:
+            elif status == TaskStatus.COMPLETED:
                 self._compute_seconds = _moving_average(self._compute_seconds,
                                                         result.compute_seconds)
-            if outcome == ttypes.UnitOutcome.CANCELLED:
+            if status == TaskStatus.CANCELLED:
                 self.stats.cancelled += 1
             else:
                 self.stats.accepted += 1
@@ -248,13 +199,8 @@ class NodeHandle:
                 self._bench_seconds = min(BENCH_MAX_SECONDS,
                                           max(BENCH_FIRST_SECONDS, self._bench_seconds * 2))
                 self._benched_until = time.monotonic() + self._bench_seconds
-        if bench:
-            self._forget_connections()
-
-    def _forget_connections(self) -> None:
-        """After a failure the node may have restarted: its idle connections are dead."""
-        for pool in (self._work, self._control):
-            pool.discard_idle()
+        if bench:  # the node may have restarted: its idle connections are dead
+            self.client.forget_connections()
 
     def unit_seconds(self) -> float | None:
         """This node's recent undelayed unit time (a moving average), once it has one."""
@@ -278,17 +224,15 @@ class NodeHandle:
                 available=now >= self._benched_until,
             )
 
-    def summary(self) -> ttypes.NodeSummary:
+    def summary(self) -> NodeSummary:
         with self._lock:
             s = self.stats
-            return ttypes.NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
+            return NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
                                       delayed=s.delayed, failed=s.failed, cancelled=s.cancelled,
-                                      busy_seconds=s.busy_seconds,
-                                      compute_seconds=s.compute_seconds,
-                                      delay_seconds=s.delay_seconds,
-                                      state=self.liveness.state(),
-                                      silent_seconds=self.liveness.silent_seconds(),
-                                      pull=not self.accepts_connections)
+                               busy_seconds=s.busy_seconds, compute_seconds=s.compute_seconds,
+                               delay_seconds=s.delay_seconds, state=self.liveness.state(),
+                               silent_seconds=self.liveness.silent_seconds(),
+                               pull=not self.accepts_connections)
 
 
 def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:

@@ -7,16 +7,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from wire.generated import ttypes
+from coordinator.records import NodeSummary, RunSnapshot
 
 RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
 
 
 class RunProgress:
-    """Thread-safe counters of a run; `snapshot()` turns them into a RunStatus."""
+    """Thread-safe counters of a run; `snapshot()` reads them all at once."""
 
     def __init__(self, run_id: str, rounds: int, units_per_round: int,
-                 node_summaries: Callable[[], list[ttypes.NodeSummary]]) -> None:
+                 node_summaries: Callable[[], list[NodeSummary]]) -> None:
         self.run_id = run_id
         self.rounds = rounds
         self.units_total = rounds * units_per_round
@@ -70,11 +70,11 @@ class RunProgress:
         with self._lock:
             return (self._ended or time.monotonic()) - self._started
 
-    def snapshot(self) -> ttypes.RunStatus:
+    def snapshot(self) -> RunSnapshot:
         nodes = self._node_summaries()
         elapsed = self.elapsed()
         with self._lock:
-            return ttypes.RunStatus(
+            return RunSnapshot(
                 run_id=self.run_id, state=self.state, round=self.round, rounds=self.rounds,
                 validation_error=self.validation_error, units_done=self.units_done,
                 units_total=self.units_total, rejected=self.rejected, failed=self.failed,

@@ -1,42 +1,45 @@
-"""A pull node as the round engine sees it: a mailbox instead of a connection.
+"""Pull nodes: the NodeClient of a node that leases its units instead of taking calls.
 
 `train` puts the unit in the node's mailbox (coordinator.membership) and waits for the
-node to lease it and submit the result; `session_call` does the same with a session call
-carried as bytes (wire.node_calls). Aborts and cancels withdraw the unit, and the node
-hears of a cancelled lease with its next heartbeat.
+node to lease it and submit the result; session calls do the same, carried as bytes
+(wire.node_calls). Aborts and cancels withdraw the unit, and the node hears of a
+cancelled lease with its next heartbeat.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
 from coordinator.membership import Member, Pending, UnitKey, key_of
-from coordinator.node_pool import AttemptAborted, NodeHandle
+from coordinator.node_client import NodePing
+from coordinator.node_errors import AttemptAborted, NodeRefused, NodeUnavailable
+from coordinator.node_pool import NodeHandle
+from coordinator.tasks import Task, TaskResult
+from coordinator.thrift_node import SessionRequests, task_result, work_request
 from wire import node_calls
 from wire.generated import ttypes
 
 QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
 
 
-class PullNodeHandle(NodeHandle):
-    """A pull node as the round engine sees it: `train` puts the unit in the node's
-    mailbox and waits for the node to lease it and submit the result."""
+class PullNodeClient(SessionRequests):
+    """A pull node's mailbox, called like a node."""
 
     accepts_connections = False
+    address = None
 
-    def __init__(self, index: int, member: Member, rpc_timeout: float) -> None:
-        self._init_common(index, member.name)
-        self.address = None
+    def __init__(self, member: Member, rpc_timeout: float) -> None:
         self.member = member
-        self.liveness = member.liveness
         self._rpc_timeout = rpc_timeout
+        self._lock = threading.Lock()
         self._pending: dict[UnitKey, Pending] = {}
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         mailbox = self.member.mailbox
         assert mailbox is not None
-        pending = mailbox.put(request)
+        pending = mailbox.put(work_request(task))
         key = key_of(pending)
         with self._lock:
             self._pending[key] = pending
@@ -46,16 +49,13 @@ class PullNodeHandle(NodeHandle):
         finally:
             with self._lock:
                 self._pending.pop(key, None)
-        if pending.failure:
-            raise AttemptAborted(pending.failure)
-        if pending.error:
-            raise ttypes.InvalidRequest(message=pending.error)
+        _raise_failure(pending)
         assert pending.result is not None
-        return pending.result
+        return task_result(pending.result, task)
 
-    def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
+    def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         """A session call carried through the mailbox (see wire.node_calls): the node
-        leases it, runs it and submits the answer. Raises like a call over the wire."""
+        leases it, runs it and submits the answer."""
         mailbox = self.member.mailbox
         assert mailbox is not None
         call = ttypes.NodeCall(call_id=uuid.uuid4().hex, method=method,
@@ -64,10 +64,7 @@ class PullNodeHandle(NodeHandle):
         timeout = QUICK_CALL_SECONDS if quick else self._rpc_timeout
         if not pending.done.wait(timeout):
             mailbox.withdraw(pending, f"{method}: no answer within {timeout:g}s")
-        if pending.failure:
-            raise AttemptAborted(pending.failure)
-        if pending.error:
-            raise ttypes.InvalidRequest(message=pending.error)
+        _raise_failure(pending)
         return node_calls.decode_result(method, pending.result)
 
     def abort(self, key: UnitKey, reason: str) -> bool:
@@ -90,8 +87,34 @@ class PullNodeHandle(NodeHandle):
                 pending.result = ttypes.TrainResult(
                     accepted=False, outcome=ttypes.UnitOutcome.CANCELLED, update=[],
                     num_samples=0, loss=0.0, error=0.0, compute_seconds=0.0, delay_seconds=0.0,
-                    message="cancelled by the coordinator", node_id=self.name)
+                    message="cancelled by the coordinator", node_id=self.member.name)
                 self.member.mailbox.withdraw(pending, None)
+
+    def ping(self) -> NodePing:
+        raise NodeUnavailable(f"{self.member.name} is a pull node: it calls in, takes no pings")
+
+    def forget_connections(self) -> None:
+        """No connections of its own."""
+
+    def close(self) -> None:
+        """No connections of its own."""
+
+
+def _raise_failure(pending: Pending) -> None:
+    if pending.failure:
+        raise AttemptAborted(pending.failure)
+    if pending.error:
+        raise NodeRefused(pending.error)
+
+
+class PullNodeHandle(NodeHandle):
+    """A pull node as the round engine sees it; its liveness is the member's, fed by
+    the node's own heartbeats and leases."""
+
+    def __init__(self, index: int, member: Member, rpc_timeout: float) -> None:
+        super().__init__(index, member.name, PullNodeClient(member, rpc_timeout))
+        self.member = member
+        self.liveness = member.liveness
 
     def can_be_told(self) -> bool:
         """Its cancels go to its mailbox, which never blocks."""
@@ -99,9 +122,3 @@ class PullNodeHandle(NodeHandle):
 
     def heartbeat(self) -> None:
         """Pull nodes call in; nothing to send them."""
-
-    def _forget_connections(self) -> None:
-        """No connections of its own."""
-
-    def close(self) -> None:
-        """No connections of its own."""

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator.records import InvalidRun, RunRequest
 from training.algorithms.base import shown
 from training.mlp import MLPSpec
-from wire.generated import ttypes
 
 NAME_LIMIT = 64  # characters of an algorithm or model name
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)
@@ -41,8 +41,8 @@ class RequestLimits:
     max_model_mb: float = 256.0
 
 
-def invalid(field: str, problem: str) -> ttypes.InvalidRequest:
-    return ttypes.InvalidRequest(message=f"{field}: {problem}")
+def invalid(field: str, problem: str) -> InvalidRun:
+    return InvalidRun(f"{field}: {problem}")
 
 
 def check_range(field: str, value: int, high: int, flag: str) -> None:
@@ -54,7 +54,7 @@ def check_range(field: str, value: int, high: int, flag: str) -> None:
                              f"(this coordinator's {flag})")
 
 
-def check_fields(request: ttypes.TrainRequest, limits: RequestLimits) -> None:
+def check_fields(request: RunRequest, limits: RequestLimits) -> None:
     """The request's own fields: names short enough to echo and to use as paths, and rounds."""
     for field, value, limit in (("algorithm", request.algorithm, NAME_LIMIT),
                                 ("model", request.model, NAME_LIMIT),

@@ -23,15 +23,21 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from thrift.Thrift import TException
-
 from coordinator.cancels import CancelSender, shared_sender
 from coordinator.ledger import UnitLedger
-from coordinator.node_pool import AttemptAborted, NodeHandle
+from coordinator.node_errors import (
+    AttemptAborted,
+    NodeError,
+    NodeIncompatible,
+    NodeRefused,
+    NodeUnavailable,
+)
+from coordinator.node_pool import NodeHandle
 from coordinator.node_quorum import NodeGate, NodeMinimum
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
+from coordinator.tasks import Task, TaskResult, TaskStatus
 from coordinator.update_norms import NormGuard
 from training.algorithms.base import (
     PerUnitUpdates,
@@ -40,15 +46,10 @@ from training.algorithms.base import (
     Weights,
     check_sample_count,
 )
-from wire.generated import ttypes
-from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
 
-OUTCOME_NAMES = {ttypes.UnitOutcome.COMPLETED: "completed",
-                 ttypes.UnitOutcome.REJECTED: "rejected",
-                 ttypes.UnitOutcome.CANCELLED: "cancelled"}
 RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
 FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
@@ -108,7 +109,7 @@ def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, 
     return None
 
 
-RequestBuilder = Callable[[UnitSpec, int], ttypes.WorkRequest]
+TaskBuilder = Callable[[UnitSpec, int], Task]
 UpdateCheck = Callable[[Weights], None]  # raises ValueError for an update to refuse
 SampleCheck = Callable[[UnitSpec, int], None]  # ... and for a sample count to refuse
 
@@ -150,7 +151,7 @@ class RoundEngine:
         self._by_index = {**self._by_index, **{node.index: node for node in nodes}}
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
-                  build_request: RequestBuilder,
+                  build_task: TaskBuilder,
                   check_update: UpdateCheck | None = None,
                   earlier_attempts: Mapping[str, int] | None = None,
                   aggregate: WeightedAverage | PerUnitUpdates | None = None,
@@ -168,7 +169,7 @@ class RoundEngine:
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
         backup_threads = len(self.nodes) if self.settings.speculation else 0
-        workers = [threading.Thread(target=self._worker, args=(state, build_request, i >= threads),
+        workers = [threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
                                     name=f"round{round_index}-worker{i}", daemon=True)
                    for i in range(threads + backup_threads)]
         for worker in workers:
@@ -244,7 +245,7 @@ class RoundEngine:
                 self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
 
     # ---------------------------------------------------------------- workers
-    def _worker(self, state: RoundState, build_request: RequestBuilder,
+    def _worker(self, state: RoundState, build_task: TaskBuilder,
                 backups_only: bool) -> None:
         """Take units until the round is over. Any unexpected error fails the round
         loudly rather than leaving it to wait for a worker that has died."""
@@ -254,7 +255,7 @@ class RoundEngine:
                 if unit is None:
                     return
                 try:
-                    self._try_nodes(state, unit, build_request)
+                    self._try_nodes(state, unit, build_task)
                 finally:
                     state.release(unit)
         except FatalNodeError as exc:
@@ -271,7 +272,7 @@ class RoundEngine:
         typical = statistics.median(recent) if recent else None
         return self.policy.backup_after(typical, self.settings.speculate_after)
 
-    def _try_nodes(self, state: RoundState, unit: Unit, build_request: RequestBuilder) -> None:
+    def _try_nodes(self, state: RoundState, unit: Unit, build_task: TaskBuilder) -> None:
         if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
             state.requeue(unit, wait_seconds=0)
             return
@@ -282,7 +283,7 @@ class RoundEngine:
         for index in self._candidates(state, unit, order):
             if state.is_over(unit):
                 return
-            answer = self._attempt(state, unit, self._by_index[index], build_request)
+            answer = self._attempt(state, unit, self._by_index[index], build_task)
             if answer != "rejected":
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
@@ -327,7 +328,7 @@ class RoundEngine:
         return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
 
     def _attempt(self, state: RoundState, unit: Unit, node: NodeHandle,
-                 build_request: RequestBuilder) -> str:
+                 build_task: TaskBuilder) -> str:
         attempt = state.start_attempt(unit, node, lambda number: self.ledger.started(
             state.round_index, unit.spec.unit_id, number, node.name))
         if attempt is None:
@@ -338,31 +339,31 @@ class RoundEngine:
         self.progress.add(in_flight=1)
         began = time.monotonic()
         try:
-            result = node.train(build_request(unit.spec, attempt))
-        except ttypes.VersionMismatch as exc:
-            self._failed(state, unit, attempt, node, began, bench=False, reason=exc.message)
-            raise FatalNodeError(f"{node.name}: {exc.message}") from exc
-        except ttypes.InvalidRequest as exc:
-            self._failed(state, unit, attempt, node, began, bench=False, reason=exc.message)
+            result = node.train(build_task(unit.spec, attempt))
+        except NodeIncompatible as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
+            raise FatalNodeError(f"{node.name}: {exc}") from exc
+        except NodeRefused as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
             return "failed"
         except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
                          status="stale")
             return "failed"
-        except ConnectionFailed as exc:
+        except NodeUnavailable as exc:
             # The unit never reached the node: the node's failure, not the unit's, so
             # it does not count towards discarding the unit (a machine hosting many
             # nodes dying at once would otherwise use up a unit's failures at once).
             self._unreachable(state, unit, attempt, node, began, str(exc))
             return "rejected"
-        except (TException, OSError) as exc:
+        except NodeError as exc:  # timed out, reset, a remote error
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
         finally:
             self.progress.add(in_flight=-1)
         self._last_contact = time.monotonic()
         update: Weights = {}
-        if result.outcome == ttypes.UnitOutcome.COMPLETED:
+        if result.status == TaskStatus.COMPLETED:
             try:
                 self._check_samples(unit.spec, result.num_samples)
                 update = wire_to_dict(result.update)
@@ -379,21 +380,21 @@ class RoundEngine:
                               time.monotonic() - began)
 
     def _answered(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
-                  result: ttypes.TrainResult, update: Weights, seconds: float) -> str:
+                  result: TaskResult, update: Weights, seconds: float) -> str:
         node.finished(result, seconds)
         state.end_attempt(unit, attempt)
-        log.debug("round %d: unit %s attempt %d on %s: outcome %d after %.3fs (delay %.2fs)",
-                  state.round_index, unit.spec.unit_id, attempt, node.name, result.outcome,
+        log.debug("round %d: unit %s attempt %d on %s: %s after %.3fs (delay %.2fs)",
+                  state.round_index, unit.spec.unit_id, attempt, node.name, result.status.value,
                   seconds, result.delay_seconds)
-        self.ledger.node_answer(node.name, OUTCOME_NAMES[result.outcome],
+        self.ledger.node_answer(node.name, result.status.value,
                                 result.delay_seconds > 0, result.num_samples)
         record = functools.partial(self.ledger.finished, state.round_index, unit.spec.unit_id,
                                    attempt, node.name)
-        if result.outcome == ttypes.UnitOutcome.REJECTED:
+        if result.status == TaskStatus.REJECTED:
             self.progress.add(rejected=1)
             record("pending", "rejected")
             return "rejected"
-        if result.outcome != ttypes.UnitOutcome.COMPLETED:
+        if result.status != TaskStatus.COMPLETED:
             self.progress.add(cancelled=1)
             record("cancelled" if state.is_over(unit) else "pending", result.message)
             return "cancelled"

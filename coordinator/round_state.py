@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.node_pool import NodeHandle
+from coordinator.tasks import TaskResult
 from training.algorithms.base import PerUnitUpdates, UnitSpec, WeightedAverage, Weights
-from wire.generated import ttypes
 
 log = logging.getLogger("coordinator.engine")
 
@@ -175,7 +175,7 @@ class RoundState:
             self._cond.notify_all()
             return unit.discarded
 
-    def complete(self, unit: Unit, update: Weights, result: ttypes.TrainResult,
+    def complete(self, unit: Unit, update: Weights, result: TaskResult,
                  node: str | None = None, on_folded: Callable[[], None] | None = None) -> bool:
         """Fold a result (from node ``node``) in if it is the unit's first and the round
         still runs. `on_folded` runs before the round can end (the ledger's "completed",

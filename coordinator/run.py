@@ -38,6 +38,14 @@ from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from coordinator.records import (
+    InvalidRun,
+    RoundMetrics,
+    RunFailed,
+    RunOutcome,
+    RunRequest,
+    RunStopped,
+)
 from coordinator.request_checks import (
     RequestLimits,
     check_config,
@@ -55,13 +63,13 @@ from coordinator.round_engine import (
 from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
+from coordinator.tasks import EncodedTensors, Task
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, save_curves, save_grid
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 
 log = logging.getLogger("coordinator.run")
@@ -86,14 +94,14 @@ class CoordinatorSettings:
     wait_for_nodes: int = 0  # nodes that must have answered before the first round
 
 
-def _invalid(message: str) -> ttypes.InvalidRequest:
-    return ttypes.InvalidRequest(message=message)
+def _invalid(message: str) -> InvalidRun:
+    return InvalidRun(message)
 
 
 class Run:
-    """Validates a TrainRequest up front, then `execute()` trains it to the end."""
+    """Validates a RunRequest up front, then `execute()` trains it to the end."""
 
-    def __init__(self, request: ttypes.TrainRequest, nodes: list[NodeAddress],
+    def __init__(self, request: RunRequest, nodes: list[NodeAddress],
                  settings: CoordinatorSettings, store: RunStore | None = None,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
                  resume_from: Checkpoint | None = None,
@@ -141,7 +149,7 @@ class Run:
         only the end-of-run writes if it died after its last. The store refuses a run
         that is recorded as completed (or still running)."""
         run_dir = settings.run_root / _check_run_id(run_id)
-        request = load_request(run_dir, PROTOCOL_VERSION)
+        request = load_request(run_dir)
         checkpoint = load_checkpoint(run_dir) if (run_dir / CHECKPOINT_FILE).exists() else None
         return cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
                    membership=membership, resumed=True)
@@ -173,12 +181,12 @@ class Run:
                                   dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
                                   policy=self.settings.policy)
         except StoreUnavailable as exc:
-            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=[]) from None
+            raise RunFailed(str(exc), nodes_tried=[]) from None
         except (RunStoreError, ValueError) as exc:
             raise _invalid(f"run id {self.run_id!r} cannot be used: {exc}") from None
 
-    def execute(self) -> ttypes.RunResult:
-        """Train every round; raises the IDL's TrainingFailed or RunCancelled."""
+    def execute(self) -> RunOutcome:
+        """Train every round; raises RunFailed or RunStopped."""
         log.info("run %s: %s/%s on %s, %d rounds, %d nodes", self.run_id, self.request.algorithm,
                  self.request.model, self.request.dataset, self.request.rounds, len(self.nodes))
         try:
@@ -190,17 +198,16 @@ class Run:
             if self.ledger.failure is not None:  # the run cancelled itself: see UnitLedger
                 raise self._store_failed(self.ledger.failure) from None
             self._end(CANCELLED, self.cancel_reason)
-            raise ttypes.RunCancelled(
-                message=f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
+            raise RunStopped(f"run {self.run_id} was cancelled: {self.cancel_reason}") from None
         except (RoundFailed, FatalNodeError, TooFewNodes) as exc:
             self._end(FAILED, str(exc))
             tried = getattr(exc, "nodes_tried", [n.name for n in self.nodes])
-            raise ttypes.TrainingFailed(message=str(exc), nodes_tried=tried) from None
+            raise RunFailed(str(exc), nodes_tried=tried) from None
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             self._end(FAILED, f"internal error: {exc}")
-            raise ttypes.TrainingFailed(message=f"internal error: {exc}",
-                                        nodes_tried=[n.name for n in self.nodes]) from None
+            raise RunFailed(f"internal error: {exc}",
+                            nodes_tried=[n.name for n in self.nodes]) from None
         finally:
             if self.algorithm.uses_sessions:  # the nodes' per-run state of this run
                 drop_sessions(self.run_id, self.nodes)
@@ -216,13 +223,13 @@ class Run:
             self.ledger.check()
         self.progress.end(state, message)
 
-    def _store_failed(self, exc: StoreUnavailable) -> ttypes.TrainingFailed:
+    def _store_failed(self, exc: StoreUnavailable) -> RunFailed:
         """The run stops when its store cannot record it; the error names the file."""
         self._end(FAILED, str(exc))
-        return ttypes.TrainingFailed(message=str(exc), nodes_tried=[])
+        return RunFailed(str(exc), nodes_tried=[])
 
     # ---------------------------------------------------------------- rounds
-    def _train(self) -> ttypes.RunResult:
+    def _train(self) -> RunOutcome:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write_json("run.json", self._describe())
         save_request(self.run_dir, self.request)
@@ -246,10 +253,10 @@ class Run:
         save_curves(self._rows, self.run_dir / "curves.png")
         log.info("run %s finished: validation error %.4f, model in %s", self.run_id,
                  history[-1].validation_error, model_path)
-        return ttypes.RunResult(
+        return RunOutcome(
             run_id=self.run_id, validation_error=history[-1].validation_error,
             rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
-            nodes=[n.summary() for n in self.nodes], weights=dict_to_wire(weights),
+            nodes=[n.summary() for n in self.nodes], weights=weights,
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
         )
@@ -300,17 +307,17 @@ class Run:
         return self._nodes.nodes
 
     def _round(self, engine: RoundEngine, round_index: int,
-               weights: Weights) -> tuple[Weights, ttypes.RoundMetrics]:
+               weights: Weights) -> tuple[Weights, RoundMetrics]:
         if self._nodes.refresh():  # nodes joined or left since the last round
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
         wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
 
-        def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
+        def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
             payload = wire_weights if own is None else dict_to_wire(own)
-            return self._work_request(round_index, unit, attempt, payload)
+            return self._task(round_index, unit, attempt, payload)
 
         earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
         self.ledger.check()
@@ -326,7 +333,7 @@ class Run:
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
         evaluation = self._evaluate(round_index, weights)
-        metrics = ttypes.RoundMetrics(
+        metrics = RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
             validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
             seconds=time.monotonic() - started,
@@ -357,7 +364,7 @@ class Run:
             return self.algorithm.evaluate(weights)
         return RoundEval(validation_error=math.nan, validation_loss=math.nan)
 
-    def _score(self, round_index: int, weights: Weights, metrics: ttypes.RoundMetrics) -> None:
+    def _score(self, round_index: int, weights: Weights, metrics: RoundMetrics) -> None:
         """Offline scores (IS, FID) into the round's metrics, when they are due."""
         if due(self.outputs["eval_every"], round_index, self.request.rounds):
             metrics.scores = self.algorithm.score(weights, self.outputs["eval_n"]) or None
@@ -377,10 +384,10 @@ class Run:
                                     self._policy.random_state())
             save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
 
-    def _work_request(self, round_index: int, unit: UnitSpec, attempt: int,
-                      weights: list[ttypes.Tensor]) -> ttypes.WorkRequest:
-        return ttypes.WorkRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, round=round_index,
+    def _task(self, round_index: int, unit: UnitSpec, attempt: int,
+              weights: EncodedTensors) -> Task:
+        return Task(
+            run_id=self.run_id, round=round_index,
             unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,
             model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
             config_json=self._config_json, weights=weights,
@@ -394,7 +401,7 @@ class Run:
                 "dataset": r.dataset, "rounds": r.rounds, "config": self.algorithm.config,
                 "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
 
-    def _append_metrics(self, metrics: ttypes.RoundMetrics, discarded: list[str]) -> None:
+    def _append_metrics(self, metrics: RoundMetrics, discarded: list[str]) -> None:
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
                "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
@@ -430,7 +437,7 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _make_algorithm(request: ttypes.TrainRequest, data_root: Path,
+def _make_algorithm(request: RunRequest, data_root: Path,
                     limits: RequestLimits) -> Algorithm:
     """The request's algorithm, its config checked against the limits before the algorithm
     builds anything (a model, a plan) from it."""

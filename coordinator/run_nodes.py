@@ -17,6 +17,7 @@ from coordinator.membership import Member, Membership
 from coordinator.node_pool import Liveness, NodeHandle
 from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.pull_node import PullNodeHandle
+from coordinator.thrift_node import pushed_node
 
 log = logging.getLogger("coordinator.run")
 
@@ -72,7 +73,7 @@ class RunNodes:
         for address in addresses:
             if _identity(address) not in known:
                 new.setdefault(_identity(address), address)
-        added = [NodeHandle(self._index(), address, self._rpc_timeout, self._connect_timeout)
+        added = [pushed_node(self._index(), address, self._rpc_timeout, self._connect_timeout)
                  for address in new.values()]
         for node in added:
             node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)

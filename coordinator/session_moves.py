@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TypeVar
 
-from thrift.Thrift import TException
-
+from coordinator.node_client import NodeClient
+from coordinator.node_errors import NodeError, NodeRefused
 from coordinator.node_pool import NodeHandle
 from training.algorithms.base import SessionMoved, SessionMoveError
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.rpc import ConnectionFailed
 
 log = logging.getLogger("coordinator.sessions")
-
-CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
+T = TypeVar("T")
 
 
 class NodeSessions:
@@ -52,23 +49,19 @@ class NodeSessions:
              swap_id: int) -> SessionMoved:
         """The source node sends its session straight to the target node."""
         address = self._node(target).address
-        request = ttypes.SendSessionRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=session,
-            target_host=address.host, target_port=address.port, target_session=target_session,
-            swap_id=swap_id)
-        ack = self._call(source, "send_session", request, f"send {session} to {target}")
-        return SessionMoved(bytes=ack.bytes, relayed=False)
+        assert address is not None  # `move` relays when the target cannot be dialled
+        moved = self._call(source, f"send {session} to {target}", lambda client: client
+                           .send_session(self.run_id, session, address, target_session, swap_id))
+        return SessionMoved(bytes=moved, relayed=False)
 
     def relay(self, source: str, session: str, target: str, target_session: str,
               swap_id: int) -> SessionMoved:
         """Export from the source, import into the target, through the coordinator."""
-        state = self._call(source, "export_session", ttypes.SessionRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=session),
-            f"export {session}")
-        ack = self._call(target, "import_session", ttypes.ImportSessionRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=self.run_id, session=target_session,
-            swap_id=swap_id, tensors=state.tensors), f"import {target_session}")
-        return SessionMoved(bytes=ack.bytes, relayed=True)
+        state = self._call(source, f"export {session}",
+                           lambda client: client.export_session(self.run_id, session))
+        moved = self._call(target, f"import {target_session}", lambda client: client
+                           .import_session(self.run_id, target_session, swap_id, state))
+        return SessionMoved(bytes=moved, relayed=True)
 
     def _node(self, name: str) -> NodeHandle:
         try:
@@ -76,28 +69,24 @@ class NodeSessions:
         except KeyError:
             raise SessionMoveError(f"node {name} is not one of this run's nodes") from None
 
-    def _call(self, name: str, method: str, request: Any, what: str) -> Any:
+    def _call(self, name: str, what: str, call: Callable[[NodeClient], T]) -> T:
         node = self._node(name)
         try:
-            answer = node.session_call(method, request)
-        except ttypes.InvalidRequest as exc:
-            raise SessionMoveError(f"{what}: {name} refused: {exc.message}") from None
-        except CALL_ERRORS as exc:
+            return call(node.client)
+        except NodeRefused as exc:
+            raise SessionMoveError(f"{what}: {name} refused: {exc}") from None
+        except NodeError as exc:
             raise SessionMoveError(f"{what}: {name} did not answer: {exc}") from None
-        if isinstance(answer, ttypes.SessionAck) and not answer.ok:
-            raise SessionMoveError(f"{what}: {name}: {answer.message}")
-        return answer
 
 
 def drop_sessions(run_id: str, nodes: Iterable[NodeHandle]) -> int:
     """Ask every node to forget the run's sessions (best effort, short timeouts); returns
     how many nodes answered. A node that does not answer evicts them in time anyway."""
     answered = 0
-    request = ttypes.DropSessionsRequest(protocol_version=PROTOCOL_VERSION, run_id=run_id)
     for node in nodes:
         try:
-            node.session_call("drop_sessions", request, quick=True)
+            node.client.drop_sessions(run_id)
             answered += 1
-        except CALL_ERRORS as exc:
+        except NodeError as exc:
             log.debug("could not drop the sessions of run %s on %s: %s", run_id, node.name, exc)
     return answered

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 
 from devtools import local_cluster as procs
+
+# A write the run store refuses is a bug: in tests it raises, here and in the coordinator
+# processes the tests start (they inherit the environment), instead of a log line.
+os.environ["TRAINER_STRICT_LEDGER"] = "1"
 
 
 class Cluster:

@@ -1,42 +1,81 @@
 """In-process compute nodes: the coordinator's round engine without sockets.
 
-A LocalNode is a NodeHandle whose calls go straight to a ComputeNodeHandler in
-this process, so engine and algorithm tests run in milliseconds; `fail_with`
-makes every call raise, as a dead or broken node would.
+`InProcessNodeClient` is the NodeClient (coordinator.node_client) of a ComputeNodeHandler
+in this process: no connection, no serialisation, so engine and algorithm tests run in
+milliseconds. Its failures are mapped like the Thrift client's. A LocalNode is the
+NodeHandle over one; `fail_with` makes every training call fail with that error, as a
+dead or broken node would.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
+from coordinator.node_client import AttemptKey, NodePing
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
+from coordinator.tasks import Task, TaskResult
+from coordinator.thrift_node import SessionRequests, mapped_errors, task_result, work_request
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import ttypes
+from wire.generated import PROTOCOL_VERSION, ttypes
+
+
+class InProcessNodeClient(SessionRequests):
+    accepts_connections = True
+
+    def __init__(self, handler: ComputeNodeHandler, address: NodeAddress,
+                 fail_with: Exception | None = None) -> None:
+        self.handler = handler
+        self.address: NodeAddress | None = address
+        self.fail_with = fail_with
+
+    def train(self, task: Task) -> TaskResult:
+        with mapped_errors():
+            if self.fail_with is not None:
+                raise self.fail_with
+            return task_result(self.handler.train_with_weights(work_request(task)), task)
+
+    def abort(self, key: AttemptKey, reason: str) -> bool:
+        return False  # the call runs on the caller's thread: nothing to interrupt
+
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        with mapped_errors():
+            self.handler.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
+                                                              attempt=attempt))
+
+    def ping(self) -> NodePing:
+        with mapped_errors():
+            info = self.handler.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
+        return NodePing(list(info.delaying or []), dict(info.progress or {}))
+
+    def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
+        with mapped_errors():
+            return getattr(self.handler, method)(request)
+
+    def forget_connections(self) -> None:
+        """No connections."""
+
+    def close(self) -> None:
+        """No connections."""
 
 
 class LocalNode(NodeHandle):
     def __init__(self, index: int, load: float = 0.0, delay: float = 0.0, seed: int = 0,
                  data_root: Path = DEFAULT_DATA_ROOT, fail_with: Exception | None = None
                  ) -> None:
-        super().__init__(index, NodeAddress("local", 10000 + index), rpc_timeout=5.0,
-                         connect_timeout=1.0)
-        self.handler = ComputeNodeHandler(self.name, data_root,
+        address = NodeAddress("local", 10000 + index)
+        self.handler = ComputeNodeHandler(str(address), data_root,
                                           LoadSimulator(load, delay, seed=seed))
-        self.fail_with = fail_with
+        super().__init__(index, str(address),
+                         InProcessNodeClient(self.handler, address, fail_with))
         self.calls = 0
         self._calls_lock = threading.Lock()
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, task: Task) -> TaskResult:
         with self._calls_lock:
             self.calls += 1
-        if self.fail_with is not None:
-            raise self.fail_with
-        return self.handler.train_with_weights(request)
-
-    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
-        self.handler.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
-                                                          attempt=attempt))
+        return super().train(task)

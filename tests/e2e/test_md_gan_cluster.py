@@ -14,12 +14,13 @@ from compute_node.sessions import SessionStore
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.session_moves import NodeSessions
+from coordinator.tasks import Task, TaskStatus
+from coordinator.thrift_node import pushed_node
 from devtools.local_cluster import REPO, start_pull_node
 from training import gan_metrics, gan_models
 from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.md_gan import Discriminator, MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 
 torch.set_num_threads(1)
@@ -39,23 +40,22 @@ PATIENT = ("--deadline-floor", "120")
 
 def handles(cluster, count: int = 2) -> list[NodeHandle]:
     procs = [cluster.add_node(0.0) for _ in range(count)]
-    return [NodeHandle(i, NodeAddress("127.0.0.1", p.port), rpc_timeout=180.0,
-                       connect_timeout=3.0) for i, p in enumerate(procs)]
+    return [pushed_node(i, NodeAddress("127.0.0.1", p.port), rpc_timeout=180.0,
+                        connect_timeout=3.0) for i, p in enumerate(procs)]
 
 
 def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) -> None:
-    result = node.train(ttypes.WorkRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="run", round=round_index, unit_id=unit.unit_id,
+    result = node.train(Task(
+        run_id="run", round=round_index, unit_id=unit.unit_id,
         attempt=1, algorithm="md_gan", model=algorithm.model, dataset="mnist",
         unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
         weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2))
-    assert result.outcome == ttypes.UnitOutcome.COMPLETED, result.message
+    assert result.status == TaskStatus.COMPLETED, result.message
 
 
 def export(node: NodeHandle, session: str) -> dict[str, np.ndarray]:
-    state = node.session_call("export_session", ttypes.SessionRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="run", session=session))
-    return {k: v.copy() for k, v in wire_to_dict(state.tensors).items()}
+    tensors = node.client.export_session("run", session)
+    return {k: v.copy() for k, v in wire_to_dict(tensors).items()}
 
 
 def replay(algorithm: MDGan, unit: UnitSpec, start: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

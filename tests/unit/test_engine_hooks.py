@@ -13,11 +13,11 @@ import torch
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine
+from coordinator.tasks import Task
 from tests.inprocess import LocalNode
 from training.algorithms.base import PerUnitUpdates, UnitSpec, per_unit
 from training.algorithms.md_gan import MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import dict_to_wire
 
@@ -31,9 +31,9 @@ def md_round(nodes: list[LocalNode], preferred: dict[int, str]):
     algorithm.placement = dict(preferred)
     units = algorithm.plan_round(1)
 
-    def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-        return ttypes.WorkRequest(
-            protocol_version=PROTOCOL_VERSION, run_id="r", round=1, unit_id=unit.unit_id,
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        return Task(
+            run_id="r", round=1, unit_id=unit.unit_id,
             attempt=attempt, algorithm="md_gan", model="dcgan28-tiny", dataset="mnist",
             unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
             weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2)

@@ -10,18 +10,37 @@ from pathlib import Path
 import pytest
 
 from coordinator.ledger import UnitLedger
-from coordinator.run_store import RunStore, StoreUnavailable
+from coordinator.run_store import IllegalTransition, RunStore, StoreUnavailable, UnknownRecord
 
 
-def test_a_refused_write_is_only_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_write_is_only_logged_when_not_strict(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     calls: list[str] = []
     with RunStore(tmp_path / "runs.db") as store:
         store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
-        ledger = UnitLedger(store, "r1", on_failure=calls.append)
+        ledger = UnitLedger(store, "r1", on_failure=calls.append, strict=False)
         with caplog.at_level(logging.WARNING, logger="coordinator.ledger"):
             ledger.finished(1, "nope", 1, "node1:1", "completed")  # no such unit
         ledger.check()
     assert calls == [] and "run store refused unit_finished" in caplog.text
+
+
+def test_a_refused_write_raises_in_strict_mode(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "runs.db") as store:
+        store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+        ledger = UnitLedger(store, "r1", strict=True)
+        ledger.plan_units(1, ["u1"])
+        ledger.started(1, "u1", 1, "node1:1")
+        ledger.finished(1, "u1", 1, "node1:1", "completed")
+        with pytest.raises(IllegalTransition, match="from completed to in_progress"):
+            ledger.started(1, "u1", 2, "node1:1")  # a settled unit does not start again
+        with pytest.raises(UnknownRecord, match="no attempt 7"):
+            ledger.finished(1, "u1", 7, "node1:1", "failed")
+
+
+def test_the_tests_run_the_ledger_strict(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "runs.db") as store:
+        assert UnitLedger(store, "r1").strict  # tests/conftest.py sets TRAINER_STRICT_LEDGER
 
 
 def test_a_write_sqlite_cannot_make_is_kept_reported_once_and_raised_by_check(

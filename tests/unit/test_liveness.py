@@ -12,9 +12,9 @@ from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine, overdue_reason
 from coordinator.round_state import RoundState
+from coordinator.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
-from wire.generated import ttypes
 
 KEY = ("r1", "u1", 1)
 
@@ -102,7 +102,6 @@ def test_a_reclaimed_attempt_is_cancelled_on_its_node() -> None:
     assert cancels.sent == [(node.name, "r1", "u1", 1)]
 
 
-def _completed(seconds: float) -> ttypes.TrainResult:
-    return ttypes.TrainResult(accepted=True, outcome=ttypes.UnitOutcome.COMPLETED, update=[],
-                              num_samples=1, loss=0.0, error=0.0, compute_seconds=seconds,
-                              delay_seconds=0.0)
+def _completed(seconds: float) -> TaskResult:
+    return TaskResult(TaskStatus.COMPLETED, update=[], num_samples=1, model_version=1,
+                      compute_seconds=seconds)

@@ -7,8 +7,9 @@ import threading
 import pytest
 
 from coordinator.membership import Mailbox, MemberError, Membership
-from coordinator.node_pool import AttemptAborted
+from coordinator.node_errors import AttemptAborted
 from coordinator.pull_node import PullNodeHandle
+from coordinator.tasks import Task
 from wire.generated import PROTOCOL_VERSION, ttypes
 
 V = PROTOCOL_VERSION
@@ -19,6 +20,12 @@ def work(unit: str = "u1", attempt: int = 1) -> ttypes.WorkRequest:
                               attempt=attempt, algorithm="delta_avg", model="mlp",
                               dataset="letters", unit_path=unit, config_json="{}", weights=[],
                               scheduling_policy=2)
+
+
+def task(unit: str = "u1", attempt: int = 1) -> Task:
+    return Task(run_id="r1", round=1, unit_id=unit, attempt=attempt, algorithm="delta_avg",
+                model="mlp", dataset="letters", unit_path=unit, config_json="{}", weights=[],
+                scheduling_policy=2)
 
 
 def done(message: str = "") -> ttypes.TrainResult:
@@ -55,7 +62,7 @@ def test_a_pull_handle_returns_what_the_node_submits() -> None:
             attempt=lease.work.attempt, result=done("from the node")))
 
     threading.Thread(target=node, daemon=True).start()
-    assert handle.train(work()).message == "from the node"
+    assert handle.train(task()).message == "from the node"
 
 
 def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
@@ -72,7 +79,7 @@ def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
     threading.Thread(target=lambda: leased.wait(5) and handle.abort(("r1", "u1", 1), "late"),
                      daemon=True).start()
     with pytest.raises(AttemptAborted, match="late"):
-        handle.train(work())
+        handle.train(task())
     beat = membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
                                                         units_running=1))
     assert beat.cancel == ["r1/u1/1"]

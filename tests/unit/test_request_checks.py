@@ -14,6 +14,7 @@ from client import session
 from client.cli import parse_train_args
 from coordinator.cli import build_parser, settings_from
 from coordinator.handler import CoordinatorHandler
+from coordinator.records import RunRequest
 from coordinator.request_checks import RequestLimits, check_config, check_fields, mlp_bytes
 from coordinator.run import CoordinatorSettings
 from tests.unit.test_coordinator_handler import train_request
@@ -122,8 +123,8 @@ def test_the_model_size_is_counted_without_building_the_model():
 def test_every_documented_configuration_is_within_the_default_limits(recipe):
     run = load_run_config(recipe, [])
     limits = RequestLimits()
-    check_fields(ttypes.TrainRequest(algorithm=run.algorithm, model=run.model,
-                                     dataset=run.dataset, rounds=run.rounds), limits)
+    check_fields(RunRequest(run_id="r", algorithm=run.algorithm, model=run.model,
+                            dataset=run.dataset, rounds=run.rounds, config_json="{}"), limits)
     algorithm = get_algorithm(run.algorithm)
     check_config(algorithm.check_config(run.model, run.algorithm_config()), limits)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from compute_node.load import LoadSimulator
+from coordinator.node_errors import NodeUnavailable
 from coordinator.node_pool import Liveness
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
@@ -19,12 +21,12 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
+from coordinator.tasks import Task, TaskResult
 from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 
@@ -33,9 +35,9 @@ ALGORITHM = DeltaAveraging("mlp", CONFIG, DEFAULT_DATA_ROOT / "letters")
 WEIGHTS = ALGORITHM.initial_weights()
 
 
-def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-    return ttypes.WorkRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="r1", round=1, unit_id=unit.unit_id,
+def build(unit: UnitSpec, attempt: int) -> Task:
+    return Task(
+        run_id="r1", round=1, unit_id=unit.unit_id,
         attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
         unit_path=unit.unit_path, config_json=json.dumps(ALGORITHM.config),
         weights=dict_to_wire(WEIGHTS), scheduling_policy=2)
@@ -105,10 +107,8 @@ def always_delayed(index: int) -> LocalNode:
     return node
 
 
-def build_random(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-    request = build(unit, attempt)
-    request.scheduling_policy = 1  # nodes never reject; a loaded one delays
-    return request
+def build_random(unit: UnitSpec, attempt: int) -> Task:
+    return replace(build(unit, attempt), scheduling_policy=1)  # never rejected; delayed
 
 
 def test_backup_attempt_beats_a_unit_stuck_in_a_load_delay():
@@ -140,9 +140,9 @@ class FrozenNode(LocalNode):
         self.released = threading.Event()
         self.cancel_threads: list[str] = []
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, request: Task) -> TaskResult:
         self.released.wait(60)
-        raise ConnectionFailed("frozen")
+        raise NodeUnavailable("frozen")
 
     def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
         self.cancel_threads.append(threading.current_thread().name)
@@ -191,7 +191,7 @@ def test_cancel_stops_the_round():
 class CorruptNode(LocalNode):
     """Answers every unit with a delta full of NaN, as a broken node might."""
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, request: Task) -> TaskResult:
         result = super().train(request)
         update = {name: np.full_like(value, np.nan) for name, value in
                   wire_to_dict(result.update).items()}
@@ -232,7 +232,7 @@ def test_delta_check_names_the_wrong_tensor():
 class InflatingNode(LocalNode):
     """Answers with finite deltas of the right shape, a thousand times too large."""
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, request: Task) -> TaskResult:
         result = super().train(request)
         update = {name: value * 1000.0 for name, value in wire_to_dict(result.update).items()}
         result.update = dict_to_wire(update)
@@ -275,8 +275,8 @@ def unstable_rounds(eng: RoundEngine, rounds: int) -> list:
         wire_weights = dict_to_wire(weights)
 
         def build_unstable(unit: UnitSpec, attempt: int, r=round_index, w=wire_weights):
-            return ttypes.WorkRequest(
-                protocol_version=PROTOCOL_VERSION, run_id="r1", round=r, unit_id=unit.unit_id,
+            return Task(
+                run_id="r1", round=r, unit_id=unit.unit_id,
                 attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
                 unit_path=unit.unit_path, config_json=json.dumps(UNSTABLE.config), weights=w,
                 scheduling_policy=2)
@@ -304,7 +304,7 @@ def test_updates_that_grow_together_in_an_unstable_run_bench_no_node(caplog):
 class InflatingFromRound2(InflatingNode):
     """Honest in round 1 (whose updates set the scale), inflating from round 2 on."""
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, request: Task) -> TaskResult:
         if request.round < 2:
             return LocalNode.train(self, request)
         return super().train(request)

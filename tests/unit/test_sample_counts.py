@@ -12,6 +12,7 @@ from compute_node.faults import corrupt_output
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine
+from coordinator.tasks import Task, TaskResult
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec, check_sample_count
 from training.algorithms.delta_avg import DeltaAveraging
@@ -21,7 +22,6 @@ from training.algorithms.sync_sgd import SyncSGD
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices, training_size
 from training.letters import load_letters
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
@@ -37,15 +37,15 @@ class BogusSamplesNode(LocalNode):
         super().__init__(index)
         self.num_samples = num_samples
 
-    def train(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+    def train(self, request: Task) -> TaskResult:
         result = super().train(request)
         result.num_samples = self.num_samples
         return result
 
 
-def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-    return ttypes.WorkRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="r1", round=1, unit_id=unit.unit_id,
+def build(unit: UnitSpec, attempt: int) -> Task:
+    return Task(
+        run_id="r1", round=1, unit_id=unit.unit_id,
         attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
         unit_path=unit.unit_path, config_json=json.dumps(DELTA.config),
         weights=dict_to_wire(WEIGHTS), scheduling_policy=2)

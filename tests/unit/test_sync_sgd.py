@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine
+from coordinator.tasks import Task
 from tests.inprocess import LocalNode
 from training import gan_models, mlp, mnist
 from training.algorithms import ConfigError, get_algorithm
@@ -25,7 +26,6 @@ from training.algorithms.base import UnitJob, UnitSpec, WeightedAverage, Weights
 from training.algorithms.sync_sgd import SyncSGD, unit_noise
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.letters import load_letters
-from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 
 torch.set_num_threads(1)
@@ -296,9 +296,9 @@ def test_a_round_through_the_engine_and_node_handlers() -> None:
     algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
     weights = algorithm.initial_weights()
 
-    def build(unit: UnitSpec, attempt: int) -> ttypes.WorkRequest:
-        return ttypes.WorkRequest(
-            protocol_version=PROTOCOL_VERSION, run_id="r1", round=1, unit_id=unit.unit_id,
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        return Task(
+            run_id="r1", round=1, unit_id=unit.unit_id,
             attempt=attempt, algorithm="sync_sgd", model="dcgan28-tiny", dataset="mnist",
             unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
             weights=dict_to_wire(weights), scheduling_policy=2,

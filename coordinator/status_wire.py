@@ -1,0 +1,62 @@
+"""The coordinator's records (coordinator.records) and the Thrift structs of its service,
+both ways: the service handler's translation, and the run's errors as the IDL's."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict
+
+from coordinator.records import (
+    InvalidRun,
+    NodeSummary,
+    RoundMetrics,
+    RunFailed,
+    RunOutcome,
+    RunRequest,
+    RunSnapshot,
+    RunStopped,
+)
+from wire.generated import ttypes
+from wire.tensor_codec import dict_to_wire
+
+
+def node_summary(summary: NodeSummary) -> ttypes.NodeSummary:
+    return ttypes.NodeSummary(**asdict(summary))
+
+
+def round_metrics(metrics: RoundMetrics) -> ttypes.RoundMetrics:
+    return ttypes.RoundMetrics(**asdict(metrics))
+
+
+def run_status(snapshot: RunSnapshot) -> ttypes.RunStatus:
+    fields = {**asdict(snapshot), "nodes": [node_summary(n) for n in snapshot.nodes]}
+    return ttypes.RunStatus(**fields)
+
+
+def run_request(request: ttypes.TrainRequest) -> RunRequest:
+    return RunRequest(run_id=request.run_id, algorithm=request.algorithm, model=request.model,
+                      dataset=request.dataset, rounds=request.rounds,
+                      config_json=request.config_json, outputs_json=request.outputs_json)
+
+
+def run_result(outcome: RunOutcome) -> ttypes.RunResult:
+    return ttypes.RunResult(
+        run_id=outcome.run_id, validation_error=outcome.validation_error,
+        rounds=outcome.rounds, wall_seconds=outcome.wall_seconds,
+        history=[round_metrics(m) for m in outcome.history],
+        nodes=[node_summary(n) for n in outcome.nodes], weights=dict_to_wire(outcome.weights),
+        model_json=outcome.model_json, run_dir=outcome.run_dir)
+
+
+@contextlib.contextmanager
+def service_errors() -> Iterator[None]:
+    """Raise a run's errors inside as the IDL's exceptions, for the client."""
+    try:
+        yield
+    except InvalidRun as exc:
+        raise ttypes.InvalidRequest(message=str(exc)) from None
+    except RunFailed as exc:
+        raise ttypes.TrainingFailed(message=str(exc), nodes_tried=exc.nodes_tried) from None
+    except RunStopped as exc:
+        raise ttypes.RunCancelled(message=str(exc)) from None

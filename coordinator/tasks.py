@@ -1,0 +1,60 @@
+"""What the engine sends a node and what comes back, in the coordinator's own types.
+
+Node clients (coordinator.node_client) translate these to and from their transport
+(coordinator.thrift_node for Thrift). Tensors travel encoded: `Task.weights` is encoded once per
+round and shared by every unit, and `TaskResult.update` is decoded by the engine in one
+place, where it is checked.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+EncodedTensors = list[Any]  # tensors as wire.tensor_codec encodes them
+
+
+class TaskStatus(enum.Enum):
+    COMPLETED = "completed"  # the update is in the result
+    REJECTED = "rejected"  # the node refused the unit (its load): try another node
+    CANCELLED = "cancelled"  # cancelled while it waited or ran
+
+
+@dataclass(frozen=True)
+class Task:
+    """One attempt of one unit, computed from the weights of model version `round`."""
+
+    run_id: str
+    round: int  # the model version the weights belong to
+    unit_id: str
+    attempt: int
+    algorithm: str
+    model: str
+    dataset: str
+    unit_path: str
+    config_json: str
+    weights: EncodedTensors
+    scheduling_policy: int
+    index_start: int | None = None
+    index_stop: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.run_id, self.unit_id, self.attempt
+
+
+@dataclass
+class TaskResult:
+    """A node's answer to a task (any status)."""
+
+    status: TaskStatus
+    update: EncodedTensors  # empty unless COMPLETED
+    num_samples: int
+    model_version: int  # the `round` of the task it answers
+    loss: float = 0.0
+    error: float = 0.0
+    compute_seconds: float = 0.0
+    delay_seconds: float = 0.0  # time in the node's (simulated) load delay
+    message: str | None = None  # why it was rejected or cancelled
+    node_id: str | None = None
