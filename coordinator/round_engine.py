@@ -40,6 +40,7 @@ from training.algorithms.base import (
     Weights,
     check_sample_count,
 )
+from training.compression import decompress
 from wire.generated import ttypes
 from wire.rpc import ConnectionFailed
 from wire.tensor_codec import CodecError, wire_to_dict
@@ -365,7 +366,7 @@ class RoundEngine:
         if result.outcome == ttypes.UnitOutcome.COMPLETED:
             try:
                 self._check_samples(unit.spec, result.num_samples)
-                update = wire_to_dict(result.update)
+                update = decompress(wire_to_dict(result.update))  # checks see it decoded
                 self._check_update(update)
                 # A large update waits for peers of its round: refused only if it is far
                 # above them too, so growing updates of an unstable run bench no one.
