@@ -15,6 +15,7 @@ from coordinator.nodes_file import NodeAddress
 from coordinator.policies import NodeView
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionPool, transport_of
+from wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -127,6 +128,7 @@ class NodeHandle:
         self.index = index
         self.name = name
         self.stats = NodeStats()
+        self.payload = PayloadBytes()  # RunNodes shares one counter among a run's nodes
         self.in_flight = 0
         self.liveness = Liveness()
         self._lock = threading.Lock()
@@ -142,8 +144,11 @@ class NodeHandle:
         aborted from outside raises AttemptAborted with the reason."""
         key = (request.run_id, request.unit_id, request.attempt)
         with self._work.client() as client:
+            transport = transport_of(client)
             with self._lock:
-                self._calls[key] = transport_of(client)
+                self._calls[key] = transport
+            # One call at a time per connection: the counts' growth is this call's frames.
+            sent, received = transport.bytes_sent, transport.bytes_received
             try:
                 result = client.train_with_weights(request)
             except (TException, OSError) as exc:
@@ -154,6 +159,8 @@ class NodeHandle:
             finally:
                 with self._lock:
                     self._calls.pop(key, None)
+                self.payload.add(transport.bytes_sent - sent,
+                                 transport.bytes_received - received)
         self._take_abort(key)
         self.liveness.heard()
         return result

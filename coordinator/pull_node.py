@@ -37,6 +37,7 @@ class PullNodeHandle(NodeHandle):
         mailbox = self.member.mailbox
         assert mailbox is not None
         pending = mailbox.put(request)
+        self.payload.add(len(node_calls.encode(request)), 0)
         key = key_of(pending)
         with self._lock:
             self._pending[key] = pending
@@ -51,6 +52,7 @@ class PullNodeHandle(NodeHandle):
         if pending.error:
             raise ttypes.InvalidRequest(message=pending.error)
         assert pending.result is not None
+        self.payload.add(0, len(node_calls.encode(pending.result)))
         return pending.result
 
     def session_call(self, method: str, request: Any, quick: bool = False) -> Any:
