@@ -210,3 +210,34 @@ def test_sync_sgd_residuals_follow_the_unit_slot() -> None:
     config = {"units_per_iteration": 4}
     slots = [cls.unit_slot(UnitSpec(f"unit{n}-0-320", "f"), config) for n in (1, 5, 9, 2)]
     assert slots[:3] == ["slot1"] * 3 and slots[3] == "slot2"
+
+
+def test_a_node_sends_topk_with_feedback_and_takes_fp16_weights() -> None:
+    """The node's hooks: fp16 weights decoded for the maths, the update sent as topk and
+    what was left out kept under the run and unit for the next update."""
+    import json
+
+    from compute_node.handler import ComputeNodeHandler
+    from compute_node.load import LoadSimulator
+    from training import mlp
+    from training.datapaths import DEFAULT_DATA_ROOT
+    from wire.generated import PROTOCOL_VERSION, ttypes
+
+    weights = mlp.init_params(mlp.MLPSpec(hidden=(20,)))
+    settings = CompressionSettings(up="topk", down="fp16", topk_fraction=0.1)
+    config = join_config({"epochs": 2, "eta": 0.0001, "hidden": [20]}, settings)
+    node = ComputeNodeHandler("n1", DEFAULT_DATA_ROOT, LoadSimulator(0.0, 0.0, seed=1))
+    result = node.train_with_weights(ttypes.WorkRequest(
+        protocol_version=PROTOCOL_VERSION, run_id="r", round=1, unit_id="u1", attempt=1,
+        algorithm="delta_avg", model="mlp", dataset="letters",
+        unit_path="train_letters1.txt", config_json=json.dumps(config),
+        weights=dict_to_wire(encode_weights(weights, settings)), scheduling_policy=2))
+    assert result.outcome == ttypes.UnitOutcome.COMPLETED
+    payload = wire_to_dict(result.update)
+    assert set(payload) == {f"{n}#topk#{p}" for n in ("W", "V")
+                            for p in ("values", "indices", "shape")}
+    update = decompress(payload)
+    assert update["W"].shape == weights["W"].shape and update["W"].dtype == weights["W"].dtype
+    assert np.count_nonzero(update["W"]) <= np.ceil(0.1 * weights["W"].size)
+    with node.sessions.use("r", "residual/u1") as session:
+        assert np.abs(session.state.tensors["W"]).sum() > 0
