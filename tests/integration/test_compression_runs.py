@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devtools.local_cluster import REPO, run_client
+from devtools.local_cluster import REPO, run_client, start_pull_node
 
 RECOMMENDED = ["--config", str(REPO / "configs" / "letters_recommended.yaml"),
                "--set", "run.rounds=3", "--set", "run.deterministic=true"]
@@ -69,3 +69,16 @@ def test_bad_compression_settings_are_refused_before_the_run_starts(cluster):
     status = run_client(["runs", "127.0.0.1", str(cluster.coordinator.port), "--json"],
                         cluster.workdir)
     assert status.returncode == 0 and status.stdout.strip() == "[]", status.stdout
+
+
+def test_pull_nodes_count_their_bytes_too(cluster):
+    cluster.add_node(1.0)  # listed in compute_nodes.txt, rejects every unit
+    coordinator = cluster.start_coordinator(2)
+    pull = start_pull_node(cluster.workdir, "pull1", coordinator.port, 0.0)
+    cluster.nodes.append(pull)  # stopped with the cluster
+    coordinator.wait_for(r"node pull:pull1 registered")
+    result = cluster.train_json(*RECOMMENDED, "--set", "run.rounds=2", timeout=300.0)
+    accepted = {n["pull"]: n["accepted"] for n in result["nodes"]}
+    assert accepted == {True: 22, False: 0}, result["nodes"]
+    # every unit the pull node trained brought about 180 kB of update up
+    assert result["bytes_up"] > 22 * 170_000 and result["bytes_down"] > 22 * 170_000
