@@ -241,3 +241,16 @@ def test_a_node_sends_topk_with_feedback_and_takes_fp16_weights() -> None:
     assert np.count_nonzero(update["W"]) <= np.ceil(0.1 * weights["W"].size)
     with node.sessions.use("r", "residual/u1") as session:
         assert np.abs(session.state.tensors["W"]).sum() > 0
+
+
+def test_the_run_config_sends_compression_only_when_a_codec_is_on() -> None:
+    from training.run_config import RunConfigError, load_run_config
+
+    plain = load_run_config(None, [])
+    assert "compression" not in plain.algorithm_config()
+    on = load_run_config(None, ["compression.up=topk", "compression.topk_fraction=0.05"])
+    sent = on.algorithm_config()["compression"]
+    assert sent == {"up": "topk", "down": "none", "topk_fraction": 0.05}
+    assert split_config(on.algorithm_config())[1] == settings_from(sent)
+    with pytest.raises(RunConfigError, match="compression.topk_fraction must be a number"):
+        load_run_config(None, ["compression.topk_fraction=lots"])
