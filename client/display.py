@@ -83,7 +83,30 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
                      **(m.scores or {})}
                     for m in result.history],
         "nodes": [node_dict(n) for n in result.nodes],
+        "bytes_up": result.bytes_up or 0,
+        "bytes_down": result.bytes_down or 0,
+        "aggregation": result.aggregation or "mean",
+        "compression": json.loads(result.compression_json or "{}") or NO_COMPRESSION,
     }
+
+
+NO_COMPRESSION = {"up": "none", "down": "none"}
+
+
+def transfer_line(data: dict[str, Any]) -> str:
+    """Bytes moved and how: e.g. 'Bytes up: 1.2 MB  down: 8.4 MB  aggregation: mean
+    compression: up topk 0.01, down none'."""
+    comp = data["compression"]
+    up = f"{comp['up']} {comp['topk_fraction']:g}" if comp["up"] == "topk" else comp["up"]
+    return (f"Bytes up: {_size(data['bytes_up'])}  down: {_size(data['bytes_down'])}  "
+            f"aggregation: {data['aggregation']}  compression: up {up}, down {comp['down']}")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
@@ -103,6 +126,7 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(f"Final validation error: {data['validation_error']:.4f}")
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
                   f"Run: {data['run_id']}")
+    console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"]))

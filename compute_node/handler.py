@@ -17,6 +17,7 @@ from compute_node.sessions import SessionStore
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
+from training.compression import CompressionSettings, compress_update, decompress, split_config
 from training.datapaths import DataPathError, dataset_dir, resolve_under
 from training.letters import DataFormatError
 from wire.generated import PROTOCOL_VERSION, ttypes
@@ -81,7 +82,7 @@ class ComputeNodeHandler(SessionService):
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
         self._maybe_crash()
-        algorithm, job, data_dir = self._decode(request)
+        algorithm, job, data_dir, compression = self._decode(request)
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
             self.counters.bump("rejected")
@@ -94,7 +95,7 @@ class ComputeNodeHandler(SessionService):
         control = self._register(key)
         try:
             return self._work(algorithm, replace(job, control=control), data_dir,
-                              admission.delay_seconds, key)
+                              admission.delay_seconds, key, compression)
         finally:
             self._unregister(key)
 
@@ -151,6 +152,7 @@ class ComputeNodeHandler(SessionService):
             config = json.loads(request.config_json or "{}")
             if not isinstance(config, dict):
                 raise ConfigError("config_json must hold a JSON object")
+            config, compression = split_config(config)
             algorithm.check_config(request.model, config)
             data_dir = dataset_dir(self.data_root, request.dataset)
             unit_file = resolve_under(data_dir, request.unit_path)
@@ -158,14 +160,14 @@ class ComputeNodeHandler(SessionService):
                 raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
-            weights = {k: v.copy() for k, v in wire_to_dict(request.weights).items()}
+            weights = {k: v.copy() for k, v in decompress(wire_to_dict(request.weights)).items()}
         except json.JSONDecodeError as exc:
             raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
                       device=self.device, sessions=self.sessions)
-        return algorithm, job, data_dir
+        return algorithm, job, data_dir, compression
 
     def _admit(self, policy: int):
         try:
@@ -174,7 +176,7 @@ class ComputeNodeHandler(SessionService):
             raise ttypes.InvalidRequest(message=str(exc)) from exc
 
     def _work(self, algorithm, job: UnitJob, data_dir: Path, delay: float,
-              key: tuple[str, str, int]) -> ttypes.TrainResult:
+              key: tuple[str, str, int], compression: CompressionSettings) -> ttypes.TrainResult:
         cancel = job.control.cancelled
         self.counters.bump("running")
         waited = 0.0
@@ -203,6 +205,10 @@ class ComputeNodeHandler(SessionService):
                 seconds = time.perf_counter() - started
             if self.corrupt and self._units_seen > self.corrupt_after_units:
                 output = corrupt_output(output, self.corrupt)
+            # Encoded for the wire last, as a node sends whatever its maths produced.
+            output = replace(output, update=compress_update(
+                output.update, compression, job.sessions, job.run_id,
+                algorithm.unit_slot(job.unit, job.config)))
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from coordinator.nodes_file import NodeAddress
 from coordinator.tasks import Task, TaskResult
+from wire.stats import PayloadBytes
 
 AttemptKey = tuple[str, str, int]  # run_id, unit_id, attempt
 
@@ -32,6 +33,7 @@ class NodeClient(Protocol):
 
     accepts_connections: bool  # False for a node others cannot dial (pull mode)
     address: NodeAddress | None  # where other nodes reach it, when they can
+    payload: PayloadBytes  # bytes of its training calls (a run shares one counter)
 
     def train(self, task: Task) -> TaskResult:
         """Run one unit and return its result; an abort makes it raise AttemptAborted."""

@@ -14,6 +14,7 @@ from coordinator.node_errors import NodeError
 from coordinator.policies import NodeView
 from coordinator.records import NodeSummary
 from coordinator.tasks import Task, TaskResult, TaskStatus
+from wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.nodes")
 
@@ -122,6 +123,15 @@ class NodeHandle:
     @property
     def accepts_connections(self) -> bool:
         return self.client.accepts_connections
+
+    @property
+    def payload(self) -> PayloadBytes:
+        """Bytes of this node's training calls, counted by its client."""
+        return self.client.payload
+
+    @payload.setter
+    def payload(self, counter: PayloadBytes) -> None:
+        self.client.payload = counter  # RunNodes shares one counter among a run's nodes
 
     # ------------------------------------------------------------------ calls
     def train(self, task: Task) -> TaskResult:

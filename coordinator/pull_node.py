@@ -20,6 +20,7 @@ from coordinator.tasks import Task, TaskResult
 from coordinator.thrift_node import SessionRequests, task_result, work_request
 from wire import node_calls
 from wire.generated import ttypes
+from wire.stats import PayloadBytes
 
 QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
 
@@ -32,6 +33,7 @@ class PullNodeClient(SessionRequests):
 
     def __init__(self, member: Member, rpc_timeout: float) -> None:
         self.member = member
+        self.payload = PayloadBytes()  # encoded requests and results: they travel in leases
         self._rpc_timeout = rpc_timeout
         self._lock = threading.Lock()
         self._pending: dict[UnitKey, Pending] = {}
@@ -39,7 +41,9 @@ class PullNodeClient(SessionRequests):
     def train(self, task: Task) -> TaskResult:
         mailbox = self.member.mailbox
         assert mailbox is not None
-        pending = mailbox.put(work_request(task))
+        request = work_request(task)
+        pending = mailbox.put(request)
+        self.payload.add(len(node_calls.encode(request)), 0)
         key = key_of(pending)
         with self._lock:
             self._pending[key] = pending
@@ -51,6 +55,7 @@ class PullNodeClient(SessionRequests):
                 self._pending.pop(key, None)
         _raise_failure(pending)
         assert pending.result is not None
+        self.payload.add(0, len(node_calls.encode(pending.result)))
         return task_result(pending.result, task)
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:

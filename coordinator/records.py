@@ -88,6 +88,10 @@ class RunOutcome:
     weights: dict[str, Any]  # name -> numpy array: the final model
     model_json: str
     run_dir: str
+    bytes_up: int = 0  # update payload bytes received from nodes, at the transport
+    bytes_down: int = 0  # weight payload bytes sent to nodes
+    aggregation: str = "mean"  # the rule that combined updates
+    compression_json: str = "{}"  # the compression settings used, as JSON
 
 
 class InvalidRun(ValueError):

@@ -46,6 +46,7 @@ from training.algorithms.base import (
     Weights,
     check_sample_count,
 )
+from training.compression import decompress
 from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
@@ -366,7 +367,7 @@ class RoundEngine:
         if result.status == TaskStatus.COMPLETED:
             try:
                 self._check_samples(unit.spec, result.num_samples)
-                update = wire_to_dict(result.update)
+                update = decompress(wire_to_dict(result.update))  # checks see it decoded
                 self._check_update(update)
                 # A large update waits for peers of its round: refused only if it is far
                 # above them too, so growing updates of an unstable run bench no one.

@@ -66,6 +66,13 @@ from coordinator.session_moves import NodeSessions, drop_sessions
 from coordinator.tasks import EncodedTensors, Task
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
+from training.compression import (
+    CompressionSettings,
+    check_supported,
+    encode_weights,
+    join_config,
+    split_config,
+)
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
@@ -115,7 +122,9 @@ class Run:
         self.store = store
         self.run_id = _check_run_id(request.run_id)
         check_fields(request, settings.limits)
-        self.algorithm = _make_algorithm(request, settings.data_root, settings.limits)
+        self.algorithm, self.compression = _make_algorithm(request, settings.data_root,
+                                                           settings.limits)
+        self.aggregation = _aggregation_rule(request.config_json)
         check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
                           settings.limits)
         self.outputs = _check_outputs(request.outputs_json)
@@ -133,7 +142,7 @@ class Run:
         units_per_round = self.algorithm.quorum(planned)  # K of N
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
-        self._config_json = json.dumps(self.algorithm.config)
+        self._config_json = json.dumps(join_config(self.algorithm.config, self.compression))
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)
         if resume_from is not None:
@@ -209,7 +218,8 @@ class Run:
             raise RunFailed(f"internal error: {exc}",
                             nodes_tried=[n.name for n in self.nodes]) from None
         finally:
-            if self.algorithm.uses_sessions:  # the nodes' per-run state of this run
+            # the nodes' per-run state of this run (sessions, compression residuals)
+            if self.algorithm.uses_sessions or self.compression.keeps_residuals:
                 drop_sessions(self.run_id, self.nodes)
             self._nodes.close()
             self.finished.set()
@@ -259,7 +269,14 @@ class Run:
             nodes=[n.summary() for n in self.nodes], weights=weights,
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
+            **self._payload_summary(),
         )
+
+    def _payload_summary(self) -> dict[str, Any]:
+        """Training-call bytes of the run and how its updates were combined and encoded."""
+        down, up = self._nodes.payload.totals()
+        return {"bytes_up": up, "bytes_down": down, "aggregation": self.aggregation,
+                "compression_json": json.dumps(self.compression.to_dict())}
 
     def _wait_for_nodes(self) -> None:
         """Hold the first round until --wait-for-nodes nodes have answered."""
@@ -312,7 +329,8 @@ class Run:
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
-        wire_weights = dict_to_wire(weights)  # encoded once, sent with every unit
+        # encoded once, sent with every unit
+        wire_weights = dict_to_wire(encode_weights(weights, self.compression))
 
         def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
@@ -421,6 +439,13 @@ def _json_object(field: str, text: str | None) -> Any:
         raise _invalid(f"{field} is not valid JSON: {str(exc)[:200]}") from None
 
 
+def _aggregation_rule(config_json: str | None) -> str:
+    """The rule the request's ``aggregation`` section names; "mean" without one."""
+    section = _json_object("config_json", config_json).get("aggregation")
+    rule = section.get("rule") if isinstance(section, dict) else None
+    return rule if isinstance(rule, str) else "mean"
+
+
 def _check_outputs(outputs_json: str | None) -> dict[str, int]:
     outputs = _json_object("outputs_json", outputs_json)
     try:
@@ -438,16 +463,19 @@ def _check_run_id(run_id: str) -> str:
 
 
 def _make_algorithm(request: RunRequest, data_root: Path,
-                    limits: RequestLimits) -> Algorithm:
-    """The request's algorithm, its config checked against the limits before the algorithm
-    builds anything (a model, a plan) from it."""
+                    limits: RequestLimits) -> tuple[Algorithm, CompressionSettings]:
+    """The request's algorithm and compression settings, its config checked against the
+    limits before the algorithm builds anything (a model, a plan) from it."""
     try:
         cls = get_algorithm(request.algorithm)
         config = _json_object("config_json", request.config_json)
         if not isinstance(config, dict):
             raise ConfigError("config_json must hold a JSON object")
+        config, compression = split_config(config)
+        check_supported(compression, cls.name, cls.compression_codecs(request.model))
         check_config(cls.check_config(request.model, config), limits)
-        return cls(request.model, config, dataset_dir(data_root, request.dataset))
+        algorithm = cls(request.model, config, dataset_dir(data_root, request.dataset))
+        return algorithm, compression
     except (ConfigError, DataPathError, DataFormatError) as exc:
         raise _invalid(str(exc)) from None
     except OSError as exc:  # e.g. a name the file system refuses

@@ -18,6 +18,7 @@ from coordinator.node_pool import Liveness, NodeHandle
 from coordinator.nodes_file import NodeAddress, NodesFileError
 from coordinator.pull_node import PullNodeHandle
 from coordinator.thrift_node import pushed_node
+from wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.run")
 
@@ -31,6 +32,7 @@ class RunNodes:
                  membership: Membership | None = None) -> None:
         self.run_id = run_id
         self.nodes: list[NodeHandle] = []
+        self.payload = PayloadBytes()  # the run's training-call bytes, nodes that left included
         self._rpc_timeout, self._connect_timeout = rpc_timeout, connect_timeout
         self._suspect_seconds, self._dead_seconds = suspect_seconds, dead_seconds
         self._nodes_source = nodes_source
@@ -77,6 +79,7 @@ class RunNodes:
                  for address in new.values()]
         for node in added:
             node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)
+            node.payload = self.payload
         self.nodes.extend(added)
         return added
 
@@ -87,8 +90,11 @@ class RunNodes:
         current = {m.name: m for m in self._membership.members()}
         self.nodes = [n for n in self.nodes if self._still_member(n, current)]
         known = {n.name for n in self.nodes}
-        self.nodes.extend(PullNodeHandle(self._index(), m, self._rpc_timeout)
-                          for m in current.values() if m.pull and m.name not in known)
+        pulled = [PullNodeHandle(self._index(), m, self._rpc_timeout)
+                  for m in current.values() if m.pull and m.name not in known]
+        for node in pulled:
+            node.payload = self.payload
+        self.nodes.extend(pulled)
         pushed = self._add_addresses(self._membership.push_addresses())
         self._registered_push.update(n.name for n in pushed)
 

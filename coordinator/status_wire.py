@@ -46,7 +46,9 @@ def run_result(outcome: RunOutcome) -> ttypes.RunResult:
         rounds=outcome.rounds, wall_seconds=outcome.wall_seconds,
         history=[round_metrics(m) for m in outcome.history],
         nodes=[node_summary(n) for n in outcome.nodes], weights=dict_to_wire(outcome.weights),
-        model_json=outcome.model_json, run_dir=outcome.run_dir)
+        model_json=outcome.model_json, run_dir=outcome.run_dir, bytes_up=outcome.bytes_up,
+        bytes_down=outcome.bytes_down, aggregation=outcome.aggregation,
+        compression_json=outcome.compression_json)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from coordinator.nodes_file import NodeAddress
 from coordinator.tasks import Task, TaskResult, TaskStatus
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
+from wire.stats import PayloadBytes
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
@@ -133,6 +134,7 @@ class ThriftNodeClient(SessionRequests):
     def __init__(self, address: NodeAddress, rpc_timeout: float,
                  connect_timeout: float) -> None:
         self.address: NodeAddress | None = address
+        self.payload = PayloadBytes()
         self._lock = threading.Lock()
         self._calls: dict[AttemptKey, Any] = {}  # attempt -> its transport
         self._aborted: dict[AttemptKey, str] = {}
@@ -146,13 +148,18 @@ class ThriftNodeClient(SessionRequests):
         key = task.key
         try:
             with self._work.client() as client:
+                transport = transport_of(client)
                 with self._lock:
-                    self._calls[key] = transport_of(client)
+                    self._calls[key] = transport
+                # One call at a time per connection: the counts' growth is this call's frames.
+                sent, received = transport.bytes_sent, transport.bytes_received
                 try:
                     return task_result(client.train_with_weights(work_request(task)), task)
                 finally:
                     with self._lock:
                         self._calls.pop(key, None)
+                    self.payload.add(transport.bytes_sent - sent,
+                                     transport.bytes_received - received)
         except CALL_ERRORS as exc:
             reason = self._take_abort(key)
             if reason:

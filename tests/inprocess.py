@@ -22,6 +22,7 @@ from coordinator.tasks import Task, TaskResult
 from coordinator.thrift_node import SessionRequests, mapped_errors, task_result, work_request
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.stats import PayloadBytes
 
 
 class InProcessNodeClient(SessionRequests):
@@ -32,6 +33,7 @@ class InProcessNodeClient(SessionRequests):
         self.handler = handler
         self.address: NodeAddress | None = address
         self.fail_with = fail_with
+        self.payload = PayloadBytes()  # nothing crosses a wire: stays at zero
 
     def train(self, task: Task) -> TaskResult:
         with mapped_errors():

@@ -236,6 +236,10 @@ struct RunResult {
   7: required list<Tensor> weights,  // final model
   8: required string model_json,     // what is needed to rebuild the model from the weights
   9: required string run_dir,        // the coordinator's folder for this run
+  10: optional i64 bytes_up,         // result (update) bytes nodes sent, at the transport
+  11: optional i64 bytes_down,       // work request (weights) bytes sent to nodes
+  12: optional string aggregation,   // the rule that combined the updates, e.g. "mean"
+  13: optional string compression_json, // the compression settings the run used
 }
 
 struct StatusRequest {

@@ -25,7 +25,8 @@ import yaml
 DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
-NOT_ALGORITHMS = (RUN, OUTPUTS)
+COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator
+NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION)
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -72,8 +73,13 @@ class RunConfig:
         return self.section(OUTPUTS)
 
     def algorithm_config(self) -> dict[str, Any]:
-        """The chosen algorithm's section: what the train request carries as config_json."""
-        return self.section(self.algorithm)
+        """What the train request carries as config_json: the chosen algorithm's section,
+        with the compression settings when any codec is on."""
+        config = self.section(self.algorithm)
+        compression = self.sections.get(COMPRESSION, {})
+        if any(compression.get(k, "none") != "none" for k in ("up", "down")):
+            config[COMPRESSION] = self.section(COMPRESSION)
+        return config
 
     def section(self, name: str) -> dict[str, Any]:
         """A copy of one section, so callers cannot change the configuration under others."""
@@ -155,7 +161,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def _check_defaults(defaults: dict[Any, Any], where: str) -> None:
     """The defaults file is the schema: it must hold run, outputs and sections of keys."""
-    for name in NOT_ALGORITHMS:
+    for name in (RUN, OUTPUTS):
         if not isinstance(defaults.get(name), dict):
             raise RunConfigError(f"{where}: the defaults need a '{name}:' section")
     for name, section in defaults.items():

@@ -163,3 +163,25 @@ def _write_quietly(path: str) -> None:
     """Statistics must never take a node down: a failed write is skipped."""
     with contextlib.suppress(OSError):
         write_snapshot(path)
+
+
+class PayloadBytes:
+    """Bytes of one run's training calls, thread-safe: ``down`` the work requests (weights)
+    sent to nodes, ``up`` the results (updates) received. Push nodes count the frames of
+    each call at its connection's transport; pull nodes the encoded request and result
+    that their lease and submission carry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down = 0
+        self.up = 0
+
+    def add(self, down: int, up: int) -> None:
+        with self._lock:
+            self.down += down
+            self.up += up
+
+    def totals(self) -> tuple[int, int]:
+        """(down, up) so far."""
+        with self._lock:
+            return self.down, self.up

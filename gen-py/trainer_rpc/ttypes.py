@@ -2620,11 +2620,15 @@ class RunResult(object):
      - weights
      - model_json
      - run_dir
+     - bytes_up
+     - bytes_down
+     - aggregation
+     - compression_json
 
     """
 
 
-    def __init__(self, run_id=None, validation_error=None, rounds=None, wall_seconds=None, history=None, nodes=None, weights=None, model_json=None, run_dir=None,):
+    def __init__(self, run_id=None, validation_error=None, rounds=None, wall_seconds=None, history=None, nodes=None, weights=None, model_json=None, run_dir=None, bytes_up=None, bytes_down=None, aggregation=None, compression_json=None,):
         self.run_id = run_id
         self.validation_error = validation_error
         self.rounds = rounds
@@ -2634,6 +2638,10 @@ class RunResult(object):
         self.weights = weights
         self.model_json = model_json
         self.run_dir = run_dir
+        self.bytes_up = bytes_up
+        self.bytes_down = bytes_down
+        self.aggregation = aggregation
+        self.compression_json = compression_json
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2707,6 +2715,26 @@ class RunResult(object):
                     self.run_dir = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.I64:
+                    self.bytes_up = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.bytes_down = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.STRING:
+                    self.aggregation = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 13:
+                if ftype == TType.STRING:
+                    self.compression_json = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2761,6 +2789,22 @@ class RunResult(object):
         if self.run_dir is not None:
             oprot.writeFieldBegin('run_dir', TType.STRING, 9)
             oprot.writeString(self.run_dir.encode('utf-8') if sys.version_info[0] == 2 else self.run_dir)
+            oprot.writeFieldEnd()
+        if self.bytes_up is not None:
+            oprot.writeFieldBegin('bytes_up', TType.I64, 10)
+            oprot.writeI64(self.bytes_up)
+            oprot.writeFieldEnd()
+        if self.bytes_down is not None:
+            oprot.writeFieldBegin('bytes_down', TType.I64, 11)
+            oprot.writeI64(self.bytes_down)
+            oprot.writeFieldEnd()
+        if self.aggregation is not None:
+            oprot.writeFieldBegin('aggregation', TType.STRING, 12)
+            oprot.writeString(self.aggregation.encode('utf-8') if sys.version_info[0] == 2 else self.aggregation)
+            oprot.writeFieldEnd()
+        if self.compression_json is not None:
+            oprot.writeFieldBegin('compression_json', TType.STRING, 13)
+            oprot.writeString(self.compression_json.encode('utf-8') if sys.version_info[0] == 2 else self.compression_json)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5747,6 +5791,10 @@ RunResult.thrift_spec = (
     (7, TType.LIST, 'weights', (TType.STRUCT, [Tensor, None], False), None, ),  # 7
     (8, TType.STRING, 'model_json', 'UTF8', None, ),  # 8
     (9, TType.STRING, 'run_dir', 'UTF8', None, ),  # 9
+    (10, TType.I64, 'bytes_up', None, None, ),  # 10
+    (11, TType.I64, 'bytes_down', None, None, ),  # 11
+    (12, TType.STRING, 'aggregation', 'UTF8', None, ),  # 12
+    (13, TType.STRING, 'compression_json', 'UTF8', None, ),  # 13
 )
 all_structs.append(StatusRequest)
 StatusRequest.thrift_spec = (

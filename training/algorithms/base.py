@@ -294,6 +294,19 @@ class Algorithm(ABC):
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         """Validate a configuration and return it with defaults filled in."""
 
+    @classmethod
+    def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
+        """Codecs (training/compression.py) the algorithm can use, by direction. Lossy
+        float codecs suit any update; ``topk`` only updates that add up over rounds
+        (deltas, gradients), since what it leaves out of one is sent with later ones."""
+        return {"up": frozenset({"fp16", "int8", "topk"}), "down": frozenset({"fp16"})}
+
+    @classmethod
+    def unit_slot(cls, unit: UnitSpec, config: Mapping[str, Any]) -> str:
+        """The unit's place across rounds, which per-unit node state (compression
+        residuals) is kept under: the unit id by default."""
+        return unit.unit_id
+
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
         self.model = model

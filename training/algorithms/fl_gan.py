@@ -123,6 +123,11 @@ class FLGan(Algorithm):
     models = MODELS
 
     @classmethod
+    def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
+        """No topk: an update is a whole model state, not a delta that adds up."""
+        return {"up": frozenset({"fp16", "int8"}), "down": frozenset({"fp16"})}
+
+    @classmethod
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         return _check_config(model, config)
 

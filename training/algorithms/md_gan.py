@@ -330,6 +330,12 @@ class MDGan(Algorithm):
     allows_backups = False
 
     @classmethod
+    def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
+        """None: units carry generated batches, not the weights, and the feedback is
+        applied per batch in one generator step."""
+        return {"up": frozenset(), "down": frozenset()}
+
+    @classmethod
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         """The config with defaults filled in; ``k`` may be an int or "log2"."""
         return _check_config(model, config)

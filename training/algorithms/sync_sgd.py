@@ -329,6 +329,23 @@ class SyncSGD(Algorithm):
     name = "sync_sgd"
     models = ("mlp", *GAN_MODELS)
 
+    @classmethod
+    def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
+        """No topk for GANs: their updates carry BatchNorm statistics, states that a
+        residual sent rounds later would corrupt."""
+        up = {"fp16", "int8", "topk"} if model == "mlp" else {"fp16", "int8"}
+        return {"up": frozenset(up), "down": frozenset({"fp16"})}
+
+    @classmethod
+    def unit_slot(cls, unit: UnitSpec, config: Mapping[str, Any]) -> str:
+        """Unit ids run on over the iterations (unit<number>-<start>-<stop>); the slot is
+        the unit's place in its iteration."""
+        number = re.match(r"unit(\d+)-", unit.unit_id)
+        per_iteration = config.get("units_per_iteration")
+        if number is None or not isinstance(per_iteration, int) or per_iteration < 1:
+            return unit.unit_id
+        return f"slot{int(number.group(1)) % per_iteration}"
+
     # ------------------------------------------------------------- node half
     @classmethod
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
