@@ -25,7 +25,8 @@ import yaml
 DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
-NOT_ALGORITHMS = (RUN, OUTPUTS)
+AGGREGATION = "aggregation"  # travels inside the algorithm's config (training/aggregation.py)
+NOT_ALGORITHMS = (RUN, OUTPUTS, AGGREGATION)
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -72,8 +73,9 @@ class RunConfig:
         return self.section(OUTPUTS)
 
     def algorithm_config(self) -> dict[str, Any]:
-        """The chosen algorithm's section: what the train request carries as config_json."""
-        return self.section(self.algorithm)
+        """The chosen algorithm's section with the `aggregation` settings under their own
+        key: what the train request carries as config_json."""
+        return {**self.section(self.algorithm), AGGREGATION: self.section(AGGREGATION)}
 
     def section(self, name: str) -> dict[str, Any]:
         """A copy of one section, so callers cannot change the configuration under others."""
@@ -155,7 +157,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def _check_defaults(defaults: dict[Any, Any], where: str) -> None:
     """The defaults file is the schema: it must hold run, outputs and sections of keys."""
-    for name in NOT_ALGORITHMS:
+    for name in (RUN, OUTPUTS):
         if not isinstance(defaults.get(name), dict):
             raise RunConfigError(f"{where}: the defaults need a '{name}:' section")
     for name, section in defaults.items():

@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from training import aggregation
+from training.aggregation import RobustAggregate
 from training.cancel import UnitControl
 
 Weights = dict[str, np.ndarray]
@@ -143,6 +145,24 @@ def check_type(key: str, value: Any, default: Any) -> Any:
         expected = type(default).__name__
         raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
     return value
+
+
+def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An algorithm's config without its `aggregation` settings, and those settings checked
+    with defaults filled in (training/aggregation.py); ConfigError names the bad key."""
+    rest = {key: value for key, value in config.items() if key != aggregation.SECTION}
+    try:
+        return rest, aggregation.check_settings(config.get(aggregation.SECTION))
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
+    """ConfigError if the aggregation rule cannot combine rounds of this many updates."""
+    try:
+        aggregation.check_round_size(settings, updates_per_round)
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class WeightedAverage:
@@ -314,10 +334,14 @@ class Algorithm(ABC):
         return None
 
     def aggregator(self, units: Sequence[UnitSpec],
-                   deterministic: bool) -> WeightedAverage | PerUnitUpdates:
-        """How the round's results are combined before `apply`: a weighted average by
-        default; `PerUnitUpdates` keeps each unit's update by unit id."""
-        return WeightedAverage(deterministic)
+                   deterministic: bool) -> WeightedAverage | RobustAggregate | PerUnitUpdates:
+        """How the round's results are combined before `apply`: by the config's
+        `aggregation` rule, a weighted average folded in as results arrive by default;
+        `PerUnitUpdates` keeps each unit's update by unit id."""
+        settings = self.config.get(aggregation.SECTION)
+        if settings is None or settings["rule"] == "mean":
+            return WeightedAverage(deterministic)
+        return RobustAggregate(settings)
 
     def after_round(self, round_index: int, sessions: SessionMoves) -> None:
         """Called after `apply` with where each unit's result came from and a way to move
