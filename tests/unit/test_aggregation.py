@@ -142,8 +142,9 @@ def test_mean_stays_the_running_weighted_average_bit_for_bit():
         assert all(np.array_equal(hooked.result()[k], plain.result()[k]) for k in ("W", "b"))
 
 
-def test_a_robust_rule_in_the_config_collects_the_round():
-    algorithm = DeltaAveraging("mlp", {"aggregation": {"rule": "median"}}, LETTERS)
+@pytest.mark.parametrize("cls", [DeltaAveraging, SyncSGD])
+def test_a_robust_rule_in_the_config_collects_the_round(cls):
+    algorithm = cls("mlp", {"aggregation": {"rule": "median"}}, LETTERS)
     hooked = algorithm.aggregator(algorithm.plan_round(1), False)
     assert isinstance(hooked, RobustAggregate) and hooked.settings["rule"] == "median"
 

@@ -6,9 +6,10 @@ into the next weights. It never opens a socket, starts a thread or sleeps: the
 round engine owns threads, retries, timeouts and quorum, so every algorithm can be
 tested in process.
 
-Hooks with defaults, for algorithms that keep state on nodes (MD-GAN): `unit_tensors`
-(what a unit carries instead of the global weights), `aggregator` (keep each unit's update
-by unit id instead of one weighted average), `after_round` (move node sessions, given a
+Hooks with defaults: `aggregator` (how a round's updates are combined: the config's
+`aggregation` rule, training/aggregation.py; MD-GAN keeps each unit's update by unit id);
+for algorithms that keep state on nodes (MD-GAN): `unit_tensors` (what a unit carries
+instead of the global weights), `after_round` (move node sessions, given a
 `SessionMoves`), `UnitSpec.preferred_node` (the node tried first), and the class flags
 `uses_sessions` (the run drops the nodes' sessions at its end) and `allows_backups`.
 """
