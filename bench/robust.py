@@ -42,7 +42,8 @@ SETTINGS = ["aggregation.byzantine=3", "aggregation.krum_keep=3"]
 TARGET_ERROR = 0.12
 
 
-def run_once(rule: str, attack: str, rounds: int, workdir: Path) -> dict:
+def run_once(rule: str, attack: str, rounds: int, workdir: Path, extra_sets: list[str]
+             ) -> dict:
     nodes = []
     coordinator = None
     try:
@@ -55,7 +56,7 @@ def run_once(rule: str, attack: str, rounds: int, workdir: Path) -> dict:
         coordinator = local_cluster.start_coordinator(workdir, nodes_file, 2, "--seed", "1",
                                                       "--max-update-norm", "0",
                                                       "--log-level", "WARNING")
-        sets = [f"aggregation.rule={rule}", f"run.rounds={rounds}", *SETTINGS]
+        sets = [f"aggregation.rule={rule}", f"run.rounds={rounds}", *SETTINGS, *extra_sets]
         args = ["127.0.0.1", str(coordinator.port), "--config", str(RECIPE), "--json",
                 "--quiet", *[item for s in sets for item in ("--set", s)]]
         started = time.monotonic()
@@ -71,9 +72,9 @@ def run_once(rule: str, attack: str, rounds: int, workdir: Path) -> dict:
                 proc.stop()
 
 
-def coordinator_seconds(rule: str, repeats: int) -> dict:
+def coordinator_seconds(rule: str, repeats: int, extra_sets: list[str]) -> dict:
     """Median seconds of one round's aggregation, and of aggregation + apply + evaluate."""
-    config = load_run_config(RECIPE, [f"aggregation.rule={rule}", *SETTINGS])
+    config = load_run_config(RECIPE, [f"aggregation.rule={rule}", *SETTINGS, *extra_sets])
     algorithm = DeltaAveraging("mlp", config.algorithm_config(), REPO / "data" / "letters")
     weights = algorithm.initial_weights()
     units = algorithm.plan_round(1)
@@ -119,23 +120,27 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, of {', '.join(ATTACKS)} (default: all)")
     parser.add_argument("--repeats", type=int, default=50,
                         help="repeats of the in-process coordinator timing (default 50)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a further client --set for every run, e.g. "
+                             "aggregation.trim_fraction=0.3")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds, attacks = args.rounds, args.attacks.split(",")
     if args.quick:
         rounds, attacks = 4, ["none", "signflip"]
-    timing = {rule: coordinator_seconds(rule, args.repeats) for rule in RULES}
+    timing = {rule: coordinator_seconds(rule, args.repeats, args.set) for rule in RULES}
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-robust-") as tmp:
         for attack in attacks:
             for rule in RULES:
-                m = run_once(rule, attack, rounds, Path(tmp))
+                m = run_once(rule, attack, rounds, Path(tmp), args.set)
                 print(f"{attack} / {rule}: error {m['error']:.4f}, {m['wall']:.1f}s"
                       f"{' FAILED ' + m['failed'] if 'failed' in m else ''}",
                       file=sys.stderr, flush=True)
                 results.setdefault(attack, {})[rule] = m
     print(f"{rounds} rounds, {NODES} nodes, 1 Byzantine where named; "
-          f"target with signflip: <= {TARGET_ERROR} for the robust rules")
+          f"target with signflip: <= {TARGET_ERROR} for the robust rules; "
+          f"settings {', '.join([*SETTINGS, *args.set])}")
     print(table(results, timing))
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": rounds, "runs": results,
