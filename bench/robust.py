@@ -72,8 +72,24 @@ def run_once(rule: str, attack: str, rounds: int, workdir: Path, extra_sets: lis
                 proc.stop()
 
 
-def coordinator_seconds(rule: str, repeats: int, extra_sets: list[str]) -> dict:
-    """Median seconds of one round's aggregation, and of aggregation + apply + evaluate."""
+def coordinator_seconds(repeats: int, extra_sets: list[str]) -> dict[str, dict]:
+    """Per rule, the median seconds of one round's aggregation, and of aggregation + apply
+    + evaluate. The rules take turns within each repeat, so load on the machine weighs on
+    all of them alike."""
+    rounds = {rule: _round_of(rule, extra_sets) for rule in RULES}
+    times: dict[str, dict[str, list[float]]] = {r: {"aggregation": [], "round": []}
+                                                 for r in RULES}
+    for _ in range(repeats):
+        for rule, run_round in rounds.items():
+            aggregation, total = run_round()
+            times[rule]["aggregation"].append(aggregation)
+            times[rule]["round"].append(total)
+    return {rule: {key: statistics.median(values) for key, values in kept.items()}
+            for rule, kept in times.items()}
+
+
+def _round_of(rule: str, extra_sets: list[str]):
+    """A function timing the coordinator's part of one round under `rule`."""
     config = load_run_config(RECIPE, [f"aggregation.rule={rule}", *SETTINGS, *extra_sets])
     algorithm = DeltaAveraging("mlp", config.algorithm_config(), REPO / "data" / "letters")
     weights = algorithm.initial_weights()
@@ -81,8 +97,8 @@ def coordinator_seconds(rule: str, repeats: int, extra_sets: list[str]) -> dict:
     rng = np.random.default_rng(0)
     updates = [{k: rng.normal(scale=1e-3, size=v.shape) for k, v in weights.items()}
                for _ in units]
-    aggregation, total = [], []
-    for _ in range(repeats):
+
+    def run_round() -> tuple[float, float]:
         started = time.perf_counter()
         aggregator = algorithm.aggregator(units, False)
         for i, update in enumerate(updates):
@@ -90,9 +106,8 @@ def coordinator_seconds(rule: str, repeats: int, extra_sets: list[str]) -> dict:
         combined = aggregator.result()
         aggregated = time.perf_counter()
         algorithm.evaluate(algorithm.apply(weights, combined))
-        aggregation.append(aggregated - started)
-        total.append(time.perf_counter() - started)
-    return {"aggregation": statistics.median(aggregation), "round": statistics.median(total)}
+        return aggregated - started, time.perf_counter() - started
+    return run_round
 
 
 def table(results: dict, timing: dict) -> str:
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds, attacks = args.rounds, args.attacks.split(",")
     if args.quick:
         rounds, attacks = 4, ["none", "signflip"]
-    timing = {rule: coordinator_seconds(rule, args.repeats, args.set) for rule in RULES}
+    timing = coordinator_seconds(args.repeats, args.set)
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-robust-") as tmp:
         for attack in attacks:

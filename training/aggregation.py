@@ -55,7 +55,11 @@ def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]],
 def coordinate_median(updates: Sequence[Mapping[str, np.ndarray]],
                       samples: Sequence[int]) -> Weights:
     """The median of each coordinate over the updates (sample counts are not used)."""
-    return {name: np.median(_stacked(updates, name), axis=0) for name in updates[0]}
+    n = len(updates)
+    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
+    # A partial sort around the middle: about half the cost of np.median here.
+    return {name: np.partition(_stacked(updates, name), middle, axis=0)[middle].mean(axis=0)
+            for name in updates[0]}
 
 
 def trimmed_mean(updates: Sequence[Mapping[str, np.ndarray]], samples: Sequence[int],
@@ -65,9 +69,13 @@ def trimmed_mean(updates: Sequence[Mapping[str, np.ndarray]], samples: Sequence[
     n = len(updates)
     cut = math.floor(trim_fraction * n)
     weights = np.asarray(samples, dtype=np.float64)
+    equal = bool(np.all(weights == weights[0]))
     result = {}
     for name in updates[0]:
         stacked = _stacked(updates, name)
+        if equal:  # the same weight everywhere: sorting the values alone is enough (faster)
+            result[name] = np.sort(stacked, axis=0)[cut:n - cut].mean(axis=0)
+            continue
         order = np.argsort(stacked, axis=0, kind="stable")[cut:n - cut]
         kept = np.take_along_axis(stacked, order, axis=0)
         kept_weights = weights[order]  # each kept value keeps its own update's weight

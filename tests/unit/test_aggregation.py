@@ -81,9 +81,12 @@ def test_mean_and_median_match_the_references(n):
         np.testing.assert_allclose(median[name], ref_median(items, name), rtol=1e-12)
 
 
-@pytest.mark.parametrize("n, fraction", [(5, 0.2), (10, 0.2), (10, 0.35), (3, 0.0)])
-def test_trimmed_mean_matches_the_reference(n, fraction):
+@pytest.mark.parametrize("n, fraction, equal", [(5, 0.2, False), (10, 0.2, False),
+                                                (10, 0.35, False), (3, 0.0, False),
+                                                (11, 0.2, True), (4, 0.3, True)])
+def test_trimmed_mean_matches_the_reference(n, fraction, equal):
     items, samples = updates(n, seed=10 + n)
+    samples = [7] * n if equal else samples
     got = aggregate(settings(rule="trimmed_mean", trim_fraction=fraction), items, samples)
     for name in ("W", "b"):
         np.testing.assert_allclose(got[name], ref_trimmed(items, samples, name, fraction),
