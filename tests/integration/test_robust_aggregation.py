@@ -26,3 +26,13 @@ def test_median_outlasts_a_sign_flipping_node_that_wrecks_the_mean(cluster):
     # chance (0.96 for 26 letters).
     assert median["validation_error"] < 0.4, cluster.logs()
     assert mean["validation_error"] > median["validation_error"] + 0.4
+
+
+def test_a_krum_setting_the_round_cannot_meet_is_refused_before_the_run(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    done = cluster.client("--config", RECIPE, "--set", "aggregation.rule=krum", "--set",
+                          "aggregation.krum_keep=9", "--run-id", "bad-krum")
+    assert done.returncode != 0
+    assert "'aggregation.krum_keep'" in done.stderr and "n - 2f - 2 = 7" in done.stderr
+    assert "round 1" not in cluster.coordinator.log()
