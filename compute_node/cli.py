@@ -14,7 +14,7 @@ from compute_node.coordinator_link import (
     PullStopped,
     PullWorker,
 )
-from compute_node.faults import CORRUPTIONS
+from compute_node.faults import CORRUPTIONS, FaultPlan, with_faults
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from training.datapaths import DEFAULT_DATA_ROOT
@@ -82,8 +82,9 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                              "and never answer them (pings still answer)")
     parser.add_argument("--corrupt-updates", choices=CORRUPTIONS, default=None,
                         help="fault injection for tests: spoil updates (NaN values, a wrong "
-                             "shape, or a norm a million times too large) or their sample "
-                             "counts (0, or 10^15)")
+                             "shape, or a norm a million times too large), their sample "
+                             "counts (0, or 10^15), or send Byzantine updates (signflip: "
+                             "times -10, scaled: times 100, random: noise of their norm)")
     parser.add_argument("--corrupt-after-units", type=arg_types.non_negative_int,
                         default=0, metavar="N",
                         help="with --corrupt-updates: only from the unit after N (default 0)")
@@ -139,11 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {device_problem}", file=sys.stderr)
         return 2
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
-    handler = ComputeNodeHandler(args.node_id or "", args.data_root, load,
-                                 args.crash_after_units, device=args.device,
-                                 hang_after_units=args.hang_after_units,
-                                 corrupt=args.corrupt_updates,
-                                 corrupt_after_units=args.corrupt_after_units)
+    handler = with_faults(
+        ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device),
+        FaultPlan(args.crash_after_units, args.hang_after_units, args.corrupt_updates,
+                  args.corrupt_after_units, args.seed))
     if args.pull:
         return run_pull(handler, args)
     try:

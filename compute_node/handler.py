@@ -7,15 +7,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from compute_node.faults import corrupt_output
 from compute_node.load import LoadSimulator
 from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
+from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
 from training.compression import CompressionSettings, compress_update, decompress, split_config
 from training.datapaths import DataPathError, dataset_dir, resolve_under
@@ -27,8 +27,15 @@ from wire.version import check_protocol_version
 log = logging.getLogger("compute_node")
 
 # Errors that mean "the request cannot work here": the caller gets InvalidRequest.
-HANG_SECONDS = 3600.0  # --hang-after-units: how long a unit hangs unless cancelled
 REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, ValueError)
+
+
+UnitRunner = Callable[[type[Algorithm], UnitJob, Path], UnitOutput]
+
+
+def run_unit(algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
+    """A unit's maths: the algorithm's node half."""
+    return algorithm.run_unit(job, data_dir)
 
 
 @dataclass
@@ -47,27 +54,21 @@ class NodeCounters:
 class ComputeNodeHandler(SessionService):
     """Implements ComputeNode.Iface. Several units may wait in their load delay at
     once, but their maths runs one at a time (a lock), so a node uses one core.
-    Per-run sessions (MD-GAN's discriminators) live in ``self.sessions``."""
+    Per-run sessions (MD-GAN's discriminators) live in ``self.sessions``.
+    ``unit_runner`` runs a unit's maths; fault injection (compute_node/faults.py) swaps it."""
 
     def __init__(
         self,
         node_id: str,
         data_root: str | os.PathLike,
         load: LoadSimulator,
-        crash_after_units: int | None = None,
         device: str = "cpu",
-        hang_after_units: int | None = None,
-        corrupt: str | None = None,
-        corrupt_after_units: int = 0,
     ) -> None:
         self.node_id = node_id
         self.data_root = Path(data_root)
         self.sessions = SessionStore()
         self.load = load
-        self.crash_after_units = crash_after_units
-        self.hang_after_units = hang_after_units
-        self.corrupt = corrupt  # fault injection: spoil updates this way ...
-        self.corrupt_after_units = corrupt_after_units  # ... after this many units
+        self.unit_runner: UnitRunner = run_unit
         self._delaying: set[tuple[str, str, int]] = set()  # units in their load delay
         self.device = device
         self.counters = NodeCounters()
@@ -76,12 +77,10 @@ class ComputeNodeHandler(SessionService):
         self._active: dict[tuple[str, str, int], UnitControl] = {}
         self._active_lock = threading.Lock()
         self._batches_done = 0  # batches of the units that have left the node
-        self._units_seen = 0
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
-        self._maybe_crash()
         algorithm, job, data_dir, compression = self._decode(request)
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
@@ -189,9 +188,6 @@ class ComputeNodeHandler(SessionService):
                 waited = time.perf_counter() - began
                 if interrupted:
                     return self._cancelled(waited)
-            if self._hangs():
-                cancel.wait(HANG_SECONDS)  # fault injection: silent, yet answering pings
-                return self._cancelled(waited)
             with self._compute_lock:
                 if cancel.is_set():
                     return self._cancelled(waited)
@@ -203,8 +199,6 @@ class ComputeNodeHandler(SessionService):
                              job.round, job.control.batches)
                     return self._cancelled(waited)
                 seconds = time.perf_counter() - started
-            if self.corrupt and self._units_seen > self.corrupt_after_units:
-                output = corrupt_output(output, self.corrupt)
             # Encoded for the wire last, as a node sends whatever its maths produced.
             output = replace(output, update=compress_update(
                 output.update, compression, job.sessions, job.run_id,
@@ -226,13 +220,9 @@ class ComputeNodeHandler(SessionService):
             with self._active_lock:
                 self._delaying.discard(key)
 
-    def _hangs(self) -> bool:
-        with self._active_lock:
-            return self.hang_after_units is not None and self._units_seen > self.hang_after_units
-
     def _run(self, algorithm, job: UnitJob, data_dir: Path) -> UnitOutput:
         try:
-            return algorithm.run_unit(job, data_dir)
+            return self.unit_runner(algorithm, job, data_dir)
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
 
@@ -252,15 +242,6 @@ class ComputeNodeHandler(SessionService):
             control = self._active.pop(key, None)
             if control is not None:
                 self._batches_done += control.batches
-
-    def _maybe_crash(self) -> None:
-        """Fault injection for tests: die abruptly, mid-call, after N units."""
-        with self._active_lock:
-            self._units_seen += 1
-            crash = self.crash_after_units is not None and self._units_seen > self.crash_after_units
-        if crash:
-            log.error("crashing on purpose (--crash-after-units %d)", self.crash_after_units)
-            os._exit(17)
 
 
 def _result(outcome: int, node_id: str, output: UnitOutput | None = None, seconds: float = 0.0,

@@ -90,7 +90,8 @@ def test_null_algorithm_seed_takes_the_run_seed():
 def test_algorithm_config_is_the_chosen_section_and_json_ready():
     config = load_run_config(REPO / "configs" / "dcgan_mnist.yaml", [])
     assert config.algorithm == "sync_sgd" and config.model == "dcgan28"
-    assert config.algorithm_config() == config.section("sync_sgd")
+    assert config.algorithm_config() == {**config.section("sync_sgd"),
+                                         "aggregation": config.section("aggregation")}
     assert json.loads(json.dumps(config.algorithm_config()))["images_per_work_unit"] == 320
 
 
@@ -239,10 +240,11 @@ def test_client_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_sync_sgd_section_matches_the_algorithm_for_every_model():
+    from training.aggregation import DEFAULTS as AGGREGATION_DEFAULTS
     from training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
 
     section = load_run_config(None, []).section("sync_sgd")
     assert set(section) == ALL_KEYS
     for model in ("mlp", "dcgan28"):
         checked = SyncSGD.check_config(model, section)
-        assert checked == {**defaults_for(model), "seed": 1}
+        assert checked == {**defaults_for(model), "seed": 1, "aggregation": AGGREGATION_DEFAULTS}

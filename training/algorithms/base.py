@@ -6,9 +6,10 @@ into the next weights. It never opens a socket, starts a thread or sleeps: the
 round engine owns threads, retries, timeouts and quorum, so every algorithm can be
 tested in process.
 
-Hooks with defaults, for algorithms that keep state on nodes (MD-GAN): `unit_tensors`
-(what a unit carries instead of the global weights), `aggregator` (keep each unit's update
-by unit id instead of one weighted average), `after_round` (move node sessions, given a
+Hooks with defaults: `aggregator` (how a round's updates are combined: the config's
+`aggregation` rule, training/aggregation.py; MD-GAN keeps each unit's update by unit id);
+for algorithms that keep state on nodes (MD-GAN): `unit_tensors` (what a unit carries
+instead of the global weights), `after_round` (move node sessions, given a
 `SessionMoves`), `UnitSpec.preferred_node` (the node tried first), and the class flags
 `uses_sessions` (the run drops the nodes' sessions at its end) and `allows_backups`.
 """
@@ -25,6 +26,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from training import aggregation
+from training.aggregation import RobustAggregate
 from training.cancel import UnitControl
 
 Weights = dict[str, np.ndarray]
@@ -143,6 +146,24 @@ def check_type(key: str, value: Any, default: Any) -> Any:
         expected = type(default).__name__
         raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
     return value
+
+
+def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An algorithm's config without its `aggregation` settings, and those settings checked
+    with defaults filled in (training/aggregation.py); ConfigError names the bad key."""
+    rest = {key: value for key, value in config.items() if key != aggregation.SECTION}
+    try:
+        return rest, aggregation.check_settings(config.get(aggregation.SECTION))
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
+    """ConfigError if the aggregation rule cannot combine rounds of this many updates."""
+    try:
+        aggregation.check_round_size(settings, updates_per_round)
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class WeightedAverage:
@@ -327,10 +348,14 @@ class Algorithm(ABC):
         return None
 
     def aggregator(self, units: Sequence[UnitSpec],
-                   deterministic: bool) -> WeightedAverage | PerUnitUpdates:
-        """How the round's results are combined before `apply`: a weighted average by
-        default; `PerUnitUpdates` keeps each unit's update by unit id."""
-        return WeightedAverage(deterministic)
+                   deterministic: bool) -> WeightedAverage | RobustAggregate | PerUnitUpdates:
+        """How the round's results are combined before `apply`: by the config's
+        `aggregation` rule, a weighted average folded in as results arrive by default;
+        `PerUnitUpdates` keeps each unit's update by unit id."""
+        settings = self.config.get(aggregation.SECTION)
+        if settings is None or settings["rule"] == "mean":
+            return WeightedAverage(deterministic)
+        return RobustAggregate(settings)
 
     def after_round(self, round_index: int, sessions: SessionMoves) -> None:
         """Called after `apply` with where each unit's result came from and a way to move

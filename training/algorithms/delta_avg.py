@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training import mlp, server_optim
+from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
@@ -25,8 +26,10 @@ from training.algorithms.base import (
     UnitOutput,
     UnitSpec,
     Weights,
+    check_round_size,
     check_type,
     specs_of,
+    split_aggregation,
 )
 from training.letters import load_letters
 
@@ -56,6 +59,7 @@ class DeltaAveraging(Algorithm):
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         if model not in cls.models:
             raise ConfigError(f"algorithm {cls.name!r} trains models {cls.models}, not {model!r}")
+        config, aggregation = split_aggregation(config)
         unknown = sorted(set(config) - set(DEFAULTS))
         if unknown:
             raise ConfigError(
@@ -79,7 +83,7 @@ class DeltaAveraging(Algorithm):
                                                **_server_kwargs(checked))
         except ValueError as exc:
             raise ConfigError(f"config key 'server_optimizer': {exc}") from None
-        return checked
+        return {**checked, AGGREGATION: aggregation}
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
@@ -106,6 +110,7 @@ class DeltaAveraging(Algorithm):
         super().__init__(model, config, dataset_dir)
         self.spec = _spec(self.config)
         self.units = _unit_files(dataset_dir)
+        check_round_size(self.config[AGGREGATION], len(self.units))  # every unit is averaged
         # Rows of each unit file: the most samples a node's result for it may count.
         self.unit_rows = {name: len(load_letters(dataset_dir / name)[1]) for name in self.units}
         self.validation = _validation_data(dataset_dir)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from training import gan_metrics, gan_models, mnist
+from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
@@ -36,8 +37,10 @@ from training.algorithms.base import (
     UnitOutput,
     UnitSpec,
     Weights,
+    check_round_size,
     check_type,
     specs_of,
+    split_aggregation,
 )
 from training.gan_training import (
     adam,
@@ -67,6 +70,7 @@ PROBE_SIZE, PROBE_SEED = 64, 12345
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'fl_gan' trains models {MODELS}, not {model!r}")
+    config, aggregation = split_aggregation(config)
     unknown = sorted(set(config) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r} for fl_gan; "
@@ -76,7 +80,7 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
                for key, default in DEFAULTS.items()}
     check_positive(checked, ("workers", "local_epochs", "batch_size"))
     check_adam(checked)
-    return checked
+    return {**checked, AGGREGATION: aggregation}
 
 
 def _load_pair(spec: gan_models.GanSpec, weights: Mapping[str, np.ndarray],
@@ -138,6 +142,7 @@ class FLGan(Algorithm):
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
         super().__init__(model, config, dataset_dir)
+        check_round_size(self.config[AGGREGATION], self.config["workers"])  # one state a slot
         check_shards(dataset_dir, self.config["workers"], self.config["batch_size"])
         self.spec = gan_models.gan_spec(model, self.config["batchnorm"])
         self.g, self.d = gan_models.build_gan(self.spec, seed=self.config["seed"])

@@ -81,6 +81,7 @@ from training.algorithms.base import (
     Weights,
     check_type,
     per_unit,
+    split_aggregation,
 )
 from training.gan_training import (
     adam,
@@ -146,6 +147,10 @@ def derangement(n: int, rng: np.random.Generator) -> list[int]:
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'md_gan' trains models {MODELS}, not {model!r}")
+    config, aggregation = split_aggregation(config)
+    if aggregation["rule"] != "mean":  # its units' updates are kept apart, never averaged
+        raise ConfigError(f"config key 'aggregation.rule' must be 'mean' for md_gan (its "
+                          f"feedback is not averaged), got {aggregation['rule']!r}")
     unknown = sorted(set(config) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r} for md_gan; "

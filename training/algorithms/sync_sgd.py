@@ -69,6 +69,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from training import gan_metrics, gan_models, image_folder, mlp, mnist
+from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
@@ -78,8 +79,10 @@ from training.algorithms.base import (
     UnitOutput,
     UnitSpec,
     Weights,
+    check_round_size,
     check_type,
     specs_of,
+    split_aggregation,
 )
 from training.cancel import no_step
 from training.letters import load_letters
@@ -354,6 +357,7 @@ class SyncSGD(Algorithm):
         if model not in cls.models:
             raise ConfigError(f"algorithm {cls.name!r} trains models {cls.models}, not {model!r}")
         defaults = defaults_for(model)
+        config, aggregation = split_aggregation(config)
         unknown = sorted(set(config) - ALL_KEYS)
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r} for {cls.name}; "
@@ -365,7 +369,7 @@ class SyncSGD(Algorithm):
         checked = {key: check_type(key, config.get(key, value), value)
                    for key, value in defaults.items()}
         _check_ranges(checked)
-        return checked
+        return {**checked, AGGREGATION: aggregation}
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
@@ -381,6 +385,8 @@ class SyncSGD(Algorithm):
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
         super().__init__(model, config, dataset_dir)
+        # The first K results of a round are combined.
+        check_round_size(self.config[AGGREGATION], self.quorum(self.config["units_per_iteration"]))
         self.data = _dataset(model, dataset_dir)
         self.unit_size = self.config["images_per_work_unit"]
         self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)

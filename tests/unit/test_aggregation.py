@@ -1,0 +1,200 @@
+"""Aggregation rules against plain numpy references, their settings, and the hook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import cli
+from training import aggregation
+from training.aggregation import RobustAggregate, aggregate, check_settings
+from training.algorithms.base import ConfigError, WeightedAverage
+from training.algorithms.delta_avg import DeltaAveraging
+from training.algorithms.fl_gan import FLGan
+from training.algorithms.md_gan import MDGan
+from training.algorithms.sync_sgd import SyncSGD
+from training.run_config import load_run_config
+
+REPO = Path(__file__).resolve().parents[2]
+LETTERS = REPO / "data" / "letters"  # 11 train_* files: 11 updates a round
+
+
+def updates(n: int, seed: int = 0) -> tuple[list[dict], list[int]]:
+    rng = np.random.default_rng(seed)
+    items = [{"W": rng.normal(size=(3, 4)), "b": rng.normal(size=5).astype(np.float32)}
+             for _ in range(n)]
+    return items, [int(rng.integers(1, 50)) for _ in range(n)]
+
+
+def settings(**changes) -> dict:
+    return check_settings(changes)
+
+
+# ------------------------------------------------------------ plain references
+def ref_mean(items, samples, name):
+    pairs = zip(items, samples, strict=True)
+    return sum(u[name].astype(np.float64) * n for u, n in pairs) / sum(samples)
+
+
+def ref_median(items, name):
+    stacked = np.array([u[name] for u in items], dtype=np.float64)
+    out = np.empty(stacked.shape[1:])
+    for index in np.ndindex(out.shape):
+        column = sorted(stacked[(slice(None), *index)])
+        mid = len(column) // 2
+        out[index] = column[mid] if len(column) % 2 else (column[mid - 1] + column[mid]) / 2
+    return out
+
+
+def ref_trimmed(items, samples, name, fraction):
+    cut = int(fraction * len(items))
+    out = np.empty(items[0][name].shape)
+    for index in np.ndindex(out.shape):
+        pairs = sorted((float(u[name][index]), n) for u, n in zip(items, samples, strict=True))
+        kept = pairs[cut:len(pairs) - cut]
+        out[index] = sum(v * n for v, n in kept) / sum(n for _, n in kept)
+    return out
+
+
+def ref_krum(items, samples, name, f, keep):
+    flat = [np.concatenate([u[k].astype(np.float64).ravel() for k in items[0]]) for u in items]
+    n = len(items)
+    scores = []
+    for i in range(n):
+        dists = sorted(float(np.sum((flat[i] - flat[j]) ** 2)) for j in range(n) if j != i)
+        scores.append(sum(dists[:n - f - 2]))
+    chosen = sorted(range(n), key=lambda i: scores[i])[:keep]
+    return ref_mean([items[i] for i in chosen], [samples[i] for i in chosen], name)
+
+
+# ----------------------------------------------------------------------- maths
+@pytest.mark.parametrize("n", [1, 4, 7])
+def test_mean_and_median_match_the_references(n):
+    items, samples = updates(n, seed=n)
+    mean = aggregate(settings(), items, samples)
+    median = aggregate(settings(rule="median"), items, samples)
+    for name in ("W", "b"):
+        np.testing.assert_allclose(mean[name], ref_mean(items, samples, name), rtol=1e-12)
+        np.testing.assert_allclose(median[name], ref_median(items, name), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n, fraction, equal", [(5, 0.2, False), (10, 0.2, False),
+                                                (10, 0.35, False), (3, 0.0, False),
+                                                (11, 0.2, True), (4, 0.3, True)])
+def test_trimmed_mean_matches_the_reference(n, fraction, equal):
+    items, samples = updates(n, seed=10 + n)
+    samples = [7] * n if equal else samples
+    got = aggregate(settings(rule="trimmed_mean", trim_fraction=fraction), items, samples)
+    for name in ("W", "b"):
+        np.testing.assert_allclose(got[name], ref_trimmed(items, samples, name, fraction),
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("n, f, keep", [(7, 1, 1), (9, 2, 3), (11, 3, 3)])
+def test_multi_krum_matches_the_reference(n, f, keep):
+    items, samples = updates(n, seed=20 + n)
+    got = aggregate(settings(rule="krum", byzantine=f, krum_keep=keep), items, samples)
+    for name in ("W", "b"):
+        np.testing.assert_allclose(got[name], ref_krum(items, samples, name, f, keep),
+                                   rtol=1e-10)
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean", "krum"])
+def test_robust_rules_ignore_a_few_sign_flipped_updates(rule):
+    rng = np.random.default_rng(5)
+    honest = [{"W": 1.0 + 0.1 * rng.normal(size=20)} for _ in range(8)]
+    flipped = [{"W": -10 * u["W"]} for u in honest[:2]]
+    items, samples = honest + flipped, [10] * 10
+    assert np.mean(aggregate(settings(), items, samples)["W"]) < 0  # the mean is dragged over
+    got = aggregate(settings(rule=rule, byzantine=2, krum_keep=4), items, samples)["W"]
+    assert np.all(np.abs(got - 1.0) < 0.5)
+
+
+def test_robust_aggregate_is_independent_of_arrival_order_bit_for_bit():
+    items, samples = updates(9, seed=2)
+    for rule in ("median", "trimmed_mean", "krum"):
+        forward = RobustAggregate(settings(rule=rule, byzantine=2, krum_keep=3))
+        backward = RobustAggregate(forward.settings)
+        for i in range(9):
+            forward.add(i, items[i], samples[i])
+        for i in reversed(range(9)):
+            backward.add(i, items[i], samples[i])
+        assert forward.count == 9
+        assert all(np.array_equal(forward.result()[k], backward.result()[k]) for k in ("W", "b"))
+    with pytest.raises(ValueError, match="positive sample count"):
+        forward.add(0, items[0], 0)
+    with pytest.raises(ValueError, match="no update"):
+        RobustAggregate(settings(rule="median")).result()
+
+
+# ------------------------------------------------------------------ the hook
+def test_mean_stays_the_running_weighted_average_bit_for_bit():
+    algorithm = DeltaAveraging("mlp", {}, LETTERS)
+    units = algorithm.plan_round(1)
+    for deterministic in (False, True):
+        hooked = algorithm.aggregator(units, deterministic)
+        plain = WeightedAverage(deterministic)
+        assert type(hooked) is WeightedAverage
+        items, samples = updates(len(units), seed=4)
+        for i, (update, n) in enumerate(zip(items, samples, strict=True)):
+            hooked.add(i, update, n)
+            plain.add(i, update, n)
+        assert all(np.array_equal(hooked.result()[k], plain.result()[k]) for k in ("W", "b"))
+
+
+@pytest.mark.parametrize("cls", [DeltaAveraging, SyncSGD])
+def test_a_robust_rule_in_the_config_collects_the_round(cls):
+    algorithm = cls("mlp", {"aggregation": {"rule": "median"}}, LETTERS)
+    hooked = algorithm.aggregator(algorithm.plan_round(1), False)
+    assert isinstance(hooked, RobustAggregate) and hooked.settings["rule"] == "median"
+
+
+# ----------------------------------------------------------------- settings
+def test_settings_defaults():
+    assert check_settings(None) == aggregation.DEFAULTS
+    assert check_settings({"trim_fraction": 0})["trim_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("given, key", [
+    ({"rule": "avg"}, "aggregation.rule"),
+    ({"trim_fraction": 0.5}, "aggregation.trim_fraction"),
+    ({"trim_fraction": -0.1}, "aggregation.trim_fraction"),
+    ({"byzantine": -1}, "aggregation.byzantine"),
+    ({"krum_keep": 0}, "aggregation.krum_keep"),
+    ({"rule": 3}, "aggregation.rule"),
+    ({"krum_kep": 1}, "aggregation.krum_kep"),
+    ({"trim_fraction": float("nan")}, "aggregation.trim_fraction"),
+])
+def test_bad_settings_are_refused_naming_the_key(given, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        DeltaAveraging.check_config("mlp", {"aggregation": given})
+
+
+def test_krum_keep_beyond_n_minus_2f_minus_2_is_refused_before_the_run():
+    ok = {"rule": "krum", "byzantine": 2, "krum_keep": 5}  # 11 - 4 - 2 = 5
+    DeltaAveraging("mlp", {"aggregation": ok}, LETTERS)
+    with pytest.raises(ConfigError, match="'aggregation.krum_keep'.*at most n - 2f - 2 = 5"):
+        DeltaAveraging("mlp", {"aggregation": {**ok, "krum_keep": 6}}, LETTERS)
+    with pytest.raises(ConfigError, match="'aggregation.krum_keep'"):  # K = 3 results a round
+        SyncSGD("mlp", {"aggregation": {"rule": "krum"}}, LETTERS)
+
+
+def test_fl_gan_takes_robust_rules_and_md_gan_refuses_them():
+    assert FLGan.check_config("dcgan28", {"aggregation": {"rule": "median"}})[
+        "aggregation"]["rule"] == "median"
+    MDGan.check_config("dcgan28", {"aggregation": {"rule": "mean"}})
+    with pytest.raises(ConfigError, match="'aggregation.rule' must be 'mean' for md_gan"):
+        MDGan.check_config("dcgan28", {"aggregation": {"rule": "trimmed_mean"}})
+
+
+def test_the_client_sends_the_aggregation_section_inside_the_config():
+    recipe = str(REPO / "configs" / "letters_recommended.yaml")
+    args = cli.parse_train_args(["localhost", "9095", "--config", recipe, "--set",
+                                 "aggregation.rule=median", "--quiet"])
+    config = json.loads(cli.train_request(args, "r1").config_json)
+    assert config["aggregation"] == {**aggregation.DEFAULTS, "rule": "median"}
+    assert DeltaAveraging.check_config("mlp", config)["aggregation"]["rule"] == "median"
+    assert load_run_config(None, []).section("aggregation") == aggregation.DEFAULTS

@@ -1,0 +1,215 @@
+"""Aggregation rules: how a round's updates become the one update the algorithm applies.
+
+Each rule is a pure function of the round's updates (name -> array, one dict per result)
+and their sample counts. `mean` is the weighted average the engine has always folded in
+as results arrive (`WeightedAverage` in training/algorithms/base.py, kept bit for bit);
+the robust rules need every update of the round at once, so `RobustAggregate` collects
+them and applies the rule in `result()`. Robust rules bound what a few Byzantine nodes
+can do to the model:
+
+- `median`: the coordinate-wise median (unweighted: a weight would let a node that
+  claims many samples move it).
+- `trimmed_mean`: per coordinate, drop the `trim_fraction` smallest and largest values,
+  then the sample-weighted mean of the rest.
+- `krum` (multi-Krum): score each update by the summed squared distances to its
+  n - f - 2 nearest others (f = `byzantine`), keep the `krum_keep` lowest scores and
+  take their sample-weighted mean.
+
+A new rule is a function here plus its name in `RULES` (and any keys in `DEFAULTS`
+and config.yaml's `aggregation` section).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("coordinator.aggregation")
+
+Weights = dict[str, np.ndarray]
+SECTION = "aggregation"  # the key of the rule's settings in an algorithm's config
+DEFAULTS: dict[str, Any] = {"rule": "mean", "trim_fraction": 0.2, "byzantine": 1,
+                            "krum_keep": 1}
+
+
+class AggregationError(ValueError):
+    """Settings no rule can use; the message names the key (aggregation.<key>)."""
+
+
+# ------------------------------------------------------------------------ the rules
+def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]],
+                  samples: Sequence[int]) -> Weights:
+    """The sample-weighted mean of every update, in float64."""
+    total = float(sum(samples))
+    return {name: sum(np.asarray(u[name], dtype=np.float64) * n
+                      for u, n in zip(updates, samples, strict=True)) / total
+            for name in updates[0]}
+
+
+def coordinate_median(updates: Sequence[Mapping[str, np.ndarray]],
+                      samples: Sequence[int]) -> Weights:
+    """The median of each coordinate over the updates (sample counts are not used)."""
+    n = len(updates)
+    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
+    # A partial sort around the middle: about half the cost of np.median here.
+    return {name: np.partition(_stacked(updates, name), middle, axis=0)[middle].mean(axis=0)
+            for name in updates[0]}
+
+
+def trimmed_mean(updates: Sequence[Mapping[str, np.ndarray]], samples: Sequence[int],
+                 trim_fraction: float) -> Weights:
+    """Per coordinate: drop the floor(trim_fraction * n) smallest and largest values and
+    take the sample-weighted mean of the others."""
+    n = len(updates)
+    cut = math.floor(trim_fraction * n)
+    weights = np.asarray(samples, dtype=np.float64)
+    equal = bool(np.all(weights == weights[0]))
+    result = {}
+    for name in updates[0]:
+        stacked = _stacked(updates, name)
+        if equal:  # the same weight everywhere: sorting the values alone is enough (faster)
+            result[name] = np.sort(stacked, axis=0)[cut:n - cut].mean(axis=0)
+            continue
+        order = np.argsort(stacked, axis=0, kind="stable")[cut:n - cut]
+        kept = np.take_along_axis(stacked, order, axis=0)
+        kept_weights = weights[order]  # each kept value keeps its own update's weight
+        result[name] = (kept * kept_weights).sum(axis=0) / kept_weights.sum(axis=0)
+    return result
+
+
+def krum_scores(updates: Sequence[Mapping[str, np.ndarray]], byzantine: int) -> np.ndarray:
+    """Each update's Krum score: the sum of squared distances to its n - f - 2 nearest
+    other updates (at least one, at most n - 1, for rounds smaller than planned)."""
+    n = len(updates)
+    flat = np.stack([np.concatenate([np.asarray(u[name], dtype=np.float64).ravel()
+                                     for name in updates[0]]) for u in updates])
+    squared = (flat ** 2).sum(axis=1)
+    distances = np.maximum(squared[:, None] + squared[None, :] - 2.0 * flat @ flat.T, 0.0)
+    neighbours = min(max(n - byzantine - 2, 1), n - 1)
+    scores = np.zeros(n)
+    for i in range(n):
+        others = np.delete(distances[i], i)
+        scores[i] = np.sort(others)[:neighbours].sum()
+    return scores
+
+
+def multi_krum(updates: Sequence[Mapping[str, np.ndarray]], samples: Sequence[int],
+               byzantine: int, keep: int) -> Weights:
+    """The sample-weighted mean of the `keep` updates with the lowest Krum scores."""
+    if len(updates) == 1:
+        return weighted_mean(updates, samples)
+    chosen = np.argsort(krum_scores(updates, byzantine), kind="stable")[:min(keep, len(updates))]
+    return weighted_mean([updates[i] for i in chosen], [samples[i] for i in chosen])
+
+
+Rule = Callable[[Sequence[Mapping[str, np.ndarray]], Sequence[int]], Weights]
+RULES: dict[str, Callable[[Mapping[str, Any]], Rule]] = {
+    "mean": lambda s: weighted_mean,
+    "median": lambda s: coordinate_median,
+    "trimmed_mean": lambda s: lambda u, n: trimmed_mean(u, n, s["trim_fraction"]),
+    "krum": lambda s: lambda u, n: multi_krum(u, n, s["byzantine"], s["krum_keep"]),
+}
+
+
+def aggregate(settings: Mapping[str, Any], updates: Sequence[Mapping[str, np.ndarray]],
+              samples: Sequence[int]) -> Weights:
+    """The round's update by the rule `settings["rule"]` (settings as `check_settings`
+    returns them)."""
+    if not updates:
+        raise ValueError("no update was added to the aggregate")
+    return RULES[settings["rule"]](settings)(updates, samples)
+
+
+def _stacked(updates: Sequence[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
+    return np.stack([np.asarray(u[name], dtype=np.float64) for u in updates])
+
+
+# ----------------------------------------------------------------------- settings
+def check_settings(given: Any) -> dict[str, Any]:
+    """The `aggregation` settings with defaults filled in; AggregationError naming the key
+    for an unknown key, a value of the wrong type or out of range."""
+    if given is None:
+        given = {}
+    if not isinstance(given, Mapping):
+        raise AggregationError(f"config key {SECTION!r} must be a mapping, got {given!r}")
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise AggregationError(f"unknown config key '{SECTION}.{unknown[0]}'; "
+                               f"known: {', '.join(DEFAULTS)}")
+    settings = {key: _typed(key, given.get(key, default), default)
+                for key, default in DEFAULTS.items()}
+    if settings["rule"] not in RULES:
+        raise AggregationError(f"config key '{SECTION}.rule' must be one of "
+                               f"{', '.join(RULES)}, got {settings['rule']!r}")
+    if not 0.0 <= settings["trim_fraction"] < 0.5:
+        raise AggregationError(f"config key '{SECTION}.trim_fraction' must be in [0, 0.5), "
+                               f"got {settings['trim_fraction']}")
+    if settings["byzantine"] < 0:
+        raise AggregationError(f"config key '{SECTION}.byzantine' must be at least 0, "
+                               f"got {settings['byzantine']}")
+    if settings["krum_keep"] < 1:
+        raise AggregationError(f"config key '{SECTION}.krum_keep' must be at least 1, "
+                               f"got {settings['krum_keep']}")
+    return settings
+
+
+def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
+    """AggregationError if the rule cannot work on rounds of `updates_per_round` updates:
+    multi-Krum keeps at most n - 2f - 2 of n updates."""
+    if settings["rule"] != "krum":
+        return
+    most = updates_per_round - 2 * settings["byzantine"] - 2
+    if settings["krum_keep"] > most:
+        raise AggregationError(
+            f"config key '{SECTION}.krum_keep' is {settings['krum_keep']}, but a round of "
+            f"{updates_per_round} updates with '{SECTION}.byzantine' "
+            f"{settings['byzantine']} allows at most n - 2f - 2 = {most}")
+
+
+def _typed(key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, type(default)) or isinstance(value, bool):
+        raise AggregationError(f"config key '{SECTION}.{key}' must be of type "
+                               f"{type(default).__name__}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AggregationError(f"config key '{SECTION}.{key}' must be finite, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------- collector
+class RobustAggregate:
+    """Collects a round's updates (thread-safe, same interface as WeightedAverage) and
+    applies a rule in `result()`, in unit order so arrival order changes no bit."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = dict(settings)
+        self._kept: dict[int, tuple[Weights, int]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
+        if num_samples <= 0:
+            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
+        with self._lock:
+            self._kept[unit_index] = ({k: np.array(v) for k, v in update.items()}, num_samples)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+    def result(self) -> Weights:
+        """The rule's aggregate of everything added; raises if nothing was added."""
+        with self._lock:
+            kept = [self._kept[index] for index in sorted(self._kept)]
+        started = time.perf_counter()
+        combined = aggregate(self.settings, [u for u, _ in kept], [n for _, n in kept])
+        log.info("aggregated %d updates by %s in %.2f ms", len(kept), self.settings["rule"],
+                 (time.perf_counter() - started) * 1000)
+        return combined
