@@ -167,9 +167,13 @@ class RoundState:
         with self._cond:
             unit.failures += 1
             unit.last_error = self.last_error = reason
-            if unit.failures >= max_failures and not unit.started:
+            used_up = unit.failures >= max_failures
+            if used_up and not unit.started:
                 unit.discarded = True
-            elif not unit.done and unit not in self._queue:
+            # Past the limit with attempts still out, those decide: requeueing it would
+            # start another attempt beside them, and a unit failing everywhere would then
+            # never be left without one to be discarded.
+            elif not used_up and not unit.done and unit not in self._queue:
                 self._queue.appendleft(unit)
             self._check_over()
             self._cond.notify_all()

@@ -21,6 +21,7 @@ from coordinator.round_engine import (
     RoundFailed,
     RunCancelledError,
 )
+from coordinator.round_state import RoundState
 from coordinator.tasks import Task, TaskResult
 from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
@@ -340,3 +341,22 @@ def test_norm_guard_judges_a_large_update_against_its_peers():
     assert accepted == {"a": 100.0, "b": 120.0, "c": 140.0}
     with pytest.raises(ValueError, match=r"x the largest of 3 other nodes' updates"):
         guard.check({"w": np.full(4, 1e6)}, "d", node="d")
+
+
+def test_a_unit_past_its_failure_limit_is_not_queued_beside_its_attempts_still_out():
+    """With a backup attempt still out when a unit's last allowed failure comes in, the
+    unit must wait for that attempt rather than be queued for yet another one: else a unit
+    failing on every node is never without an attempt, never discarded, and its round
+    spins (thousands of attempts a second)."""
+    state = RoundState(1, units(1), 1, deterministic=True, max_attempts=4)
+    unit = state.units[0]
+    assert state.next_unit(None) is unit  # a worker takes it from the queue
+    first = state.start_attempt(unit, "node-a")
+    second = state.start_attempt(unit, "node-b")  # a backup
+    state.end_attempt(unit, first)
+    unit.failures = 2  # two failures so far; this attempt's is the third
+    assert not state.record_failure(unit, "bad shard", max_failures=3)
+    assert unit not in state._queue and not unit.discarded  # its backup decides
+    state.end_attempt(unit, second)
+    assert state.record_failure(unit, "bad shard", max_failures=3)  # the last one decides
+    assert unit.discarded
