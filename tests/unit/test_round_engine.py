@@ -25,6 +25,7 @@ from coordinator.round_state import RoundState
 from coordinator.tasks import Task, TaskResult
 from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
+from tests.waiting import wait_until
 from training.algorithms.base import UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.datapaths import DEFAULT_DATA_ROOT
@@ -120,15 +121,6 @@ def test_backup_attempt_beats_a_unit_stuck_in_a_load_delay():
     assert stuck.stats.accepted == 0
     # Its waiting attempts are called off (cancels go out on threads of their own).
     assert wait_until(lambda: stuck.handler.counters.cancelled >= 1)
-
-
-def wait_until(condition, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 class FrozenNode(LocalNode):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.sessions import SessionStore
+from tests.waiting import wait_until
 from training import mlp
 from training.algorithms.base import Algorithm, UnitJob
 from training.algorithms.delta_avg import DeltaAveraging
@@ -76,15 +76,6 @@ def huge_request(attempt: int = 1) -> ttypes.WorkRequest:
         weights=dict_to_wire(mlp.init_params(mlp.MLPSpec(hidden=(8,)))), scheduling_policy=2)
 
 
-def wait_for(condition, seconds: float = DEADLINE_SECONDS) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_a_node_reports_progress_and_a_cancel_stops_a_unit_in_its_maths() -> None:
     node = ComputeNodeHandler("n1", DEFAULT_DATA_ROOT, LoadSimulator(0.0, 0.0, seed=1))
     answers: list[ttypes.TrainResult] = []
@@ -95,10 +86,10 @@ def test_a_node_reports_progress_and_a_cancel_stops_a_unit_in_its_maths() -> Non
     ping = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
     # Both units are held; one computes and the other waits its turn. The heartbeat's
     # count grows for both: the node is working through them.
-    assert wait_for(lambda: len(node.ping(ping).progress) == 2
+    assert wait_until(lambda: len(node.ping(ping).progress) == 2
                     and min(node.ping(ping).progress.values()) > 0)
     seen = node.ping(ping).progress
-    assert wait_for(lambda: all(v > seen[k] for k, v in node.ping(ping).progress.items()))
+    assert wait_until(lambda: all(v > seen[k] for k, v in node.ping(ping).progress.items()))
     assert node.cancel_unit(ttypes.CancelUnitRequest(run_id="r", unit_id="u1")).cancelled == 2
     for worker in workers:
         worker.join(DEADLINE_SECONDS)
