@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -44,11 +45,14 @@ class Cluster:
                                 timeout=timeout)
 
     def start_client(self, *args: str) -> subprocess.Popen:
-        """The client in the background, for tests that act while it trains."""
+        """The client in the background, for tests that act while it trains. It takes
+        Ctrl-C (SIGINT) as in a terminal even when the tests themselves run as a
+        background job, whose shell has SIGINT ignored (an ignored signal is inherited)."""
         return subprocess.Popen(
             [sys.executable, str(procs.REPO / "client.py"), "127.0.0.1",
              str(self.coordinator.port), *args], cwd=self.workdir, env=procs.python_env(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_take_ctrl_c)
 
     def train_json(self, *args: str, timeout: float = 120.0) -> dict:
         done = self.client(*args, "--json", timeout=timeout)
@@ -73,3 +77,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+def _take_ctrl_c() -> None:
+    """In the child before exec: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt (it leaves an inherited "ignore" alone)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
