@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 from devtools import local_cluster as procs
+from tests.waiting import wait_until
 from wire.generated import Coordinator, ttypes
 from wire.rpc import connect
 
@@ -27,16 +27,19 @@ def _status(cluster, run_id: str) -> ttypes.RunStatus | None:
 
 def _wait_for_message(cluster, run_id: str, text: str, timeout: float = 60.0
                       ) -> ttypes.RunStatus:
-    deadline = time.monotonic() + timeout
-    seen = None
-    while time.monotonic() < deadline:
-        seen = _status(cluster, run_id)
-        if seen is not None and text in (seen.message or ""):
-            return seen
-        if seen is not None and seen.state != "running":
-            break
-        time.sleep(0.2)  # polling a status at a bounded rate until the deadline
-    raise AssertionError(f"no status with {text!r} in time; last: {seen}\n{cluster.logs()}")
+    seen: list[ttypes.RunStatus | None] = [None]
+
+    def shows_text() -> bool:
+        seen[0] = _status(cluster, run_id)
+        return seen[0] is not None and text in (seen[0].message or "")
+
+    def still_running() -> bool:  # a run that ended will never show it
+        return cluster.coordinator.alive() and (seen[0] is None or seen[0].state == "running")
+
+    if not wait_until(shows_text, timeout, alive=still_running, interval=0.2):
+        raise AssertionError(f"no status with {text!r} in time; last: {seen[0]}\n"
+                             f"{cluster.logs()}")
+    return seen[0]
 
 
 def _finish(client, timeout: float = 240.0) -> tuple[str, str]:
@@ -70,13 +73,12 @@ def _continues(cluster, run_id: str, paused_round: int, node: procs.Proc) -> Non
     """The paused run went on: it says so, `node` trains for it, and rounds pass."""
     cluster.coordinator.wait_for(r"run continues", timeout=60)
     node.wait_for(r"accepted", timeout=60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def rounds_pass() -> bool:
         status = _status(cluster, run_id)
-        if status is not None and status.round > paused_round + 1:
-            return
-        time.sleep(0.2)  # polling a status at a bounded rate until the deadline
-    raise AssertionError(f"no round after {paused_round + 1} in time\n{cluster.logs()}")
+        return status is not None and status.round > paused_round + 1
+
+    if not wait_until(rounds_pass, 60, alive=cluster.coordinator.alive, interval=0.2):
+        raise AssertionError(f"no round after {paused_round + 1} in time\n{cluster.logs()}")
 
 
 def _cancel(cluster, run_id: str, client) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faults
 from compute_node.handler import ComputeNodeHandler
 from tests.unit.test_node_handler import handler, request
+from tests.waiting import wait_until
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
 
@@ -71,9 +71,7 @@ def test_a_wrapped_node_hangs_until_cancelled_and_still_answers_pings():
                               daemon=True)
     worker.start()
     ping = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
-    deadline = time.monotonic() + 30
-    while node.ping(ping).units_running != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: node.ping(ping).units_running == 1, alive=worker.is_alive)
     assert node.ping(ping).progress == {"r/u1/1": 0}  # held, and not progressing
     node.cancel_unit(ttypes.CancelUnitRequest(run_id="r", unit_id="u1", attempt=1))
     worker.join(30)

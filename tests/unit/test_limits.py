@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.waiting import wait_until
 from wire.limits import ConnectionSlots, FrameBudget, RefusalLog
 
 WAIT = 10.0
@@ -37,10 +38,7 @@ def test_a_waiting_claim_gets_room_when_another_is_released():
     waiter = threading.Thread(target=lambda: granted.append(budget.claim(5, time.monotonic()
                                                                           + WAIT)))
     waiter.start()
-    deadline = time.monotonic() + WAIT
-    while budget.waiting != 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    assert wait_until(lambda: budget.waiting == 1, WAIT, alive=waiter.is_alive)
     budget.release(8)
     waiter.join(WAIT)
     assert granted == [True] and budget.claimed == 5
