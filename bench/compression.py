@@ -50,23 +50,30 @@ def run_once(settings: dict[str, object], rounds: int, seed: int, workdir: Path)
         nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", nodes)
         coordinator = local_cluster.start_coordinator(workdir, nodes_file, 2, "--seed",
                                                       str(seed), "--log-level", "WARNING")
-        sets = [f"run.rounds={rounds}", "run.deterministic=true",
-                *(f"compression.{k}={v}" for k, v in settings.items())]
-        args = ["127.0.0.1", str(coordinator.port), "--config", str(RECIPE),
-                *(x for s in sets for x in ("--set", s)), "--json", "--quiet"]
-        started = time.monotonic()
-        done = local_cluster.run_client(args, workdir, timeout=1800)
-        wall = time.monotonic() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"{settings} failed: {done.stderr}")
-        result = json.loads(done.stdout)
-        return {"wall": wall, "error": result["validation_error"],
-                "up_per_round": result["bytes_up"] / result["rounds"],
-                "down_per_round": result["bytes_down"] / result["rounds"]}
+        sets = [f"run.rounds={rounds}", "run.deterministic=true"]
+        result, measured = train(coordinator, RECIPE, sets, settings, workdir, timeout=1800)
+        return {**measured, "error": result["validation_error"]}
     finally:
         for proc in [coordinator, *nodes]:
             if proc is not None:
                 proc.stop()
+
+
+def train(coordinator: local_cluster.Proc, config: Path, sets: list[str],
+          settings: dict[str, object], workdir: Path, timeout: float) -> tuple[dict, dict]:
+    """One client run of ``config`` with ``sets`` and the compression ``settings``: its JSON
+    result, and its wall time and bytes up and down per round."""
+    sets = [*sets, *(f"compression.{k}={v}" for k, v in settings.items())]
+    args = ["127.0.0.1", str(coordinator.port), "--config", str(config),
+            *(x for s in sets for x in ("--set", s)), "--json", "--quiet"]
+    started = time.monotonic()
+    done = local_cluster.run_client(args, workdir, timeout=timeout)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{config.name} {settings} failed: {done.stderr}")
+    result = json.loads(done.stdout)
+    return result, {"wall": wall, "up_per_round": result["bytes_up"] / result["rounds"],
+                    "down_per_round": result["bytes_down"] / result["rounds"]}
 
 
 def dcgan_once(settings: dict[str, object], updates: int, workdir: Path) -> dict:
@@ -81,20 +88,10 @@ def dcgan_once(settings: dict[str, object], updates: int, workdir: Path) -> dict
         sets = [f"run.rounds={updates}", "sync_sgd.images_per_work_unit=32",
                 "sync_sgd.num_workunits_per_update=3", "sync_sgd.units_per_iteration=4",
                 f"outputs.eval_every={updates}", f"outputs.sample_every={updates}",
-                f"outputs.checkpoint_every={updates}", "outputs.eval_n=2000",
-                *(f"compression.{k}={v}" for k, v in settings.items())]
-        args = ["127.0.0.1", str(coordinator.port), "--config",
-                str(local_cluster.REPO / "configs" / "dcgan_mnist.yaml"),
-                *(x for s in sets for x in ("--set", s)), "--json", "--quiet"]
-        started = time.monotonic()
-        done = local_cluster.run_client(args, workdir, timeout=7200)
-        wall = time.monotonic() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"DCGAN {settings} failed: {done.stderr}")
-        result = json.loads(done.stdout)
-        return {"wall": wall, "fid": result["history"][-1]["fid_features"],
-                "up_per_round": result["bytes_up"] / result["rounds"],
-                "down_per_round": result["bytes_down"] / result["rounds"]}
+                f"outputs.checkpoint_every={updates}", "outputs.eval_n=2000"]
+        config = local_cluster.REPO / "configs" / "dcgan_mnist.yaml"
+        result, measured = train(coordinator, config, sets, settings, workdir, timeout=7200)
+        return {**measured, "fid": result["history"][-1]["fid_features"]}
     finally:
         for proc in [coordinator, *nodes]:
             if proc is not None:
