@@ -8,8 +8,8 @@ all as separate processes on 127.0.0.1, and trains the letters recommended confi
 records the final validation error and the wall time.
 
 The coordinator's own time per round is measured in process on the code it runs: the
-round's 11 updates (the recommended MLP's shapes) folded into the algorithm's aggregator
-and combined, then `apply` and `evaluate` of DeltaAveraging; the median of many repeats.
+round's 11 results (the recommended MLP's shapes) combined by the algorithm's rule, then
+`apply` and `evaluate` of DeltaAveraging; the median of many repeats.
 
     python bench/robust.py [--rounds 10] [--quick] [--json out.json]
 """
@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools import local_cluster  # noqa: E402
+from training.algorithms.base import UnitResult  # noqa: E402
 from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
 from training.run_config import load_run_config  # noqa: E402
 
@@ -95,15 +96,12 @@ def _round_of(rule: str, extra_sets: list[str]):
     weights = algorithm.initial_weights()
     units = algorithm.plan_round(1)
     rng = np.random.default_rng(0)
-    updates = [{k: rng.normal(scale=1e-3, size=v.shape) for k, v in weights.items()}
-               for _ in units]
+    results = [UnitResult(unit, {k: rng.normal(scale=1e-3, size=v.shape)
+                                 for k, v in weights.items()}, 1500) for unit in units]
 
     def run_round() -> tuple[float, float]:
         started = time.perf_counter()
-        aggregator = algorithm.aggregator(units, False)
-        for i, update in enumerate(updates):
-            aggregator.add(i, update, 1500)
-        combined = aggregator.result()
+        combined = algorithm.combine(results)
         aggregated = time.perf_counter()
         algorithm.evaluate(algorithm.apply(weights, combined))
         return aggregated - started, time.perf_counter() - started

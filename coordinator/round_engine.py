@@ -4,9 +4,10 @@ A pool of worker threads (N + 2 by default) drains a queue of units. A worker as
 the scheduling policy for an order of nodes and tries them until one accepts; if
 all refuse, the unit goes back to the queue. A node that does not answer is
 benched and the unit is retried elsewhere; a unit that fails too often is
-discarded. Results are folded into the algorithm's running weighted average as
-they arrive. When the queue is empty, idle workers (and N workers kept for this
-alone) start a backup attempt of a unit that has been out much longer than units
+discarded. Each result passes the round's update filters (coordinator/update_filters.py)
+and is kept; the round returns them, in unit order, with the units it gave up, and the
+algorithm aggregates them. When the queue is empty, idle workers (and N workers kept
+for this alone) start a backup attempt of a unit that has been out much longer than units
 usually take (a unit sitting in a node's load delay, or a straggler); the first
 result wins and the other attempts are cancelled. The round ends when `quorum`
 units are in. The queue and unit states live in `round_state`.
@@ -20,7 +21,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator.cancels import CancelSender, shared_sender
@@ -38,14 +39,14 @@ from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
 from coordinator.tasks import Task, TaskResult, TaskStatus
-from coordinator.update_norms import NormGuard
-from training.algorithms.base import (
-    PerUnitUpdates,
-    UnitSpec,
-    WeightedAverage,
-    Weights,
-    check_sample_count,
+from coordinator.update_filters import (
+    DEFAULT_FILTERS,
+    Candidate,
+    RoundView,
+    UpdateFilter,
+    run_filters,
 )
+from training.algorithms.base import UnitSpec, Weights
 from training.compression import decompress
 from wire.tensor_codec import CodecError, wire_to_dict
 
@@ -67,7 +68,8 @@ class EngineSettings:
     deadline_floor: float = 30.0  # a unit's deadline: factor x the usual unit time,
     deadline_factor: float = 10.0  # at least the floor ...
     deadline_cap: float = 300.0  # ... and at most the cap
-    max_update_norm: float | None = 10.0  # refuse updates this many times the usual norm
+    max_update_norm: float | None = 10.0  # the run's norm filter: refuse updates this many
+    # times the usual norm (coordinator/update_filters.py)
     min_nodes: int = 1  # fewer answering nodes: pause (pause_below_min) or fail after grace
     pause_below_min: bool = False
     max_pause: float = 600.0  # longest pause before the run fails
@@ -111,13 +113,6 @@ def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, 
 
 
 TaskBuilder = Callable[[UnitSpec, int], Task]
-UpdateCheck = Callable[[Weights], None]  # raises ValueError for an update to refuse
-SampleCheck = Callable[[UnitSpec, int], None]  # ... and for a sample count to refuse
-
-
-def any_positive_count(unit: UnitSpec, num_samples: int) -> None:
-    """The check of a sample count when the unit's size is unknown: at least 1."""
-    check_sample_count(num_samples, None)
 
 
 class RoundEngine:
@@ -137,7 +132,6 @@ class RoundEngine:
         self.progress = progress
         self.cancelled = cancelled
         self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
-        self._norms = NormGuard(settings.max_update_norm)
         self._durations_lock = threading.Lock()
         self._last_contact = time.monotonic()
         self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
@@ -153,19 +147,15 @@ class RoundEngine:
 
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_task: TaskBuilder,
-                  check_update: UpdateCheck | None = None,
-                  earlier_attempts: Mapping[str, int] | None = None,
-                  aggregate: WeightedAverage | PerUnitUpdates | None = None,
-                  check_samples: SampleCheck = any_positive_count) -> RoundOutcome:
-        """Run the units until `quorum` are in; ``aggregate`` combines the results (the
-        algorithm's `aggregator`; a weighted average when None). A result whose update
-        or sample count the checks refuse is a failure of its node."""
-        self._check_update = check_update or (lambda update: None)
-        self._check_samples = check_samples
-        self._norms.start_round(quorum, len(self.nodes))
-        state = RoundState(round_index, units, quorum, self.settings.deterministic,
-                           max_attempts=2 * len(self.nodes), earlier_attempts=earlier_attempts,
-                           aggregate=aggregate)
+                  filters: Sequence[UpdateFilter] = DEFAULT_FILTERS,
+                  earlier_attempts: Mapping[str, int] | None = None) -> RoundOutcome:
+        """Run the units until `quorum` are in; returns the results and failed units. A
+        result that one of ``filters`` refuses is a failure of its node."""
+        self._filters = list(filters)
+        for update_filter in self._filters:
+            update_filter.start_round(quorum, len(self.nodes))
+        state = RoundState(round_index, units, quorum, max_attempts=2 * len(self.nodes),
+                           earlier_attempts=earlier_attempts)
         threads = self.settings.threads or len(self.nodes) + 2
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
@@ -179,7 +169,8 @@ class RoundEngine:
             self._wait(state)
         finally:
             state.finish()
-            self._norms.end_round()
+            for update_filter in self._filters:
+                update_filter.end_round()
             self._cancel_leftovers(state)
             for worker in workers:
                 worker.join(timeout=WAIT_STEP_SECONDS)
@@ -366,13 +357,11 @@ class RoundEngine:
         update: Weights = {}
         if result.status == TaskStatus.COMPLETED:
             try:
-                self._check_samples(unit.spec, result.num_samples)
-                update = decompress(wire_to_dict(result.update))  # checks see it decoded
-                self._check_update(update)
-                # A large update waits for peers of its round: refused only if it is far
-                # above them too, so growing updates of an unstable run bench no one.
-                self._norms.check(update, unit.spec.unit_id, node.name, self.unit_deadline(),
-                                  lambda: state.over or self.cancelled.is_set())
+                update = decompress(wire_to_dict(result.update))  # filters see it decoded
+                run_filters(self._filters,
+                            Candidate(unit.spec, node.name, update, result.num_samples),
+                            RoundView(self.unit_deadline(),
+                                      lambda: state.over or self.cancelled.is_set()))
             except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")
@@ -405,7 +394,7 @@ class RoundEngine:
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
         if state.complete(unit, update, result, node.name,
-                          on_folded=lambda: record("completed")):
+                          on_kept=lambda: record("completed")):
             self.progress.add(units_done=1)
             self._cancel_others(unit, node)
         elif state.over:  # the round ended without it: a stale result, dropped

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from coordinator.node_pool import NodeHandle
 from coordinator.tasks import TaskResult
-from training.algorithms.base import PerUnitUpdates, UnitSpec, WeightedAverage, Weights
+from training.algorithms.base import UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 
@@ -24,12 +24,24 @@ WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its r
 
 @dataclass
 class RoundOutcome:
-    average: Weights
-    completed: int
-    discarded: list[str]
+    """What a round produced: its accepted results in unit order, and its failed units."""
+
+    results: list[UnitResult]
+    failures: list[UnitFailure]
     train_loss: float
-    # unit id -> name of the node whose result was used (where its session now lives)
-    placement: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> int:
+        return len(self.results)
+
+    @property
+    def discarded(self) -> list[str]:
+        return [failure.unit.unit_id for failure in self.failures]
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Unit id -> name of the node whose result was used (where its session now lives)."""
+        return {r.unit.unit_id: r.node for r in self.results if r.node is not None}
 
 
 @dataclass
@@ -43,27 +55,24 @@ class Unit:
     done: bool = False
     discarded: bool = False
     last_error: str = ""
-    completed_on: str | None = None  # name of the node whose result was used
 
 
 class RoundState:
     """The queue and unit states of one round, under one condition variable."""
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
-                 deterministic: bool, max_attempts: int,
-                 earlier_attempts: Mapping[str, int] | None = None,
-                 aggregate: WeightedAverage | PerUnitUpdates | None = None) -> None:
+                 max_attempts: int,
+                 earlier_attempts: Mapping[str, int] | None = None) -> None:
         self.round_index = round_index
         self.max_attempts = max_attempts  # live attempts of one unit at once
         earlier = earlier_attempts or {}  # a reopened round numbers attempts on from there
         self.units = [Unit(i, spec, attempts=earlier.get(spec.unit_id, 0))
                       for i, spec in enumerate(units)]
         self.quorum = min(quorum, len(units))
-        self.average = aggregate if aggregate is not None else WeightedAverage(deterministic)
+        self.results: dict[int, UnitResult] = {}  # unit index -> its accepted result
         self.completed = 0
         self.fatal: Exception | None = None
         self.last_error = ""
-        self._losses: list[tuple[float, int]] = []
         self._queue: deque[Unit] = deque(self.units)
         self._cond = threading.Condition()
         self._over = False
@@ -180,21 +189,19 @@ class RoundState:
             return unit.discarded
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
-                 node: str | None = None, on_folded: Callable[[], None] | None = None) -> bool:
-        """Fold a result (from node ``node``) in if it is the unit's first and the round
-        still runs. `on_folded` runs before the round can end (the ledger's "completed",
+                 node: str | None = None, on_kept: Callable[[], None] | None = None) -> bool:
+        """Keep a result (from node ``node``) if it is the unit's first and the round
+        still runs. `on_kept` runs before the round can end (the ledger's "completed",
         which must precede the round's record that cancels what it left unsettled)."""
         with self._cond:
             if unit.done or self._over:
                 return False
             unit.done = True
-            unit.completed_on = node
-        self.average.add(unit.index, update, result.num_samples)
-        if on_folded is not None:
-            on_folded()
-        with self._cond:
+            self.results[unit.index] = UnitResult(unit.spec, update, result.num_samples,
+                                                  result.loss, node)
+            if on_kept is not None:
+                on_kept()
             self.completed += 1
-            self._losses.append((result.loss, result.num_samples))
             self._check_over()
             self._cond.notify_all()
         return True
@@ -222,9 +229,12 @@ class RoundState:
             self._cond.notify_all()
 
     def outcome(self) -> RoundOutcome:
-        samples = sum(n for _, n in self._losses)
-        loss = sum(loss * n for loss, n in self._losses) / samples if samples else float("nan")
-        discarded = [u.spec.unit_id for u in self.units if u.discarded]
-        placement = {u.spec.unit_id: u.completed_on for u in self.units
-                     if u.done and u.completed_on is not None}
-        return RoundOutcome(self.average.result(), self.completed, discarded, loss, placement)
+        """The accepted results in unit order (so arrival order changes no bit of what an
+        algorithm computes from them) and the discarded units with their last error."""
+        with self._cond:
+            results = [self.results[index] for index in sorted(self.results)]
+            failures = [UnitFailure(u.spec, u.last_error) for u in self.units if u.discarded]
+        samples = sum(r.num_samples for r in results)
+        loss = (sum(r.loss * r.num_samples for r in results) / samples if samples
+                else float("nan"))
+        return RoundOutcome(results, failures, loss)

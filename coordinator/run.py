@@ -64,6 +64,7 @@ from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
 from coordinator.tasks import EncodedTensors, Task
+from coordinator.update_filters import NormLimit, round_filters
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.compression import (
@@ -137,13 +138,14 @@ class Run:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.finished = threading.Event()  # set once execute() has returned or raised
-        planned = len(self.algorithm.plan_round(1))
+        planned = self.algorithm.units_per_round()
         check_units(planned, settings.limits)
         units_per_round = self.algorithm.quorum(planned)  # K of N
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self._config_json = json.dumps(join_config(self.algorithm.config, self.compression))
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
+        self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
         if resume_from is not None:
             self._restore(resume_from)
@@ -339,14 +341,12 @@ class Run:
 
         earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
         self.ledger.check()
-        outcome = engine.run_round(round_index, units, self.algorithm.quorum(len(units)), build,
-                                   lambda update: self.algorithm.check_update(update, weights),
-                                   earlier_attempts=earlier,
-                                   aggregate=self.algorithm.aggregator(
-                                       units, self.settings.engine.deterministic),
-                                   check_samples=self.algorithm.check_samples)
+        outcome = engine.run_round(
+            round_index, units, self.algorithm.quorum(len(units)), build,
+            round_filters(self.algorithm, weights, self._norm_limit), earlier_attempts=earlier)
         update_started = time.monotonic()
-        weights = self.algorithm.apply(weights, outcome.average)
+        weights = self.algorithm.aggregate(round_index, weights, outcome.results,
+                                           outcome.failures)
         self.algorithm.after_round(round_index, NodeSessions(
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))

@@ -1,11 +1,10 @@
 """Aggregation rules: how a round's updates become the one update the algorithm applies.
 
 Each rule is a pure function of the round's updates (name -> array, one dict per result)
-and their sample counts. `mean` is the weighted average the engine has always folded in
-as results arrive (`WeightedAverage` in training/algorithms/base.py, kept bit for bit);
-the robust rules need every update of the round at once, so `RobustAggregate` collects
-them and applies the rule in `result()`. Robust rules bound what a few Byzantine nodes
-can do to the model:
+and their sample counts, in unit order (`AveragingAlgorithm.combine` in
+training/algorithms/base.py applies the configured one to a round's results). `mean` is
+the sample-weighted average, summed unit by unit in float64 as runs always have. Robust
+rules bound what a few Byzantine nodes can do to the model:
 
 - `median`: the coordinate-wise median (unweighted: a weight would let a node that
   claims many samples move it).
@@ -21,16 +20,11 @@ and config.yaml's `aggregation` section).
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger("coordinator.aggregation")
 
 Weights = dict[str, np.ndarray]
 SECTION = "aggregation"  # the key of the rule's settings in an algorithm's config
@@ -181,35 +175,3 @@ def _typed(key: str, value: Any, default: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise AggregationError(f"config key '{SECTION}.{key}' must be finite, got {value}")
     return value
-
-
-# ---------------------------------------------------------------------- collector
-class RobustAggregate:
-    """Collects a round's updates (thread-safe, same interface as WeightedAverage) and
-    applies a rule in `result()`, in unit order so arrival order changes no bit."""
-
-    def __init__(self, settings: Mapping[str, Any]) -> None:
-        self.settings = dict(settings)
-        self._kept: dict[int, tuple[Weights, int]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
-        if num_samples <= 0:
-            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
-        with self._lock:
-            self._kept[unit_index] = ({k: np.array(v) for k, v in update.items()}, num_samples)
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self._kept)
-
-    def result(self) -> Weights:
-        """The rule's aggregate of everything added; raises if nothing was added."""
-        with self._lock:
-            kept = [self._kept[index] for index in sorted(self._kept)]
-        started = time.perf_counter()
-        combined = aggregate(self.settings, [u for u, _ in kept], [n for _, n in kept])
-        log.info("aggregated %d updates by %s in %.2f ms", len(kept), self.settings["rule"],
-                 (time.perf_counter() - started) * 1000)
-        return combined

@@ -5,7 +5,7 @@ and combines them with the same weighted average and update as the coordinator. 
 one unit per round of the global batch's size this is plain single-process training on
 that batch, which is what distributed runs are compared against. The algorithm's hooks
 apply as on the coordinator: a unit carries `unit_tensors` when the algorithm sends its
-own, results go through its `aggregator`, and algorithms that keep node sessions get the
+own, results go through its `aggregate`, and algorithms that keep node sessions get the
 ``sessions`` store given here (one store: every unit runs on this one "node").
 
 A plain single-process GAN (batch b, or N x b) is in training/standalone_gan.py.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.algorithms.base import Algorithm, UnitJob, Weights
+from training.algorithms.base import Algorithm, UnitJob, UnitResult, Weights
 
 
 def train_in_process(algorithm: Algorithm, rounds: int,
@@ -30,14 +30,14 @@ def train_in_process(algorithm: Algorithm, rounds: int,
     for round_index in range(1, rounds + 1):
         planned = algorithm.plan_round(round_index)
         units = planned[: algorithm.quorum(len(planned))]  # the first K, as if they won
-        average = algorithm.aggregator(units, deterministic=True)
-        for index, unit in enumerate(units):
+        results = []
+        for unit in units:
             tensors = algorithm.unit_tensors(unit)
             job = UnitJob("standalone", round_index, unit, algorithm.model, algorithm.config,
                           weights if tensors is None else tensors, sessions=sessions)
             output = type(algorithm).run_unit(job, dataset_dir)
-            average.add(index, output.update, output.num_samples)
-        weights = algorithm.apply(weights, average.result())
+            results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
+        weights = algorithm.aggregate(round_index, weights, results, [])
         if on_round is not None:
             on_round(round_index, weights)
     return weights

@@ -10,8 +10,8 @@ import pytest
 
 from client import cli
 from training import aggregation
-from training.aggregation import RobustAggregate, aggregate, check_settings
-from training.algorithms.base import ConfigError, WeightedAverage
+from training.aggregation import aggregate, check_settings
+from training.algorithms.base import ConfigError, UnitResult
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
@@ -113,43 +113,31 @@ def test_robust_rules_ignore_a_few_sign_flipped_updates(rule):
     assert np.all(np.abs(got - 1.0) < 0.5)
 
 
-def test_robust_aggregate_is_independent_of_arrival_order_bit_for_bit():
-    items, samples = updates(9, seed=2)
-    for rule in ("median", "trimmed_mean", "krum"):
-        forward = RobustAggregate(settings(rule=rule, byzantine=2, krum_keep=3))
-        backward = RobustAggregate(forward.settings)
-        for i in range(9):
-            forward.add(i, items[i], samples[i])
-        for i in reversed(range(9)):
-            backward.add(i, items[i], samples[i])
-        assert forward.count == 9
-        assert all(np.array_equal(forward.result()[k], backward.result()[k]) for k in ("W", "b"))
-    with pytest.raises(ValueError, match="positive sample count"):
-        forward.add(0, items[0], 0)
-    with pytest.raises(ValueError, match="no update"):
-        RobustAggregate(settings(rule="median")).result()
-
-
 # ------------------------------------------------------------------ the hook
-def test_mean_stays_the_running_weighted_average_bit_for_bit():
+def results_of(items, samples, units) -> list[UnitResult]:
+    return [UnitResult(u, item, n) for u, item, n in zip(units, items, samples, strict=True)]
+
+
+def test_mean_stays_the_float64_fold_of_the_weighted_average_bit_for_bit():
     algorithm = DeltaAveraging("mlp", {}, LETTERS)
     units = algorithm.plan_round(1)
-    for deterministic in (False, True):
-        hooked = algorithm.aggregator(units, deterministic)
-        plain = WeightedAverage(deterministic)
-        assert type(hooked) is WeightedAverage
-        items, samples = updates(len(units), seed=4)
-        for i, (update, n) in enumerate(zip(items, samples, strict=True)):
-            hooked.add(i, update, n)
-            plain.add(i, update, n)
-        assert all(np.array_equal(hooked.result()[k], plain.result()[k]) for k in ("W", "b"))
+    items, samples = updates(len(units), seed=4)
+    combined = algorithm.combine(results_of(items, samples, units))
+    for name in ("W", "b"):
+        folded = np.asarray(items[0][name], np.float64) * samples[0]
+        for item, n in zip(items[1:], samples[1:], strict=True):
+            folded += np.asarray(item[name], np.float64) * n
+        assert np.array_equal(combined[name], folded / sum(samples))
 
 
 @pytest.mark.parametrize("cls", [DeltaAveraging, SyncSGD])
-def test_a_robust_rule_in_the_config_collects_the_round(cls):
+def test_the_rule_in_the_config_combines_the_round(cls):
     algorithm = cls("mlp", {"aggregation": {"rule": "median"}}, LETTERS)
-    hooked = algorithm.aggregator(algorithm.plan_round(1), False)
-    assert isinstance(hooked, RobustAggregate) and hooked.settings["rule"] == "median"
+    units = algorithm.plan_round(1)
+    items, samples = updates(len(units), seed=2)
+    combined = algorithm.combine(results_of(items, samples, units))
+    expected = aggregate(settings(rule="median"), items, samples)
+    assert all(np.array_equal(combined[k], expected[k]) for k in ("W", "b"))
 
 
 # ----------------------------------------------------------------- settings

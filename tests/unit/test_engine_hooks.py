@@ -1,4 +1,4 @@
-"""The round engine's algorithm hooks with in-process nodes: per-unit tensors, updates kept
+"""The round engine's algorithm hooks with in-process nodes: per-unit tensors, results kept
 per unit, placement, and affinity to the node that holds a unit's session."""
 
 from __future__ import annotations
@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import threading
 
-import numpy as np
-import pytest
 import torch
 
 from coordinator.policies import RoundRobinPolicy
@@ -15,7 +13,7 @@ from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine
 from coordinator.tasks import Task
 from tests.inprocess import LocalNode
-from training.algorithms.base import PerUnitUpdates, UnitSpec, per_unit
+from training.algorithms.base import UnitSpec
 from training.algorithms.md_gan import MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
@@ -41,8 +39,7 @@ def md_round(nodes: list[LocalNode], preferred: dict[int, str]):
     progress = RunProgress("r", 1, len(units), lambda: [n.summary() for n in nodes])
     engine = RoundEngine("r", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),
                          progress, threading.Event())
-    outcome = engine.run_round(1, units, len(units), build,
-                               aggregate=algorithm.aggregator(units, False))
+    outcome = engine.run_round(1, units, len(units), build)
     return algorithm, units, outcome
 
 
@@ -65,23 +62,10 @@ def test_a_unit_falls_back_to_any_node_when_its_preferred_node_is_gone() -> None
 def test_each_unit_carries_its_own_tensors_and_its_update_is_kept_by_unit_id() -> None:
     nodes = [LocalNode(0), LocalNode(1)]
     algorithm, units, outcome = md_round(nodes, {})
-    kept = per_unit(outcome.average)
-    assert sorted(kept) == sorted(u.unit_id for u in units)
+    kept = {r.unit.unit_id: r.update for r in outcome.results}
+    assert list(kept) == [u.unit_id for u in units]  # in unit order
     assert all(update["feedback"].shape == (8, 1, 28, 28) for update in kept.values())
     assert all(int(update["iteration"][0]) == 1 for update in kept.values())
-    algorithm.apply(algorithm.initial_weights(), outcome.average)  # one G step from them
-
-
-def test_per_unit_updates_round_trip_and_refuse_ambiguous_ids() -> None:
-    kept = PerUnitUpdates([UnitSpec("a", "f"), UnitSpec("b", "f")])
-    kept.add(1, {"x": np.ones(2)}, 3)
-    kept.add(0, {"x": np.zeros(2), "y": np.ones(1)}, 3)
-    assert list(kept.result()) == ["a/x", "a/y", "b/x"]
-    assert kept.count == 2
-    assert sorted(per_unit(kept.result())) == ["a", "b"]
-    with pytest.raises(ValueError, match="must not hold"):
-        PerUnitUpdates([UnitSpec("a/b", "f")])
-    with pytest.raises(ValueError, match="no update"):
-        PerUnitUpdates([UnitSpec("a", "f")]).result()
-    with pytest.raises(ValueError, match="positive sample count"):
-        kept.add(0, {"x": np.ones(2)}, 0)
+    before = algorithm.initial_weights()
+    after = algorithm.aggregate(1, before, outcome.results, outcome.failures)  # one G step
+    assert any(not (after[k] == before[k]).all() for k in before)

@@ -8,7 +8,7 @@ import torch
 
 from training import gan_models
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import UnitJob, WeightedAverage
+from training.algorithms.base import UnitJob, UnitResult
 from training.algorithms.fl_gan import FLGan
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices
@@ -54,10 +54,9 @@ def test_the_average_of_whole_states_weights_buffers_by_samples() -> None:
                               MNIST) for unit in algorithm.plan_round(1)]
     assert [o.num_samples for o in outputs] == [2667, 2667, 2666]
     assert sorted(outputs[0].update) == sorted(weights)
-    average = WeightedAverage()
-    for index, output in enumerate(outputs):
-        average.add(index, output.update, output.num_samples)
-    new = algorithm.apply(weights, average.result())
+    results = [UnitResult(unit, output.update, output.num_samples)
+               for unit, output in zip(algorithm.plan_round(1), outputs, strict=True)]
+    new = algorithm.aggregate(1, weights, results, [])
 
     for name in ("G.project.1.running_mean", "G.project.1.running_var",
                  "D.net.3.running_mean", "D.net.3.running_var", "G.project.0.weight"):
@@ -77,10 +76,9 @@ def test_buffers_are_weighted_by_samples_not_averaged_plainly() -> None:
     weights = algorithm.initial_weights()
     small = {k: np.full_like(v, 1.0) for k, v in weights.items()}
     large = {k: np.full_like(v, 5.0) for k, v in weights.items()}
-    average = WeightedAverage()
-    average.add(0, small, 1000)
-    average.add(1, large, 3000)
-    new = algorithm.apply(weights, average.result())
+    units = algorithm.plan_round(1)
+    new = algorithm.aggregate(1, weights, [UnitResult(units[0], small, 1000),
+                                           UnitResult(units[1], large, 3000)], [])
     for name in ("G.project.1.running_mean", "G.project.1.running_var",
                  "D.net.3.running_mean", "D.net.3.running_var"):
         np.testing.assert_allclose(new[name], 4.0)  # (1 x 1000 + 5 x 3000) / 4000

@@ -94,7 +94,7 @@ def test_a_reclaimed_attempt_is_cancelled_on_its_node() -> None:
     node.stats.accepted = 1
     eng = RoundEngine("r1", [node], RoundRobinPolicy(), EngineSettings(deadline_floor=1.0),
                       RunProgress("r1", 1, 1, list), threading.Event(), cancels=cancels)
-    state = RoundState(1, [UnitSpec("u1", "train_letters1.txt")], 1, False, max_attempts=2)
+    state = RoundState(1, [UnitSpec("u1", "train_letters1.txt")], 1, max_attempts=2)
     unit = state.units[0]
     assert state.start_attempt(unit, node) == 1
     unit.started[1] = (node, time.monotonic() - 5.0)  # out for 5 s without progress

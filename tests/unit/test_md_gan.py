@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,11 @@ from compute_node.sessions import SessionStore
 from training import gan_models
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import (
-    PerUnitUpdates,
     SessionMoved,
     UnitJob,
+    UnitResult,
     UnitSpec,
     Weights,
-    per_unit,
 )
 from training.algorithms.md_gan import (
     FEEDBACK,
@@ -46,16 +46,19 @@ def job(algorithm: MDGan, unit: UnitSpec, round_index: int, store: SessionStore,
 
 
 def run_iteration(algorithm: MDGan, round_index: int, store: SessionStore,
-                  skip: tuple[int, ...] = ()) -> Weights:
-    """Every planned unit but ``skip`` through the node half, kept per unit."""
-    units = algorithm.plan_round(round_index)
-    kept = algorithm.aggregator(units, deterministic=True)
-    for index, unit in enumerate(units):
+                  skip: tuple[int, ...] = ()) -> list[UnitResult]:
+    """Every planned unit but ``skip`` through the node half: the round's results."""
+    results = []
+    for index, unit in enumerate(algorithm.plan_round(round_index)):
         if index not in skip:
             output = MDGan.run_unit(job(algorithm, unit, round_index, store), MNIST)
             algorithm.check_update(output.update, {})
-            kept.add(index, output.update, output.num_samples)
-    return kept.result()
+            results.append(UnitResult(unit, output.update, output.num_samples))
+    return results
+
+
+def aggregate(algorithm: MDGan, results: list[UnitResult], round_index: int = 1) -> Weights:
+    return algorithm.aggregate(round_index, algorithm.initial_weights(), results, [])
 
 
 def discriminator(algorithm: MDGan, store: SessionStore, slot: int) -> torch.nn.Module:
@@ -131,8 +134,7 @@ def test_averaged_feedback_gives_the_centralised_generator_gradient(skip: tuple[
     mean over batches (with every feedback in: 1/N sum over the N discriminators)."""
     algorithm = MDGan("dcgan28-tiny", {**TINY, "workers": 5, "k": 2}, MNIST)
     store = SessionStore()
-    flat = run_iteration(algorithm, 1, store, skip)
-    algorithm.apply(algorithm.initial_weights(), flat)
+    aggregate(algorithm, run_iteration(algorithm, 1, store, skip))
     got = [p.grad.clone() for p in algorithm.g.parameters()]
 
     spec = gan_models.gan_spec("dcgan28-tiny", batchnorm=False)
@@ -172,20 +174,15 @@ def test_planning_twice_gives_the_same_iteration() -> None:
 def test_feedback_tagged_with_another_iteration_is_dropped() -> None:
     algorithm = MDGan("dcgan28-tiny", {**TINY, "workers": 2, "k": 1}, MNIST)
     store = SessionStore()
-    flat = run_iteration(algorithm, 1, store)
-    stale = {key: (np.array([0]) if key.endswith(f"/{ITERATION}") else value)
-             for key, value in flat.items()}
+    results = run_iteration(algorithm, 1, store)
+    stale = [replace(r, update={**r.update, ITERATION: np.array([0])}) for r in results]
     with pytest.raises(ValueError, match="no feedback of iteration 1"):
-        algorithm.apply(algorithm.initial_weights(), stale)
+        aggregate(algorithm, stale)
     # One stale unit among fresh ones: only the fresh one counts.
-    units = per_unit(flat)
-    first, second = sorted(units)
-    units[second][ITERATION] = np.array([7])
+    first, second = results
+    second.update[ITERATION] = np.array([7])
     before = [p.detach().clone() for p in algorithm.g.parameters()]
-    kept = PerUnitUpdates(algorithm.plan_round(1))
-    for index, unit_id in enumerate((first, second)):
-        kept.add(index, units[unit_id], 16)
-    algorithm.apply(algorithm.initial_weights(), kept.result())
+    aggregate(algorithm, [first, second])
     assert any(not torch.equal(b, p) for b, p in zip(before, algorithm.g.parameters(),
                                                       strict=True))
 
@@ -257,11 +254,11 @@ def test_a_swap_moves_each_d_to_its_slot_and_takes_effect_at_the_next_iteration(
     stores = {"a": SessionStore(), "b": SessionStore()}
     where = {0: "a", 1: "b", 2: "a"}
     units = algorithm.plan_round(1)
-    kept = algorithm.aggregator(units, True)
+    results = []
     for index, unit in enumerate(units):
         out = MDGan.run_unit(job(algorithm, unit, 1, stores[where[index]]), MNIST)
-        kept.add(index, out.update, out.num_samples)
-    algorithm.apply(algorithm.initial_weights(), kept.result())
+        results.append(UnitResult(unit, out.update, out.num_samples))
+    aggregate(algorithm, results)
     before = {slot: stores[where[slot]].export("run", session_name(slot)) for slot in range(3)}
     moves = StoreMoves(stores, {u.unit_id: where[i] for i, u in enumerate(units)})
     algorithm.after_round(1, moves)
@@ -305,7 +302,7 @@ def test_a_failed_move_leaves_that_d_behind_and_the_swap_goes_on() -> None:
 
 def test_state_dict_restores_the_generator_its_adam_and_the_swap_count(tmp_path: Path) -> None:
     algorithm = MDGan("dcgan28-tiny", {**TINY, "workers": 2}, MNIST)
-    algorithm.apply(algorithm.initial_weights(), run_iteration(algorithm, 1, SessionStore()))
+    aggregate(algorithm, run_iteration(algorithm, 1, SessionStore()))
     algorithm.swaps_done = 3
     np.savez(tmp_path / "state.npz", **algorithm.state_dict())
     with np.load(tmp_path / "state.npz") as saved:

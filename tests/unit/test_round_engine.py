@@ -23,10 +23,12 @@ from coordinator.round_engine import (
 )
 from coordinator.round_state import RoundState
 from coordinator.tasks import Task, TaskResult
+from coordinator.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
 from coordinator.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
-from training.algorithms.base import UnitSpec
+from training.aggregation import DEFAULTS
+from training.algorithms.base import UnitSpec, combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
@@ -53,6 +55,16 @@ def engine(nodes, **settings) -> tuple[RoundEngine, RunProgress, threading.Event
     return eng, progress, cancelled
 
 
+def mean(outcome) -> dict[str, np.ndarray]:
+    """The round's results combined as a run does by default: the weighted mean."""
+    return combine(DEFAULTS, outcome.results)
+
+
+def checked(check, norm: NormLimit | None = None) -> list[UpdateFilter]:
+    """A round's filters: the sample count, ``check`` of the update, then the norm limit."""
+    return [*DEFAULT_FILTERS, Tensors(check), *([norm] if norm is not None else [])]
+
+
 def units(n: int = 11) -> list[UnitSpec]:
     return ALGORITHM.plan_round(1)[:n]
 
@@ -74,7 +86,7 @@ def test_every_unit_completes_although_one_node_always_rejects():
     assert progress.snapshot().units_done == 11
     expected = sequential_average(units())
     for name in WEIGHTS:
-        np.testing.assert_allclose(outcome.average[name], expected[name], rtol=1e-10)
+        np.testing.assert_allclose(mean(outcome)[name], expected[name], rtol=1e-10)
 
 
 def test_a_dead_node_is_benched_and_its_units_go_elsewhere():
@@ -199,9 +211,9 @@ def check_finite(update):
 def test_invalid_updates_are_refused_and_the_unit_goes_elsewhere():
     corrupt, healthy = CorruptNode(0), LocalNode(1)
     eng, progress, _ = engine([corrupt, healthy])
-    outcome = eng.run_round(1, units(4), 4, build, check_finite)
+    outcome = eng.run_round(1, units(4), 4, build, checked(check_finite))
     assert outcome.completed == 4
-    assert all(np.isfinite(v).all() for v in outcome.average.values())
+    assert all(np.isfinite(v).all() for v in mean(outcome).values())
     assert corrupt.stats.failed >= 1 and corrupt.stats.accepted == 0
     assert progress.snapshot().failed == corrupt.stats.failed
 
@@ -234,15 +246,16 @@ class InflatingNode(LocalNode):
 
 def test_an_update_far_beyond_the_usual_norm_is_refused_with_its_reason():
     healthy = LocalNode(0)
-    eng, _, _ = engine([healthy], max_update_norm=10.0)
-    eng.run_round(1, units(11), 11, build, check_finite)  # sets the usual scale
+    eng, _, _ = engine([healthy])
+    norm = NormLimit(10.0)
+    eng.run_round(1, units(11), 11, build, checked(check_finite, norm))  # the usual scale
     inflating = InflatingNode(1)
     eng.set_nodes([inflating, LocalNode(2)])
-    outcome = eng.run_round(1, units(4), 4, build, check_finite)
+    outcome = eng.run_round(1, units(4), 4, build, checked(check_finite, norm))
     assert outcome.completed == 4
     assert inflating.stats.failed >= 1 and inflating.stats.accepted == 0
     expected = sequential_average(units(4))
-    for name, value in outcome.average.items():
+    for name, value in mean(outcome).items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-12)
 
 
@@ -262,8 +275,9 @@ UNSTABLE = DeltaAveraging("mlp", {"epochs": 5, "eta": 0.001, "hidden": [64]},
 
 
 def unstable_rounds(eng: RoundEngine, rounds: int) -> list:
-    """Rounds of the unstable configuration through `eng`, each from the last's weights."""
-    weights, outcomes = UNSTABLE.initial_weights(), []
+    """Rounds of the unstable configuration through `eng`, each from the last's weights,
+    with a norm limit of 10x."""
+    weights, outcomes, norm = UNSTABLE.initial_weights(), [], NormLimit(10.0)
     for round_index in range(1, rounds + 1):
         wire_weights = dict_to_wire(weights)
 
@@ -275,9 +289,10 @@ def unstable_rounds(eng: RoundEngine, rounds: int) -> list:
                 scheduling_policy=2)
 
         specs = UNSTABLE.plan_round(round_index)
-        outcome = eng.run_round(round_index, specs, len(specs), build_unstable,
-                                lambda update, w=weights: UNSTABLE.check_update(update, w))
-        weights = UNSTABLE.apply(weights, outcome.average)
+        outcome = eng.run_round(
+            round_index, specs, len(specs), build_unstable,
+            checked(lambda update, w=weights: UNSTABLE.check_update(update, w), norm))
+        weights = UNSTABLE.aggregate(round_index, weights, outcome.results, outcome.failures)
         outcomes.append(outcome)
     return outcomes
 
@@ -286,7 +301,7 @@ def test_updates_that_grow_together_in_an_unstable_run_bench_no_node(caplog):
     # Round 2 of this configuration has updates 15-140x the norm of round 1's, on
     # every node: the run is unstable, no node is at fault.
     nodes = [LocalNode(0), LocalNode(1), LocalNode(2)]
-    eng, _, _ = engine(nodes, max_update_norm=10.0)
+    eng, _, _ = engine(nodes)
     outcomes = unstable_rounds(eng, 2)
     assert [o.completed for o in outcomes] == [11, 11]
     assert all(o.discarded == [] for o in outcomes)
@@ -306,11 +321,11 @@ class InflatingFromRound2(InflatingNode):
 def test_an_update_far_above_its_peers_is_refused_in_an_unstable_run():
     inflating = InflatingFromRound2(1)
     nodes = [LocalNode(0), inflating, LocalNode(2)]
-    eng, _, _ = engine(nodes, max_update_norm=10.0)
+    eng, _, _ = engine(nodes)
     outcomes = unstable_rounds(eng, 2)
     assert [o.completed for o in outcomes] == [11, 11]
     assert inflating.stats.failed >= 1
-    assert update_norm(outcomes[1].average) < 500  # honest ones are 12-140; inflated 1000x
+    assert update_norm(mean(outcomes[1])) < 500  # honest ones are 12-140; inflated 1000x
     assert nodes[0].stats.failed == 0 and nodes[2].stats.failed == 0
 
 
@@ -340,7 +355,7 @@ def test_a_unit_past_its_failure_limit_is_not_queued_beside_its_attempts_still_o
     unit must wait for that attempt rather than be queued for yet another one: else a unit
     failing on every node is never without an attempt, never discarded, and its round
     spins (thousands of attempts a second)."""
-    state = RoundState(1, units(1), 1, deterministic=True, max_attempts=4)
+    state = RoundState(1, units(1), 1, max_attempts=4)
     unit = state.units[0]
     assert state.next_unit(None) is unit  # a worker takes it from the queue
     first = state.start_attempt(unit, "node-a")

@@ -13,8 +13,16 @@ from coordinator.policies import RoundRobinPolicy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine
 from coordinator.tasks import Task, TaskResult
+from coordinator.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
 from tests.inprocess import LocalNode
-from training.algorithms.base import UnitJob, UnitOutput, UnitSpec, check_sample_count
+from training.aggregation import DEFAULTS
+from training.algorithms.base import (
+    UnitJob,
+    UnitOutput,
+    UnitSpec,
+    check_sample_count,
+    combine,
+)
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
@@ -51,34 +59,34 @@ def build(unit: UnitSpec, attempt: int) -> Task:
         weights=dict_to_wire(WEIGHTS), scheduling_policy=2)
 
 
-def run_round(nodes: list[LocalNode], **checks) -> tuple:
+def run_round(nodes: list[LocalNode], *filters: UpdateFilter) -> tuple:
     progress = RunProgress("r1", 1, 4, lambda: [n.summary() for n in nodes])
     engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(), progress,
                          threading.Event())
     units = DELTA.plan_round(1)[:4]
-    return engine.run_round(1, units, len(units), build, **checks), progress
+    return engine.run_round(1, units, len(units), build, filters or DEFAULT_FILTERS), progress
 
 
 def honest_average() -> dict[str, np.ndarray]:
-    outcome, _ = run_round([LocalNode(0)], check_samples=DELTA.check_samples)
-    return outcome.average
+    outcome, _ = run_round([LocalNode(0)], SampleCount(DELTA.check_samples))
+    return combine(DEFAULTS, outcome.results)
 
 
 @pytest.mark.parametrize("num_samples", [0, -3, 10**15])
 def test_a_bogus_sample_count_is_refused_and_the_unit_done_elsewhere(num_samples):
     bogus = BogusSamplesNode(0, num_samples)
-    outcome, progress = run_round([bogus, LocalNode(1)], check_samples=DELTA.check_samples)
+    outcome, progress = run_round([bogus, LocalNode(1)], SampleCount(DELTA.check_samples))
     assert outcome.completed == 4 and not outcome.discarded
     assert bogus.stats.failed >= 1 and bogus.stats.accepted == 0
     assert progress.snapshot().failed == bogus.stats.failed
     expected = honest_average()
-    for name, value in outcome.average.items():
+    for name, value in combine(DEFAULTS, outcome.results).items():
         np.testing.assert_allclose(value, expected[name])
 
 
 def test_without_the_algorithm_a_count_below_one_is_still_refused():
     bogus = BogusSamplesNode(0, 0)
-    outcome, _ = run_round([bogus, LocalNode(1)])  # no check_samples given
+    outcome, _ = run_round([bogus, LocalNode(1)])  # the engine's default filters only
     assert outcome.completed == 4 and bogus.stats.failed >= 1
 
 

@@ -21,8 +21,9 @@ from coordinator.round_engine import EngineSettings, RoundEngine
 from coordinator.tasks import Task
 from tests.inprocess import LocalNode
 from training import gan_models, mlp, mnist
+from training.aggregation import DEFAULTS
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import UnitJob, UnitSpec, WeightedAverage, Weights
+from training.algorithms.base import UnitJob, UnitResult, UnitSpec, Weights, combine
 from training.algorithms.sync_sgd import SyncSGD, unit_noise
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.letters import load_letters
@@ -37,14 +38,14 @@ TOLERANCE = 1e-5  # max |a - b| / max |b|, per tensor (GAN gradients: per networ
 
 def run_round(algorithm: SyncSGD, round_index: int, weights: Weights,
               units: list[UnitSpec] | None = None) -> Weights:
-    """The node half on every given unit (all planned ones by default), averaged as the
-    engine does in deterministic mode; returns the average."""
-    average = WeightedAverage(deterministic=True)
-    for index, unit in enumerate(units or algorithm.plan_round(round_index)):
+    """The node half on every given unit (all planned ones by default), combined as a run
+    does by default (the weighted mean); returns the average."""
+    results = []
+    for unit in units or algorithm.plan_round(round_index):
         job = UnitJob("run", round_index, unit, algorithm.model, algorithm.config, weights)
         output = SyncSGD.run_unit(job, algorithm.dataset_dir)
-        average.add(index, output.update, output.num_samples)
-    return average.result()
+        results.append(UnitResult(unit, output.update, output.num_samples))
+    return combine(DEFAULTS, results)
 
 
 def max_relative_difference(actual: Mapping[str, np.ndarray],
@@ -311,5 +312,5 @@ def test_a_round_through_the_engine_and_node_handlers() -> None:
     units = algorithm.plan_round(1)
     outcome = engine.run_round(1, units, algorithm.quorum(len(units)), build)
     assert outcome.completed == 2
-    new_weights = algorithm.apply(weights, outcome.average)
+    new_weights = algorithm.aggregate(1, weights, outcome.results, outcome.failures)
     assert list(new_weights) == list(weights)

@@ -1,4 +1,4 @@
-"""The running weighted average the coordinator folds results into."""
+"""A round's results kept by the round state and combined by the weighted mean."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from training.algorithms.base import WeightedAverage
+from coordinator.round_state import RoundState
+from coordinator.tasks import TaskResult, TaskStatus
+from training.aggregation import DEFAULTS
+from training.algorithms.base import UnitResult, UnitSpec, combine
 
 
 def updates(n: int, seed: int = 0) -> list[tuple[dict, int]]:
@@ -16,47 +19,75 @@ def updates(n: int, seed: int = 0) -> list[tuple[dict, int]]:
             for _ in range(n)]
 
 
-def test_average_is_weighted_by_samples():
+def results_of(items: list[tuple[dict, int]]) -> list[UnitResult]:
+    return [UnitResult(UnitSpec(f"u{i}", "f"), update, n) for i, (update, n) in enumerate(items)]
+
+
+def answer(n: int) -> TaskResult:
+    return TaskResult(status=TaskStatus.COMPLETED, update=[], num_samples=n, model_version=1,
+                      loss=0.5)
+
+
+def test_mean_is_weighted_by_samples():
     items = updates(6)
-    avg = WeightedAverage()
-    for i, (update, n) in enumerate(items):
-        avg.add(i, update, n)
     total = sum(n for _, n in items)
     expected = sum(u["W"] * n for u, n in items) / total
-    np.testing.assert_allclose(avg.result()["W"], expected, rtol=1e-12)
-    assert avg.count == 6
+    np.testing.assert_allclose(combine(DEFAULTS, results_of(items))["W"], expected, rtol=1e-12)
 
 
-def test_deterministic_mode_ignores_arrival_order_bit_for_bit():
+def test_mean_is_the_float64_fold_in_unit_order_bit_for_bit():
+    """What deterministic runs have always computed: sum of update * samples, unit by
+    unit in float64, divided by the total."""
     items = updates(11, seed=3)
-    forward, backward = WeightedAverage(True), WeightedAverage(True)
-    for i, (update, n) in enumerate(items):
-        forward.add(i, update, n)
-    for i, (update, n) in reversed(list(enumerate(items))):
-        backward.add(i, update, n)
+    folded = {}
+    for update, n in items:
+        for name, value in update.items():
+            scaled = np.asarray(value, dtype=np.float64) * n
+            folded[name] = folded[name] + scaled if name in folded else scaled
+    total = sum(n for _, n in items)
+    combined = combine(DEFAULTS, results_of(items))
     for name in ("W", "V"):
-        assert np.array_equal(forward.result()[name], backward.result()[name])
+        assert np.array_equal(combined[name], folded[name] / total)
 
 
-def test_concurrent_adds_lose_nothing():
-    avg = WeightedAverage()
+def test_arrival_order_changes_no_bit():
+    items = updates(11, seed=3)
+    specs = [UnitSpec(f"u{i}", "f") for i in range(len(items))]
+    outcomes = []
+    for order in (range(len(items)), reversed(range(len(items)))):
+        state = RoundState(1, specs, len(specs), max_attempts=2)
+        for i in order:
+            assert state.complete(state.units[i], items[i][0], answer(items[i][1]), "n")
+        outcomes.append(state.outcome())
+    assert [r.unit.unit_id for r in outcomes[1].results] == [s.unit_id for s in specs]
+    forward, backward = (combine(DEFAULTS, o.results) for o in outcomes)
+    for name in ("W", "V"):
+        assert np.array_equal(forward[name], backward[name])
+    assert outcomes[0].train_loss == outcomes[1].train_loss == 0.5
+
+
+def test_concurrent_results_lose_nothing_and_a_unit_counts_once():
+    specs = [UnitSpec(f"u{i}", "f") for i in range(800)]
+    state = RoundState(1, specs, len(specs), max_attempts=2)
     ones = {"W": np.ones(4)}
+    kept = []
 
-    def add_many(offset: int) -> None:
+    def complete_many(offset: int) -> None:
         for i in range(200):
-            avg.add(offset + i, ones, 1)
+            kept.append(state.complete(state.units[offset + i], ones, answer(1), "n"))
+            kept.append(state.complete(state.units[offset + i], ones, answer(1), "m"))
 
-    threads = [threading.Thread(target=add_many, args=(k * 1000,)) for k in range(4)]
+    threads = [threading.Thread(target=complete_many, args=(k * 200,)) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert avg.count == 800
-    np.testing.assert_array_equal(avg.result()["W"], np.ones(4))
+    outcome = state.outcome()
+    assert outcome.completed == 800 and kept.count(True) == 800
+    assert set(outcome.placement.values()) == {"n"}
+    np.testing.assert_array_equal(combine(DEFAULTS, outcome.results)["W"], np.ones(4))
 
 
-def test_empty_average_and_bad_counts_are_errors():
-    with pytest.raises(ValueError, match="no update"):
-        WeightedAverage().result()
-    with pytest.raises(ValueError, match="positive sample count"):
-        WeightedAverage().add(0, {"W": np.ones(2)}, 0)
+def test_nothing_to_combine_is_an_error():
+    with pytest.raises(ValueError, match="no result"):
+        combine(DEFAULTS, [])

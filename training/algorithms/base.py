@@ -6,9 +6,15 @@ into the next weights. It never opens a socket, starts a thread or sleeps: the
 round engine owns threads, retries, timeouts and quorum, so every algorithm can be
 tested in process.
 
-Hooks with defaults: `aggregator` (how a round's updates are combined: the config's
-`aggregation` rule, training/aggregation.py; MD-GAN keeps each unit's update by unit id);
-for algorithms that keep state on nodes (MD-GAN): `unit_tensors` (what a unit carries
+The engine hands `aggregate(round, weights, results, failures)` the round's accepted
+results (`UnitResult`, each passed through the round's update filters: sample count,
+`check_update`, the norm guard) and the units it had to give up. `AveragingAlgorithm`
+implements it for algorithms whose updates are interchangeable: the results combined by
+the config's `aggregation` rule (training/aggregation.py), then `apply`. MD-GAN
+implements it itself: a unit's feedback belongs to the generated batch it was made for.
+
+Hooks with defaults: `check_update` and `check_samples` (refuse a result), and for
+algorithms that keep state on nodes (MD-GAN): `unit_tensors` (what a unit carries
 instead of the global weights), `after_round` (move node sessions, given a
 `SessionMoves`), `UnitSpec.preferred_node` (the node tried first), and the class flags
 `uses_sessions` (the run drops the nodes' sessions at its end) and `allows_backups`.
@@ -17,7 +23,8 @@ instead of the global weights), `after_round` (move node sessions, given a
 from __future__ import annotations
 
 import importlib
-import threading
+import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +34,9 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from training import aggregation
-from training.aggregation import RobustAggregate
 from training.cancel import UnitControl
+
+log = logging.getLogger("coordinator.aggregation")
 
 Weights = dict[str, np.ndarray]
 MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
@@ -166,106 +174,24 @@ def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> Non
         raise ConfigError(str(exc)) from None
 
 
-class WeightedAverage:
-    """Thread-safe weighted average of updates, folded in as results arrive.
+@dataclass(frozen=True)
+class UnitResult:
+    """One result of a round that the engine accepted: its unit, the node's update (checked
+    by the round's update filters), how many samples produced it, and its training loss."""
 
-    In deterministic mode the updates are kept and summed in unit order at the end,
-    so the arrival order cannot change a single bit of the result.
-    """
-
-    def __init__(self, deterministic: bool = False) -> None:
-        self._lock = threading.Lock()
-        self._deterministic = deterministic
-        self._sum: Weights = {}
-        self._kept: dict[int, tuple[Weights, int]] = {}
-        self._total = 0
-        self._count = 0
-
-    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
-        if num_samples <= 0:
-            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
-        with self._lock:
-            self._count += 1
-            self._total += num_samples
-            if self._deterministic:
-                self._kept[unit_index] = ({k: np.array(v) for k, v in update.items()}, num_samples)
-            else:
-                self._fold(update, num_samples)
-
-    def _fold(self, update: Mapping[str, np.ndarray], num_samples: int) -> None:
-        for name, value in update.items():
-            scaled = np.asarray(value, dtype=np.float64) * num_samples
-            if name in self._sum:
-                self._sum[name] += scaled
-            else:
-                self._sum[name] = scaled
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return self._count
-
-    def result(self) -> Weights:
-        """The weighted mean of everything added; raises if nothing was added."""
-        with self._lock:
-            if self._deterministic:
-                self._sum = {}
-                for index in sorted(self._kept):
-                    self._fold(*self._kept[index])
-            if self._total == 0:
-                raise ValueError("no update was added to the average")
-            return {name: total / self._total for name, total in self._sum.items()}
+    unit: UnitSpec
+    update: Weights
+    num_samples: int
+    loss: float = float("nan")
+    node: str | None = None  # name of the node that computed it
 
 
-class PerUnitUpdates:
-    """Every unit's update kept whole, by unit id, instead of one weighted average: for
-    algorithms whose units are not interchangeable (MD-GAN: a unit's feedback belongs to
-    the generated batch it was computed on). Same interface as WeightedAverage.
+@dataclass(frozen=True)
+class UnitFailure:
+    """A unit of a round that ended without a result (discarded after its failures)."""
 
-    ``result()`` flattens the updates to ``<unit_id>/<name>`` so that `Algorithm.apply`
-    keeps its signature; `per_unit` splits them back.
-    """
-
-    SEPARATOR = "/"
-
-    def __init__(self, units: Sequence[UnitSpec]) -> None:
-        self._ids = [unit.unit_id for unit in units]
-        for unit_id in self._ids:
-            if self.SEPARATOR in unit_id:
-                raise ValueError(f"unit id {unit_id!r} must not hold {self.SEPARATOR!r}")
-        self._kept: dict[int, Weights] = {}
-        self._lock = threading.Lock()
-
-    def add(self, unit_index: int, update: Mapping[str, np.ndarray], num_samples: int) -> None:
-        if num_samples <= 0:
-            raise ValueError(f"a unit must report a positive sample count, got {num_samples}")
-        with self._lock:
-            self._kept[unit_index] = {k: np.array(v) for k, v in update.items()}
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self._kept)
-
-    def result(self) -> Weights:
-        """Every kept update, in unit order; raises if nothing was added."""
-        with self._lock:
-            if not self._kept:
-                raise ValueError("no update was added")
-            return {f"{self._ids[index]}{self.SEPARATOR}{name}": value
-                    for index in sorted(self._kept)
-                    for name, value in self._kept[index].items()}
-
-
-def per_unit(flat: Mapping[str, np.ndarray]) -> dict[str, Weights]:
-    """Undo `PerUnitUpdates.result`: unit id -> that unit's update."""
-    units: dict[str, Weights] = {}
-    for key, value in flat.items():
-        unit_id, sep, name = key.partition(PerUnitUpdates.SEPARATOR)
-        if not sep:
-            raise ValueError(f"{key!r} is not a per-unit update name (<unit_id>/<name>)")
-        units.setdefault(unit_id, {})[name] = value
-    return units
+    unit: UnitSpec
+    reason: str
 
 
 class SessionMoveError(Exception):
@@ -342,23 +268,18 @@ class Algorithm(ABC):
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         """The work units of a round."""
 
+    def units_per_round(self) -> int:
+        """How many units a round plans (the run's limits and progress count them before
+        round 1); by default, round 1's plan counted (override where planning is costly)."""
+        return len(self.plan_round(1))
+
     def unit_tensors(self, unit: UnitSpec) -> Weights | None:
         """Tensors sent with this unit instead of the global weights; None (the default)
         sends the global weights with every unit. Called from the engine's threads."""
         return None
 
-    def aggregator(self, units: Sequence[UnitSpec],
-                   deterministic: bool) -> WeightedAverage | RobustAggregate | PerUnitUpdates:
-        """How the round's results are combined before `apply`: by the config's
-        `aggregation` rule, a weighted average folded in as results arrive by default;
-        `PerUnitUpdates` keeps each unit's update by unit id."""
-        settings = self.config.get(aggregation.SECTION)
-        if settings is None or settings["rule"] == "mean":
-            return WeightedAverage(deterministic)
-        return RobustAggregate(settings)
-
     def after_round(self, round_index: int, sessions: SessionMoves) -> None:
-        """Called after `apply` with where each unit's result came from and a way to move
+        """Called after `aggregate` with where each unit's result came from and a way to move
         node sessions between nodes (e.g. MD-GAN's discriminator swap); nothing by default."""
         return None
 
@@ -392,8 +313,10 @@ class Algorithm(ABC):
         return num_units
 
     @abstractmethod
-    def apply(self, weights: Weights, average: Weights) -> Weights:
-        """The next weights, from the current ones and the round's averaged updates."""
+    def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
+                  failures: Sequence[UnitFailure]) -> Weights:
+        """The next weights, from the current ones and the round's accepted results (in
+        unit order; every one passed the round's update filters) and failed units."""
 
     @abstractmethod
     def evaluate(self, weights: Weights) -> RoundEval:
@@ -425,6 +348,39 @@ class Algorithm(ABC):
     def score(self, weights: Weights, n: int) -> dict[str, float]:
         """Offline quality scores of the global model (e.g. IS and FID); none by default."""
         return {}
+
+
+class AveragingAlgorithm(Algorithm):
+    """An algorithm whose units' updates are interchangeable: the round's results are
+    combined into one update by the config's `aggregation` rule (training/aggregation.py;
+    the sample-weighted mean by default), which `apply` turns into the next weights."""
+
+    def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
+                  failures: Sequence[UnitFailure]) -> Weights:
+        return self.apply(weights, self.combine(results))
+
+    def combine(self, results: Sequence[UnitResult]) -> Weights:
+        """The round's results as one update, by the configured rule."""
+        settings = self.config.get(aggregation.SECTION) or aggregation.DEFAULTS
+        return combine(settings, results)
+
+    @abstractmethod
+    def apply(self, weights: Weights, combined: Weights) -> Weights:
+        """The next weights, from the current ones and the round's combined update."""
+
+
+def combine(settings: Mapping[str, Any], results: Sequence[UnitResult]) -> Weights:
+    """``results`` combined by the rule of ``settings`` (as `aggregation.check_settings`
+    returns them); a robust rule's time is logged, since it costs more than the mean."""
+    if not results:
+        raise ValueError("no result to aggregate")
+    started = time.perf_counter()
+    combined = aggregation.aggregate(settings, [r.update for r in results],
+                                     [r.num_samples for r in results])
+    if settings["rule"] != "mean":
+        log.info("aggregated %d updates by %s in %.2f ms", len(results), settings["rule"],
+                 (time.perf_counter() - started) * 1000)
+    return combined
 
 
 @dataclass

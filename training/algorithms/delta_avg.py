@@ -18,7 +18,7 @@ from typing import Any
 from training import mlp, server_optim
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
-    Algorithm,
+    AveragingAlgorithm,
     ConfigError,
     RoundEval,
     TensorSpecs,
@@ -50,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam")
 
 
-class DeltaAveraging(Algorithm):
+class DeltaAveraging(AveragingAlgorithm):
     name = "delta_avg"
     models = ("mlp",)
 
@@ -131,8 +131,8 @@ class DeltaAveraging(Algorithm):
         """A delta has exactly the weights' tensors, shapes and dtypes."""
         return specs_of(weights)
 
-    def apply(self, weights: Weights, average: Weights) -> Weights:
-        return self.optimizer.step(weights, average)
+    def apply(self, weights: Weights, combined: Weights) -> Weights:
+        return self.optimizer.step(weights, combined)
 
     def evaluate(self, weights: Weights) -> RoundEval:
         error, loss = mlp.evaluate(weights, *self.validation, self.spec)

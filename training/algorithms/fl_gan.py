@@ -11,10 +11,11 @@ statistics gives garbage samples in eval mode.
 Each round starts a fresh Adam per network on the node: the paper averages the networks
 only, and moment estimates made for one node's model would not fit the average anyway.
 
-The coordinator averages the full state weighted by each slot's shard size (the engine's
-``WeightedAverage``), and that average is the next global model (BN's integer batch
-counter is rounded). The per-round evaluation is sync_sgd's cheap progress signal: the
-global D's error on a fixed probe of 64 held-out real images and 64 fakes from fixed noise.
+The coordinator averages the full state weighted by each slot's shard size (the
+configured `aggregation` rule, the weighted mean by default), and that average is the
+next global model (BN's integer batch counter is rounded). The per-round evaluation is
+sync_sgd's cheap progress signal: the global D's error on a fixed probe of 64 held-out
+real images and 64 fakes from fixed noise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from training import gan_metrics, gan_models, mnist
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
-    Algorithm,
+    AveragingAlgorithm,
     ConfigError,
     RoundEval,
     TensorSpecs,
@@ -120,7 +121,7 @@ def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any]) -> Un
                       error=wrong / (2 * b * len(losses)))
 
 
-class FLGan(Algorithm):
+class FLGan(AveragingAlgorithm):
     """See the module docstring."""
 
     name = "fl_gan"
@@ -169,14 +170,14 @@ class FLGan(Algorithm):
         """A node returns the whole state: the weights' tensors, shapes and dtypes."""
         return specs_of(weights)
 
-    def apply(self, weights: Weights, average: Weights) -> Weights:
-        """The weighted average of the nodes' states is the next global model."""
-        expected = sorted(self.initial_weights())
-        if sorted(average) != expected:
-            missing = sorted(set(expected) - set(average))[:3]
+    def apply(self, weights: Weights, combined: Weights) -> Weights:
+        """The combined state of the nodes is the next global model, in the tensors and
+        dtypes of the current one (``weights``)."""
+        if sorted(combined) != sorted(weights):
+            missing = sorted(set(weights) - set(combined))[:3]
             raise ValueError(f"averaged state does not match the model: missing {missing}, "
-                             f"unexpected {sorted(set(average) - set(expected))[:3]}")
-        self._load(average)
+                             f"unexpected {sorted(set(combined) - set(weights))[:3]}")
+        self._load(combined)
         return self.initial_weights()
 
     def _load(self, weights: Mapping[str, np.ndarray]) -> None:

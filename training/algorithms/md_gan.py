@@ -13,7 +13,7 @@ paper's Algorithm 1:
 2. ``run_unit`` (node): L = ``disc_steps`` Adam steps of D_n on (the slot's next real
    batch, X_d), then the feedback F_n = d loss_G / d X_g through D_n (non-saturating loss,
    by ``torch.autograd.grad`` so D_n's gradients are untouched), returned as float32.
-3. ``apply``: per batch, the mean of the feedbacks that came back for it (F_n / count);
+3. ``aggregate``: per batch, the mean of the feedbacks that came back for it (F_n / count);
    the batches are then averaged (a further 1/k), which keeps the gradient's scale that
    of one G step on b images whatever k is. When k divides N and every feedback is in,
    every batch has N/k of them and this is the paper's dw = 1/(Nb) sum_n sum_i e_ni
@@ -41,7 +41,7 @@ slot then follows the new node. A node refuses a unit for an iteration its sessi
 already trained (a late duplicate), so a D never trains twice on one iteration.
 
 Stale feedback. The engine drops results that arrive after their round; besides, each
-feedback carries its iteration, and ``apply`` ignores any that is not the current one.
+feedback carries its iteration, and ``aggregate`` ignores any that is not the current one.
 
 Data. Slot n trains on the n-th iid shard of the MNIST training part (training/
 gan_training.py), in a fixed order per (slot, epoch), so a node that takes a slot over
@@ -70,17 +70,17 @@ from training import gan_metrics, gan_models
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
-    PerUnitUpdates,
     RoundEval,
     SessionMoved,
     SessionMoveError,
     SessionMoves,
+    UnitFailure,
     UnitJob,
     UnitOutput,
+    UnitResult,
     UnitSpec,
     Weights,
     check_type,
-    per_unit,
     split_aggregation,
 )
 from training.gan_training import (
@@ -297,7 +297,7 @@ def _train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], slot
 
 @dataclass
 class _Iteration:
-    """What plan_round generated for one iteration, kept until apply."""
+    """What plan_round generated for one iteration, kept until aggregate."""
 
     round: int
     swap_id: int
@@ -376,6 +376,10 @@ class MDGan(Algorithm):
     def initial_weights(self) -> Weights:
         return gan_models.state_to_numpy(self.g, "G.")
 
+    def units_per_round(self) -> int:
+        """A unit per worker slot, known without generating an iteration."""
+        return self.workers
+
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         """Generate the iteration's batches (once: asking again returns the same plan)."""
         if self._iteration is None or self._iteration.round != round_index:
@@ -406,9 +410,6 @@ class MDGan(Algorithm):
             raise RuntimeError("md_gan: no iteration planned")
         return self._iteration
 
-    def aggregator(self, units: Sequence[UnitSpec], deterministic: bool) -> PerUnitUpdates:
-        return PerUnitUpdates(units)
-
     def unit_samples(self, unit: UnitSpec) -> int:
         """A unit trains on one real batch."""
         return self.config["batch_size"]
@@ -422,11 +423,13 @@ class MDGan(Algorithm):
         if update[FEEDBACK].shape != shape:
             raise ValueError(f"feedback of shape {update[FEEDBACK].shape}, expected {shape}")
 
-    def apply(self, weights: Weights, average: Weights) -> Weights:
-        """One Adam step of G from the iteration's feedback (``weights`` is G's state as
-        sent; G itself lives here)."""
+    def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
+                  failures: Sequence[UnitFailure]) -> Weights:
+        """One Adam step of G from the iteration's feedback, each unit's for the batch it
+        was generated for (G lives here; the weights returned are its new state, which
+        ``weights`` was before). Failed units' batches get no feedback this iteration."""
         it = self._current()
-        sums, counts, stats = self._collect(it, per_unit(average))
+        sums, counts, stats = self._collect(it, {r.unit.unit_id: r.update for r in results})
         used = sorted(sums)
         grads = [torch.from_numpy((sums[j] / counts[j] / len(used)).astype(np.float32))
                  for j in used]

@@ -71,7 +71,7 @@ from torch.nn import functional as F
 from training import gan_metrics, gan_models, image_folder, mlp, mnist
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
-    Algorithm,
+    AveragingAlgorithm,
     ConfigError,
     RoundEval,
     TensorSpecs,
@@ -326,7 +326,7 @@ def mlp_unit_gradients(weights: Mapping[str, np.ndarray], features: np.ndarray,
 # ------------------------------------------------------------------ the algorithm
 
 
-class SyncSGD(Algorithm):
+class SyncSGD(AveragingAlgorithm):
     """See the module docstring."""
 
     name = "sync_sgd"
@@ -428,8 +428,8 @@ class SyncSGD(Algorithm):
         return {(GRAD if name in params else BUFFER) + name: spec
                 for name, spec in specs_of(weights).items()}
 
-    def apply(self, weights: Weights, average: Weights) -> Weights:
-        return self.state.step(weights, average)
+    def apply(self, weights: Weights, combined: Weights) -> Weights:
+        return self.state.step(weights, combined)
 
     def evaluate(self, weights: Weights) -> RoundEval:
         return self.state.evaluate(weights)
