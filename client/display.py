@@ -87,7 +87,24 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
         "bytes_down": result.bytes_down or 0,
         "aggregation": result.aggregation or "mean",
         "compression": json.loads(result.compression_json or "{}") or NO_COMPRESSION,
+        "units": unit_counts(result.final_status),
     }
+
+
+def unit_counts(s: ttypes.RunStatus | None) -> dict[str, Any]:
+    """The run's unit counts at its end, as `status` reports them (an older coordinator
+    sends none)."""
+    if s is None:
+        return {}
+    return {"done": s.units_done, "total": s.units_total, "rejected": s.rejected,
+            "failed": s.failed, "stale": s.stale or 0, "cancelled": s.cancelled or 0,
+            "ledger": dict(s.ledger or {})}
+
+
+def units_line(units: dict[str, Any]) -> str:
+    """E.g. 'Units: 110/110 done, rejected 3, failed 1, stale 0, cancelled 2'."""
+    return (f"Units: {units['done']}/{units['total']} done, rejected {units['rejected']}, "
+            f"failed {units['failed']}, stale {units['stale']}, cancelled {units['cancelled']}")
 
 
 NO_COMPRESSION = {"up": "none", "down": "none"}
@@ -127,6 +144,8 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
                   f"Run: {data['run_id']}")
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
+    if data["units"]:
+        console.print(units_line(data["units"]), soft_wrap=True)
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"]))

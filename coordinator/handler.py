@@ -49,7 +49,10 @@ class CoordinatorHandler:
             run = Run(run_request(request), nodes, self.settings, self.store,
                       nodes_source=self.file_nodes, membership=self.membership)
             self._add(run)
-            return run_result(run.execute())
+            result = run_result(run.execute())
+        # The summary's counts are the status call's, from the same records.
+        result.final_status = self._status_of(run)
+        return result
 
     def file_nodes(self) -> list[NodeAddress]:
         """The nodes file, read on every run and round so edits apply without a restart.
@@ -80,7 +83,11 @@ class CoordinatorHandler:
             self._order.append(run.run_id)
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
-        status = run_status(self._find(request.run_id).progress.snapshot())
+        return self._status_of(self._find(request.run_id))
+
+    def _status_of(self, run: Run) -> ttypes.RunStatus:
+        """A run's live counts with the store's unit ledger and unfinished units."""
+        status = run_status(run.progress.snapshot())
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]

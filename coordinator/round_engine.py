@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.attempt_log import AttemptEnd, AttemptLog
 from coordinator.cancels import CancelSender, shared_sender
 from coordinator.ledger import UnitLedger
 from coordinator.node_errors import (
@@ -125,6 +126,7 @@ class RoundEngine:
         self.run_id = run_id
         self.cancels = cancels or shared_sender()
         self.ledger = ledger or UnitLedger(None, run_id)
+        self.log = AttemptLog(self.ledger, progress)
         self._by_index: dict[int, NodeHandle] = {}
         self.set_nodes(nodes)
         self.policy = policy
@@ -321,14 +323,12 @@ class RoundEngine:
 
     def _attempt(self, state: RoundState, unit: Unit, node: NodeHandle,
                  build_task: TaskBuilder) -> str:
-        attempt = state.start_attempt(unit, node, lambda number: self.ledger.started(
-            state.round_index, unit.spec.unit_id, number, node.name))
+        attempt = state.start_attempt(unit, node, lambda number: self.log.started(
+            state.round_index, unit.spec.unit_id, number, node))
         if attempt is None:
             return "completed"  # settled by another attempt just now: nothing to do
         log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
                   attempt, node.name)
-        node.started()
-        self.progress.add(in_flight=1)
         began = time.monotonic()
         try:
             result = node.train(build_task(unit.spec, attempt))
@@ -340,7 +340,7 @@ class RoundEngine:
             return "failed"
         except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
-                         status="stale")
+                         end=AttemptEnd.ABORTED)
             return "failed"
         except NodeUnavailable as exc:
             # The unit never reached the node: the node's failure, not the unit's, so
@@ -351,8 +351,6 @@ class RoundEngine:
         except NodeError as exc:  # timed out, reset, a remote error
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
-        finally:
-            self.progress.add(in_flight=-1)
         self._last_contact = time.monotonic()
         update: Weights = {}
         if result.status == TaskStatus.COMPLETED:
@@ -371,22 +369,18 @@ class RoundEngine:
 
     def _answered(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
                   result: TaskResult, update: Weights, seconds: float) -> str:
-        node.finished(result, seconds)
+        self.log.answered(node, result, seconds)
         state.end_attempt(unit, attempt)
         log.debug("round %d: unit %s attempt %d on %s: %s after %.3fs (delay %.2fs)",
                   state.round_index, unit.spec.unit_id, attempt, node.name, result.status.value,
                   seconds, result.delay_seconds)
-        self.ledger.node_answer(node.name, result.status.value,
-                                result.delay_seconds > 0, result.num_samples)
-        record = functools.partial(self.ledger.finished, state.round_index, unit.spec.unit_id,
-                                   attempt, node.name)
+        ended = functools.partial(self.log.ended, state.round_index, unit.spec.unit_id,
+                                  attempt, node)
         if result.status == TaskStatus.REJECTED:
-            self.progress.add(rejected=1)
-            record("pending", "rejected")
+            ended(AttemptEnd.REJECTED, "rejected")
             return "rejected"
         if result.status != TaskStatus.COMPLETED:
-            self.progress.add(cancelled=1)
-            record("cancelled" if state.is_over(unit) else "pending", result.message)
+            ended(AttemptEnd.CANCELLED, result.message, unit_settled=state.is_over(unit))
             return "cancelled"
         if result.delay_seconds == 0:
             # The node's own compute time, not the call time: queueing behind other
@@ -394,40 +388,34 @@ class RoundEngine:
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
         if state.complete(unit, update, result, node.name,
-                          on_kept=lambda: record("completed")):
-            self.progress.add(units_done=1)
+                          on_kept=lambda: ended(AttemptEnd.COMPLETED)):
             self._cancel_others(unit, node)
         elif state.over:  # the round ended without it: a stale result, dropped
-            self.progress.add(stale=1)
-            record("stale", f"arrived after round {state.round_index} ended")
+            ended(AttemptEnd.STALE, f"arrived after round {state.round_index} ended")
         else:
-            self.progress.add(cancelled=1)
-            record("cancelled", "another attempt finished first")
+            ended(AttemptEnd.LOST, "another attempt finished first")
         return "completed"
 
     def _failed(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
-                began: float, bench: bool, reason: str, status: str = "failed") -> None:
+                began: float, bench: bool, reason: str,
+                end: AttemptEnd = AttemptEnd.FAILED) -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
-        node.failed(time.monotonic() - began, bench=bench)
+        self.log.failed_call(node, time.monotonic() - began, bench, reason)
         state.end_attempt(unit, attempt)
-        self.progress.add(failed=1)
-        self.ledger.node_failure(node.name, reason)
         discarded = state.record_failure(unit, f"{node.name}: {reason}",
                                          self.settings.max_unit_failures)
-        self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
-                             "discarded" if discarded else status, reason)
+        self.log.ended(state.round_index, unit.spec.unit_id, attempt, node,
+                       AttemptEnd.DISCARDED if discarded else end, reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 
     def _unreachable(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
                      began: float, reason: str) -> None:
         log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
-        node.failed(time.monotonic() - began, bench=True)
+        self.log.failed_call(node, time.monotonic() - began, True, reason)
         state.end_attempt(unit, attempt)
-        self.progress.add(failed=1)
-        self.ledger.node_failure(node.name, reason)
-        self.ledger.finished(state.round_index, unit.spec.unit_id, attempt, node.name,
-                             "pending", f"node unreachable: {reason}")
+        self.log.ended(state.round_index, unit.spec.unit_id, attempt, node,
+                       AttemptEnd.UNREACHABLE, f"node unreachable: {reason}")
 
     # Cancels are queued, never sent from here: a frozen node would hold a worker or the
     # round's own thread for a whole control timeout per cancel.

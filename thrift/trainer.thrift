@@ -240,6 +240,7 @@ struct RunResult {
   11: optional i64 bytes_down,       // work request (weights) bytes sent to nodes
   12: optional string aggregation,   // the rule that combined the updates, e.g. "mean"
   13: optional string compression_json, // the compression settings the run used
+  14: optional RunStatus final_status, // the run at its end, counted as `status` counts it
 }
 
 struct StatusRequest {

@@ -2624,11 +2624,12 @@ class RunResult(object):
      - bytes_down
      - aggregation
      - compression_json
+     - final_status
 
     """
 
 
-    def __init__(self, run_id=None, validation_error=None, rounds=None, wall_seconds=None, history=None, nodes=None, weights=None, model_json=None, run_dir=None, bytes_up=None, bytes_down=None, aggregation=None, compression_json=None,):
+    def __init__(self, run_id=None, validation_error=None, rounds=None, wall_seconds=None, history=None, nodes=None, weights=None, model_json=None, run_dir=None, bytes_up=None, bytes_down=None, aggregation=None, compression_json=None, final_status=None,):
         self.run_id = run_id
         self.validation_error = validation_error
         self.rounds = rounds
@@ -2642,6 +2643,7 @@ class RunResult(object):
         self.bytes_down = bytes_down
         self.aggregation = aggregation
         self.compression_json = compression_json
+        self.final_status = final_status
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2735,6 +2737,12 @@ class RunResult(object):
                     self.compression_json = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 14:
+                if ftype == TType.STRUCT:
+                    self.final_status = RunStatus()
+                    self.final_status.read(iprot)
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2805,6 +2813,10 @@ class RunResult(object):
         if self.compression_json is not None:
             oprot.writeFieldBegin('compression_json', TType.STRING, 13)
             oprot.writeString(self.compression_json.encode('utf-8') if sys.version_info[0] == 2 else self.compression_json)
+            oprot.writeFieldEnd()
+        if self.final_status is not None:
+            oprot.writeFieldBegin('final_status', TType.STRUCT, 14)
+            self.final_status.write(oprot)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5795,6 +5807,7 @@ RunResult.thrift_spec = (
     (11, TType.I64, 'bytes_down', None, None, ),  # 11
     (12, TType.STRING, 'aggregation', 'UTF8', None, ),  # 12
     (13, TType.STRING, 'compression_json', 'UTF8', None, ),  # 13
+    (14, TType.STRUCT, 'final_status', [RunStatus, None], None, ),  # 14
 )
 all_structs.append(StatusRequest)
 StatusRequest.thrift_spec = (

@@ -40,6 +40,24 @@ def test_policy_2_at_load_0_8_rejects_yet_completes_every_unit(cluster):
     assert sum(n["rejected"] for n in result["nodes"]) > 0
     assert units_accepted(result) >= 55
     assert round(result["validation_error"], 4) == 0.8054
+    assert_one_record(result, cluster)
+
+
+def assert_one_record(result: dict, cluster) -> None:
+    """The summary's unit counts are the status call's, agree with the run store's ledger
+    and with the nodes' own counters."""
+    status = run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
+                         result["run_id"], "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)
+    units = result["units"]
+    assert {key: units[key] for key in ("rejected", "failed", "stale", "cancelled")} == {
+        key: shown[key] for key in ("rejected", "failed", "stale", "cancelled")}
+    assert (units["done"], units["total"]) == (shown["units_done"], shown["units_total"])
+    assert units["ledger"] == shown["ledger"]
+    assert units["done"] == units["total"] == units["ledger"]["completed"]
+    assert units["rejected"] == sum(n["rejected"] for n in result["nodes"])
+    assert units["failed"] == sum(n["failed"] for n in result["nodes"])
 
 
 def test_random_policy_never_sees_a_rejection(cluster):
@@ -80,6 +98,7 @@ def test_the_run_store_accounts_for_every_unit(cluster):
     cluster.add_node(0.5, *FAST_DELAY)
     cluster.start_coordinator(3)
     result = cluster.train_json("letters", "3", "15", "20", "0.0001")
+    assert_one_record(result, cluster)
     status = run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
                          result["run_id"], "--json"], cluster.workdir)
     ledger = json.loads(status.stdout)["ledger"]
