@@ -34,5 +34,9 @@ class NodeRemoteError(NodeError):
     """The call failed on the way or on the node (a reset, a remote exception)."""
 
 
+class InvalidResult(NodeError):
+    """The node answered with a result that cannot be decoded (malformed tensors)."""
+
+
 class AttemptAborted(NodeError):
     """A call given up from outside: its unit passed its deadline or its node went dead."""

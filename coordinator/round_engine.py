@@ -49,7 +49,6 @@ from coordinator.update_filters import (
 )
 from training.algorithms.base import UnitSpec, Weights
 from training.compression import decompress
-from wire.tensor_codec import CodecError, wire_to_dict
 
 log = logging.getLogger("coordinator.engine")
 
@@ -348,19 +347,19 @@ class RoundEngine:
             # nodes dying at once would otherwise use up a unit's failures at once).
             self._unreachable(state, unit, attempt, node, began, str(exc))
             return "rejected"
-        except NodeError as exc:  # timed out, reset, a remote error
+        except NodeError as exc:  # timed out, reset, a remote error, an undecodable result
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
         self._last_contact = time.monotonic()
         update: Weights = {}
         if result.status == TaskStatus.COMPLETED:
             try:
-                update = decompress(wire_to_dict(result.update))  # filters see it decoded
+                update = decompress(result.update)  # filters see it decoded
                 run_filters(self._filters,
                             Candidate(unit.spec, node.name, update, result.num_samples),
                             RoundView(self.unit_deadline(),
                                       lambda: state.over or self.cancelled.is_set()))
-            except (CodecError, ValueError) as exc:  # a wrong answer: a failure, and benched
+            except ValueError as exc:  # a wrong answer: a failure, and benched
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")
                 return "failed"

@@ -63,7 +63,7 @@ from coordinator.round_engine import (
 from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
-from coordinator.tasks import EncodedTensors, Task
+from coordinator.tasks import Task, Tensors
 from coordinator.update_filters import NormLimit, round_filters
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
@@ -78,7 +78,6 @@ from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, save_curves, save_grid
-from wire.tensor_codec import dict_to_wire
 
 log = logging.getLogger("coordinator.run")
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
@@ -331,12 +330,12 @@ class Run:
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
-        # encoded once, sent with every unit
-        wire_weights = dict_to_wire(encode_weights(weights, self.compression))
+        # compressed once, sent with every unit
+        sent_weights = encode_weights(weights, self.compression)
 
         def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
-            payload = wire_weights if own is None else dict_to_wire(own)
+            payload = sent_weights if own is None else own
             return self._task(round_index, unit, attempt, payload)
 
         earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
@@ -403,7 +402,7 @@ class Run:
             save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
 
     def _task(self, round_index: int, unit: UnitSpec, attempt: int,
-              weights: EncodedTensors) -> Task:
+              weights: Tensors) -> Task:
         return Task(
             run_id=self.run_id, round=round_index,
             unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,

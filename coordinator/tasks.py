@@ -1,18 +1,19 @@
 """What the engine sends a node and what comes back, in the coordinator's own types.
 
 Node clients (coordinator.node_client) translate these to and from their transport
-(coordinator.thrift_node for Thrift). Tensors travel encoded: `Task.weights` is encoded once per
-round and shared by every unit, and `TaskResult.update` is decoded by the engine in one
-place, where it is checked.
+(coordinator.thrift_node for Thrift). Tensors are numpy arrays by name here: a node client
+encodes `Task.weights` for its transport (without copying; one dict is shared by every unit
+of a round) and decodes `TaskResult.update`, refusing a malformed one as InvalidResult.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-EncodedTensors = list[Any]  # tensors as wire.tensor_codec encodes them
+import numpy as np
+
+Tensors = dict[str, np.ndarray]  # tensor name -> array
 
 
 class TaskStatus(enum.Enum):
@@ -34,7 +35,7 @@ class Task:
     dataset: str
     unit_path: str
     config_json: str
-    weights: EncodedTensors
+    weights: Tensors  # the model's (or the unit's own) tensors, possibly compressed
     scheduling_policy: int
     index_start: int | None = None
     index_stop: int | None = None
@@ -49,7 +50,7 @@ class TaskResult:
     """A node's answer to a task (any status)."""
 
     status: TaskStatus
-    update: EncodedTensors  # empty unless COMPLETED
+    update: Tensors  # empty unless COMPLETED; possibly compressed
     num_samples: int
     model_version: int  # the `round` of the task it answers
     loss: float = 0.0

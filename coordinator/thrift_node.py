@@ -20,6 +20,7 @@ from thrift.transport.TTransport import TTransportException
 from coordinator.node_client import AttemptKey, NodePing
 from coordinator.node_errors import (
     AttemptAborted,
+    InvalidResult,
     NodeError,
     NodeIncompatible,
     NodeRefused,
@@ -33,6 +34,7 @@ from coordinator.tasks import Task, TaskResult, TaskStatus
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
+from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
@@ -47,18 +49,23 @@ def work_request(task: Task) -> ttypes.WorkRequest:
         protocol_version=PROTOCOL_VERSION, run_id=task.run_id, round=task.round,
         unit_id=task.unit_id, attempt=task.attempt, algorithm=task.algorithm,
         model=task.model, dataset=task.dataset, unit_path=task.unit_path,
-        config_json=task.config_json, weights=task.weights,
+        config_json=task.config_json, weights=dict_to_wire(task.weights),
         scheduling_policy=task.scheduling_policy, index_start=task.index_start,
         index_stop=task.index_stop)
 
 
 def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
-    """A node's Thrift answer to `task`; NodeRemoteError for an outcome not known here."""
+    """A node's Thrift answer to `task`; NodeRemoteError for an outcome not known here,
+    InvalidResult for an update whose tensors cannot be decoded."""
     try:
         status = _STATUS[result.outcome]
     except KeyError:
         raise NodeRemoteError(f"unknown unit outcome {result.outcome!r}") from None
-    return TaskResult(status=status, update=result.update or [],
+    try:
+        update = wire_to_dict(result.update or [])
+    except CodecError as exc:
+        raise InvalidResult(f"invalid result: {exc}") from None
+    return TaskResult(status=status, update=update,
                       num_samples=result.num_samples, model_version=task.round,
                       loss=result.loss, error=result.error,
                       compute_seconds=result.compute_seconds,

@@ -21,7 +21,7 @@ from training import gan_metrics, gan_models
 from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.md_gan import Discriminator, MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from wire.tensor_codec import wire_to_dict
 
 torch.set_num_threads(1)
 
@@ -49,7 +49,7 @@ def train(node: NodeHandle, algorithm: MDGan, unit: UnitSpec, round_index: int) 
         run_id="run", round=round_index, unit_id=unit.unit_id,
         attempt=1, algorithm="md_gan", model=algorithm.model, dataset="mnist",
         unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
-        weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2))
+        weights=algorithm.unit_tensors(unit), scheduling_policy=2))
     assert result.status == TaskStatus.COMPLETED, result.message
 
 

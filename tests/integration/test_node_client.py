@@ -7,10 +7,12 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from coordinator.node_errors import (
     AttemptAborted,
+    InvalidResult,
     NodeIncompatible,
     NodeRefused,
     NodeRemoteError,
@@ -45,18 +47,23 @@ class ScriptedNode(ComputeNode.Iface):
             raise ttypes.VersionMismatch("protocol 99 expected", 99, request.protocol_version)
         if request.run_id == "crash":
             raise RuntimeError("handler bug")
+        update = []
+        if request.run_id == "garbled":  # 2 bytes where a float64 of 3 needs 24
+            update = [ttypes.Tensor(name="w", dtype="float64", shape=[3], data=b"12")]
+        elif request.run_id == "echo":
+            update = request.weights
         if request.run_id == "wait":
             self.entered.set()
             self.release.wait(WAIT)
         return ttypes.TrainResult(accepted=True, outcome=ttypes.UnitOutcome.COMPLETED,
-                                  update=[], num_samples=1, loss=0.0, error=0.0,
+                                  update=update, num_samples=1, loss=0.0, error=0.0,
                                   compute_seconds=0.0, delay_seconds=0.0)
 
 
-def work(run_id: str) -> Task:
+def work(run_id: str, weights: dict | None = None) -> Task:
     return Task(run_id=run_id, round=7, unit_id="u", attempt=1, algorithm="delta_avg",
-                model="mlp", dataset="letters", unit_path="p", config_json="{}", weights=[],
-                scheduling_policy=2)
+                model="mlp", dataset="letters", unit_path="p", config_json="{}",
+                weights=weights or {}, scheduling_policy=2)
 
 
 @pytest.fixture
@@ -98,12 +105,22 @@ def test_an_answer_and_a_ping_come_back(address: NodeAddress) -> None:
     ("invalid", NodeRefused, "unit_path is empty"),
     ("version", NodeIncompatible, "protocol 99 expected"),
     ("crash", NodeRemoteError, None),
+    ("garbled", InvalidResult, r"invalid result: tensor 'w'.* needs 24 bytes"),
 ])
 def test_declared_and_remote_errors_are_mapped(address: NodeAddress, run_id: str,
                                                error: type, message: str | None) -> None:
     node = client(address)
     with pytest.raises(error, match=message):
         node.train(work(run_id))
+    node.close()
+
+
+def test_tensors_cross_as_arrays_both_ways(address: NodeAddress) -> None:
+    node = client(address)
+    sent = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array(2.5)}
+    got = node.train(work("echo", sent)).update
+    assert list(got) == ["w", "b"]
+    assert all(np.array_equal(got[k], sent[k]) and got[k].dtype == sent[k].dtype for k in sent)
     node.close()
 
 

@@ -17,7 +17,6 @@ from training.algorithms.base import UnitSpec
 from training.algorithms.md_gan import MDGan
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
-from wire.tensor_codec import dict_to_wire
 
 torch.set_num_threads(1)
 
@@ -34,7 +33,7 @@ def md_round(nodes: list[LocalNode], preferred: dict[int, str]):
             run_id="r", round=1, unit_id=unit.unit_id,
             attempt=attempt, algorithm="md_gan", model="dcgan28-tiny", dataset="mnist",
             unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
-            weights=dict_to_wire(algorithm.unit_tensors(unit)), scheduling_policy=2)
+            weights=algorithm.unit_tensors(unit), scheduling_policy=2)
 
     progress = RunProgress("r", 1, len(units), lambda: [n.summary() for n in nodes])
     engine = RoundEngine("r", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),

@@ -24,7 +24,7 @@ def work(unit: str = "u1", attempt: int = 1) -> ttypes.WorkRequest:
 
 def task(unit: str = "u1", attempt: int = 1) -> Task:
     return Task(run_id="r1", round=1, unit_id=unit, attempt=attempt, algorithm="delta_avg",
-                model="mlp", dataset="letters", unit_path=unit, config_json="{}", weights=[],
+                model="mlp", dataset="letters", unit_path=unit, config_json="{}", weights={},
                 scheduling_policy=2)
 
 

@@ -32,7 +32,6 @@ from training.algorithms.base import UnitSpec, combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
-from wire.tensor_codec import dict_to_wire, wire_to_dict
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}
 ALGORITHM = DeltaAveraging("mlp", CONFIG, DEFAULT_DATA_ROOT / "letters")
@@ -44,7 +43,7 @@ def build(unit: UnitSpec, attempt: int) -> Task:
         run_id="r1", round=1, unit_id=unit.unit_id,
         attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
         unit_path=unit.unit_path, config_json=json.dumps(ALGORITHM.config),
-        weights=dict_to_wire(WEIGHTS), scheduling_policy=2)
+        weights=WEIGHTS, scheduling_policy=2)
 
 
 def engine(nodes, **settings) -> tuple[RoundEngine, RunProgress, threading.Event]:
@@ -73,7 +72,7 @@ def sequential_average(specs: list[UnitSpec]) -> dict[str, np.ndarray]:
     node = LocalNode(0)
     deltas = [node.train(build(spec, 1)) for spec in specs]
     total = sum(d.num_samples for d in deltas)
-    return {name: sum(wire_to_dict(d.update)[name] * d.num_samples for d in deltas) / total
+    return {name: sum(d.update[name] * d.num_samples for d in deltas) / total
             for name in WEIGHTS}
 
 
@@ -199,8 +198,8 @@ class CorruptNode(LocalNode):
     def train(self, request: Task) -> TaskResult:
         result = super().train(request)
         update = {name: np.full_like(value, np.nan) for name, value in
-                  wire_to_dict(result.update).items()}
-        result.update = dict_to_wire(update)
+                  result.update.items()}
+        result.update = update
         return result
 
 
@@ -239,8 +238,8 @@ class InflatingNode(LocalNode):
 
     def train(self, request: Task) -> TaskResult:
         result = super().train(request)
-        update = {name: value * 1000.0 for name, value in wire_to_dict(result.update).items()}
-        result.update = dict_to_wire(update)
+        update = {name: value * 1000.0 for name, value in result.update.items()}
+        result.update = update
         return result
 
 
@@ -279,9 +278,7 @@ def unstable_rounds(eng: RoundEngine, rounds: int) -> list:
     with a norm limit of 10x."""
     weights, outcomes, norm = UNSTABLE.initial_weights(), [], NormLimit(10.0)
     for round_index in range(1, rounds + 1):
-        wire_weights = dict_to_wire(weights)
-
-        def build_unstable(unit: UnitSpec, attempt: int, r=round_index, w=wire_weights):
+        def build_unstable(unit: UnitSpec, attempt: int, r=round_index, w=weights):
             return Task(
                 run_id="r1", round=r, unit_id=unit.unit_id,
                 attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",

@@ -30,7 +30,6 @@ from training.algorithms.sync_sgd import SyncSGD
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices, training_size
 from training.letters import load_letters
-from wire.tensor_codec import dict_to_wire
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 MNIST = DEFAULT_DATA_ROOT / "mnist"
@@ -56,7 +55,7 @@ def build(unit: UnitSpec, attempt: int) -> Task:
         run_id="r1", round=1, unit_id=unit.unit_id,
         attempt=attempt, algorithm="delta_avg", model="mlp", dataset="letters",
         unit_path=unit.unit_path, config_json=json.dumps(DELTA.config),
-        weights=dict_to_wire(WEIGHTS), scheduling_policy=2)
+        weights=WEIGHTS, scheduling_policy=2)
 
 
 def run_round(nodes: list[LocalNode], *filters: UpdateFilter) -> tuple:

@@ -27,7 +27,6 @@ from training.algorithms.base import UnitJob, UnitResult, UnitSpec, Weights, com
 from training.algorithms.sync_sgd import SyncSGD, unit_noise
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.letters import load_letters
-from wire.tensor_codec import dict_to_wire
 
 torch.set_num_threads(1)
 
@@ -302,7 +301,7 @@ def test_a_round_through_the_engine_and_node_handlers() -> None:
             run_id="r1", round=1, unit_id=unit.unit_id,
             attempt=attempt, algorithm="sync_sgd", model="dcgan28-tiny", dataset="mnist",
             unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
-            weights=dict_to_wire(weights), scheduling_policy=2,
+            weights=weights, scheduling_policy=2,
             index_start=unit.index_start, index_stop=unit.index_stop)
 
     nodes = [LocalNode(i) for i in range(2)]
