@@ -26,10 +26,12 @@ try {
        'in examples/node (npm run gen needs the thrift compiler 0.17)', 2);
 }
 
-// A small letters run: delta averaging (config.yaml's delta_avg section) with Adam on the
-// nodes; keys left out take their defaults from config.yaml.
-const DEFAULT_CONFIG = {epochs: 5, hidden: [64], eta: 0.005, scale_features: true,
-                        local_optimizer: 'adam'};
+// The README's recommended letters run: delta averaging (config.yaml's delta_avg section)
+// with Adam on the nodes and momentum on the coordinator; keys left out take their
+// defaults from config.yaml.
+const DEFAULT_CONFIG = {epochs: 5, hidden: [128, 128], eta: 0.005, scale_features: true,
+                        local_optimizer: 'adam', server_optimizer: 'momentum',
+                        server_momentum: 0.5};
 const USAGE = 'usage: node train.js <coordinator_host> <port> [--rounds N] [--config JSON] ' +
               '[--token-file PATH] [--tls-ca PATH] [--poll SECONDS] [--dead-after SECONDS]';
 
@@ -163,9 +165,10 @@ async function follow(args, runId, token, training) {
       const status = await answer(line, line.client.status(request), 5, 'status');
       lastAnswer = Date.now();
       const error = status.validation_error < 0 ? '-' : status.validation_error.toFixed(4);
-      const progress = `round ${status.round}/${status.rounds}  validation error ${error}  ` +
-                       `units ${num(status.units_done)}/${num(status.units_total)}`;
-      if (progress !== shown) console.log(progress);
+      const progress = `round ${status.round}/${status.rounds}  validation error ${error}`;
+      if (progress !== shown) {  // once a round
+        console.log(`${progress}  units ${num(status.units_done)}/${num(status.units_total)}`);
+      }
       shown = progress;
     } catch (err) {
       if (!(err instanceof ttypes.UnknownRun)) {  // UnknownRun: not registered yet

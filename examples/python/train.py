@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gen-py"))
 from trainer_rpc import Coordinator, ttypes  # noqa: E402 - generated code, found via gen-py/
 from trainer_rpc.constants import PROTOCOL_VERSION  # noqa: E402
 
-DEFAULT_CONFIG = {"epochs": 5, "hidden": [64], "eta": 0.005, "scale_features": True,
-                  "local_optimizer": "adam"}
+# The README's recommended letters run (config.yaml's delta_avg section).
+DEFAULT_CONFIG = {"epochs": 5, "hidden": [128, 128], "eta": 0.005, "scale_features": True,
+                  "local_optimizer": "adam", "server_optimizer": "momentum",
+                  "server_momentum": 0.5}
 # numpy dtype name -> struct format; every tensor is C-order and little-endian.
 FORMATS = {"float16": "e", "float32": "f", "float64": "d", "int8": "b", "int16": "h",
            "int32": "i", "int64": "q", "uint8": "B", "bool": "?"}
