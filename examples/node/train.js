@@ -122,7 +122,8 @@ function answer(line, promise, seconds, what) {
   });
 }
 
-const sleep = (seconds) => new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+// unref: a pending poll does not keep the process alive once train() has answered.
+const sleep = (seconds) => new Promise((resolve) => setTimeout(resolve, seconds * 1000).unref());
 
 // i64 fields arrive as node-int64 objects; the numbers here fit a double.
 const num = (value) => (typeof value === 'number' ? value : value.toNumber(true));
