@@ -91,8 +91,8 @@ function readToken(tokenFile) {
 // One connection: framed transport, binary protocol; TLS when a CA is given. The
 // connection retries nothing: a failed call is reported, not silently repeated.
 function open(args) {
-  const options = {transport: thrift.TFramedTransport, protocol: thrift.TBinaryProtocol,
-                   connect_timeout: 5000};
+  // No `timeout` option: it only emits an event; `answer` bounds each call instead.
+  const options = {transport: thrift.TFramedTransport, protocol: thrift.TBinaryProtocol};
   const connection = args.tlsCa
     ? thrift.createSSLConnection(args.host, args.port,
                                  {...options, ca: fs.readFileSync(args.tlsCa)})
@@ -128,9 +128,21 @@ const sleep = (seconds) => new Promise((resolve) => setTimeout(resolve, seconds 
 // i64 fields arrive as node-int64 objects; the numbers here fit a double.
 const num = (value) => (typeof value === 'number' ? value : value.toNumber(true));
 
+// IEEE half precision, which DataView reads only in recent Node.js releases.
+function getFloat16(view, offset, littleEndian) {
+  const bits = view.getUint16(offset, littleEndian);
+  const sign = bits >> 15 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const fraction = bits & 0x3ff;
+  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+  if (exponent === 0x1f) return fraction ? NaN : sign * Infinity;
+  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+}
+
 // A Tensor's data: C-order, little-endian values of its dtype (docs/clients.md).
 const READERS = {
-  float16: null, float32: [4, 'getFloat32'], float64: [8, 'getFloat64'],
+  float16: [2, (view, offset) => getFloat16(view, offset, true)],
+  float32: [4, 'getFloat32'], float64: [8, 'getFloat64'],
   int8: [1, 'getInt8'], int16: [2, 'getInt16'], int32: [4, 'getInt32'],
   int64: [8, 'getBigInt64'], uint8: [1, 'getUint8'], bool: [1, 'getUint8'],
 };
@@ -146,7 +158,8 @@ function decodeTensor(tensor) {
   }
   const view = new DataView(tensor.data.buffer, tensor.data.byteOffset, tensor.data.length);
   const values = new Float64Array(count);
-  for (let i = 0; i < count; i++) values[i] = Number(view[getter](i * size, true));
+  const read = typeof getter === 'function' ? getter : (v, at) => v[getter](at, true);
+  for (let i = 0; i < count; i++) values[i] = Number(read(view, i * size));
   return {shape, values};
 }
 
@@ -243,4 +256,5 @@ function cancel(args, runId, token) {
     .finally(() => process.exit(130));
 }
 
-main().catch((err) => fail(err.message || String(err)));
+module.exports = {decodeTensor};
+if (require.main === module) main().catch((err) => fail(err.message || String(err)));

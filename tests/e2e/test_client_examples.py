@@ -12,6 +12,7 @@ later runs reuse them.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -28,6 +29,7 @@ from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.tls_certs import Certs, make_certs
 from training.model_file import load_model
+from wire.tensor_codec import ALLOWED_DTYPES, to_wire
 
 NODE_EXAMPLE = REPO / "examples" / "node"
 PYTHON_EXAMPLE = REPO / "examples" / "python" / "train.py"
@@ -145,3 +147,27 @@ def test_the_node_example_exits_2_on_bad_arguments(node_example: Path) -> None:
     assert done.returncode == 2 and "usage: node train.js" in done.stderr
     done = run_example("node", "127.0.0.1", "1", "--config", "[1]")
     assert done.returncode == 2 and "expected a JSON object" in done.stderr
+
+
+@needs_node
+def test_the_node_example_decodes_every_dtype_the_wire_carries(node_example: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {dtype: (rng.standard_normal((2, 3)) * 50).astype(dtype)
+              for dtype in sorted(ALLOWED_DTYPES)}
+    arrays["scalar"] = np.array(2.5, dtype=np.float32)
+    arrays["big-endian"] = np.arange(6, dtype=">i4").reshape(3, 2)  # sent little-endian
+    sent = [to_wire(name, array) for name, array in arrays.items()]
+    payload = [{"name": t.name, "dtype": t.dtype, "shape": t.shape,
+                "data": base64.b64encode(bytes(t.data)).decode()} for t in sent]
+    script = ("const {decodeTensor} = require('./train.js');"
+              "const sent = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+              "console.log(JSON.stringify(sent.map((t) => {"
+              "  const d = decodeTensor({...t, data: Buffer.from(t.data, 'base64')});"
+              "  return [d.shape, Array.from(d.values)]; })));")
+    done = subprocess.run(["node", "-e", script], input=json.dumps(payload), cwd=NODE_EXAMPLE,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    decoded = json.loads(done.stdout)
+    for (shape, values), (name, array) in zip(decoded, arrays.items(), strict=True):
+        assert shape == list(array.shape), name
+        assert values == array.astype(np.float64).ravel().tolist(), name
