@@ -9,6 +9,9 @@
  */
 
 namespace py trainer_rpc
+namespace java trainer.rpc
+namespace js trainer_rpc
+namespace go trainerrpc
 
 const i32 PROTOCOL_VERSION = 2
 

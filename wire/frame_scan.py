@@ -55,6 +55,13 @@ def scan_call(frame: memoryview) -> CallHead:
     return CallHead(method, message_type, seqid, token)
 
 
+def message_head(frame: memoryview) -> tuple[str, int, int]:
+    """The method, message type and seqid of the message `frame` starts with; the rest
+    of the message may be missing."""
+    _, method, message_type, seqid = _message_begin(frame)
+    return method, message_type, seqid
+
+
 def skip_value(frame: memoryview, pos: int, ttype: int, depth: int = MAX_DEPTH) -> int:
     """The offset just after the value of type `ttype` that starts at `pos`."""
     if depth <= 0:

@@ -19,19 +19,17 @@ import select
 import selectors
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolBase
-from thrift.Thrift import TApplicationException, TMessageType, TProcessor
-from thrift.transport.TTransport import TMemoryBuffer, TTransportException
+from thrift.Thrift import TProcessor
+from thrift.transport.TTransport import TTransportException
 
-from wire import auth, security
+from wire import auth, plaintext_refusal, security
 from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
 from wire.transport import (
     FramedSocketTransport,
@@ -467,9 +465,10 @@ class ThriftServer:
         current: socket.socket = sock
         try:
             sock.settimeout(self._handshake_timeout)
-            if _speaks_plaintext(sock):
+            if plaintext_refusal.speaks_plaintext(sock):
                 log.warning("closing %s: it does not speak TLS (a client without --tls-ca?)", peer)
-                _refuse_plaintext(sock)
+                plaintext_refusal.refuse(sock, self._protocols.max_frame_bytes,
+                                         self._handshake_timeout)
                 return self._drop(sock)
             secured = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             self._replace(sock, secured)  # wrap_socket took over the file descriptor
@@ -520,49 +519,6 @@ class ThriftServer:
                 # The plain socket's shutdown even for TLS: SSLSocket.shutdown drops its
                 # TLS state, after which a reply still being written would go out unencrypted.
                 socket.socket.shutdown(sock, how)
-
-
-def _speaks_plaintext(sock: socket.socket) -> bool:
-    """Whether the peer's first byte (peeked, left unread) cannot start a TLS handshake."""
-    first = sock.recv(1, socket.MSG_PEEK)
-    return bool(first) and first[0] != _TLS_HANDSHAKE_RECORD
-
-
-def _refuse_plaintext(sock: socket.socket) -> None:
-    """Answer a plaintext client's first call with a Thrift error that names the fix.
-
-    What the client sent is then read and dropped (bounded) until it hangs up:
-    closing with unread data would reset the connection, and the client could
-    lose the answer before reading it.
-    """
-    with suppress(OSError):
-        sock.sendall(_PLAINTEXT_REFUSAL)
-        sock.shutdown(socket.SHUT_WR)
-        for _ in range(_DRAIN_CHUNKS):
-            if not sock.recv(64 * 1024):
-                break
-
-
-def _plaintext_refusal() -> bytes:
-    """One framed Thrift exception message, which any generated client raises."""
-    error = TApplicationException(
-        TApplicationException.UNKNOWN,
-        "this server accepts only TLS connections; give the connecting side --tls-ca with "
-        "the CA that signed the server's certificate",
-    )
-    buffer = TMemoryBuffer()
-    protocol = TBinaryProtocol(buffer)
-    protocol.writeMessageBegin("", TMessageType.EXCEPTION, 0)
-    error.write(protocol)
-    protocol.writeMessageEnd()
-    message = buffer.getvalue()
-    return struct.pack("!i", len(message)) + message
-
-
-# A TLS connection opens with a handshake record, whose first byte is 22.
-_TLS_HANDSHAKE_RECORD = 0x16
-_DRAIN_CHUNKS = 16  # of 64 KiB: a plaintext client's first request, read and dropped
-_PLAINTEXT_REFUSAL = _plaintext_refusal()
 
 
 def _level_of(exc: TTransportException) -> int:
