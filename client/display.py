@@ -129,13 +129,15 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
-    console.print(node_table(data["nodes"]))
+    console.print(node_table(data["nodes"], ended=True))
 
 
-def node_table(nodes: list[dict[str, Any]]) -> Table:
+def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
+    """Counts per node; the state of an ended run's nodes is the one they had at its end
+    (the coordinator stops watching them then), and the column says so."""
     table = Table(title="Units per node")
     table.add_column("node")
-    table.add_column("state")
+    table.add_column("state at end" if ended else "state")
     for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
         table.add_column(column, justify="right")
     for n in nodes:
@@ -174,7 +176,7 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
         console.print(f"  units by status: {counts}")
-    console.print(node_table(data["nodes"]))
+    console.print(node_table(data["nodes"], ended=s.state != "running"))
     if data["unfinished"]:
         console.print(unfinished_table(data["unfinished"]))
 
