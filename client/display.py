@@ -150,7 +150,9 @@ def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
 
 def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
     return {"run_id": s.run_id, "state": s.state, "round": s.round, "rounds": s.rounds,
-            "validation_error": s.validation_error, "units_done": s.units_done,
+            # -1 on the wire means "not measured yet": null in JSON
+            "validation_error": s.validation_error if s.validation_error >= 0 else None,
+            "units_done": s.units_done,
             "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
             "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
