@@ -87,7 +87,17 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
         "bytes_down": result.bytes_down or 0,
         "aggregation": result.aggregation or "mean",
         "compression": json.loads(result.compression_json or "{}") or NO_COMPRESSION,
+        "gan": "gan" in json.loads(result.model_json or "{}"),
+        "latest_scores": latest_scores(result.history),
     }
+
+
+def latest_scores(history: list[ttypes.RoundMetrics]) -> dict[str, float] | None:
+    """The last round's offline scores (IS, FID) with its round number, or None."""
+    scored = [m for m in history if m.scores]
+    if not scored:
+        return None
+    return {"round": scored[-1].round, **scored[-1].scores}
 
 
 NO_COMPRESSION = {"up": "none", "down": "none"}
@@ -123,13 +133,35 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(data, indent=2))
         return
     console = Console(file=sys.stdout)
-    console.print(f"Final validation error: {data['validation_error']:.4f}")
+    for line in headline(data):
+        console.print(line, soft_wrap=True)
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
                   f"Run: {data['run_id']}")
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"], ended=True))
+
+
+SCORE_LABELS = (("inception_score", "IS"), ("fid_features", "FID"),
+                ("fid_logits", "FID (logits)"))
+PROBE_NOTE = "(a progress signal: about 0.5 when it cannot tell real from generated)"
+
+
+def headline(data: dict[str, Any]) -> list[str]:
+    """The result's first lines: the MLP's validation error; for a GAN its latest IS and
+    FID, and the discriminator's probe error under its own name."""
+    if not data.get("gan"):
+        return [f"Final validation error: {data['validation_error']:.4f}"]
+    scores = data.get("latest_scores")
+    if scores:
+        n = f", {scores['n']:.0f} images" if "n" in scores else ""
+        parts = [f"{label} {scores[key]:.4g}" for key, label in SCORE_LABELS if key in scores]
+        quality = "  ".join(parts) + f"  (round {scores['round']}{n})"
+    else:
+        quality = "IS and FID: not scored (outputs.eval_every is 0)"
+    return [quality,
+            f"Discriminator probe error: {data['validation_error']:.4f} {PROBE_NOTE}"]
 
 
 def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
