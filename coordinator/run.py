@@ -76,7 +76,7 @@ from training.compression import (
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
-from training.run_outputs import check_outputs, due, save_curves, save_grid
+from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
 from wire.tensor_codec import dict_to_wire
 
 log = logging.getLogger("coordinator.run")
@@ -425,7 +425,7 @@ class Run:
                "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
         self._rows.append({k: v for k, v in row.items() if k != "discarded"})
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(metrics_line(row))
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
