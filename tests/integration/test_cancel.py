@@ -27,10 +27,12 @@ def test_a_cancelled_run_frees_its_node_for_the_next_run(cluster):
         cancel = procs.run_client(["cancel", "127.0.0.1", str(cluster.coordinator.port),
                                    "huge"], cluster.workdir, timeout=30)
         assert cancel.returncode == 0, cancel.stderr
-        client.communicate(timeout=30)
+        _, err = client.communicate(timeout=30)
     finally:
         if client.poll() is None:
             client.kill()
+    assert client.returncode == 3, err  # cancelled on the coordinator, by another client
+    assert "cancelled" in err
     began = time.monotonic()
     result = cluster.train_json(*SMALL, "--run-id", "next", timeout=SERVED_WITHIN)
     assert time.monotonic() - began < SERVED_WITHIN
