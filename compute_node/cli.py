@@ -69,6 +69,11 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu",
                         help="where torch models compute: cpu (default), cuda or cuda:N "
                              "(the letters MLP always runs in numpy on the CPU)")
+    parser.add_argument("--warm-up", default=None, metavar="MODEL",
+                        help="load torch and build MODEL (e.g. dcgan28) in the background at "
+                             "start, before a run asks for it; pings are answered meanwhile "
+                             "(a coordinator asks nodes to warm up before a torch run's "
+                             "first round anyway)")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device),
         FaultPlan(args.crash_after_units, args.hang_after_units, args.corrupt_updates,
                   args.corrupt_after_units, args.seed))
+    if args.warm_up:
+        handler.warm_up.start(args.warm_up)  # a background thread: serving starts at once
     if args.pull:
         return run_pull(handler, args)
     try:

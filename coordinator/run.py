@@ -64,6 +64,7 @@ from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
 from coordinator.tasks import EncodedTensors, Task
+from coordinator.warm_up import warm_up_nodes
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.compression import (
@@ -249,6 +250,8 @@ class Run:
                                       self.ledger.node_heartbeats).start()
         try:
             self._wait_for_nodes()  # before the engine, whose grace period starts with it
+            if self.algorithm.uses_torch:  # off round 1's clock
+                warm_up_nodes(self.nodes, self.request.model, self.progress, self.cancelled)
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
                                  self.ledger)
