@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from wire.generated import ttypes
 
+WIDE = 100_000  # the width of a console that is not a terminal: nothing is cut or wrapped
+ROUND_BAR = 16  # characters of the progress bar
+ELAPSED = 7  # "0:00:12"
+ELLIPSIS = "…"
+
+
+def console_for(file: Any) -> Console:
+    """A console on `file`: a terminal's own width, else wide enough never to cut a line
+    (a pipe or a file gets every column of every row)."""
+    console = Console(file=file)
+    return console if console.is_terminal else Console(file=file, width=WIDE)
+
 
 class ProgressView:
-    """A live progress bar fed with RunStatus snapshots; silent in quiet mode."""
+    """Progress fed with RunStatus snapshots on stderr: on a terminal a live bar whose
+    line fits the terminal's width; otherwise one plain line per round (a log that a
+    pipe or a file keeps whole); nothing in quiet mode."""
 
-    def __init__(self, quiet: bool) -> None:
-        self._console = Console(stderr=True)
+    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+        self._console = console or Console(stderr=True)
+        self._quiet = quiet
+        self._live = not quiet and self._console.is_terminal
         self._progress: Progress | None = None
         self._task = None
-        if not quiet:
+        self._last_line = ""
+        if self._live:
             self._progress = Progress(
-                TextColumn("round {task.fields[round]}/{task.total:.0f}"),
-                BarColumn(bar_width=16),
+                TextColumn("{task.fields[head]}"),
+                BarColumn(bar_width=ROUND_BAR),
                 TextColumn("{task.fields[detail]}"),
                 TimeElapsedColumn(),
                 console=self._console,
@@ -38,33 +58,84 @@ class ProgressView:
             self._progress.stop()
 
     def update(self, status: ttypes.RunStatus) -> None:
-        if self._progress is None:
+        if self._quiet:
             return
-        detail = "  ".join(part for part in _progress_parts(status) if part)
+        head = f"round {status.round}/{status.rounds}"
+        if not self._live:
+            self._log_line(head, status)
+            return
+        # the columns are separated by one space each; the rest of the line is the detail's
+        room = self._console.width - len(head) - ROUND_BAR - ELAPSED - 3
+        detail = fit_line(progress_fields(status), room)
         if self._task is None:  # started on the first status, so early errors print alone
             self._progress.start()
-            self._task = self._progress.add_task("train", total=status.rounds, round=0,
+            self._task = self._progress.add_task("train", total=status.rounds, head=head,
                                                  detail=detail)
-        self._progress.update(self._task, completed=status.round, round=status.round,
-                              detail=detail)
+        self._progress.update(self._task, completed=status.round, head=head, detail=detail)
+
+    def _log_line(self, head: str, status: ttypes.RunStatus) -> None:
+        """One line when the round, the state or the message changes (not every poll)."""
+        key = f"{head} {status.state} {status.message or ''}"
+        if key == self._last_line:
+            return
+        self._last_line = key
+        detail = "  ".join(full for full, _, _ in progress_fields(status))
+        self._console.print(f"{head}  {detail}  {_clock(status.elapsed_seconds)}",
+                            soft_wrap=True, highlight=False)
 
     def note(self, message: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(message)
+        if not self._quiet:
+            self._console.print(message, soft_wrap=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+# A field of the progress line: (full text, short text, priority: the largest goes first
+# when the line must shrink).
+Field = tuple[str, str, int]
+
+
+def progress_fields(s: ttypes.RunStatus) -> list[Field]:
+    """The progress line's fields in display order: a waiting message, metrics when
+    known, then unit counts (cancelled and stale only when any)."""
+    fields: list[Field | None] = [
+        (s.message, s.message, 0) if s.state == "running" and s.message else None,
+        (f"epoch {s.epoch:.2f}", f"ep {s.epoch:.1f}", 6) if s.epoch is not None else None,
+        (f"loss {s.train_loss:.4f}", f"loss {s.train_loss:.3f}", 4)
+        if s.train_loss is not None else None,
+        (f"error {s.validation_error:.4f}", f"err {s.validation_error:.4f}", 1)
+        if s.validation_error >= 0 else None,
+        (f"units {s.units_done}/{s.units_total}", f"u {s.units_done}/{s.units_total}", 2),
+        (f"rejected {s.rejected}", f"rej {s.rejected}", 7),
+        (f"failed {s.failed}", f"fail {s.failed}", 5),
+        (f"out {s.in_flight}", f"out {s.in_flight}", 3),
+        (f"cancelled {s.cancelled}", f"canc {s.cancelled}", 8) if s.cancelled else None,
+        (f"stale {s.stale}", f"stale {s.stale}", 9) if s.stale else None,
+    ]
+    return [f for f in fields if f is not None]
+
+
+def fit_line(fields: list[Field], width: int, sep: str = "  ") -> str:
+    """The fields in at most `width` characters: full texts if they fit, else short ones,
+    else without the least important fields; a lone field too long is cut with an
+    ellipsis."""
+    for texts in ([f[0] for f in fields], [f[1] for f in fields]):
+        line = sep.join(texts)
+        if len(line) <= width:
+            return line
+    kept = list(fields)
+    while len(kept) > 1 and len(sep.join(f[1] for f in kept)) > width:
+        kept.remove(max(kept, key=lambda f: f[2]))
+    line = sep.join(f[1] for f in kept)
+    return line if len(line) <= width else line[:max(0, width - 1)] + ELLIPSIS
 
 
 def _progress_parts(s: ttypes.RunStatus) -> list[str]:
-    """The live line: metrics when known, then unit counts (stale/cancelled when any)."""
-    return [
-        s.message if s.state == "running" and s.message else "",  # e.g. waiting for nodes
-        f"epoch {s.epoch:.2f}" if s.epoch is not None else "",
-        f"loss {s.train_loss:.4f}" if s.train_loss is not None else "",
-        f"error {s.validation_error:.4f}" if s.validation_error >= 0 else "",
-        f"units {s.units_done}/{s.units_total}",
-        f"rejected {s.rejected}", f"failed {s.failed}", f"out {s.in_flight}",
-        f"cancelled {s.cancelled}" if s.cancelled else "",
-        f"stale {s.stale}" if s.stale else "",
-    ]
+    """The progress fields' full texts, for the status line."""
+    return [full for full, _, _ in progress_fields(s)]
 
 
 def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
@@ -132,7 +203,7 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    console = Console(file=sys.stdout)
+    console = console_for(sys.stdout)
     for line in headline(data):
         console.print(line, soft_wrap=True)
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
@@ -202,7 +273,7 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    console = Console(file=sys.stdout)
+    console = console_for(sys.stdout)
     console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, "
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message and s.state != "running":  # a running run's message is in the line above
@@ -212,16 +283,45 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
         console.print(f"  units by status: {counts}")
     console.print(node_table(data["nodes"], ended=s.state != "running"))
     if data["unfinished"]:
-        console.print(unfinished_table(data["unfinished"]))
+        for part in unfinished_view(data["unfinished"], console.width):
+            console.print(part, no_wrap=True, overflow="ellipsis")
 
 
-def unfinished_table(units: list[dict[str, Any]]) -> Table:
-    table = Table(title="Unfinished units")
-    for column in ("round", "unit", "status", "node", "age s", "attempts", "failures",
-                   "last reason"):
-        table.add_column(column)
-    for u in units:
-        table.add_row(str(u["round"]), u["unit"], u["status"], u["node"] or "-",
-                      f"{u['age_seconds']:.1f}", str(u["attempts"]), str(u["failures"]),
-                      u["last_reason"] or "")
+UNFINISHED_COLUMNS = ("round", "unit", "status", "node", "age s", "tries", "fails")
+MIN_REASON = 24  # narrower than this, reasons go on lines of their own under the table
+
+
+def unfinished_view(units: list[dict[str, Any]], width: int = WIDE) -> list[Table | Text]:
+    """The unfinished units, one line each: the last reason gets what the other columns
+    leave of `width` and is cut with an ellipsis beyond it (a pipe gets it whole); when
+    too little is left, the reasons follow the table, one line per unit."""
+    rows = [[str(u["round"]), u["unit"], u["status"], u["node"] or "-",
+             f"{u['age_seconds']:.1f}", str(u["attempts"]), str(u["failures"])]
+            for u in units]
+    reasons = [u["last_reason"] or "" for u in units]
+    room = width - _width_of(_unit_table(rows)) - 2  # the reason column's padding
+    if room >= MIN_REASON:
+        return [_unit_table(rows, reasons, room)]
+    lines = [Text(f"{u['round']} {u['unit']}: {reason}", no_wrap=True, overflow="ellipsis")
+             for u, reason in zip(units, reasons, strict=True) if reason]
+    return [_unit_table(rows), *lines]
+
+
+def _unit_table(rows: list[list[str]], reasons: list[str] | None = None,
+                reason_width: int = 0) -> Table:
+    table = Table(title="Unfinished units", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True, pad_edge=False)
+    for column in UNFINISHED_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    if reasons is not None:
+        table.add_column("last reason", no_wrap=True, overflow="ellipsis",
+                         max_width=reason_width)
+    for i, row in enumerate(rows):
+        table.add_row(*row, *([] if reasons is None else [reasons[i]]))
     return table
+
+
+def _width_of(table: Table) -> int:
+    """The width `table` takes at its natural size."""
+    console = Console(file=io.StringIO(), width=WIDE)
+    return console.measure(table).maximum
