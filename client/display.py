@@ -79,6 +79,8 @@ class ProgressView:
         if key == self._last_line:
             return
         self._last_line = key
+        if status.state != "running":
+            head = f"{head} {status.state}"
         detail = "  ".join(full for full, _, _ in progress_fields(status))
         self._console.print(f"{head}  {detail}  {_clock(status.elapsed_seconds)}",
                             soft_wrap=True, highlight=False)
