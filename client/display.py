@@ -216,8 +216,8 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(node_table(data["nodes"], ended=True))
 
 
-SCORE_LABELS = (("inception_score", "IS"), ("fid_features", "FID"),
-                ("fid_logits", "FID (logits)"))
+SCORE_LABELS = (("inception_score", "IS", ".3f"), ("fid_features", "FID", ".2f"),
+                ("fid_logits", "FID (logits)", ".3f"))
 PROBE_NOTE = "(a progress signal: about 0.5 when it cannot tell real from generated)"
 
 
@@ -229,7 +229,8 @@ def headline(data: dict[str, Any]) -> list[str]:
     scores = data.get("latest_scores")
     if scores:
         n = f", {scores['n']:.0f} images" if "n" in scores else ""
-        parts = [f"{label} {scores[key]:.4g}" for key, label in SCORE_LABELS if key in scores]
+        parts = [f"{label} {scores[key]:{form}}" for key, label, form in SCORE_LABELS
+                 if key in scores]
         quality = "  ".join(parts) + f"  (round {scores['round']}{n})"
     else:
         quality = "IS and FID: not scored (outputs.eval_every is 0)"

@@ -44,7 +44,7 @@ def test_a_gan_summary_shows_its_latest_is_and_fid_and_names_the_probe() -> None
     data = display.result_dict(result('{"model": "dcgan28", "gan": {}}',
                                       [SCORES, None, {**SCORES, "inception_score": 3.0}]), "m")
     lines = display.headline(data)
-    assert lines[0] == "IS 3  FID 40.25  FID (logits) 1.5  (round 3, 500 images)"
+    assert lines[0] == "IS 3.000  FID 40.25  FID (logits) 1.500  (round 3, 500 images)"
     assert lines[1].startswith("Discriminator probe error: 0.4812 (a progress signal")
     assert not any("validation error" in line for line in lines)
     assert data["latest_scores"]["round"] == 3
