@@ -3,7 +3,12 @@
 
 import sys
 
-from compute_node.cli import main
+from compute_node.threads import limit_threads, threads_from_argv
+
+# Before numpy or torch loads (compute_node.cli imports them): they read it only then.
+limit_threads(threads_from_argv(sys.argv[1:]))
+
+from compute_node.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,16 @@ from client.model_commands import (
     is_generator,
     predict,
 )
-from client.session import ClientError, Endpoint, attach, call, follow_training
+from client.session import (
+    EXIT_CANCELLED,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    ClientError,
+    Endpoint,
+    attach,
+    call,
+    follow_training,
+)
 from training.datapaths import DEFAULT_DATA_ROOT
 from training.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
@@ -35,7 +44,12 @@ from wire.log_limit import setup_logging
 from wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments,\n"
+    "  3 the run was cancelled on the coordinator (client.py cancel, another client,\n"
+    "  the coordinator shutting down), 130 this client cancelled it on Ctrl-C.")
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
+DEFAULT_SCORED = 2000  # images a generator is scored on by `evaluate`
 CONFIG_FLAG = "--config"
 TRAIN_USAGE = (
     "client.py coordinator_ip port data_dir rounds epochs h eta [options]\n"
@@ -105,12 +119,12 @@ def build_train_parser(with_config: bool = False) -> TrainParser:
         prog="client.py", usage=TRAIN_USAGE,
         hints=CONFIG_FORM_HINTS if with_config else POSITIONAL_FORM_HINTS,
         description="Train a model on the coordinator's compute nodes and print the final "
-                    "validation error.\nOther actions: client.py {status,runs,cancel,evaluate,"
-                    "predict} --help.",
+                    "validation error\n(a GAN: its latest IS and FID).\nOther actions: client.py "
+                    f"{{{','.join(SUBCOMMANDS)}}} --help.",
         epilog="Examples:\n"
                "  python client.py localhost 9095 letters 5 15 20 0.0001\n"
                "  python client.py localhost 9095 --config configs/letters_recommended.yaml "
-               "--set delta_avg.eta=0.01",
+               "--set delta_avg.eta=0.01\n" + EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_endpoint(parser)
@@ -155,8 +169,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="momentum of the momentum server optimizer (default 0.9)")
     model.add_argument("--seed", type=arg_types.seed,
                        default=1, help="initialisation seed (default 1)")
-    model.add_argument("--algorithm", default="delta_avg", help="training algorithm")
-    model.add_argument("--model", default="mlp", help="model name")
+    model.add_argument("--algorithm", choices=["delta_avg"], default="delta_avg",
+                       help="training algorithm of the positional form (default delta_avg); "
+                            "sync_sgd, md_gan and fl_gan run from --config")
+    model.add_argument("--model", choices=["mlp"], default="mlp",
+                       help="model of the positional form (default mlp); the GANs (dcgan28, "
+                            "dcgan64, mlpgan28, ...) run from --config")
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -203,8 +221,12 @@ def endpoint_of(args: argparse.Namespace) -> Endpoint:
 def add_output_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress display; print only the result")
-    parser.add_argument("--json", action="store_true",
-                        help="print the result as JSON on stdout (implies no progress display)")
+    add_json_flag(parser, "print the result as JSON on stdout (implies no progress display)")
+
+
+def add_json_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                  text: str = "print JSON on stdout") -> None:
+    parser.add_argument("--json", action="store_true", help=text)
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
@@ -213,10 +235,10 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="progress of a run (default: the latest)")
     add_endpoint(status)
     status.add_argument("run_id", nargs="?", default="", help="run id (default: latest)")
-    add_output_flags(status)
+    add_json_flag(status)
     runs = sub.add_parser("runs", help="list the coordinator's runs")
     add_endpoint(runs)
-    add_output_flags(runs)
+    add_json_flag(runs)
     attach = sub.add_parser("attach", help="follow a running run until it ends (e.g. one "
                                            "resumed after a coordinator restart)")
     add_endpoint(attach)
@@ -232,10 +254,11 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="score a saved model: the MLP's error rate on a "
                                          "labelled file, a generator's IS and FID")
     ev.add_argument("model", help="model or checkpoint file (.npz)")
-    ev.add_argument("--data", default=str(DEFAULT_VALIDATION),
-                    help="MLP: letters CSV with labels (default: %(default)s)")
-    ev.add_argument("--n", type=arg_types.positive_int, default=2000,
-                    help="generator: images scored against held-out MNIST (default 2000)")
+    ev.add_argument("--data", default=None,
+                    help=f"MLP only: letters CSV with labels (default: {DEFAULT_VALIDATION})")
+    ev.add_argument("--n", type=arg_types.positive_int, default=None,
+                    help=f"generator only: images scored against held-out MNIST (default "
+                         f"{DEFAULT_SCORED})")
     ev.add_argument("--json", action="store_true", help="print JSON")
     pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
     pr.add_argument("model", help="model file (.npz)")
@@ -308,15 +331,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_subcommand(args: argparse.Namespace) -> int:
     if args.command == "evaluate":
-        if is_generator(args.model):
-            scores = evaluate_gan(args.model, args.n)
-            print(json.dumps(scores) if args.json else
-                  "  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
-            return 0
-        scores = evaluate(args.model, args.data)
-        print(json.dumps(scores) if args.json else
-              f"error {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")
-        return 0
+        return run_evaluate(args)
     if args.command == "predict":
         print("\n".join(predict(args.model, args.data)))
         return 0
@@ -334,8 +349,28 @@ def run_subcommand(args: argparse.Namespace) -> int:
         with display.ProgressView(quiet=args.quiet or args.json) as view:
             status = attach(endpoint, args.run_id, view, args.poll, args.dead_after)
         display.print_status(status, args.json)
-        return 0 if status.state == "completed" else 1
+        return {"completed": 0, "cancelled": EXIT_CANCELLED}.get(status.state, EXIT_FAILURE)
     elif args.command == "cancel":
         done = call(endpoint, "cancel", ttypes.CancelRunRequest(run_id=args.run_id))
         print("cancelled" if done.cancelled else "the run had already ended")
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """Score a model file; an option that does not apply to its kind is refused (exit 2)."""
+    if is_generator(args.model):
+        if args.data is not None:
+            raise ClientError("--data applies to an MLP; a generator is scored against "
+                              "held-out MNIST (choose how many images with --n)",
+                              exit_code=EXIT_USAGE)
+        scores = evaluate_gan(args.model, args.n or DEFAULT_SCORED)
+        print(json.dumps(scores) if args.json else
+              "  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        return 0
+    if args.n is not None:
+        raise ClientError("--n applies to a generator; an MLP is scored on every row of "
+                          "--data", exit_code=EXIT_USAGE)
+    scores = evaluate(args.model, args.data or str(DEFAULT_VALIDATION))
+    print(json.dumps(scores) if args.json else
+          f"error {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")
     return 0

@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from wire.generated import ttypes
 
+WIDE = 100_000  # the width of a console that is not a terminal: nothing is cut or wrapped
+ROUND_BAR = 16  # characters of the progress bar
+ELAPSED = 7  # "0:00:12"
+ELLIPSIS = "…"
+
+
+def console_for(file: Any) -> Console:
+    """A console on `file`: a terminal's own width, else wide enough never to cut a line
+    (a pipe or a file gets every column of every row)."""
+    console = Console(file=file)
+    return console if console.is_terminal else Console(file=file, width=WIDE)
+
 
 class ProgressView:
-    """A live progress bar fed with RunStatus snapshots; silent in quiet mode."""
+    """Progress fed with RunStatus snapshots on stderr: on a terminal a live bar whose
+    line fits the terminal's width; otherwise one plain line per round (a log that a
+    pipe or a file keeps whole); nothing in quiet mode."""
 
-    def __init__(self, quiet: bool) -> None:
-        self._console = Console(stderr=True)
+    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+        self._console = console or Console(stderr=True)
+        self._quiet = quiet
+        self._live = not quiet and self._console.is_terminal
         self._progress: Progress | None = None
         self._task = None
-        if not quiet:
+        self._last_line = ""
+        if self._live:
             self._progress = Progress(
-                TextColumn("round {task.fields[round]}/{task.total:.0f}"),
-                BarColumn(bar_width=16),
+                TextColumn("{task.fields[head]}"),
+                BarColumn(bar_width=ROUND_BAR),
                 TextColumn("{task.fields[detail]}"),
                 TimeElapsedColumn(),
                 console=self._console,
@@ -38,33 +58,86 @@ class ProgressView:
             self._progress.stop()
 
     def update(self, status: ttypes.RunStatus) -> None:
-        if self._progress is None:
+        if self._quiet:
             return
-        detail = "  ".join(part for part in _progress_parts(status) if part)
+        head = f"round {status.round}/{status.rounds}"
+        if not self._live:
+            self._log_line(head, status)
+            return
+        # the columns are separated by one space each; the rest of the line is the detail's
+        room = self._console.width - len(head) - ROUND_BAR - ELAPSED - 3
+        detail = fit_line(progress_fields(status), room)
         if self._task is None:  # started on the first status, so early errors print alone
             self._progress.start()
-            self._task = self._progress.add_task("train", total=status.rounds, round=0,
+            self._task = self._progress.add_task("train", total=status.rounds, head=head,
                                                  detail=detail)
-        self._progress.update(self._task, completed=status.round, round=status.round,
-                              detail=detail)
+        self._progress.update(self._task, completed=status.round, head=head, detail=detail)
+
+    def _log_line(self, head: str, status: ttypes.RunStatus) -> None:
+        """One line when the round, the state or the message changes (not every poll)."""
+        key = f"{head} {status.state} {status.message or ''}"
+        if key == self._last_line:
+            return
+        self._last_line = key
+        if status.state != "running":
+            head = f"{head} {status.state}"
+        detail = "  ".join(full for full, _, _ in progress_fields(status))
+        self._console.print(f"{head}  {detail}  {_clock(status.elapsed_seconds)}",
+                            soft_wrap=True, highlight=False)
 
     def note(self, message: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(message)
+        if not self._quiet:
+            self._console.print(message, soft_wrap=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+# A field of the progress line: (full text, short text, priority: the largest goes first
+# when the line must shrink).
+Field = tuple[str, str, int]
+
+
+def progress_fields(s: ttypes.RunStatus) -> list[Field]:
+    """The progress line's fields in display order: a waiting message, metrics when
+    known, then unit counts (cancelled and stale only when any)."""
+    fields: list[Field | None] = [
+        (s.message, s.message, 0) if s.state == "running" and s.message else None,
+        (f"epoch {s.epoch:.2f}", f"ep {s.epoch:.1f}", 6) if s.epoch is not None else None,
+        (f"loss {s.train_loss:.4f}", f"loss {s.train_loss:.3f}", 4)
+        if s.train_loss is not None else None,
+        (f"error {s.validation_error:.4f}", f"err {s.validation_error:.4f}", 1)
+        if s.validation_error >= 0 else None,
+        (f"units {s.units_done}/{s.units_total}", f"u {s.units_done}/{s.units_total}", 2),
+        (f"rejected {s.rejected}", f"rej {s.rejected}", 7),
+        (f"failed {s.failed}", f"fail {s.failed}", 5),
+        (f"out {s.in_flight}", f"out {s.in_flight}", 3),
+        (f"cancelled {s.cancelled}", f"canc {s.cancelled}", 8) if s.cancelled else None,
+        (f"stale {s.stale}", f"stale {s.stale}", 9) if s.stale else None,
+    ]
+    return [f for f in fields if f is not None]
+
+
+def fit_line(fields: list[Field], width: int, sep: str = "  ") -> str:
+    """The fields in at most `width` characters: full texts if they fit, else short ones,
+    else without the least important fields; a lone field too long is cut with an
+    ellipsis."""
+    for texts in ([f[0] for f in fields], [f[1] for f in fields]):
+        line = sep.join(texts)
+        if len(line) <= width:
+            return line
+    kept = list(fields)
+    while len(kept) > 1 and len(sep.join(f[1] for f in kept)) > width:
+        kept.remove(max(kept, key=lambda f: f[2]))
+    line = sep.join(f[1] for f in kept)
+    return line if len(line) <= width else line[:max(0, width - 1)] + ELLIPSIS
 
 
 def _progress_parts(s: ttypes.RunStatus) -> list[str]:
-    """The live line: metrics when known, then unit counts (stale/cancelled when any)."""
-    return [
-        s.message if s.state == "running" and s.message else "",  # e.g. waiting for nodes
-        f"epoch {s.epoch:.2f}" if s.epoch is not None else "",
-        f"loss {s.train_loss:.4f}" if s.train_loss is not None else "",
-        f"error {s.validation_error:.4f}" if s.validation_error >= 0 else "",
-        f"units {s.units_done}/{s.units_total}",
-        f"rejected {s.rejected}", f"failed {s.failed}", f"out {s.in_flight}",
-        f"cancelled {s.cancelled}" if s.cancelled else "",
-        f"stale {s.stale}" if s.stale else "",
-    ]
+    """The progress fields' full texts, for the status line."""
+    return [full for full, _, _ in progress_fields(s)]
 
 
 def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
@@ -87,8 +160,18 @@ def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
         "bytes_down": result.bytes_down or 0,
         "aggregation": result.aggregation or "mean",
         "compression": json.loads(result.compression_json or "{}") or NO_COMPRESSION,
+        "gan": "gan" in json.loads(result.model_json or "{}"),
+        "latest_scores": latest_scores(result.history),
         "units": unit_counts(result.final_status),
     }
+
+
+def latest_scores(history: list[ttypes.RoundMetrics]) -> dict[str, float] | None:
+    """The last round's offline scores (IS, FID) with its round number, or None."""
+    scored = [m for m in history if m.scores]
+    if not scored:
+        return None
+    return {"round": scored[-1].round, **scored[-1].scores}
 
 
 def unit_counts(s: ttypes.RunStatus | None) -> dict[str, Any]:
@@ -139,8 +222,9 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    console = Console(file=sys.stdout)
-    console.print(f"Final validation error: {data['validation_error']:.4f}")
+    console = console_for(sys.stdout)
+    for line in headline(data):
+        console.print(line, soft_wrap=True)
     console.print(f"Rounds: {data['rounds']}   Wall time: {data['wall_seconds']:.1f} s   "
                   f"Run: {data['run_id']}")
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
@@ -148,13 +232,37 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
         console.print(units_line(data["units"]), soft_wrap=True)
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
-    console.print(node_table(data["nodes"]))
+    console.print(node_table(data["nodes"], ended=True))
 
 
-def node_table(nodes: list[dict[str, Any]]) -> Table:
+SCORE_LABELS = (("inception_score", "IS", ".3f"), ("fid_features", "FID", ".2f"),
+                ("fid_logits", "FID (logits)", ".3f"))
+PROBE_NOTE = "(a progress signal: about 0.5 when it cannot tell real from generated)"
+
+
+def headline(data: dict[str, Any]) -> list[str]:
+    """The result's first lines: the MLP's validation error; for a GAN its latest IS and
+    FID, and the discriminator's probe error under its own name."""
+    if not data.get("gan"):
+        return [f"Final validation error: {data['validation_error']:.4f}"]
+    scores = data.get("latest_scores")
+    if scores:
+        n = f", {scores['n']:.0f} images" if "n" in scores else ""
+        parts = [f"{label} {scores[key]:{form}}" for key, label, form in SCORE_LABELS
+                 if key in scores]
+        quality = "  ".join(parts) + f"  (round {scores['round']}{n})"
+    else:
+        quality = "IS and FID: not scored (outputs.eval_every is 0)"
+    return [quality,
+            f"Discriminator probe error: {data['validation_error']:.4f} {PROBE_NOTE}"]
+
+
+def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
+    """Counts per node; the state of an ended run's nodes is the one they had at its end
+    (the coordinator stops watching them then), and the column says so."""
     table = Table(title="Units per node")
     table.add_column("node")
-    table.add_column("state")
+    table.add_column("state at end" if ended else "state")
     for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
         table.add_column(column, justify="right")
     for n in nodes:
@@ -167,7 +275,9 @@ def node_table(nodes: list[dict[str, Any]]) -> Table:
 
 def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
     return {"run_id": s.run_id, "state": s.state, "round": s.round, "rounds": s.rounds,
-            "validation_error": s.validation_error, "units_done": s.units_done,
+            # -1 on the wire means "not measured yet": null in JSON
+            "validation_error": s.validation_error if s.validation_error >= 0 else None,
+            "units_done": s.units_done,
             "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
             "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
@@ -185,7 +295,7 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    console = Console(file=sys.stdout)
+    console = console_for(sys.stdout)
     console.print(f"Run {s.run_id}: {s.state}, round {s.round}/{s.rounds}, "
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message and s.state != "running":  # a running run's message is in the line above
@@ -193,18 +303,47 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
         console.print(f"  units by status: {counts}")
-    console.print(node_table(data["nodes"]))
+    console.print(node_table(data["nodes"], ended=s.state != "running"))
     if data["unfinished"]:
-        console.print(unfinished_table(data["unfinished"]))
+        for part in unfinished_view(data["unfinished"], console.width):
+            console.print(part, no_wrap=True, overflow="ellipsis")
 
 
-def unfinished_table(units: list[dict[str, Any]]) -> Table:
-    table = Table(title="Unfinished units")
-    for column in ("round", "unit", "status", "node", "age s", "attempts", "failures",
-                   "last reason"):
-        table.add_column(column)
-    for u in units:
-        table.add_row(str(u["round"]), u["unit"], u["status"], u["node"] or "-",
-                      f"{u['age_seconds']:.1f}", str(u["attempts"]), str(u["failures"]),
-                      u["last_reason"] or "")
+UNFINISHED_COLUMNS = ("round", "unit", "status", "node", "age s", "tries", "fails")
+MIN_REASON = 24  # narrower than this, reasons go on lines of their own under the table
+
+
+def unfinished_view(units: list[dict[str, Any]], width: int = WIDE) -> list[Table | Text]:
+    """The unfinished units, one line each: the last reason gets what the other columns
+    leave of `width` and is cut with an ellipsis beyond it (a pipe gets it whole); when
+    too little is left, the reasons follow the table, one line per unit."""
+    rows = [[str(u["round"]), u["unit"], u["status"], u["node"] or "-",
+             f"{u['age_seconds']:.1f}", str(u["attempts"]), str(u["failures"])]
+            for u in units]
+    reasons = [u["last_reason"] or "" for u in units]
+    room = width - _width_of(_unit_table(rows)) - 2  # the reason column's padding
+    if room >= MIN_REASON:
+        return [_unit_table(rows, reasons, room)]
+    lines = [Text(f"{u['round']} {u['unit']}: {reason}", no_wrap=True, overflow="ellipsis")
+             for u, reason in zip(units, reasons, strict=True) if reason]
+    return [_unit_table(rows), *lines]
+
+
+def _unit_table(rows: list[list[str]], reasons: list[str] | None = None,
+                reason_width: int = 0) -> Table:
+    table = Table(title="Unfinished units", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True, pad_edge=False)
+    for column in UNFINISHED_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    if reasons is not None:
+        table.add_column("last reason", no_wrap=True, overflow="ellipsis",
+                         max_width=reason_width)
+    for i, row in enumerate(rows):
+        table.add_row(*row, *([] if reasons is None else [reasons[i]]))
     return table
+
+
+def _width_of(table: Table) -> int:
+    """The width `table` takes at its natural size."""
+    console = Console(file=io.StringIO(), width=WIDE)
+    return console.measure(table).maximum

@@ -19,12 +19,17 @@ from wire.generated import Coordinator, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, connect
 
 CANCEL_WAIT_SECONDS = 15.0
+# Exit codes of the client (README, "Exit codes"): argparse itself exits 2 on bad arguments.
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)
+EXIT_INTERRUPTED = 130  # Ctrl-C: this client cancelled the run
 
 
 class ClientError(Exception):
     """A failure the user can act on; the message is the one line the client prints."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -86,7 +91,8 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
         _poll(endpoint, request.run_id, train, view, poll_seconds, dead_after)
     except KeyboardInterrupt:
         _cancel(endpoint, request.run_id, train, view)
-        raise ClientError(f"run {request.run_id} cancelled", exit_code=130) from None
+        raise ClientError(f"run {request.run_id} cancelled", exit_code=EXIT_INTERRUPTED) \
+            from None
     return _train_outcome(train, endpoint, request.run_id)
 
 
@@ -153,8 +159,9 @@ def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes
     if isinstance(error, ttypes.TrainingFailed):
         tried = f" (nodes tried: {', '.join(error.nodes_tried)})" if error.nodes_tried else ""
         raise ClientError(f"training failed: {error.message}{tried}")
-    if isinstance(error, (ttypes.InvalidRequest, ttypes.RunCancelled, ttypes.VersionMismatch,
-                          ttypes.Unauthorized)):
+    if isinstance(error, ttypes.RunCancelled):
+        raise ClientError(error.message, exit_code=EXIT_CANCELLED)
+    if isinstance(error, (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)):
         raise ClientError(error.message)
     if isinstance(error, ConnectionFailed):
         raise ClientError(f"cannot reach the coordinator: {error}")

@@ -17,6 +17,7 @@ from compute_node.coordinator_link import (
 from compute_node.faults import CORRUPTIONS, FaultPlan, with_faults
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
+from compute_node.threads import limit_threads
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
@@ -69,6 +70,15 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu",
                         help="where torch models compute: cpu (default), cuda or cuda:N "
                              "(the letters MLP always runs in numpy on the CPU)")
+    parser.add_argument("--threads", type=arg_types.positive_int, default=None, metavar="N",
+                        help="threads of the node's maths (BLAS, torch); default: "
+                             "OMP_NUM_THREADS when set, else 1 (a node computes one unit at "
+                             "a time)")
+    parser.add_argument("--warm-up", default=None, metavar="MODEL",
+                        help="load torch and build MODEL (e.g. dcgan28) in the background at "
+                             "start, before a run asks for it; pings are answered meanwhile "
+                             "(a coordinator asks nodes to warm up before a torch run's "
+                             "first round anyway)")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
@@ -90,6 +100,15 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                         help="with --corrupt-updates: only from the unit after N (default 0)")
     security.add_arguments(parser, serves=True)
     return parser
+
+
+def apply_threads(threads: int | None) -> str:
+    """Set the node's thread count (compute_node.py did it before numpy loaded; this also
+    covers a torch already loaded) and describe it, e.g. '1 thread'."""
+    count = limit_threads(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(count)
+    return f"{count} thread{'s' if count > 1 else ''}"
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -139,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     if device_problem:
         print(f"error: {device_problem}", file=sys.stderr)
         return 2
+    threads = apply_threads(args.threads)
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
     handler = with_faults(
         ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device),
         FaultPlan(args.crash_after_units, args.hang_after_units, args.corrupt_updates,
                   args.corrupt_after_units, args.seed))
+    if args.warm_up:
+        handler.warm_up.start(args.warm_up)  # a background thread: serving starts at once
     if args.pull:
-        return run_pull(handler, args)
+        return run_pull(handler, args, threads)
     try:
         server = ThriftServer(ComputeNode.Processor(handler), args.host, args.port)
     except OSError as exc:
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.port_file:
         write_port_file(args.port_file, server.port)
     print(f"compute node {node_id} listening on {args.host}:{server.port} "
-          f"(load {args.load_prob}, delay {args.load_delay}s)", flush=True)
+          f"(load {args.load_prob}, delay {args.load_delay}s, {threads})", flush=True)
     server.serve_forever()
     print(f"compute node {node_id} stopped", flush=True)
     return 0
@@ -193,7 +215,7 @@ def _register(handler: ComputeNodeHandler, args: argparse.Namespace,
     return link
 
 
-def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace) -> int:
+def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace, threads: str) -> int:
     """Pull mode: lease units from the coordinator until a signal or a refusal."""
     host, port = args.pull
     handler.node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -206,7 +228,7 @@ def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace) -> int:
 
     stop_on_signals(shutdown)
     print(f"compute node {handler.node_id} pulling from {host}:{port} "
-          f"(load {args.load_prob}, delay {args.load_delay}s)", flush=True)
+          f"(load {args.load_prob}, delay {args.load_delay}s, {threads})", flush=True)
     try:
         worker.run()
     except PullStopped as exc:

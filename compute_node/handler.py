@@ -14,6 +14,7 @@ from pathlib import Path
 from compute_node.load import LoadSimulator
 from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
+from compute_node.warm_up import WarmUp
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
@@ -77,6 +78,7 @@ class ComputeNodeHandler(SessionService):
         self._active: dict[tuple[str, str, int], UnitControl] = {}
         self._active_lock = threading.Lock()
         self._batches_done = 0  # batches of the units that have left the node
+        self.warm_up = WarmUp(device)
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
@@ -116,6 +118,8 @@ class ComputeNodeHandler(SessionService):
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         check_protocol_version(request.protocol_version, "node")
+        if request.warm_up:
+            self.warm_up.start(request.warm_up)
         c = self.counters
         with c.lock:
             return ttypes.NodeInfo(
@@ -128,6 +132,7 @@ class ComputeNodeHandler(SessionService):
                 uptime_seconds=time.monotonic() - self.started,
                 delaying=self.delaying(),
                 progress=self.progress(),
+                warming_up=self.warm_up.busy,
             )
 
     def delaying(self) -> list[str]:

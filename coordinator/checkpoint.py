@@ -10,6 +10,7 @@ so a resumed run in deterministic mode ends with the same bits as an uninterrupt
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 from coordinator.records import RoundMetrics, RunRequest
 from training.algorithms.base import Weights
 from training.model_file import ModelFileError, load_model, save_model
+from training.run_outputs import metrics_line
 
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"
@@ -136,7 +138,7 @@ def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
             raise CheckpointError(f"{path}, line {number} is damaged: not a round's metrics")
         rows.append(row)
     kept = [row for row in rows if row.get("round", 0) <= last_round]
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    path.write_text("".join(metrics_line(row) for row in kept), encoding="utf-8")
     return kept
 
 
@@ -145,6 +147,5 @@ def metrics_of(row: dict[str, Any]) -> RoundMetrics:
     core = ("round", "validation_error", "validation_loss", "train_loss", "seconds")
     scores = {k: float(v) for k, v in row.items()
               if k not in core and k != "discarded" and isinstance(v, (int, float))}
-    return RoundMetrics(round=row["round"], validation_error=row["validation_error"],
-                        validation_loss=row["validation_loss"], train_loss=row["train_loss"],
-                        seconds=row["seconds"], scores=scores or None)
+    measured = {k: math.nan if row[k] is None else row[k] for k in core[1:]}  # null: NaN
+    return RoundMetrics(round=row["round"], **measured, scores=scores or None)

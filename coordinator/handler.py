@@ -12,9 +12,10 @@ from coordinator.membership import MemberError, Membership
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.records import InvalidRun, RunFailed, RunStopped
 from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
+from coordinator.run_store import RunStore, RunStoreError, UnfinishedUnit
 from coordinator.status_wire import run_request, run_result, run_status, service_errors
 from coordinator.store_lock import StoreLock
+from coordinator.stored_status import stored_status
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 
@@ -83,11 +84,17 @@ class CoordinatorHandler:
             self._order.append(run.run_id)
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
-        return self._status_of(self._find(request.run_id))
+        """A run of this process from its live progress, an earlier one from the store;
+        without a run id, the latest run."""
+        run = self._live(request.run_id)
+        return self._with_ledger(run_status(run.progress.snapshot()) if run is not None else
+                                 self._stored(request.run_id))
 
     def _status_of(self, run: Run) -> ttypes.RunStatus:
-        """A run's live counts with the store's unit ledger and unfinished units."""
-        status = run_status(run.progress.snapshot())
+        """A live run's counts with the store's unit ledger and unfinished units."""
+        return self._with_ledger(run_status(run.progress.snapshot()))
+
+    def _with_ledger(self, status: ttypes.RunStatus) -> ttypes.RunStatus:
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]
@@ -97,7 +104,10 @@ class CoordinatorHandler:
         return status
 
     def cancel(self, request: ttypes.CancelRunRequest) -> ttypes.CancelRunResult:
-        run = self._find(request.run_id)
+        run = self._live(request.run_id)
+        if run is None:  # a stored run of an earlier process has ended (or is unknown)
+            self._stored(request.run_id)
+            return ttypes.CancelRunResult(cancelled=False)
         cancelled = run.cancel()
         if cancelled:
             log.info("run %s: cancel requested", run.run_id)
@@ -112,7 +122,8 @@ class CoordinatorHandler:
         known = {r.run_id for r in runs}
         for record in self.store.list_runs(limit):
             if len(runs) < limit and record.run_id not in known:
-                runs.append(_stored_status(record))
+                runs.append(stored_status(self.store, record, self.settings.suspect_seconds,
+                                          self.settings.dead_seconds))
         return ttypes.ListRunsResult(runs=runs)
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
@@ -173,14 +184,29 @@ class CoordinatorHandler:
         self.store.close()
         self.lock.release()
 
-    def _find(self, run_id: str) -> Run:
+    def _live(self, run_id: str) -> Run | None:
+        """The run of this process with that id (without one: its latest), or None."""
         with self._lock:
             if not run_id and self._order:
                 run_id = self._order[-1]
-            run = self._runs.get(run_id)
-        if run is None:
-            raise ttypes.UnknownRun(message=f"no run {run_id!r} on this coordinator")
-        return run
+            return self._runs.get(run_id)
+
+    def _stored(self, run_id: str) -> ttypes.RunStatus:
+        """The status of a run the store holds (without a run id: its latest run)."""
+        try:
+            if run_id:
+                record = self.store.get_run(run_id)
+            else:
+                record = next(iter(self.store.list_runs(1)), None)
+            if record is not None:
+                return stored_status(self.store, record, self.settings.suspect_seconds,
+                                     self.settings.dead_seconds)
+        except RunStoreError as exc:
+            raise ttypes.UnknownRun(message=f"run {run_id!r}: the run store cannot be "
+                                            f"read: {exc}") from None
+        if not run_id:
+            raise ttypes.UnknownRun(message="this coordinator has no runs yet")
+        raise ttypes.UnknownRun(message=f"no run {run_id!r} on this coordinator")
 
 
 def _execute_quietly(run: Run) -> None:
@@ -204,16 +230,6 @@ def open_store(settings: CoordinatorSettings) -> tuple[StoreLock, RunStore]:
     except BaseException:
         lock.release()
         raise
-
-
-def _stored_status(record: RunRecord) -> ttypes.RunStatus:
-    """What the store knows of a run this process did not run."""
-    return ttypes.RunStatus(
-        run_id=record.run_id, state=record.state, round=record.rounds_done,
-        rounds=record.rounds, validation_error=-1.0, units_done=0, units_total=0, rejected=0,
-        failed=0, in_flight=0,
-        elapsed_seconds=(record.ended or record.created) - record.created, nodes=[],
-        message=record.message)
 
 
 def _unit_info(unit: UnfinishedUnit) -> ttypes.UnitInfo:

@@ -26,6 +26,7 @@ class NodePing:
 
     delaying: list[str] = field(default_factory=list)  # "run/unit/attempt"
     progress: dict[str, int] = field(default_factory=dict)
+    warming_up: bool = False  # loading libraries or building a model (see warm_up)
 
 
 class NodeClient(Protocol):
@@ -44,7 +45,9 @@ class NodeClient(Protocol):
     def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
         """Tell the node to stop a unit (every attempt when ``attempt`` is None)."""
 
-    def ping(self) -> NodePing: ...
+    def ping(self, warm_up: str | None = None) -> NodePing:
+        """Liveness; `warm_up` names a model the node should get ready for in the
+        background (NodePing.warming_up says when it still is)."""
 
     def send_session(self, run_id: str, session: str, target: NodeAddress,
                      target_session: str, swap_id: int) -> int:

@@ -36,6 +36,9 @@ class RunProgress:
         self.cancelled = 0
         self.epoch: float | None = None
         self.train_loss: float | None = None
+        # The nodes as the run ended: their heartbeats stop with the run, so their live
+        # state would drift to "dead" while they are still up.
+        self._final_nodes: list[NodeSummary] | None = None
 
     def add(self, **counts: int) -> None:
         """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
@@ -60,7 +63,10 @@ class RunProgress:
                 self.message = message
 
     def end(self, state: str, message: str | None = None) -> None:
+        """Mark the run ended; the node summaries are kept as they are at this moment."""
+        nodes = self._node_summaries()
         with self._lock:
+            self._final_nodes = nodes
             self.state = state
             self.message = message
             self.in_flight = 0
@@ -71,7 +77,8 @@ class RunProgress:
             return (self._ended or time.monotonic()) - self._started
 
     def snapshot(self) -> RunSnapshot:
-        nodes = self._node_summaries()
+        frozen = self._final_nodes
+        nodes = frozen if frozen is not None else self._node_summaries()
         elapsed = self.elapsed()
         with self._lock:
             return RunSnapshot(

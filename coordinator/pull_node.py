@@ -95,7 +95,7 @@ class PullNodeClient(SessionRequests):
                     message="cancelled by the coordinator", node_id=self.member.name)
                 self.member.mailbox.withdraw(pending, None)
 
-    def ping(self) -> NodePing:
+    def ping(self, warm_up: str | None = None) -> NodePing:
         raise NodeUnavailable(f"{self.member.name} is a pull node: it calls in, takes no pings")
 
     def forget_connections(self) -> None:

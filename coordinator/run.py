@@ -65,6 +65,7 @@ from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
 from coordinator.tasks import Task, Tensors
 from coordinator.update_filters import NormLimit, round_filters
+from coordinator.warm_up import warm_up_nodes
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.compression import (
@@ -77,7 +78,7 @@ from training.compression import (
 from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
-from training.run_outputs import check_outputs, due, save_curves, save_grid
+from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
 
 log = logging.getLogger("coordinator.run")
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
@@ -250,6 +251,8 @@ class Run:
                                       self.ledger.node_heartbeats).start()
         try:
             self._wait_for_nodes()  # before the engine, whose grace period starts with it
+            if self.algorithm.uses_torch:  # off round 1's clock
+                warm_up_nodes(self.nodes, self.request.model, self.progress, self.cancelled)
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
                                  self.ledger)
@@ -424,7 +427,7 @@ class Run:
                "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
         self._rows.append({k: v for k, v in row.items() if k != "discarded"})
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(metrics_line(row))
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

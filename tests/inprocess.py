@@ -49,10 +49,12 @@ class InProcessNodeClient(SessionRequests):
             self.handler.cancel_unit(ttypes.CancelUnitRequest(run_id=run_id, unit_id=unit_id,
                                                               attempt=attempt))
 
-    def ping(self) -> NodePing:
+    def ping(self, warm_up: str | None = None) -> NodePing:
         with mapped_errors():
-            info = self.handler.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
-        return NodePing(list(info.delaying or []), dict(info.progress or {}))
+            info = self.handler.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION,
+                                                        warm_up=warm_up))
+        return NodePing(list(info.delaying or []), dict(info.progress or {}),
+                        bool(info.warming_up))
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         with mapped_errors():

@@ -107,6 +107,8 @@ struct CancelUnitResult {
 
 struct PingRequest {
   1: required i32 protocol_version,
+  2: optional string warm_up,       // a model the coordinator's run will train: the node
+                                    // loads its libraries and builds it in the background
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -121,6 +123,7 @@ struct NodeInfo {
   8: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
   9: optional map<string, i64> progress, // "run_id/unit_id/attempt" of units held -> the
                                          // node's batches done so far (grows as it works)
+  10: optional bool warming_up,     // still loading libraries / building a model (warm_up)
 }
 
 

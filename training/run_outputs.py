@@ -6,6 +6,7 @@ only when a run writes such a file.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -59,21 +60,45 @@ def save_grid(images: np.ndarray, path: str | os.PathLike, columns: int = 8) -> 
     return target
 
 
+# Row keys that are no metric: the x axis, and the number of images a score was taken on.
+NOT_METRICS = frozenset({"round", "n", "discarded"})
+
+
+def metrics_line(row: Mapping[str, Any]) -> str:
+    """One metrics.jsonl line: JSON proper, so a metric not measured this round (NaN) or
+    not finite is written as null, never as the NaN token JSON does not have."""
+    return json.dumps({k: _json_value(v) for k, v in row.items()}, allow_nan=False) + "\n"
+
+
+def _json_value(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def curve_series(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """Each metric's (rounds, values) over the rows where it was measured (a finite number),
+    in the rows' key order; keys that are no metric are left out."""
+    names = dict.fromkeys(k for row in rows for k in row if k not in NOT_METRICS)
+    series = {}
+    for name in names:
+        kept = [row for row in rows if _is_measured(row.get(name))]
+        if kept:
+            series[name] = ([row["round"] for row in kept], [float(row[name]) for row in kept])
+    return series
+
+
 def save_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """One panel per numeric metric of the rounds' rows (x axis: round)."""
+    """One panel per metric of the rounds' rows (x axis: round), drawn as a line through
+    the rounds where it was measured, with a marker on each."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    names = list(dict.fromkeys(k for row in rows for k, v in row.items()
-                               if k != "round" and _is_number(v)))
-    fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.2 * len(names)), sharex=True,
-                             squeeze=False)
-    for i, name in enumerate(names):
-        rounds = [row["round"] for row in rows if _is_number(row.get(name))]
-        values = [row[name] for row in rows if _is_number(row.get(name))]
-        axes[i, 0].plot(rounds, values, marker=".")
+    series = curve_series(rows)
+    fig, axes = plt.subplots(max(1, len(series)), 1, figsize=(7, 2.2 * max(1, len(series))),
+                             sharex=True, squeeze=False)
+    for i, (name, (rounds, values)) in enumerate(series.items()):
+        axes[i, 0].plot(rounds, values, marker="o", markersize=3, linewidth=1.2)
         axes[i, 0].set_ylabel(name)
         axes[i, 0].grid(alpha=0.3)
     axes[-1, 0].set_xlabel("round")
@@ -84,5 +109,6 @@ def save_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> P
     return target
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_measured(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

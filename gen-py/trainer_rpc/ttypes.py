@@ -1223,13 +1223,15 @@ class PingRequest(object):
     """
     Attributes:
      - protocol_version
+     - warm_up
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, token=None,):
+    def __init__(self, protocol_version=None, warm_up=None, token=None,):
         self.protocol_version = protocol_version
+        self.warm_up = warm_up
         self.token = token
 
     def read(self, iprot):
@@ -1244,6 +1246,11 @@ class PingRequest(object):
             if fid == 1:
                 if ftype == TType.I32:
                     self.protocol_version = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.warm_up = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -1264,6 +1271,10 @@ class PingRequest(object):
         if self.protocol_version is not None:
             oprot.writeFieldBegin('protocol_version', TType.I32, 1)
             oprot.writeI32(self.protocol_version)
+            oprot.writeFieldEnd()
+        if self.warm_up is not None:
+            oprot.writeFieldBegin('warm_up', TType.STRING, 2)
+            oprot.writeString(self.warm_up.encode('utf-8') if sys.version_info[0] == 2 else self.warm_up)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -1301,11 +1312,12 @@ class NodeInfo(object):
      - uptime_seconds
      - delaying
      - progress
+     - warming_up
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None,):
+    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None, warming_up=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.load_prob = load_prob
@@ -1315,6 +1327,7 @@ class NodeInfo(object):
         self.uptime_seconds = uptime_seconds
         self.delaying = delaying
         self.progress = progress
+        self.warming_up = warming_up
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1381,6 +1394,11 @@ class NodeInfo(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.BOOL:
+                    self.warming_up = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1433,6 +1451,10 @@ class NodeInfo(object):
                 oprot.writeString(kiter42.encode('utf-8') if sys.version_info[0] == 2 else kiter42)
                 oprot.writeI64(viter43)
             oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.warming_up is not None:
+            oprot.writeFieldBegin('warming_up', TType.BOOL, 10)
+            oprot.writeBool(self.warming_up)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5116,7 +5138,7 @@ all_structs.append(PingRequest)
 PingRequest.thrift_spec = (
     None,  # 0
     (1, TType.I32, 'protocol_version', None, None, ),  # 1
-    None,  # 2
+    (2, TType.STRING, 'warm_up', 'UTF8', None, ),  # 2
     None,  # 3
     None,  # 4
     None,  # 5
@@ -5228,6 +5250,7 @@ NodeInfo.thrift_spec = (
     (7, TType.DOUBLE, 'uptime_seconds', None, None, ),  # 7
     (8, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 8
     (9, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
+    (10, TType.BOOL, 'warming_up', None, None, ),  # 10
 )
 all_structs.append(SessionRequest)
 SessionRequest.thrift_spec = (

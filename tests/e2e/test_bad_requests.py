@@ -22,7 +22,7 @@ REFUSED = [
      ["argument --server-momentum"]),
     ([*BASE, "--seed", "-1"], 2, ["argument --seed"]),
     (["x" * 300, "2", "2", "8", "0.0001"], 1, ["dataset: a name of 300 characters"]),
-    ([*BASE, "--model", "m" * 100], 1, ["model: a name of 100 characters"]),
+    ([*BASE, "--model", "m" * 100], 2, ["argument --model: invalid choice"]),
 ]
 
 

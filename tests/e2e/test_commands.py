@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from devtools.local_cluster import REPO, python_env, run_client
+from devtools.local_cluster import REPO, python_env, run_client, start_node
 
 
 def run_script(script: str, *args: str, cwd=REPO, timeout: float = 60.0):
@@ -171,7 +171,7 @@ def test_sigterm_stops_the_coordinator_gracefully_and_tells_the_client(cluster):
     finally:
         if client.poll() is None:
             client.kill()
-    assert client.returncode == 1
+    assert client.returncode == 3  # the coordinator cancelled the run
     assert "shutting down" in err
 
 
@@ -183,3 +183,14 @@ def test_a_node_refuses_a_device_it_cannot_use(device, message):
     done = run_script("compute_node.py", "0", "0.1", "--device", device)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_node_started_by_hand_reports_the_threads_it_uses(tmp_path):
+    default = start_node(tmp_path, "plain", 0.0)
+    chosen = start_node(tmp_path, "four", 0.0, "--threads", "4")
+    try:
+        assert "1 thread)" in default.log()
+        assert "4 threads)" in chosen.log()
+    finally:
+        default.stop()
+        chosen.stop()

@@ -27,10 +27,16 @@ def test_a_cancelled_run_frees_its_node_for_the_next_run(cluster):
         cancel = procs.run_client(["cancel", "127.0.0.1", str(cluster.coordinator.port),
                                    "huge"], cluster.workdir, timeout=30)
         assert cancel.returncode == 0, cancel.stderr
-        client.communicate(timeout=30)
+        _, err = client.communicate(timeout=30)
     finally:
         if client.poll() is None:
             client.kill()
+    assert client.returncode == 3, err  # cancelled on the coordinator, by another client
+    assert "cancelled" in err
+    attached = procs.run_client(["attach", "127.0.0.1", str(cluster.coordinator.port)],
+                                cluster.workdir, timeout=30)
+    assert attached.returncode == 3, attached.stderr  # the latest run, which was cancelled
+    assert "Run huge: cancelled" in attached.stdout
     began = time.monotonic()
     result = cluster.train_json(*SMALL, "--run-id", "next", timeout=SERVED_WITHIN)
     assert time.monotonic() - began < SERVED_WITHIN

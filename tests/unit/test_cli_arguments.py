@@ -133,3 +133,32 @@ def test_the_valid_positionals_parse(name, parser, positionals, listens):
                                                 "--grace", "0.5", "--seed", "0"]])
 def test_edge_values_are_accepted(argv):
     coordinator_cli.build_parser().parse_args(argv)
+
+
+def test_the_train_help_names_every_action_the_choices_and_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        client_cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "{status,runs,attach,cancel,evaluate,predict}" in text
+    assert "--algorithm {delta_avg}" in text and "--model {mlp}" in text
+    assert "Exit codes:" in text and "3 the run was cancelled" in text
+
+
+@pytest.mark.parametrize("command", ["status", "runs"])
+def test_status_and_runs_have_no_progress_display_to_quieten(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        client_cli.main([command, "h", "9095", "--quiet"])
+    assert info.value.code == 2 and "unrecognized arguments: --quiet" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_an_option_that_does_not_apply_to_the_model(tmp_path, capsys):
+    from training import mlp
+    from training.model_file import save_model
+
+    spec = mlp.MLPSpec()
+    model = save_model(tmp_path / "m.npz", mlp.init_params(spec),
+                       {"model": "mlp", "spec": spec.to_dict()})
+    assert client_cli.main(["evaluate", str(model), "--n", "100"]) == 2
+    assert "--n applies to a generator" in capsys.readouterr().err
+    assert client_cli.main(["evaluate", str(model)]) == 0
+    assert capsys.readouterr().out.startswith("error ")

@@ -67,3 +67,52 @@ def test_a_second_coordinator_on_the_same_store_is_refused_until_the_first_close
         handler(tmp_path)
     first.close()
     handler(tmp_path).close()
+
+
+def stored_run(coordinator: CoordinatorHandler, run_id: str, rounds_done: int) -> None:
+    """A run recorded as the coordinator records one: 2 units a round on two nodes."""
+    store = coordinator.store
+    store.create_run(run_id, algorithm="delta_avg", model="mlp", dataset="letters", rounds=3)
+    for r in range(1, rounds_done + 1):
+        store.plan_units(run_id, r, ["u1", "u2"])
+        for unit, node in (("u1", "a:1"), ("u2", "b:2")):
+            store.unit_started(run_id, r, unit, 1, node)
+            store.unit_finished(run_id, r, unit, 1, node, "completed")
+            store.node_answer(run_id, node, "completed", delayed=False, samples=10)
+        store.node_answer(run_id, "b:2", "rejected", delayed=False)
+        store.record_round(run_id, r, validation_error=0.5 - r / 10, validation_loss=1.0,
+                           train_loss=0.9, seconds=1.0, completed_units=2, discarded_units=0)
+
+
+def test_after_a_restart_runs_and_status_show_everything_the_store_kept(tmp_path):
+    first = handler(tmp_path)
+    stored_run(first, "old", rounds_done=2)
+    first.store.end_run("old", "cancelled", "cancelled by the client")
+    stored_run(first, "cut", rounds_done=1)  # still running when the coordinator stops
+    first.close()
+    restarted = handler(tmp_path)
+
+    listed = {s.run_id: s for s in restarted.list_runs(ttypes.ListRunsRequest()).runs}
+    old = listed["old"]
+    assert (old.state, old.round, old.rounds) == ("cancelled", 2, 3)
+    assert old.validation_error == pytest.approx(0.3)
+    assert (old.units_done, old.units_total, old.rejected) == (4, 6, 2)
+    assert {n.node: (n.accepted, n.rejected) for n in old.nodes} == {"a:1": (2, 0),
+                                                                     "b:2": (2, 2)}
+    assert all(n.state == "alive" for n in old.nodes)  # they answered as the run ended
+    assert listed["cut"].state == "failed"  # marked when the coordinator started again
+
+    status = restarted.status(ttypes.StatusRequest(run_id="old"))
+    assert (status.run_id, status.units_done, status.message) == (
+        "old", 4, "cancelled by the client")
+    assert status.ledger["completed"] == 4
+    latest = restarted.status(ttypes.StatusRequest(run_id=""))
+    assert latest.run_id == "cut" and latest.validation_error == pytest.approx(0.4)
+    assert restarted.cancel(ttypes.CancelRunRequest(run_id="old")).cancelled is False
+    with pytest.raises(ttypes.UnknownRun, match="no run 'nope'"):
+        restarted.status(ttypes.StatusRequest(run_id="nope"))
+
+
+def test_status_without_a_run_id_on_an_empty_coordinator_says_there_is_none(tmp_path):
+    with pytest.raises(ttypes.UnknownRun, match="has no runs yet"):
+        handler(tmp_path).status(ttypes.StatusRequest(run_id=""))

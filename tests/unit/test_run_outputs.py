@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 from PIL import Image
 
-from training.run_outputs import check_outputs, due, save_curves, save_grid
+from training.run_outputs import (
+    check_outputs,
+    curve_series,
+    due,
+    metrics_line,
+    save_curves,
+    save_grid,
+)
 
 
 def test_output_settings_fill_defaults_and_name_bad_keys():
@@ -39,3 +49,33 @@ def test_curves_plot_every_numeric_metric(tmp_path):
     path = save_curves(rows, tmp_path / "curves.png")
     with Image.open(path) as image:
         assert image.size[1] > image.size[0] * 0.5  # two panels stacked
+
+
+def test_curves_plot_only_measured_metrics_as_lines_through_their_rounds():
+    # eval_every 2: scores and the validation error exist every other round only
+    rows = [{"round": r, "validation_error": 0.5 / r if r % 2 == 0 else math.nan,
+             "train_loss": 1.0 / r, "inception_score": 2.0 + r if r % 2 == 0 else None,
+             "n": 500} for r in range(1, 7)]
+    series = curve_series(rows)
+    assert list(series) == ["validation_error", "train_loss", "inception_score"]  # no n
+    assert series["validation_error"] == ([2, 4, 6], [0.25, 0.125, 0.5 / 6])
+    assert series["train_loss"][0] == [1, 2, 3, 4, 5, 6]
+
+
+def test_metrics_lines_are_json_with_null_for_unmeasured_values():
+    line = metrics_line({"round": 3, "validation_error": math.nan, "fid": math.inf,
+                         "train_loss": 0.25, "discarded": []})
+    assert "NaN" not in line and "Infinity" not in line and line.endswith("\n")
+    assert json.loads(line) == {"round": 3, "validation_error": None, "fid": None,
+                                "train_loss": 0.25, "discarded": []}
+
+
+def test_a_null_metric_reads_back_as_nan_when_a_run_resumes():
+    from coordinator.checkpoint import metrics_of
+
+    row = json.loads(metrics_line({"round": 2, "validation_error": math.nan,
+                                   "validation_loss": math.nan, "train_loss": 0.5,
+                                   "seconds": 1.0, "inception_score": 2.5}))
+    metrics = metrics_of(row)
+    assert math.isnan(metrics.validation_error) and math.isnan(metrics.validation_loss)
+    assert metrics.train_loss == 0.5 and metrics.scores == {"inception_score": 2.5}

@@ -229,6 +229,9 @@ class Algorithm(ABC):
     # False: a unit never runs on two nodes at once (no backup attempts), because running
     # it changes state on the node (a session) that a duplicate would fork.
     allows_backups: ClassVar[bool] = True
+    # True: nodes compute with torch, so they warm up (import it, build the model) before
+    # round 1; False for numpy-only algorithms, whose nodes never load torch.
+    uses_torch: ClassVar[bool] = True
 
     # ------------------------------------------------------------- node half
     @classmethod

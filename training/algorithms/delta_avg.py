@@ -53,6 +53,7 @@ LOCAL_OPTIMIZERS = ("gd", "sgd", "adam")
 class DeltaAveraging(AveragingAlgorithm):
     name = "delta_avg"
     models = ("mlp",)
+    uses_torch = False  # numpy on the nodes
 
     # ------------------------------------------------------------- node half
     @classmethod

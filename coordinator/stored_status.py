@@ -1,0 +1,60 @@
+"""A run's status from the run store alone: what `status` and `runs` show of a run this
+process did not run (one from before a restart), with everything the store kept."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from coordinator.run_store import NodeRecord, RoundRecord, RunRecord, RunStore
+from wire.generated import ttypes
+
+NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
+
+
+def stored_status(store: RunStore, record: RunRecord, suspect_seconds: float,
+                  dead_seconds: float) -> ttypes.RunStatus:
+    """The run's latest metrics, units and per-node counts as the store recorded them;
+    a node's state is the one it had when the run ended, judged from when it was last
+    heard from with the coordinator's suspect and dead thresholds."""
+    rounds = store.list_rounds(record.run_id)
+    nodes = store.node_stats(record.run_id)
+    ended = record.ended if record.ended is not None else time.time()
+    done = sum(r.completed_units for r in rounds)
+    per_round = rounds[-1].completed_units if rounds else 0
+    return ttypes.RunStatus(
+        run_id=record.run_id, state=record.state, round=record.rounds_done,
+        rounds=record.rounds, validation_error=_latest_error(rounds), units_done=done,
+        units_total=done + max(0, record.rounds - len(rounds)) * per_round,
+        rejected=sum(n.rejected for n in nodes), failed=sum(n.failed for n in nodes),
+        in_flight=0, elapsed_seconds=ended - record.created,
+        nodes=[_node_summary(n, ended, suspect_seconds, dead_seconds) for n in nodes],
+        message=record.message, cancelled=sum(n.cancelled for n in nodes),
+        train_loss=_finite(rounds[-1].train_loss) if rounds else None)
+
+
+def _latest_error(rounds: list[RoundRecord]) -> float:
+    """The latest measured validation error (a round may skip it: NaN, stored as NULL)."""
+    for r in reversed(rounds):
+        if _finite(r.validation_error) is not None:
+            return r.validation_error
+    return NO_ERROR
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _node_summary(n: NodeRecord, ended: float, suspect_seconds: float,
+                  dead_seconds: float) -> ttypes.NodeSummary:
+    heard = [t for t in (n.last_heartbeat, n.last_answer) if t is not None]
+    silent = max(0.0, ended - max(heard)) if heard else None
+    if silent is None:
+        state = "unknown"  # never heard from during the run
+    else:
+        state = ("alive" if silent < suspect_seconds else
+                 "suspect" if silent < dead_seconds else "dead")
+    return ttypes.NodeSummary(
+        node=n.node, accepted=n.accepted, rejected=n.rejected, delayed=n.delayed,
+        failed=n.failed, cancelled=n.cancelled, busy_seconds=0.0, state=state,
+        silent_seconds=silent)

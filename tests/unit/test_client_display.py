@@ -1,0 +1,129 @@
+"""What the client prints: summaries, status and runs tables, progress lines."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from client import display
+from wire.generated import ttypes
+
+
+def rendered(renderable: object, width: int = 100) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+NODE = {"node": "localhost:9091", "accepted": 3, "rejected": 1, "delayed": 0, "failed": 0,
+        "cancelled": 0, "state": "alive", "pull": False}
+
+
+def test_the_node_table_of_an_ended_run_labels_the_state_as_at_its_end() -> None:
+    assert "state at end" in rendered(display.node_table([NODE], ended=True))
+    running = rendered(display.node_table([NODE], ended=False))
+    assert "state at end" not in running and "state" in running
+
+
+def result(model_json: str, scores: list[dict | None]) -> ttypes.RunResult:
+    history = [ttypes.RoundMetrics(round=i + 1, validation_error=0.5, validation_loss=0.7,
+                                   train_loss=0.6, seconds=1.0, scores=s)
+               for i, s in enumerate(scores)]
+    return ttypes.RunResult(run_id="r", validation_error=0.4812, rounds=len(history),
+                            wall_seconds=3.0, history=history, nodes=[], weights={},
+                            model_json=model_json)
+
+
+SCORES = {"inception_score": 2.5, "fid_features": 40.25, "fid_logits": 1.5, "n": 500}
+
+
+def test_a_gan_summary_shows_its_latest_is_and_fid_and_names_the_probe() -> None:
+    data = display.result_dict(result('{"model": "dcgan28", "gan": {}}',
+                                      [SCORES, None, {**SCORES, "inception_score": 3.0}]), "m")
+    lines = display.headline(data)
+    assert lines[0] == "IS 3.000  FID 40.25  FID (logits) 1.500  (round 3, 500 images)"
+    assert lines[1].startswith("Discriminator probe error: 0.4812 (a progress signal")
+    assert not any("validation error" in line for line in lines)
+    assert data["latest_scores"]["round"] == 3
+
+
+def test_a_gan_run_without_scores_says_so_and_the_mlp_keeps_its_headline() -> None:
+    gan = display.headline(display.result_dict(result('{"gan": {}}', [None]), "m"))
+    assert gan[0] == "IS and FID: not scored (outputs.eval_every is 0)"
+    mlp = display.headline(display.result_dict(result('{"model": "mlp"}', [None]), "m"))
+    assert mlp == ["Final validation error: 0.4812"]
+
+
+def status(round_index: int, **changes) -> ttypes.RunStatus:
+    fields = dict(run_id="r", state="running", round=round_index, rounds=100,
+                  validation_error=0.1234, units_done=1234, units_total=4000, rejected=123,
+                  failed=4, in_flight=8, elapsed_seconds=75.0, nodes=[], epoch=12.5,
+                  train_loss=0.5678, cancelled=345, stale=2)
+    fields.update(changes)
+    return ttypes.RunStatus(**fields)
+
+
+def test_the_progress_line_shortens_then_drops_its_least_useful_fields_to_fit():
+    fields = display.progress_fields(status(3))
+    full = display.fit_line(fields, 1000)
+    assert full.startswith("epoch 12.50  loss 0.5678  error 0.1234  units 1234/4000")
+    short = display.fit_line(fields, len(full) - 1)
+    assert short.startswith("ep 12.5  loss 0.568  err 0.1234  u 1234/4000  rej 123")
+    narrow = display.fit_line(fields, 30)
+    assert narrow == "err 0.1234  u 1234/4000  out 8" and len(narrow) <= 30
+    assert display.fit_line([("x" * 50, "x" * 40, 0)], 10) == "x" * 9 + "…"
+
+
+def visible_lines(text: str) -> list[str]:
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
+    return [line for line in plain.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_live_progress_line_fits_the_terminal(width):
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    with display.ProgressView(quiet=False, console=console) as view:
+        view.update(status(5, message="nodes warming up: 3 of 4 ready"))
+        view.update(status(6))
+    last = visible_lines(console.file.getvalue())[-1]
+    assert last.startswith("round 6/100") and "err 0.1234" in last
+    assert len(last) <= width
+
+
+def test_progress_to_a_pipe_is_a_whole_line_per_round():
+    console = Console(file=io.StringIO(), width=80, color_system=None)  # not a terminal
+    with display.ProgressView(quiet=False, console=console) as view:
+        for r in (0, 0, 1, 1, 1, 2):
+            view.update(status(r))
+    lines = console.file.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["round 0/100", "round 1/100",
+                                                       "round 2/100"]
+    assert all(line.endswith("stale 2  0:01:15") for line in lines)  # never cut at 80
+
+
+REASON = ("deadline exceeded: no progress for 31.0s (10 x its unit time 3.1s), reclaimed "
+          "and issued again on another node")
+UNIT = {"round": 3, "unit": "train_letters7.txt", "status": "in_progress",
+        "node": "localhost:9091", "age_seconds": 12.3, "attempts": 2, "failures": 1,
+        "last_reason": REASON}
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_unfinished_units_take_one_line_each_in_a_terminal(width):
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    for part in display.unfinished_view([UNIT, UNIT], width):
+        console.print(part, no_wrap=True, overflow="ellipsis")
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines)
+    assert sum("deadline exceeded" in line for line in lines) == 2  # one line per unit
+
+
+def test_a_pipe_gets_every_column_whole():
+    console = display.console_for(io.StringIO())
+    assert console.width == display.WIDE
+    for part in display.unfinished_view([UNIT], console.width):
+        console.print(part, no_wrap=True, overflow="ellipsis")
+    assert REASON in console.file.getvalue()

@@ -1,0 +1,70 @@
+"""Nodes warm up (torch, the run's model) before round 1, answering pings meanwhile."""
+
+from __future__ import annotations
+
+import threading
+
+from compute_node import warm_up as node_warm_up
+from coordinator.progress import RunProgress
+from coordinator.warm_up import warm_up_nodes
+from tests.inprocess import LocalNode
+from tests.waiting import wait_until
+from wire.generated import PROTOCOL_VERSION, ttypes
+
+
+def test_a_node_warms_up_in_the_background_and_says_so_in_its_pings(monkeypatch):
+    release = threading.Event()
+    warmed: list[str] = []
+
+    def slow_warm(model: str, device: str = "cpu") -> None:
+        release.wait(10)
+        warmed.append(model)
+
+    monkeypatch.setattr(node_warm_up, "warm_model", slow_warm)
+    node = LocalNode(0)
+    ping = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION, warm_up="dcgan28-tiny")
+    assert node.handler.ping(ping).warming_up is True  # answered while warming
+    assert node.handler.ping(ping).warming_up is True  # asked again: still the one warm-up
+    release.set()
+    assert wait_until(lambda: not node.handler.warm_up.busy, 10)
+    assert warmed == ["dcgan28-tiny"]
+    plain = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
+    assert node.handler.ping(plain).warming_up is False
+
+
+def test_warming_a_gan_builds_it_and_takes_a_backward_pass():
+    node_warm_up.warm_model("dcgan28-tiny")  # raises if the model cannot be built or run
+
+
+def test_round_one_waits_while_nodes_warm_up_and_progress_says_so(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(node_warm_up, "warm_model", lambda model, device="cpu": release.wait(10))
+    nodes = [LocalNode(0), LocalNode(1)]
+    progress = RunProgress("r1", 1, 1, list)
+    messages: list[str | None] = []
+    done = threading.Event()
+
+    def run() -> None:
+        warm_up_nodes(nodes, "dcgan28-tiny", progress, threading.Event(), poll_seconds=0.01)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert wait_until(lambda: progress.snapshot().message is not None, 10)
+    messages.append(progress.snapshot().message)
+    assert not done.is_set()
+    release.set()
+    assert done.wait(10)
+    assert messages == ["nodes warming up: 0 of 2 ready"]
+    assert progress.snapshot().message is None  # cleared for round 1
+
+
+def test_the_wait_for_warming_nodes_is_bounded(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(node_warm_up, "warm_model", lambda model, device="cpu": release.wait(10))
+    progress = RunProgress("r1", 1, 1, list)
+    try:
+        waited = warm_up_nodes([LocalNode(0)], "m", progress, threading.Event(),
+                               max_seconds=0.05, poll_seconds=0.01)
+    finally:
+        release.set()
+    assert 0.05 < waited < 5
