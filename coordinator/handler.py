@@ -79,6 +79,11 @@ class CoordinatorHandler:
             self._runs[run.run_id] = run
             self._order.append(run.run_id)
 
+    def live_runs(self) -> list[Run]:
+        """The runs of this process, the newest first (read by the dashboard)."""
+        with self._lock:
+            return [self._runs[i] for i in reversed(self._order)]
+
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
         status = run_status(self._find(request.run_id).progress.snapshot())
         try:
