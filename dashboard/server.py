@@ -64,7 +64,7 @@ class Dashboard:
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
                                 lifespan="off", loop="asyncio", http="h11",
                                 limit_concurrency=MAX_CONNECTIONS,
-                                timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                                timeout_keep_alive=KEEP_ALIVE_SECONDS, timeout_graceful_shutdown=2,
                                 ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -47,13 +47,20 @@ function drawChart(title, names, rounds) {
   const width = Math.max(360, box.clientWidth - 12);
   const opts = {
     width, height: 200,
-    scales: {x: {time: false}},
+    scales: {x: {time: false}, y: {range: yRange}},
     axes: [{label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000]},
            {size: 72, values: (u, vals) => vals.map(v => title.startsWith("Bytes") ? fmtBytes(v) : fmtNumber(v, 3))}],
     series: [{label: "round"}, ...names.map((n, i) => ({label: n, stroke: COLORS[i % COLORS.length],
       width: 2, spanGaps: true, points: {show: rounds.round.length < 60}}))],
   };
   charts[title] = {plot: new uPlot(opts, data, box), names};
+}
+
+// uPlot's own range of a flat series is 0..100; a flat series gets a band around its value.
+function yRange(u, min, max) {
+  if (min === null || max === null) return [0, 1];
+  if (min === max) { const pad = Math.abs(min) * 0.1 || 0.1; return [min - pad, max + pad]; }
+  return uPlot.rangeNum(min, max, 0.1, true);
 }
 
 function slug(text) { return text.toLowerCase().replace(/[^a-z0-9]+/g, "-"); }
