@@ -7,7 +7,8 @@ processes on 127.0.0.1, once per mode, alternating. "polled" starts the coordina
 `--dashboard-port 0` and, while the run trains, requests the run's page data
 (/api/runs/<run>) as `--pages` open pages would (each once a second, as the page does),
 the runs list once a second and /metrics once a second. Wall time is the client's
-`wall_seconds` (the coordinator's, from the run's start to its end).
+`wall_seconds` (the coordinator's, from the run's start to its end); CPU is the
+coordinator process's user + system time from its start to the run's end (Linux /proc).
 
     python bench/dashboard_cost.py [--repeats 3] [--pages 4] [--json out.json]
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -43,6 +45,12 @@ def poll(url: str, every: float, stop: threading.Event, counts: list[int]) -> No
         counts.append(1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(mode: str, run_id: str, pages: int, workdir: Path) -> dict:
     nodes = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "WARNING")
              for i in range(NODES)]
@@ -66,8 +74,9 @@ def run_once(mode: str, run_id: str, pages: int, workdir: Path) -> dict:
              "--quiet", "--json"], workdir, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
+        cpu = cpu_seconds(coordinator.popen.pid)
         result = json.loads(done.stdout)
-        return {"mode": mode, "wall_seconds": result["wall_seconds"],
+        return {"mode": mode, "wall_seconds": result["wall_seconds"], "cpu_seconds": cpu,
                 "error": result["validation_error"], "requests": len(counts)}
     finally:
         stop.set()
@@ -93,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.monotonic()
                 results.append(run_once(mode, f"{mode}{repeat}", args.pages, workdir))
                 print(f"{mode:7s} repeat {repeat + 1}: wall {results[-1]['wall_seconds']:.2f} s, "
+                      f"coordinator CPU {results[-1]['cpu_seconds']:.2f} s, "
                       f"error {results[-1]['error']:.4f}, {results[-1]['requests']} requests "
                       f"({time.monotonic() - started:.0f} s with start-up)", flush=True)
     for mode in ("off", "polled"):
         walls = [r["wall_seconds"] for r in results if r["mode"] == mode]
+        cpus = [r["cpu_seconds"] for r in results if r["mode"] == mode]
         print(f"{mode:7s} median wall {statistics.median(walls):.2f} s "
-              f"(min {min(walls):.2f}, max {max(walls):.2f})")
+              f"(min {min(walls):.2f}, max {max(walls):.2f}), median coordinator CPU "
+              f"{statistics.median(cpus):.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -14,7 +14,7 @@ from tests.conftest import Cluster
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver; never downloaded
 CHROMIUM = Path("/usr/bin/chromium")
 RUN = "browsed"
-ROUNDS = 15
+ROUNDS = 12
 WAIT = 20.0  # bound of each wait; they end as soon as the page shows what is awaited
 
 pytestmark = pytest.mark.skipif(not (CHROMEDRIVER.exists() and CHROMIUM.exists()),

@@ -30,6 +30,7 @@ class Dashboard:
     cluster: Cluster
     port: int
     tls: ssl.SSLContext
+    server_flags: list[str]
 
     def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET",
             body: str | None = None) -> tuple[int, http.client.HTTPResponse, str]:
@@ -59,13 +60,19 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     cluster = Cluster(workdir)
     try:
         cluster.add_node(0.0, *server_flags)
-        coordinator = cluster.start_coordinator(2, *server_flags, "--dashboard-port", "0")
-        port = int(coordinator.wait_for(r"dashboard at https://127\.0\.0\.1:(\d+)/").group(1))
+        port = _start_coordinator(cluster, server_flags)
         cluster.train_json("letters", str(ROUNDS), "2", "20", "0.0001", "--run-id", RUN,
                            *flags)
-        yield Dashboard(cluster, port, ssl.create_default_context(cafile=str(certs.ca)))
+        yield Dashboard(cluster, port, ssl.create_default_context(cafile=str(certs.ca)),
+                        server_flags)
     finally:
         cluster.stop()
+
+
+def _start_coordinator(cluster: Cluster, server_flags: list[str]) -> int:
+    """Start the cluster's coordinator with a dashboard; the dashboard's port."""
+    coordinator = cluster.start_coordinator(2, *server_flags, "--dashboard-port", "0")
+    return int(coordinator.wait_for(r"dashboard at https://127\.0\.0\.1:(\d+)/").group(1))
 
 
 @pytest.mark.parametrize("path", ["/api/runs", f"/api/runs/{RUN}", "/metrics",
@@ -179,3 +186,22 @@ def test_a_busy_dashboard_port_stops_the_coordinator_with_one_line(
         capture_output=True, text=True, timeout=60, env=procs.python_env())
     assert result.returncode == 1
     assert f"cannot serve the dashboard on 127.0.0.1:{dashboard.port}" in result.stderr
+
+
+def test_runs_from_before_a_restart_are_listed_from_the_store(dashboard: Dashboard) -> None:
+    """Last in this module: it replaces the coordinator with a new one on the same store."""
+    dashboard.cluster.coordinator.stop()
+    dashboard.port = _start_coordinator(dashboard.cluster, dashboard.server_flags)
+    status, _, text = dashboard.get("/api/runs", dashboard.bearer())
+    assert status == 200
+    [run] = json.loads(text)["runs"]
+    assert (run["run_id"], run["live"], run["state"]) == (RUN, False, "completed")
+    assert run["round"] == ROUNDS and run["algorithm"] == "delta_avg"
+    assert 0 < run["final"]["validation_error"] < 1 and run["wall_seconds"] > 0
+    view = json.loads(dashboard.get(f"/api/runs/{RUN}", dashboard.bearer())[2])
+    assert view["progress"] is None  # no live progress: what the store and files hold
+    assert view["rounds"]["round"] == list(range(1, ROUNDS + 1))
+    assert all(v > 0 for v in view["rounds"]["bytes_up"])
+    [node] = view["nodes"]
+    assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
+    assert node["accepted"] >= 11 * ROUNDS and node["state"] == "-"  # not watched any more
