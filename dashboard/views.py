@@ -45,6 +45,7 @@ class Views:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._cache: dict[Any, tuple[float, Any]] = {}
+        self._ended_rows: dict[str, dict[str, Any]] = {}  # last metrics rows of ended runs
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         """`compute()`'s value, computed at most once per `ttl` seconds for each key.
@@ -79,7 +80,8 @@ class Views:
 
     def _summary(self, run_id: str, run: Run | None, record: RunRecord | None
                  ) -> dict[str, Any]:
-        last = run_files.last_metrics_row(self.run_dir(run_id)) or {}
+        state = run.progress.state if run is not None else getattr(record, "state", None)
+        last = self._last_row(run_id, ended=state not in (None, "running"))
         summary: dict[str, Any] = {
             "run_id": run_id, "live": run is not None,
             "final": {k: v for k, v in last.items() if k not in ("round", "discarded")},
@@ -98,6 +100,19 @@ class Views:
                            wall_seconds=snap.elapsed_seconds, message=snap.message)
             summary.setdefault("started", time.time() - snap.elapsed_seconds)
         return summary
+
+    def _last_row(self, run_id: str, ended: bool) -> dict[str, Any]:
+        """The run's last metrics row; kept once the run has ended, since its file no
+        longer changes (so a long list of old runs is read once, not every period)."""
+        with self._lock:  # a run resumed after it failed writes again: forget its row
+            kept = self._ended_rows.get(run_id) if ended else self._ended_rows.pop(run_id, None)
+        if ended and kept is not None:
+            return kept
+        row = run_files.last_metrics_row(self.run_dir(run_id)) or {}
+        if ended:
+            with self._lock:
+                self._ended_rows[run_id] = row
+        return row
 
     # ------------------------------------------------------------------- one run
     def run(self, run_id: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@ cluster trains: the run, its nodes and its charts appear and update without a re
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,11 +22,11 @@ pytestmark = pytest.mark.skipif(not (CHROMEDRIVER.exists() and CHROMIUM.exists()
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not look for a driver online
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never go online
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
