@@ -106,6 +106,10 @@ def test_the_login_form_sets_a_cookie_that_opens_the_api(dashboard: Dashboard) -
     status, _, text = dashboard.get("/api/runs", {"Cookie": cookie.split(";")[0]})
     assert status == 200
     assert [r["run_id"] for r in json.loads(text)["runs"]] == [RUN]
+    for elsewhere in ("//example.org/", "https://example.org/"):  # only this site's paths
+        status, response, _ = dashboard.get("/login", form, "POST",
+                                            urlencode({"token": TOKEN, "next": elsewhere}))
+        assert status == 303 and response.getheader("Location") == "/"
 
 
 def test_a_token_in_the_address_signs_in_once_and_is_dropped_from_it(
