@@ -7,6 +7,7 @@ import faulthandler
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
@@ -19,13 +20,16 @@ from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
-from dashboard import server as dashboard_server
+from dashboard.options import add_arguments as add_dashboard_arguments
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, write_port_file
 from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
+
+if TYPE_CHECKING:
+    from dashboard.server import Dashboard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_THREADS = 1024  # worker threads of one round; more only exhausts the process
@@ -157,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
     add_limit_arguments(parser)
     security.add_arguments(parser, serves=True)
-    dashboard_server.add_arguments(parser)
+    add_dashboard_arguments(parser)
     return parser
 
 
@@ -248,11 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _dashboard(args: argparse.Namespace,
-               handler: CoordinatorHandler) -> dashboard_server.Dashboard | None:
+def _dashboard(args: argparse.Namespace, handler: CoordinatorHandler) -> Dashboard | None:
     """The dashboard of --dashboard-port, bound but not yet serving; None without one."""
     if args.dashboard_port is None:
         return None
+    from dashboard import server as dashboard_server  # the web stack, only when asked for
+
     settings = dashboard_server.DashboardSettings(
         host=args.dashboard_host, port=args.dashboard_port, token=security.current().token,
         tls_cert=args.tls_cert, tls_key=args.tls_key)

@@ -7,7 +7,6 @@ and a training call never waits on a page. Connections beyond `MAX_CONNECTIONS` 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import socket
 import threading
@@ -20,21 +19,10 @@ from dashboard.access import Access
 from dashboard.app import build_app
 from dashboard.prometheus import TimedHandler, latency_histogram, registry_for
 from dashboard.views import Coordinator, Views
-from wire import arg_types
 
 log = logging.getLogger("coordinator.dashboard")
 MAX_CONNECTIONS = 64
 KEEP_ALIVE_SECONDS = 15
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "dashboard", "a read-only web dashboard and Prometheus /metrics, served by this process")
-    group.add_argument("--dashboard-port", type=arg_types.listen_port, default=None,
-                       metavar="PORT", help="serve the dashboard on this port (0: any free port; "
-                                            "default: no dashboard)")
-    group.add_argument("--dashboard-host", default="127.0.0.1",
-                       help="address the dashboard binds (default 127.0.0.1: this machine only)")
 
 
 @dataclass
