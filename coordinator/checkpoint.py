@@ -26,6 +26,7 @@ from training.run_outputs import metrics_line
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"
 METRICS_FILE = "metrics.jsonl"
+TRAFFIC_KEYS = ("bytes_down", "bytes_up")  # a round's training-call bytes, in each row
 OPTIMIZER_PREFIX = "optimizer."
 REQUEST_FIELDS = ("run_id", "algorithm", "model", "dataset", "rounds", "config_json",
                   "outputs_json")
@@ -145,7 +146,8 @@ def metrics_until(run_dir: Path, last_round: int) -> list[dict[str, Any]]:
 def metrics_of(row: dict[str, Any]) -> RoundMetrics:
     """A RoundMetrics back from a metrics.jsonl row."""
     core = ("round", "validation_error", "validation_loss", "train_loss", "seconds")
+    not_scores = (*core, "discarded", *TRAFFIC_KEYS)
     scores = {k: float(v) for k, v in row.items()
-              if k not in core and k != "discarded" and isinstance(v, (int, float))}
+              if k not in not_scores and isinstance(v, (int, float))}
     measured = {k: math.nan if row[k] is None else row[k] for k in core[1:]}  # null: NaN
     return RoundMetrics(round=row["round"], **measured, scores=scores or None)

@@ -7,6 +7,7 @@ import faulthandler
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
@@ -19,12 +20,16 @@ from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
+from dashboard.options import add_arguments as add_dashboard_arguments
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, write_port_file
 from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
+
+if TYPE_CHECKING:
+    from dashboard.server import Dashboard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_THREADS = 1024  # worker threads of one round; more only exhausts the process
@@ -156,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
     add_limit_arguments(parser)
     security.add_arguments(parser, serves=True)
+    add_dashboard_arguments(parser)
     return parser
 
 
@@ -206,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot open the run store: {exc}", file=sys.stderr)
         return 1
     try:
-        server = ThriftServer(Coordinator.Processor(handler), args.host, args.port)
+        dashboard = _dashboard(args, handler)
+    except OSError as exc:
+        print(f"error: cannot serve the dashboard on {args.dashboard_host}:"
+              f"{args.dashboard_port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    served = dashboard.timed(handler) if dashboard else handler
+    try:
+        server = ThriftServer(Coordinator.Processor(served), args.host, args.port)
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -229,9 +242,26 @@ def main(argv: list[str] | None = None) -> int:
         write_port_file(args.port_file, server.port)
     print(f"coordinator listening on {args.host}:{server.port}, policy {args.policy} "
           f"({POLICY_NAMES[args.policy]}), {len(nodes)} nodes in {args.nodes_file}", flush=True)
+    if dashboard is not None:
+        dashboard.start()
+        print(f"dashboard at {dashboard.url}", flush=True)
     server.serve_forever()
+    if dashboard is not None:
+        dashboard.stop()
     print("coordinator stopped", flush=True)
     return 0
+
+
+def _dashboard(args: argparse.Namespace, handler: CoordinatorHandler) -> Dashboard | None:
+    """The dashboard of --dashboard-port, bound but not yet serving; None without one."""
+    if args.dashboard_port is None:
+        return None
+    from dashboard import server as dashboard_server  # the web stack, only when asked for
+
+    settings = dashboard_server.DashboardSettings(
+        host=args.dashboard_host, port=args.dashboard_port, token=security.current().token,
+        tls_cert=args.tls_cert, tls_key=args.tls_key)
+    return dashboard_server.Dashboard(handler, settings)
 
 
 def _read_nodes(nodes_file: NodesFile) -> list[NodeAddress] | None:

@@ -83,6 +83,11 @@ class CoordinatorHandler:
             self._runs[run.run_id] = run
             self._order.append(run.run_id)
 
+    def live_runs(self) -> list[Run]:
+        """The runs of this process, the newest first (read by the dashboard)."""
+        with self._lock:
+            return [self._runs[i] for i in reversed(self._order)]
+
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
         """A run of this process from its live progress, an earlier one from the store;
         without a run id, the latest run."""

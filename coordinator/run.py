@@ -282,6 +282,10 @@ class Run:
         return {"bytes_up": up, "bytes_down": down, "aggregation": self.aggregation,
                 "compression_json": json.dumps(self.compression.to_dict())}
 
+    def payload_totals(self) -> tuple[int, int]:
+        """(down, up): bytes of the run's training calls so far."""
+        return self._nodes.payload.totals()
+
     def _wait_for_nodes(self) -> None:
         """Hold the first round until --wait-for-nodes nodes have answered."""
         if self.settings.wait_for_nodes <= 0:
@@ -332,6 +336,7 @@ class Run:
         if self._nodes.refresh():  # nodes joined or left since the last round
             engine.set_nodes(self.nodes)
         started = time.monotonic()
+        bytes_before = self.payload_totals()
         units = self.algorithm.plan_round(round_index)
         # compressed once, sent with every unit
         sent_weights = encode_weights(weights, self.compression)
@@ -364,7 +369,9 @@ class Run:
                  round_index, self.request.rounds, evaluation.validation_error,
                  outcome.completed, len(outcome.discarded), metrics.seconds)
         self._score(round_index, weights, metrics)
-        self._append_metrics(metrics, outcome.discarded)
+        (down, up), (down_before, up_before) = self.payload_totals(), bytes_before
+        self._append_metrics(metrics, outcome.discarded,
+                             {"bytes_down": down - down_before, "bytes_up": up - up_before})
         self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
         self.ledger.check()  # a round the store missed must not be checkpointed
         # The checkpoint comes last: it is the commit point a resume starts from, so the
@@ -421,10 +428,13 @@ class Run:
                 "dataset": r.dataset, "rounds": r.rounds, "config": self.algorithm.config,
                 "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
 
-    def _append_metrics(self, metrics: RoundMetrics, discarded: list[str]) -> None:
+    def _append_metrics(self, metrics: RoundMetrics, discarded: list[str],
+                        traffic: dict[str, int]) -> None:
+        """One row of metrics.jsonl; `traffic`: the round's training-call bytes."""
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
-               "seconds": metrics.seconds, **(metrics.scores or {}), "discarded": discarded}
+               "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,
+               "discarded": discarded}
         self._rows.append({k: v for k, v in row.items() if k != "discarded"})
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(metrics_line(row))

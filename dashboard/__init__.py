@@ -1,0 +1,1 @@
+"""The coordinator's read-only web dashboard and Prometheus metrics (`--dashboard-port`)."""

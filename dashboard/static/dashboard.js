@@ -1,0 +1,73 @@
+// Shared helpers of the dashboard pages: polling the JSON API and formatting values.
+"use strict";
+
+const POLL_MS = 1000;
+
+// Calls render(data) with the answer of `url` now and every POLL_MS, one request at a time.
+function poll(url, render) {
+  let busy = false;
+  async function tick() {
+    if (busy) return;
+    busy = true;
+    try {
+      const response = await fetch(url, {cache: "no-store", credentials: "same-origin"});
+      if (response.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname); return; }
+      if (!response.ok) throw new Error(response.status + " " + response.statusText);
+      render(await response.json());
+      document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    } catch (error) {
+      document.getElementById("updated").textContent = "cannot reach the coordinator (" + error.message + ")";
+    } finally {
+      busy = false;
+    }
+  }
+  tick();
+  setInterval(tick, POLL_MS);
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
+  return node;
+}
+
+function stateBadge(state) {
+  return el("span", {class: "state state-" + state}, state);
+}
+
+function fmtNumber(v, digits = 4) {
+  if (v === null || v === undefined) return "–";
+  if (Number.isInteger(v)) return String(v);
+  return Math.abs(v) >= 1000 ? v.toFixed(0) : v.toPrecision(digits);
+}
+
+function fmtSeconds(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 60) return s.toFixed(1) + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+}
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+  return n.toFixed(i ? 1 : 0) + " " + units[i];
+}
+
+function fmtTime(epochSeconds) {
+  return epochSeconds ? new Date(epochSeconds * 1000).toLocaleString() : "–";
+}
+
+// Replaces the rows of a table body; each row is a list of [text or node, class].
+function fillTable(tbody, rows, key) {
+  tbody.replaceChildren(...rows.map(row => {
+    const tr = el("tr", key ? {"data-key": key(row)} : {});
+    for (const [value, cls] of row.cells) tr.append(el("td", cls ? {class: cls} : {}, value));
+    return tr;
+  }));
+}
