@@ -53,6 +53,7 @@ from coordinator.request_checks import (
     check_model_bytes,
     check_units,
 )
+from coordinator.residual_placement import ResidualPlacement
 from coordinator.round_engine import (
     EngineSettings,
     FatalNodeError,
@@ -145,6 +146,10 @@ class Run:
         self._config_json = json.dumps(join_config(self.algorithm.config, self.compression))
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)
+        # topk residuals live on the node that computed a slot: its units go back there
+        self._residuals = ResidualPlacement(
+            lambda unit: self.algorithm.unit_slot(unit, self.algorithm.config)) \
+            if self.compression.keeps_residuals else None
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -329,6 +334,8 @@ class Run:
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         units = self.algorithm.plan_round(round_index)
+        if self._residuals is not None:
+            units = self._residuals.prefer(units)
         # encoded once, sent with every unit
         wire_weights = dict_to_wire(encode_weights(weights, self.compression))
 
@@ -347,6 +354,8 @@ class Run:
                                    check_samples=self.algorithm.check_samples)
         update_started = time.monotonic()
         weights = self.algorithm.apply(weights, outcome.average)
+        if self._residuals is not None:
+            self._residuals.note(units, outcome.placement)
         self.algorithm.after_round(round_index, NodeSessions(
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
