@@ -380,8 +380,10 @@ class Run:
         return weights, metrics
 
     def _engine_settings(self) -> EngineSettings:
-        """No backup attempts for an algorithm whose units change state on their node."""
-        if self.algorithm.allows_backups:
+        """No backup attempts for an algorithm whose units change state on their node, nor
+        with topk updates: a duplicate would update a second residual of the slot, and the
+        part its discarded result sent would be lost to error feedback."""
+        if self.algorithm.allows_backups and not self.compression.keeps_residuals:
             return self.settings.engine
         return replace(self.settings.engine, speculation=False)
 
