@@ -8,6 +8,7 @@ the client's `bytes_up` / `bytes_down`: the training calls' frames, counted at t
 coordinator's transport.
 
     python bench/compression.py [--quick] [--repeats 1] [--rounds 10] [--json out.json]
+                                [--codecs "up topk 1%; up topk 1%, warm-up 4"]
 
 With ``--dcgan-updates U`` it also trains DCGAN-28 on MNIST by sync SGD (K = 3 of 4 units of
 32 images, 4 nodes) for U updates without compression and with fp16 both ways, and scores
@@ -37,6 +38,8 @@ CODECS: list[tuple[str, dict[str, object]]] = [
     ("up int8", {"up": "int8"}),
     ("up topk 1%", {"up": "topk", "topk_fraction": 0.01}),
     ("up topk 5%", {"up": "topk", "topk_fraction": 0.05}),
+    ("up topk 1%, warm-up 4", {"up": "topk", "topk_fraction": 0.01, "topk_warmup_rounds": 4}),
+    ("up topk 5%, warm-up 4", {"up": "topk", "topk_fraction": 0.05, "topk_warmup_rounds": 4}),
     ("up fp16, down fp16", {"up": "fp16", "down": "fp16"}),
 ]
 QUICK_CODECS = {"none", "up fp16", "up int8", "up topk 1%"}
@@ -128,6 +131,19 @@ def table(results: list[tuple[str, dict]]) -> str:
     return "\n".join(rows)
 
 
+def chosen(labels: str | None, quick: bool) -> list[tuple[str, dict[str, object]]]:
+    """The codecs to run: ``labels`` (';'-separated) with none first, else all of them
+    (the quick set with ``quick``); SystemExit names an unknown label."""
+    if labels is None:
+        return [c for c in CODECS if not quick or c[0] in QUICK_CODECS]
+    wanted = {"none", *(label.strip() for label in labels.split(";") if label.strip())}
+    unknown = sorted(wanted - {label for label, _ in CODECS})
+    if unknown:
+        raise SystemExit(f"unknown codec label {unknown[0]!r}; known: "
+                         + "; ".join(label for label, _ in CODECS))
+    return [c for c in CODECS if c[0] in wanted]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -135,13 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10, help="rounds per run (default 10)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs per codec, seeds 1..N (median; default 1)")
+    parser.add_argument("--codecs", default=None, metavar="LABELS",
+                        help="only these codecs, by label, separated by ';' (none always "
+                             "runs first, as the base); labels: "
+                             + "; ".join(label for label, _ in CODECS).replace("%", "%%"))
     parser.add_argument("--json", default=None, help="also write the medians to this file")
     parser.add_argument("--dcgan-updates", type=int, default=0, metavar="U",
                         help="also DCGAN-28 sync SGD for U updates, none against fp16 both "
                              "ways (default 0: skip; 600 as docs/benchmarks.md)")
     args = parser.parse_args(argv)
     rounds = 3 if args.quick else args.rounds
-    codecs = [c for c in CODECS if not args.quick or c[0] in QUICK_CODECS]
+    codecs = chosen(args.codecs, args.quick)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-compression-") as tmp:
         for label, settings in codecs:

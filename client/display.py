@@ -197,7 +197,10 @@ def transfer_line(data: dict[str, Any]) -> str:
     """Bytes moved and how: e.g. 'Bytes up: 1.2 MB  down: 8.4 MB  aggregation: mean
     compression: up topk 0.01, down none'."""
     comp = data["compression"]
-    up = f"{comp['up']} {comp['topk_fraction']:g}" if comp["up"] == "topk" else comp["up"]
+    up = comp["up"]
+    if up == "topk":
+        warmup = comp.get("topk_warmup_rounds", 0)  # absent from runs recorded before it
+        up += f" {comp['topk_fraction']:g}" + (f" (warm-up {warmup})" if warmup else "")
     return (f"Bytes up: {_size(data['bytes_up'])}  down: {_size(data['bytes_down'])}  "
             f"aggregation: {data['aggregation']}  compression: up {up}, down {comp['down']}")
 

@@ -207,7 +207,7 @@ class ComputeNodeHandler(SessionService):
             # Encoded for the wire last, as a node sends whatever its maths produced.
             output = replace(output, update=compress_update(
                 output.update, compression, job.sessions, job.run_id,
-                algorithm.unit_slot(job.unit, job.config)))
+                algorithm.unit_slot(job.unit, job.config), job.round))
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")

@@ -53,6 +53,7 @@ from coordinator.request_checks import (
     check_model_bytes,
     check_units,
 )
+from coordinator.residual_placement import ResidualPlacement
 from coordinator.round_engine import (
     EngineSettings,
     FatalNodeError,
@@ -147,6 +148,10 @@ class Run:
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
+        # topk residuals live on the node that computed a slot: its units go back there
+        self._residuals = ResidualPlacement(
+            lambda unit: self.algorithm.unit_slot(unit, self.algorithm.config)) \
+            if self.compression.keeps_residuals else None
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -338,6 +343,8 @@ class Run:
         started = time.monotonic()
         bytes_before = self.payload_totals()
         units = self.algorithm.plan_round(round_index)
+        if self._residuals is not None:
+            units = self._residuals.prefer(units)
         # compressed once, sent with every unit
         sent_weights = encode_weights(weights, self.compression)
 
@@ -354,6 +361,8 @@ class Run:
         update_started = time.monotonic()
         weights = self.algorithm.aggregate(round_index, weights, outcome.results,
                                            outcome.failures)
+        if self._residuals is not None:
+            self._residuals.note(units, outcome.placement)
         self.algorithm.after_round(round_index, NodeSessions(
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
@@ -380,8 +389,10 @@ class Run:
         return weights, metrics
 
     def _engine_settings(self) -> EngineSettings:
-        """No backup attempts for an algorithm whose units change state on their node."""
-        if self.algorithm.allows_backups:
+        """No backup attempts for an algorithm whose units change state on their node, nor
+        with topk updates: a duplicate would update a second residual of the slot, and the
+        part its discarded result sent would be lost to error feedback."""
+        if self.algorithm.allows_backups and not self.compression.keeps_residuals:
             return self.settings.engine
         return replace(self.settings.engine, speculation=False)
 

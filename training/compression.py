@@ -4,7 +4,9 @@ Settings come from the run configuration's ``compression`` section:
 
 * ``up``: ``none`` | ``fp16`` | ``int8`` | ``topk`` for the updates nodes send back;
 * ``down``: ``none`` | ``fp16`` for the weights sent with every unit;
-* ``topk_fraction``: the share of each tensor's entries ``topk`` sends (default 0.01).
+* ``topk_fraction``: the share of each tensor's entries ``topk`` sends (default 0.01);
+* ``topk_warmup_rounds``: rounds over which ``topk`` starts denser (default 0): round r of
+  them sends max(topk_fraction, 0.25 ** r) of each tensor, then ``topk_fraction``.
 
 A compressed payload is still a name -> array mapping, so it travels in the IDL's existing
 ``Tensor`` list. A floating tensor ``w`` becomes parts named ``w#<codec>#<part>``:
@@ -21,7 +23,14 @@ itself, and the coordinator's update checks run on what it returns.
 
 ``topk`` keeps ERROR FEEDBACK: what a node did not send (the residual) is added to its next
 update of the same run and unit slot, so over the rounds every part of the updates is sent:
-sum of what was sent + the final residual == sum of the raw updates.
+sum of what was sent + the final residual == sum of the raw updates. The coordinator sends
+a slot's units back to the node holding its residual (coordinator/residual_placement.py).
+
+The sparsity WARM-UP is Deep Gradient Compression's (Lin et al., ICLR 2018: density 25 %,
+6.25 %, 1.5625 %, ... over the first epochs): the first updates, computed from the initial
+weights, are the largest and least alike, and a residual left from them would be sent
+rounds later, against weights that have moved on. Warm-up rounds cost more bytes, so the
+run's bytes, not one round's, say what topk saves.
 """
 
 from __future__ import annotations
@@ -39,12 +48,14 @@ Weights = dict[str, np.ndarray]
 UP_CODECS = ("none", "fp16", "int8", "topk")
 DOWN_CODECS = ("none", "fp16")
 DEFAULT_TOPK_FRACTION = 0.01
+WARMUP_BASE = 0.25  # density of warm-up round r: WARMUP_BASE ** r (DGC's schedule)
 SECTION = "compression"  # the run config's section, and its key in a request's config_json
 SEP = "#"
 INT8_MAX = 127
 # A hostile payload could claim a huge shape for a few bytes: refuse before allocating.
 MAX_DECODED_ELEMENTS = 1 << 27
 RESIDUAL_SESSION = "residual/"  # node session name prefix of the error feedback residuals
+KEYS = ("up", "down", "topk_fraction", "topk_warmup_rounds")
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class CompressionSettings:
     up: str = "none"
     down: str = "none"
     topk_fraction: float = DEFAULT_TOPK_FRACTION
+    topk_warmup_rounds: int = 0
 
     @property
     def active(self) -> bool:
@@ -65,6 +77,12 @@ class CompressionSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def fraction_at(self, round_index: int) -> float:
+        """The share of each tensor ``topk`` sends in round ``round_index`` (from 1)."""
+        if 1 <= round_index <= self.topk_warmup_rounds:
+            return max(self.topk_fraction, WARMUP_BASE ** round_index)
+        return self.topk_fraction
+
 
 NONE = CompressionSettings()
 
@@ -74,12 +92,10 @@ def settings_from(raw: Any) -> CompressionSettings:
     if raw is None:
         return NONE
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{SECTION} must be a mapping of up, down and topk_fraction, "
-                          f"got {raw!r}")
-    unknown = sorted(set(raw) - {"up", "down", "topk_fraction"})
+        raise ConfigError(f"{SECTION} must be a mapping of {', '.join(KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown key '{SECTION}.{unknown[0]}'; known: up, down, "
-                          "topk_fraction")
+        raise ConfigError(f"unknown key '{SECTION}.{unknown[0]}'; known: {', '.join(KEYS)}")
     up, down = raw.get("up", "none"), raw.get("down", "none")
     if up not in UP_CODECS:
         raise ConfigError(f"{SECTION}.up: unknown codec {up!r}; known: {', '.join(UP_CODECS)}")
@@ -91,7 +107,11 @@ def settings_from(raw: Any) -> CompressionSettings:
             or not 0 < fraction <= 1):
         raise ConfigError(f"{SECTION}.topk_fraction must be a number in (0, 1], "
                           f"got {fraction!r}")
-    return CompressionSettings(up, down, float(fraction))
+    warmup = raw.get("topk_warmup_rounds", 0)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 1000:
+        raise ConfigError(f"{SECTION}.topk_warmup_rounds must be an integer in 0..1000, "
+                          f"got {warmup!r}")
+    return CompressionSettings(up, down, float(fraction), warmup)
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], CompressionSettings]:
@@ -281,14 +301,16 @@ class Residual:
 
 
 def compress_update(update: Mapping[str, np.ndarray], settings: CompressionSettings,
-                    sessions: Any, run_id: str, slot: str) -> Weights:
-    """A node's update as it goes on the wire. With ``topk`` the residual of (run, slot)
-    lives in the node's session store (compute_node/sessions.py) between units."""
+                    sessions: Any, run_id: str, slot: str, round_index: int = 0) -> Weights:
+    """A node's update of round ``round_index`` as it goes on the wire. With ``topk`` the
+    residual of (run, slot) lives in the node's session store (compute_node/sessions.py)
+    between units."""
+    fraction = settings.fraction_at(round_index)
     if settings.up != "topk" or sessions is None:
-        return compress(update, settings.up, settings.topk_fraction)[0]
+        return compress(update, settings.up, fraction)[0]
     with sessions.use(run_id, RESIDUAL_SESSION + slot) as session:
         if not isinstance(session.state, Residual):
             session.state = Residual()
-        payload, session.state.tensors = compress(update, "topk", settings.topk_fraction,
+        payload, session.state.tensors = compress(update, "topk", fraction,
                                                   session.state.tensors)
     return payload

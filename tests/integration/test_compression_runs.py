@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
 from devtools.local_cluster import REPO, run_client, start_pull_node
 
 RECOMMENDED = ["--config", str(REPO / "configs" / "letters_recommended.yaml"),
@@ -38,6 +42,7 @@ def test_each_codec_trains_letters_and_the_client_reports_the_bytes(cluster):
     assert runs["int8"]["bytes_up"] < plain["bytes_up"] / 7
     assert runs["topk"]["bytes_up"] * 10 <= plain["bytes_up"]
     assert runs["topk"]["compression"]["topk_fraction"] == 0.01
+    _each_slot_stayed_on_one_node(cluster.workdir / "runs" / "runs.db")
 
     down = _run(cluster, "compression.down=fp16")
     assert down["compression"]["down"] == "fp16"
@@ -49,6 +54,21 @@ def test_each_codec_trains_letters_and_the_client_reports_the_bytes(cluster):
     assert summary.returncode == 0, summary.stderr
     assert "Bytes up: " in summary.stdout and "compression: up int8, down none" \
         in summary.stdout and "aggregation: mean" in summary.stdout
+
+
+def _each_slot_stayed_on_one_node(store: Path) -> None:
+    """The latest run's units (topk): every round's unit of a slot ran on the node that
+    holds the slot's residual, once (no backup attempt on another node)."""
+    with closing(sqlite3.connect(store)) as db:
+        run_id = db.execute("SELECT id FROM runs ORDER BY created DESC LIMIT 1").fetchone()[0]
+        rows = db.execute("SELECT unit_id, round, node FROM attempts WHERE run_id = ?",
+                          (run_id,)).fetchall()
+    nodes: dict[str, set[str]] = {}
+    for unit_id, _, node in rows:
+        nodes.setdefault(unit_id, set()).add(node)
+    assert len(rows) == 3 * 11 and len(nodes) == 11, rows
+    assert all(len(held) == 1 for held in nodes.values()), nodes
+    assert len(set().union(*nodes.values())) == 2  # both nodes hold some slots
 
 
 def test_bad_compression_settings_are_refused_before_the_run_starts(cluster):

@@ -130,6 +130,42 @@ def test_error_feedback_is_kept_per_run_and_slot() -> None:
     assert second.sum() == pytest.approx(1.0)
 
 
+def test_warmup_sends_a_denser_share_in_the_first_rounds() -> None:
+    """Round r of the warm-up: max(fraction, 0.25 ** r) of each tensor (DGC's schedule)."""
+    settings = CompressionSettings(up="topk", topk_fraction=0.01, topk_warmup_rounds=4)
+    assert [settings.fraction_at(r) for r in range(1, 7)] == [0.25, 0.0625, 0.015625, 0.01,
+                                                             0.01, 0.01]
+    assert CompressionSettings(up="topk", topk_fraction=0.1,
+                               topk_warmup_rounds=4).fraction_at(2) == 0.1
+    assert CompressionSettings(up="topk").fraction_at(1) == 0.01  # no warm-up by default
+
+
+def test_warmup_rounds_keep_error_feedback_exact() -> None:
+    """Each round sends the top max(fraction, 0.25 ** r) of update + residual (numpy
+    reference), and what was sent + the residual still adds up to the raw updates."""
+    store = SessionStore()
+    settings = CompressionSettings(up="topk", topk_fraction=0.01, topk_warmup_rounds=3)
+    raw_sum = np.zeros(400)
+    sent_sum = np.zeros(400)
+    residual = np.zeros(400)
+    for round_index in range(1, 6):
+        update = np.random.default_rng(round_index).normal(size=400)
+        raw_sum += update
+        sent = decompress(compress_update({"x": update}, settings, store, "run1", "u",
+                                          round_index))["x"]
+        k = int(np.ceil(max(0.01, 0.25 ** round_index) * 400)) if round_index <= 3 else 4
+        total = update + residual
+        expected = np.zeros(400)
+        top = np.argsort(-np.abs(total))[:k]
+        expected[top] = total[top]
+        np.testing.assert_allclose(sent, expected, rtol=0, atol=1e-12)
+        residual = total - expected
+        sent_sum += sent
+    with store.use("run1", "residual/u") as session:
+        np.testing.assert_allclose(session.state.tensors["x"], residual, atol=1e-12)
+    np.testing.assert_allclose(sent_sum + residual, raw_sum, atol=1e-9)
+
+
 def test_a_spoiled_residual_is_not_kept() -> None:
     payload, residual = compress({"x": np.array([np.nan, np.inf, 1.0, 2.0])}, "topk", 0.25)
     assert not np.isfinite(payload["x#topk#values"]).all()  # sent, so the update is refused
@@ -168,6 +204,8 @@ def test_malformed_payloads_are_refused(payload: dict, fragment: str) -> None:
     ({"up": "topk", "topk_fraction": 0}, "compression.topk_fraction"),
     ({"up": "topk", "topk_fraction": 1.5}, "compression.topk_fraction"),
     ({"upp": "fp16"}, "compression.upp"),
+    ({"up": "topk", "topk_warmup_rounds": -1}, "compression.topk_warmup_rounds"),
+    ({"up": "topk", "topk_warmup_rounds": 2.0}, "compression.topk_warmup_rounds"),
 ])
 def test_bad_settings_name_the_key(raw: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
@@ -177,7 +215,7 @@ def test_bad_settings_name_the_key(raw: dict, fragment: str) -> None:
 def test_settings_travel_in_the_config_only_when_on() -> None:
     config, settings = split_config({"eta": 0.1})
     assert settings == NONE and join_config(config, settings) == {"eta": 0.1}
-    on = settings_from({"up": "topk", "topk_fraction": 1})
+    on = settings_from({"up": "topk", "topk_fraction": 1, "topk_warmup_rounds": 3})
     joined = join_config(config, on)
     assert split_config(joined) == (config, on)
 
@@ -250,7 +288,8 @@ def test_the_run_config_sends_compression_only_when_a_codec_is_on() -> None:
     assert "compression" not in plain.algorithm_config()
     on = load_run_config(None, ["compression.up=topk", "compression.topk_fraction=0.05"])
     sent = on.algorithm_config()["compression"]
-    assert sent == {"up": "topk", "down": "none", "topk_fraction": 0.05}
+    assert sent == {"up": "topk", "down": "none", "topk_fraction": 0.05,
+                    "topk_warmup_rounds": 0}
     assert split_config(on.algorithm_config())[1] == settings_from(sent)
     with pytest.raises(RunConfigError, match="compression.topk_fraction must be a number"):
         load_run_config(None, ["compression.topk_fraction=lots"])
