@@ -148,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "ones; its unit goes to another node (0: no limit) "
                              f"(default {EngineSettings.max_update_norm:g})")
     parser.add_argument("--deterministic", action="store_true",
-                        help="combine each round's results in unit order, not arrival order, so "
-                             "repeated runs give the same bits")
+                        help="rounds that need K of N units run their first K units, not "
+                             "the first K to finish, so repeated runs give the same bits "
+                             "(results are combined in unit order in every mode)")
     parser.add_argument("--seed", type=arg_types.seed,
                         default=None, help="seed of the scheduling policy")
     parser.add_argument("--resume", default=None, metavar="RUN_ID",

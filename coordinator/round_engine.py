@@ -64,7 +64,7 @@ class EngineSettings:
     speculate_after: float | None = None  # backup threshold floor; None: the policy's
     max_unit_failures: int = 3
     grace_seconds: float = 30.0
-    deterministic: bool = False
+    deterministic: bool = False  # K-of-N rounds run their first K units (see run_round)
     deadline_floor: float = 30.0  # a unit's deadline: factor x the usual unit time,
     deadline_factor: float = 10.0  # at least the floor ...
     deadline_cap: float = 300.0  # ... and at most the cap
@@ -151,7 +151,11 @@ class RoundEngine:
                   filters: Sequence[UpdateFilter] = DEFAULT_FILTERS,
                   earlier_attempts: Mapping[str, int] | None = None) -> RoundOutcome:
         """Run the units until `quorum` are in; returns the results and failed units. A
-        result that one of ``filters`` refuses is a failure of its node."""
+        result that one of ``filters`` refuses is a failure of its node. In deterministic
+        mode a K-of-N round runs its first K units only, so which results it uses does not
+        depend on timing (the others are left unsettled: the ledger cancels them)."""
+        if self.settings.deterministic:
+            units = units[:quorum]
         self._filters = list(filters)
         for update_filter in self._filters:
             update_filter.start_round(quorum, len(self.nodes))

@@ -88,6 +88,15 @@ def test_every_unit_completes_although_one_node_always_rejects():
         np.testing.assert_allclose(mean(outcome)[name], expected[name], rtol=1e-10)
 
 
+def test_deterministic_k_of_n_rounds_use_their_first_k_units():
+    nodes = [LocalNode(0), LocalNode(1)]
+    eng, progress, _ = engine(nodes, deterministic=True)
+    outcome = eng.run_round(1, units(6), 3, build)
+    assert [r.unit.unit_id for r in outcome.results] == [u.unit_id for u in units(3)]
+    assert sum(node.calls for node in nodes) == 3  # the other units never start
+    assert progress.snapshot().units_done == 3
+
+
 def test_a_dead_node_is_benched_and_its_units_go_elsewhere():
     dead = LocalNode(0, fail_with=ConnectionFailed("cannot connect to local:10000: refused"))
     nodes = [dead, LocalNode(1)]
