@@ -98,6 +98,9 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--corrupt-after-units", type=arg_types.non_negative_int,
                         default=0, metavar="N",
                         help="with --corrupt-updates: only from the unit after N (default 0)")
+    parser.add_argument("--slowdown", type=arg_types.factor, default=1.0, metavar="F",
+                        help="fault injection for tests: every unit takes F times as long as "
+                             "its maths, like a slower machine (default 1: no slowdown)")
     security.add_arguments(parser, serves=True)
     return parser
 
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = with_faults(
         ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device),
         FaultPlan(args.crash_after_units, args.hang_after_units, args.corrupt_updates,
-                  args.corrupt_after_units, args.seed))
+                  args.corrupt_after_units, args.seed, args.slowdown))
     if args.warm_up:
         handler.warm_up.start(args.warm_up)  # a background thread: serving starts at once
     if args.pull:

@@ -2,7 +2,9 @@
 
 `FaultyNode` serves what `ComputeNodeHandler` serves and breaks it on purpose: crash the
 process (`--crash-after-units`), hang a unit until it is cancelled (`--hang-after-units`),
-or spoil what a unit returns (`--corrupt-updates`, from `--corrupt-after-units` on). The
+slow every unit down (`--slowdown F`: its maths takes F times as long, like a slower
+machine), or spoil what a unit returns (`--corrupt-updates`, from `--corrupt-after-units`
+on). The
 spoilt results are those a broken node might send (NaN values, a wrong shape, a huge
 norm, an impossible sample count) or a Byzantine one (an update sign-flipped and scaled
 by 10, scaled by 100, or replaced by noise of its norm), for robust aggregation. The
@@ -17,6 +19,7 @@ import math
 import os
 import threading
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -47,11 +50,12 @@ class FaultPlan:
     corrupt: str | None = None  # one of CORRUPTIONS
     corrupt_after_units: int = 0
     seed: int | None = None  # of the `random` corruption's noise
+    slowdown: float = 1.0  # a unit takes this many times its maths' time
 
     @property
     def any(self) -> bool:
         return (self.crash_after_units is not None or self.hang_after_units is not None
-                or self.corrupt is not None)
+                or self.corrupt is not None or self.slowdown > 1.0)
 
 
 def with_faults(handler: ComputeNodeHandler, plan: FaultPlan) -> Any:
@@ -99,10 +103,20 @@ class FaultyNode:
         if _after(self._plan.hang_after_units, seen):
             job.control.cancelled.wait(HANG_SECONDS)  # silent, yet answering pings
             raise UnitCancelled("hung on purpose (--hang-after-units) until cancelled")
+        began = monotonic()
         output = run_unit(algorithm, job, data_dir)
+        if self._plan.slowdown > 1.0:
+            _stretch(job, (self._plan.slowdown - 1.0) * (monotonic() - began))
         if self._plan.corrupt and seen > self._plan.corrupt_after_units:
             output = corrupt_output(output, self._plan.corrupt, self._rng)
         return output
+
+
+def _stretch(job: UnitJob, seconds: float) -> None:
+    """Hold the unit `seconds` more, as a slower machine would (idle, so the node's CPU
+    stays free for the others on this one); a cancel ends the wait and the unit."""
+    if job.control.cancelled.wait(seconds):
+        raise UnitCancelled("cancelled while slowed down (--slowdown)")
 
 
 def _after(limit: int | None, seen: int) -> bool:

@@ -65,6 +65,7 @@ probability = float_range(0.0, 1.0, low_inclusive=True)
 positive_float = float_range(0.0, 1e12, low_inclusive=False)
 non_negative_float = float_range(0.0, 1e12, low_inclusive=True)
 non_negative_seconds = float_range(0.0, MAX_SECONDS, low_inclusive=True)
+factor = float_range(1.0, 1000.0, low_inclusive=True)  # how many times slower, at least 1
 
 NUMERIC_TYPES = (listen_port, port, positive_int, non_negative_int, seed, seconds,
-                 probability, positive_float, non_negative_float, non_negative_seconds)
+                 probability, positive_float, non_negative_float, non_negative_seconds, factor)

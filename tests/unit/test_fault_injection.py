@@ -8,10 +8,14 @@ import threading
 import numpy as np
 import pytest
 
+from compute_node import faults
 from compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faults
 from compute_node.handler import ComputeNodeHandler
 from tests.unit.test_node_handler import handler, request
 from tests.waiting import wait_until
+from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
+from training.algorithms.delta_avg import DeltaAveraging
+from training.cancel import UnitCancelled, UnitControl
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
 
@@ -76,3 +80,41 @@ def test_a_wrapped_node_hangs_until_cancelled_and_still_answers_pings():
     node.cancel_unit(ttypes.CancelUnitRequest(run_id="r", unit_id="u1", attempt=1))
     worker.join(30)
     assert answers and answers[0].outcome == ttypes.UnitOutcome.CANCELLED
+
+
+class RecordedWait(threading.Event):
+    """A cancel flag that records how long a unit waited on it instead of waiting."""
+
+    def __init__(self, cancelled: bool) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+        if cancelled:
+            self.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["runs", "cancelled"])
+def test_a_slowed_node_holds_each_unit_its_maths_time_times_the_factor_less_one(
+        monkeypatch, cancelled):
+    clock = iter([10.0, 10.5])  # the maths takes 0.5 s
+    monkeypatch.setattr(faults, "monotonic", lambda: next(clock))
+    output = UnitOutput(update={}, num_samples=1, loss=0.0, error=0.0)
+    monkeypatch.setattr(faults, "run_unit", lambda algorithm, job, data_dir: output)
+    node = with_faults(handler(), FaultPlan(slowdown=3.0))
+    flag = RecordedWait(cancelled)
+    job = UnitJob("r", 1, UnitSpec("u1", "f"), "mlp", {}, {},
+                  control=UnitControl(cancelled=flag))
+    if cancelled:
+        with pytest.raises(UnitCancelled):
+            node._run_unit(DeltaAveraging, job, None)
+    else:
+        assert node._run_unit(DeltaAveraging, job, None) is output
+    assert flag.waits == [pytest.approx(1.0)]  # (3 - 1) x 0.5 s, ended early by a cancel
+
+
+def test_no_slowdown_leaves_the_handler_unwrapped():
+    plain = handler()
+    assert with_faults(plain, FaultPlan(slowdown=1.0)) is plain
