@@ -10,9 +10,9 @@ from pathlib import Path
 
 from coordinator.membership import MemberError, Membership
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
-from coordinator.records import InvalidRun, RunFailed, RunStopped
+from coordinator.records import InvalidRun, RunFailed, RunSnapshot, RunStopped
 from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunStore, RunStoreError, UnfinishedUnit
+from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
 from coordinator.status_wire import run_request, run_result, run_status, service_errors
 from coordinator.store_lock import StoreLock
 from coordinator.stored_status import stored_status
@@ -51,8 +51,7 @@ class CoordinatorHandler:
                       nodes_source=self.file_nodes, membership=self.membership)
             self._add(run)
             result = run_result(run.execute())
-        # The summary's counts are the status call's, from the same records.
-        result.final_status = self._status_of(run)
+        result.final_status = self._with_ledger(run_status(run.progress.snapshot()))
         return result
 
     def file_nodes(self) -> list[NodeAddress]:
@@ -92,14 +91,12 @@ class CoordinatorHandler:
         """A run of this process from its live progress, an earlier one from the store;
         without a run id, the latest run."""
         run = self._live(request.run_id)
-        return self._with_ledger(run_status(run.progress.snapshot()) if run is not None else
-                                 self._stored(request.run_id))
-
-    def _status_of(self, run: Run) -> ttypes.RunStatus:
-        """A live run's counts with the store's unit ledger and unfinished units."""
-        return self._with_ledger(run_status(run.progress.snapshot()))
+        snapshot = run.progress.snapshot() if run is not None else self._stored(request.run_id)
+        return self._with_ledger(run_status(snapshot))
 
     def _with_ledger(self, status: ttypes.RunStatus) -> ttypes.RunStatus:
+        """``status`` with the store's unit ledger and unfinished units: what `status` and
+        the final summary report, from the same records."""
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]
@@ -121,14 +118,11 @@ class CoordinatorHandler:
     def list_runs(self, request: ttypes.ListRunsRequest) -> ttypes.ListRunsResult:
         """Runs of this process live, then the store's earlier ones (before a restart)."""
         limit = request.limit or 50
-        with self._lock:
-            live = [self._runs[i] for i in reversed(self._order)]
-        runs = [run_status(run.progress.snapshot()) for run in live[:limit]]
+        runs = [run_status(run.progress.snapshot()) for run in self.live_runs()[:limit]]
         known = {r.run_id for r in runs}
         for record in self.store.list_runs(limit):
             if len(runs) < limit and record.run_id not in known:
-                runs.append(stored_status(self.store, record, self.settings.suspect_seconds,
-                                          self.settings.dead_seconds))
+                runs.append(run_status(self._stored_snapshot(record)))
         return ttypes.ListRunsResult(runs=runs)
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
@@ -196,7 +190,11 @@ class CoordinatorHandler:
                 run_id = self._order[-1]
             return self._runs.get(run_id)
 
-    def _stored(self, run_id: str) -> ttypes.RunStatus:
+    def _stored_snapshot(self, record: RunRecord) -> RunSnapshot:
+        return stored_status(self.store, record, self.settings.suspect_seconds,
+                             self.settings.dead_seconds)
+
+    def _stored(self, run_id: str) -> RunSnapshot:
         """The status of a run the store holds (without a run id: its latest run)."""
         try:
             if run_id:
@@ -204,8 +202,7 @@ class CoordinatorHandler:
             else:
                 record = next(iter(self.store.list_runs(1)), None)
             if record is not None:
-                return stored_status(self.store, record, self.settings.suspect_seconds,
-                                     self.settings.dead_seconds)
+                return self._stored_snapshot(record)
         except RunStoreError as exc:
             raise ttypes.UnknownRun(message=f"run {run_id!r}: the run store cannot be "
                                             f"read: {exc}") from None

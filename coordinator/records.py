@@ -23,8 +23,8 @@ class NodeSummary:
     busy_seconds: float
     compute_seconds: float
     delay_seconds: float
-    state: str  # alive, suspect or dead
-    silent_seconds: float
+    state: str  # alive, suspect or dead (unknown: a stored node never heard from)
+    silent_seconds: float | None  # None: never heard from
     pull: bool
 
 

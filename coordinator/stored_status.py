@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 import time
 
+from coordinator.records import NodeSummary, RunSnapshot
 from coordinator.run_store import NodeRecord, RoundRecord, RunRecord, RunStore
-from wire.generated import ttypes
 
 NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
 
 
 def stored_status(store: RunStore, record: RunRecord, suspect_seconds: float,
-                  dead_seconds: float) -> ttypes.RunStatus:
+                  dead_seconds: float) -> RunSnapshot:
     """The run's latest metrics, units and per-node counts as the store recorded them;
     a node's state is the one it had when the run ended, judged from when it was last
     heard from with the coordinator's suspect and dead thresholds."""
@@ -22,7 +22,7 @@ def stored_status(store: RunStore, record: RunRecord, suspect_seconds: float,
     ended = record.ended if record.ended is not None else time.time()
     done = sum(r.completed_units for r in rounds)
     per_round = rounds[-1].completed_units if rounds else 0
-    return ttypes.RunStatus(
+    return RunSnapshot(
         run_id=record.run_id, state=record.state, round=record.rounds_done,
         rounds=record.rounds, validation_error=_latest_error(rounds), units_done=done,
         units_total=done + max(0, record.rounds - len(rounds)) * per_round,
@@ -46,7 +46,7 @@ def _finite(value: float | None) -> float | None:
 
 
 def _node_summary(n: NodeRecord, ended: float, suspect_seconds: float,
-                  dead_seconds: float) -> ttypes.NodeSummary:
+                  dead_seconds: float) -> NodeSummary:
     heard = [t for t in (n.last_heartbeat, n.last_answer) if t is not None]
     silent = max(0.0, ended - max(heard)) if heard else None
     if silent is None:
@@ -54,7 +54,7 @@ def _node_summary(n: NodeRecord, ended: float, suspect_seconds: float,
     else:
         state = ("alive" if silent < suspect_seconds else
                  "suspect" if silent < dead_seconds else "dead")
-    return ttypes.NodeSummary(
+    return NodeSummary(
         node=n.node, accepted=n.accepted, rejected=n.rejected, delayed=n.delayed,
-        failed=n.failed, cancelled=n.cancelled, busy_seconds=0.0, state=state,
-        silent_seconds=silent)
+        failed=n.failed, cancelled=n.cancelled, busy_seconds=0.0, compute_seconds=0.0,
+        delay_seconds=0.0, state=state, silent_seconds=silent, pull=False)
