@@ -3,6 +3,8 @@ node's counters follow from it together."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,56 +28,64 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("end", list(EXPECTED), ids=lambda e: e.name)
-def test_an_end_moves_its_counter_and_the_ledger_together(tmp_path: Path,
-                                                         end: AttemptEnd) -> None:
+@dataclass
+class Recorded:
+    """A run "r1" of one planned unit "u1", its store, counters and node."""
+
+    store: RunStore
+    progress: RunProgress
+    node: LocalNode
+    attempts: AttemptLog
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Iterator[Recorded]:
     node = LocalNode(0)
     progress = RunProgress("r1", 1, 1, lambda: [node.summary()])
     with RunStore(tmp_path / "runs.db") as store:
         store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
         ledger = UnitLedger(store, "r1", strict=True)
         ledger.plan_units(1, ["u1"])
-        attempts = AttemptLog(ledger, progress)
-        attempts.started(1, "u1", 1, node)
-        assert progress.snapshot().in_flight == 1 and node.in_flight == 1
-        attempts.ended(1, "u1", 1, node, end, "why")
-        history = store.unit_history("r1", 1, "u1")
-        counts = store.ledger_counts("r1")
+        yield Recorded(store, progress, node, AttemptLog(ledger, progress))
+
+
+@pytest.mark.parametrize("end", list(EXPECTED), ids=lambda e: e.name)
+def test_an_end_moves_its_counter_and_the_ledger_together(recorded: Recorded,
+                                                         end: AttemptEnd) -> None:
+    attempts, node, progress = recorded.attempts, recorded.node, recorded.progress
+    attempts.started(1, "u1", 1, node)
+    assert progress.snapshot().in_flight == 1 and node.in_flight == 1
+    attempts.ended(1, "u1", 1, node, end, "why")
     snapshot = progress.snapshot()
     assert snapshot.in_flight == 0
     assert getattr(snapshot, end.counter) == 1
     moved = {"units_done", "rejected", "failed", "stale", "cancelled"} - {end.counter}
     assert all(getattr(snapshot, name) == 0 for name in moved)
-    assert history[-1].attempt_status == EXPECTED[end]
+    assert recorded.store.unit_history("r1", 1, "u1")[-1].attempt_status == EXPECTED[end]
+    counts = recorded.store.ledger_counts("r1")
     assert {status: n for status, n in counts.items() if n} == {EXPECTED[end]: 1}
 
 
-def test_a_result_after_the_round_or_the_unit_settled_is_stale_or_lost(tmp_path: Path) -> None:
-    node = LocalNode(0)
-    progress = RunProgress("r1", 1, 1, lambda: [node.summary()])
-    with RunStore(tmp_path / "runs.db") as store:
-        store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
-        ledger = UnitLedger(store, "r1", strict=True)
-        ledger.plan_units(1, ["u1"])
-        attempts = AttemptLog(ledger, progress)
-        for attempt in (1, 2, 3):
-            attempts.started(1, "u1", attempt, node)
-        attempts.ended(1, "u1", 1, node, AttemptEnd.COMPLETED)
-        attempts.ended(1, "u1", 2, node, AttemptEnd.LOST, "another attempt finished first")
-        attempts.ended(1, "u1", 3, node, AttemptEnd.CANCELLED, "cancelled",
-                       unit_settled=True)
-        statuses = [e.attempt_status for e in store.unit_history("r1", 1, "u1")]
-    snapshot = progress.snapshot()
+def test_a_result_after_the_round_or_the_unit_settled_is_stale_or_lost(
+        recorded: Recorded) -> None:
+    attempts, node = recorded.attempts, recorded.node
+    for attempt in (1, 2, 3):
+        attempts.started(1, "u1", attempt, node)
+    attempts.ended(1, "u1", 1, node, AttemptEnd.COMPLETED)
+    attempts.ended(1, "u1", 2, node, AttemptEnd.LOST, "another attempt finished first")
+    attempts.ended(1, "u1", 3, node, AttemptEnd.CANCELLED, "cancelled", unit_settled=True)
+    statuses = [e.attempt_status for e in recorded.store.unit_history("r1", 1, "u1")]
+    snapshot = recorded.progress.snapshot()
     assert (snapshot.units_done, snapshot.cancelled, snapshot.in_flight) == (1, 2, 0)
     assert statuses[-2:] == ["cancelled", "cancelled"]
 
 
-def test_answers_and_failed_calls_reach_the_node_counters(tmp_path: Path) -> None:
+def test_answers_and_failed_calls_reach_the_node_counters() -> None:
     node = LocalNode(0)
     attempts = AttemptLog(UnitLedger(None, "r1"), RunProgress("r1", 1, 1, lambda: []))
     for _ in range(2):
         node.started()
-    attempts.answered(node, TaskResult(status=TaskStatus.REJECTED, update=[], num_samples=0,
+    attempts.answered(node, TaskResult(status=TaskStatus.REJECTED, update={}, num_samples=0,
                                        model_version=1), 0.1)
     attempts.failed_call(node, 0.2, bench=False, reason="boom")
     assert (node.stats.rejected, node.stats.failed, node.in_flight) == (1, 1, 0)

@@ -103,5 +103,5 @@ def test_a_reclaimed_attempt_is_cancelled_on_its_node() -> None:
 
 
 def _completed(seconds: float) -> TaskResult:
-    return TaskResult(TaskStatus.COMPLETED, update=[], num_samples=1, model_version=1,
+    return TaskResult(TaskStatus.COMPLETED, update={}, num_samples=1, model_version=1,
                       compute_seconds=seconds)

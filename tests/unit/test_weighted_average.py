@@ -24,7 +24,7 @@ def results_of(items: list[tuple[dict, int]]) -> list[UnitResult]:
 
 
 def answer(n: int) -> TaskResult:
-    return TaskResult(status=TaskStatus.COMPLETED, update=[], num_samples=n, model_version=1,
+    return TaskResult(status=TaskStatus.COMPLETED, update={}, num_samples=n, model_version=1,
                       loss=0.5)
 
 
