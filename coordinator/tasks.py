@@ -39,6 +39,13 @@ class Task:
     scheduling_policy: int
     index_start: int | None = None
     index_stop: int | None = None
+    # The global-model version the weights are: sync rounds use round - 1; asynchronous
+    # modes count one version per applied update (a result's staleness is measured by it).
+    model_version: int | None = None
+
+    @property
+    def version(self) -> int:
+        return self.round - 1 if self.model_version is None else self.model_version
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -52,7 +59,7 @@ class TaskResult:
     status: TaskStatus
     update: Tensors  # empty unless COMPLETED; possibly compressed
     num_samples: int
-    model_version: int  # the `round` of the task it answers
+    model_version: int  # the `version` of the task it answers
     loss: float = 0.0
     error: float = 0.0
     compute_seconds: float = 0.0

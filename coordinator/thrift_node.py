@@ -51,7 +51,7 @@ def work_request(task: Task) -> ttypes.WorkRequest:
         model=task.model, dataset=task.dataset, unit_path=task.unit_path,
         config_json=task.config_json, weights=dict_to_wire(task.weights),
         scheduling_policy=task.scheduling_policy, index_start=task.index_start,
-        index_stop=task.index_stop)
+        index_stop=task.index_stop, model_version=task.version)
 
 
 def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
@@ -66,7 +66,7 @@ def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
     except CodecError as exc:
         raise InvalidResult(f"invalid result: {exc}") from None
     return TaskResult(status=status, update=update,
-                      num_samples=result.num_samples, model_version=task.round,
+                      num_samples=result.num_samples, model_version=task.version,
                       loss=result.loss, error=result.error,
                       compute_seconds=result.compute_seconds,
                       delay_seconds=result.delay_seconds, message=result.message,

@@ -13,7 +13,7 @@ namespace java trainer.rpc
 namespace js trainer_rpc
 namespace go trainerrpc
 
-const i32 PROTOCOL_VERSION = 2
+const i32 PROTOCOL_VERSION = 3
 
 struct Tensor {
   1: required string name,
@@ -61,6 +61,8 @@ enum UnitOutcome {
   COMPLETED = 1,   // the update is in the result
   REJECTED = 2,    // the node refused the unit (simulated load): try another node
   CANCELLED = 3,   // the coordinator cancelled the unit while it waited or ran
+  NEED_WEIGHTS = 4, // weights_cached was set but the node does not hold that version:
+                    // send the task again with its weights
 }
 
 struct WorkRequest {
@@ -78,6 +80,10 @@ struct WorkRequest {
   12: required i32 scheduling_policy, // 1 random, 2 load balancing, 3 adaptive
   13: optional i64 index_start,      // index range of the unit inside unit_path, if any
   14: optional i64 index_stop,
+  15: optional i64 model_version,    // global-model version the weights are (async modes
+                                     // count versions per applied update; sync: round - 1)
+  16: optional bool weights_cached,  // weights left empty: use the weights of this run and
+                                     // model_version the node kept from an earlier unit
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -92,6 +98,7 @@ struct TrainResult {
   8: required double delay_seconds,  // time spent in the simulated load delay
   9: optional string message,        // why the unit was rejected or cancelled
   10: optional string node_id,
+  11: optional i64 model_version,    // the model_version of the request it answers
 }
 
 struct CancelUnitRequest {

@@ -20,17 +20,20 @@ class UnitOutcome(object):
     COMPLETED = 1
     REJECTED = 2
     CANCELLED = 3
+    NEED_WEIGHTS = 4
 
     _VALUES_TO_NAMES = {
         1: "COMPLETED",
         2: "REJECTED",
         3: "CANCELLED",
+        4: "NEED_WEIGHTS",
     }
 
     _NAMES_TO_VALUES = {
         "COMPLETED": 1,
         "REJECTED": 2,
         "CANCELLED": 3,
+        "NEED_WEIGHTS": 4,
     }
 
 
@@ -658,12 +661,14 @@ class WorkRequest(object):
      - scheduling_policy
      - index_start
      - index_stop
+     - model_version
+     - weights_cached
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -678,6 +683,8 @@ class WorkRequest(object):
         self.scheduling_policy = scheduling_policy
         self.index_start = index_start
         self.index_stop = index_stop
+        self.model_version = model_version
+        self.weights_cached = weights_cached
         self.token = token
 
     def read(self, iprot):
@@ -765,6 +772,16 @@ class WorkRequest(object):
                     self.index_stop = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 15:
+                if ftype == TType.I64:
+                    self.model_version = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 16:
+                if ftype == TType.BOOL:
+                    self.weights_cached = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -839,6 +856,14 @@ class WorkRequest(object):
             oprot.writeFieldBegin('index_stop', TType.I64, 14)
             oprot.writeI64(self.index_stop)
             oprot.writeFieldEnd()
+        if self.model_version is not None:
+            oprot.writeFieldBegin('model_version', TType.I64, 15)
+            oprot.writeI64(self.model_version)
+            oprot.writeFieldEnd()
+        if self.weights_cached is not None:
+            oprot.writeFieldBegin('weights_cached', TType.BOOL, 16)
+            oprot.writeBool(self.weights_cached)
+            oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
             oprot.writeString(self.token.encode('utf-8') if sys.version_info[0] == 2 else self.token)
@@ -898,11 +923,12 @@ class TrainResult(object):
      - delay_seconds
      - message
      - node_id
+     - model_version
 
     """
 
 
-    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None,):
+    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None, model_version=None,):
         self.accepted = accepted
         self.outcome = outcome
         self.update = update
@@ -913,6 +939,7 @@ class TrainResult(object):
         self.delay_seconds = delay_seconds
         self.message = message
         self.node_id = node_id
+        self.model_version = model_version
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -979,6 +1006,11 @@ class TrainResult(object):
                     self.node_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.I64:
+                    self.model_version = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1031,6 +1063,10 @@ class TrainResult(object):
         if self.node_id is not None:
             oprot.writeFieldBegin('node_id', TType.STRING, 10)
             oprot.writeString(self.node_id.encode('utf-8') if sys.version_info[0] == 2 else self.node_id)
+            oprot.writeFieldEnd()
+        if self.model_version is not None:
+            oprot.writeFieldBegin('model_version', TType.I64, 11)
+            oprot.writeI64(self.model_version)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4924,8 +4960,8 @@ WorkRequest.thrift_spec = (
     (12, TType.I32, 'scheduling_policy', None, None, ),  # 12
     (13, TType.I64, 'index_start', None, None, ),  # 13
     (14, TType.I64, 'index_stop', None, None, ),  # 14
-    None,  # 15
-    None,  # 16
+    (15, TType.I64, 'model_version', None, None, ),  # 15
+    (16, TType.BOOL, 'weights_cached', None, None, ),  # 16
     None,  # 17
     None,  # 18
     None,  # 19
@@ -5024,6 +5060,7 @@ TrainResult.thrift_spec = (
     (8, TType.DOUBLE, 'delay_seconds', None, None, ),  # 8
     (9, TType.STRING, 'message', 'UTF8', None, ),  # 9
     (10, TType.STRING, 'node_id', 'UTF8', None, ),  # 10
+    (11, TType.I64, 'model_version', None, None, ),  # 11
 )
 all_structs.append(CancelUnitRequest)
 CancelUnitRequest.thrift_spec = (
