@@ -1,10 +1,11 @@
 """A run's checkpoint and request on disk, so a killed coordinator can resume the run.
 
 The checkpoint (`checkpoint.npz`, written atomically by `save_model`) holds the weights
-after a round, the algorithm's optimizer state, the scheduling policy's random state and
-the round number; `request.json` holds the TrainRequest the run was started with. Unit
-states live in the run store. Together they are everything the next rounds depend on,
-so a resumed run in deterministic mode ends with the same bits as an uninterrupted one.
+after a round, the algorithm's optimizer state, the scheduling policy's random state, the
+round number and, in the asynchronous modes, where the passes over the data stood;
+`request.json` holds the TrainRequest the run was started with. Unit states live in the
+run store. Together they are everything the next rounds depend on, so a resumed run in
+deterministic mode ends with the same bits as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Checkpoint:
     weights: Weights
     optimizer: dict[str, np.ndarray]
     policy_rng: Any  # random.Random.getstate() of the scheduling policy, or None
+    # Asynchronous modes: where the passes over the data stood (coordinator.stream_state's
+    # StreamPosition as a dict); None in sync mode.
+    stream: dict[str, Any] | None = None
 
 
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint, description: dict[str, Any]) -> Path:
@@ -49,6 +53,8 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint, description: dict[str
     arrays = {**checkpoint.weights,
               **{OPTIMIZER_PREFIX + k: v for k, v in checkpoint.optimizer.items()}}
     meta = {**description, "round": checkpoint.round, "policy_rng": checkpoint.policy_rng}
+    if checkpoint.stream is not None:
+        meta["stream"] = checkpoint.stream
     return save_model(run_dir / CHECKPOINT_FILE, arrays, meta)
 
 
@@ -71,7 +77,10 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     except (TypeError, ValueError):
         raise CheckpointError(f"{path} is damaged: its policy_rng is not a random "
                               "generator state") from None
-    return Checkpoint(round_index, weights, optimizer, rng)
+    stream = meta.get("stream")
+    if stream is not None and not isinstance(stream, dict):
+        raise CheckpointError(f"{path} is damaged: its stream position is not an object")
+    return Checkpoint(round_index, weights, optimizer, rng, stream)
 
 
 def _rng_state(saved: Any) -> Any:

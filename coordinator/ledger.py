@@ -54,6 +54,16 @@ class UnitLedger:
         self._write("plan_units", round_index, unit_ids)
         return self._write("attempts_so_far", round_index) or {}
 
+    def plan_pass_units(self, round_index: int, unit_ids: list[str]) -> dict[str, int]:
+        """Plan a pass's units in the current round of an asynchronous run, adopting those
+        a resume reopened; returns the attempts they already had."""
+        self._write("plan_units", round_index, unit_ids, adopt=True)
+        return self._write("attempts_so_far", round_index) or {}
+
+    def gather_units(self, after_round: int, into_round: int, reason: str) -> None:
+        """Move the unsettled units of the rounds after ``after_round`` into ``into_round``."""
+        self._write("gather_units", after_round, into_round, reason)
+
     def round_ended(self, metrics: RoundMetrics, completed: int, discarded: int) -> None:
         """Record the round; the store cancels whatever the round left unsettled."""
         self._write("record_round", metrics.round, validation_error=metrics.validation_error,

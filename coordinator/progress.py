@@ -39,6 +39,10 @@ class RunProgress:
         # The nodes as the run ended: their heartbeats stop with the run, so their live
         # state would drift to "dead" while they are still up.
         self._final_nodes: list[NodeSummary] | None = None
+        self.mode = "sync"
+        # Asynchronous modes: the version, pass and todo / pending / done counts, read from
+        # the run's stream (coordinator/stream_state.py) at each snapshot.
+        self.stream_counts: Callable[[], dict[str, int]] | None = None
 
     def add(self, **counts: int) -> None:
         """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
@@ -80,6 +84,7 @@ class RunProgress:
         frozen = self._final_nodes
         nodes = frozen if frozen is not None else self._node_summaries()
         elapsed = self.elapsed()
+        stream = self.stream_counts() if self.stream_counts is not None else {}
         with self._lock:
             return RunSnapshot(
                 run_id=self.run_id, state=self.state, round=self.round, rounds=self.rounds,
@@ -87,5 +92,7 @@ class RunProgress:
                 units_total=self.units_total, rejected=self.rejected, failed=self.failed,
                 in_flight=self.in_flight, elapsed_seconds=elapsed, nodes=nodes,
                 message=self.message, stale=self.stale, cancelled=self.cancelled,
-                epoch=self.epoch, train_loss=self.train_loss,
+                epoch=self.epoch, train_loss=self.train_loss, mode=self.mode,
+                model_version=stream.get("version"), pass_index=stream.get("pass"),
+                todo=stream.get("todo"), pending=stream.get("pending"), done=stream.get("done"),
             )

@@ -60,6 +60,12 @@ class RunSnapshot:
     cancelled: int = 0
     epoch: float | None = None
     train_loss: float | None = None
+    mode: str | None = None  # schedule.mode; the rest is for the asynchronous modes only
+    model_version: int | None = None
+    pass_index: int | None = None
+    todo: int | None = None
+    pending: int | None = None
+    done: int | None = None
 
 
 @dataclass(frozen=True)

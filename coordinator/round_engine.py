@@ -39,6 +39,7 @@ from coordinator.node_quorum import NodeGate, NodeMinimum
 from coordinator.policies import Policy
 from coordinator.progress import RunProgress
 from coordinator.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
+from coordinator.stream_state import RoundEnd, StreamState
 from coordinator.tasks import Task, TaskResult, TaskStatus
 from coordinator.update_filters import (
     DEFAULT_FILTERS,
@@ -113,6 +114,7 @@ def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, 
 
 
 TaskBuilder = Callable[[UnitSpec, int], Task]
+WorkState = RoundState | StreamState  # a round's units, or an asynchronous run's
 
 
 class RoundEngine:
@@ -157,51 +159,106 @@ class RoundEngine:
         if self.settings.deterministic:
             units = units[:quorum]
         self._filters = list(filters)
-        for update_filter in self._filters:
-            update_filter.start_round(quorum, len(self.nodes))
         state = RoundState(round_index, units, quorum, max_attempts=2 * len(self.nodes),
                            earlier_attempts=earlier_attempts)
-        threads = self.settings.threads or len(self.nodes) + 2
+        self._start_filters(state)
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
         backup_threads = len(self.nodes) if self.settings.speculation else 0
-        workers = [threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
-                                    name=f"round{round_index}-worker{i}", daemon=True)
-                   for i in range(threads + backup_threads)]
-        for worker in workers:
-            worker.start()
+        workers = self._start_workers(state, build_task, f"round{round_index}",
+                                      self.settings.threads or len(self.nodes) + 2,
+                                      backup_threads)
         try:
             self._wait(state)
         finally:
             state.finish()
-            for update_filter in self._filters:
-                update_filter.end_round()
-            self._cancel_leftovers(state)
-            for worker in workers:
-                worker.join(timeout=WAIT_STEP_SECONDS)
+            self._stop(state, workers)
         return state.outcome()
+
+    def run_stream(self, state: StreamState, build_task: TaskBuilder,
+                   filters: Sequence[UpdateFilter],
+                   on_round_end: Callable[[RoundEnd], None]) -> None:
+        """Run an asynchronous run's units (coordinator/stream_state.py) until its last
+        round ends. ``on_round_end`` writes each round out while the state holds its
+        version; the workers go on computing meanwhile."""
+        self._filters = list(filters)
+        state.max_in_flight = max(1, len(self.nodes))
+        self._start_filters(state)
+        backup_threads = len(self.nodes) if self.settings.speculation else 0
+        workers = self._start_workers(state, build_task, f"stream{state.round_index}",
+                                      self.settings.threads or len(self.nodes) + 2,
+                                      backup_threads)
+        try:
+            while True:
+                next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+                while state.round_end is None and not state.over:
+                    state.wait_event(WAIT_STEP_SECONDS)
+                    next_check = self._tick(state, next_check)
+                if state.fatal:
+                    raise state.fatal
+                ended = state.round_end
+                if ended is None:
+                    return
+                for update_filter in self._filters:
+                    update_filter.end_round()
+                on_round_end(ended)
+                state.max_in_flight = max(1, len(self.nodes))
+                self._start_filters(state)
+                state.round_written()
+        finally:
+            state.finish()
+            self._stop(state, workers)
+
+    def _start_filters(self, state: WorkState) -> None:
+        units = (state.updates_per_round * state.schedule.results_per_version
+                 if isinstance(state, StreamState) else state.quorum)
+        for update_filter in self._filters:
+            update_filter.start_round(units, len(self.nodes))
+
+    def _start_workers(self, state: WorkState, build_task: TaskBuilder,
+                       name: str, threads: int, backup_threads: int) -> list[threading.Thread]:
+        workers = [threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
+                                    name=f"{name}-worker{i}", daemon=True)
+                   for i in range(threads + backup_threads)]
+        for worker in workers:
+            worker.start()
+        return workers
+
+    def _stop(self, state: WorkState, workers: list[threading.Thread]) -> None:
+        for update_filter in self._filters:
+            update_filter.end_round()
+        self._cancel_leftovers(state)
+        for worker in workers:
+            worker.join(timeout=WAIT_STEP_SECONDS)
 
     # -------------------------------------------------------------- main wait
     def _wait(self, state: RoundState) -> None:
         next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
         while not state.wait_finished(WAIT_STEP_SECONDS):
-            if self.cancelled.is_set():
-                raise RunCancelledError("run cancelled")
-            if state.fatal:
-                raise state.fatal
-            if time.monotonic() >= next_check:
-                self._reclaim_overdue(state)
-                self._watch_nodes()
-                next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
-            silent = time.monotonic() - self._last_contact
-            if silent > self.settings.grace_seconds and not state.has_live_attempts():
-                names = [n.name for n in self.nodes]
-                raise RoundFailed(
-                    f"no compute node answered for {silent:.0f}s (grace period "
-                    f"{self.settings.grace_seconds:.0f}s); tried {', '.join(names)}", names)
+            next_check = self._tick(state, next_check)
         if state.completed == 0:
             raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
                               f"{state.last_error}", [n.name for n in self.nodes])
+
+    def _tick(self, state: WorkState, next_check: float) -> float:
+        """One look at a running round or stream: raise if it was cancelled, failed or no
+        node answers any more; reclaim overdue attempts when ``next_check`` has come.
+        Returns the time of the next reclaim check."""
+        if self.cancelled.is_set():
+            raise RunCancelledError("run cancelled")
+        if state.fatal:
+            raise state.fatal
+        if time.monotonic() >= next_check:
+            self._reclaim_overdue(state)
+            self._watch_nodes()
+            next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+        silent = time.monotonic() - self._last_contact
+        if silent > self.settings.grace_seconds and not state.has_live_attempts():
+            names = [n.name for n in self.nodes]
+            raise RoundFailed(
+                f"no compute node answered for {silent:.0f}s (grace period "
+                f"{self.settings.grace_seconds:.0f}s); tried {', '.join(names)}", names)
+        return next_check
 
     def _watch_nodes(self) -> None:
         """Pause, resume or fail on the minimum of nodes; while paused, take in nodes
@@ -227,7 +284,7 @@ class RoundEngine:
         s = self.settings
         return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
 
-    def _reclaim_overdue(self, state: RoundState) -> None:
+    def _reclaim_overdue(self, state: WorkState) -> None:
         """Abort attempts past their deadline or on dead nodes: the worker sees a failure
         and the unit goes to another node (a unit waiting in its load delay or reporting
         progress is working). The node is told to drop the attempt, so its maths stops
@@ -242,7 +299,7 @@ class RoundEngine:
                 self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
 
     # ---------------------------------------------------------------- workers
-    def _worker(self, state: RoundState, build_task: TaskBuilder,
+    def _worker(self, state: WorkState, build_task: TaskBuilder,
                 backups_only: bool) -> None:
         """Take units until the round is over. Any unexpected error fails the round
         loudly rather than leaving it to wait for a worker that has died."""
@@ -269,7 +326,7 @@ class RoundEngine:
         typical = statistics.median(recent) if recent else None
         return self.policy.backup_after(typical, self.settings.speculate_after)
 
-    def _try_nodes(self, state: RoundState, unit: Unit, build_task: TaskBuilder) -> None:
+    def _try_nodes(self, state: WorkState, unit: Unit, build_task: TaskBuilder) -> None:
         if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
             state.requeue(unit, wait_seconds=0)
             return
@@ -285,7 +342,7 @@ class RoundEngine:
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
 
-    def _order(self, state: RoundState, unit: Unit) -> list[int]:
+    def _order(self, state: WorkState, unit: Unit) -> list[int]:
         """The policy's order over the nodes not already holding this unit.
 
         When every node holds an attempt (each one sitting in a load delay, say), all
@@ -303,7 +360,7 @@ class RoundEngine:
         preferred = [i for i in order if self._by_index[i].name == spec.preferred_node]
         return preferred + [i for i in order if i not in preferred]
 
-    def _candidates(self, state: RoundState, unit: Unit, order: list[int]) -> Iterator[int]:
+    def _candidates(self, state: WorkState, unit: Unit, order: list[int]) -> Iterator[int]:
         """Nodes to try in turn until one accepts.
 
         Policies 1 and 2 walk their order once (the assignment's "next node"). The
@@ -324,10 +381,10 @@ class RoundEngine:
         soonest = min(n.benched_until() for n in self.nodes)
         return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
 
-    def _attempt(self, state: RoundState, unit: Unit, node: NodeHandle,
+    def _attempt(self, state: WorkState, unit: Unit, node: NodeHandle,
                  build_task: TaskBuilder) -> str:
         attempt = state.start_attempt(unit, node, lambda number: self.log.started(
-            state.round_index, unit.spec.unit_id, number, node))
+            state.ledger_round(unit), unit.spec.unit_id, number, node))
         if attempt is None:
             return "completed"  # settled by another attempt just now: nothing to do
         log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
@@ -370,15 +427,14 @@ class RoundEngine:
         return self._answered(state, unit, attempt, node, result, update,
                               time.monotonic() - began)
 
-    def _answered(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
+    def _answered(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                   result: TaskResult, update: Weights, seconds: float) -> str:
         self.log.answered(node, result, seconds)
         state.end_attempt(unit, attempt)
         log.debug("round %d: unit %s attempt %d on %s: %s after %.3fs (delay %.2fs)",
                   state.round_index, unit.spec.unit_id, attempt, node.name, result.status.value,
                   seconds, result.delay_seconds)
-        ended = functools.partial(self.log.ended, state.round_index, unit.spec.unit_id,
-                                  attempt, node)
+        ended = functools.partial(self._ended, state, unit, attempt, node)
         if result.status == TaskStatus.REJECTED:
             ended(AttemptEnd.REJECTED, "rejected")
             return "rejected"
@@ -390,35 +446,52 @@ class RoundEngine:
             # units on a busy node must not raise the bar for starting a backup.
             with self._durations_lock:
                 self._fast_durations.append(result.compute_seconds)
+        refused: list[str] = []  # a stream's verdict on a result computed from old weights
+
+        def too_stale(reason: str) -> None:
+            refused.append(reason)
+            ended(AttemptEnd.STALE, reason)
+
         if state.complete(unit, update, result, node.name,
-                          on_kept=lambda: ended(AttemptEnd.COMPLETED)):
+                          on_kept=lambda: ended(AttemptEnd.COMPLETED), on_stale=too_stale):
             self._cancel_others(unit, node)
+        elif refused:
+            log.info("unit %s from %s: %s; issued again", unit.spec.unit_id, node.name,
+                     refused[0])
         elif state.over:  # the round ended without it: a stale result, dropped
             ended(AttemptEnd.STALE, f"arrived after round {state.round_index} ended")
         else:
             ended(AttemptEnd.LOST, "another attempt finished first")
         return "completed"
 
-    def _failed(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
+    def _failed(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                 began: float, bench: bool, reason: str,
                 end: AttemptEnd = AttemptEnd.FAILED) -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
         self.log.failed_call(node, time.monotonic() - began, bench, reason)
         state.end_attempt(unit, attempt)
-        discarded = state.record_failure(unit, f"{node.name}: {reason}",
-                                         self.settings.max_unit_failures)
-        self.log.ended(state.round_index, unit.spec.unit_id, attempt, node,
-                       AttemptEnd.DISCARDED if discarded else end, reason)
+        with state.recording():  # the unit's ledger round must not move in between
+            discarded = state.record_failure(unit, f"{node.name}: {reason}",
+                                             self.settings.max_unit_failures)
+            self._ended(state, unit, attempt, node,
+                        AttemptEnd.DISCARDED if discarded else end, reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 
-    def _unreachable(self, state: RoundState, unit: Unit, attempt: int, node: NodeHandle,
+    def _unreachable(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                      began: float, reason: str) -> None:
         log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
         self.log.failed_call(node, time.monotonic() - began, True, reason)
         state.end_attempt(unit, attempt)
-        self.log.ended(state.round_index, unit.spec.unit_id, attempt, node,
-                       AttemptEnd.UNREACHABLE, f"node unreachable: {reason}")
+        self._ended(state, unit, attempt, node, AttemptEnd.UNREACHABLE,
+                    f"node unreachable: {reason}")
+
+    def _ended(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+               end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:
+        """Record an attempt's end in the round the ledger holds its unit in now."""
+        with state.recording():
+            self.log.ended(state.ledger_round(unit), unit.spec.unit_id, attempt, node, end,
+                           reason, unit_settled=unit_settled)
 
     # Cancels are queued, never sent from here: a frozen node would hold a worker or the
     # round's own thread for a whole control timeout per cancel.
@@ -426,7 +499,7 @@ class RoundEngine:
         for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
             self.cancels.send(node, self.run_id, unit.spec.unit_id)
 
-    def _cancel_leftovers(self, state: RoundState) -> None:
+    def _cancel_leftovers(self, state: WorkState) -> None:
         for unit in state.units:
             for node in {n for n, _ in unit.started.copy().values()}:
                 self.cancels.send(node, self.run_id, unit.spec.unit_id)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from coordinator.node_pool import NodeHandle
@@ -147,6 +148,15 @@ class RoundState:
         with self._cond:
             return self._over or unit.done or unit.discarded
 
+    def ledger_round(self, unit: Unit) -> int:
+        """The run store's round that holds ``unit``: this round's."""
+        return self.round_index
+
+    def recording(self) -> AbstractContextManager[None]:
+        """Held while the engine writes a unit's event to the ledger: nothing to hold in a
+        round, whose units never move to another (see stream_state)."""
+        return nullcontext()
+
     # --------------------------------------------------------------- attempts
     def start_attempt(self, unit: Unit, node: NodeHandle,
                       on_started: Callable[[int], None] | None = None) -> int | None:
@@ -189,10 +199,12 @@ class RoundState:
             return unit.discarded
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
-                 node: str | None = None, on_kept: Callable[[], None] | None = None) -> bool:
+                 node: str | None = None, on_kept: Callable[[], None] | None = None,
+                 on_stale: Callable[[str], None] | None = None) -> bool:
         """Keep a result (from node ``node``) if it is the unit's first and the round
         still runs. `on_kept` runs before the round can end (the ledger's "completed",
-        which must precede the round's record that cancels what it left unsettled)."""
+        which must precede the round's record that cancels what it left unsettled).
+        A round's results are never too stale: ``on_stale`` is for streams."""
         with self._cond:
             if unit.done or self._over:
                 return False

@@ -64,6 +64,7 @@ from coordinator.round_engine import (
 from coordinator.run_nodes import RunNodes
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from coordinator.session_moves import NodeSessions, drop_sessions
+from coordinator.stream_state import RoundEnd, StreamPosition, StreamState
 from coordinator.tasks import Task, Tensors
 from coordinator.update_filters import NormLimit, round_filters
 from coordinator.warm_up import warm_up_nodes
@@ -80,6 +81,7 @@ from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
+from training.schedule import ScheduleSettings, check_usable, split_schedule
 
 log = logging.getLogger("coordinator.run")
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
@@ -124,8 +126,8 @@ class Run:
         self.store = store
         self.run_id = _check_run_id(request.run_id)
         check_fields(request, settings.limits)
-        self.algorithm, self.compression = _make_algorithm(request, settings.data_root,
-                                                           settings.limits)
+        self.algorithm, self.compression, self.schedule = _make_algorithm(
+            request, settings.data_root, settings.limits, settings.engine.deterministic)
         self.aggregation = _aggregation_rule(request.config_json)
         check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
                           settings.limits)
@@ -141,9 +143,15 @@ class Run:
         self.finished = threading.Event()  # set once execute() has returned or raised
         planned = self.algorithm.units_per_round()
         check_units(planned, settings.limits)
-        units_per_round = self.algorithm.quorum(planned)  # K of N
+        # asynchronous modes: versions per round; by default as many as make a sync round's
+        # number of units (one per result in async mode)
+        self._updates_per_round = (self.schedule.updates_per_round or
+                                   -(-planned // self.schedule.results_per_version))
+        units_per_round = (self._updates_per_round * self.schedule.results_per_version
+                           if self.schedule.asynchronous else self.algorithm.quorum(planned))
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
+        self.progress.mode = self.schedule.mode
         self._config_json = json.dumps(join_config(self.algorithm.config, self.compression))
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
@@ -262,9 +270,12 @@ class Run:
                                  self._engine_settings(), self.progress, self.cancelled,
                                  self.ledger)
             engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
-            for round_index in range(done + 1, self.request.rounds + 1):
-                weights, metrics = self._round(engine, round_index, weights)
-                history.append(metrics)
+            if self.schedule.asynchronous:
+                weights = self._stream(engine, done, weights, history)
+            else:
+                for round_index in range(done + 1, self.request.rounds + 1):
+                    weights, metrics = self._round(engine, round_index, weights)
+                    history.append(metrics)
         finally:
             heartbeats.stop()
         model_path = save_model(self.run_dir / "model.npz", weights,
@@ -366,27 +377,79 @@ class Run:
         self.algorithm.after_round(round_index, NodeSessions(
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
+        metrics = self._round_written(
+            RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
+                     outcome.discarded, None), started, bytes_before, update_started)
+        return weights, metrics
+
+    def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],
+                       update_started: float | None = None) -> RoundMetrics:
+        """Evaluate a round's weights and write the round out: metrics, ledger, outputs
+        and, last, the checkpoint. ``update_started``: when the round's update began
+        (None in the asynchronous modes, whose updates are spread over the round)."""
+        round_index, weights = end.round, end.weights
         evaluation = self._evaluate(round_index, weights)
+        now = time.monotonic()
         metrics = RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
-            validation_loss=evaluation.validation_loss, train_loss=outcome.train_loss,
-            seconds=time.monotonic() - started,
-            update_seconds=time.monotonic() - update_started)
-        self.progress.round_done(round_index, evaluation.validation_error, outcome.train_loss,
-                                 self.algorithm.epochs_done(round_index))
+            validation_loss=evaluation.validation_loss, train_loss=end.train_loss,
+            seconds=now - started,
+            update_seconds=now - update_started if update_started is not None else 0.0)
+        # asynchronous modes count passes instead (the status shows them)
+        epochs = None if self.schedule.asynchronous else self.algorithm.epochs_done(round_index)
+        self.progress.round_done(round_index, evaluation.validation_error, end.train_loss,
+                                 epochs)
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,
-                 outcome.completed, len(outcome.discarded), metrics.seconds)
+                 end.results, len(end.discarded), metrics.seconds)
         self._score(round_index, weights, metrics)
         (down, up), (down_before, up_before) = self.payload_totals(), bytes_before
-        self._append_metrics(metrics, outcome.discarded,
+        self._append_metrics(metrics, end.discarded,
                              {"bytes_down": down - down_before, "bytes_up": up - up_before})
-        self.ledger.round_ended(metrics, outcome.completed, len(outcome.discarded))
+        self.ledger.round_ended(metrics, end.results, len(end.discarded))
         self.ledger.check()  # a round the store missed must not be checkpointed
         # The checkpoint comes last: it is the commit point a resume starts from, so the
         # metrics and the ledger already hold every round it covers.
-        self._write_outputs(round_index, weights)
-        return weights, metrics
+        self._write_outputs(round_index, weights, end.position)
+        return metrics
+
+    def _stream(self, engine: RoundEngine, done: int, weights: Weights,
+                history: list[RoundMetrics]) -> Weights:
+        """The rounds after ``done`` in an asynchronous mode (coordinator/stream_state.py):
+        units flow without barriers and each round is written out as its last version is
+        made. Returns the last round's weights."""
+        position = None
+        if self.resume_from is not None and self.resume_from.stream is not None:
+            position = StreamPosition.from_dict(self.resume_from.stream)
+        if self.resumed:  # the units the resume reopened, into the round it starts with
+            self.ledger.gather_units(done, done + 1, "reopened: gathered into the round "
+                                     "the resumed run starts with")
+        state = StreamState(
+            weights=weights, first_round=done + 1, last_round=self.request.rounds,
+            updates_per_round=self._updates_per_round, schedule=self.schedule,
+            plan_pass=self.algorithm.plan_pass,
+            apply=lambda round_index, current, results: self.algorithm.aggregate(
+                round_index, current, results, []),
+            scalable=self.algorithm.staleness_scaled, ledger=self.ledger,
+            max_attempts=2 * max(1, len(self.nodes)), position=position)
+        self.progress.stream_counts = state.counts
+        encoded = _VersionCache(lambda w: encode_weights(w, self.compression))
+        clock = {"started": time.monotonic(), "bytes": self.payload_totals()}
+
+        def build(unit: UnitSpec, attempt: int) -> Task:
+            round_index, version, current = state.newest()
+            return self._task(round_index, unit, attempt, encoded.get(version, current),
+                              model_version=version)
+
+        def written(end: RoundEnd) -> None:
+            history.append(self._round_written(end, clock["started"], clock["bytes"]))
+            clock.update(started=time.monotonic(), bytes=self.payload_totals())
+            if self._nodes.refresh():  # nodes joined or left during the round
+                engine.set_nodes(self.nodes)
+
+        engine.run_stream(state, build, round_filters(self.algorithm, weights,
+                                                      self._norm_limit), written)
+        return state.weights
 
     def _engine_settings(self) -> EngineSettings:
         """No backup attempts for an algorithm whose units change state on their node, nor
@@ -410,7 +473,8 @@ class Run:
                 log.info("round %d scores: %s", round_index, ", ".join(
                     f"{k} {v:.4g}" for k, v in metrics.scores.items()))
 
-    def _write_outputs(self, round_index: int, weights: Weights) -> None:
+    def _write_outputs(self, round_index: int, weights: Weights,
+                       position: StreamPosition | None = None) -> None:
         """Sample grid and checkpoint of this round, each when it is due."""
         last, out = self.request.rounds, self.outputs
         if due(out["sample_every"], round_index, last):
@@ -419,18 +483,19 @@ class Run:
                 save_grid(images, self.run_dir / "samples" / f"round_{round_index:05d}.png")
         if due(out["checkpoint_every"], round_index, last):
             checkpoint = Checkpoint(round_index, weights, self.algorithm.state_dict(),
-                                    self._policy.random_state())
+                                    self._policy.random_state(),
+                                    None if position is None else position.to_dict())
             save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
 
     def _task(self, round_index: int, unit: UnitSpec, attempt: int,
-              weights: Tensors) -> Task:
+              weights: Tensors, model_version: int | None = None) -> Task:
         return Task(
             run_id=self.run_id, round=round_index,
             unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,
             model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
             config_json=self._config_json, weights=weights,
             scheduling_policy=self.settings.policy, index_start=unit.index_start,
-            index_stop=unit.index_stop)
+            index_stop=unit.index_stop, model_version=model_version)
 
     # ----------------------------------------------------------------- files
     def _describe(self) -> dict[str, Any]:
@@ -485,21 +550,45 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _make_algorithm(request: RunRequest, data_root: Path,
-                    limits: RequestLimits) -> tuple[Algorithm, CompressionSettings]:
-    """The request's algorithm and compression settings, its config checked against the
-    limits before the algorithm builds anything (a model, a plan) from it."""
+def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
+                    deterministic: bool) -> tuple[Algorithm, CompressionSettings,
+                                                  ScheduleSettings]:
+    """The request's algorithm, compression and schedule settings, its config checked
+    against the limits before the algorithm builds anything (a model, a plan) from it."""
     try:
         cls = get_algorithm(request.algorithm)
         config = _json_object("config_json", request.config_json)
         if not isinstance(config, dict):
             raise ConfigError("config_json must hold a JSON object")
         config, compression = split_config(config)
+        config, schedule = split_schedule(config)
         check_supported(compression, cls.name, cls.compression_codecs(request.model))
+        check_usable(schedule, cls.name, deterministic)
+        if schedule.asynchronous and compression.keeps_residuals:
+            # residuals are kept per unit slot, and a stream's units change with every pass
+            raise ConfigError(f"compression.up: topk cannot be used in {schedule.mode!r} "
+                              "mode (it can: fp16, int8)")
         check_config(cls.check_config(request.model, config), limits)
         algorithm = cls(request.model, config, dataset_dir(data_root, request.dataset))
-        return algorithm, compression
+        return algorithm, compression, schedule
     except (ConfigError, DataPathError, DataFormatError) as exc:
         raise _invalid(str(exc)) from None
     except OSError as exc:  # e.g. a name the file system refuses
         raise _invalid(f"dataset: {exc.strerror or exc}") from None
+
+
+class _VersionCache:
+    """The weights of the newest version as sent (compressed once per version, not once per
+    task): asynchronous modes make a new version per result, and tasks in between share it."""
+
+    def __init__(self, encode: Callable[[Weights], Tensors]) -> None:
+        self._encode = encode
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._payload: Tensors = {}
+
+    def get(self, version: int, weights: Weights) -> Tensors:
+        with self._lock:
+            if version != self._version:
+                self._version, self._payload = version, self._encode(weights)
+            return self._payload

@@ -444,6 +444,27 @@ class RunStore:
                                             now) for r, u, s in rows])
             return len(rows)
 
+    def gather_units(self, run_id: str, after_round: int, into_round: int,
+                     reason: str) -> int:
+        """Move every unsettled unit of the rounds after ``after_round`` (with its attempts
+        and events) into round ``into_round``; returns how many moved.
+
+        The asynchronous modes record a unit in the round whose version took its result:
+        at a round's end the units still waiting or computing go on into the next round,
+        and a resume gathers the units it reopened into the round it starts with."""
+        now = self._clock()
+        with self._tx() as db:
+            _run_state(db, run_id)
+            rows = db.execute(
+                "SELECT round, unit_id, status FROM units WHERE run_id = ? AND round > ? AND "
+                f"round != ? AND status IN ({', '.join('?' * len(UNSETTLED))})",
+                (run_id, after_round, into_round, *UNSETTLED)).fetchall()
+            for round_index, unit_id, status in rows:
+                _move_unit_row(db, (run_id, round_index, unit_id), into_round)
+                db.execute(_EVENT_INSERT, (run_id, into_round, unit_id, None, None, status,
+                                           status, None, reason, now))
+            return len(rows)
+
     def attempts_so_far(self, run_id: str, round_index: int) -> dict[str, int]:
         """Attempts already numbered per unit of a round (a reopened round has some), so
         new attempts continue the numbering."""
@@ -482,8 +503,11 @@ class RunStore:
             return _settle(db, run_id, round_index, "round ended", now)
 
     # ------------------------------------------------------------------ units
-    def plan_units(self, run_id: str, round_index: int, unit_ids: Iterable[str]) -> int:
-        """Add a round's units as pending, all in one transaction; returns how many."""
+    def plan_units(self, run_id: str, round_index: int, unit_ids: Iterable[str],
+                   adopt: bool = False) -> int:
+        """Add a round's units as pending, all in one transaction; returns how many.
+        ``adopt``: units the round already holds unsettled (reopened by a resume and
+        gathered there) are taken as they are instead of refused."""
         if round_index < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_index}")
         ids = _check_unit_ids(unit_ids)
@@ -492,7 +516,7 @@ class RunStore:
             state = _run_state(db, run_id)
             if state != "running":
                 raise IllegalTransition(f"run {run_id} is {state}: cannot plan units")
-            ids = _check_new_units(db, run_id, round_index, ids)
+            ids = _check_new_units(db, run_id, round_index, ids, adopt)
             db.executemany("INSERT INTO units (run_id, round, unit_id, status, created, updated) "
                            "VALUES (?, ?, ?, 'pending', ?, ?)",
                            [(run_id, round_index, u, now, now) for u in ids])
@@ -776,18 +800,33 @@ def _check_unit_ids(unit_ids: Iterable[str]) -> list[str]:
 
 
 def _check_new_units(db: sqlite3.Connection, run_id: str, round_index: int,
-                     ids: list[str]) -> list[str]:
+                     ids: list[str], adopt: bool = False) -> list[str]:
     """The ids to insert: a reopened round (see resume_run) plans again exactly the
-    units it has, all pending; any other clash is an error."""
+    units it has, all pending; with ``adopt``, units the round holds unsettled are
+    left as they are; any other clash is an error."""
     existing = dict(db.execute("SELECT unit_id, status FROM units WHERE run_id = ? AND "
                                "round = ?", (run_id, round_index)))
     if existing and set(existing) == set(ids) and set(existing.values()) == {"pending"}:
         return []
+    if adopt:
+        ids = [u for u in ids if existing.get(u) not in UNSETTLED]
     clash = sorted(set(existing).intersection(ids))
     if clash:
         raise ValueError(f"round {round_index} of run {run_id} already has units "
                          f"{', '.join(clash[:5])}")
     return ids
+
+
+def _move_unit_row(db: sqlite3.Connection, key: UnitKey, into_round: int) -> None:
+    """Re-key a unit row, its attempts and events to ``into_round``: the new row first,
+    its children next, the old row last, so no foreign key ever points nowhere."""
+    db.execute("INSERT INTO units (run_id, round, unit_id, status, node, attempts, failures, "
+               "last_reason, created, updated) SELECT run_id, ?, unit_id, status, node, "
+               f"attempts, failures, last_reason, created, updated FROM units "
+               f"WHERE {_UNIT_WHERE}", (into_round, *key))
+    for table in ("attempts", "unit_events"):
+        db.execute(f"UPDATE {table} SET round = ? WHERE {_UNIT_WHERE}", (into_round, *key))
+    db.execute(f"DELETE FROM units WHERE {_UNIT_WHERE}", key)
 
 
 def _name(key: UnitKey) -> str:

@@ -24,7 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.run_config import AGGREGATION, COMPRESSION, OUTPUTS, RUN  # noqa: E402
+from training.run_config import AGGREGATION, COMPRESSION, OUTPUTS, RUN, SCHEDULE  # noqa: E402
 
 CONFIG = ROOT / "config.yaml"
 PAGE = ROOT / "docs" / "clients.md"
@@ -83,6 +83,9 @@ def destination(section: str) -> str:
     if section == COMPRESSION:
         return ("sent inside `config_json` as the object under `\"compression\"`, only when "
                 "`up` or `down` is not `none`")
+    if section == SCHEDULE:
+        return ("sent inside `config_json` as the object under `\"schedule\"`, only when "
+                "`mode` is not `sync`")
     return f"the object sent as `config_json` when `run.algorithm` is `{section}`"
 
 

@@ -293,6 +293,12 @@ struct RunStatus {
   17: optional i64 cancelled,          // attempts called off (backups that lost, quorum)
   18: optional double epoch,           // passes over the data set so far, where it applies
   19: optional double train_loss,      // mean loss the nodes reported in the latest round
+  20: optional string mode,            // schedule.mode: "sync", "async" or "buffered"
+  21: optional i64 model_version,      // asynchronous modes: versions of the global model
+  22: optional i32 pass_index,         // asynchronous modes: the newest pass over the data
+  23: optional i64 todo,               // its units waiting to be sent
+  24: optional i64 pending,            // units out on nodes (of any pass)
+  25: optional i64 done,               // units of the newest pass whose result was kept
 }
 
 struct CancelRunRequest {

@@ -27,7 +27,8 @@ RUN = "run"
 OUTPUTS = "outputs"
 COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator
 AGGREGATION = "aggregation"  # travels inside the algorithm's config (training/aggregation.py)
-NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION)
+SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordinator
+NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE)
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -75,12 +76,14 @@ class RunConfig:
 
     def algorithm_config(self) -> dict[str, Any]:
         """What the train request carries as config_json: the chosen algorithm's section,
-        the `aggregation` settings under their own key, and the compression settings when
-        any codec is on."""
+        the `aggregation` settings under their own key, the compression settings when
+        any codec is on, and the schedule when it is not sync."""
         config = {**self.section(self.algorithm), AGGREGATION: self.section(AGGREGATION)}
         compression = self.sections.get(COMPRESSION, {})
         if any(compression.get(k, "none") != "none" for k in ("up", "down")):
             config[COMPRESSION] = self.section(COMPRESSION)
+        if self.sections.get(SCHEDULE, {}).get("mode", "sync") != "sync":
+            config[SCHEDULE] = self.section(SCHEDULE)
         return config
 
     def section(self, name: str) -> dict[str, Any]:

@@ -3150,11 +3150,17 @@ class RunStatus(object):
      - cancelled
      - epoch
      - train_loss
+     - mode
+     - model_version
+     - pass_index
+     - todo
+     - pending
+     - done
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3174,6 +3180,12 @@ class RunStatus(object):
         self.cancelled = cancelled
         self.epoch = epoch
         self.train_loss = train_loss
+        self.mode = mode
+        self.model_version = model_version
+        self.pass_index = pass_index
+        self.todo = todo
+        self.pending = pending
+        self.done = done
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3297,6 +3309,36 @@ class RunStatus(object):
                     self.train_loss = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 20:
+                if ftype == TType.STRING:
+                    self.mode = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 21:
+                if ftype == TType.I64:
+                    self.model_version = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 22:
+                if ftype == TType.I32:
+                    self.pass_index = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 23:
+                if ftype == TType.I64:
+                    self.todo = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 24:
+                if ftype == TType.I64:
+                    self.pending = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 25:
+                if ftype == TType.I64:
+                    self.done = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3392,6 +3434,30 @@ class RunStatus(object):
         if self.train_loss is not None:
             oprot.writeFieldBegin('train_loss', TType.DOUBLE, 19)
             oprot.writeDouble(self.train_loss)
+            oprot.writeFieldEnd()
+        if self.mode is not None:
+            oprot.writeFieldBegin('mode', TType.STRING, 20)
+            oprot.writeString(self.mode.encode('utf-8') if sys.version_info[0] == 2 else self.mode)
+            oprot.writeFieldEnd()
+        if self.model_version is not None:
+            oprot.writeFieldBegin('model_version', TType.I64, 21)
+            oprot.writeI64(self.model_version)
+            oprot.writeFieldEnd()
+        if self.pass_index is not None:
+            oprot.writeFieldBegin('pass_index', TType.I32, 22)
+            oprot.writeI32(self.pass_index)
+            oprot.writeFieldEnd()
+        if self.todo is not None:
+            oprot.writeFieldBegin('todo', TType.I64, 23)
+            oprot.writeI64(self.todo)
+            oprot.writeFieldEnd()
+        if self.pending is not None:
+            oprot.writeFieldBegin('pending', TType.I64, 24)
+            oprot.writeI64(self.pending)
+            oprot.writeFieldEnd()
+        if self.done is not None:
+            oprot.writeFieldBegin('done', TType.I64, 25)
+            oprot.writeI64(self.done)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -6007,6 +6073,12 @@ RunStatus.thrift_spec = (
     (17, TType.I64, 'cancelled', None, None, ),  # 17
     (18, TType.DOUBLE, 'epoch', None, None, ),  # 18
     (19, TType.DOUBLE, 'train_loss', None, None, ),  # 19
+    (20, TType.STRING, 'mode', 'UTF8', None, ),  # 20
+    (21, TType.I64, 'model_version', None, None, ),  # 21
+    (22, TType.I32, 'pass_index', None, None, ),  # 22
+    (23, TType.I64, 'todo', None, None, ),  # 23
+    (24, TType.I64, 'pending', None, None, ),  # 24
+    (25, TType.I64, 'done', None, None, ),  # 25
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

@@ -27,7 +27,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -270,6 +270,19 @@ class Algorithm(ABC):
     @abstractmethod
     def plan_round(self, round_index: int) -> list[UnitSpec]:
         """The work units of a round."""
+
+    def plan_pass(self, pass_index: int) -> list[UnitSpec]:
+        """The units of one pass over the data (from 1), for the asynchronous modes, which
+        run passes instead of rounds (training/schedule.py). Unit ids must differ between
+        passes. By default a pass is round ``pass_index``'s plan, its ids marked with the
+        pass (an algorithm whose round covers the data set once, like delta_avg)."""
+        return [replace(unit, unit_id=f"{unit.unit_id}.p{pass_index}")
+                for unit in self.plan_round(pass_index)]
+
+    def staleness_scaled(self, name: str) -> bool:
+        """Whether a staleness weight scales the update tensor ``name``: True for deltas
+        and gradients (the default), False for states averaged as they are."""
+        return True
 
     def units_per_round(self) -> int:
         """How many units a round plans (the run's limits and progress count them before

@@ -409,6 +409,15 @@ class SyncSGD(AveragingAlgorithm):
         return UnitSpec(unit_id=f"unit{number}-{start}-{stop}",
                         unit_path=self.data.path_of(start), index_start=start, index_stop=stop)
 
+    def plan_pass(self, pass_index: int) -> list[UnitSpec]:
+        """Every range of the data set once; unit numbers run on over the passes."""
+        first = (pass_index - 1) * self.units_per_epoch
+        return [self._unit(first + j) for j in range(self.units_per_epoch)]
+
+    def staleness_scaled(self, name: str) -> bool:
+        """Gradients are scaled; BatchNorm statistics are states, averaged as they are."""
+        return name.startswith(GRAD)
+
     def unit_samples(self, unit: UnitSpec) -> int | None:
         if unit.index_start is None or unit.index_stop is None:
             return None
