@@ -84,6 +84,7 @@ class RoundEnd:
 class StreamUnit(Unit):
     pass_index: int = 1
     ledger_round: int = 1  # the run store's round of the unit: it moves on with the rounds
+    planned: bool = False  # entered in the run store (when first taken from TODO)
 
 
 @dataclass
@@ -142,12 +143,21 @@ class StreamState:
         self._enqueue(self.pass_index, self._plan_pass(self.pass_index))
 
     def _enqueue(self, pass_index: int, specs: list[UnitSpec]) -> None:
-        earlier = self._ledger.plan_pass_units(self.round_index, [s.unit_id for s in specs])
         for spec in specs:
-            unit = StreamUnit(len(self.units), spec, attempts=earlier.get(spec.unit_id, 0),
-                              pass_index=pass_index, ledger_round=self.round_index)
+            unit = StreamUnit(len(self.units), spec, pass_index=pass_index)
             self.units.append(unit)
             self._queue.append(unit)
+
+    def _issue(self, unit: StreamUnit) -> StreamUnit:
+        """A unit leaving TODO for the first time enters the run store (in the round in
+        progress), so the store holds the units that were sent, not whole passes; one a
+        resume reopened is adopted with the attempts it had."""
+        if not unit.planned:
+            earlier = self._ledger.plan_pass_units(self.round_index, [unit.spec.unit_id])
+            unit.attempts = earlier.get(unit.spec.unit_id, 0)
+            unit.ledger_round, unit.planned = self.round_index, True
+        unit.reserved += 1
+        return unit
 
     # ------------------------------------------------------------ scheduling
     def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
@@ -159,9 +169,7 @@ class StreamState:
                     if not self._queue:
                         self._start_pass()
                     if self._queue:
-                        unit = self._queue.popleft()
-                        unit.reserved += 1
-                        return unit
+                        return self._issue(self._queue.popleft())
                 backup = self._slow_unit(backup_after)
                 if backup is not None:
                     backup.reserved += 1
@@ -353,7 +361,8 @@ class StreamState:
         self._ledger.gather_units(ended - 1, self.round_index,
                                   f"carried on: still to do when round {ended} ended")
         for unit in self.units:
-            unit.ledger_round = self.round_index
+            if unit.planned:
+                unit.ledger_round = self.round_index
 
     def _position(self) -> StreamPosition:
         by_pass: dict[int, list[str]] = {}
