@@ -106,6 +106,8 @@ def progress_fields(s: ttypes.RunStatus) -> list[Field]:
     fields: list[Field | None] = [
         (s.message, s.message, 0) if s.state == "running" and s.message else None,
         (f"epoch {s.epoch:.2f}", f"ep {s.epoch:.1f}", 6) if s.epoch is not None else None,
+        (f"{s.mode} v{s.model_version} pass {s.pass_index}",
+         f"v{s.model_version} p{s.pass_index}", 6) if s.model_version is not None else None,
         (f"loss {s.train_loss:.4f}", f"loss {s.train_loss:.3f}", 4)
         if s.train_loss is not None else None,
         (f"error {s.validation_error:.4f}", f"err {s.validation_error:.4f}", 1)
@@ -284,13 +286,21 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
             "units_total": s.units_total, "rejected": s.rejected, "failed": s.failed,
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
             "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
-            "train_loss": s.train_loss,
+            "train_loss": s.train_loss, "mode": s.mode or "sync", **stream_dict(s),
             "message": s.message, "nodes": [node_dict(n) for n in s.nodes],
             "ledger": dict(s.ledger or {}),
             "unfinished": [{"round": u.round, "unit": u.unit_id, "status": u.status,
                             "node": u.node, "age_seconds": round(u.age_seconds, 1),
                             "attempts": u.attempts, "failures": u.failures,
                             "last_reason": u.last_reason} for u in s.unfinished or []]}
+
+
+def stream_dict(s: ttypes.RunStatus) -> dict[str, Any]:
+    """An asynchronous run's version and pass with its todo / pending / done units."""
+    if s.model_version is None:
+        return {}
+    return {"model_version": s.model_version, "pass": s.pass_index,
+            "todo": s.todo, "pending": s.pending, "done": s.done}
 
 
 def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
@@ -303,6 +313,9 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message and s.state != "running":  # a running run's message is in the line above
         console.print(f"  {s.message}")
+    if s.model_version is not None:
+        console.print(f"  {s.mode}: model version {s.model_version}, pass {s.pass_index}: "
+                      f"todo {s.todo}, pending {s.pending}, done {s.done}")
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
         console.print(f"  units by status: {counts}")

@@ -1,0 +1,285 @@
+"""Asynchronous and buffered modes: versions, staleness, buffers, passes and rounds."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from coordinator.ledger import UnitLedger
+from coordinator.policies import RoundRobinPolicy
+from coordinator.progress import RunProgress
+from coordinator.records import RoundMetrics
+from coordinator.round_engine import EngineSettings, RoundEngine
+from coordinator.run_store import RunStore
+from coordinator.stream_state import StreamPosition, StreamState
+from coordinator.tasks import Task, TaskResult, TaskStatus
+from coordinator.update_filters import DEFAULT_FILTERS
+from tests.inprocess import LocalNode
+from training.aggregation import DEFAULTS, aggregate
+from training.algorithms.base import ConfigError, UnitResult, UnitSpec
+from training.algorithms.delta_avg import DeltaAveraging
+from training.datapaths import DEFAULT_DATA_ROOT
+from training.schedule import ScheduleSettings, check_usable, settings_from, weighted
+
+NODE = LocalNode(0)
+
+
+def plan(pass_index: int) -> list[UnitSpec]:
+    return [UnitSpec(f"u{i}.p{pass_index}", f"u{i}") for i in range(3)]
+
+
+class Recorder:
+    """An `apply` that adds the weighted mean of its results, and keeps what it got."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[UnitResult]] = []
+
+    def __call__(self, round_index, weights, results):
+        self.calls.append(results)
+        step = aggregate(DEFAULTS, [r.update for r in results], [r.num_samples for r in results])
+        return {name: weights[name] + step[name] for name in weights}
+
+
+def stream(schedule: ScheduleSettings, *, rounds: int = 5, updates_per_round: int = 2,
+           ledger: UnitLedger | None = None, position: StreamPosition | None = None,
+           recorder: Recorder | None = None, max_in_flight: int = 10) -> StreamState:
+    state = StreamState(
+        weights={"w": np.zeros(2)}, first_round=1, last_round=rounds,
+        updates_per_round=updates_per_round, schedule=schedule, plan_pass=plan,
+        apply=recorder or Recorder(), scalable=lambda name: name != "bn",
+        ledger=ledger or UnitLedger(None, "r1"), max_attempts=4, position=position)
+    state.max_in_flight = max_in_flight
+    return state
+
+
+def result(version: int, value: float = 1.0, samples: int = 10) -> TaskResult:
+    return TaskResult(TaskStatus.COMPLETED, {"w": np.full(2, value)}, samples, version)
+
+
+def take(state: StreamState):
+    unit = state.next_unit(None)
+    assert unit is not None
+    return unit
+
+
+def finish(state: StreamState, unit, res: TaskResult, **hooks) -> bool:
+    attempt = state.start_attempt(unit, NODE)
+    state.end_attempt(unit, attempt)
+    kept = state.complete(unit, res.update, res, "n0", **hooks)
+    state.release(unit)
+    return kept
+
+
+def test_async_mode_makes_one_version_per_result():
+    recorder = Recorder()
+    state = stream(ScheduleSettings(mode="async"), recorder=recorder)
+    assert finish(state, take(state), result(0))
+    assert state.version == 1 and len(recorder.calls) == 1
+    np.testing.assert_array_equal(state.weights["w"], [1.0, 1.0])
+
+
+def test_a_result_beyond_max_staleness_is_refused_and_its_unit_issued_first():
+    state = stream(ScheduleSettings(mode="async", max_staleness=1), updates_per_round=10)
+    late, other = take(state), take(state)
+    for _ in range(2):  # two versions pass while `late` computes
+        finish(state, take(state), result(state.version))
+    reasons: list[str] = []
+    assert not finish(state, late, result(0), on_stale=reasons.append)
+    assert state.version == 2
+    assert "2 behind (max_staleness 1)" in reasons[0]
+    assert take(state) is late  # computed again, before anything else
+    assert other is not late
+
+
+def test_a_result_within_max_staleness_is_kept():
+    state = stream(ScheduleSettings(mode="async", max_staleness=2), updates_per_round=10)
+    late = take(state)
+    for _ in range(2):
+        finish(state, take(state), result(state.version))
+    assert finish(state, late, result(0))
+    assert state.version == 3
+
+
+def test_polynomial_weighting_scales_a_result_by_its_staleness():
+    recorder = Recorder()
+    schedule = ScheduleSettings(mode="async", staleness_weighting="polynomial",
+                                staleness_exponent=0.5)
+    state = stream(schedule, updates_per_round=10, recorder=recorder)
+    late = take(state)
+    for _ in range(3):
+        finish(state, take(state), result(state.version))
+    finish(state, late, result(0, value=2.0))
+    np.testing.assert_allclose(recorder.calls[-1][0].update["w"], 2.0 * (1 + 3) ** -0.5)
+    np.testing.assert_array_equal(recorder.calls[0][0].update["w"], 1.0)  # fresh: as sent
+
+
+def test_weighting_leaves_states_alone():
+    kept = UnitResult(UnitSpec("u", "u"), {"g": np.ones(2), "bn": np.ones(2)}, 5)
+    scaled = weighted([kept], [0.25], lambda name: name != "bn")[0]
+    np.testing.assert_array_equal(scaled.update["g"], 0.25)
+    np.testing.assert_array_equal(scaled.update["bn"], 1.0)
+    assert weighted([kept], [1.0], lambda name: True)[0] is kept
+
+
+def test_buffered_mode_applies_the_rule_over_each_full_buffer():
+    recorder = Recorder()
+    state = stream(ScheduleSettings(mode="buffered", buffer_size=3), recorder=recorder,
+                   updates_per_round=10)
+    values = [(1.0, 10), (4.0, 30), (-2.0, 20)]
+    for value, samples in values[:2]:
+        finish(state, take(state), result(0, value, samples))
+        assert state.version == 0 and not recorder.calls  # the buffer is not full yet
+    finish(state, take(state), result(0, *values[2]))
+    assert state.version == 1 and len(recorder.calls[0]) == 3
+    expected = sum(v * n for v, n in values) / sum(n for _, n in values)
+    np.testing.assert_allclose(state.weights["w"], expected)
+
+
+def test_a_new_pass_starts_when_todo_is_empty_and_failures_are_counted_per_pass():
+    state = stream(ScheduleSettings(mode="async"), updates_per_round=100)
+    first = [take(state) for _ in range(3)]
+    assert [u.spec.unit_id for u in first] == ["u0.p1", "u1.p1", "u2.p1"]
+    assert state.counts()["todo"] == 0 and state.pass_index == 1
+    state.start_attempt(first[0], NODE)
+    state.end_attempt(first[0], 1)
+    state.record_failure(first[0], "boom", max_failures=3)
+    state.release(first[0])
+    assert first[0].failures == 1
+    assert take(state) is first[0]  # a failed unit goes back to the front of todo
+    nxt = take(state)  # todo empty: pass 2 begins, its units fresh
+    assert (nxt.spec.unit_id, nxt.failures, state.pass_index) == ("u0.p2", 0, 2)
+    assert state.counts() == {"version": 0, "pass": 2, "todo": 2, "pending": 4, "done": 0}
+
+
+def test_a_unit_is_discarded_for_its_pass_after_its_failures():
+    state = stream(ScheduleSettings(mode="async"), updates_per_round=100)
+    unit = take(state)
+    for attempt in range(1, 3):
+        state.start_attempt(unit, NODE)
+        state.end_attempt(unit, attempt)
+        assert state.record_failure(unit, "boom", max_failures=2) == (attempt == 2)
+    assert unit not in state.units and unit.discarded
+
+
+def test_no_more_units_go_out_than_max_in_flight():
+    state = stream(ScheduleSettings(mode="async"), max_in_flight=2)
+    take(state), take(state)
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(state.next_unit(None)))
+    worker.start()
+    worker.join(0.3)
+    assert worker.is_alive() and not got  # waits for a unit to come back
+    state.finish()
+    worker.join(5)
+    assert got == [None]
+
+
+def test_a_round_ends_after_its_versions_and_holds_the_next_until_written(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    store.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3,
+                     config={}, policy=1)
+    ledger = UnitLedger(store, "r1", strict=True)
+    state = stream(ScheduleSettings(mode="async"), rounds=3, updates_per_round=2, ledger=ledger)
+    out = take(state)
+    state.start_attempt(out, NODE, lambda n: ledger.started(1, out.spec.unit_id, n, NODE.name))
+    for _ in range(2):
+        unit = take(state)
+        attempt = state.start_attempt(unit, NODE, lambda n, u=unit: ledger.started(
+            state.ledger_round(u), u.spec.unit_id, n, NODE.name))
+        state.end_attempt(unit, attempt)
+        state.complete(unit, {"w": np.ones(2)}, result(state.version), "n0",
+                       on_kept=lambda u=unit, a=attempt: ledger.finished(
+                           state.ledger_round(u), u.spec.unit_id, a, NODE.name, "completed"))
+    end = state.round_end
+    assert (end.round, end.version, end.results) == (1, 2, 2)
+    assert end.position.open_units == {1: ("u0.p1",)}  # still out: not in the weights
+    # the unit still out moved on into round 2, where its result will count
+    assert store.ledger_counts("r1", 1) == {**store.ledger_counts("r1", 1), "completed": 2,
+                                            "in_progress": 0}
+    assert store.ledger_counts("r1", 2)["in_progress"] == 1 and out.ledger_round == 2
+    third = take(state)  # pass 2
+    blocked = threading.Thread(target=lambda: finish(state, third, result(2)))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive() and state.version == 2  # held until round 1 is written
+    state.round_written()
+    blocked.join(5)
+    assert state.version == 3
+
+
+def test_a_position_reopens_the_units_a_checkpoint_does_not_hold():
+    position = StreamPosition(2, {1: ("u2.p1",), 2: ("u1.p2", "u2.p2")})
+    state = stream(ScheduleSettings(mode="async"), position=position)
+    assert [take(state).spec.unit_id for _ in range(4)] == ["u2.p1", "u1.p2", "u2.p2", "u0.p3"]
+    assert StreamPosition.from_dict(position.to_dict()) == position
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"mode": "eventual"}, "schedule.mode"),
+    ({"buffer_size": 0}, "schedule.buffer_size"),
+    ({"max_staleness": -1}, "schedule.max_staleness"),
+    ({"staleness_weighting": "exp"}, "schedule.staleness_weighting"),
+    ({"staleness_exponent": float("nan")}, "schedule.staleness_exponent"),
+    ({"updates_per_round": -2}, "schedule.updates_per_round"),
+    ({"buffer": 3}, "schedule.buffer"),
+])
+def test_bad_schedule_settings_are_refused_naming_the_key(raw, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        settings_from(raw)
+
+
+@pytest.mark.parametrize("algorithm", ["md_gan", "fl_gan"])
+def test_asynchronous_modes_are_refused_for_algorithms_that_need_rounds(algorithm):
+    with pytest.raises(ConfigError, match="schedule.mode: .*cannot train in 'async'"):
+        check_usable(settings_from({"mode": "async"}), algorithm, deterministic=False)
+    check_usable(settings_from({"mode": "sync"}), algorithm, deterministic=False)
+
+
+def test_asynchronous_modes_are_never_deterministic():
+    with pytest.raises(ConfigError, match="schedule.mode: 'buffered' cannot be deterministic"):
+        check_usable(settings_from({"mode": "buffered"}), "delta_avg", deterministic=True)
+
+
+def test_the_engine_streams_units_over_in_process_nodes_and_the_ledger_adds_up(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    store.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3,
+                     config={}, policy=2)
+    ledger = UnitLedger(store, "r1", strict=True)
+    algorithm = DeltaAveraging("mlp", {"epochs": 1, "hidden": [16], "scale_features": True,
+                                       "local_optimizer": "adam", "eta": 0.005,
+                                       "server_optimizer": "momentum", "server_lr": 0.1},
+                               DEFAULT_DATA_ROOT / "letters")
+    nodes = [LocalNode(i) for i in range(3)]
+    progress = RunProgress("r1", 3, 11, lambda: [n.summary() for n in nodes])
+    engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(), progress,
+                         threading.Event(), ledger)
+    state = StreamState(
+        weights=algorithm.initial_weights(), first_round=1, last_round=3, updates_per_round=11,
+        schedule=ScheduleSettings(mode="async"), plan_pass=algorithm.plan_pass,
+        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
+        scalable=algorithm.staleness_scaled, ledger=ledger, max_attempts=6)
+
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        round_index, version, weights = state.newest()
+        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm="delta_avg", model="mlp", dataset="letters",
+                    unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
+                    weights=weights, scheduling_policy=2, model_version=version)
+
+    ends = []
+
+    def written(end) -> None:
+        ends.append((end.round, end.version, end.results))
+        ledger.round_ended(RoundMetrics(end.round, 0.5, 1.0, end.train_loss, 0.1), end.results,
+                           len(end.discarded))
+
+    engine.run_stream(state, build, DEFAULT_FILTERS, written)
+    assert ends == [(1, 11, 11), (2, 22, 11), (3, 33, 11)]
+    for round_index in (1, 2, 3):  # each round holds exactly the results its versions took
+        assert store.ledger_counts("r1", round_index)["completed"] == 11
+    assert progress.units_done == 33
+    before = algorithm.evaluate(algorithm.initial_weights()).validation_error
+    assert algorithm.evaluate(state.weights).validation_error < before - 0.1  # it learned
