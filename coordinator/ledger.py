@@ -54,10 +54,11 @@ class UnitLedger:
         self._write("plan_units", round_index, unit_ids)
         return self._write("attempts_so_far", round_index) or {}
 
-    def plan_pass_units(self, round_index: int, unit_ids: list[str]) -> dict[str, int]:
-        """Plan a pass's units in the current round of an asynchronous run, adopting those
-        a resume reopened; returns the attempts they already had."""
-        self._write("plan_units", round_index, unit_ids, adopt=True)
+    def plan_pass_units(self, round_index: int, pass_index: int,
+                        unit_ids: list[str]) -> dict[str, int]:
+        """Plan units of pass ``pass_index`` in the current round of an asynchronous run,
+        adopting those a resume reopened; returns the attempts they already had."""
+        self._write("plan_units", round_index, unit_ids, adopt=True, pass_index=pass_index)
         return self._write("attempts_so_far", round_index) or {}
 
     def gather_units(self, after_round: int, into_round: int, reason: str) -> None:

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: nodes.last_heartbeat
+SCHEMA_VERSION = 3  # 2: nodes.last_heartbeat; 3: units.pass
 RUN_STATES = ("running", "completed", "failed", "cancelled")
 END_STATES = frozenset(RUN_STATES[1:])
 UNIT_STATUSES = ("pending", "in_progress", "completed", "failed", "stale", "cancelled",
@@ -128,6 +128,7 @@ _SCHEMA = (
         last_reason TEXT,
         created REAL NOT NULL,
         updated REAL NOT NULL,
+        pass INTEGER,  -- asynchronous modes: the pass over the data; NULL in sync rounds
         PRIMARY KEY (run_id, round, unit_id)) WITHOUT ROWID""",
     """CREATE TABLE attempts (
         run_id TEXT NOT NULL,
@@ -172,6 +173,12 @@ _SCHEMA = (
         last_heartbeat REAL,
         PRIMARY KEY (run_id, node))""",
 )
+
+_ADD_PASS = "ALTER TABLE units ADD COLUMN pass INTEGER"
+_MIGRATIONS = {  # a file of an older schema version -> what brings it to SCHEMA_VERSION
+    1: ("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL", _ADD_PASS),
+    2: (_ADD_PASS,),
+}
 
 # Status queries (`client.py status` polls twice a second) read only the unsettled rows
 # through these, instead of every unit and attempt of a long run.
@@ -504,10 +511,11 @@ class RunStore:
 
     # ------------------------------------------------------------------ units
     def plan_units(self, run_id: str, round_index: int, unit_ids: Iterable[str],
-                   adopt: bool = False) -> int:
+                   adopt: bool = False, pass_index: int | None = None) -> int:
         """Add a round's units as pending, all in one transaction; returns how many.
         ``adopt``: units the round already holds unsettled (reopened by a resume and
-        gathered there) are taken as they are instead of refused."""
+        gathered there) are taken as they are instead of refused. ``pass_index``: the
+        pass over the data the units belong to (asynchronous modes)."""
         if round_index < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_index}")
         ids = _check_unit_ids(unit_ids)
@@ -517,9 +525,9 @@ class RunStore:
             if state != "running":
                 raise IllegalTransition(f"run {run_id} is {state}: cannot plan units")
             ids = _check_new_units(db, run_id, round_index, ids, adopt)
-            db.executemany("INSERT INTO units (run_id, round, unit_id, status, created, updated) "
-                           "VALUES (?, ?, ?, 'pending', ?, ?)",
-                           [(run_id, round_index, u, now, now) for u in ids])
+            db.executemany("INSERT INTO units (run_id, round, unit_id, status, created, updated, "
+                           "pass) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+                           [(run_id, round_index, u, now, now, pass_index) for u in ids])
             db.executemany(_EVENT_INSERT, [(run_id, round_index, u, None, None, None, "pending",
                                             None, None, now) for u in ids])
         return len(ids)
@@ -691,6 +699,17 @@ class RunStore:
         counts.update(dict(rows))
         return counts
 
+    def pass_counts(self, run_id: str) -> dict[int, dict[str, int]]:
+        """Units per pass and status of an asynchronous run (units enter the store when
+        first sent, so a pass holds the units sent so far)."""
+        counts: dict[int, dict[str, int]] = {}
+        with self._tx(write=False) as db:
+            for pass_index, status, n in db.execute(
+                    "SELECT pass, status, COUNT(*) FROM units WHERE run_id = ? AND pass IS NOT "
+                    "NULL GROUP BY pass, status", (run_id,)):
+                counts.setdefault(pass_index, {})[status] = n
+        return counts
+
     def node_stats(self, run_id: str) -> list[NodeRecord]:
         """Per-node counts of a run, by node name."""
         with self._tx(write=False) as db:
@@ -751,8 +770,9 @@ def _check_version(path: str, db: sqlite3.Connection, tables: set[str]) -> None:
     version = rows[0][0] if len(rows) == 1 else None
     if version == SCHEMA_VERSION:
         return
-    if version == 1:  # the one migration so far: a column added
-        db.execute("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL")
+    if version in _MIGRATIONS:  # columns added since: the file gains them
+        for statement in _MIGRATIONS[version]:
+            db.execute(statement)
         db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         return
     if isinstance(version, int) and version > SCHEMA_VERSION:
@@ -821,8 +841,8 @@ def _move_unit_row(db: sqlite3.Connection, key: UnitKey, into_round: int) -> Non
     """Re-key a unit row, its attempts and events to ``into_round``: the new row first,
     its children next, the old row last, so no foreign key ever points nowhere."""
     db.execute("INSERT INTO units (run_id, round, unit_id, status, node, attempts, failures, "
-               "last_reason, created, updated) SELECT run_id, ?, unit_id, status, node, "
-               f"attempts, failures, last_reason, created, updated FROM units "
+               "last_reason, created, updated, pass) SELECT run_id, ?, unit_id, status, node, "
+               f"attempts, failures, last_reason, created, updated, pass FROM units "
                f"WHERE {_UNIT_WHERE}", (into_round, *key))
     for table in ("attempts", "unit_events"):
         db.execute(f"UPDATE {table} SET round = ? WHERE {_UNIT_WHERE}", (into_round, *key))

@@ -153,7 +153,8 @@ class StreamState:
         progress), so the store holds the units that were sent, not whole passes; one a
         resume reopened is adopted with the attempts it had."""
         if not unit.planned:
-            earlier = self._ledger.plan_pass_units(self.round_index, [unit.spec.unit_id])
+            earlier = self._ledger.plan_pass_units(self.round_index, unit.pass_index,
+                                                   [unit.spec.unit_id])
             unit.attempts = earlier.get(unit.spec.unit_id, 0)
             unit.ledger_round, unit.planned = self.round_index, True
         unit.reserved += 1

@@ -492,6 +492,7 @@ def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
         s.node_failure("r1", A, "refused")
     with closing(sqlite3.connect(path)) as db, db:  # make it a file of the first schema
         db.execute("ALTER TABLE nodes DROP COLUMN last_heartbeat")
+        db.execute("ALTER TABLE units DROP COLUMN pass")
         db.execute("UPDATE schema_version SET version = 1")
     with RunStore(path) as s:
         s.node_heartbeats("r1", {A: 100.5, B: 101.0})
@@ -499,3 +500,37 @@ def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
         stats = {n.node: n for n in s.node_stats("r1")}
     assert stats[A].last_heartbeat == 102.0 and stats[A].failed == 1  # counts kept
     assert stats[B].last_heartbeat == 101.0 and stats[B].failed == 0
+
+
+def test_a_version_2_file_gains_the_pass_column_and_keeps_its_units(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with RunStore(path) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2)
+        s.plan_units("r1", 1, ["a"])
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("ALTER TABLE units DROP COLUMN pass")
+        db.execute("UPDATE schema_version SET version = 2")
+    with RunStore(path) as s:
+        s.plan_units("r1", 2, ["a.p1", "b.p1"], pass_index=1)
+        assert s.pass_counts("r1") == {1: {"pending": 2}}
+        assert s.ledger_counts("r1")["pending"] == 3
+
+
+def test_gathered_units_keep_their_attempts_events_and_pass(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "runs.db") as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3)
+        s.plan_units("r1", 1, ["a.p1", "b.p1"], pass_index=1)
+        s.unit_started("r1", 1, "a.p1", 1, A)
+        s.unit_started("r1", 1, "b.p1", 1, B)
+        s.unit_finished("r1", 1, "b.p1", 1, B, "completed")
+        assert s.gather_units("r1", 0, 2, "carried on") == 1  # the unsettled one moves
+        assert s.ledger_counts("r1", 1)["completed"] == 1
+        assert s.ledger_counts("r1", 2)["in_progress"] == 1
+        s.unit_finished("r1", 2, "a.p1", 1, A, "completed")  # its attempt moved with it
+        assert [e.to_status for e in s.unit_history("r1", 2, "a.p1")] == [
+            "pending", "in_progress", "in_progress", "completed"]
+        assert s.pass_counts("r1") == {1: {"completed": 2}}
+        with pytest.raises(ValueError, match="already has units a.p1"):
+            s.plan_units("r1", 2, ["a.p1"], adopt=True, pass_index=1)  # settled: done once
+        s.plan_units("r1", 2, ["c.p2"], pass_index=2)
+        assert s.plan_units("r1", 2, ["c.p2", "d.p2"], adopt=True, pass_index=2) == 1
