@@ -71,6 +71,15 @@ class Settings:
     seed: int
     timeout: float
     client_poll: float  # seconds between the client's status calls
+    mode: str = "sync"  # schedule.mode of the run
+    buffer_size: int = 3  # schedule.buffer_size of a buffered run
+
+    @property
+    def results_per_round(self) -> int:
+        """Results a round takes: its units (sync, async), or whole buffers of them."""
+        if self.mode != "buffered":
+            return self.units
+        return -(-self.units // self.buffer_size) * self.buffer_size
 
 
 def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
@@ -100,6 +109,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     add("--hidden", type=int, default=8, help="hidden units of the MLP (default 8)")
     add("--epochs", type=int, default=1, help="local epochs per unit (default 1)")
     add("--seed", type=int, default=1, help="seed of kills, loads, scheduling and model")
+    add("--mode", default="sync", choices=["sync", "async", "buffered"],
+        help="schedule.mode of the run (default sync)")
+    add("--buffer-size", type=int, default=3, help="schedule.buffer_size in buffered mode "
+                                                   "(default 3)")
     add("--client-poll", type=float, default=0.5, metavar="SECONDS",
         help="the client's progress refresh: one status call this often (default 0.5, the "
              "client's own default)")
@@ -122,7 +135,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
         down=args.down or (0.5 if quick else 2.0), max_down=args.max_down, load=args.load,
         load_delay=args.load_delay, policy=args.policy, hidden=args.hidden, epochs=args.epochs,
         seed=args.seed, timeout=args.timeout or 120.0 + 3.0 * rounds,
-        client_poll=args.client_poll)
+        client_poll=args.client_poll, mode=args.mode, buffer_size=args.buffer_size)
     problem = check_settings(settings)
     if problem:
         parser.error(problem)
@@ -329,14 +342,26 @@ class Cluster:
         return int(wait_for_file(port_file, self.coordinator))
 
     def start_client(self, port: int) -> None:
-        h = str(self.s.hidden)
         self.client = self.children.start(
-            [str(REPO / "client.py"), "127.0.0.1", str(port), DATASET, str(self.s.rounds),
-             str(self.s.epochs), h, "0.05", "--scale-features", "--seed", str(self.s.seed),
+            [str(REPO / "client.py"), "127.0.0.1", str(port), *self.training_args(),
              "--run-id", self.run_id, "--out", str(self.workdir / "models"), "--json",
              "--quiet", "--poll", str(self.s.client_poll), "--dead-after", "60"],
             self.workdir / "client.log",
             self.workdir / "client.json")
+
+    def training_args(self) -> list[str]:
+        """The run: the positional letters run in sync mode, the same settings as a
+        configuration with its schedule in the asynchronous modes."""
+        s = self.s
+        if s.mode == "sync":
+            return [DATASET, str(s.rounds), str(s.epochs), str(s.hidden), "0.05",
+                    "--scale-features", "--seed", str(s.seed)]
+        settings = {"run.dataset": DATASET, "run.rounds": s.rounds, "run.seed": s.seed,
+                    "delta_avg.epochs": s.epochs, "delta_avg.hidden": f"[{s.hidden}]",
+                    "delta_avg.eta": 0.05, "delta_avg.scale_features": "true",
+                    "schedule.mode": s.mode, "schedule.buffer_size": s.buffer_size}
+        return ["--config", str(REPO / "config.yaml"),
+                *[arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]]
 
     @property
     def store_path(self) -> Path:
@@ -488,7 +513,7 @@ class Ledger:
         return all(c.ok for c in self.checks)
 
 
-def audit(store: Path, run_id: str, rounds: int, units: int) -> Ledger:
+def audit(store: Path, run_id: str, s: Settings) -> Ledger:
     """Read the run store directly (plain SQL, not the coordinator's code) and check that
     every planned unit is accounted for."""
     if not store.is_file():
@@ -496,12 +521,45 @@ def audit(store: Path, run_id: str, rounds: int, units: int) -> Ledger:
                       [], 0.0, 0.0)
     db = sqlite3.connect(store)
     try:
-        return _audit(db, run_id, rounds, units)
+        ledger = _audit(db, run_id, s.rounds, s.units, s.mode != "sync")
+        if s.mode != "sync":
+            ledger.checks = [*_stream_checks(db, run_id, s), *ledger.checks]
+        return ledger
     finally:
         db.close()
 
 
-def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int) -> Ledger:
+def _stream_checks(db: sqlite3.Connection, run_id: str, s: Settings) -> list[Check]:
+    """An asynchronous run records a unit in the round whose version took its result, and
+    its units in passes over the data: each round took exactly its results, and every pass
+    before the newest holds every unit once, completed or discarded (or out on a node when
+    the run ended, in its last round)."""
+    per_round = _units_per_round(db, run_id)
+    wrong = [r for r in range(1, s.rounds + 1)
+             if per_round.get(r, {}).get("completed", 0) != s.results_per_round]
+    passes: dict[int, dict[str, int]] = {}
+    for pass_index, status, last, n in db.execute(
+            "SELECT pass, status, round = ?, COUNT(*) FROM units WHERE run_id = ? "
+            "GROUP BY pass, status, round = ?", (s.rounds, run_id, s.rounds)):
+        key = "cancelled at the end" if (status, last) == ("cancelled", 1) else status
+        counts = passes.setdefault(-1 if pass_index is None else pass_index, {})
+        counts[key] = counts.get(key, 0) + n
+    full = sorted(p for p in passes if p > 0)[:-1]  # the newest pass may still be partial
+    open_passes = [p for p in full if sum(passes[p].values()) != s.units or set(passes[p])
+                   - {"completed", "discarded", "cancelled at the end"}]
+    return [
+        Check("each round took its results", not wrong,
+              f"{s.results_per_round} completed per round; rounds that differ: {wrong[:5]}"),
+        Check("every unit has its pass", -1 not in passes,
+              f"{sum(passes.get(-1, {}).values())} units without a pass"),
+        Check("every earlier pass settled", not open_passes,
+              f"{len(passes)} passes; unsettled or short: "
+              f"{[(p, passes[p]) for p in open_passes[:3]]}"),
+    ]
+
+
+def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int,
+           asynchronous: bool = False) -> Ledger:
     def one(sql: str) -> int:
         return db.execute(sql, (run_id,)).fetchone()[0]
 
@@ -522,16 +580,20 @@ def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int) -> Ledg
     wrong_counts = [r for r, done, dropped, _ in recorded
                     if (done, dropped) != (per_round.get(r, {}).get("completed", 0),
                                            per_round.get(r, {}).get("discarded", 0))]
-    short = [r for r in range(1, rounds + 1) if sum(per_round.get(r, {}).values()) != units]
+    short = [] if asynchronous else [  # asynchronous rounds: see _stream_checks
+        r for r in range(1, rounds + 1) if sum(per_round.get(r, {}).values()) != units]
+    # units out on a node when an asynchronous run ended are cancelled, in its last round
+    leftovers = per_round.get(rounds, {}).get("cancelled", 0) if asynchronous else 0
     checks = [
         Check("run completed", state == "completed", f"state {state} ({message or 'no message'})"),
         Check("every round recorded", [r[0] for r in recorded] == list(range(1, rounds + 1)),
               f"{len(recorded)} of {rounds} rounds"),
-        Check("every planned unit present", total == rounds * units and not short,
+        Check("every planned unit present", asynchronous or total == rounds * units and not short,
               f"{total} units = {rounds} rounds x {units}"
               + (f"; rounds with a wrong count: {short[:5]}" if short else "")),
-        Check("every unit completed or discarded", settled == total,
-              f"{settled} of {total}; statuses {statuses}"),
+        Check("every unit completed or discarded", settled + leftovers == total,
+              f"{settled} of {total}; statuses {statuses}"
+              + (f"; {leftovers} out when the run ended" if leftovers else "")),
         Check("every discard has a reason", one(
             "SELECT COUNT(*) FROM units WHERE run_id = ? AND status = 'discarded' "
             "AND (last_reason IS NULL OR last_reason = '')") == 0,
@@ -807,7 +869,7 @@ def soak(s: Settings, workdir: Path) -> Outcome:
         cluster.stop()
     if killer.error is not None:
         problems.append(f"killer: {killer.error}")
-    ledger = audit(cluster.store_path, cluster.run_id, s.rounds, s.units)
+    ledger = audit(cluster.store_path, cluster.run_id, s)
     notes, examples = log_notes(workdir / "coordinator.log")
     return Outcome(cluster.client.returncode, ledger, sampler.samples, killer.events,
                    cluster.client_result(), problems, notes, examples)

@@ -28,6 +28,7 @@ One re-entrant lock guards it all, and the engine writes the ledger under it
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -41,6 +42,8 @@ from coordinator.round_state import WAIT_STEP_SECONDS, Unit
 from coordinator.tasks import TaskResult
 from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
+
+log = logging.getLogger("coordinator.engine")
 
 # (round, weights, results) -> the next weights: the algorithm's aggregate
 ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]
@@ -168,6 +171,8 @@ class StreamState:
             while not self._over:
                 if not backups_only and self._in_flight() < self.max_in_flight:
                     if not self._queue:
+                        self._requeue_orphans()
+                    if not self._queue:
                         self._start_pass()
                     if self._queue:
                         return self._issue(self._queue.popleft())
@@ -177,6 +182,14 @@ class StreamState:
                     return backup
                 self._cond.wait(WAIT_STEP_SECONDS)
             return None
+
+    def _requeue_orphans(self) -> None:
+        """Queue again any unsettled unit that nobody holds (e.g. one its node cancelled),
+        so no path can lose a unit of a pass before the next pass starts."""
+        for unit in self.units:
+            if not (unit.reserved or unit.started or unit in self._queue):
+                log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
+                self._queue.append(unit)
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
@@ -191,8 +204,11 @@ class StreamState:
         return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
 
     def requeue(self, unit: Unit, wait_seconds: float) -> None:
+        """Queue a unit no node took; unless an attempt of it is out, or it is queued
+        already (a worker that waits here still holds it, and another may have taken it
+        from the queue meanwhile: the unit must not be left to neither)."""
         with self._cond:
-            if self._open(unit) and unit.reserved == 1 and unit not in self._queue:
+            if self._open(unit) and not unit.started and unit not in self._queue:
                 self._queue.append(unit)
             if wait_seconds > 0:
                 self._cond.wait(wait_seconds)
@@ -289,6 +305,9 @@ class StreamState:
         it), apply the buffer when it is full; a result too stale is refused
         (``on_stale`` records why) and its unit queued first to be computed again."""
         with self._cond:
+            # Held while a round end is written: a result kept now belongs to the next
+            # round, and the buffer is always empty when a round ends.
+            self._wait_for_round_written()
             if self._over or not self._open(unit):
                 return False
             staleness = self.version - result.model_version
@@ -309,7 +328,8 @@ class StreamState:
                 self._done_in_pass += 1
             kept = UnitResult(unit.spec, update, result.num_samples, result.loss, node)
             self._buffer.append((kept, self.schedule.weight(max(staleness, 0))))
-            self._apply_full_buffers()
+            if len(self._buffer) >= self.schedule.results_per_version:
+                self._apply_buffer()
             self._cond.notify_all()
             return True
 
@@ -324,20 +344,10 @@ class StreamState:
         while self.round_end is not None and not self._over and self.fatal is None:
             self._cond.wait(WAIT_STEP_SECONDS)
 
-    def _apply_full_buffers(self) -> None:
-        """Make a version of every full buffer. Another worker may have applied this
-        result while this one waited for a round to be written: the buffer says."""
-        size = self.schedule.results_per_version
-        while len(self._buffer) >= size:
-            self._wait_for_round_written()
-            if self._over or self.fatal is not None or len(self._buffer) < size:
-                return
-            taken, self._buffer = self._buffer[:size], self._buffer[size:]
-            self._apply_buffer(taken)
-
-    def _apply_buffer(self, taken: list[tuple[UnitResult, float]]) -> None:
-        results = [r for r, _ in taken]
-        factors = [f for _, f in taken]
+    def _apply_buffer(self) -> None:
+        results = [r for r, _ in self._buffer]
+        factors = [f for _, f in self._buffer]
+        self._buffer = []
         self.weights = self._apply(self.round_index, self.weights,
                                    weighted(results, factors, self._scalable))
         self.version += 1

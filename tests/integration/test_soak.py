@@ -43,3 +43,13 @@ def test_quick_soak_kills_and_restarts_nodes_and_loses_no_unit(tmp_path):
     assert totals["units_completed"] + totals["units_discarded"] == totals["units_planned"] == 320
     assert totals["kills"] >= 1 and totals["restarts"] >= 1
     assert len(data["samples"]) >= 1  # the coordinator was sampled from /proc
+
+
+def test_a_buffered_soak_records_each_round_and_pass_of_its_stream(tmp_path):
+    rc, output, data = run_soak(tmp_path, "--quick", "--mode", "buffered", "--rounds", "60",
+                                "--kill-every", "0.3", "--timeout", "60")
+    assert rc == 0, output
+    names = {check["name"]: check["ok"] for check in data["checks"]}
+    assert names["each round took its results"] and names["every earlier pass settled"]
+    assert all(names.values()), data["checks"]
+    assert data["totals"]["units_completed"] == 60 * 9  # 3 versions of 3 results per round
