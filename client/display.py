@@ -107,7 +107,8 @@ def progress_fields(s: ttypes.RunStatus) -> list[Field]:
         (s.message, s.message, 0) if s.state == "running" and s.message else None,
         (f"epoch {s.epoch:.2f}", f"ep {s.epoch:.1f}", 6) if s.epoch is not None else None,
         (f"{s.mode} v{s.model_version} pass {s.pass_index}",
-         f"v{s.model_version} p{s.pass_index}", 6) if s.model_version is not None else None,
+         f"v{s.model_version} p{s.pass_index}", 6)
+        if s.model_version is not None and s.mode != "sync" else None,
         (f"loss {s.train_loss:.4f}", f"loss {s.train_loss:.3f}", 4)
         if s.train_loss is not None else None,
         (f"error {s.validation_error:.4f}", f"err {s.validation_error:.4f}", 1)
@@ -296,8 +297,9 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
 
 
 def stream_dict(s: ttypes.RunStatus) -> dict[str, Any]:
-    """An asynchronous run's version and pass with its todo / pending / done units."""
-    if s.model_version is None:
+    """The version and pass with its todo / pending / done units, of a run that draws
+    units from passes over the data."""
+    if s.pass_index is None:
         return {}
     return {"model_version": s.model_version, "pass": s.pass_index,
             "todo": s.todo, "pending": s.pending, "done": s.done}
@@ -313,7 +315,7 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message and s.state != "running":  # a running run's message is in the line above
         console.print(f"  {s.message}")
-    if s.model_version is not None:
+    if s.pass_index is not None:
         console.print(f"  {s.mode}: model version {s.model_version}, pass {s.pass_index}: "
                       f"todo {s.todo}, pending {s.pending}, done {s.done}")
     if data["ledger"]:

@@ -36,6 +36,7 @@ from coordinator.node_pool import (
 )
 from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
+from coordinator.pass_queue import PassQueue
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
 from coordinator.records import (
@@ -160,6 +161,14 @@ class Run:
         self._residuals = ResidualPlacement(
             lambda unit: self.algorithm.unit_slot(unit, self.algorithm.config)) \
             if self.compression.keeps_residuals else None
+        self._planned = planned
+        # sync rounds of an algorithm that draws them from passes over the data
+        self._passes = PassQueue(self.algorithm.plan_pass, _position(resume_from)) \
+            if self.algorithm.rounds_from_passes and not self.schedule.asynchronous else None
+        if self._passes is not None:
+            passes = self._passes
+            self.progress.stream_counts = lambda: {**passes.counts(),
+                                                   "version": self.progress.round}
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -353,7 +362,8 @@ class Run:
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         bytes_before = self.payload_totals()
-        units = self.algorithm.plan_round(round_index)
+        units = self._passes.take(self._planned) if self._passes is not None \
+            else self.algorithm.plan_round(round_index)
         if self._residuals is not None:
             units = self._residuals.prefer(units)
         # compressed once, sent with every unit
@@ -370,6 +380,8 @@ class Run:
             round_index, units, self.algorithm.quorum(len(units)), build,
             round_filters(self.algorithm, weights, self._norm_limit), earlier_attempts=earlier)
         update_started = time.monotonic()
+        if self._passes is not None:  # what the round did not use comes round again
+            self._passes.settle([r.unit.unit_id for r in outcome.results] + outcome.discarded)
         weights = self.algorithm.aggregate(round_index, weights, outcome.results,
                                            outcome.failures)
         if self._residuals is not None:
@@ -379,7 +391,8 @@ class Run:
             cannot_dial=lambda node: not node.accepts_connections))
         metrics = self._round_written(
             RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
-                     outcome.discarded, None), started, bytes_before, update_started)
+                     outcome.discarded, self._passes and self._passes.position()),
+            started, bytes_before, update_started)
         return weights, metrics
 
     def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],
@@ -418,9 +431,7 @@ class Run:
         """The rounds after ``done`` in an asynchronous mode (coordinator/stream_state.py):
         units flow without barriers and each round is written out as its last version is
         made. Returns the last round's weights."""
-        position = None
-        if self.resume_from is not None and self.resume_from.stream is not None:
-            position = StreamPosition.from_dict(self.resume_from.stream)
+        position = _position(self.resume_from)
         if self.resumed:  # the units the resume reopened, into the round it starts with
             self.ledger.gather_units(done, done + 1, "reopened: gathered into the round "
                                      "the resumed run starts with")
@@ -575,6 +586,16 @@ def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
         raise _invalid(str(exc)) from None
     except OSError as exc:  # e.g. a name the file system refuses
         raise _invalid(f"dataset: {exc.strerror or exc}") from None
+
+
+def _position(checkpoint: Checkpoint | None) -> StreamPosition | None:
+    """Where the checkpoint left the passes over the data, if it says."""
+    if checkpoint is None or checkpoint.stream is None:
+        return None
+    try:
+        return StreamPosition.from_dict(checkpoint.stream)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"the checkpoint's stream position is damaged: {exc}") from None
 
 
 class _VersionCache:

@@ -232,6 +232,10 @@ class Algorithm(ABC):
     # True: nodes compute with torch, so they warm up (import it, build the model) before
     # round 1; False for numpy-only algorithms, whose nodes never load torch.
     uses_torch: ClassVar[bool] = True
+    # True: sync rounds draw their units from passes over the data (`plan_pass`), and the
+    # units a K-of-N round did not use come round again in the same pass
+    # (coordinator/pass_queue.py); False: each round is `plan_round`.
+    rounds_from_passes: ClassVar[bool] = False
 
     # ------------------------------------------------------------- node half
     @classmethod

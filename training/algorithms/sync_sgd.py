@@ -331,6 +331,7 @@ class SyncSGD(AveragingAlgorithm):
 
     name = "sync_sgd"
     models = ("mlp", *GAN_MODELS)
+    rounds_from_passes = True  # units cut by K-of-N are trained on later in the pass
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
