@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from coordinator.stream_state import StreamPosition
+from coordinator.stream_state import StreamPosition, position_of, reopened
 from training.algorithms.base import UnitSpec
 
 
@@ -33,10 +33,7 @@ class PassQueue:
         self._round: list[tuple[int, UnitSpec]] = []  # taken by the round in progress
         if position is not None:
             self._pass = position.pass_index
-            for pass_index in sorted(position.open_units):
-                wanted = set(position.open_units[pass_index])
-                self._todo.extend((pass_index, spec) for spec in plan_pass(pass_index)
-                                  if spec.unit_id in wanted)
+            self._todo.extend(reopened(position, plan_pass))
 
     def take(self, count: int) -> list[UnitSpec]:
         """The next ``count`` units, starting new passes as TODO runs empty."""
@@ -65,10 +62,7 @@ class PassQueue:
     def position(self) -> StreamPosition:
         """What a checkpoint keeps: the pass and every unit still to do, by pass."""
         with self._lock:
-            by_pass: dict[int, list[str]] = {}
-            for pass_index, spec in self._todo:
-                by_pass.setdefault(pass_index, []).append(spec.unit_id)
-            return StreamPosition(self._pass, {p: tuple(ids) for p, ids in by_pass.items()})
+            return position_of(self._pass, ((p, spec.unit_id) for p, spec in self._todo))
 
     def counts(self) -> dict[str, int]:
         """The pass and its units: todo, pending (in the round in progress), done."""

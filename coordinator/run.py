@@ -389,10 +389,10 @@ class Run:
         self.algorithm.after_round(round_index, NodeSessions(
             self.run_id, self.nodes, outcome.placement,
             cannot_dial=lambda node: not node.accepts_connections))
+        position = self._passes.position() if self._passes is not None else None
         metrics = self._round_written(
             RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
-                     outcome.discarded, self._passes and self._passes.position()),
-            started, bytes_before, update_started)
+                     outcome.discarded, position), started, bytes_before, update_started)
         return weights, metrics
 
     def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -68,6 +68,24 @@ class StreamPosition:
             raise ValueError("a stream position needs 'pass' (int) and 'open' (object)")
         return cls(int(data["pass"]), {int(p): tuple(str(u) for u in ids)
                                        for p, ids in open_units.items()})
+
+
+def reopened(position: StreamPosition,
+             plan_pass: Callable[[int], list[UnitSpec]]) -> list[tuple[int, UnitSpec]]:
+    """The units ``position`` holds open, as (pass, unit) in pass and plan order."""
+    units = []
+    for pass_index in sorted(position.open_units):
+        wanted = set(position.open_units[pass_index])
+        units += [(pass_index, spec) for spec in plan_pass(pass_index) if spec.unit_id in wanted]
+    return units
+
+
+def position_of(pass_index: int, open_units: Iterable[tuple[int, str]]) -> StreamPosition:
+    """A position at pass ``pass_index`` with ``open_units`` as (pass, unit id)."""
+    by_pass: dict[int, list[str]] = {}
+    for unit_pass, unit_id in open_units:
+        by_pass.setdefault(unit_pass, []).append(unit_id)
+    return StreamPosition(pass_index, {p: tuple(ids) for p, ids in by_pass.items()})
 
 
 @dataclass
@@ -135,10 +153,8 @@ class StreamState:
     def _reopen(self, position: StreamPosition) -> None:
         """The units a checkpoint did not hold, queued again in pass order."""
         self.pass_index = position.pass_index
-        for pass_index in sorted(position.open_units):
-            wanted = set(position.open_units[pass_index])
-            self._enqueue(pass_index, [s for s in self._plan_pass(pass_index)
-                                       if s.unit_id in wanted])
+        for pass_index, spec in reopened(position, self._plan_pass):
+            self._enqueue(pass_index, [spec])
 
     def _start_pass(self) -> None:
         self.pass_index += 1
@@ -376,10 +392,8 @@ class StreamState:
                 unit.ledger_round = self.round_index
 
     def _position(self) -> StreamPosition:
-        by_pass: dict[int, list[str]] = {}
-        for unit in self.units:
-            by_pass.setdefault(unit.pass_index, []).append(unit.spec.unit_id)
-        return StreamPosition(self.pass_index, {p: tuple(ids) for p, ids in by_pass.items()})
+        return position_of(self.pass_index,
+                           ((unit.pass_index, unit.spec.unit_id) for unit in self.units))
 
     def round_written(self) -> None:
         """The run has written the pending `round_end`: versions may move on."""
