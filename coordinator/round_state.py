@@ -58,25 +58,108 @@ class Unit:
     last_error: str = ""
 
 
-class RoundState:
+class AttemptBook:
+    """What the engine's workers share about units and their attempts, under one condition
+    variable: which units are out where, which are settled, whether the work is over. A
+    round (`RoundState`) and an asynchronous run's stream (coordinator/stream_state.py)
+    add their queue and what a result does."""
+
+    def __init__(self, units: list[Unit], max_attempts: int,
+                 lock: threading.Lock | threading.RLock | None = None) -> None:
+        self.units = units
+        self.max_attempts = max_attempts  # live attempts of one unit at once
+        self.fatal: Exception | None = None
+        self.last_error = ""
+        self._cond = threading.Condition(lock)
+        self._over = False
+
+    def _slow_unit(self, backup_after: float | None) -> Unit | None:
+        """The unit whose newest attempt has been out longest, if that is over the threshold.
+
+        Only units whose every holder is waiting on a node qualify, and a unit never
+        holds more attempts than there are nodes, so backups cannot pile up.
+        """
+        if backup_after is None:
+            return None
+        now = time.monotonic()
+        slow = [u for u in self.units
+                if not u.done and not u.discarded and u.started
+                and u.reserved == len(u.started) < self.max_attempts
+                and now - max(t for _, t in u.started.values()) > backup_after]
+        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
+
+    def release(self, unit: Unit) -> None:
+        with self._cond:
+            unit.reserved -= 1
+            self._cond.notify_all()
+
+    def nodes_of(self, unit: Unit) -> set[int]:
+        with self._cond:
+            return {node.index for node, _ in unit.started.values()}
+
+    @property
+    def over(self) -> bool:
+        with self._cond:
+            return self._over
+
+    def has_live_attempts(self) -> bool:
+        with self._cond:
+            return any(u.started for u in self.units)
+
+    def is_over(self, unit: Unit) -> bool:
+        with self._cond:
+            return self._over or unit.done or unit.discarded
+
+    # --------------------------------------------------------------- attempts
+    def start_attempt(self, unit: Unit, node: NodeHandle,
+                      on_started: Callable[[int], None] | None = None) -> int | None:
+        """A new attempt's number, or None when the unit settled meanwhile. `on_started`
+        (the ledger's record) runs under the lock, so no completion can come between."""
+        with self._cond:
+            if self._over or unit.done or unit.discarded:
+                return None
+            unit.attempts += 1
+            unit.started[unit.attempts] = (node, time.monotonic())
+            if on_started is not None:
+                on_started(unit.attempts)
+            return unit.attempts
+
+    def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
+        """(unit, attempt, node, started) of every attempt out on a node."""
+        with self._cond:
+            return [(unit, attempt, node, started) for unit in self.units
+                    for attempt, (node, started) in unit.started.items()]
+
+    def end_attempt(self, unit: Unit, attempt: int) -> None:
+        with self._cond:
+            unit.started.pop(attempt, None)
+
+    # ------------------------------------------------------------------- end
+    def fail(self, exc: Exception) -> None:
+        with self._cond:
+            self.fatal = exc
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self._over = True
+            self._cond.notify_all()
+
+
+class RoundState(AttemptBook):
     """The queue and unit states of one round, under one condition variable."""
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
                  max_attempts: int,
                  earlier_attempts: Mapping[str, int] | None = None) -> None:
-        self.round_index = round_index
-        self.max_attempts = max_attempts  # live attempts of one unit at once
         earlier = earlier_attempts or {}  # a reopened round numbers attempts on from there
-        self.units = [Unit(i, spec, attempts=earlier.get(spec.unit_id, 0))
-                      for i, spec in enumerate(units)]
+        super().__init__([Unit(i, spec, attempts=earlier.get(spec.unit_id, 0))
+                          for i, spec in enumerate(units)], max_attempts)
+        self.round_index = round_index
         self.quorum = min(quorum, len(units))
         self.results: dict[int, UnitResult] = {}  # unit index -> its accepted result
         self.completed = 0
-        self.fatal: Exception | None = None
-        self.last_error = ""
         self._queue: deque[Unit] = deque(self.units)
-        self._cond = threading.Condition()
-        self._over = False
 
     # ------------------------------------------------------------ scheduling
     def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
@@ -104,49 +187,12 @@ class RoundState:
                             self.round_index, unit.spec.unit_id)
                 self._queue.append(unit)
 
-    def _slow_unit(self, backup_after: float | None) -> Unit | None:
-        """The unit whose newest attempt has been out longest, if that is over the threshold.
-
-        Only units whose every holder is waiting on a node qualify, and a unit never
-        holds more attempts than there are nodes, so backups cannot pile up.
-        """
-        if backup_after is None:
-            return None
-        now = time.monotonic()
-        slow = [u for u in self.units
-                if not u.done and not u.discarded and u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
-
     def requeue(self, unit: Unit, wait_seconds: float) -> None:
         with self._cond:
             if not unit.done and not unit.discarded and unit.reserved == 1:
                 self._queue.append(unit)
             if wait_seconds > 0:
                 self._cond.wait(wait_seconds)
-
-    def release(self, unit: Unit) -> None:
-        with self._cond:
-            unit.reserved -= 1
-            self._cond.notify_all()
-
-    def nodes_of(self, unit: Unit) -> set[int]:
-        with self._cond:
-            return {node.index for node, _ in unit.started.values()}
-
-    @property
-    def over(self) -> bool:
-        with self._cond:
-            return self._over
-
-    def has_live_attempts(self) -> bool:
-        with self._cond:
-            return any(u.started for u in self.units)
-
-    def is_over(self, unit: Unit) -> bool:
-        with self._cond:
-            return self._over or unit.done or unit.discarded
 
     def ledger_round(self, unit: Unit) -> int:
         """The run store's round that holds ``unit``: this round's."""
@@ -158,29 +204,6 @@ class RoundState:
         return nullcontext()
 
     # --------------------------------------------------------------- attempts
-    def start_attempt(self, unit: Unit, node: NodeHandle,
-                      on_started: Callable[[int], None] | None = None) -> int | None:
-        """A new attempt's number, or None when the unit settled meanwhile. `on_started`
-        (the ledger's record) runs under the lock, so no completion can come between."""
-        with self._cond:
-            if self._over or unit.done or unit.discarded:
-                return None
-            unit.attempts += 1
-            unit.started[unit.attempts] = (node, time.monotonic())
-            if on_started is not None:
-                on_started(unit.attempts)
-            return unit.attempts
-
-    def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
-        """(unit, attempt, node, started) of every attempt out on a node."""
-        with self._cond:
-            return [(unit, attempt, node, started) for unit in self.units
-                    for attempt, (node, started) in unit.started.items()]
-
-    def end_attempt(self, unit: Unit, attempt: int) -> None:
-        with self._cond:
-            unit.started.pop(attempt, None)
-
     def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
         """Count a failure; requeue the unit, or discard it past the limit (True)."""
         with self._cond:
@@ -229,16 +252,6 @@ class RoundState:
             if not self._over and self.fatal is None:
                 self._cond.wait(timeout)
             return self._over and self.fatal is None
-
-    def fail(self, exc: Exception) -> None:
-        with self._cond:
-            self.fatal = exc
-            self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._over = True
-            self._cond.notify_all()
 
     def outcome(self) -> RoundOutcome:
         """The accepted results in unit order (so arrival order changes no bit of what an

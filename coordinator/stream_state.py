@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from coordinator.ledger import UnitLedger
-from coordinator.node_pool import NodeHandle
-from coordinator.round_state import WAIT_STEP_SECONDS, Unit
+from coordinator.round_state import WAIT_STEP_SECONDS, AttemptBook, Unit
 from coordinator.tasks import TaskResult
 from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
@@ -116,7 +114,7 @@ class _RoundTally:
     discarded: list[str] = field(default_factory=list)
 
 
-class StreamState:
+class StreamState(AttemptBook):
     """See the module docstring."""
 
     def __init__(self, *, weights: Weights, first_round: int, last_round: int,
@@ -124,23 +122,19 @@ class StreamState:
                  plan_pass: Callable[[int], list[UnitSpec]], apply: ApplyResults,
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
                  position: StreamPosition | None = None) -> None:
+        self._lock = threading.RLock()  # re-entrant: ledger writes nest (see `recording`)
+        super().__init__([], max_attempts, self._lock)
+        self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
         self.weights = weights
         self.round_index = first_round
         self.version = (first_round - 1) * updates_per_round
         self.last_round = last_round
         self.updates_per_round = updates_per_round
         self.schedule = schedule
-        self.max_attempts = max_attempts
         self.max_in_flight = 1  # units out at once: the run keeps it at its node count
-        self.fatal: Exception | None = None
-        self.last_error = ""
-        self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
         self._plan_pass, self._apply, self._scalable = plan_pass, apply, scalable
         self._ledger = ledger
         self._queue: deque[StreamUnit] = deque()
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._over = False
         self._buffer: list[tuple[UnitResult, float]] = []
         self._tally = _RoundTally()
         self._done_in_pass = 0
@@ -210,15 +204,6 @@ class StreamState:
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
 
-    def _slow_unit(self, backup_after: float | None) -> StreamUnit | None:
-        if backup_after is None:
-            return None
-        now = time.monotonic()
-        slow = [u for u in self.units if u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
-
     def requeue(self, unit: Unit, wait_seconds: float) -> None:
         """Queue a unit no node took; unless an attempt of it is out, or it is queued
         already (a worker that waits here still holds it, and another may have taken it
@@ -228,28 +213,6 @@ class StreamState:
                 self._queue.append(unit)
             if wait_seconds > 0:
                 self._cond.wait(wait_seconds)
-
-    def release(self, unit: Unit) -> None:
-        with self._cond:
-            unit.reserved -= 1
-            self._cond.notify_all()
-
-    def nodes_of(self, unit: Unit) -> set[int]:
-        with self._cond:
-            return {node.index for node, _ in unit.started.values()}
-
-    @property
-    def over(self) -> bool:
-        with self._cond:
-            return self._over
-
-    def has_live_attempts(self) -> bool:
-        with self._cond:
-            return any(u.started for u in self.units)
-
-    def is_over(self, unit: Unit) -> bool:
-        with self._cond:
-            return self._over or not self._open(unit)
 
     @staticmethod
     def _open(unit: Unit) -> bool:
@@ -278,26 +241,6 @@ class StreamState:
                     "pending": self._in_flight(), "done": self._done_in_pass}
 
     # --------------------------------------------------------------- attempts
-    def start_attempt(self, unit: Unit, node: NodeHandle,
-                      on_started: Callable[[int], None] | None = None) -> int | None:
-        with self._cond:
-            if self._over or not self._open(unit):
-                return None
-            unit.attempts += 1
-            unit.started[unit.attempts] = (node, time.monotonic())
-            if on_started is not None:
-                on_started(unit.attempts)
-            return unit.attempts
-
-    def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
-        with self._cond:
-            return [(unit, attempt, node, started) for unit in self.units
-                    for attempt, (node, started) in unit.started.items()]
-
-    def end_attempt(self, unit: Unit, attempt: int) -> None:
-        with self._cond:
-            unit.started.pop(attempt, None)
-
     def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
         """Count a failure; the unit goes back to the front of TODO, or is discarded for
         this pass past the limit (True)."""
@@ -324,7 +267,7 @@ class StreamState:
             # Held while a round end is written: a result kept now belongs to the next
             # round, and the buffer is always empty when a round ends.
             self._wait_for_round_written()
-            if self._over or not self._open(unit):
+            if self.is_over(unit):
                 return False
             staleness = self.version - result.model_version
             if staleness > self.schedule.max_staleness:
@@ -408,12 +351,3 @@ class StreamState:
             if self.round_end is None and not self._over and self.fatal is None:
                 self._cond.wait(timeout)
 
-    def fail(self, exc: Exception) -> None:
-        with self._cond:
-            self.fatal = exc
-            self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._over = True
-            self._cond.notify_all()
