@@ -72,6 +72,22 @@ class AttemptBook:
         self.last_error = ""
         self._cond = threading.Condition(lock)
         self._over = False
+        self._queue: deque[Unit] = deque()  # units waiting for a worker
+
+    def _requeue_orphans(self) -> None:
+        """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
+        so no path can lose a unit."""
+        for unit in self.units:
+            if not (unit.done or unit.discarded or unit.reserved or unit.started
+                    or unit in self._queue):
+                log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
+                self._queue.append(unit)
+
+    def _take_backup(self, backup_after: float | None) -> Unit | None:
+        backup = self._slow_unit(backup_after)
+        if backup is not None:
+            backup.reserved += 1
+        return backup
 
     def _slow_unit(self, backup_after: float | None) -> Unit | None:
         """The unit whose newest attempt has been out longest, if that is over the threshold.
@@ -159,7 +175,7 @@ class RoundState(AttemptBook):
         self.quorum = min(quorum, len(units))
         self.results: dict[int, UnitResult] = {}  # unit index -> its accepted result
         self.completed = 0
-        self._queue: deque[Unit] = deque(self.units)
+        self._queue.extend(self.units)
 
     # ------------------------------------------------------------ scheduling
     def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
@@ -172,20 +188,11 @@ class RoundState(AttemptBook):
                     unit = self._queue.popleft()
                     unit.reserved += 1
                     return unit
-                backup = self._slow_unit(backup_after)
+                backup = self._take_backup(backup_after)
                 if backup is not None:
-                    backup.reserved += 1
                     return backup
                 self._cond.wait(WAIT_STEP_SECONDS)
             return None
-
-    def _requeue_orphans(self) -> None:
-        """Put back any unsettled unit that nobody holds, so no path can lose a unit."""
-        for unit in self.units:
-            if not (unit.done or unit.discarded or unit.reserved or unit in self._queue):
-                log.warning("round %d: unit %s was held by nobody; queued again",
-                            self.round_index, unit.spec.unit_id)
-                self._queue.append(unit)
 
     def requeue(self, unit: Unit, wait_seconds: float) -> None:
         with self._cond:

@@ -28,9 +28,7 @@ One re-entrant lock guards it all, and the engine writes the ledger under it
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,8 +38,6 @@ from coordinator.round_state import WAIT_STEP_SECONDS, AttemptBook, Unit
 from coordinator.tasks import TaskResult
 from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
-
-log = logging.getLogger("coordinator.engine")
 
 # (round, weights, results) -> the next weights: the algorithm's aggregate
 ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]
@@ -134,7 +130,6 @@ class StreamState(AttemptBook):
         self.max_in_flight = 1  # units out at once: the run keeps it at its node count
         self._plan_pass, self._apply, self._scalable = plan_pass, apply, scalable
         self._ledger = ledger
-        self._queue: deque[StreamUnit] = deque()
         self._buffer: list[tuple[UnitResult, float]] = []
         self._tally = _RoundTally()
         self._done_in_pass = 0
@@ -186,20 +181,11 @@ class StreamState(AttemptBook):
                         self._start_pass()
                     if self._queue:
                         return self._issue(self._queue.popleft())
-                backup = self._slow_unit(backup_after)
+                backup = self._take_backup(backup_after)
                 if backup is not None:
-                    backup.reserved += 1
                     return backup
                 self._cond.wait(WAIT_STEP_SECONDS)
             return None
-
-    def _requeue_orphans(self) -> None:
-        """Queue again any unsettled unit that nobody holds (e.g. one its node cancelled),
-        so no path can lose a unit of a pass before the next pass starts."""
-        for unit in self.units:
-            if not (unit.reserved or unit.started or unit in self._queue):
-                log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
-                self._queue.append(unit)
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
