@@ -11,10 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from compute_node.load import LoadSimulator
 from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
 from compute_node.warm_up import WarmUp
+from compute_node.weight_cache import WeightCache
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
@@ -68,6 +71,7 @@ class ComputeNodeHandler(SessionService):
         self.node_id = node_id
         self.data_root = Path(data_root)
         self.sessions = SessionStore()
+        self.weights = WeightCache()  # weights of earlier units, for `weights_cached`
         self.load = load
         self.unit_runner: UnitRunner = run_unit
         self._delaying: set[tuple[str, str, int]] = set()  # units in their load delay
@@ -83,20 +87,29 @@ class ComputeNodeHandler(SessionService):
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
-        algorithm, job, data_dir, compression = self._decode(request)
+        decoded = self._decode(request)
+        if decoded is None:
+            log.info("unit %s round %d: weights of version %d not held, asked for them",
+                     request.unit_id, request.round, request_version(request))
+            return _result(ttypes.UnitOutcome.NEED_WEIGHTS, self.node_id,
+                           message="weights not held: send them", version=request.model_version)
+        algorithm, job, data_dir, compression = decoded
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
             self.counters.bump("rejected")
             log.info("unit %s round %d rejected (simulated load)", job.unit.unit_id, job.round)
-            return _result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy")
+            return _result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy",
+                           version=request.model_version)
         log.info("unit %s round %d accepted%s", job.unit.unit_id, job.round,
                  f", waiting {admission.delay_seconds:g}s (simulated load)"
                  if admission.delay_seconds else "")
         key = (request.run_id, request.unit_id, request.attempt)
         control = self._register(key)
         try:
-            return self._work(algorithm, replace(job, control=control), data_dir,
-                              admission.delay_seconds, key, compression)
+            result = self._work(algorithm, replace(job, control=control), data_dir,
+                                admission.delay_seconds, key, compression)
+            result.model_version = request.model_version
+            return result
         finally:
             self._unregister(key)
 
@@ -151,6 +164,8 @@ class ComputeNodeHandler(SessionService):
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
+        """(algorithm, job, data folder, compression) of the request; None when it refers
+        to kept weights that this node does not hold."""
         try:
             algorithm = get_algorithm(request.algorithm)
             config = json.loads(request.config_json or "{}")
@@ -164,14 +179,29 @@ class ComputeNodeHandler(SessionService):
                 raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
-            weights = {k: v.copy() for k, v in decompress(wire_to_dict(request.weights)).items()}
+            weights = self._weights_of(request, compression)
         except json.JSONDecodeError as exc:
             raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
+        if weights is None:
+            return None
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
                       device=self.device, sessions=self.sessions)
         return algorithm, job, data_dir, compression
+
+    def _weights_of(self, request: ttypes.WorkRequest,
+                    compression: CompressionSettings) -> dict[str, np.ndarray] | None:
+        """The unit's own (writable) copy of its weights: decoded from the request, which
+        the cache keeps for later units of the same version, or, for a request that says
+        `weights_cached` and carries none, the kept ones (None when not held)."""
+        version = request_version(request)
+        if request.weights_cached and not request.weights:
+            return self.weights.get(request.run_id, version, compression.down)
+        # Copies: the received frame's memory is reused once this call returns.
+        decoded = decompress(wire_to_dict(request.weights))
+        self.weights.put(request.run_id, version, compression.down, decoded)
+        return {name: value.copy() for name, value in decoded.items()}
 
     def _admit(self, policy: int):
         try:
@@ -249,8 +279,15 @@ class ComputeNodeHandler(SessionService):
                 self._batches_done += control.batches
 
 
+def request_version(request: ttypes.WorkRequest) -> int:
+    """The model version of a request's weights: its own field, else round - 1 (a sync
+    round's weights), as coordinator.tasks.Task.version."""
+    return request.round - 1 if request.model_version is None else request.model_version
+
+
 def _result(outcome: int, node_id: str, output: UnitOutput | None = None, seconds: float = 0.0,
-            delay: float = 0.0, message: str | None = None) -> ttypes.TrainResult:
+            delay: float = 0.0, message: str | None = None,
+            version: int | None = None) -> ttypes.TrainResult:
     return ttypes.TrainResult(
         accepted=outcome == ttypes.UnitOutcome.COMPLETED,
         outcome=outcome,
@@ -262,4 +299,5 @@ def _result(outcome: int, node_id: str, output: UnitOutput | None = None, second
         delay_seconds=delay,
         message=message,
         node_id=node_id,
+        model_version=version,
     )

@@ -14,6 +14,7 @@ import logging
 from thrift.Thrift import TException
 
 from compute_node.sessions import SessionError, SessionStore
+from compute_node.weight_cache import WeightCache
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, connect
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
@@ -33,6 +34,7 @@ class SessionService:
     """export_session / import_session / send_session / drop_sessions of ComputeNode.Iface."""
 
     sessions: SessionStore
+    weights: WeightCache
 
     def export_session(self, request: ttypes.SessionRequest) -> ttypes.SessionState:
         check_protocol_version(request.protocol_version, "node")
@@ -76,8 +78,11 @@ class SessionService:
     def drop_sessions(self, request: ttypes.DropSessionsRequest) -> ttypes.SessionAck:
         check_protocol_version(request.protocol_version, "node")
         dropped = self.sessions.drop_run(request.run_id)
+        versions = self.weights.drop_run(request.run_id)  # the run has ended: nothing refers
         if dropped:
             log.info("dropped %d sessions of run %s", dropped, request.run_id)
+        if versions:
+            log.info("dropped %d kept weight versions of run %s", versions, request.run_id)
         return ttypes.SessionAck(ok=True, bytes=0, message=f"dropped {dropped} sessions")
 
     def _exported(self, run_id: str, name: str) -> list[ttypes.Tensor]:

@@ -30,7 +30,8 @@ from coordinator.node_errors import (
 )
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
-from coordinator.tasks import Task, TaskResult, TaskStatus
+from coordinator.sent_weights import SentWeights
+from coordinator.tasks import Task, TaskResult, TaskStatus, Tensors
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
@@ -43,15 +44,40 @@ _STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,
            ttypes.UnitOutcome.CANCELLED: TaskStatus.CANCELLED}
 
 
-def work_request(task: Task) -> ttypes.WorkRequest:
-    """A task as the Thrift request a node runs."""
+def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
+    """A task as the Thrift request a node runs; ``cached``: without its weights, which
+    the node kept from an earlier unit (see coordinator.sent_weights)."""
     return ttypes.WorkRequest(
         protocol_version=PROTOCOL_VERSION, run_id=task.run_id, round=task.round,
         unit_id=task.unit_id, attempt=task.attempt, algorithm=task.algorithm,
         model=task.model, dataset=task.dataset, unit_path=task.unit_path,
-        config_json=task.config_json, weights=dict_to_wire(task.weights),
+        config_json=task.config_json, weights=[] if cached else _encoded(task.weights),
         scheduling_policy=task.scheduling_policy, index_start=task.index_start,
-        index_stop=task.index_stop, model_version=task.version)
+        index_stop=task.index_stop, model_version=task.version,
+        weights_cached=True if cached else None)
+
+
+class _LastEncoded:
+    """The Tensor list of the weights dict encoded last: every unit of a sync round
+    shares one dict, so it is encoded once per round, not once per unit. The Tensors
+    view the arrays' memory (no copy) and are only read while requests are written."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._weights: Tensors | None = None  # kept alive, so its id is never reused
+        self._tensors: list[ttypes.Tensor] = []
+
+    def __call__(self, weights: Tensors) -> list[ttypes.Tensor]:
+        with self._lock:
+            if weights is self._weights:
+                return self._tensors
+        tensors = dict_to_wire(weights)
+        with self._lock:
+            self._weights, self._tensors = weights, tensors
+        return tensors
+
+
+_encoded = _LastEncoded()
 
 
 def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
@@ -142,6 +168,7 @@ class ThriftNodeClient(SessionRequests):
                  connect_timeout: float) -> None:
         self.address: NodeAddress | None = address
         self.payload = PayloadBytes()
+        self.sent_weights = SentWeights()  # what the node holds: later units may refer to it
         self._lock = threading.Lock()
         self._calls: dict[AttemptKey, Any] = {}  # attempt -> its transport
         self._aborted: dict[AttemptKey, str] = {}
@@ -161,7 +188,7 @@ class ThriftNodeClient(SessionRequests):
                 # One call at a time per connection: the counts' growth is this call's frames.
                 sent, received = transport.bytes_sent, transport.bytes_received
                 try:
-                    return task_result(client.train_with_weights(work_request(task)), task)
+                    return task_result(self._train_call(client, task), task)
                 finally:
                     with self._lock:
                         self._calls.pop(key, None)
@@ -174,6 +201,21 @@ class ThriftNodeClient(SessionRequests):
             raise node_error(exc) from exc
         finally:
             self._take_abort(key)
+
+    def _train_call(self, client: Any, task: Task) -> ttypes.TrainResult:
+        """The node's answer to ``task``, sent without its weights when the node already
+        holds them; a node that turns out not to (NEED_WEIGHTS) gets them at once, on the
+        same connection, so the engine never sees the difference."""
+        if self.sent_weights.refers(task):
+            result = client.train_with_weights(work_request(task, cached=True))
+            if result.outcome != ttypes.UnitOutcome.NEED_WEIGHTS:
+                return result
+            self.sent_weights.lost(task)
+        self.sent_weights.sending(task)
+        result = client.train_with_weights(work_request(task))
+        if result.outcome != ttypes.UnitOutcome.NEED_WEIGHTS:
+            self.sent_weights.answered(task)
+        return result
 
     def abort(self, key: AttemptKey, reason: str) -> bool:
         with self._lock:
@@ -206,7 +248,12 @@ class ThriftNodeClient(SessionRequests):
         with mapped_errors(), (self._control if quick else self._work).client() as client:
             return getattr(client, method)(request)
 
+    def drop_sessions(self, run_id: str) -> None:
+        self.sent_weights.forget_run(run_id)  # the node drops the run's weights too
+        super().drop_sessions(run_id)
+
     def forget_connections(self) -> None:
+        self.sent_weights.clear()  # a restarted node holds no weights
         for pool in (self._work, self._control):
             pool.discard_idle()
 

@@ -305,7 +305,16 @@ def numpy_to_state(module: nn.Module, arrays: Mapping[str, np.ndarray], prefix: 
     with torch.no_grad():
         for name, target in state.items():
             value = given[name] if target.is_floating_point() else np.rint(given[name])
-            target.copy_(torch.from_numpy(np.array(value, copy=True)).to(target.dtype))
+            # copy_ reads the array where it is and converts its dtype as it copies: no
+            # intermediate copies.
+            target.copy_(_readable(value))
+
+
+def _readable(value: np.ndarray) -> torch.Tensor:
+    """A tensor to copy from: over the array's own memory when it is writable, else over
+    a copy (torch warns about read-only memory, which it cannot protect)."""
+    array = np.asarray(value, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def gradients_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.ndarray]:

@@ -183,6 +183,18 @@ def training_range(start: int, stop: int,
                    root: str | os.PathLike = DEFAULT_MNIST_DIR) -> torch.Tensor:
     """Images ``[start, stop)`` of the training part as (n, 1, 28, 28) float32 in [-1, 1]:
     how a node loads a work unit."""
-    images, _ = training_part(root)
-    check_index_range(start, stop, len(images), "the MNIST training part")
-    return to_model_input(images[start:stop])
+    images, _ = load_mnist(root)
+    train, _ = _split_of(len(images))
+    check_index_range(start, stop, len(train), "the MNIST training part")
+    # Only the range's images are gathered: `training_part` copies all 8,000 (about 1 ms,
+    # on every unit's critical path).
+    return to_model_input(images[train[start:stop]])
+
+
+@functools.lru_cache(maxsize=4)
+def _split_of(n_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """`split_indices`, computed once per size and read-only."""
+    train, held_out = split_indices(n_images)
+    train.flags.writeable = False
+    held_out.flags.writeable = False
+    return train, held_out

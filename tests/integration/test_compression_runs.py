@@ -25,9 +25,11 @@ def test_each_codec_trains_letters_and_the_client_reports_the_bytes(cluster):
     assert plain["aggregation"] == "mean"
     assert plain["compression"]["up"] == "none" and plain["compression"]["down"] == "none"
     units = 3 * 11
-    # every unit carries the weights down and an update of the same size up:
-    # hidden [128, 128] float64, about 180 kB each way
-    assert plain["bytes_down"] > units * 170_000 and plain["bytes_up"] > units * 170_000
+    # every unit brings an update up: hidden [128, 128] float64, about 180 kB; the weights
+    # (as big) go down at least once per node and round, and far less than once per unit
+    # (a node's later units of a round refer to the weights it kept)
+    assert plain["bytes_up"] > units * 170_000
+    assert 2 * 3 * 170_000 < plain["bytes_down"] < units * 170_000 * 0.8
 
     runs = {codec: _run(cluster, f"compression.up={codec}") for codec in ("fp16", "int8")}
     runs["topk"] = _run(cluster, "compression.up=topk", "compression.topk_fraction=0.01")
@@ -46,7 +48,9 @@ def test_each_codec_trains_letters_and_the_client_reports_the_bytes(cluster):
 
     down = _run(cluster, "compression.down=fp16")
     assert down["compression"]["down"] == "fp16"
-    assert down["bytes_down"] < plain["bytes_down"] / 3.5
+    # how many units carry the weights depends on timing: bound it by every unit carrying
+    # them, fp16 against float64
+    assert down["bytes_down"] < units * 180_000 / 3.5
     assert abs(down["validation_error"] - plain["validation_error"]) < 0.05
 
     summary = cluster.client(*RECOMMENDED, "--set", "run.rounds=1", "--set",

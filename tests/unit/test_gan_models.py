@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -161,6 +162,24 @@ def test_state_arrays_are_copies():
     numpy_to_state(g, arrays)
     arrays["project.0.weight"][...] = 9.0
     assert (g.project[0].weight == 7.0).all()
+
+
+def test_state_loads_from_read_only_and_strided_arrays_without_warnings():
+    """Weights decoded from a message are read-only views; a checkpoint's may be any layout."""
+    source, _ = build_gan(gan_spec("dcgan28-tiny"), seed=1)
+    target, _ = build_gan(gan_spec("dcgan28-tiny"), seed=2)
+    arrays = state_to_numpy(source)
+    for name, value in list(arrays.items()):
+        if value.ndim == 2:
+            value = np.asfortranarray(value)
+        value.flags.writeable = False
+        arrays[name] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        numpy_to_state(target, arrays)
+    for (key, a), b in zip(source.state_dict().items(), target.state_dict().values(),
+                           strict=True):
+        assert torch.equal(a, b), key
 
 
 def test_state_names_and_shapes_are_checked():
