@@ -234,6 +234,12 @@ def images_per_second(rounds: Sequence[dict[str, float]], images_per_result: int
     return results * images_per_result / span if span > 0 else None
 
 
+def first_round_at(rounds: Sequence[dict[str, float]], target: float) -> int | None:
+    """The first round (of the coordinator's round rows) whose error is at most ``target``."""
+    reached = time_to_reach([(r["round"], r["error"]) for r in rounds], target)
+    return None if reached is None else int(reached)
+
+
 def fmt_seconds(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.1f}"
 
@@ -242,15 +248,17 @@ def letters_table(summary: dict[str, dict[str, Any]], target: float) -> str:
     """Markdown: per mode, time to reach the target per seed and the median, the final
     error, and the ratios against the sync modes."""
     rows = [f"| mode | server_lr | seconds to error <= {target:.2f}, per seed | median s | "
-            "vs sync, no backups | vs sync, backups | final error (median) | "
-            "results applied / discarded |",
-            "|---|---:|---|---:|---:|---:|---:|---|"]
+            "vs sync, no backups | vs sync, backups | rounds to it (median) | "
+            "s / round (median) | final error (median) | results applied / discarded |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     base = {name: summary.get(name, {}).get("median") for name in
             ("sync-no-backups", "sync-backups")}
     for name, s in summary.items():
         ratios = []
         for ref in ("sync-no-backups", "sync-backups"):
-            if s["median"] is None or base[ref] is None:
+            if name == ref:
+                ratios.append("baseline")
+            elif s["median"] is None or base[ref] is None:
                 ratios.append("-")
             else:
                 ratios.append(f"{base[ref] / s['median']:.2f}x sooner"
@@ -259,7 +267,9 @@ def letters_table(summary: dict[str, dict[str, Any]], target: float) -> str:
         rows.append(f"| {MODES[name].label} | {s['server_lr']:g} | "
                     f"{', '.join(fmt_seconds(v) for v in s['seconds'])} | "
                     f"{fmt_seconds(s['median'])} | {ratios[0]} | {ratios[1]} | "
-                    f"{s['final_error']:.4f} | {s['results']} / {s['discarded']} |")
+                    f"{'not reached' if s['rounds_to_target'] is None else s['rounds_to_target']}"
+                    f" | {s['seconds_per_round']:.2f} | {s['final_error']:.4f} | "
+                    f"{s['results']} / {s['discarded']} |")
     return "\n".join(rows)
 
 
@@ -328,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "results to async_vs_sync.quick.json, no plot")
     parser.add_argument("--json", type=Path, default=None,
                         help=f"results file (default {RESULTS.relative_to(REPO)})")
+    parser.add_argument("--report", type=Path, default=None, metavar="JSON",
+                        help="run nothing: print the tables of a results file (and draw "
+                             "the plot to --plot)")
     parser.add_argument("--plot", type=Path, default=None,
                         help=f"plot file (default {PLOT.relative_to(REPO)}; none with "
                              "--quick unless given)")
@@ -535,8 +548,8 @@ def run_gan(mode: str, policy: int, args: argparse.Namespace, workdir: Path
 # ------------------------------------------------------------------ reporting
 
 
-def summarise(runs: list[dict[str, Any]], modes: Sequence[str], server_lr: dict[str, float]
-              ) -> dict[str, dict[str, Any]]:
+def summarise(runs: list[dict[str, Any]], modes: Sequence[str], server_lr: dict[str, float],
+              target: float) -> dict[str, dict[str, Any]]:
     summary = {}
     for mode in modes:
         mine = [r for r in runs if r["mode"] == mode]
@@ -550,6 +563,10 @@ def summarise(runs: list[dict[str, Any]], modes: Sequence[str], server_lr: dict[
                                                  for r in mine]),
             "final_error": statistics.median(r["final_error"] for r in mine),
             "wall_median": statistics.median(r["wall_seconds"] for r in mine),
+            "rounds_to_target": median_or_none([first_round_at(r["rounds"], target)
+                                                for r in mine]),
+            "seconds_per_round": statistics.median(
+                r["rounds"][-1]["elapsed"] / len(r["rounds"]) for r in mine if r["rounds"]),
             "results": sum(sum(x["results"] for x in r["rounds"]) for r in mine),
             "discarded": sum(sum(x["discarded"] for x in r["rounds"]) for r in mine),
         }
@@ -604,8 +621,37 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def report(results: dict[str, Any], plot_path: Path | None) -> None:
+    """The tables on stdout and the plot, from a results file's contents."""
+    settings, gan = results["settings"], results.get("gan", {})
+    g = settings["gan"]
+    summary = summarise(results["runs"], settings["modes"], settings["server_lr"],
+                        settings["target"])
+    print(f"nproc {results['machine']['nproc']}, {results['machine']['cpu']}; load average "
+          f"before {results['load_average_before']}, after {results['load_average_after']}")
+    loads = "/".join(f"{x:g}" for x in settings["loads"])
+    if summary:
+        print(f"\nLetters, {settings['rounds']} rounds, seeds {settings['seeds']}, loads "
+              f"{loads}, {settings['load_delay']:g} s delays, policy {settings['policy']}:\n")
+        print(letters_table(summary, settings["target"]))
+    done = {mode: r for mode, r in gan.items() if "failed" not in r}
+    if done:
+        print(f"\nDCGAN ({g['model']}, units of {g['unit']}, 2 nodes, one slowed 3x, no "
+              f"backups), {g['budget']:g} s each:\n")
+        print(gan_table(done, g["budget"]))
+    if plot_path and results["runs"]:
+        plot(results["runs"], settings["modes"], settings["target"], plot_path,
+             f"letters recommended: 4 nodes, loads {loads}, {settings['load_delay']:g} s "
+             f"delays, policy {settings['policy']}; seeds "
+             f"{','.join(map(str, settings['seeds']))}")
+        progress(f"plot in {plot_path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        report(json.loads(args.report.read_text(encoding="utf-8")), args.plot)
+        return 0
     results: dict[str, Any] = {
         "machine": machine(), "load_average_before": loadavg(),
         "settings": {"seeds": args.seeds, "modes": args.modes, "rounds": args.rounds,
@@ -624,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def save() -> dict[str, dict[str, Any]]:
         """Write what is measured so far (after every run, so a failure keeps the rest)."""
         results["load_average_after"] = loadavg()
-        summary = summarise(runs, args.modes, args.server_lr)
+        summary = summarise(runs, args.modes, args.server_lr, args.target)
         results.update(summary=summary, runs=runs, gan=gan)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
@@ -662,25 +708,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{gan[key]['images_per_second'] or 0:.0f} images/s, units by "
                              f"node {gan[key]['units_done_by_node']}, FID "
                              f"{'-' if score is None else format(score['fid_features'], '.1f')}")
-    summary = save()
+    save()
     progress(f"results in {args.json}")
-    print(f"nproc {results['machine']['nproc']}, {results['machine']['cpu']}; load average "
-          f"before {results['load_average_before']}, after {results['load_average_after']}")
-    loads = "/".join(f"{x:g}" for x in results["settings"]["loads"])
-    if summary:
-        print(f"\nLetters, {args.rounds} rounds, seeds {args.seeds}, loads {loads}, "
-              f"{args.load_delay:g} s delays, policy {POLICY}:\n")
-        print(letters_table(summary, args.target))
-    done = {mode: r for mode, r in gan.items() if "failed" not in r}
-    if done:
-        print(f"\nDCGAN ({args.gan_model}, units of {args.gan_unit}, 2 nodes, one slowed "
-              f"3x, no backups), {args.gan_budget:g} s each:\n")
-        print(gan_table(done, args.gan_budget))
-    if args.plot and runs:
-        plot(runs, args.modes, args.target, args.plot,
-             f"letters recommended: 4 nodes, loads {loads}, {args.load_delay:g} s delays, "
-             f"policy 1; seeds {','.join(map(str, args.seeds))}")
-        progress(f"plot in {args.plot}")
+    report(results, args.plot)
     return 0
 
 

@@ -128,9 +128,35 @@ def test_letters_table_compares_with_both_sync_modes() -> None:
         "buffered-3": {"server_lr": 0.5, "seconds": [None], "median": None,
                        "final_error": 0.2, "results": 360, "discarded": 0},
     }
+    for s in summary.values():
+        s.update(rounds_to_target=4, seconds_per_round=2.5)
+    summary["buffered-3"]["rounds_to_target"] = None
     lines = bench.letters_table(summary, 0.10).splitlines()
     assert len(lines) == 2 + len(summary)
-    assert "| sync, no backups | 1 | 60.0, not reached, 80.0 | 80.0 | 1.00x sooner |" in lines[2]
-    assert lines[4] \
-        == "| async | 0.1 | 20.0 | 20.0 | 4.00x sooner | 1.50x sooner | 0.0500 | 330 / 5 |"
-    assert "| not reached | - | - |" in lines[5]
+    assert "| sync, no backups | 1 | 60.0, not reached, 80.0 | 80.0 | baseline |" in lines[2]
+    assert lines[4] == ("| async | 0.1 | 20.0 | 20.0 | 4.00x sooner | 1.50x sooner | 4 | 2.50 | "
+                        "0.0500 | 330 / 5 |")
+    assert "| not reached | - | - | not reached | 2.50 |" in lines[5]
+
+
+def test_summary_takes_medians_over_seeds() -> None:
+    def run(mode: str, errors: list[float], step: float) -> dict:
+        rounds = [{"round": i + 1, "error": e, "results": 11, "discarded": 0,
+                   "elapsed": step * (i + 1)} for i, e in enumerate(errors)]
+        return {"mode": mode, "rounds": rounds, "final_error": errors[-1],
+                "wall_seconds": step * len(errors) + 1,
+                "seconds_to_target": bench.time_to_reach(
+                    [(r["elapsed"], r["error"]) for r in rounds], 0.1),
+                "cumulative_seconds_to_target": None}
+    runs = [run("async", [0.3, 0.09, 0.05], 2.0), run("async", [0.3, 0.2, 0.1], 3.0),
+            run("async", [0.3, 0.2, 0.15], 4.0), run("sync-backups", [0.5, 0.4, 0.3], 1.0)]
+    summary = bench.summarise(runs, ["sync-backups", "async", "buffered-2"], {"async": 0.1},
+                              0.1)
+    assert list(summary) == ["sync-backups", "async"]
+    assert summary["async"]["seconds"] == [4.0, 9.0, None]
+    assert summary["async"]["median"] == 9.0 and summary["async"]["rounds_to_target"] == 3
+    assert summary["async"]["seconds_per_round"] == 3.0
+    assert summary["async"]["results"] == 99 and summary["async"]["server_lr"] == 0.1
+    assert summary["sync-backups"]["median"] is None
+    assert summary["sync-backups"]["server_lr"] == 1.0
+    assert bench.first_round_at(runs[0]["rounds"], 0.1) == 2
