@@ -588,15 +588,15 @@ def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: 
             ys = [math.nan] + [p["error"] for p in run["rounds"]]
             ax.plot(xs[1:], ys[1:], marker="o", markersize=3, linewidth=1.2, alpha=0.8,
                     color=colours[mode], linestyle=("-", "--", ":")[i % 3],
-                    label=f"{MODES[mode].label} (seed {run['seed']})")
+                    label=MODES[mode].label if i == 0 else None)
     ax.axhline(target, color="black", linewidth=0.8, linestyle="--",
                label=f"target {target:.2f}")
     ax.set_yscale("log")
     ax.set_xlabel("wall time since the client started (s)")
     ax.set_ylabel("validation error")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(f"{title}\n(one line per seed: solid, dashed, dotted)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
