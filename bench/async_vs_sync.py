@@ -68,7 +68,7 @@ STOP_WAIT = 30.0  # seconds a stopped client may take to cancel its run and exit
 # on its own, buffered every mean of b, so ~11 / b steps a round: 1.0 diverges in async
 # mode. About b / 11 keeps a round's total step the sync one's; short runs on unloaded
 # nodes (docs/benchmarks.md) found it better than 1.5x or 1.7x that.
-SERVER_LR = {"async": 0.1, "buffered-2": 0.2, "buffered-3": 0.3}
+SERVER_LR = {"async": 0.1, "buffered-2": 0.2, "buffered-3": 0.3, "async-no-backups": 0.1}
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,11 @@ MODES = {m.name: m for m in (
          ("schedule.mode=buffered", "schedule.buffer_size=2")),
     Mode("buffered-3", "buffered, buffer 3", (),
          ("schedule.mode=buffered", "schedule.buffer_size=3")),
+    # not in the default set: how much of async's lead the backup attempts make
+    Mode("async-no-backups", "async, no backups", ("--no-speculation",),
+         ("schedule.mode=async",)),
 )}
+DEFAULT_MODES = ("sync-backups", "sync-no-backups", "async", "buffered-2", "buffered-3")
 QUICK_MODES = ("sync-no-backups", "async", "buffered-2")
 
 # The coordinator's INFO lines (its log format: "%(asctime)s coordinator LEVEL message")
@@ -299,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(x 10 + i) the load seed of node i; one letters run per seed "
                              "and mode (default 1,2,3; --quick: the first only)")
     parser.add_argument("--modes", type=parse_modes, default=None,
-                        help=f"comma-separated, of {', '.join(MODES)} (default: all; "
+                        help=f"comma-separated, of {', '.join(MODES)} (default: all but "
+                             "async-no-backups; "
                              f"--quick: {','.join(QUICK_MODES)})")
     parser.add_argument("--rounds", type=int, default=10,
                         help="rounds of a letters run (default 10)")
@@ -358,7 +363,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.server_lr = {**SERVER_LR, **dict(args.server_lr)}
     args.gan_model = "dcgan28"
     args.seeds = args.seeds or [1, 2, 3]
-    args.modes = args.modes or list(QUICK_MODES if args.quick else MODES)
+    args.modes = args.modes or list(QUICK_MODES if args.quick else DEFAULT_MODES)
     if args.quick:
         args.rounds, args.seeds = 2, args.seeds[:1]
         args.gan_model, args.gan_eval_every, args.gan_eval_n = "dcgan28-tiny", 10, 200
@@ -580,8 +585,8 @@ def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = dict(zip(MODES, ("tab:blue", "tab:gray", "tab:red", "tab:orange", "tab:green"),
-                       strict=True))
+    colours = dict(zip(MODES, ("tab:blue", "tab:gray", "tab:red", "tab:orange", "tab:green",
+                               "tab:purple"), strict=True))
     for mode in modes:
         for i, run in enumerate(r for r in runs if r["mode"] == mode):
             xs = [0.0] + [p["elapsed"] for p in run["rounds"]]
