@@ -426,7 +426,15 @@ def start_client(args: list[str], workdir: Path, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out, open(log.with_suffix(".err"), "wb") as err:
         return subprocess.Popen([sys.executable, str(REPO / "client.py"), *args],
                                 cwd=workdir, env=local_cluster.python_env(), stdout=out,
-                                stderr=err)
+                                stderr=err, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default, so that the client (Python)
+    turns it into KeyboardInterrupt and cancels its run even when this script was started
+    in the background (`cmd &`), where the shell makes SIGINT ignored and children inherit
+    that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_client(client: subprocess.Popen, timeout: float, what: str) -> None:
@@ -530,7 +538,14 @@ def run_gan(mode: str, policy: int, args: argparse.Namespace, workdir: Path
                                f"before the budget: "
                                f"{out.with_suffix('.err').read_text(errors='replace')[-500:]}")
         c.client.send_signal(signal.SIGINT)  # this PID: it cancels the run and exits 130
-        wait_client(c.client, STOP_WAIT, f"DCGAN {mode}")
+        try:
+            c.client.wait(STOP_WAIT)
+            stop = f"exited {c.client.returncode} after SIGINT"
+        except subprocess.TimeoutExpired:  # the rounds logged so far still count
+            c.client.kill()
+            c.client.wait(10)
+            stop = f"killed: still running {STOP_WAIT:g} s after SIGINT"
+            progress(f"  DCGAN {mode}: the client was {stop}")
         time.sleep(0.2)
         log = coordinator.log()
         node_units = {name: len(UNIT_DONE.findall(proc.log()))
@@ -541,7 +556,7 @@ def run_gan(mode: str, policy: int, args: argparse.Namespace, workdir: Path
     return {
         "mode": mode, "policy": policy, "sets": sets, "budget_seconds": args.gan_budget,
         "units_done_by_node": node_units,
-        "client_exit": c.client.returncode,
+        "client_stop": stop,
         "rounds_in_budget": len(kept), "results_in_budget": sum(r["results"] for r in kept),
         "discarded_in_budget": sum(r["discarded"] for r in kept),
         "images_per_second": images_per_second(rounds, args.gan_unit, args.gan_budget),
