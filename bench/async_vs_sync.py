@@ -252,7 +252,7 @@ def letters_table(summary: dict[str, dict[str, Any]], target: float) -> str:
     """Markdown: per mode, time to reach the target per seed and the median, the final
     error, and the ratios against the sync modes."""
     rows = [f"| mode | server_lr | seconds to error <= {target:.2f}, per seed | median s | "
-            "vs sync, no backups | vs sync, backups | rounds to it (median) | "
+            "vs sync, no backups | vs sync, backups | rounds to reach it (median) | "
             "s / round (median) | final error (median) | results applied / discarded |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     base = {name: summary.get(name, {}).get("median") for name in
