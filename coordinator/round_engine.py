@@ -343,7 +343,8 @@ class RoundEngine:
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
 
     def _order(self, state: WorkState, unit: Unit) -> list[int]:
-        """The policy's order over the nodes not already holding this unit.
+        """The policy's order over the nodes not already holding this unit (in a stream,
+        over the idle ones when there are any).
 
         When every node holds an attempt (each one sitting in a load delay, say), all
         nodes are candidates again: a new attempt is a fresh draw of the node's load.
@@ -352,6 +353,10 @@ class RoundEngine:
         busy = state.nodes_of(unit)
         views = [n.view(now) for n in self.nodes]
         free = [v for v in views if v.index not in busy]
+        if isinstance(state, StreamState):
+            # A stream keeps one unit per node: a unit goes to a node with nothing out
+            # while there is one, not behind another unit on a busy node.
+            free = [v for v in free if v.in_flight == 0] or free
         return self._preferred_first(self.policy.order(free or views), unit.spec)
 
     def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:

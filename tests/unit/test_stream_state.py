@@ -283,3 +283,49 @@ def test_the_engine_streams_units_over_in_process_nodes_and_the_ledger_adds_up(t
     assert progress.units_done == 33
     before = algorithm.evaluate(algorithm.initial_weights()).validation_error
     assert algorithm.evaluate(state.weights).validation_error < before - 0.1  # it learned
+
+
+class CountingNode(LocalNode):
+    """A node that records how many of its units it held at once."""
+
+    def __init__(self, index: int, **kwargs) -> None:
+        super().__init__(index, **kwargs)
+        self.holding = self.most = 0
+        self._held = threading.Lock()
+
+    def train(self, task: Task) -> TaskResult:
+        with self._held:
+            self.holding += 1
+            self.most = max(self.most, self.holding)
+        try:
+            return super().train(task)
+        finally:
+            with self._held:
+                self.holding -= 1
+
+
+def test_a_stream_sends_units_to_idle_nodes_not_behind_a_slow_one():
+    algorithm = DeltaAveraging("mlp", {"epochs": 1, "hidden": [4], "server_lr": 0.1},
+                               DEFAULT_DATA_ROOT / "letters")
+    # node 0 delays every unit (policy 1: never rejects, waits), node 1 is quick
+    slow, quick = CountingNode(0, load=1.0, delay=0.2), CountingNode(1)
+    nodes = [slow, quick]
+    engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),
+                         RunProgress("r1", 2, 11, lambda: []), threading.Event())
+    state = StreamState(
+        weights=algorithm.initial_weights(), first_round=1, last_round=2, updates_per_round=11,
+        schedule=ScheduleSettings(mode="async"), plan_pass=algorithm.plan_pass,
+        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
+        scalable=algorithm.staleness_scaled, ledger=UnitLedger(None, "r1"), max_attempts=4)
+
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        round_index, version, weights = state.newest()
+        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm="delta_avg", model="mlp", dataset="letters",
+                    unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
+                    weights=weights, scheduling_policy=1, model_version=version)
+
+    engine.run_stream(state, build, DEFAULT_FILTERS, lambda end: None)
+    assert state.version == 22
+    assert slow.most == 1 and quick.most == 1  # one unit per node at a time
+    assert quick.calls > 2 * slow.calls  # the quick node was not kept waiting its turn
