@@ -9,6 +9,7 @@ import numpy as np
 
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
+from tests.tls_certs import make_certs
 from training.model_file import load_model
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
@@ -100,3 +101,17 @@ def test_a_relay_listing_itself_is_refused(cluster):
         capture_output=True, text=True, timeout=60, env=procs.python_env())
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"localhost:{port} is this relay's own address" in done.stderr
+
+
+def test_token_and_tls_hold_at_both_levels(cluster, tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    token = tmp_path / "trainer.token"
+    token.write_text("relay-levels-token\n")
+    flags = ["--token-file", str(token), "--tls-ca", str(certs.ca)]
+    serving = [*flags, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+    members = [cluster.add_node(0.0, *serving) for _ in range(2)]
+    relay = relay_over(cluster, "relay", members, *serving)
+    cluster.start_coordinator(2, *serving, nodes=[relay])
+    result = cluster.train_json(*ASSIGNMENT, *flags)
+    assert round(result["validation_error"], 4) == 0.8054
+    assert all("done:" in member.log() for member in members)
