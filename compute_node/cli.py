@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+from typing import Any
 
 from compute_node.coordinator_link import (
     CoordinatorLink,
@@ -101,6 +102,16 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--slowdown", type=arg_types.factor, default=1.0, metavar="F",
                         help="fault injection for tests: every unit takes F times as long as "
                              "its maths, like a slower machine (default 1: no slowdown)")
+    if not pull:
+        relay = parser.add_argument_group(
+            "relay", "A relay serves units like a node but computes them on the nodes of "
+                     "its own nodes file (which may be relays too): see 'Hierarchical "
+                     "training' in README.md.")
+        relay.add_argument("--relay", default=None, metavar="NODES_FILE",
+                           help="be a relay over the nodes this file lists (one host,port "
+                                "per line, as compute_nodes.txt; re-read as it changes)")
+        relay.add_argument("--relay-policy", type=int, choices=[1, 2, 3], default=2,
+                           help="scheduling policy of the relay over its nodes (default 2)")
     security.add_arguments(parser, serves=True)
     return parser
 
@@ -163,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     threads = apply_threads(args.threads)
     load = LoadSimulator(args.load_prob, args.load_delay, seed=args.seed)
-    handler = with_faults(
-        ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device),
-        FaultPlan(args.crash_after_units, args.hang_after_units, args.corrupt_updates,
-                  args.corrupt_after_units, args.seed, args.slowdown))
+    relay = getattr(args, "relay", None)
+    plain = ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device) \
+        if relay is None else _relay_handler(args, load)
+    handler = with_faults(plain, FaultPlan(
+        args.crash_after_units, args.hang_after_units, args.corrupt_updates,
+        args.corrupt_after_units, args.seed, args.slowdown))
     if args.warm_up:
         handler.warm_up.start(args.warm_up)  # a background thread: serving starts at once
     if args.pull:
@@ -177,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     handler.node_id = node_id = args.node_id or f"{socket.gethostname()}:{server.port}"
+    if relay is not None:
+        members = _start_relay(plain, args.host, server.port)
+        if members is None:
+            server.stop()
+            return 1
+        threads += f", relay over {members} nodes of {relay}"
 
     link = None
     if args.register:
@@ -189,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         handler.cancel_all()  # delayed units answer at once, so the server drains quickly
         if link is not None:
             link.stop()
+        if relay is not None:
+            plain.relay.close()
         server.stop()
 
     stop_on_signals(shutdown)
@@ -199,6 +220,29 @@ def main(argv: list[str] | None = None) -> int:
     server.serve_forever()
     print(f"compute node {node_id} stopped", flush=True)
     return 0
+
+
+def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNodeHandler:
+    """A relay's handler (its modules, the coordinator's engine among them, are loaded only
+    by relays)."""
+    from compute_node.relay import RelayHandler, RelayRunner
+    from coordinator.nodes_file import NodesFile
+
+    runner = RelayRunner(NodesFile(args.relay, role="relay"), args.relay_policy, seed=args.seed)
+    return RelayHandler(args.node_id or "", args.data_root, load, runner)
+
+
+def _start_relay(handler: Any, host: str, port: int) -> int | None:
+    """Read the relay's group once it listens (so a line naming the relay itself is
+    refused); its member count, or None after saying why it cannot be used."""
+    from coordinator.nodes_file import NodesFileError
+
+    handler.relay.nodes_file.serve_at(host, port)
+    try:
+        return handler.start_relay()
+    except NodesFileError as exc:
+        print(f"error: relay nodes file: {exc}", file=sys.stderr)
+        return None
 
 
 def _register(handler: ComputeNodeHandler, args: argparse.Namespace,

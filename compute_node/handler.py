@@ -78,7 +78,7 @@ class ComputeNodeHandler(SessionService):
         self.device = device
         self.counters = NodeCounters()
         self.started = time.monotonic()
-        self._compute_lock = threading.Lock()
+        self._compute_lock = threading.BoundedSemaphore(1)  # a node computes one unit
         self._active: dict[tuple[str, str, int], UnitControl] = {}
         self._active_lock = threading.Lock()
         self._batches_done = 0  # batches of the units that have left the node
@@ -122,6 +122,15 @@ class ComputeNodeHandler(SessionService):
                     control.cancel()  # its maths stops before its next batch
                     cancelled += 1
         return ttypes.CancelUnitResult(cancelled=cancelled)
+
+    def allow_concurrent_units(self, count: int) -> None:
+        """Let ``count`` units' maths run at once (before serving starts)."""
+        self._compute_lock = threading.BoundedSemaphore(count)
+
+    def _holds(self, run_id: str, unit_id: str, attempt: int) -> bool:
+        """Whether this attempt of the unit is in the node's hands right now."""
+        with self._active_lock:
+            return (run_id, unit_id, attempt) in self._active
 
     def cancel_all(self) -> None:
         """On shutdown: units waiting in a load delay answer 'cancelled' at once."""
@@ -174,9 +183,7 @@ class ComputeNodeHandler(SessionService):
             config, compression = split_config(config)
             algorithm.check_config(request.model, config)
             data_dir = dataset_dir(self.data_root, request.dataset)
-            unit_file = resolve_under(data_dir, request.unit_path)
-            if not unit_file.is_file():
-                raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
+            self._check_unit_file(resolve_under(data_dir, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
             weights = self._weights_of(request, compression)
@@ -187,8 +194,15 @@ class ComputeNodeHandler(SessionService):
         if weights is None:
             return None
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
-                      device=self.device, sessions=self.sessions)
+                      device=self.device, sessions=self.sessions, algorithm=request.algorithm,
+                      dataset=request.dataset, config_json=request.config_json or "",
+                      model_version=request.model_version)
         return algorithm, job, data_dir, compression
+
+    def _check_unit_file(self, unit_file: Path) -> None:
+        """A node computes on its own copy of the data: the unit's file must be there."""
+        if not unit_file.is_file():
+            raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
 
     def _weights_of(self, request: ttypes.WorkRequest,
                     compression: CompressionSettings) -> dict[str, np.ndarray] | None:

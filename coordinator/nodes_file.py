@@ -89,8 +89,10 @@ class NodesFile:
     make the coordinator call itself as a compute node, so the file is refused.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, role: str = "coordinator") -> None:
+        """``role``: what reads the file, for messages ("coordinator", "relay")."""
         self.path = Path(path)
+        self.role = role
         self._own: tuple[str, int] | None = None
         self._lock = threading.Lock()
         self._signature: tuple[int, ...] | None = None
@@ -133,8 +135,8 @@ class NodesFile:
             key = (canonical_host(node.host, bound_host), node.port)
             if self._own is not None and key == (LOCAL, self._own[1]):
                 raise NodesFileError(
-                    f"{self.path}: {node} is this coordinator's own address; list the "
-                    "compute nodes' addresses, not the coordinator's")
+                    f"{self.path}: {node} is this {self.role}'s own address; list the "
+                    f"compute nodes' addresses, not the {self.role}'s")
             if key in kept:
                 aliases.append(f"{node} (same as {kept[key]})")
             else:

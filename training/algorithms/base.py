@@ -72,6 +72,11 @@ class UnitJob:
     # The unit's cancel flag and batch count: training loops call ``control.step()``
     # before every batch, so a cancelled unit stops at the next batch (training/cancel.py).
     control: UnitControl = field(default_factory=UnitControl)
+    # The request as a relay node forwards it to its group (compute_node/relay.py).
+    algorithm: str = ""
+    dataset: str = ""
+    config_json: str = ""
+    model_version: int | None = None
 
 
 @dataclass

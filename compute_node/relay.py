@@ -1,0 +1,183 @@
+"""A relay node: the ComputeNode service upward, the coordinator's round engine downward.
+
+`python compute_node.py <port> <load_prob> --relay <nodes_file>` serves units like any node,
+but computes each on the group of nodes its file lists (which may be relays themselves).
+A unit with an index range (`sync_sgd`) is split into one contiguous slice per member;
+a unit that is a whole file (`delta_avg`, `fl_gan`) goes to one member, and the relay
+takes as many units at once as it has members, so its policy balances them. The slices
+run as one round of the engine the coordinator uses (coordinator/round_engine.py): the
+same policies, load handling, backups, benching, deadlines and fault handling. Their
+results are combined by the run's aggregation rule, weighted by samples, into one result
+for the whole unit: the coordinator's link carries one update per unit whatever the size
+of the group. For a gradient (the mean over the unit's examples) the combined slices equal
+the whole unit's up to float rounding.
+
+The relay's own load simulation applies to the relay as a whole; a cancel from above
+cancels the unit's slices on the members. A slice that fails everywhere fails the unit
+(the coordinator retries it, on this relay or another node). Algorithms that keep state
+on nodes (MD-GAN's sessions) cannot run through a relay and are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from compute_node.handler import ComputeNodeHandler
+from compute_node.load import LoadSimulator
+from coordinator.heartbeats import HeartbeatMonitor
+from coordinator.node_pool import DEAD_SECONDS, SUSPECT_SECONDS, NodeHandle
+from coordinator.nodes_file import NodesFile
+from coordinator.policies import make_policy
+from coordinator.progress import RunProgress
+from coordinator.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
+from coordinator.run_nodes import RunNodes
+from coordinator.tasks import Task
+from coordinator.update_filters import DEFAULT_FILTERS
+from training import aggregation
+from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
+from training.cancel import UnitCancelled
+from wire.generated import ttypes
+
+log = logging.getLogger("compute_node.relay")
+
+
+class RelayUnitFailed(RuntimeError):
+    """A unit could not be computed on the relay's group; the message says why."""
+
+
+SLICE = "~r"  # a slice's id: <unit>~r<k>; each relay level adds one
+MAX_LEVELS = 8  # deeper nesting is taken for a loop of relays
+
+
+def split_unit(unit: UnitSpec, parts: int) -> list[UnitSpec]:
+    """``unit`` as up to ``parts`` contiguous slices of its index range (each one slice
+    of the examples, ids ``<unit>~r<k>``), or whole when it has no range."""
+    start, stop = unit.index_start, unit.index_stop
+    if start is None or stop is None or parts < 2 or stop - start < 2:
+        return [unit]
+    parts = min(parts, stop - start)
+    bounds = [start + (stop - start) * k // parts for k in range(parts + 1)]
+    return [replace(unit, unit_id=f"{unit.unit_id}{SLICE}{k}", index_start=bounds[k],
+                    index_stop=bounds[k + 1]) for k in range(parts)]
+
+
+def check_depth(unit_id: str) -> None:
+    """ValueError for a unit sliced by more relays than a sane tree has: relays that
+    list each other would otherwise pass slices round for ever."""
+    if unit_id.count(SLICE) >= MAX_LEVELS:
+        raise ValueError(f"unit {unit_id} went through {MAX_LEVELS} relays: do relays list "
+                         "each other? A relay's nodes file must not lead back to it")
+
+
+class RelayRunner:
+    """Computes units on a group of nodes (a UnitRunner of compute_node/handler.py)."""
+
+    def __init__(self, nodes_file: NodesFile, policy: int, *,
+                 engine: EngineSettings | None = None, rpc_timeout: float = 300.0,
+                 connect_timeout: float = 3.0, seed: int | None = None) -> None:
+        self.nodes_file = nodes_file
+        self._timeouts = rpc_timeout, connect_timeout
+        self.policy_number = policy
+        self._policy = make_policy(policy, seed)
+        self._engine = engine or EngineSettings()
+        self._group: RunNodes | None = None
+        self._heartbeats: HeartbeatMonitor | None = None
+
+    def start(self) -> int:
+        """Read the group from the nodes file and start its heartbeats; returns how many
+        members it has. NodesFileError when the file cannot be used (missing, bad, or
+        naming this relay: tell `nodes_file.serve_at` the relay's address first)."""
+        rpc_timeout, connect_timeout = self._timeouts
+        self._group = RunNodes("relay", self.nodes_file.read(), rpc_timeout=rpc_timeout,
+                               connect_timeout=connect_timeout,
+                               suspect_seconds=SUSPECT_SECONDS, dead_seconds=DEAD_SECONDS,
+                               nodes_source=self.nodes_file.read)
+        self._heartbeats = HeartbeatMonitor(lambda: list(self.members)).start()
+        return len(self.members)
+
+    @property
+    def members(self) -> list[NodeHandle]:
+        return self._group.nodes if self._group is not None else []
+
+    def close(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
+        if self._group is not None:
+            self._group.close()
+
+    def __call__(self, algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
+        if algorithm.uses_sessions:
+            raise ValueError(f"{algorithm.name} keeps state on its nodes and cannot run "
+                             "through a relay; list its nodes with the coordinator")
+        check_depth(job.unit.unit_id)
+        if self._group is None:
+            raise RelayUnitFailed("the relay has not read its nodes file yet")
+        self._group.refresh()  # members added to (or removed from) the file take part
+        slices = split_unit(job.unit, len(self.members))
+        engine = RoundEngine(job.run_id, self.members, self._policy, self._engine,
+                             RunProgress(job.run_id, 1, len(slices), lambda: []),
+                             job.control.cancelled)
+        try:
+            outcome = engine.run_round(job.round, slices, len(slices),
+                                       lambda unit, attempt: self._task(job, unit, attempt),
+                                       DEFAULT_FILTERS)
+        except RunCancelledError:
+            raise UnitCancelled("unit cancelled") from None
+        except RoundFailed as exc:
+            raise RelayUnitFailed(f"the relay's group could not compute unit "
+                                  f"{job.unit.unit_id}: {exc}") from None
+        if outcome.failures:
+            reasons = "; ".join(f"{f.unit.unit_id}: {f.reason}" for f in outcome.failures)
+            raise RelayUnitFailed(f"slices of unit {job.unit.unit_id} failed: {reasons}")
+        samples = sum(r.num_samples for r in outcome.results)
+        # the mean is folded in float64; the update goes up as the members sent theirs
+        dtypes = {name: value.dtype for name, value in outcome.results[0].update.items()}
+        combined = {name: value.astype(dtypes[name], copy=False)
+                    for name, value in combine(_rule(job.config), outcome.results).items()}
+        return UnitOutput(update=combined, num_samples=samples, loss=outcome.train_loss,
+                          error=0.0)
+
+    def _task(self, job: UnitJob, unit: UnitSpec, attempt: int) -> Task:
+        return Task(run_id=job.run_id, round=job.round, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm=job.algorithm, model=job.model, dataset=job.dataset,
+                    unit_path=unit.unit_path, config_json=job.config_json,
+                    weights=job.weights, scheduling_policy=self.policy_number,
+                    index_start=unit.index_start, index_stop=unit.index_stop,
+                    model_version=job.model_version)
+
+
+def _rule(config: Mapping[str, object]) -> dict[str, object]:
+    """The run's aggregation settings (checked), as the coordinator combines with them."""
+    return aggregation.check_settings(config.get(aggregation.SECTION))
+
+
+class RelayHandler(ComputeNodeHandler):
+    """The ComputeNode service of a relay: admission and load as any node's, the maths on
+    its group (`RelayRunner`), as many units at once as it has members."""
+
+    def __init__(self, node_id: str, data_root: str | os.PathLike, load: LoadSimulator,
+                 runner: RelayRunner) -> None:
+        super().__init__(node_id, data_root, load)
+        self.unit_runner = runner
+        self.relay = runner
+
+    def start_relay(self) -> int:
+        """Read the group (see `RelayRunner.start`): as many units at once as members."""
+        members = self.relay.start()
+        self.allow_concurrent_units(max(1, members))
+        return members
+
+    def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        if self._holds(request.run_id, request.unit_id, request.attempt):
+            # the very unit this relay is computing came back: its group leads back here
+            raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
+                                        f"relay {self.node_id} that sent it: relays list "
+                                        "each other")
+        return super().train_with_weights(request)
+
+    def _check_unit_file(self, unit_file: Path) -> None:
+        """The members read the data; the relay needs only the data set's folder."""

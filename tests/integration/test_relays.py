@@ -1,0 +1,117 @@
+"""Relay nodes: a node that computes its units on a group of nodes, in real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from devtools import local_cluster as procs
+from devtools.local_cluster import REPO
+from tests.tls_certs import make_certs
+from training.model_file import load_model
+
+ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
+# sync SGD with K = N: every unit's gradient is used, so a relay's slices must add up to it
+SYNC_SGD = ["--config", str(REPO / "configs" / "letters_sync_sgd.yaml"), "--set",
+            "run.rounds=3", "--set", "sync_sgd.num_workunits_per_update=4",
+            "--set", "sync_sgd.units_per_iteration=4"]
+
+
+def relay_over(cluster, name: str, members: list[procs.Proc], *extra: str) -> procs.Proc:
+    """A relay (started like a node, kept with the cluster's nodes) over ``members``."""
+    group = procs.write_nodes_file(cluster.workdir / f"{name}.txt", members)
+    relay = procs.start_node(cluster.workdir, name, 0.0, "--relay", str(group), *extra)
+    cluster.nodes.append(relay)
+    return relay
+
+
+def two_relays_of_two(cluster) -> list[procs.Proc]:
+    members = [cluster.add_node(0.0) for _ in range(4)]
+    return [relay_over(cluster, "relayA", members[:2]), relay_over(cluster, "relayB",
+                                                                    members[2:])]
+
+
+def weights(cluster, run_id: str) -> dict[str, np.ndarray]:
+    return load_model(cluster.workdir / "runs" / run_id / "model.npz")[0]
+
+
+def test_two_relays_of_two_nodes_reproduce_the_assignment(cluster):
+    relays = two_relays_of_two(cluster)
+    cluster.start_coordinator(2, nodes=relays)
+    result = cluster.train_json(*ASSIGNMENT)
+    assert [round(h["validation_error"], 4) for h in result["history"]] == [
+        0.9574, 0.9277, 0.7954, 0.7720, 0.8054]
+    assert {n["node"] for n in result["nodes"]} == {f"127.0.0.1:{r.port}" for r in relays}
+    for member in cluster.nodes[:4]:  # every member computed units
+        assert "done:" in member.log(), member.log()
+
+
+def test_sync_sgd_through_relays_equals_the_flat_run_up_to_rounding(cluster):
+    relays = two_relays_of_two(cluster)
+    cluster.start_coordinator(2, "--deterministic", nodes=cluster.nodes[:4])
+    flat = cluster.train_json(*SYNC_SGD, "--run-id", "flat")
+    cluster.coordinator.stop()
+    cluster.start_coordinator(2, "--deterministic", nodes=relays)
+    through = cluster.train_json(*SYNC_SGD, "--run-id", "relayed")
+    expected, got = weights(cluster, "flat"), weights(cluster, "relayed")
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-6)
+    assert abs(through["validation_error"] - flat["validation_error"]) < 0.01
+    logs = "".join(member.log() for member in cluster.nodes[:4])
+    assert "~r0 round 1 done" in logs and "~r1 round 1 done" in logs  # units were split
+
+
+def test_a_member_killed_mid_run_leaves_its_slices_to_the_other(cluster):
+    members = [cluster.add_node(0.0) for _ in range(2)]
+    relay = relay_over(cluster, "relay", members)
+    cluster.start_coordinator(2, nodes=[relay])
+    client = cluster.start_client(*SYNC_SGD, "--set", "run.rounds=30", "--quiet")
+    try:
+        members[1].wait_for(r"done:", timeout=60)
+        members[1].kill()
+        out, err = client.communicate(timeout=240)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + cluster.logs()
+    assert "round 30/30" in cluster.coordinator.log()
+
+
+def test_relays_nest(cluster):
+    members = [cluster.add_node(0.0) for _ in range(2)]
+    inner = relay_over(cluster, "inner", members)
+    outer = relay_over(cluster, "outer", [inner, cluster.add_node(0.0)])
+    cluster.start_coordinator(2, nodes=[outer])
+    result = cluster.train_json(*SYNC_SGD)
+    assert result["units"]["done"] == 12
+    assert "~r0~r1" in members[1].log()  # a slice of a slice: two levels down
+
+
+def test_a_relay_listing_itself_is_refused(cluster):
+    member = cluster.add_node(0.0)
+    group = cluster.workdir / "self.txt"
+    # the relay's own port is the one it is told to take: a line naming it is refused
+    port = member.port + 1000
+    group.write_text(f"127.0.0.1,{member.port}\nlocalhost,{port}\n")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "compute_node.py"), str(port), "0", "--host",
+         "127.0.0.1", "--relay", str(group)],
+        capture_output=True, text=True, timeout=60, env=procs.python_env())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"localhost:{port} is this relay's own address" in done.stderr
+
+
+def test_token_and_tls_hold_at_both_levels(cluster, tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    token = tmp_path / "trainer.token"
+    token.write_text("relay-levels-token\n")
+    flags = ["--token-file", str(token), "--tls-ca", str(certs.ca)]
+    serving = [*flags, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+    members = [cluster.add_node(0.0, *serving) for _ in range(2)]
+    relay = relay_over(cluster, "relay", members, *serving)
+    cluster.start_coordinator(2, *serving, nodes=[relay])
+    result = cluster.train_json(*ASSIGNMENT, *flags)
+    assert round(result["validation_error"], 4) == 0.8054
+    assert all("done:" in member.log() for member in members)
