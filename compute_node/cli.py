@@ -110,7 +110,8 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
         relay.add_argument("--relay", default=None, metavar="NODES_FILE",
                            help="be a relay over the nodes this file lists (one host,port "
                                 "per line, as compute_nodes.txt; re-read as it changes)")
-        relay.add_argument("--relay-policy", type=int, choices=[1, 2, 3], default=2,
+        relay.add_argument("--relay-policy", type=arg_types.int_range(1, 3), choices=[1, 2, 3],
+                           default=2,
                            help="scheduling policy of the relay over its nodes (default 2)")
     security.add_arguments(parser, serves=True)
     return parser

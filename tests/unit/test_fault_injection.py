@@ -102,8 +102,9 @@ def test_a_slowed_node_holds_each_unit_its_maths_time_times_the_factor_less_one(
     clock = iter([10.0, 10.5])  # the maths takes 0.5 s
     monkeypatch.setattr(faults, "monotonic", lambda: next(clock))
     output = UnitOutput(update={}, num_samples=1, loss=0.0, error=0.0)
-    monkeypatch.setattr(faults, "run_unit", lambda algorithm, job, data_dir: output)
-    node = with_faults(handler(), FaultPlan(slowdown=3.0))
+    plain = handler()
+    plain.unit_runner = lambda algorithm, job, data_dir: output  # the maths the faults wrap
+    node = with_faults(plain, FaultPlan(slowdown=3.0))
     flag = RecordedWait(cancelled)
     job = UnitJob("r", 1, UnitSpec("u1", "f"), "mlp", {}, {},
                   control=UnitControl(cancelled=flag))
