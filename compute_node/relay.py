@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -160,10 +161,13 @@ class RelayHandler(ComputeNodeHandler):
     its group (`RelayRunner`), as many units at once as it has members."""
 
     def __init__(self, node_id: str, data_root: str | os.PathLike, load: LoadSimulator,
-                 runner: RelayRunner) -> None:
+                 runner: RelayRunner, link_delay: float = 0.0) -> None:
+        """``link_delay``: seconds every reply upward is held, as over a slow link
+        between sites (for experiments; 0 by default)."""
         super().__init__(node_id, data_root, load)
         self.unit_runner = runner
         self.relay = runner
+        self.link_delay = link_delay
 
     def start_relay(self) -> int:
         """Read the group (see `RelayRunner.start`): as many units at once as members."""
@@ -177,7 +181,10 @@ class RelayHandler(ComputeNodeHandler):
             raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
-        return super().train_with_weights(request)
+        result = super().train_with_weights(request)
+        if self.link_delay:
+            time.sleep(self.link_delay)
+        return result
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """The members read the data; the relay needs only the data set's folder."""

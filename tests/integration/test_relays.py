@@ -115,3 +115,12 @@ def test_token_and_tls_hold_at_both_levels(cluster, tmp_path):
     result = cluster.train_json(*ASSIGNMENT, *flags)
     assert round(result["validation_error"], 4) == 0.8054
     assert all("done:" in member.log() for member in members)
+
+
+def test_a_link_delay_holds_each_reply_upward(cluster):
+    relay = relay_over(cluster, "relay", [cluster.add_node(0.0)], "--link-delay-ms", "100")
+    cluster.start_coordinator(2, nodes=[relay])
+    result = cluster.train_json("letters", "1", "1", "8", "0.01")
+    # the coordinator's calls last the link's 0.1 s longer than the relay's maths
+    (node,) = result["nodes"]
+    assert node["busy_seconds"] - node["compute_seconds"] >= 11 * 0.1, node
