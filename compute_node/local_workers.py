@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from thrift.Thrift import TApplicationException
 
 from compute_node.worker_process import (
     BATCHES,
@@ -59,8 +60,12 @@ MAX_RESTARTS = 3
 ALIGN = 64  # bytes: each tensor of the shared block starts on a cache line
 
 
-class WorkerLost(RuntimeError):
-    """A local worker died or its group broke: the unit fails, the group is restarted."""
+class WorkerLost(TApplicationException):
+    """A local worker died or its group broke: the unit fails, the group is restarted.
+    A Thrift application error, so the coordinator's log shows why the unit failed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(TApplicationException.INTERNAL_ERROR, message)
 
 
 def check_workers(workers: int, device: str, relay: str | None = None) -> str | None:
@@ -162,15 +167,14 @@ class WorkerGroup:
 
     def run(self, task: ShareTask, control: UnitControl) -> UnitOutput:
         """Every worker's share of the unit; their combined result (from rank 0)."""
-        self.shared[CANCEL] = 0
+        self.shared[CANCEL] = int(control.cancelled.is_set())  # cancelled while queued
         for rank in range(len(self.procs)):
             self.shared[BATCHES + rank] = 0
         for pipe in self.pipes:
             try:
                 pipe.send(task)
             except OSError:  # a worker died since the last unit
-                self._check_alive(self._sentinels())
-                raise
+                self._raise_lost()
         replies = self._collect(control)
         return _outcome(replies)
 
@@ -188,18 +192,22 @@ class WorkerGroup:
                 try:
                     replies[pending.pop(pipe)] = pipe.recv()
                 except EOFError:
-                    self._check_alive(self._sentinels(), wait_seconds=STOP_SECONDS)
-                    raise WorkerLost("a local worker closed its pipe") from None
+                    self._raise_lost()
         return replies
+
+    def _raise_lost(self) -> None:
+        """WorkerLost for a pipe that broke: its worker is dead, or about to be."""
+        self._check_alive(wait(self._sentinels(), timeout=STOP_SECONDS))
+        raise WorkerLost("a local worker closed its pipe")
 
     def _sentinels(self) -> list[int]:
         return [p.sentinel for p in self.procs]
 
-    def _check_alive(self, ready: list[Any], wait_seconds: float = 0.0) -> None:
+    def _check_alive(self, ready: list[Any]) -> None:
         """WorkerLost naming the first worker whose sentinel is among `ready`."""
         for rank, proc in enumerate(self.procs):
             if proc.sentinel in ready:
-                proc.join(wait_seconds or None)
+                proc.join()  # it has ended: this reaps it and reads its exit status
                 raise WorkerLost(f"local worker {rank} (pid {proc.pid}) "
                                  f"{_death(proc.exitcode)}")
 
