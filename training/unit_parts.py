@@ -50,4 +50,4 @@ def cast_like(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`value` in `dtype`, rounded first when that is an integer type."""
     if not np.issubdtype(dtype, np.floating):
         value = np.rint(value)
-    return np.ascontiguousarray(value, dtype=dtype)
+    return np.array(value, dtype=dtype, order="C")  # keeps a 0-d tensor 0-d

@@ -60,12 +60,26 @@ def test_two_workers_compute_the_gradient_one_computes(workers, model, dataset, 
     two = workers(SyncSGD, two_job, DATA / dataset)
     assert two.update.keys() == one.update.keys()
     for name, value in one.update.items():
-        assert two.update[name].dtype == value.dtype
+        assert (two.update[name].dtype, two.update[name].shape) == (value.dtype, value.shape)
         assert _relative_error(value, two.update[name]) <= 1e-5, name
     assert two.num_samples == one.num_samples
     assert two.loss == pytest.approx(one.loss, rel=1e-5)
     assert two.error == pytest.approx(one.error, rel=1e-5)
     assert two_job.control.batches == one_job.control.batches  # both workers' batches
+
+
+def test_with_batchnorm_the_shares_hold_whole_micro_batches(workers):
+    """Gradients as one worker's (each micro-batch's statistics are the same); the
+    running statistics are the shares' average, in the tensors' shapes and dtypes."""
+    config = {"images_per_work_unit": 96, "batch_size": 32}
+    algorithm = SyncSGD("dcgan28-tiny", config, DATA / "mnist")
+    one = run_unit(SyncSGD, _job(algorithm, config), DATA / "mnist")
+    two = workers(SyncSGD, _job(algorithm, config), DATA / "mnist")
+    algorithm.check_update(two.update, algorithm.initial_weights())
+    # As one vector: the gradients of biases before BN are zero up to rounding noise.
+    grads = [name for name in one.update if name.startswith("grad.")]
+    assert _relative_error(np.concatenate([one.update[n].ravel() for n in grads]),
+                           np.concatenate([two.update[n].ravel() for n in grads])) <= 1e-5
 
 
 def test_local_training_averages_the_shares_deltas(workers):

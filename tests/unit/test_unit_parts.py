@@ -35,4 +35,5 @@ def test_the_weighted_mean_weighs_by_samples_and_keeps_dtypes():
     assert mean.num_samples == 4 and mean.loss == 2.5 and mean.error == 0.75
     assert mean.update["w"].dtype == np.float32
     np.testing.assert_allclose(mean.update["w"], [3.25, 6.5])
-    assert mean.update["n"].dtype == np.int64 and mean.update["n"] == 6  # 6.25 rounded
+    assert mean.update["n"].dtype == np.int64 and mean.update["n"].shape == ()
+    assert mean.update["n"] == 6  # 6.25 rounded
