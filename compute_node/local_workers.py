@@ -30,6 +30,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.shared_memory import SharedMemory
@@ -294,7 +295,7 @@ class LocalWorkers:
     def __call__(self, algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
         if not algorithm.splits_units:
             return self.inner(algorithm, job, data_dir)
-        group = self._ready_group()
+        group = self._ready_group(job.control)
         task = ShareTask(algorithm.name, job.run_id, job.round, job.unit, job.model,
                          job.config, self._weights.write(job.weights), str(data_dir))
         try:
@@ -317,9 +318,14 @@ class LocalWorkers:
         self._weights.close()
 
     # ------------------------------------------------------------------ restarts
-    def _ready_group(self) -> WorkerGroup:
-        if not self._ready.wait(START_SECONDS):
-            raise WorkerLost("the node's local workers are still restarting")
+    def _ready_group(self, control: UnitControl) -> WorkerGroup:
+        """The group, once it is ready; a unit cancelled meanwhile stops waiting."""
+        deadline = time.monotonic() + START_SECONDS
+        while not self._ready.wait(POLL_SECONDS):
+            if control.cancelled.is_set():
+                raise UnitCancelled("cancelled while the local workers restarted")
+            if time.monotonic() > deadline:
+                raise WorkerLost("the node's local workers are still restarting")
         with self._lock:
             group = self._group
         if group is None:

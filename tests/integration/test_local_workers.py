@@ -19,7 +19,7 @@ from tests.waiting import wait_until
 from training.algorithms.base import UnitJob, UnitOutput
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.sync_sgd import SyncSGD
-from training.cancel import UnitCancelled
+from training.cancel import UnitCancelled, UnitControl
 from training.unit_parts import weighted_mean
 
 DATA = procs.REPO / "data"
@@ -127,7 +127,7 @@ def test_the_node_gives_up_after_its_restarts_with_one_line():
     assert said == ["local workers failed 1 times in a row, last: local worker 1 (pid 9) "
                     "was killed by SIGKILL"]
     with pytest.raises(WorkerLost, match="failed 1 times"):
-        runner._ready_group()
+        runner._ready_group(UnitControl())
 
 
 def test_more_workers_than_cores_are_refused(capsys):
@@ -163,7 +163,7 @@ def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster)
     node = cluster.add_node(0.0, "--workers", "2")
     first = _worker_pids(node)
     cluster.start_coordinator(2)
-    client = cluster.start_client(*LETTERS, "--set", "run.rounds=30", "--json", "--quiet")
+    client = cluster.start_client(*LETTERS, "--set", "run.rounds=15", "--json", "--quiet")
     try:
         node.wait_for(r"unit \S+ round 3 done", timeout=60)
         os.kill(first[1], signal.SIGKILL)
@@ -179,7 +179,7 @@ def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster)
     assert len(restarted) == 2 and not set(restarted[1]) & set(first)
     assert not any(_running(pid) for pid in first)
     result = json.loads(out)
-    assert result["rounds"] == 30 and result["nodes"][0]["failed"] >= 1
+    assert result["rounds"] == 15 and result["nodes"][0]["failed"] >= 1
     cluster.stop()  # SIGTERM: the node stops its workers
     assert wait_until(lambda: not any(_running(pid) for pid in restarted[1]), 15)
 
