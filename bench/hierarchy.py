@@ -14,7 +14,7 @@ Images/s = images per update x updates / seconds: for DDP its timed steady state
 nodes the span between the coordinator's log lines of round 1 and round R (start-up and
 round 1 excluded, every per-round cost included), as in bench/dcgan_throughput.py.
 
-    python bench/hierarchy.py                        # U = 320, B = 32; about 2 minutes
+    python bench/hierarchy.py              # U = 320, B = 32, 3 passes; about 6 minutes
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -61,22 +62,36 @@ def run_node(workers: int, unit: int, batch: int, rounds: int,
             proc.stop()
     ends = baseline.round_times(procs[-1].log())
     result = json.loads(done.stdout)
+    unit_seconds = [float(m.group(2)) for m in baseline.UNIT_LINE.finditer(procs[0].log())
+                    if int(m.group(1)) > 1]
     return baseline.PathResult(f"one node, --workers {workers}, U = {unit}", workers, unit,
-                               result["rounds"] - 1, ends[result["rounds"]] - ends[1])
+                               result["rounds"] - 1, ends[result["rounds"]] - ends[1],
+                               {"unit_ms": 1000 * sum(unit_seconds) / len(unit_seconds)})
 
 
 def load_average() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def report(results: dict[str, baseline.PathResult], loads: dict[str, str]) -> str:
-    ddp = results["ddp"].images_per_second
-    lines = ["| path | images per update | updates timed | seconds | images/s | vs DDP | "
-             "load average before |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for key, r in results.items():
-        lines.append(f"| {r.label} | {r.global_batch} | {r.updates} | {r.seconds:.1f} | "
-                     f"{r.images_per_second:,.0f} | {r.images_per_second / ddp:.2f}x | "
-                     f"{loads[key]} |")
+def report(passes: list[dict[str, baseline.PathResult]], loads: list[dict[str, str]]) -> str:
+    """One row per path and pass, with its ratio to the same pass's DDP; then medians."""
+    lines = ["| pass | path | images per update | updates timed | seconds | ms per update | "
+             "node's unit maths, ms | images/s | vs DDP (same pass) | load average before |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for number, (results, load) in enumerate(zip(passes, loads, strict=True), 1):
+        ddp = results["ddp"].images_per_second
+        for key, r in results.items():
+            maths = f"{r.extra['unit_ms']:.0f}" if "unit_ms" in r.extra else "-"
+            lines.append(f"| {number} | {r.label} | {r.global_batch} | {r.updates} | "
+                         f"{r.seconds:.1f} | {1000 * r.seconds / r.updates:.0f} | {maths} | "
+                         f"{r.images_per_second:,.0f} | {r.images_per_second / ddp:.2f}x | "
+                         f"{load[key]} |")
+    lines += ["", "| path | median images/s | median ratio to DDP |", "| --- | ---: | ---: |"]
+    for key, first in passes[0].items():
+        speeds = [p[key].images_per_second for p in passes]
+        ratios = [p[key].images_per_second / p["ddp"].images_per_second for p in passes]
+        lines.append(f"| {first.label} | {statistics.median(speeds):,.0f} | "
+                     f"{statistics.median(ratios):.2f}x |")
     return "\n".join(lines)
 
 
@@ -88,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 30; the first is not timed)")
     parser.add_argument("--ddp-seconds", type=float, default=15.0,
                         help="DDP's timed steady state (default 15)")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="passes over every path, one after the other, so that a busy "
+                             "spell of a shared machine shows (default 3)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     print(f"{platform.node()}: nproc {os.cpu_count()}, load average {load_average()}",
           file=sys.stderr, flush=True)
-    results, loads = {}, {}
     runs = {
         "ddp": lambda work: baseline.run_ddp(2, args.unit, args.batch, args.ddp_seconds, work),
         "w1": lambda work: run_node(1, args.unit, args.batch, args.rounds, work / "w1"),
@@ -100,17 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         "w2-ddp-batch": lambda work: run_node(2, 2 * args.unit, args.batch, args.rounds,
                                               work / "w2b"),
     }
-    with tempfile.TemporaryDirectory(prefix="bench-hierarchy-") as tmp:
-        for key, run in runs.items():
-            loads[key] = load_average()
-            results[key] = run(Path(tmp))
-            print(f"{results[key].label}: {results[key].images_per_second:.0f} images/s",
-                  file=sys.stderr, flush=True)
-    print(report(results, loads))
+    passes, loads = [], []
+    for _ in range(args.passes):
+        results, load = {}, {}
+        with tempfile.TemporaryDirectory(prefix="bench-hierarchy-") as tmp:
+            for key, run in runs.items():
+                load[key] = load_average()
+                results[key] = run(Path(tmp))
+                print(f"{results[key].label}: {results[key].images_per_second:.0f} images/s",
+                      file=sys.stderr, flush=True)
+        passes.append(results)
+        loads.append(load)
+    print(report(passes, loads))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {key: {**vars(r), "images_per_second": r.images_per_second, "load": loads[key]}
-             for key, r in results.items()}, indent=2))
+            [{key: {**vars(r), "images_per_second": r.images_per_second, "load": load[key]}
+              for key, r in results.items()} for results, load in zip(passes, loads,
+                                                                        strict=True)],
+            indent=2))
     return 0
 
 
