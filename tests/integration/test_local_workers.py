@@ -18,6 +18,7 @@ from devtools import local_cluster as procs
 from tests.waiting import wait_until
 from training.algorithms.base import UnitJob, UnitOutput
 from training.algorithms.delta_avg import DeltaAveraging
+from training.algorithms.fl_gan import FLGan
 from training.algorithms.sync_sgd import SyncSGD
 from training.cancel import UnitCancelled, UnitControl
 from training.unit_parts import weighted_mean
@@ -94,6 +95,17 @@ def test_local_training_averages_the_shares_deltas(workers):
         assert _relative_error(value, two.update[name]) <= 1e-6, name
 
 
+def test_fl_gan_averages_the_states_of_shares_of_its_slot(workers):
+    config = {"workers": 8, "batch_size": 64}  # a slot of 1,000 images: 15 batches
+    algorithm = FLGan("dcgan28-tiny", config, DATA / "mnist")
+    weights = algorithm.initial_weights()
+    job = UnitJob("run", 1, algorithm.plan_round(1)[0], "dcgan28-tiny", config, weights)
+    two = workers(FLGan, job, DATA / "mnist")
+    algorithm.check_update(two.update, weights)  # every tensor, shape and dtype; finite
+    assert two.num_samples == algorithm.unit_samples(job.unit) == 1000  # as one worker's
+    assert job.control.batches == 8 + 7  # shares of 512 and 488 images, whole batches of 64
+
+
 def test_a_cancelled_unit_stops_every_worker_and_the_group_goes_on(workers):
     config = {"hidden": [16]}
     algorithm = SyncSGD("mlp", config, DATA / "letters")
@@ -135,6 +147,13 @@ def test_more_workers_than_cores_are_refused(capsys):
     assert cli.main(["0", "0", "--workers", str(too_many)]) == 2
     err = capsys.readouterr().err
     assert f"--workers {too_many}" in err and "CPU core" in err
+
+
+def test_workers_and_relay_are_refused_together(capsys, tmp_path):
+    nodes = tmp_path / "group.txt"
+    nodes.write_text("127.0.0.1,9\n")
+    assert cli.main(["0", "0", "--workers", "2", "--relay", str(nodes)]) == 2
+    assert "--workers with --relay" in capsys.readouterr().err
 
 
 def _running(pid: int) -> bool:
