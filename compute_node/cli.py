@@ -18,6 +18,7 @@ from compute_node.coordinator_link import (
 from compute_node.faults import CORRUPTIONS, FaultPlan, with_faults
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
+from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
 from compute_node.threads import limit_threads
 from training.datapaths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
@@ -75,6 +76,13 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                         help="threads of the node's maths (BLAS, torch); default: "
                              "OMP_NUM_THREADS when set, else 1 (a node computes one unit at "
                              "a time)")
+    parser.add_argument("--workers", type=arg_types.positive_int, default=1, metavar="W",
+                        help="local worker processes (default 1: the node computes itself): "
+                             "started once, a torch.distributed group on this machine (gloo "
+                             "with --device cpu; NCCL with --device cuda, worker r on cuda:r); "
+                             "each unit of sync_sgd, delta_avg or fl_gan is split between "
+                             "them and their results averaged into one; at most one worker "
+                             "per core (or GPU); --threads applies to each worker")
     parser.add_argument("--warm-up", default=None, metavar="MODEL",
                         help="load torch and build MODEL (e.g. dcgan28) in the background at "
                              "start, before a run asks for it; pings are answered meanwhile "
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem[0]}", file=sys.stderr)
         return problem[1]
-    device_problem = check_device(args.device)
+    device_problem = check_device(args.device) or check_workers(args.workers, args.device,
+                                                              getattr(args, "relay", None))
     if device_problem:
         print(f"error: {device_problem}", file=sys.stderr)
         return 2
@@ -182,18 +191,25 @@ def main(argv: list[str] | None = None) -> int:
     relay = getattr(args, "relay", None)
     plain = ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device) \
         if relay is None else _relay_handler(args, load)
+    try:
+        workers = attach(plain, args.workers, args.device)  # before faults: they wrap it
+    except WorkerLost as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if workers:
+        threads += f", {workers.describe()}"
     handler = with_faults(plain, FaultPlan(
         args.crash_after_units, args.hang_after_units, args.corrupt_updates,
         args.corrupt_after_units, args.seed, args.slowdown))
     if args.warm_up:
         handler.warm_up.start(args.warm_up)  # a background thread: serving starts at once
     if args.pull:
-        return run_pull(handler, args, threads)
+        return exit_status(workers, run_pull(handler, args, threads))
     try:
         server = ThriftServer(ComputeNode.Processor(handler), args.host, args.port)
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
-        return 1
+        return exit_status(workers, 1)
     handler.node_id = node_id = args.node_id or f"{socket.gethostname()}:{server.port}"
     if relay is not None:
         members = _start_relay(plain, args.host, server.port)
@@ -207,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         link = _register(handler, args, server.port)
         if link is None:
             server.stop()
-            return 1
+            return exit_status(workers, 1)
 
     def shutdown() -> None:
         handler.cancel_all()  # delayed units answer at once, so the server drains quickly
@@ -224,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(load {args.load_prob}, delay {args.load_delay}s, {threads})", flush=True)
     server.serve_forever()
     print(f"compute node {node_id} stopped", flush=True)
-    return 0
+    return exit_status(workers, 0)
 
 
 def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNodeHandler:

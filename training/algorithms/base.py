@@ -241,12 +241,23 @@ class Algorithm(ABC):
     # units a K-of-N round did not use come round again in the same pass
     # (coordinator/pass_queue.py); False: each round is `plan_round`.
     rounds_from_passes: ClassVar[bool] = False
+    # True: `run_unit_part` computes a share of a unit, so a node's local workers split
+    # one unit between them (compute_node/local_workers.py, training/unit_parts.py).
+    splits_units: ClassVar[bool] = False
 
     # ------------------------------------------------------------- node half
     @classmethod
     @abstractmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         """Compute one unit on a node, from the job's weights and the node's own data."""
+
+    @classmethod
+    def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
+                      parts: int) -> UnitOutput | None:
+        """Share `part` of `parts` of the unit (None: the share holds no sample). The
+        shares' sample-weighted mean stands for `run_unit`'s result. Only for algorithms
+        that set `splits_units`."""
+        raise NotImplementedError(f"{cls.name} does not split units")
 
     @classmethod
     @abstractmethod

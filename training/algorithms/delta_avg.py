@@ -32,6 +32,7 @@ from training.algorithms.base import (
     split_aggregation,
 )
 from training.letters import load_letters
+from training.unit_parts import part_bounds
 
 # Every key the algorithm understands, with its default and type.
 DEFAULTS: dict[str, Any] = {
@@ -54,6 +55,7 @@ class DeltaAveraging(AveragingAlgorithm):
     name = "delta_avg"
     models = ("mlp",)
     uses_torch = False  # numpy on the nodes
+    splits_units = True
 
     # ------------------------------------------------------------- node half
     @classmethod
@@ -88,9 +90,21 @@ class DeltaAveraging(AveragingAlgorithm):
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
+        return cls._train_rows(job, *load_letters(dataset_dir / job.unit.unit_path))
+
+    @classmethod
+    def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
+                      parts: int) -> UnitOutput | None:
+        """Local training on a share of the unit file's rows; the node averages the
+        shares' deltas (local averaging, not one sequential training of the file)."""
+        features, labels = load_letters(dataset_dir / job.unit.unit_path)
+        lo, hi = part_bounds(len(labels), part, parts)
+        return cls._train_rows(job, features[lo:hi], labels[lo:hi]) if hi > lo else None
+
+    @classmethod
+    def _train_rows(cls, job: UnitJob, features: Any, labels: Any) -> UnitOutput:
         config = cls.check_config(job.model, job.config)
         spec = _spec(config)
-        features, labels = load_letters(dataset_dir / job.unit.unit_path)
         _check_weights(job.weights, mlp.init_params(spec, seed=0))
         local = mlp.LocalTraining(
             epochs=config["epochs"],

@@ -58,6 +58,7 @@ from training.gan_training import (
     slot_unit_id,
     training_size,
 )
+from training.unit_parts import part_bounds
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
 DEFAULTS: dict[str, Any] = {
@@ -95,8 +96,10 @@ def _load_pair(spec: gan_models.GanSpec, weights: Mapping[str, np.ndarray],
     return g.to(device), d.to(device)
 
 
-def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any]) -> UnitOutput:
-    """E local epochs of alternating D/G steps on the slot's shard, from the global pair."""
+def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], part: int = 0,
+               parts: int = 1) -> UnitOutput | None:
+    """E local epochs of alternating D/G steps on the slot's shard, from the global pair;
+    with ``parts`` > 1, on share ``part`` of the shard (None when it holds no batch)."""
     slot = slot_of(job.unit.unit_id, config["workers"])
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
     g, d = _load_pair(spec, job.weights, job.device)
@@ -105,13 +108,16 @@ def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any]) -> Un
     opt_g, opt_d = adam(g.parameters(), config), adam(d.parameters(), config)
     b, seed, epochs = config["batch_size"], config["seed"], config["local_epochs"]
     shard = shard_indices(training_size(dataset_dir), slot, config["workers"], seed)
+    shard = shard[slice(*part_bounds(len(shard), part, parts, b))]
     per_epoch = len(shard) // b
+    if per_epoch == 0 and parts > 1:  # a share too small for one batch
+        return None
     losses, wrong = [], 0
     for local in range(epochs * per_epoch):
         job.control.step()
         step = (job.round - 1) * epochs * per_epoch + local  # the slot's batch number
         real = real_batch(dataset_dir, batch_indices(shard, b, step, seed, slot))
-        z = noise(spec.z_dim, b, seed, slot, step)
+        z = noise(spec.z_dim, b, seed, slot, step, *([part] if parts > 1 else []))
         loss, batch_wrong = alternating_step(g, d, opt_g, opt_d, real.to(job.device),
                                              z.to(job.device))
         losses.append(loss)
@@ -126,6 +132,7 @@ class FLGan(AveragingAlgorithm):
 
     name = "fl_gan"
     models = MODELS
+    splits_units = True
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
@@ -139,6 +146,14 @@ class FLGan(AveragingAlgorithm):
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         return train_slot(job, dataset_dir, cls.check_config(job.model, job.config))
+
+    @classmethod
+    def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
+                      parts: int) -> UnitOutput | None:
+        """Local training on a share of the slot's shard; the node averages the shares'
+        states (local averaging, not one sequential training of the shard)."""
+        config = cls.check_config(job.model, job.config)
+        return train_slot(job, dataset_dir, config, part, parts)
 
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:

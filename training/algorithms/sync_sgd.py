@@ -86,6 +86,7 @@ from training.algorithms.base import (
 )
 from training.cancel import no_step
 from training.letters import load_letters
+from training.unit_parts import part_bounds
 
 GAN_MODELS = ("dcgan28", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28", "mlpgan28-tiny")
 GRAD = "grad."
@@ -332,6 +333,7 @@ class SyncSGD(AveragingAlgorithm):
     name = "sync_sgd"
     models = ("mlp", *GAN_MODELS)
     rounds_from_passes = True  # units cut by K-of-N are trained on later in the pass
+    splits_units = True
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
@@ -382,6 +384,24 @@ class SyncSGD(AveragingAlgorithm):
         if job.model == "mlp":
             return _run_mlp_unit(job, config, *data.load(start, stop))
         return _run_gan_unit(job, config, data.load(start, stop))
+
+    @classmethod
+    def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
+                      parts: int) -> UnitOutput | None:
+        """The mean gradient over a share of the unit's range cut at micro-batch bounds; a
+        GAN's share takes its rows of the unit's noise, so the shares' sample-weighted
+        mean is the unit's gradient."""
+        config = cls.check_config(job.model, job.config)
+        start, stop = job.unit.index_start, job.unit.index_stop
+        if start is None or stop is None:
+            raise ConfigError(f"unit {job.unit.unit_id} has no index range; {cls.name} needs one")
+        lo, hi = part_bounds(stop - start, part, parts, config["batch_size"])
+        if lo == hi:
+            return None
+        data = _dataset(job.model, dataset_dir)
+        if job.model == "mlp":
+            return _run_mlp_unit(job, config, *data.load(start + lo, start + hi))
+        return _run_gan_unit(job, config, data.load(start + lo, start + hi), (lo, stop - start))
 
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
@@ -530,21 +550,26 @@ MAX_POOLED = 4
 _MODULES = _ModulePool()
 
 
-def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor) -> UnitOutput:
+def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor,
+                  share: tuple[int, int] | None = None) -> UnitOutput:
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
     with _MODULES.borrow(spec, job.device) as (g, d):
-        return _gan_unit_with(g, d, spec, job, config, real)
+        return _gan_unit_with(g, d, spec, job, config, real, share)
 
 
 def _gan_unit_with(g: nn.Module, d: nn.Module, spec: gan_models.GanSpec, job: UnitJob,
-                   config: Mapping[str, Any], real: torch.Tensor) -> UnitOutput:
+                   config: Mapping[str, Any], real: torch.Tensor,
+                   share: tuple[int, int] | None = None) -> UnitOutput:
+    """``share`` (first row, unit size): ``real`` is that share of a larger unit."""
     try:
         gan_models.numpy_to_state(g, job.weights, "G.")
         gan_models.numpy_to_state(d, job.weights, "D.")
     except ValueError as exc:
         raise ConfigError(f"weights do not fit {job.model}: {exc}") from exc
     # The noise is drawn on the CPU, so a unit's fakes are the same on every device.
-    z = unit_noise(spec.z_dim, len(real), config["seed"], job.round, job.unit.unit_id)
+    first, size = share or (0, len(real))
+    z = unit_noise(spec.z_dim, size, config["seed"], job.round, job.unit.unit_id)
+    z = z[first:first + len(real)]
     real, z = real.to(job.device), z.to(job.device)
     update, loss, error = gan_unit_update(g, d, real, z, config["batch_size"],
                                           job.control.step)
