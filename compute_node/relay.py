@@ -41,6 +41,7 @@ from coordinator.update_filters import DEFAULT_FILTERS
 from training import aggregation
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
 from training.cancel import UnitCancelled
+from training.unit_parts import cast_like
 from wire.generated import ttypes
 
 log = logging.getLogger("compute_node.relay")
@@ -137,7 +138,7 @@ class RelayRunner:
         samples = sum(r.num_samples for r in outcome.results)
         # the mean is folded in float64; the update goes up as the members sent theirs
         dtypes = {name: value.dtype for name, value in outcome.results[0].update.items()}
-        combined = {name: value.astype(dtypes[name], copy=False)
+        combined = {name: cast_like(value, dtypes[name])
                     for name, value in combine(_rule(job.config), outcome.results).items()}
         return UnitOutput(update=combined, num_samples=samples, loss=outcome.train_loss,
                           error=0.0)
