@@ -21,16 +21,20 @@ from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 from training.algorithms import get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec, Weights
 from training.cancel import UnitCancelled, UnitControl
 from training.unit_parts import cast_like
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the workers themselves (worker_main), not by the node that only
+# spawns them: a node process must start in well under a second.
 
 # A share waits in the all-reduce for the slowest share of its unit; a dead peer ends
 # the wait at once (its sockets close), so this only bounds a worker that hangs.
@@ -123,6 +127,9 @@ class _Attached:
 
 def worker_main(setup: WorkerSetup, conn: Connection, shared: Any) -> None:
     """A worker's life: join the group, say ready, serve shares until the pipe closes."""
+    import torch
+    import torch.distributed as dist
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the node's to handle
     _end_with_node()
     torch.set_num_threads(setup.threads)
@@ -175,6 +182,9 @@ def run_share(task: ShareTask, setup: WorkerSetup, shared: Any, attached: _Attac
 
 def _combine(output: UnitOutput | None, reply: Reply | None, setup: WorkerSetup) -> Reply:
     """Agree on the unit's fate first (a small all-reduce), then sum the shares."""
+    import torch
+    import torch.distributed as dist
+
     device = setup.device if setup.backend == "nccl" else "cpu"
     # failed, cancelled, then one flag per rank: holds an output
     status = torch.zeros(2 + setup.world, dtype=torch.float64, device=device)
@@ -203,6 +213,8 @@ def _combine(output: UnitOutput | None, reply: Reply | None, setup: WorkerSetup)
 def dist_sums(output: UnitOutput | None, layout: list, device: str) -> torch.Tensor:
     """One float64 vector: every tensor times the share's samples, then samples, samples
     x loss and samples x error (zeros for a share without a sample)."""
+    import torch
+
     if output is None:
         size = sum(int(np.prod(shape)) for _, shape, _ in layout) + 3
         return torch.zeros(size, dtype=torch.float64, device=device)

@@ -17,7 +17,8 @@ from coordinator import cli as coordinator_cli
 # Options where 0 is meaningful: any free port, no limit, no delay, from the first unit.
 ZERO_ALLOWED = {"port:listen", "--max-update-norm", "--load-delay", "--crash-after-units",
                 "--hang-after-units", "--corrupt-after-units", "--seed", "load_prob",
-                "--server-momentum", "--wait-for-nodes", "--idle-timeout", "--dashboard-port"}
+                "--server-momentum", "--wait-for-nodes", "--idle-timeout", "--dashboard-port",
+                "--link-delay-ms"}
 BAD_FOR_ALL = ["nan", "inf", "-inf", "-3", "abc", "1e400", ""]
 
 

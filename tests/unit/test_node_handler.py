@@ -99,3 +99,11 @@ def test_letters_work_never_loads_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_node_command_starts_without_torch():
+    # A node loads torch for a torch model's unit or its local workers, not to start.
+    code = "import sys, compute_node.cli; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
