@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -243,6 +244,26 @@ def test_asynchronous_modes_are_never_deterministic():
         check_usable(settings_from({"mode": "buffered"}), "delta_avg", deterministic=True)
 
 
+def async_stream(algorithm: DeltaAveraging, rounds: int, ledger: UnitLedger,
+                 policy: int) -> tuple[StreamState, Callable[[UnitSpec, int], Task]]:
+    """An async delta_avg stream of 11 versions a round, and the task builder of its run."""
+    state = StreamState(
+        weights=algorithm.initial_weights(), first_round=1, last_round=rounds,
+        updates_per_round=11, schedule=ScheduleSettings(mode="async"),
+        plan_pass=algorithm.plan_pass,
+        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
+        scalable=algorithm.staleness_scaled, ledger=ledger, max_attempts=6)
+
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        round_index, version, weights = state.newest()
+        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm="delta_avg", model="mlp", dataset="letters",
+                    unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
+                    weights=weights, scheduling_policy=policy, model_version=version)
+
+    return state, build
+
+
 def test_the_engine_streams_units_over_in_process_nodes_and_the_ledger_adds_up(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3,
@@ -256,19 +277,7 @@ def test_the_engine_streams_units_over_in_process_nodes_and_the_ledger_adds_up(t
     progress = RunProgress("r1", 3, 11, lambda: [n.summary() for n in nodes])
     engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(), progress,
                          threading.Event(), ledger)
-    state = StreamState(
-        weights=algorithm.initial_weights(), first_round=1, last_round=3, updates_per_round=11,
-        schedule=ScheduleSettings(mode="async"), plan_pass=algorithm.plan_pass,
-        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
-        scalable=algorithm.staleness_scaled, ledger=ledger, max_attempts=6)
-
-    def build(unit: UnitSpec, attempt: int) -> Task:
-        round_index, version, weights = state.newest()
-        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
-                    algorithm="delta_avg", model="mlp", dataset="letters",
-                    unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
-                    weights=weights, scheduling_policy=2, model_version=version)
-
+    state, build = async_stream(algorithm, rounds=3, ledger=ledger, policy=2)
     ends = []
 
     def written(end) -> None:
@@ -312,19 +321,7 @@ def test_a_stream_sends_units_to_idle_nodes_not_behind_a_slow_one():
     nodes = [slow, quick]
     engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),
                          RunProgress("r1", 2, 11, lambda: []), threading.Event())
-    state = StreamState(
-        weights=algorithm.initial_weights(), first_round=1, last_round=2, updates_per_round=11,
-        schedule=ScheduleSettings(mode="async"), plan_pass=algorithm.plan_pass,
-        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
-        scalable=algorithm.staleness_scaled, ledger=UnitLedger(None, "r1"), max_attempts=4)
-
-    def build(unit: UnitSpec, attempt: int) -> Task:
-        round_index, version, weights = state.newest()
-        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
-                    algorithm="delta_avg", model="mlp", dataset="letters",
-                    unit_path=unit.unit_path, config_json=json.dumps(algorithm.config),
-                    weights=weights, scheduling_policy=1, model_version=version)
-
+    state, build = async_stream(algorithm, rounds=2, ledger=UnitLedger(None, "r1"), policy=1)
     engine.run_stream(state, build, DEFAULT_FILTERS, lambda end: None)
     assert state.version == 22
     assert slow.most == 1 and quick.most == 1  # one unit per node at a time
