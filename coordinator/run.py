@@ -82,7 +82,7 @@ from training.datapaths import DataPathError, dataset_dir
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
-from training.schedule import ScheduleSettings, check_usable, split_schedule
+from training.schedule import ScheduleSettings, check_usable, split_schedule, staleness_warning
 
 log = logging.getLogger("coordinator.run")
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
@@ -444,6 +444,7 @@ class Run:
             scalable=self.algorithm.staleness_scaled, ledger=self.ledger,
             max_attempts=2 * max(1, len(self.nodes)), position=position)
         self.progress.stream_counts = state.counts
+        self._warn_of_staleness()
         encoded = _VersionCache(lambda w: encode_weights(w, self.compression))
         clock = {"started": time.monotonic(), "bytes": self.payload_totals()}
 
@@ -461,6 +462,12 @@ class Run:
         engine.run_stream(state, build, round_filters(self.algorithm, weights,
                                                       self._norm_limit), written)
         return state.weights
+
+    def _warn_of_staleness(self) -> None:
+        """A bound below the usual staleness has most results computed again: say so once."""
+        warning = staleness_warning(self.schedule, len(self.nodes))
+        if warning:
+            log.warning("run %s: %s", self.run_id, warning)
 
     def _engine_settings(self) -> EngineSettings:
         """No backup attempts for an algorithm whose units change state on their node, nor

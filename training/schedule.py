@@ -120,6 +120,18 @@ def check_usable(settings: ScheduleSettings, algorithm: str, deterministic: bool
                           "use mode sync with --deterministic")
 
 
+def staleness_warning(settings: ScheduleSettings, nodes: int) -> str | None:
+    """Why ``max_staleness`` will have most results computed again, or None. With one unit
+    out per node, a result comes back about (nodes - 1) / buffer_size versions after its
+    weights were sent."""
+    typical = (nodes - 1) // settings.results_per_version
+    if not settings.asynchronous or typical <= settings.max_staleness:
+        return None
+    return (f"with {nodes} nodes, results are usually about {typical} versions old, more "
+            f"than {SECTION}.max_staleness {settings.max_staleness}: most will be computed "
+            "again (raise max_staleness, or use a larger buffer_size)")
+
+
 def weighted(results: list[UnitResult], factors: list[float],
              scalable: Callable[[str], bool]) -> list[UnitResult]:
     """``results`` with each update's ``scalable`` tensors (deltas and gradients, not

@@ -23,7 +23,13 @@ from training.aggregation import DEFAULTS, aggregate
 from training.algorithms.base import ConfigError, UnitResult, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.datapaths import DEFAULT_DATA_ROOT
-from training.schedule import ScheduleSettings, check_usable, settings_from, weighted
+from training.schedule import (
+    ScheduleSettings,
+    check_usable,
+    settings_from,
+    staleness_warning,
+    weighted,
+)
 
 NODE = LocalNode(0)
 
@@ -326,3 +332,12 @@ def test_a_stream_sends_units_to_idle_nodes_not_behind_a_slow_one():
     assert state.version == 22
     assert slow.most == 1 and quick.most == 1  # one unit per node at a time
     assert quick.calls > 2 * slow.calls  # the quick node was not kept waiting its turn
+
+
+def test_a_staleness_bound_below_the_node_count_is_warned_of():
+    async_mode = settings_from({"mode": "async"})
+    assert staleness_warning(async_mode, 9) is None  # results about 8 versions old: fine
+    assert "48 nodes, results are usually about 47 versions old" in staleness_warning(
+        async_mode, 48)
+    assert staleness_warning(settings_from({"mode": "buffered", "buffer_size": 6}), 48) is None
+    assert staleness_warning(settings_from(None), 48) is None  # sync rounds are never stale
