@@ -221,7 +221,7 @@ def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
             "busy_seconds": round(n.busy_seconds, 3),
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
             "delay_seconds": round(n.delay_seconds or 0.0, 3),
-            "state": n.state or "alive", "pull": bool(n.pull)}
+            "state": n.state or "alive", "pull": bool(n.pull), "role": n.role}
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:
@@ -273,7 +273,8 @@ def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
         table.add_column(column, justify="right")
     for n in nodes:
         state = n.get("state", "alive") + (" (pull)" if n.get("pull") else "")
-        table.add_row(n["node"], state, *(str(n[c]) for c in
+        name = n["node"] + (f" ({n['role']})" if n.get("role") else "")  # a relay, workers
+        table.add_row(name, state, *(str(n[c]) for c in
                                           ("accepted", "rejected", "delayed", "failed",
                                            "cancelled")))
     return table

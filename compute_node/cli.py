@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if workers:
         threads += f", {workers.describe()}"
+        plain.role = f"{args.workers} local workers"
     handler = with_faults(plain, FaultPlan(
         args.crash_after_units, args.hang_after_units, args.corrupt_updates,
         args.corrupt_after_units, args.seed, args.slowdown))

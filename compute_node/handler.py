@@ -83,6 +83,9 @@ class ComputeNodeHandler(SessionService):
         self._active_lock = threading.Lock()
         self._batches_done = 0  # batches of the units that have left the node
         self.warm_up = WarmUp(device)
+        # What computes the units when not this process alone (the coordinator's node
+        # table shows it): a relay's group, local workers.
+        self.role: str | None = None
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
@@ -155,6 +158,7 @@ class ComputeNodeHandler(SessionService):
                 delaying=self.delaying(),
                 progress=self.progress(),
                 warming_up=self.warm_up.busy,
+                role=self.role,
             )
 
     def delaying(self) -> list[str]:

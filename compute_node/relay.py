@@ -174,6 +174,7 @@ class RelayHandler(ComputeNodeHandler):
         """Read the group (see `RelayRunner.start`): as many units at once as members."""
         members = self.relay.start()
         self.allow_concurrent_units(max(1, members))
+        self.role = f"relay of {members} node{'s' if members != 1 else ''}"
         return members
 
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:

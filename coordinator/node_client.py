@@ -27,6 +27,7 @@ class NodePing:
     delaying: list[str] = field(default_factory=list)  # "run/unit/attempt"
     progress: dict[str, int] = field(default_factory=dict)
     warming_up: bool = False  # loading libraries or building a model (see warm_up)
+    role: str | None = None  # e.g. "relay of 3 nodes", "2 local workers" (NodeInfo.role)
 
 
 class NodeClient(Protocol):

@@ -113,6 +113,7 @@ class NodeHandle:
         self.address = client.address
         self.stats = NodeStats()
         self.in_flight = 0
+        self.role: str | None = None  # from its pings: a relay, local workers (NodeInfo)
         self.liveness = Liveness()
         self._lock = threading.Lock()
         self._compute_seconds: float | None = None  # moving averages for the policy
@@ -153,6 +154,7 @@ class NodeHandle:
             log.debug("heartbeat to %s failed: %s", self.name, exc)
             return
         self.liveness.heard(info.delaying, info.progress)
+        self.role = info.role
 
     def can_be_told(self) -> bool:
         """Whether a cancel may reach the node now: a silent node would only make the
@@ -242,7 +244,7 @@ class NodeHandle:
                                busy_seconds=s.busy_seconds, compute_seconds=s.compute_seconds,
                                delay_seconds=s.delay_seconds, state=self.liveness.state(),
                                silent_seconds=self.liveness.silent_seconds(),
-                               pull=not self.accepts_connections)
+                               pull=not self.accepts_connections, role=self.role)
 
 
 def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:

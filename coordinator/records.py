@@ -26,6 +26,7 @@ class NodeSummary:
     state: str  # alive, suspect or dead (unknown: a stored node never heard from)
     silent_seconds: float | None  # None: never heard from
     pull: bool
+    role: str | None = None  # what computes its units: "relay of 3 nodes", "2 local workers"
 
 
 @dataclass

@@ -240,7 +240,7 @@ class ThriftNodeClient(SessionRequests):
             info = client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION,
                                                   warm_up=warm_up))
         return NodePing(list(info.delaying or []), dict(info.progress or {}),
-                        bool(info.warming_up))
+                        bool(info.warming_up), info.role)
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         """On a work connection by default, whose long read timeout covers a node-to-node

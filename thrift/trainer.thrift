@@ -131,6 +131,8 @@ struct NodeInfo {
   9: optional map<string, i64> progress, // "run_id/unit_id/attempt" of units held -> the
                                          // node's batches done so far (grows as it works)
   10: optional bool warming_up,     // still loading libraries / building a model (warm_up)
+  11: optional string role,         // what computes its units, when more than the node
+                                    // itself: "2 local workers", "relay of 3 nodes"
 }
 
 
@@ -227,6 +229,7 @@ struct NodeSummary {
   10: optional string state,           // alive, suspect or dead, from heartbeats
   11: optional double silent_seconds,  // since the node last answered anything
   12: optional bool pull,              // the node leases units (it accepts no connections)
+  13: optional string role,            // as the node's ping says (NodeInfo.role)
 }
 
 struct RoundMetrics {

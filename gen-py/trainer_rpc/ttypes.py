@@ -1349,11 +1349,12 @@ class NodeInfo(object):
      - delaying
      - progress
      - warming_up
+     - role
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None, warming_up=None,):
+    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None, warming_up=None, role=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.load_prob = load_prob
@@ -1364,6 +1365,7 @@ class NodeInfo(object):
         self.delaying = delaying
         self.progress = progress
         self.warming_up = warming_up
+        self.role = role
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1435,6 +1437,11 @@ class NodeInfo(object):
                     self.warming_up = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.STRING:
+                    self.role = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1491,6 +1498,10 @@ class NodeInfo(object):
         if self.warming_up is not None:
             oprot.writeFieldBegin('warming_up', TType.BOOL, 10)
             oprot.writeBool(self.warming_up)
+            oprot.writeFieldEnd()
+        if self.role is not None:
+            oprot.writeFieldBegin('role', TType.STRING, 11)
+            oprot.writeString(self.role.encode('utf-8') if sys.version_info[0] == 2 else self.role)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2346,11 +2357,12 @@ class NodeSummary(object):
      - state
      - silent_seconds
      - pull
+     - role
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2363,6 +2375,7 @@ class NodeSummary(object):
         self.state = state
         self.silent_seconds = silent_seconds
         self.pull = pull
+        self.role = role
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2433,6 +2446,11 @@ class NodeSummary(object):
                     self.pull = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 13:
+                if ftype == TType.STRING:
+                    self.role = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2490,6 +2508,10 @@ class NodeSummary(object):
         if self.pull is not None:
             oprot.writeFieldBegin('pull', TType.BOOL, 12)
             oprot.writeBool(self.pull)
+            oprot.writeFieldEnd()
+        if self.role is not None:
+            oprot.writeFieldBegin('role', TType.STRING, 13)
+            oprot.writeString(self.role.encode('utf-8') if sys.version_info[0] == 2 else self.role)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5354,6 +5376,7 @@ NodeInfo.thrift_spec = (
     (8, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 8
     (9, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
     (10, TType.BOOL, 'warming_up', None, None, ),  # 10
+    (11, TType.STRING, 'role', 'UTF8', None, ),  # 11
 )
 all_structs.append(SessionRequest)
 SessionRequest.thrift_spec = (
@@ -5905,6 +5928,7 @@ NodeSummary.thrift_spec = (
     (10, TType.STRING, 'state', 'UTF8', None, ),  # 10
     (11, TType.DOUBLE, 'silent_seconds', None, None, ),  # 11
     (12, TType.BOOL, 'pull', None, None, ),  # 12
+    (13, TType.STRING, 'role', 'UTF8', None, ),  # 13
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (

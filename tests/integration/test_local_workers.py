@@ -199,6 +199,7 @@ def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster)
     assert not any(_running(pid) for pid in first)
     result = json.loads(out)
     assert result["rounds"] == 15 and result["nodes"][0]["failed"] >= 1
+    assert result["nodes"][0]["role"] == "2 local workers"  # its summary row says so
     cluster.stop()  # SIGTERM: the node stops its workers
     assert wait_until(lambda: not any(_running(pid) for pid in restarted[1]), 15)
 

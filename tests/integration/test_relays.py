@@ -95,6 +95,7 @@ def test_relays_nest(cluster):
     result = cluster.train_json(*SYNC_SGD)
     assert result["units"]["done"] == 8
     assert "~r0~r1" in members[1].log()  # a slice of a slice: two levels down
+    assert [n["role"] for n in result["nodes"]] == ["relay of 2 nodes"]  # from its pings
 
 
 def test_a_relay_listing_itself_is_refused(cluster):

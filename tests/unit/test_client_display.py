@@ -28,6 +28,13 @@ def test_the_node_table_of_an_ended_run_labels_the_state_as_at_its_end() -> None
     assert "state at end" not in running and "state" in running
 
 
+def test_the_node_table_names_what_computes_a_node_s_units() -> None:
+    relay = {**NODE, "node": "gw:9090", "role": "relay of 3 nodes"}
+    table = rendered(display.node_table([NODE, relay], ended=False), width=120)
+    assert "gw:9090 (relay of 3 nodes)" in table
+    assert "localhost:9091 (" not in table  # a plain node computes its units itself
+
+
 def result(model_json: str, scores: list[dict | None]) -> ttypes.RunResult:
     history = [ttypes.RoundMetrics(round=i + 1, validation_error=0.5, validation_loss=0.7,
                                    train_loss=0.6, seconds=1.0, scores=s)
