@@ -150,6 +150,27 @@ class AttemptBook:
         with self._cond:
             unit.started.pop(attempt, None)
 
+    def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
+        """Count a failure; requeue the unit (first in the queue), or discard it past the
+        limit (True)."""
+        with self._cond:
+            unit.failures += 1
+            unit.last_error = self.last_error = reason
+            used_up = unit.failures >= max_failures
+            if used_up and not unit.started:
+                unit.discarded = True
+            # Past the limit with attempts still out, those decide: requeueing it would
+            # start another attempt beside them, and a unit failing everywhere would then
+            # never be left without one to be discarded.
+            elif not used_up and not unit.done and unit not in self._queue:
+                self._queue.appendleft(unit)
+            self._after_failure(unit)
+            self._cond.notify_all()
+            return unit.discarded
+
+    def _after_failure(self, unit: Unit) -> None:
+        """What a failure changes beyond the unit (under the lock); nothing by default."""
+
     # ------------------------------------------------------------------- end
     def fail(self, exc: Exception) -> None:
         with self._cond:
@@ -211,22 +232,8 @@ class RoundState(AttemptBook):
         return nullcontext()
 
     # --------------------------------------------------------------- attempts
-    def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
-        """Count a failure; requeue the unit, or discard it past the limit (True)."""
-        with self._cond:
-            unit.failures += 1
-            unit.last_error = self.last_error = reason
-            used_up = unit.failures >= max_failures
-            if used_up and not unit.started:
-                unit.discarded = True
-            # Past the limit with attempts still out, those decide: requeueing it would
-            # start another attempt beside them, and a unit failing everywhere would then
-            # never be left without one to be discarded.
-            elif not used_up and not unit.done and unit not in self._queue:
-                self._queue.appendleft(unit)
-            self._check_over()
-            self._cond.notify_all()
-            return unit.discarded
+    def _after_failure(self, unit: Unit) -> None:
+        self._check_over()  # a discarded unit may have been the round's last
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
                  node: str | None = None, on_kept: Callable[[], None] | None = None,

@@ -195,14 +195,10 @@ class StreamState(AttemptBook):
         already (a worker that waits here still holds it, and another may have taken it
         from the queue meanwhile: the unit must not be left to neither)."""
         with self._cond:
-            if self._open(unit) and not unit.started and unit not in self._queue:
+            if not (unit.done or unit.discarded or unit.started) and unit not in self._queue:
                 self._queue.append(unit)
             if wait_seconds > 0:
                 self._cond.wait(wait_seconds)
-
-    @staticmethod
-    def _open(unit: Unit) -> bool:
-        return not (unit.done or unit.discarded)
 
     def newest(self) -> tuple[int, int, Weights]:
         """(round in progress, version, weights) of the newest version, for a new task."""
@@ -227,21 +223,11 @@ class StreamState(AttemptBook):
                     "pending": self._in_flight(), "done": self._done_in_pass}
 
     # --------------------------------------------------------------- attempts
-    def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
-        """Count a failure; the unit goes back to the front of TODO, or is discarded for
-        this pass past the limit (True)."""
-        with self._cond:
-            unit.failures += 1
-            unit.last_error = self.last_error = reason
-            used_up = unit.failures >= max_failures
-            if used_up and not unit.started:
-                unit.discarded = True
-                self._settle(unit)
-                self._tally.discarded.append(unit.spec.unit_id)
-            elif not used_up and self._open(unit) and unit not in self._queue:
-                self._queue.appendleft(unit)
-            self._cond.notify_all()
-            return unit.discarded
+    def _after_failure(self, unit: Unit) -> None:
+        """A unit discarded after its failures is done with for this pass."""
+        if unit.discarded:
+            self._settle(unit)
+            self._tally.discarded.append(unit.spec.unit_id)
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
                  node: str | None = None, on_kept: Callable[[], None] | None = None,

@@ -177,7 +177,6 @@ def test_a_run_through_a_node_with_two_workers(cluster):
     assert all(_running(pid) for pid in _worker_pids(node))
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster):
     node = cluster.add_node(0.0, "--workers", "2")
     first = _worker_pids(node)
@@ -204,7 +203,6 @@ def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster)
     assert wait_until(lambda: not any(_running(pid) for pid in restarted[1]), 15)
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_workers_end_with_their_node_even_when_it_is_killed(cluster):
     node = cluster.add_node(0.0, "--workers", "2")
     pids = _worker_pids(node)
