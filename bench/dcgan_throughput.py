@@ -9,7 +9,11 @@ per worker in micro-batches of ``batch``, then one Adam step on G and one on D):
     ``unit`` images (global batch = 2 x unit), one wrapper module holding G and D so that
     one all-reduce covers both gradients;
 (c) our system with 1 compute node and (d) with 2, K = N = nodes, through real node,
-    coordinator and client processes (devtools.local_cluster); global batch = nodes x unit.
+    coordinator and client processes (devtools.local_cluster); global batch = nodes x unit;
+(e) and (f): (c) and (d) in asynchronous mode with units sent ahead
+    (``schedule.mode=async``, ``schedule.prefetch=1``): each node holds its next unit while
+    it computes, so the round trip and the coordinator's update leave its critical path
+    (each gradient is then computed from weights one or two versions old).
 
 Images/s = global batch x updates / seconds, start-up and the first update (or round)
 excluded. Every child runs with OMP_NUM_THREADS=1 and is ended by its PID.
@@ -299,7 +303,8 @@ def round_times(log: str) -> dict[int, float]:
 
 
 def run_system(nodes: int, unit: int, batch: int, rounds: int, policy: int,
-               speculation: bool, recipe_outputs: bool, workdir: Path) -> PathResult:
+               speculation: bool, recipe_outputs: bool, workdir: Path,
+               prefetch: int = 0) -> PathResult:
     """Nodes (load 0), coordinator and client as processes. Steady state: the span between
     the coordinator's log lines of round 1 and round R (R - 1 updates, every per-round cost
     included, start-up and end-of-run files excluded); the client's wall time minus the
@@ -315,6 +320,8 @@ def run_system(nodes: int, unit: int, batch: int, rounds: int, policy: int,
                 "sync_sgd.images_per_work_unit": unit, "sync_sgd.batch_size": batch,
                 "sync_sgd.num_workunits_per_update": nodes,
                 "sync_sgd.units_per_iteration": nodes}
+        if prefetch:
+            sets.update({"schedule.mode": "async", "schedule.prefetch": prefetch})
         if not recipe_outputs:  # scoring, grids and checkpoints are not training; the
             # baselines do none of them
             sets.update({"outputs.eval_every": 0, "outputs.sample_every": 0,
@@ -361,7 +368,9 @@ def run_system(nodes: int, unit: int, batch: int, rounds: int, policy: int,
         "rejected": sum(n["rejected"] for n in result["nodes"]),
         "cancelled": sum(n["cancelled"] for n in result["nodes"]),
     }
-    return PathResult(f"({'c' if nodes == 1 else 'd'}) ours, {nodes} node{'s' * (nodes > 1)}",
+    key = "cd"[nodes > 1] if not prefetch else "ef"[nodes > 1]
+    how = f", async, prefetch {prefetch}" if prefetch else ""
+    return PathResult(f"({key}) ours, {nodes} node{'s' * (nodes > 1)}{how}",
                       nodes, nodes * unit, len(steady), seconds, extra)
 
 
@@ -445,29 +454,34 @@ def machine() -> str:
             f"numpy {np.__version__}; load average {load:.2f} at the start")
 
 
+SYSTEM_PATHS = {"c": (1, 0), "d": (2, 0), "e": (1, 1), "f": (2, 1)}  # key: (nodes, prefetch)
+
+
 def report(results: dict[str, PathResult], costs: dict[str, float], sizes: dict[str, int],
            unit: int, batch: int) -> str:
-    base = {"a": results["a"], "b": results["b"], "c": results["a"], "d": results["b"]}
+    base = {key: "a" if SYSTEM_PATHS[key][0] == 1 else "b" for key in SYSTEM_PATHS}
+    systems = [key for key in SYSTEM_PATHS if key in results]
     lines = [f"unit {unit} images per worker, micro-batch {batch}; global batch = workers x "
              f"{unit}", "",
              "| path | global batch | updates timed | seconds | images/s | ratio |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for key, r in results.items():
         ratio = ("1 (baseline)" if key in "ab" else
-                 f"{r.images_per_second / base[key].images_per_second:.2f}x "
-                 f"{'(a)' if key == 'c' else '(b)'}")
+                 f"{r.images_per_second / results[base[key]].images_per_second:.2f}x "
+                 f"({base[key]})")
         lines.append(f"| {r.label} | {r.global_batch} | {r.updates} | {r.seconds:.1f} | "
                      f"{r.images_per_second:.0f} | {ratio} |")
     ratio_ba = results["b"].images_per_second / results["a"].images_per_second
     lines.append(f"| (b) / (a) | | | | | {ratio_ba:.2f}x |")
-    for key, baseline in (("c", "a"), ("d", "b")):
+    for key in systems:
         r = results[key]
         alt = r.extra["wall_minus_first_images_per_second"]
         lines.append(f"| {r.label}, client wall time minus round 1 | {r.global_batch} | "
                      f"{r.updates} | {r.extra['wall_minus_first']:.1f} | {alt:.0f} | "
-                     f"{alt / results[baseline].images_per_second:.2f}x ({baseline}) |")
-    lines += ["", "| per round (rounds 2..R, means) | 1 node | 2 nodes |",
-              "| --- | ---: | ---: |"]
+                     f"{alt / results[base[key]].images_per_second:.2f}x ({base[key]}) |")
+    lines += ["", "| per round (rounds 2..R, means) | " + " | ".join(
+                  f"({key})" for key in systems) + " |",
+              "| --- |" + " ---: |" * len(systems)]
     rows = [("round seconds (history)", "round_seconds"),
             ("round seconds (metrics.jsonl)", "metrics_jsonl_round_seconds"),
             ("update_seconds (apply + evaluate)", "update_seconds"),
@@ -478,11 +492,11 @@ def report(results: dict[str, PathResult], costs: dict[str, float], sizes: dict[
              "unit_compute_steady_seconds"),
 ]
     for name, key in rows:
-        lines.append(f"| {name} | {1000 * results['c'].extra[key]:.1f} ms | "
-                     f"{1000 * results['d'].extra[key]:.1f} ms |")
-    lines.append(f"| single-process step (a), for comparison | "
-                 f"{1000 / results['a'].updates_per_second:.1f} ms | "
-                 f"{1000 / results['b'].updates_per_second:.1f} ms (DDP step) |")
+        lines.append(f"| {name} | " + " | ".join(
+            f"{1000 * results[k].extra[key]:.1f} ms" for k in systems) + " |")
+    lines.append(f"| single-process step (a), for comparison: "
+                 f"{1000 / results['a'].updates_per_second:.1f} ms; DDP step (b): "
+                 f"{1000 / results['b'].updates_per_second:.1f} ms |" + " |" * len(systems))
     lines += ["", "| fixed cost, in process, 1 thread | median ms |", "| --- | ---: |"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in costs.items()]
     down, up = sizes["down"], sizes["up"]
@@ -512,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outputs", choices=("off", "recipe"), default="off",
                         help="off (default): no IS/FID scoring, sample grids or checkpoints "
                              "during the run, like the baselines; recipe: the recipe's outputs")
+    parser.add_argument("--prefetch", type=int, default=1,
+                        help="units sent ahead in paths (e) and (f), asynchronous mode; 0 "
+                             "leaves those paths out (default 1)")
     parser.add_argument("--cost-reps", type=int, default=15,
                         help="repetitions of each in-process fixed-cost timing (default 15)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
@@ -526,13 +543,15 @@ def main(argv: list[str] | None = None) -> int:
         results["b"] = run_ddp(2, args.unit, args.batch, args.baseline_seconds, work)
         print(f"{results['b'].label}: {results['b'].images_per_second:.0f} images/s",
               file=sys.stderr, flush=True)
-        for key, nodes in (("c", 1), ("d", 2)):
+        for key, (nodes, prefetch) in SYSTEM_PATHS.items():
+            if prefetch and not args.prefetch:
+                continue
             pace = results["a" if nodes == 1 else "b"].updates_per_second
-            # Ours ran at 0.5-0.9x its baseline's pace here: aim at the middle.
-            rounds = args.rounds or 1 + max(2, math.ceil(args.system_seconds * pace * 0.6))
+            # Ours ran at 0.7-1x its baseline's pace here: aim at the middle.
+            rounds = args.rounds or 1 + max(2, math.ceil(args.system_seconds * pace * 0.85))
             results[key] = run_system(nodes, args.unit, args.batch, rounds, args.policy,
                                       args.speculation, args.outputs == "recipe",
-                                      work / f"cluster{nodes}")
+                                      work / f"cluster{key}", prefetch * args.prefetch)
             print(f"{results[key].label}: {results[key].images_per_second:.0f} images/s "
                   f"({rounds} rounds)", file=sys.stderr, flush=True)
         costs = fixed_costs(args.unit, args.batch, args.cost_reps, work)

@@ -182,11 +182,11 @@ class RoundEngine:
         round ends. ``on_round_end`` writes each round out while the state holds its
         version; the workers go on computing meanwhile."""
         self._filters = list(filters)
-        state.max_in_flight = max(1, len(self.nodes))
+        state.max_in_flight = self._stream_capacity(state)
         self._start_filters(state)
         backup_threads = len(self.nodes) if self.settings.speculation else 0
         workers = self._start_workers(state, build_task, f"stream{state.round_index}",
-                                      self.settings.threads or len(self.nodes) + 2,
+                                      self.settings.threads or state.max_in_flight + 2,
                                       backup_threads)
         try:
             while True:
@@ -202,12 +202,16 @@ class RoundEngine:
                 for update_filter in self._filters:
                     update_filter.end_round()
                 on_round_end(ended)
-                state.max_in_flight = max(1, len(self.nodes))
+                state.max_in_flight = self._stream_capacity(state)
                 self._start_filters(state)
                 state.round_written()
         finally:
             state.finish()
             self._stop(state, workers)
+
+    def _stream_capacity(self, state: StreamState) -> int:
+        """Units a stream keeps out: each node's unit, and those sent ahead to it."""
+        return max(1, len(self.nodes)) * state.schedule.units_per_node
 
     def _start_filters(self, state: WorkState) -> None:
         units = (state.updates_per_round * state.schedule.results_per_version
@@ -344,7 +348,7 @@ class RoundEngine:
 
     def _order(self, state: WorkState, unit: Unit) -> list[int]:
         """The policy's order over the nodes not already holding this unit (in a stream,
-        over the idle ones when there are any).
+        over those holding the fewest units).
 
         When every node holds an attempt (each one sitting in a load delay, say), all
         nodes are candidates again: a new attempt is a fresh draw of the node's load.
@@ -353,10 +357,11 @@ class RoundEngine:
         busy = state.nodes_of(unit)
         views = [n.view(now) for n in self.nodes]
         free = [v for v in views if v.index not in busy]
-        if isinstance(state, StreamState):
-            # A stream keeps one unit per node: a unit goes to a node with nothing out
-            # while there is one, not behind another unit on a busy node.
-            free = [v for v in free if v.in_flight == 0] or free
+        if isinstance(state, StreamState) and free:
+            # A stream fills nodes evenly: a unit goes to a node with nothing out while
+            # there is one, and is sent ahead (prefetch) only to a node with the fewest.
+            fewest = min(v.in_flight for v in free)
+            free = [v for v in free if v.in_flight == fewest]
         return self._preferred_first(self.policy.order(free or views), unit.spec)
 
     def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:

@@ -77,12 +77,15 @@ class RunConfig:
     def algorithm_config(self) -> dict[str, Any]:
         """What the train request carries as config_json: the chosen algorithm's section,
         the `aggregation` settings under their own key, the compression settings when
-        any codec is on, and the schedule when it is not sync."""
+        any codec is on, and the schedule when it is not sync or asks for units sent
+        ahead (a sync request stays what it always was; the coordinator refuses prefetch
+        in sync mode rather than ignore it)."""
         config = {**self.section(self.algorithm), AGGREGATION: self.section(AGGREGATION)}
         compression = self.sections.get(COMPRESSION, {})
         if any(compression.get(k, "none") != "none" for k in ("up", "down")):
             config[COMPRESSION] = self.section(COMPRESSION)
-        if self.sections.get(SCHEDULE, {}).get("mode", "sync") != "sync":
+        schedule = self.sections.get(SCHEDULE, {})
+        if schedule.get("mode", "sync") != "sync" or schedule.get("prefetch", 0):
             config[SCHEDULE] = self.section(SCHEDULE)
         return config
 

@@ -14,7 +14,12 @@ Settings come from the run configuration's ``schedule`` section:
 * ``updates_per_round``: versions that make a "round" in the asynchronous modes, so that
   rounds, evaluation, checkpoints and ``--rounds`` keep their meaning; 0 (the default)
   makes a round take as many results as a synchronous round has units (rounded up to
-  whole buffers): the number of units in ``async`` mode.
+  whole buffers): the number of units in ``async`` mode;
+* ``prefetch``: units sent ahead to a node while it computes (default 0: one unit out per
+  node). With 1, a node holds its next unit, weights decoded, when it finishes one, so
+  the round trip and the coordinator's update leave the node's critical path; each
+  unit sent ahead is one version staler. Asynchronous modes only: a sync round's next
+  weights do not exist until its results are in.
 
 Like ``compression``, the section travels inside a request's config only when it is not
 the default (a sync request is exactly what it was before), and the coordinator takes it
@@ -36,9 +41,10 @@ SECTION = "schedule"
 MODES = ("sync", "async", "buffered")
 WEIGHTINGS = ("none", "polynomial")
 KEYS = ("mode", "buffer_size", "max_staleness", "staleness_weighting", "staleness_exponent",
-        "updates_per_round")
+        "updates_per_round", "prefetch")
 MAX_BUFFER = 10_000
 MAX_STALENESS = 1_000_000
+MAX_PREFETCH = 8
 # Algorithms whose updates can be applied one at a time: the others keep state on nodes
 # (md_gan's discriminators) or average whole models (fl_gan) and need their rounds.
 ASYNC_ALGORITHMS = ("delta_avg", "sync_sgd")
@@ -52,6 +58,7 @@ class ScheduleSettings:
     staleness_weighting: str = "none"
     staleness_exponent: float = 0.5
     updates_per_round: int = 0
+    prefetch: int = 0
 
     @property
     def asynchronous(self) -> bool:
@@ -61,6 +68,11 @@ class ScheduleSettings:
     def results_per_version(self) -> int:
         """Results combined into one version: 1 in ``async`` mode."""
         return self.buffer_size if self.mode == "buffered" else 1
+
+    @property
+    def units_per_node(self) -> int:
+        """Units a node may hold at once: the one it computes and those sent ahead."""
+        return 1 + self.prefetch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +108,11 @@ def settings_from(raw: Any) -> ScheduleSettings:
     _check_int("buffer_size", values["buffer_size"], 1, MAX_BUFFER)
     _check_int("max_staleness", values["max_staleness"], 0, MAX_STALENESS)
     _check_int("updates_per_round", values["updates_per_round"], 0, MAX_BUFFER)
+    _check_int("prefetch", values["prefetch"], 0, MAX_PREFETCH)
+    if values["prefetch"] and values["mode"] == "sync":
+        raise ConfigError(f"{SECTION}.prefetch is for the async and buffered modes: a sync "
+                          "round's next weights do not exist until its results are in "
+                          f"(set {SECTION}.mode, or prefetch 0)")
     exponent = values["staleness_exponent"]
     if (isinstance(exponent, bool) or not isinstance(exponent, int | float)
             or not math.isfinite(exponent) or not 0 <= exponent <= 100):
@@ -121,10 +138,10 @@ def check_usable(settings: ScheduleSettings, algorithm: str, deterministic: bool
 
 
 def staleness_warning(settings: ScheduleSettings, nodes: int) -> str | None:
-    """Why ``max_staleness`` will have most results computed again, or None. With one unit
-    out per node, a result comes back about (nodes - 1) / buffer_size versions after its
-    weights were sent."""
-    typical = (nodes - 1) // settings.results_per_version
+    """Why ``max_staleness`` will have most results computed again, or None. With
+    ``units_per_node`` units out per node, a result comes back about
+    (nodes x units_per_node - 1) / buffer_size versions after its weights were sent."""
+    typical = (nodes * settings.units_per_node - 1) // settings.results_per_version
     if not settings.asynchronous or typical <= settings.max_staleness:
         return None
     return (f"with {nodes} nodes, results are usually about {typical} versions old, more "

@@ -49,6 +49,7 @@ def test_async_and_buffered_runs_mix_pull_and_pushed_nodes(cluster):
 
     buffered = cluster.train_json(*ASYNC, "--set", "schedule.mode=buffered",
                                   "--set", "schedule.buffer_size=2", "--set", "run.rounds=2",
+                                  "--set", "schedule.prefetch=1",  # two units out per node
                                   "--run-id", "b1", timeout=300.0)
     assert buffered["units"]["done"] == 24  # ceil(11 / 2) versions of 2 results per round
     assert status_of(cluster, "b1")["model_version"] == 12
@@ -97,6 +98,7 @@ def test_bad_schedules_are_refused_before_the_run_naming_the_key(cluster):
         (["--set", "schedule.mode=async", "--set", "schedule.max_staleness=-1"],
          "schedule.max_staleness"),
         (["--set", "schedule.mode=async", "--set", "compression.up=topk"], "compression.up"),
+        (["--set", "schedule.prefetch=1"], "schedule.prefetch is for the async and buffered"),
     ]
     for extra, key in cases:
         done = cluster.client(*RECOMMENDED, *extra)

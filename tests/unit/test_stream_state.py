@@ -232,6 +232,8 @@ def test_a_position_reopens_the_units_a_checkpoint_does_not_hold():
     ({"staleness_exponent": float("nan")}, "schedule.staleness_exponent"),
     ({"updates_per_round": -2}, "schedule.updates_per_round"),
     ({"buffer": 3}, "schedule.buffer"),
+    ({"mode": "async", "prefetch": 9}, "schedule.prefetch"),
+    ({"mode": "sync", "prefetch": 1}, "schedule.prefetch is for the async and buffered"),
 ])
 def test_bad_schedule_settings_are_refused_naming_the_key(raw, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -250,12 +252,12 @@ def test_asynchronous_modes_are_never_deterministic():
         check_usable(settings_from({"mode": "buffered"}), "delta_avg", deterministic=True)
 
 
-def async_stream(algorithm: DeltaAveraging, rounds: int, ledger: UnitLedger,
-                 policy: int) -> tuple[StreamState, Callable[[UnitSpec, int], Task]]:
+def async_stream(algorithm: DeltaAveraging, rounds: int, ledger: UnitLedger, policy: int,
+                 prefetch: int = 0) -> tuple[StreamState, Callable[[UnitSpec, int], Task]]:
     """An async delta_avg stream of 11 versions a round, and the task builder of its run."""
     state = StreamState(
         weights=algorithm.initial_weights(), first_round=1, last_round=rounds,
-        updates_per_round=11, schedule=ScheduleSettings(mode="async"),
+        updates_per_round=11, schedule=ScheduleSettings(mode="async", prefetch=prefetch),
         plan_pass=algorithm.plan_pass,
         apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
         scalable=algorithm.staleness_scaled, ledger=ledger, max_attempts=6)
@@ -334,6 +336,20 @@ def test_a_stream_sends_units_to_idle_nodes_not_behind_a_slow_one():
     assert quick.calls > 2 * slow.calls  # the quick node was not kept waiting its turn
 
 
+def test_prefetch_sends_each_node_its_next_unit_while_it_computes():
+    algorithm = DeltaAveraging("mlp", {"epochs": 1, "hidden": [4], "server_lr": 0.1},
+                               DEFAULT_DATA_ROOT / "letters")
+    nodes = [CountingNode(0, load=1.0, delay=0.05), CountingNode(1, load=1.0, delay=0.05)]
+    engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),
+                         RunProgress("r1", 2, 11, lambda: []), threading.Event())
+    state, build = async_stream(algorithm, rounds=2, ledger=UnitLedger(None, "r1"), policy=1,
+                                prefetch=1)
+    engine.run_stream(state, build, DEFAULT_FILTERS, lambda end: None)
+    assert state.version == 22
+    assert [node.most for node in nodes] == [2, 2]  # a unit waiting behind each one computing
+    assert abs(nodes[0].calls - nodes[1].calls) <= 2  # filled evenly
+
+
 def test_a_staleness_bound_below_the_node_count_is_warned_of():
     async_mode = settings_from({"mode": "async"})
     assert staleness_warning(async_mode, 9) is None  # results about 8 versions old: fine
@@ -341,3 +357,5 @@ def test_a_staleness_bound_below_the_node_count_is_warned_of():
         async_mode, 48)
     assert staleness_warning(settings_from({"mode": "buffered", "buffer_size": 6}), 48) is None
     assert staleness_warning(settings_from(None), 48) is None  # sync rounds are never stale
+    ahead = settings_from({"mode": "async", "prefetch": 1})  # two units out per node
+    assert "5 nodes, results are usually about 9 versions old" in staleness_warning(ahead, 5)
