@@ -1,23 +1,34 @@
 """DCGAN-28 on MNIST: sync SGD through the system (N nodes, K < N) against the standalone
 baseline on the same global batch for the same number of updates; FID and IS with the
-project's frozen classifier, the same n and seeds for both.
+project's frozen classifier, the same n and seeds for both, every ``--eval-every`` updates.
 
-    python bench/gan_quality.py [--updates 600] [--unit 32] [--nodes 4] [--k 3] [--seeds 1,2,3]
+    python bench/gan_quality.py [--updates 600] [--eval-every 600] [--unit 32] [--nodes 4]
+                                [--k 3] [--seeds 1,2,3] [--set sync_sgd.lr_d=0.0004 ...]
 
-Writes a markdown table to stdout, the final sample grids to docs/images/, and the scores
-as JSON with --json.
+Each finished (arm, seed) run is kept in ``--out`` (one JSON file each, named by its
+settings), so an interrupted sweep started again with the same arguments skips what is
+done: long sweeps can run in the background (``nohup ... &``). Every file records the
+machine, the load average at the start and the end, and when it ran. Writes a markdown
+table of mean ± standard deviation per evaluation point to stdout, the final sample grids
+to docs/images/ with ``--grids``, and a plot of FID against updates with ``--plot``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,10 +40,28 @@ from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
 from training.run_outputs import save_grid  # noqa: E402
 from training.standalone import train_in_process  # noqa: E402
 
-IMAGES = local_cluster.REPO / "docs" / "images"
+REPO = local_cluster.REPO
+IMAGES = REPO / "docs" / "images"
+ARMS = ("system", "baseline")
+SCORES = ("fid_features", "fid_logits", "inception_score")
 
 
-def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict:
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``sync_sgd.key=value`` overrides for both arms, values read as JSON when they
+    parse (numbers, booleans), else as strings."""
+    sets = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.startswith("sync_sgd."):
+            raise SystemExit(f"--set takes sync_sgd.KEY=VALUE, got {item!r}")
+        try:
+            sets[key] = json.loads(text)
+        except json.JSONDecodeError:
+            sets[key] = text
+    return sets
+
+
+def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
     nodes = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "WARNING")
              for i in range(args.nodes)]
     coordinator = None
@@ -43,79 +72,190 @@ def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict:
         sets = {"run.rounds": args.updates, "run.seed": seed,
                 "sync_sgd.images_per_work_unit": args.unit,
                 "sync_sgd.num_workunits_per_update": args.k,
-                "sync_sgd.units_per_iteration": args.nodes, "outputs.eval_every": args.updates,
-                "outputs.sample_every": args.updates, "outputs.eval_n": args.n,
-                "outputs.checkpoint_every": args.updates}
+                "sync_sgd.units_per_iteration": args.nodes,
+                "outputs.eval_every": args.eval_every, "outputs.sample_every": args.updates,
+                "outputs.eval_n": args.n, "outputs.checkpoint_every": args.eval_every,
+                **args.sets}
         command = ["127.0.0.1", str(coordinator.port), "--config",
-                   str(local_cluster.REPO / "configs" / "dcgan_mnist.yaml"), "--json", "--quiet"]
+                   str(REPO / "configs" / "dcgan_mnist.yaml"), "--json", "--quiet"]
         for key, value in sets.items():
             command += ["--set", f"{key}={value}"]
-        started = time.monotonic()
-        done = local_cluster.run_client(command, workdir, timeout=3600)
+        done = local_cluster.run_client(command, workdir, timeout=24 * 3600)
         if done.returncode != 0:
             raise RuntimeError(f"system run failed: {done.stderr}")
         result = json.loads(done.stdout)
         grid = Path(result["coordinator_run_dir"]) / "samples" / f"round_{args.updates:05d}.png"
-        shutil.copy(grid, IMAGES / f"gan_quality_system_seed{seed}.png")
-        return {**_scores(result["history"][-1]), "seconds": time.monotonic() - started}
+        curve = [{"updates": row["round"], **{k: row[k] for k in SCORES}}
+                 for row in result["history"] if row.get("fid_features") is not None]
+        return {"curve": curve, "grid": str(grid) if grid.exists() else None}
     finally:
         for proc in [coordinator, *nodes]:
             if proc is not None:
                 proc.stop()
 
 
-def _scores(row: dict) -> dict:
-    return {k: row[k] for k in ("fid_features", "fid_logits", "inception_score")}
-
-
-def baseline_run(args: argparse.Namespace, seed: int) -> dict:
+def baseline_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
     config = {"images_per_work_unit": args.k * args.unit, "num_workunits_per_update": 1,
-              "units_per_iteration": 1, "seed": seed}
+              "units_per_iteration": 1, "seed": seed,
+              **{key.split(".", 1)[1]: value for key, value in args.sets.items()}}
     algorithm = SyncSGD("dcgan28", config, DEFAULT_DATA_ROOT / "mnist")
-    started = time.monotonic()
-    weights = train_in_process(algorithm, args.updates)
-    scores = algorithm.score(weights, args.n)
-    save_grid(algorithm.sample_images(weights, 64, seed=2024),
-              IMAGES / f"gan_quality_baseline_seed{seed}.png")
-    return {**_scores(scores), "seconds": time.monotonic() - started}
+    curve: list[dict[str, Any]] = []
+
+    def on_round(update: int, weights: dict) -> None:
+        if update % args.eval_every == 0 or update == args.updates:
+            curve.append({"updates": update, **{k: v for k, v in algorithm.score(
+                weights, args.n).items() if k in SCORES}})
+            print(f"  baseline seed {seed}: {curve[-1]}", file=sys.stderr, flush=True)
+
+    weights = train_in_process(algorithm, args.updates, on_round)
+    grid = workdir / f"baseline_seed{seed}.png"
+    save_grid(algorithm.sample_images(weights, 64, seed=2024), grid)
+    return {"curve": curve, "grid": str(grid)}
 
 
-def summary(runs: list[dict], key: str) -> str:
-    values = [r[key] for r in runs]
+RUNNERS: dict[str, Callable[[argparse.Namespace, int, Path], dict[str, Any]]] = {
+    "system": system_run, "baseline": baseline_run}
+
+
+def settings_of(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
+    """What makes a run: its file is named by a digest of these."""
+    return {"arm": arm, "seed": seed, "updates": args.updates, "eval_every": args.eval_every,
+            "unit": args.unit, "nodes": args.nodes if arm == "system" else 1, "k": args.k,
+            "n": args.n, "sets": args.sets}
+
+
+def result_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
+    settings = settings_of(args, arm, seed)
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return args.out / f"{arm}_seed{seed}_{args.updates}_{digest}.json"
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown CPU"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (f"nproc {os.cpu_count()}, {model}, Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def run_one(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
+    """Run (arm, seed) unless its results file exists; returns the stored record."""
+    path = result_path(args, arm, seed)
+    if path.exists():
+        return json.loads(path.read_text())
+    started, load_before = time.time(), os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-gan-") as tmp:
+        outcome = RUNNERS[arm](args, seed, Path(tmp))
+        grid = outcome.pop("grid")
+        if grid and args.grids:
+            shutil.copy(grid, IMAGES / f"gan_quality_{arm}_seed{seed}.png")
+    record = {**settings_of(args, arm, seed), **outcome, "machine": machine(),
+              "load_average_before": list(load_before),
+              "load_average_after": list(os.getloadavg()),
+              "started": datetime.fromtimestamp(started, timezone.utc).isoformat(),
+              "seconds": round(time.time() - started, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = path.with_suffix(".tmp")
+    tmp_path.write_text(json.dumps(record, indent=1) + "\n")
+    tmp_path.replace(path)  # a run is kept whole or not at all
+    return record
+
+
+def mean_sd(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.1f} ± {spread:.1f}"
+
+
+def table(records: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    points = sorted({row["updates"] for runs in records.values() for r in runs
+                     for row in r["curve"]})
+    lines = [f"global batch {args.k * args.unit}, n = {args.n}, seeds {args.seeds}; "
+             f"overrides {args.sets or 'none'}", "",
+             "| updates | " + " | ".join(f"{arm} FID features | {arm} IS"
+                                          for arm in records) + " | system / baseline FID |",
+             "| ---: |" + " ---: | ---: |" * len(records) + " ---: |"]
+    for point in points:
+        cells, means = [], {}
+        for arm, runs in records.items():
+            rows = [row for r in runs for row in r["curve"] if row["updates"] == point]
+            fids = [row["fid_features"] for row in rows]
+            cells += [mean_sd(fids) if fids else "", mean_sd(
+                [row["inception_score"] for row in rows]) if rows else ""]
+            means[arm] = statistics.mean(fids) if fids else None
+        ratio = (f"{means['system'] / means['baseline']:.3f}"
+                 if means.get("system") and means.get("baseline") else "")
+        lines.append(f"| {point:,} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(records: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, runs in records.items():
+        points = sorted({row["updates"] for r in runs for row in r["curve"]})
+        values = [[row["fid_features"] for r in runs for row in r["curve"]
+                   if row["updates"] == p] for p in points]
+        means = [statistics.mean(v) for v in values]
+        low, high = [min(v) for v in values], [max(v) for v in values]
+        ax.plot(points, means, marker="o", label=f"{arm} (mean of {len(runs)} seeds)")
+        ax.fill_between(points, low, high, alpha=0.2)
+    ax.set_xlabel("updates of G and D")
+    ax.set_ylabel("FID (classifier features, n = 2,000)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=600, help="updates of G and D")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="updates between FID/IS scores (default: only at the end)")
     parser.add_argument("--unit", type=int, default=32, help="images per work unit")
     parser.add_argument("--nodes", type=int, default=4, help="compute nodes = units per update")
     parser.add_argument("--k", type=int, default=3, help="units averaged per update (K < N)")
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--arms", default="system,baseline",
+                        help="which arms to run: system, baseline or both (default both)")
     parser.add_argument("--n", type=int, default=2000, help="images scored (FID, IS)")
-    parser.add_argument("--json", default=None, help="also write the scores to this file")
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        metavar="sync_sgd.KEY=VALUE",
+                        help="a recipe setting for both arms (repeatable)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gan_quality",
+                        help="folder of the per-run JSON results (kept between runs)")
+    parser.add_argument("--grids", action="store_true",
+                        help="copy each run's final sample grid to docs/images/")
+    parser.add_argument("--plot", type=Path, default=None, help="write the FID curve here")
+    parser.add_argument("--json", default=None, help="also write every record to this file")
     args = parser.parse_args(argv)
+    args.eval_every = args.eval_every or args.updates
+    args.sets = parse_sets(args.sets)
+    arms = [arm for arm in args.arms.split(",") if arm]
+    if not arms or set(arms) - set(ARMS):
+        parser.error(f"--arms takes {' and/or '.join(ARMS)}, got {args.arms!r}")
     IMAGES.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
-    results: dict[str, list[dict]] = {"system": [], "baseline": []}
-    with tempfile.TemporaryDirectory(prefix="bench-gan-") as tmp:
-        for seed in seeds:
-            results["system"].append(system_run(args, seed, Path(tmp)))
-            results["baseline"].append(baseline_run(args, seed))
-            print(f"seed {seed}: system {results['system'][-1]}, baseline "
-                  f"{results['baseline'][-1]}", file=sys.stderr, flush=True)
-    print(f"| run ({args.updates} updates, global batch {args.k * args.unit}, n = {args.n}, "
-          f"seeds {args.seeds}) | FID features | FID logits | IS |\n|---|---|---|---|")
-    for name, runs in results.items():
-        print(f"| {name} | {summary(runs, 'fid_features')} | {summary(runs, 'fid_logits')} | "
-              f"{summary(runs, 'inception_score')} |")
-    ratio = (statistics.mean(r["fid_features"] for r in results["system"])
-             / statistics.mean(r["fid_features"] for r in results["baseline"]))
-    print(f"\nsystem / baseline FID (features): {ratio:.3f}")
+    records: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for seed in seeds:
+        for arm in arms:
+            records[arm].append(run_one(args, arm, seed))
+            final = records[arm][-1]["curve"][-1]
+            print(f"{arm} seed {seed}: {final}", file=sys.stderr, flush=True)
+    print(table(records, args))
+    if args.plot:
+        plot(records, args.plot)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps(records, indent=2))
     return 0
 
 
