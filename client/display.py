@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from rich import box
@@ -221,7 +222,8 @@ def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
             "busy_seconds": round(n.busy_seconds, 3),
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
             "delay_seconds": round(n.delay_seconds or 0.0, 3),
-            "state": n.state or "alive", "pull": bool(n.pull), "role": n.role}
+            "state": n.state or "alive", "pull": bool(n.pull), "role": n.role,
+            "members": [node_dict(m) for m in n.members or []]}
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:
@@ -271,13 +273,23 @@ def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
     table.add_column("state at end" if ended else "state")
     for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
         table.add_column(column, justify="right")
-    for n in nodes:
+    for n, depth in _tree(nodes):
         state = n.get("state", "alive") + (" (pull)" if n.get("pull") else "")
         name = n["node"] + (f" ({n['role']})" if n.get("role") else "")  # a relay, workers
-        table.add_row(name, state, *(str(n[c]) for c in
-                                          ("accepted", "rejected", "delayed", "failed",
-                                           "cancelled")))
+        table.add_row("  " * (depth - 1) + "└ " * (depth > 0) + name, state,
+                      *(str(n[c]) for c in COUNTS))
     return table
+
+
+COUNTS = ("accepted", "rejected", "delayed", "failed", "cancelled")
+
+
+def _tree(nodes: list[dict[str, Any]], depth: int = 0) -> Iterator[tuple[dict[str, Any], int]]:
+    """Each node, then a relay's members under it (their counts are the relay's own, over
+    its life), with their depth in the tree."""
+    for n in nodes:
+        yield n, depth
+        yield from _tree(n.get("members") or [], depth + 1)
 
 
 def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:

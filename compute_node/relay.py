@@ -36,6 +36,7 @@ from coordinator.policies import make_policy
 from coordinator.progress import RunProgress
 from coordinator.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
 from coordinator.run_nodes import RunNodes
+from coordinator.status_wire import node_summary
 from coordinator.tasks import Task
 from coordinator.update_filters import DEFAULT_FILTERS
 from training import aggregation
@@ -176,6 +177,15 @@ class RelayHandler(ComputeNodeHandler):
         self.allow_concurrent_units(max(1, members))
         self.role = f"relay of {members} node{'s' if members != 1 else ''}"
         return members
+
+    def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
+        """A node's answer, with the group's counts as the relay's engine keeps them (and
+        theirs when members are relays), so the coordinator can show the tree."""
+        info = super().ping(request)
+        for member in self.relay.members:  # a member relay's own group, as it is now
+            member.refresh_group()
+        info.members = [node_summary(member.summary()) for member in self.relay.members]
+        return info
 
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         if self._holds(request.run_id, request.unit_id, request.attempt):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coordinator.nodes_file import NodeAddress
+from coordinator.records import NodeSummary
 from coordinator.tasks import Task, TaskResult
 from wire.stats import PayloadBytes
 
@@ -28,6 +29,7 @@ class NodePing:
     progress: dict[str, int] = field(default_factory=dict)
     warming_up: bool = False  # loading libraries or building a model (see warm_up)
     role: str | None = None  # e.g. "relay of 3 nodes", "2 local workers" (NodeInfo.role)
+    members: list[NodeSummary] = field(default_factory=list)  # a relay's group (NodeInfo)
 
 
 class NodeClient(Protocol):

@@ -114,6 +114,7 @@ class NodeHandle:
         self.stats = NodeStats()
         self.in_flight = 0
         self.role: str | None = None  # from its pings: a relay, local workers (NodeInfo)
+        self.members: list[NodeSummary] = []  # a relay's group, from its pings
         self.liveness = Liveness()
         self._lock = threading.Lock()
         self._compute_seconds: float | None = None  # moving averages for the policy
@@ -154,7 +155,13 @@ class NodeHandle:
             log.debug("heartbeat to %s failed: %s", self.name, exc)
             return
         self.liveness.heard(info.delaying, info.progress)
-        self.role = info.role
+        self.role, self.members = info.role, list(info.members)
+
+    def refresh_group(self) -> None:
+        """Ping a relay now, so its members' counts are current (a summary at a run's
+        end, or a relay answering a ping for its own group); other nodes are left be."""
+        if self.members:
+            self.heartbeat()
 
     def can_be_told(self) -> bool:
         """Whether a cancel may reach the node now: a silent node would only make the
@@ -244,7 +251,8 @@ class NodeHandle:
                                busy_seconds=s.busy_seconds, compute_seconds=s.compute_seconds,
                                delay_seconds=s.delay_seconds, state=self.liveness.state(),
                                silent_seconds=self.liveness.silent_seconds(),
-                               pull=not self.accepts_connections, role=self.role)
+                               pull=not self.accepts_connections, role=self.role,
+                               members=list(self.members))
 
 
 def _moving_average(previous: float | None, value: float, weight: float = 0.3) -> float:

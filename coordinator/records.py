@@ -27,6 +27,8 @@ class NodeSummary:
     silent_seconds: float | None  # None: never heard from
     pull: bool
     role: str | None = None  # what computes its units: "relay of 3 nodes", "2 local workers"
+    # a relay's group as its pings last said: its members' counts since the relay started
+    members: list[NodeSummary] = field(default_factory=list)
 
 
 @dataclass

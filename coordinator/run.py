@@ -287,6 +287,8 @@ class Run:
                     history.append(metrics)
         finally:
             heartbeats.stop()
+        for node in self.nodes:  # relays' members as they end the run, not a ping ago
+            node.refresh_group()
         model_path = save_model(self.run_dir / "model.npz", weights,
                                 self.algorithm.model_description())
         save_curves(self._rows, self.run_dir / "curves.png")

@@ -31,6 +31,7 @@ from coordinator.node_errors import (
 from coordinator.node_pool import NodeHandle
 from coordinator.nodes_file import NodeAddress
 from coordinator.sent_weights import SentWeights
+from coordinator.status_wire import summary_from_wire
 from coordinator.tasks import Task, TaskResult, TaskStatus, Tensors
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
@@ -240,7 +241,8 @@ class ThriftNodeClient(SessionRequests):
             info = client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION,
                                                   warm_up=warm_up))
         return NodePing(list(info.delaying or []), dict(info.progress or {}),
-                        bool(info.warming_up), info.role)
+                        bool(info.warming_up), info.role,
+                        [summary_from_wire(m) for m in info.members or []])
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         """On a work connection by default, whose long read timeout covers a node-to-node

@@ -133,6 +133,8 @@ struct NodeInfo {
   10: optional bool warming_up,     // still loading libraries / building a model (warm_up)
   11: optional string role,         // what computes its units, when more than the node
                                     // itself: "2 local workers", "relay of 3 nodes"
+  12: optional list<NodeSummary> members, // a relay's group as its own engine counts it
+                                          // (since the relay started)
 }
 
 
@@ -230,6 +232,7 @@ struct NodeSummary {
   11: optional double silent_seconds,  // since the node last answered anything
   12: optional bool pull,              // the node leases units (it accepts no connections)
   13: optional string role,            // as the node's ping says (NodeInfo.role)
+  14: optional list<NodeSummary> members, // a relay's group, as its last ping said
 }
 
 struct RoundMetrics {

@@ -1350,11 +1350,12 @@ class NodeInfo(object):
      - progress
      - warming_up
      - role
+     - members
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None, warming_up=None, role=None,):
+    def __init__(self, protocol_version=None, node_id=None, load_prob=None, units_running=None, units_completed=None, units_rejected=None, uptime_seconds=None, delaying=None, progress=None, warming_up=None, role=None, members=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.load_prob = load_prob
@@ -1366,6 +1367,7 @@ class NodeInfo(object):
         self.progress = progress
         self.warming_up = warming_up
         self.role = role
+        self.members = members
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1442,6 +1444,17 @@ class NodeInfo(object):
                     self.role = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.LIST:
+                    self.members = []
+                    (_etype44, _size41) = iprot.readListBegin()
+                    for _i45 in range(_size41):
+                        _elem46 = NodeSummary()
+                        _elem46.read(iprot)
+                        self.members.append(_elem46)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1483,16 +1496,16 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter41 in self.delaying:
-                oprot.writeString(iter41.encode('utf-8') if sys.version_info[0] == 2 else iter41)
+            for iter47 in self.delaying:
+                oprot.writeString(iter47.encode('utf-8') if sys.version_info[0] == 2 else iter47)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter42, viter43 in self.progress.items():
-                oprot.writeString(kiter42.encode('utf-8') if sys.version_info[0] == 2 else kiter42)
-                oprot.writeI64(viter43)
+            for kiter48, viter49 in self.progress.items():
+                oprot.writeString(kiter48.encode('utf-8') if sys.version_info[0] == 2 else kiter48)
+                oprot.writeI64(viter49)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.warming_up is not None:
@@ -1502,6 +1515,13 @@ class NodeInfo(object):
         if self.role is not None:
             oprot.writeFieldBegin('role', TType.STRING, 11)
             oprot.writeString(self.role.encode('utf-8') if sys.version_info[0] == 2 else self.role)
+            oprot.writeFieldEnd()
+        if self.members is not None:
+            oprot.writeFieldBegin('members', TType.LIST, 12)
+            oprot.writeListBegin(TType.STRUCT, len(self.members))
+            for iter50 in self.members:
+                iter50.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1670,11 +1690,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype47, _size44) = iprot.readListBegin()
-                    for _i48 in range(_size44):
-                        _elem49 = Tensor()
-                        _elem49.read(iprot)
-                        self.tensors.append(_elem49)
+                    (_etype54, _size51) = iprot.readListBegin()
+                    for _i55 in range(_size51):
+                        _elem56 = Tensor()
+                        _elem56.read(iprot)
+                        self.tensors.append(_elem56)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1704,8 +1724,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter50 in self.tensors:
-                iter50.write(oprot)
+            for iter57 in self.tensors:
+                iter57.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -1791,11 +1811,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype54, _size51) = iprot.readListBegin()
-                    for _i55 in range(_size51):
-                        _elem56 = Tensor()
-                        _elem56.read(iprot)
-                        self.tensors.append(_elem56)
+                    (_etype61, _size58) = iprot.readListBegin()
+                    for _i62 in range(_size58):
+                        _elem63 = Tensor()
+                        _elem63.read(iprot)
+                        self.tensors.append(_elem63)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1833,8 +1853,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter57 in self.tensors:
-                iter57.write(oprot)
+            for iter64 in self.tensors:
+                iter64.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2358,11 +2378,12 @@ class NodeSummary(object):
      - silent_seconds
      - pull
      - role
+     - members
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2376,6 +2397,7 @@ class NodeSummary(object):
         self.silent_seconds = silent_seconds
         self.pull = pull
         self.role = role
+        self.members = members
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2451,6 +2473,17 @@ class NodeSummary(object):
                     self.role = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 14:
+                if ftype == TType.LIST:
+                    self.members = []
+                    (_etype68, _size65) = iprot.readListBegin()
+                    for _i69 in range(_size65):
+                        _elem70 = NodeSummary()
+                        _elem70.read(iprot)
+                        self.members.append(_elem70)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2512,6 +2545,13 @@ class NodeSummary(object):
         if self.role is not None:
             oprot.writeFieldBegin('role', TType.STRING, 13)
             oprot.writeString(self.role.encode('utf-8') if sys.version_info[0] == 2 else self.role)
+            oprot.writeFieldEnd()
+        if self.members is not None:
+            oprot.writeFieldBegin('members', TType.LIST, 14)
+            oprot.writeListBegin(TType.STRUCT, len(self.members))
+            for iter71 in self.members:
+                iter71.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2610,11 +2650,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype59, _vtype60, _size58) = iprot.readMapBegin()
-                    for _i62 in range(_size58):
-                        _key63 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val64 = iprot.readDouble()
-                        self.scores[_key63] = _val64
+                    (_ktype73, _vtype74, _size72) = iprot.readMapBegin()
+                    for _i76 in range(_size72):
+                        _key77 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val78 = iprot.readDouble()
+                        self.scores[_key77] = _val78
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -2655,9 +2695,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter65, viter66 in self.scores.items():
-                oprot.writeString(kiter65.encode('utf-8') if sys.version_info[0] == 2 else kiter65)
-                oprot.writeDouble(viter66)
+            for kiter79, viter80 in self.scores.items():
+                oprot.writeString(kiter79.encode('utf-8') if sys.version_info[0] == 2 else kiter79)
+                oprot.writeDouble(viter80)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2757,33 +2797,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype70, _size67) = iprot.readListBegin()
-                    for _i71 in range(_size67):
-                        _elem72 = RoundMetrics()
-                        _elem72.read(iprot)
-                        self.history.append(_elem72)
+                    (_etype84, _size81) = iprot.readListBegin()
+                    for _i85 in range(_size81):
+                        _elem86 = RoundMetrics()
+                        _elem86.read(iprot)
+                        self.history.append(_elem86)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype76, _size73) = iprot.readListBegin()
-                    for _i77 in range(_size73):
-                        _elem78 = NodeSummary()
-                        _elem78.read(iprot)
-                        self.nodes.append(_elem78)
+                    (_etype90, _size87) = iprot.readListBegin()
+                    for _i91 in range(_size87):
+                        _elem92 = NodeSummary()
+                        _elem92.read(iprot)
+                        self.nodes.append(_elem92)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype82, _size79) = iprot.readListBegin()
-                    for _i83 in range(_size79):
-                        _elem84 = Tensor()
-                        _elem84.read(iprot)
-                        self.weights.append(_elem84)
+                    (_etype96, _size93) = iprot.readListBegin()
+                    for _i97 in range(_size93):
+                        _elem98 = Tensor()
+                        _elem98.read(iprot)
+                        self.weights.append(_elem98)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2852,22 +2892,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter85 in self.history:
-                iter85.write(oprot)
+            for iter99 in self.history:
+                iter99.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter86 in self.nodes:
-                iter86.write(oprot)
+            for iter100 in self.nodes:
+                iter100.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter87 in self.weights:
-                iter87.write(oprot)
+            for iter101 in self.weights:
+                iter101.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3276,11 +3316,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype91, _size88) = iprot.readListBegin()
-                    for _i92 in range(_size88):
-                        _elem93 = NodeSummary()
-                        _elem93.read(iprot)
-                        self.nodes.append(_elem93)
+                    (_etype105, _size102) = iprot.readListBegin()
+                    for _i106 in range(_size102):
+                        _elem107 = NodeSummary()
+                        _elem107.read(iprot)
+                        self.nodes.append(_elem107)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3292,22 +3332,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype97, _size94) = iprot.readListBegin()
-                    for _i98 in range(_size94):
-                        _elem99 = UnitInfo()
-                        _elem99.read(iprot)
-                        self.unfinished.append(_elem99)
+                    (_etype111, _size108) = iprot.readListBegin()
+                    for _i112 in range(_size108):
+                        _elem113 = UnitInfo()
+                        _elem113.read(iprot)
+                        self.unfinished.append(_elem113)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype101, _vtype102, _size100) = iprot.readMapBegin()
-                    for _i104 in range(_size100):
-                        _key105 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val106 = iprot.readI64()
-                        self.ledger[_key105] = _val106
+                    (_ktype115, _vtype116, _size114) = iprot.readMapBegin()
+                    for _i118 in range(_size114):
+                        _key119 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val120 = iprot.readI64()
+                        self.ledger[_key119] = _val120
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3418,8 +3458,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter107 in self.nodes:
-                iter107.write(oprot)
+            for iter121 in self.nodes:
+                iter121.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3429,16 +3469,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter108 in self.unfinished:
-                iter108.write(oprot)
+            for iter122 in self.unfinished:
+                iter122.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter109, viter110 in self.ledger.items():
-                oprot.writeString(kiter109.encode('utf-8') if sys.version_info[0] == 2 else kiter109)
-                oprot.writeI64(viter110)
+            for kiter123, viter124 in self.ledger.items():
+                oprot.writeString(kiter123.encode('utf-8') if sys.version_info[0] == 2 else kiter123)
+                oprot.writeI64(viter124)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -3743,11 +3783,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype114, _size111) = iprot.readListBegin()
-                    for _i115 in range(_size111):
-                        _elem116 = RunStatus()
-                        _elem116.read(iprot)
-                        self.runs.append(_elem116)
+                    (_etype128, _size125) = iprot.readListBegin()
+                    for _i129 in range(_size125):
+                        _elem130 = RunStatus()
+                        _elem130.read(iprot)
+                        self.runs.append(_elem130)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3764,8 +3804,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter117 in self.runs:
-                iter117.write(oprot)
+            for iter131 in self.runs:
+                iter131.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4074,21 +4114,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype121, _size118) = iprot.readListBegin()
-                    for _i122 in range(_size118):
-                        _elem123 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem123)
+                    (_etype135, _size132) = iprot.readListBegin()
+                    for _i136 in range(_size132):
+                        _elem137 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem137)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype125, _vtype126, _size124) = iprot.readMapBegin()
-                    for _i128 in range(_size124):
-                        _key129 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val130 = iprot.readI64()
-                        self.progress[_key129] = _val130
+                    (_ktype139, _vtype140, _size138) = iprot.readMapBegin()
+                    for _i142 in range(_size138):
+                        _key143 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val144 = iprot.readI64()
+                        self.progress[_key143] = _val144
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4122,16 +4162,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter131 in self.delaying:
-                oprot.writeString(iter131.encode('utf-8') if sys.version_info[0] == 2 else iter131)
+            for iter145 in self.delaying:
+                oprot.writeString(iter145.encode('utf-8') if sys.version_info[0] == 2 else iter145)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter132, viter133 in self.progress.items():
-                oprot.writeString(kiter132.encode('utf-8') if sys.version_info[0] == 2 else kiter132)
-                oprot.writeI64(viter133)
+            for kiter146, viter147 in self.progress.items():
+                oprot.writeString(kiter146.encode('utf-8') if sys.version_info[0] == 2 else kiter146)
+                oprot.writeI64(viter147)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -4192,10 +4232,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype137, _size134) = iprot.readListBegin()
-                    for _i138 in range(_size134):
-                        _elem139 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem139)
+                    (_etype151, _size148) = iprot.readListBegin()
+                    for _i152 in range(_size148):
+                        _elem153 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem153)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4216,8 +4256,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter140 in self.cancel:
-                oprot.writeString(iter140.encode('utf-8') if sys.version_info[0] == 2 else iter140)
+            for iter154 in self.cancel:
+                oprot.writeString(iter154.encode('utf-8') if sys.version_info[0] == 2 else iter154)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5377,6 +5417,7 @@ NodeInfo.thrift_spec = (
     (9, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
     (10, TType.BOOL, 'warming_up', None, None, ),  # 10
     (11, TType.STRING, 'role', 'UTF8', None, ),  # 11
+    (12, TType.LIST, 'members', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 12
 )
 all_structs.append(SessionRequest)
 SessionRequest.thrift_spec = (
@@ -5929,6 +5970,7 @@ NodeSummary.thrift_spec = (
     (11, TType.DOUBLE, 'silent_seconds', None, None, ),  # 11
     (12, TType.BOOL, 'pull', None, None, ),  # 12
     (13, TType.STRING, 'role', 'UTF8', None, ),  # 13
+    (14, TType.LIST, 'members', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 14
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (

@@ -90,12 +90,20 @@ def test_a_member_killed_mid_run_leaves_its_slices_to_the_other(cluster):
 def test_relays_nest(cluster):
     members = [cluster.add_node(0.0) for _ in range(2)]
     inner = relay_over(cluster, "inner", members)
-    outer = relay_over(cluster, "outer", [inner, cluster.add_node(0.0)])
+    plain = cluster.add_node(0.0)
+    outer = relay_over(cluster, "outer", [inner, plain])
     cluster.start_coordinator(2, nodes=[outer])
     result = cluster.train_json(*SYNC_SGD)
     assert result["units"]["done"] == 8
     assert "~r0~r1" in members[1].log()  # a slice of a slice: two levels down
     assert [n["role"] for n in result["nodes"]] == ["relay of 2 nodes"]  # from its pings
+    # the summary shows the tree, each relay's members with the counts its engine kept
+    (top,) = result["nodes"]
+    assert [(m["node"], m["role"]) for m in top["members"]] == [
+        (f"127.0.0.1:{inner.port}", "relay of 2 nodes"), (f"127.0.0.1:{plain.port}", None)]
+    assert [m["node"] for m in top["members"][0]["members"]] == [
+        f"127.0.0.1:{m.port}" for m in members]
+    assert all(m["accepted"] > 0 for m in top["members"][0]["members"]), top
 
 
 def test_a_relay_listing_itself_is_refused(cluster):

@@ -35,6 +35,34 @@ def test_the_node_table_names_what_computes_a_node_s_units() -> None:
     assert "localhost:9091 (" not in table  # a plain node computes its units itself
 
 
+def test_the_node_table_shows_a_relay_s_members_under_it() -> None:
+    inner = {**NODE, "node": "inner:9092", "role": "relay of 2 nodes", "accepted": 7,
+             "members": [{**NODE, "node": "a:1", "accepted": 5}, {**NODE, "node": "b:2"}]}
+    relay = {**NODE, "node": "gw:9090", "role": "relay of 2 nodes",
+             "members": [inner, {**NODE, "node": "c:3"}]}
+    lines = rendered(display.node_table([relay, NODE], ended=True), width=120).splitlines()
+    cells = [line.split("│")[1] for line in lines if re.search(r"[a-z]+:\d", line)]
+    assert [cell.strip() for cell in cells] == [
+        "gw:9090 (relay of 2 nodes)", "└ inner:9092 (relay of 2 nodes)", "└ a:1", "└ b:2",
+        "└ c:3", "localhost:9091"]
+    depth = {cell.strip(): len(cell) - len(cell.lstrip()) for cell in cells}
+    assert depth["└ a:1"] > depth["└ inner:9092 (relay of 2 nodes)"]  # a member of a member
+
+
+def wire_summary(node: str, members: list[ttypes.NodeSummary] | None = None
+                 ) -> ttypes.NodeSummary:
+    return ttypes.NodeSummary(node=node, accepted=2, rejected=0, delayed=0, failed=0,
+                              cancelled=0, busy_seconds=1.0, members=members)
+
+
+def test_a_relay_s_members_reach_the_client_s_json_as_a_tree() -> None:
+    tree = wire_summary("gw:1", [wire_summary("inner:2", [wire_summary("a:3")])])
+    shown = display.node_dict(tree)
+    assert shown["members"][0]["node"] == "inner:2"
+    assert shown["members"][0]["members"][0]["node"] == "a:3"
+    assert display.node_dict(wire_summary("plain:4"))["members"] == []
+
+
 def result(model_json: str, scores: list[dict | None]) -> ttypes.RunResult:
     history = [ttypes.RoundMetrics(round=i + 1, validation_error=0.5, validation_loss=0.7,
                                    train_loss=0.6, seconds=1.0, scores=s)
