@@ -121,10 +121,10 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
         relay.add_argument("--relay-policy", type=arg_types.int_range(1, 3), choices=[1, 2, 3],
                            default=2,
                            help="scheduling policy of the relay over its nodes (default 2)")
-        relay.add_argument("--link-delay-ms", type=arg_types.non_negative_seconds,
-                           default=0.0, metavar="MS",
-                           help="experiments: hold every reply to the coordinator this many "
-                                "milliseconds, as a slow link between sites (default 0)")
+        parser.add_argument("--link-delay-ms", type=arg_types.non_negative_seconds,
+                            default=0.0, metavar="MS",
+                            help="experiments: hold every reply to a unit this many "
+                                 "milliseconds, as a slow link between sites (default 0)")
     security.add_arguments(parser, serves=True)
     return parser
 
@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     relay = getattr(args, "relay", None)
     plain = ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device) \
         if relay is None else _relay_handler(args, load)
+    plain.link_delay = getattr(args, "link_delay_ms", 0.0) / 1000
     try:
         workers = attach(plain, args.workers, args.device)  # before faults: they wrap it
     except WorkerLost as exc:
@@ -251,8 +252,7 @@ def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNode
     from coordinator.nodes_file import NodesFile
 
     runner = RelayRunner(NodesFile(args.relay, role="relay"), args.relay_policy, seed=args.seed)
-    return RelayHandler(args.node_id or "", args.data_root, load, runner,
-                        link_delay=args.link_delay_ms / 1000)
+    return RelayHandler(args.node_id or "", args.data_root, load, runner)
 
 
 def _start_relay(handler: Any, host: str, port: int) -> int | None:

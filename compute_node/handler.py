@@ -23,6 +23,7 @@ from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
 from training.compression import CompressionSettings, compress_update, decompress, split_config
 from training.datapaths import DataPathError, dataset_dir, resolve_under
+from training.hierarchy import split_hierarchy
 from training.letters import DataFormatError
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
@@ -37,9 +38,29 @@ REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, Value
 UnitRunner = Callable[[type[Algorithm], UnitJob, Path], UnitOutput]
 
 
+MAX_SHARES = 1024
+
+
 def run_unit(algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
-    """A unit's maths: the algorithm's node half."""
-    return algorithm.run_unit(job, data_dir)
+    """A unit's maths: the algorithm's node half, or the share of it the job names. An
+    empty share (more shares than rows) is an answer of no samples."""
+    if job.share is None:
+        return algorithm.run_unit(job, data_dir)
+    if not algorithm.splits_units:
+        raise ConfigError(f"{algorithm.name} units cannot be split into shares")
+    output = algorithm.run_unit_part(job, data_dir, *job.share)
+    return output or UnitOutput(update={}, num_samples=0, loss=0.0, error=0.0)
+
+
+def share_of(request: ttypes.WorkRequest) -> tuple[int, int] | None:
+    """The (part, parts) a request asks for, checked; None for the whole unit."""
+    if request.part is None and request.parts is None:
+        return None
+    part, parts = request.part, request.parts
+    if part is None or parts is None or not (2 <= parts <= MAX_SHARES and 0 <= part < parts):
+        raise ValueError(f"a share needs part in 0..parts-1 and parts in 2..{MAX_SHARES}, "
+                         f"got part {part!r} of {parts!r}")
+    return part, parts
 
 
 @dataclass
@@ -74,6 +95,7 @@ class ComputeNodeHandler(SessionService):
         self.weights = WeightCache()  # weights of earlier units, for `weights_cached`
         self.load = load
         self.unit_runner: UnitRunner = run_unit
+        self.link_delay = 0.0  # seconds every reply is held (--link-delay-ms, experiments)
         self._delaying: set[tuple[str, str, int]] = set()  # units in their load delay
         self.device = device
         self.counters = NodeCounters()
@@ -89,6 +111,12 @@ class ComputeNodeHandler(SessionService):
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        result = self._answer(request)
+        if self.link_delay:  # an experiment's slow link: every reply is held
+            time.sleep(self.link_delay)
+        return result
+
+    def _answer(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
         decoded = self._decode(request)
         if decoded is None:
@@ -185,11 +213,13 @@ class ComputeNodeHandler(SessionService):
             if not isinstance(config, dict):
                 raise ConfigError("config_json must hold a JSON object")
             config, compression = split_config(config)
+            config, _ = split_hierarchy(config)  # checked here; a relay reads it itself
             algorithm.check_config(request.model, config)
             data_dir = dataset_dir(self.data_root, request.dataset)
             self._check_unit_file(resolve_under(data_dir, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
+            share = share_of(request)
             weights = self._weights_of(request, compression)
         except json.JSONDecodeError as exc:
             raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
@@ -200,7 +230,7 @@ class ComputeNodeHandler(SessionService):
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
                       device=self.device, sessions=self.sessions, algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",
-                      model_version=request.model_version)
+                      model_version=request.model_version, share=share)
         return algorithm, job, data_dir, compression
 
     def _check_unit_file(self, unit_file: Path) -> None:

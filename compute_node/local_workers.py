@@ -293,8 +293,8 @@ class LocalWorkers:
         return f"{self.workers} workers ({self.backend}, pids {pids})"
 
     def __call__(self, algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
-        if not algorithm.splits_units:
-            return self.inner(algorithm, job, data_dir)
+        if not algorithm.splits_units or job.share is not None:  # a relay's share: computed
+            return self.inner(algorithm, job, data_dir)               # whole, by the node
         group = self._ready_group(job.control)
         task = ShareTask(algorithm.name, job.run_id, job.round, job.unit, job.model,
                          job.config, self._weights.write(job.weights), str(data_dir))

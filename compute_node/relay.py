@@ -12,6 +12,13 @@ for the whole unit: the coordinator's link carries one update per unit whatever 
 of the group. For a gradient (the mean over the unit's examples) the combined slices equal
 the whole unit's up to float rounding.
 
+With ``hierarchy.relay_local_rounds`` H > 1 in the run's config (training/hierarchy.py,
+`delta_avg`), a relay instead cuts each unit into one share per member (the algorithm's
+`run_unit_part`: a member computes only its share) and runs H rounds of its own: the
+members train from the group's weights, the relay adds the average of their deltas, and
+the group's whole change goes up as one update (hierarchical FedAvg). A share that comes
+from a relay above is computed whole by one member.
+
 The relay's own load simulation applies to the relay as a whole; a cancel from above
 cancels the unit's slices on the members. A slice that fails everywhere fails the unit
 (the coordinator retries it, on this relay or another node). Algorithms that keep state
@@ -20,10 +27,11 @@ on nodes (MD-GAN's sessions) cannot run through a relay and are refused.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +42,13 @@ from coordinator.node_pool import DEAD_SECONDS, SUSPECT_SECONDS, NodeHandle
 from coordinator.nodes_file import NodesFile
 from coordinator.policies import make_policy
 from coordinator.progress import RunProgress
-from coordinator.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
+from coordinator.round_engine import (
+    EngineSettings,
+    RoundEngine,
+    RoundFailed,
+    RoundOutcome,
+    RunCancelledError,
+)
 from coordinator.run_nodes import RunNodes
 from coordinator.status_wire import node_summary
 from coordinator.tasks import Task
@@ -42,6 +56,7 @@ from coordinator.update_filters import DEFAULT_FILTERS
 from training import aggregation
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
 from training.cancel import UnitCancelled
+from training.hierarchy import split_hierarchy
 from training.unit_parts import cast_like
 from wire.generated import ttypes
 
@@ -120,14 +135,50 @@ class RelayRunner:
         if self._group is None:
             raise RelayUnitFailed("the relay has not read its nodes file yet")
         self._group.refresh()  # members added to (or removed from) the file take part
+        if job.share is not None:  # a share from a relay above: one member computes it
+            whole = [*member_shares(job.unit, 1)]  # one more "~r" level, as for any slice
+            (result,) = self._round(job, whole, lambda unit, attempt: self._task(
+                job, unit, attempt, job.weights, job.share)).results
+            return UnitOutput(update=result.update, num_samples=result.num_samples,
+                              loss=result.loss, error=0.0)
+        rounds = local_rounds(job.config_json)
+        if rounds > 1:
+            return self._in_local_rounds(job, rounds)
         slices = split_unit(job.unit, len(self.members))
+        outcome = self._round(job, slices, lambda unit, attempt: self._task(
+            job, unit, attempt, job.weights))
+        return UnitOutput(update=self._combined(job, outcome.results),
+                          num_samples=sum(r.num_samples for r in outcome.results),
+                          loss=outcome.train_loss, error=0.0)
+
+    def _in_local_rounds(self, job: UnitJob, rounds: int) -> UnitOutput:
+        """``rounds`` rounds over one share of the unit per member: each member trains
+        from the group's weights, the relay adds the average of their deltas to them; the
+        update is the group's whole change (hierarchical FedAvg)."""
+        shares = member_shares(job.unit, len(self.members))
+        weights = job.weights
+        for _ in range(rounds):
+            outcome = self._round(job, list(shares), functools.partial(
+                self._share_task, job, weights, shares))
+            start = weights
+            results = [r for r in outcome.results if r.num_samples > 0]  # empty shares
+            step = self._combined(job, results)
+            weights = {name: cast_like(start[name] + step[name], start[name].dtype)
+                       for name in start}
+        return UnitOutput(update={name: cast_like(weights[name] - job.weights[name],
+                                                  job.weights[name].dtype)
+                                  for name in weights},
+                          num_samples=sum(r.num_samples for r in results),
+                          loss=outcome.train_loss, error=0.0)
+
+    def _round(self, job: UnitJob, units: list[UnitSpec],
+               build: Callable[[UnitSpec, int], Task]) -> RoundOutcome:
+        """One round of the relay's engine over ``units``, every one of them needed."""
         engine = RoundEngine(job.run_id, self.members, self._policy, self._engine,
-                             RunProgress(job.run_id, 1, len(slices), lambda: []),
+                             RunProgress(job.run_id, 1, len(units), lambda: []),
                              job.control.cancelled)
         try:
-            outcome = engine.run_round(job.round, slices, len(slices),
-                                       lambda unit, attempt: self._task(job, unit, attempt),
-                                       DEFAULT_FILTERS)
+            outcome = engine.run_round(job.round, units, len(units), build, DEFAULT_FILTERS)
         except RunCancelledError:
             raise UnitCancelled("unit cancelled") from None
         except RoundFailed as exc:
@@ -136,21 +187,45 @@ class RelayRunner:
         if outcome.failures:
             reasons = "; ".join(f"{f.unit.unit_id}: {f.reason}" for f in outcome.failures)
             raise RelayUnitFailed(f"slices of unit {job.unit.unit_id} failed: {reasons}")
-        samples = sum(r.num_samples for r in outcome.results)
-        # the mean is folded in float64; the update goes up as the members sent theirs
-        dtypes = {name: value.dtype for name, value in outcome.results[0].update.items()}
-        combined = {name: cast_like(value, dtypes[name])
-                    for name, value in combine(_rule(job.config), outcome.results).items()}
-        return UnitOutput(update=combined, num_samples=samples, loss=outcome.train_loss,
-                          error=0.0)
+        return outcome
 
-    def _task(self, job: UnitJob, unit: UnitSpec, attempt: int) -> Task:
+    @staticmethod
+    def _combined(job: UnitJob, results: list) -> dict:
+        """The results combined by the run's aggregation rule, weighted by samples; the
+        mean is folded in float64, and the update goes up as the members sent theirs."""
+        dtypes = {name: value.dtype for name, value in results[0].update.items()}
+        return {name: cast_like(value, dtypes[name])
+                for name, value in combine(_rule(job.config), results).items()}
+
+    def _share_task(self, job: UnitJob, weights: dict,
+                    shares: dict[UnitSpec, tuple[int, int] | None], unit: UnitSpec,
+                    attempt: int) -> Task:
+        return self._task(job, unit, attempt, weights, shares[unit])
+
+    def _task(self, job: UnitJob, unit: UnitSpec, attempt: int, weights: dict,
+              share: tuple[int, int] | None = None) -> Task:
         return Task(run_id=job.run_id, round=job.round, unit_id=unit.unit_id, attempt=attempt,
                     algorithm=job.algorithm, model=job.model, dataset=job.dataset,
                     unit_path=unit.unit_path, config_json=job.config_json,
-                    weights=job.weights, scheduling_policy=self.policy_number,
+                    weights=weights, scheduling_policy=self.policy_number,
                     index_start=unit.index_start, index_stop=unit.index_stop,
-                    model_version=job.model_version)
+                    model_version=job.model_version, share=share)
+
+
+def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int] | None]:
+    """One share of ``unit`` per member, as (part, parts), under ids ``<unit>~r<k>`` (the
+    whole unit, None, for a group of one)."""
+    return {replace(unit, unit_id=f"{unit.unit_id}{SLICE}{k}"):
+            (k, members) if members > 1 else None for k in range(members)}
+
+
+def local_rounds(config_json: str) -> int:
+    """The run's ``hierarchy.relay_local_rounds`` (1 when the request has no section)."""
+    try:
+        config = json.loads(config_json or "{}")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"config_json is not valid JSON: {exc}") from None
+    return split_hierarchy(config if isinstance(config, dict) else {})[1].relay_local_rounds
 
 
 def _rule(config: Mapping[str, object]) -> dict[str, object]:
@@ -163,13 +238,10 @@ class RelayHandler(ComputeNodeHandler):
     its group (`RelayRunner`), as many units at once as it has members."""
 
     def __init__(self, node_id: str, data_root: str | os.PathLike, load: LoadSimulator,
-                 runner: RelayRunner, link_delay: float = 0.0) -> None:
-        """``link_delay``: seconds every reply upward is held, as over a slow link
-        between sites (for experiments; 0 by default)."""
+                 runner: RelayRunner) -> None:
         super().__init__(node_id, data_root, load)
         self.unit_runner = runner
         self.relay = runner
-        self.link_delay = link_delay
 
     def start_relay(self) -> int:
         """Read the group (see `RelayRunner.start`): as many units at once as members."""
@@ -193,10 +265,7 @@ class RelayHandler(ComputeNodeHandler):
             raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
-        result = super().train_with_weights(request)
-        if self.link_delay:
-            time.sleep(self.link_delay)
-        return result
+        return super().train_with_weights(request)
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """The members read the data; the relay needs only the data set's folder."""

@@ -69,6 +69,7 @@ from coordinator.stream_state import RoundEnd, StreamPosition, StreamState
 from coordinator.tasks import Task, Tensors
 from coordinator.update_filters import NormLimit, round_filters
 from coordinator.warm_up import warm_up_nodes
+from training import hierarchy
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
 from training.compression import (
@@ -79,6 +80,7 @@ from training.compression import (
     split_config,
 )
 from training.datapaths import DataPathError, dataset_dir
+from training.hierarchy import HierarchySettings, join_hierarchy, split_hierarchy
 from training.letters import DataFormatError
 from training.model_file import save_model
 from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
@@ -127,7 +129,7 @@ class Run:
         self.store = store
         self.run_id = _check_run_id(request.run_id)
         check_fields(request, settings.limits)
-        self.algorithm, self.compression, self.schedule = _make_algorithm(
+        self.algorithm, self.compression, self.schedule, self.hierarchy = _make_algorithm(
             request, settings.data_root, settings.limits, settings.engine.deterministic)
         self.aggregation = _aggregation_rule(request.config_json)
         check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
@@ -153,7 +155,8 @@ class Run:
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self.progress.mode = self.schedule.mode
-        self._config_json = json.dumps(join_config(self.algorithm.config, self.compression))
+        self._config_json = json.dumps(join_hierarchy(
+            join_config(self.algorithm.config, self.compression), self.hierarchy))
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
@@ -572,9 +575,10 @@ def _check_run_id(run_id: str) -> str:
 
 def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
                     deterministic: bool) -> tuple[Algorithm, CompressionSettings,
-                                                  ScheduleSettings]:
-    """The request's algorithm, compression and schedule settings, its config checked
-    against the limits before the algorithm builds anything (a model, a plan) from it."""
+                                                  ScheduleSettings, HierarchySettings]:
+    """The request's algorithm, compression, schedule and hierarchy settings, its config
+    checked against the limits before the algorithm builds anything (a model, a plan)
+    from it."""
     try:
         cls = get_algorithm(request.algorithm)
         config = _json_object("config_json", request.config_json)
@@ -582,6 +586,8 @@ def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
             raise ConfigError("config_json must hold a JSON object")
         config, compression = split_config(config)
         config, schedule = split_schedule(config)
+        config, relays = split_hierarchy(config)
+        hierarchy.check_usable(relays, cls.name)
         check_supported(compression, cls.name, cls.compression_codecs(request.model))
         check_usable(schedule, cls.name, deterministic)
         if schedule.asynchronous and compression.keeps_residuals:
@@ -590,7 +596,7 @@ def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
                               "mode (it can: fp16, int8)")
         check_config(cls.check_config(request.model, config), limits)
         algorithm = cls(request.model, config, dataset_dir(data_root, request.dataset))
-        return algorithm, compression, schedule
+        return algorithm, compression, schedule, relays
     except (ConfigError, DataPathError, DataFormatError) as exc:
         raise _invalid(str(exc)) from None
     except OSError as exc:  # e.g. a name the file system refuses

@@ -42,6 +42,8 @@ class Task:
     # The global-model version the weights are: sync rounds use round - 1; asynchronous
     # modes count one version per applied update (a result's staleness is measured by it).
     model_version: int | None = None
+    # (part, parts): only that share of the unit (a relay's local rounds); None: all of it
+    share: tuple[int, int] | None = None
 
     @property
     def version(self) -> int:

@@ -55,7 +55,8 @@ def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
         config_json=task.config_json, weights=[] if cached else _encoded(task.weights),
         scheduling_policy=task.scheduling_policy, index_start=task.index_start,
         index_stop=task.index_stop, model_version=task.version,
-        weights_cached=True if cached else None)
+        weights_cached=True if cached else None,
+        part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None)
 
 
 class _LastEncoded:

@@ -84,6 +84,8 @@ struct WorkRequest {
                                      // count versions per applied update; sync: round - 1)
   16: optional bool weights_cached,  // weights left empty: use the weights of this run and
                                      // model_version the node kept from an earlier unit
+  17: optional i32 part,             // compute only share `part` (0-based) of `parts` equal
+  18: optional i32 parts,            // shares of the unit (a relay's member, local rounds)
   100: optional string token,       // the shared token, when the server requires one
 }
 

@@ -28,7 +28,8 @@ OUTPUTS = "outputs"
 COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator
 AGGREGATION = "aggregation"  # travels inside the algorithm's config (training/aggregation.py)
 SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordinator
-NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE)
+HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
+NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY)
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -77,9 +78,9 @@ class RunConfig:
     def algorithm_config(self) -> dict[str, Any]:
         """What the train request carries as config_json: the chosen algorithm's section,
         the `aggregation` settings under their own key, the compression settings when
-        any codec is on, and the schedule when it is not sync or asks for units sent
-        ahead (a sync request stays what it always was; the coordinator refuses prefetch
-        in sync mode rather than ignore it)."""
+        any codec is on, the hierarchy when relays train in local rounds, and the schedule
+        when it is not sync or asks for units sent ahead (a sync request stays what it
+        always was; the coordinator refuses prefetch in sync mode rather than ignore it)."""
         config = {**self.section(self.algorithm), AGGREGATION: self.section(AGGREGATION)}
         compression = self.sections.get(COMPRESSION, {})
         if any(compression.get(k, "none") != "none" for k in ("up", "down")):
@@ -87,6 +88,8 @@ class RunConfig:
         schedule = self.sections.get(SCHEDULE, {})
         if schedule.get("mode", "sync") != "sync" or schedule.get("prefetch", 0):
             config[SCHEDULE] = self.section(SCHEDULE)
+        if self.sections.get(HIERARCHY, {}).get("relay_local_rounds", 1) != 1:
+            config[HIERARCHY] = self.section(HIERARCHY)
         return config
 
     def section(self, name: str) -> dict[str, Any]:

@@ -663,12 +663,14 @@ class WorkRequest(object):
      - index_stop
      - model_version
      - weights_cached
+     - part
+     - parts
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -685,6 +687,8 @@ class WorkRequest(object):
         self.index_stop = index_stop
         self.model_version = model_version
         self.weights_cached = weights_cached
+        self.part = part
+        self.parts = parts
         self.token = token
 
     def read(self, iprot):
@@ -782,6 +786,16 @@ class WorkRequest(object):
                     self.weights_cached = iprot.readBool()
                 else:
                     iprot.skip(ftype)
+            elif fid == 17:
+                if ftype == TType.I32:
+                    self.part = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 18:
+                if ftype == TType.I32:
+                    self.parts = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -863,6 +877,14 @@ class WorkRequest(object):
         if self.weights_cached is not None:
             oprot.writeFieldBegin('weights_cached', TType.BOOL, 16)
             oprot.writeBool(self.weights_cached)
+            oprot.writeFieldEnd()
+        if self.part is not None:
+            oprot.writeFieldBegin('part', TType.I32, 17)
+            oprot.writeI32(self.part)
+            oprot.writeFieldEnd()
+        if self.parts is not None:
+            oprot.writeFieldBegin('parts', TType.I32, 18)
+            oprot.writeI32(self.parts)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -5090,8 +5112,8 @@ WorkRequest.thrift_spec = (
     (14, TType.I64, 'index_stop', None, None, ),  # 14
     (15, TType.I64, 'model_version', None, None, ),  # 15
     (16, TType.BOOL, 'weights_cached', None, None, ),  # 16
-    None,  # 17
-    None,  # 18
+    (17, TType.I32, 'part', None, None, ),  # 17
+    (18, TType.I32, 'parts', None, None, ),  # 18
     None,  # 19
     None,  # 20
     None,  # 21

@@ -130,3 +130,24 @@ def test_a_link_delay_holds_each_reply_upward(cluster):
     # the coordinator's calls last the link's 0.1 s longer than the relay's maths
     (node,) = result["nodes"]
     assert node["busy_seconds"] - node["compute_seconds"] >= 11 * 0.1, node
+
+
+def test_a_relay_trains_its_group_in_local_rounds(cluster):
+    """hierarchy.relay_local_rounds = 3: each unit from above becomes 3 rounds of one share
+    per member, and one update up; the coordinator counts its own rounds only."""
+    members = [cluster.add_node(0.0) for _ in range(2)]
+    relay = relay_over(cluster, "relay", members)
+    cluster.start_coordinator(2, "--no-speculation", nodes=[relay])
+    recommended = ["--config", str(REPO / "configs" / "letters_recommended.yaml"),
+                   "--set", "run.rounds=2"]
+    result = cluster.train_json(*recommended, "--set", "hierarchy.relay_local_rounds=3",
+                                timeout=300.0)
+    assert result["rounds"] == 2 and result["units"]["done"] == 22
+    assert result["validation_error"] < 0.6  # it learns (0.36 after 2 rounds; chance 0.96)
+    # every unit: 3 rounds of one share on each member, as the relay's engine counted
+    (top,) = result["nodes"]
+    assert sum(m["accepted"] for m in top["members"]) >= 22 * 3 * 2, top
+    assert all("~r0 round" in m.log() and "~r1 round" in m.log() for m in members)
+    refused = cluster.client(*SYNC_SGD, "--set", "hierarchy.relay_local_rounds=2")
+    assert refused.returncode == 1
+    assert "hierarchy.relay_local_rounds: sync_sgd cannot" in refused.stderr

@@ -77,6 +77,9 @@ class UnitJob:
     dataset: str = ""
     config_json: str = ""
     model_version: int | None = None
+    # (part, parts): compute only that share of the unit (a relay's local rounds send one
+    # share to each member); None: the whole unit.
+    share: tuple[int, int] | None = None
 
 
 @dataclass
