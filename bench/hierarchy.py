@@ -15,6 +15,8 @@ nodes the span between the coordinator's log lines of round 1 and round R (start
 round 1 excluded, every per-round cost included), as in bench/dcgan_throughput.py.
 
     python bench/hierarchy.py              # U = 320, B = 32, 3 passes; about 6 minutes
+    python bench/hierarchy.py --letters    # letters through relays instead (see
+                                           # bench/hierarchy_letters.py); about 6 minutes
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dcgan_throughput as baseline  # noqa: E402 - sets OMP_NUM_THREADS=1 before torch
+import hierarchy_letters  # noqa: E402
 
 from devtools import local_cluster  # noqa: E402
 
@@ -106,8 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=3,
                         help="passes over every path, one after the other, so that a busy "
                              "spell of a shared machine shows (default 3)")
+    parser.add_argument("--letters", action="store_true",
+                        help="run the letters comparison of flat nodes and relays instead")
+    parser.add_argument("--delay-ms", type=float, default=300.0,
+                        help="--letters: the slow top link's delay per reply; 0 runs only "
+                             "without one (default 300)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.letters:
+        return letters(args)
     print(f"{platform.node()}: nproc {os.cpu_count()}, load average {load_average()}",
           file=sys.stderr, flush=True)
     runs = {
@@ -135,6 +145,20 @@ def main(argv: list[str] | None = None) -> int:
               for key, r in results.items()} for results, load in zip(passes, loads,
                                                                         strict=True)],
             indent=2))
+    return 0
+
+
+
+def letters(args: argparse.Namespace) -> int:
+    """The letters runs through flat nodes and relays (bench/hierarchy_letters.py)."""
+    rounds = 10  # the recommended configuration's
+    print(f"{platform.node()}: nproc {os.cpu_count()}, load average {load_average()}",
+          file=sys.stderr, flush=True)
+    outcomes = hierarchy_letters.run_all(sorted({0.0, args.delay_ms}), rounds)
+    print(hierarchy_letters.report(outcomes, rounds))
+    print(f"load average at the end: {load_average()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(hierarchy_letters.as_json(outcomes), indent=2))
     return 0
 
 
