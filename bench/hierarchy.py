@@ -151,11 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def letters(args: argparse.Namespace) -> int:
     """The letters runs through flat nodes and relays (bench/hierarchy_letters.py)."""
-    rounds = 10  # the recommended configuration's
     print(f"{platform.node()}: nproc {os.cpu_count()}, load average {load_average()}",
           file=sys.stderr, flush=True)
-    outcomes = hierarchy_letters.run_all(sorted({0.0, args.delay_ms}), rounds)
-    print(hierarchy_letters.report(outcomes, rounds))
+    outcomes = hierarchy_letters.run_all(sorted({0.0, args.delay_ms}))
+    print(hierarchy_letters.report(outcomes))
     print(f"load average at the end: {load_average()}")
     if args.json:
         Path(args.json).write_text(json.dumps(hierarchy_letters.as_json(outcomes), indent=2))
