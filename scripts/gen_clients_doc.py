@@ -24,7 +24,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.run_config import AGGREGATION, COMPRESSION, OUTPUTS, RUN, SCHEDULE  # noqa: E402
+from training.run_config import (  # noqa: E402
+    AGGREGATION,
+    COMPRESSION,
+    HIERARCHY,
+    OUTPUTS,
+    RUN,
+    SCHEDULE,
+)
 
 CONFIG = ROOT / "config.yaml"
 PAGE = ROOT / "docs" / "clients.md"
@@ -85,7 +92,10 @@ def destination(section: str) -> str:
                 "`up` or `down` is not `none`")
     if section == SCHEDULE:
         return ("sent inside `config_json` as the object under `\"schedule\"`, only when "
-                "`mode` is not `sync`")
+                "`mode` is not `sync` or `prefetch` is not 0")
+    if section == HIERARCHY:
+        return ("sent inside `config_json` as the object under `\"hierarchy\"`, only when "
+                "`relay_local_rounds` is not 1")
     return f"the object sent as `config_json` when `run.algorithm` is `{section}`"
 
 
