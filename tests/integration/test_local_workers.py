@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from compute_node.handler import run_unit
 from compute_node.local_workers import LocalWorkers, WorkerLost
 from devtools import local_cluster as procs
 from tests.waiting import wait_until
-from training.algorithms.base import UnitJob, UnitOutput
+from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.sync_sgd import SyncSGD
@@ -124,7 +125,19 @@ def test_an_algorithm_that_does_not_split_runs_in_the_node(workers):
         def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
             return UnitOutput({}, num_samples=7, loss=0.0, error=0.0)
 
-    assert workers(Whole, None, DATA).num_samples == 7
+    job = UnitJob("run", 1, UnitSpec("u1", "train_letters1.txt"), "mlp", {}, {})
+    assert workers(Whole, job, DATA).num_samples == 7
+
+
+def test_a_share_from_a_relay_runs_in_the_node(workers):
+    """A relay's local rounds send a node one share of a unit: the node computes it
+    itself, the share its workers would otherwise split."""
+    config = {"hidden": [16], "epochs": 1}
+    algorithm = DeltaAveraging("mlp", config, DATA / "letters")
+    job = _job(algorithm, config)
+    whole = workers(DeltaAveraging, job, DATA / "letters").num_samples
+    half = workers(DeltaAveraging, replace(job, share=(1, 2)), DATA / "letters")
+    assert half.num_samples == whole // 2
 
 
 class _DeadGroup:
