@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.base import ConfigError
+from training.algorithms.base import ConfigError, section_mapping
 
 Weights = dict[str, np.ndarray]
 UP_CODECS = ("none", "fp16", "int8", "topk")
@@ -91,11 +91,7 @@ def settings_from(raw: Any) -> CompressionSettings:
     """Checked settings from a ``compression`` mapping; ConfigError names the bad key."""
     if raw is None:
         return NONE
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{SECTION} must be a mapping of {', '.join(KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key '{SECTION}.{unknown[0]}'; known: {', '.join(KEYS)}")
+    raw = section_mapping(SECTION, raw, KEYS)
     up, down = raw.get("up", "none"), raw.get("down", "none")
     if up not in UP_CODECS:
         raise ConfigError(f"{SECTION}.up: unknown codec {up!r}; known: {', '.join(UP_CODECS)}")

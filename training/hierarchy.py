@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.algorithms.base import ConfigError
+from training.algorithms.base import ConfigError, section_mapping
 
 SECTION = "hierarchy"
 KEYS = ("relay_local_rounds",)
@@ -59,11 +59,7 @@ def settings_from(raw: Any) -> HierarchySettings:
     """Checked settings from a ``hierarchy`` mapping; ConfigError names the bad key."""
     if raw is None:
         return FLAT
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{SECTION} must be a mapping of {', '.join(KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key '{SECTION}.{unknown[0]}'; known: {', '.join(KEYS)}")
+    raw = section_mapping(SECTION, raw, KEYS)
     rounds = raw.get("relay_local_rounds", FLAT.relay_local_rounds)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not (
             1 <= rounds <= MAX_LOCAL_ROUNDS):

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.base import ConfigError, UnitResult
+from training.algorithms.base import ConfigError, UnitResult, section_mapping
 
 SECTION = "schedule"
 MODES = ("sync", "async", "buffered")
@@ -97,11 +97,7 @@ def settings_from(raw: Any) -> ScheduleSettings:
     """Checked settings from a ``schedule`` mapping; ConfigError names the bad key."""
     if raw is None:
         return SYNC
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{SECTION} must be a mapping of {', '.join(KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key '{SECTION}.{unknown[0]}'; known: {', '.join(KEYS)}")
+    raw = section_mapping(SECTION, raw, KEYS)
     values = {**SYNC.to_dict(), **raw}
     _check_choice("mode", values["mode"], MODES)
     _check_choice("staleness_weighting", values["staleness_weighting"], WEIGHTINGS)

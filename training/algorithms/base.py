@@ -145,6 +145,17 @@ class ConfigError(ValueError):
     """A configuration value that the algorithm cannot use; the message names the key."""
 
 
+def section_mapping(section: str, raw: Any, keys: Sequence[str]) -> Mapping[str, Any]:
+    """``raw`` as a config section: a mapping of some of ``keys``; ConfigError names the
+    section, or the first unknown key as ``section.key``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{section} must be a mapping of {', '.join(keys)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(keys))
+    if unknown:
+        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; known: {', '.join(keys)}")
+    return raw
+
+
 def check_type(key: str, value: Any, default: Any) -> Any:
     """The value if it has the default's type (an int is accepted for a float); else raise."""
     if isinstance(default, list):
