@@ -160,11 +160,10 @@ class RelayRunner:
         for _ in range(rounds):
             outcome = self._round(job, list(shares), functools.partial(
                 self._share_task, job, weights, shares))
-            start = weights
             results = [r for r in outcome.results if r.num_samples > 0]  # empty shares
             step = self._combined(job, results)
-            weights = {name: cast_like(start[name] + step[name], start[name].dtype)
-                       for name in start}
+            weights = {name: cast_like(weights[name] + step[name], weights[name].dtype)
+                       for name in weights}
         return UnitOutput(update={name: cast_like(weights[name] - job.weights[name],
                                                   job.weights[name].dtype)
                                   for name in weights},
