@@ -118,6 +118,11 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
         relay.add_argument("--relay", default=None, metavar="NODES_FILE",
                            help="be a relay over the nodes this file lists (one host,port "
                                 "per line, as compute_nodes.txt; re-read as it changes)")
+        relay.add_argument("--members-port", type=arg_types.int_range(0, 65535), default=None,
+                           metavar="PORT",
+                           help="also listen on PORT (0: any free one) for members that join "
+                                "the relay's group themselves: pull nodes (--pull HOST:PORT) "
+                                "and push nodes that --register")
         relay.add_argument("--relay-policy", type=arg_types.int_range(1, 3), choices=[1, 2, 3],
                            default=2,
                            help="scheduling policy of the relay over its nodes (default 2)")
@@ -213,12 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return exit_status(workers, 1)
     handler.node_id = node_id = args.node_id or f"{socket.gethostname()}:{server.port}"
+    members_server = None
     if relay is not None:
         members = _start_relay(plain, args.host, server.port)
         if members is None:
             server.stop()
             return 1
         threads += f", relay over {members} nodes of {relay}"
+        if args.members_port is not None:
+            members_server = _members_server(plain, args.host, args.members_port)
+            if members_server is None:
+                plain.relay.close()
+                server.stop()
+                return 1
+            threads += f", members join on port {members_server.port}"
 
     link = None
     if args.register:
@@ -233,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             link.stop()
         if relay is not None:
             plain.relay.close()
+        if members_server is not None:
+            members_server.stop()
         server.stop()
 
     stop_on_signals(shutdown)
@@ -266,6 +281,23 @@ def _start_relay(handler: Any, host: str, port: int) -> int | None:
     except NodesFileError as exc:
         print(f"error: relay nodes file: {exc}", file=sys.stderr)
         return None
+
+
+def _members_server(handler: Any, host: str, port: int) -> ThriftServer | None:
+    """The relay's members port, serving in a thread; None (after saying why) when it
+    cannot listen."""
+    from compute_node.relay_members import RelayMembersHandler
+    from wire.generated import Coordinator
+
+    members = RelayMembersHandler(handler.node_id, handler.relay.membership, handler.ping)
+    try:
+        server = ThriftServer(Coordinator.Processor(members), host, port)
+    except OSError as exc:
+        print(f"error: cannot listen on {host}:{port} for members: {exc.strerror}",
+              file=sys.stderr)
+        return None
+    server.serve_in_thread()
+    return server
 
 
 def _register(handler: ComputeNodeHandler, args: argparse.Namespace,

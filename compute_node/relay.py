@@ -38,6 +38,7 @@ from pathlib import Path
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from coordinator.heartbeats import HeartbeatMonitor
+from coordinator.membership import Membership
 from coordinator.node_pool import DEAD_SECONDS, SUSPECT_SECONDS, NodeHandle
 from coordinator.nodes_file import NodesFile
 from coordinator.policies import make_policy
@@ -104,6 +105,9 @@ class RelayRunner:
         self._engine = engine or EngineSettings()
         self._group: RunNodes | None = None
         self._heartbeats: HeartbeatMonitor | None = None
+        # members that registered with the relay (pull nodes, or push nodes that announce
+        # themselves), through its members port (compute_node/relay_members.py)
+        self.membership = Membership()
 
     def start(self) -> int:
         """Read the group from the nodes file and start its heartbeats; returns how many
@@ -113,9 +117,15 @@ class RelayRunner:
         self._group = RunNodes("relay", self.nodes_file.read(), rpc_timeout=rpc_timeout,
                                connect_timeout=connect_timeout,
                                suspect_seconds=SUSPECT_SECONDS, dead_seconds=DEAD_SECONDS,
-                               nodes_source=self.nodes_file.read)
+                               nodes_source=self.nodes_file.read,
+                               membership=self.membership)
         self._heartbeats = HeartbeatMonitor(lambda: list(self.members)).start()
         return len(self.members)
+
+    def refresh(self) -> None:
+        """Take in members added to the file or registered, drop those that left."""
+        if self._group is not None:
+            self._group.refresh()
 
     @property
     def members(self) -> list[NodeHandle]:
@@ -134,7 +144,7 @@ class RelayRunner:
         check_depth(job.unit.unit_id)
         if self._group is None:
             raise RelayUnitFailed("the relay has not read its nodes file yet")
-        self._group.refresh()  # members added to (or removed from) the file take part
+        self.refresh()  # members added to the file or registered (or gone) take part
         if job.share is not None:  # a share from a relay above: one member computes it
             whole = [*member_shares(job.unit, 1)]  # one more "~r" level, as for any slice
             (result,) = self._round(job, whole, lambda unit, attempt: self._task(
@@ -227,6 +237,10 @@ def local_rounds(config_json: str) -> int:
     return split_hierarchy(config if isinstance(config, dict) else {})[1].relay_local_rounds
 
 
+def _role(members: int) -> str:
+    return f"relay of {members} node{'s' if members != 1 else ''}"
+
+
 def _rule(config: Mapping[str, object]) -> dict[str, object]:
     """The run's aggregation settings (checked), as the coordinator combines with them."""
     return aggregation.check_settings(config.get(aggregation.SECTION))
@@ -245,13 +259,21 @@ class RelayHandler(ComputeNodeHandler):
     def start_relay(self) -> int:
         """Read the group (see `RelayRunner.start`): as many units at once as members."""
         members = self.relay.start()
-        self.allow_concurrent_units(max(1, members))
-        self.role = f"relay of {members} node{'s' if members != 1 else ''}"
+        self._count_members(members)
         return members
+
+    def _count_members(self, members: int) -> None:
+        """Take as many units at once as the group has members, and say so in pings. A
+        unit already computing keeps the lock it took (``with`` holds that object)."""
+        if self.role != _role(members):
+            self.allow_concurrent_units(max(1, members))
+            self.role = _role(members)
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         """A node's answer, with the group's counts as the relay's engine keeps them (and
         theirs when members are relays), so the coordinator can show the tree."""
+        self.relay.refresh()  # members that registered or left since
+        self._count_members(len(self.relay.members))
         info = super().ping(request)
         for member in self.relay.members:  # a member relay's own group, as it is now
             member.refresh_group()

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from coordinator.membership import MemberError, Membership
+from coordinator.membership import Membership
+from coordinator.membership_service import MembershipService
 from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
 from coordinator.records import InvalidRun, RunFailed, RunSnapshot, RunStopped
 from coordinator.run import CoordinatorSettings, Run
@@ -23,7 +24,7 @@ log = logging.getLogger("coordinator")
 SHUTDOWN_SECONDS = 10.0  # how long a shutdown waits for cancelled runs to answer
 
 
-class CoordinatorHandler:
+class CoordinatorHandler(MembershipService):
     """Implements Coordinator.Iface. `train` blocks for the whole run; the other calls
     answer at once from the run's live progress, on other connections."""
 
@@ -132,34 +133,6 @@ class CoordinatorHandler:
         return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id="coordinator",
                                load_prob=0.0, units_running=running, units_completed=0,
                                units_rejected=0, uptime_seconds=0.0)
-
-    # ------------------------------------------------------------- membership
-    def register_node(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        try:
-            return self.membership.register(request)
-        except MemberError as exc:
-            raise ttypes.InvalidRequest(message=str(exc)) from None
-
-    def heartbeat(self, request: ttypes.HeartbeatRequest) -> ttypes.HeartbeatResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        return self.membership.heartbeat(request)
-
-    def lease_unit(self, request: ttypes.LeaseRequest) -> ttypes.LeaseResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        return self.membership.lease(request)
-
-    def submit_result(self, request: ttypes.SubmitRequest) -> ttypes.SubmitResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        return self.membership.submit(request)
-
-    def submit_call(self, request: ttypes.CallResult) -> ttypes.SubmitResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        return self.membership.submit_call(request)
-
-    def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
-        check_protocol_version(request.protocol_version, "coordinator")
-        return self.membership.leave(request)
 
     def shutdown(self, then: Callable[[], None], timeout: float = SHUTDOWN_SECONDS) -> None:
         """Cancel every running run, give them `timeout` seconds to tell their clients,

@@ -151,3 +151,23 @@ def test_a_relay_trains_its_group_in_local_rounds(cluster):
     refused = cluster.client(*SYNC_SGD, "--set", "hierarchy.relay_local_rounds=2")
     assert refused.returncode == 1
     assert "hierarchy.relay_local_rounds: sync_sgd cannot" in refused.stderr
+
+
+def test_pull_members_join_a_relay_on_its_members_port(cluster):
+    """A node that accepts no connections leases its slices from the relay, beside a
+    pushed member, and the relay's pings count both."""
+    pushed = cluster.add_node(0.0)
+    relay = relay_over(cluster, "relay", [pushed], "--members-port", "0")
+    members_port = int(relay.wait_for(r"members join on port (\d+)").group(1))
+    pull = procs.start_pull_node(cluster.workdir, "pull1", members_port, 0.0)
+    cluster.nodes.append(pull)  # stopped with the cluster
+    relay.wait_for(r"node pull:pull1 registered")
+    cluster.start_coordinator(2, nodes=[relay])
+    result = cluster.train_json(*SYNC_SGD)
+    assert result["units"]["done"] == 8
+    (top,) = result["nodes"]
+    assert top["role"] == "relay of 2 nodes"
+    counts = {m["node"]: m["accepted"] for m in top["members"]}
+    assert counts["pull:pull1"] > 0 and counts[f"127.0.0.1:{pushed.port}"] > 0, top
+    refused = procs.run_client(["127.0.0.1", str(members_port), *SYNC_SGD], cluster.workdir)
+    assert refused.returncode == 1 and "members port of relay" in refused.stderr
