@@ -18,7 +18,7 @@ from coordinator import cli as coordinator_cli
 ZERO_ALLOWED = {"port:listen", "--max-update-norm", "--load-delay", "--crash-after-units",
                 "--hang-after-units", "--corrupt-after-units", "--seed", "load_prob",
                 "--server-momentum", "--wait-for-nodes", "--idle-timeout", "--dashboard-port",
-                "--link-delay-ms"}
+                "--link-delay-ms", "--members-port"}
 BAD_FOR_ALL = ["nan", "inf", "-inf", "-3", "abc", "1e400", ""]
 
 
