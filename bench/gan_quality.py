@@ -1,6 +1,7 @@
-"""DCGAN-28 on MNIST: sync SGD through the system (N nodes, K < N) against the standalone
-baseline on the same global batch for the same number of updates; FID and IS with the
-project's frozen classifier, the same n and seeds for both, every ``--eval-every`` updates.
+"""DCGAN-28 (or ``--model dcgan28-wide``) on MNIST: sync SGD through the system (N nodes,
+K < N) against the standalone baseline on the same global batch for the same number of
+updates; FID and IS with the project's frozen classifier, the same n and seeds for both,
+every ``--eval-every`` updates.
 
     python bench/gan_quality.py [--updates 600] [--eval-every 600] [--unit 32] [--nodes 4]
                                 [--k 3] [--seeds 1,2,3] [--set sync_sgd.lr_d=0.0004 ...]
@@ -69,7 +70,7 @@ def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, 
         nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", nodes)
         coordinator = local_cluster.start_coordinator(workdir, nodes_file, 3, "--log-level",
                                                       "WARNING")
-        sets = {"run.rounds": args.updates, "run.seed": seed,
+        sets = {"run.rounds": args.updates, "run.seed": seed, "run.model": args.model,
                 "sync_sgd.images_per_work_unit": args.unit,
                 "sync_sgd.num_workunits_per_update": args.k,
                 "sync_sgd.units_per_iteration": args.nodes,
@@ -99,7 +100,7 @@ def baseline_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str
     config = {"images_per_work_unit": args.k * args.unit, "num_workunits_per_update": 1,
               "units_per_iteration": 1, "seed": seed,
               **{key.split(".", 1)[1]: value for key, value in args.sets.items()}}
-    algorithm = SyncSGD("dcgan28", config, DEFAULT_DATA_ROOT / "mnist")
+    algorithm = SyncSGD(args.model, config, DEFAULT_DATA_ROOT / "mnist")
     curve: list[dict[str, Any]] = []
 
     def on_round(update: int, weights: dict) -> None:
@@ -120,7 +121,8 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int, Path], dict[str, Any]]] = 
 
 def settings_of(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
     """What makes a run: its file is named by a digest of these."""
-    return {"arm": arm, "seed": seed, "updates": args.updates, "eval_every": args.eval_every,
+    return {"arm": arm, "seed": seed, "model": args.model, "updates": args.updates,
+            "eval_every": args.eval_every,
             "unit": args.unit, "nodes": args.nodes if arm == "system" else 1, "k": args.k,
             "n": args.n, "sets": args.sets}
 
@@ -173,7 +175,7 @@ def mean_sd(values: list[float]) -> str:
 def table(records: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
     points = sorted({row["updates"] for runs in records.values() for r in runs
                      for row in r["curve"]})
-    lines = [f"global batch {args.k * args.unit}, n = {args.n}, seeds {args.seeds}; "
+    lines = [f"{args.model}, global batch {args.k * args.unit}, n = {args.n}, seeds {args.seeds}; "
              f"overrides {args.sets or 'none'}", "",
              "| updates | " + " | ".join(f"{arm} FID features | {arm} IS"
                                           for arm in records) + " | system / baseline FID |",
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=600, help="updates of G and D")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="updates between FID/IS scores (default: only at the end)")
+    parser.add_argument("--model", default="dcgan28",
+                        help="the 28x28 GAN of both arms (default dcgan28; dcgan28-wide)")
     parser.add_argument("--unit", type=int, default=32, help="images per work unit")
     parser.add_argument("--nodes", type=int, default=4, help="compute nodes = units per update")
     parser.add_argument("--k", type=int, default=3, help="units averaged per update (K < N)")

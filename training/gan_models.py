@@ -95,6 +95,9 @@ class GanSpec:
 
 GAN_MODELS: dict[str, GanSpec] = {
     "dcgan28": GanSpec("dcgan28", z_dim=64, width=32),
+    # Twice the channels (G 553k + D 139k parameters, about 3x the maths): a standalone
+    # run at global batch 96 scored FID 53 after 5,000 updates where dcgan28 scored 96.
+    "dcgan28-wide": GanSpec("dcgan28", z_dim=64, width=64),
     "dcgan28-tiny": GanSpec("dcgan28", z_dim=8, width=4),
     "dcgan64": GanSpec("dcgan64", z_dim=100, width=64),
     "dcgan64-tiny": GanSpec("dcgan64", z_dim=8, width=4),

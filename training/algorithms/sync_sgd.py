@@ -21,8 +21,8 @@ Models and data sets:
 * ``mlp``: the letters MLP (``training/mlp.py``) on a letters folder; the training part is the
   ``train_*`` files concatenated in natural order, the validation error is measured on
   ``validate_*`` after every round.
-* ``dcgan28`` / ``dcgan28-tiny`` and the MLP GANs ``mlpgan28`` / ``mlpgan28-tiny``: MNIST
-  (``training/mnist.py``, the 8,000-image training part);
+* ``dcgan28`` / ``dcgan28-wide`` (twice the channels) / ``dcgan28-tiny`` and the MLP GANs
+  ``mlpgan28`` / ``mlpgan28-tiny``: MNIST (``training/mnist.py``, the 8,000-image training part);
   ``dcgan64`` / ``dcgan64-tiny``: any image folder (``training/image_folder.py``).
 
 GAN maths. D's and G's gradients are both computed from the SAME received (G, D) version:
@@ -88,7 +88,8 @@ from training.cancel import no_step
 from training.letters import load_letters
 from training.unit_parts import part_bounds
 
-GAN_MODELS = ("dcgan28", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28", "mlpgan28-tiny")
+GAN_MODELS = ("dcgan28", "dcgan28-wide", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28",
+              "mlpgan28-tiny")
 GRAD = "grad."
 BUFFER = "buffer."
 PROBE_SIZE = 64  # real and fake images scored by a GAN's cheap per-round evaluation
