@@ -171,6 +171,8 @@ def startup_problem(args: argparse.Namespace) -> tuple[str, int] | None:
     up the process's token and TLS when it can."""
     if not os.path.isdir(args.data_root):
         return f"data root {args.data_root} does not exist", 1
+    if getattr(args, "members_port", None) is not None and args.relay is None:
+        return "--members-port is for a relay's members: give --relay NODES_FILE too", 2
     security_problem = security.configure_from_args(args, serves=True)
     if security_problem:
         return security_problem, 2

@@ -78,3 +78,10 @@ def test_a_node_computes_only_its_share_of_a_letters_unit():
     assert [h.num_samples for h in halves] == [rows - rows // 2, rows // 2]
     assert run_unit(DeltaAveraging, job, LETTERS).num_samples == rows
     assert all(set(h.update) == set(job.weights) for h in halves)
+
+
+def test_a_members_port_without_a_relay_is_refused(capsys):
+    from compute_node import cli
+
+    assert cli.main(["0", "0", "--members-port", "0"]) == 2
+    assert "--members-port is for a relay's members" in capsys.readouterr().err
