@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from compute_node import cli
 from compute_node.handler import run_unit, share_of
 from compute_node.relay import local_rounds, member_shares
 from training.algorithms.base import ConfigError, UnitJob, UnitSpec
@@ -81,7 +82,5 @@ def test_a_node_computes_only_its_share_of_a_letters_unit():
 
 
 def test_a_members_port_without_a_relay_is_refused(capsys):
-    from compute_node import cli
-
     assert cli.main(["0", "0", "--members-port", "0"]) == 2
     assert "--members-port is for a relay's members" in capsys.readouterr().err
