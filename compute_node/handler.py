@@ -155,7 +155,8 @@ class ComputeNodeHandler(SessionService):
         return ttypes.CancelUnitResult(cancelled=cancelled)
 
     def allow_concurrent_units(self, count: int) -> None:
-        """Let ``count`` units' maths run at once (before serving starts)."""
+        """Let ``count`` units' maths run at once from now on (a unit already computing
+        releases the lock it took: ``with`` holds that object)."""
         self._compute_lock = threading.BoundedSemaphore(count)
 
     def _holds(self, run_id: str, unit_id: str, attempt: int) -> bool:

@@ -263,8 +263,7 @@ class RelayHandler(ComputeNodeHandler):
         return members
 
     def _count_members(self, members: int) -> None:
-        """Take as many units at once as the group has members, and say so in pings. A
-        unit already computing keeps the lock it took (``with`` holds that object)."""
+        """Take as many units at once as the group has members, and say so in pings."""
         if self.role != _role(members):
             self.allow_concurrent_units(max(1, members))
             self.role = _role(members)
