@@ -40,6 +40,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -434,8 +435,10 @@ def wire_stats_env(path_template: str) -> Iterator[None]:
         os.environ.pop(wire_stats.ENV_EVERY, None)
 
 
-def run_cluster(exp: Experiment, settings: Settings) -> dict[str, Any]:
-    """N nodes, a coordinator and the client on 127.0.0.1; every process ended by PID."""
+def run_cluster(exp: Experiment, settings: Settings, timings: bool = False) -> dict[str, Any]:
+    """N nodes, a coordinator and the client on 127.0.0.1; every process ended by PID.
+    ``timings``: also each round's phases and its units' round trips
+    (bench/gan_iteration_cost.py)."""
     with tempfile.TemporaryDirectory(prefix="mdgan-paper-") as tmp:
         workdir = Path(tmp)
         (workdir / "wire").mkdir()
@@ -457,6 +460,7 @@ def run_cluster(exp: Experiment, settings: Settings) -> dict[str, Any]:
             started = time.monotonic()
             result, crashes = _train(exp, settings, workdir, coordinator, nodes)
             seconds = time.monotonic() - started
+            extra = _round_timings(workdir) if timings else {}
         finally:
             for proc in [coordinator, *nodes]:
                 if proc is not None:
@@ -471,7 +475,7 @@ def run_cluster(exp: Experiment, settings: Settings) -> dict[str, Any]:
     return {"curve": curve, "seconds": seconds, "rounds": rounds,
             "iterations_per_round": per_round, "wall_seconds": result["wall_seconds"],
             "round_seconds": [row["seconds"] for row in result["history"]],
-            "crashes": crashes, "nodes": result["nodes"], "wire": wire}
+            "crashes": crashes, "nodes": result["nodes"], "wire": wire, **extra}
 
 
 def _train(exp: Experiment, settings: Settings, workdir: Path, coordinator: local_cluster.Proc,
@@ -516,6 +520,19 @@ def _crash_schedule(exp: Experiment, workdir: Path, nodes: list[local_cluster.Pr
             due_rounds.pop(0)
         time.sleep(0.05)
     return crashes
+
+
+def _round_timings(workdir: Path) -> dict[str, list[Any]]:
+    """Each round's seconds per phase (coordinator/phase_clock.py, from metrics.jsonl),
+    and its completed units' (start, end) times from the run store."""
+    rows = [json.loads(line) for line in
+            next((workdir / "runs").glob("*/metrics.jsonl")).read_text().splitlines()
+            if line.strip()]
+    with contextlib.closing(sqlite3.connect(workdir / "runs" / "runs.db")) as db:
+        attempts = db.execute("SELECT round, started, ended FROM attempts WHERE status = "
+                              "'completed' ORDER BY round, started").fetchall()
+    return {"phase_seconds": [row.get("phase_seconds", {}) for row in rows],
+            "attempts": [list(a) for a in attempts]}
 
 
 def _rounds_done(workdir: Path) -> int:

@@ -37,6 +37,7 @@ from coordinator.node_pool import (
 from coordinator.node_quorum import TooFewNodes, wait_for_nodes
 from coordinator.nodes_file import NodeAddress
 from coordinator.pass_queue import PassQueue
+from coordinator.phase_clock import PHASES_KEY, PhaseClock
 from coordinator.policies import make_policy
 from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
 from coordinator.records import (
@@ -338,7 +339,7 @@ class Run:
             raise CheckpointError(f"{path} does not fit this run's optimizer: {exc}") from None
         if checkpoint.policy_rng is not None:
             self._policy.set_random_state(checkpoint.policy_rng)
-        self._rows = [{k: v for k, v in row.items() if k != "discarded"}
+        self._rows = [{k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)}
                       for row in metrics_until(self.run_dir, checkpoint.round)]
 
     def _starting_point(self) -> tuple[Weights, int]:
@@ -367,46 +368,59 @@ class Run:
             engine.set_nodes(self.nodes)
         started = time.monotonic()
         bytes_before = self.payload_totals()
-        units = self._passes.take(self._planned) if self._passes is not None \
-            else self.algorithm.plan_round(round_index)
-        if self._residuals is not None:
-            units = self._residuals.prefer(units)
-        # compressed once, sent with every unit
-        sent_weights = encode_weights(weights, self.compression)
+        clock = PhaseClock()
+        with clock.phase("plan"):
+            units = self._passes.take(self._planned) if self._passes is not None \
+                else self.algorithm.plan_round(round_index)
+            if self._residuals is not None:
+                units = self._residuals.prefer(units)
+            # compressed once, sent with every unit
+            sent_weights = encode_weights(weights, self.compression)
 
         def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
             payload = sent_weights if own is None else own
             return self._task(round_index, unit, attempt, payload)
 
-        earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
-        self.ledger.check()
-        outcome = engine.run_round(
-            round_index, units, self.algorithm.quorum(len(units)), build,
-            round_filters(self.algorithm, weights, self._norm_limit), earlier_attempts=earlier)
+        with clock.phase("units"):
+            earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
+            self.ledger.check()
+            outcome = engine.run_round(
+                round_index, units, self.algorithm.quorum(len(units)), build,
+                round_filters(self.algorithm, weights, self._norm_limit),
+                earlier_attempts=earlier)
         update_started = time.monotonic()
-        if self._passes is not None:  # what the round did not use comes round again
-            self._passes.settle([r.unit.unit_id for r in outcome.results] + outcome.discarded)
-        weights = self.algorithm.aggregate(round_index, weights, outcome.results,
-                                           outcome.failures)
-        if self._residuals is not None:
-            self._residuals.note(units, outcome.placement)
-        self.algorithm.after_round(round_index, NodeSessions(
-            self.run_id, self.nodes, outcome.placement,
-            cannot_dial=lambda node: not node.accepts_connections))
+        with clock.phase("aggregate"):
+            if self._passes is not None:  # what the round did not use comes round again
+                self._passes.settle([r.unit.unit_id for r in outcome.results]
+                                    + outcome.discarded)
+            weights = self.algorithm.aggregate(round_index, weights, outcome.results,
+                                               outcome.failures)
+        with clock.phase("after_round"):
+            if self._residuals is not None:
+                self._residuals.note(units, outcome.placement)
+            self.algorithm.after_round(round_index, NodeSessions(
+                self.run_id, self.nodes, outcome.placement,
+                cannot_dial=lambda node: not node.accepts_connections))
         position = self._passes.position() if self._passes is not None else None
         metrics = self._round_written(
             RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
-                     outcome.discarded, position), started, bytes_before, update_started)
+                     outcome.discarded, position), started, bytes_before, update_started,
+            clock)
         return weights, metrics
 
     def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],
-                       update_started: float | None = None) -> RoundMetrics:
-        """Evaluate a round's weights and write the round out: metrics, ledger, outputs
-        and, last, the checkpoint. ``update_started``: when the round's update began
-        (None in the asynchronous modes, whose updates are spread over the round)."""
+                       update_started: float | None = None,
+                       clock: PhaseClock | None = None) -> RoundMetrics:
+        """Evaluate a round's weights and write the round out: ledger, sample grid,
+        metrics and, last, the checkpoint. ``update_started``: when the round's update began
+        (None in the asynchronous modes, whose updates are spread over the round);
+        ``clock``: the round's phases so far (None where a round has no phases: the
+        asynchronous modes)."""
         round_index, weights = end.round, end.weights
-        evaluation = self._evaluate(round_index, weights)
+        clock = clock or PhaseClock()
+        with clock.phase("evaluate"):
+            evaluation = self._evaluate(round_index, weights)
         now = time.monotonic()
         metrics = RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
@@ -420,15 +434,20 @@ class Run:
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.request.rounds, evaluation.validation_error,
                  end.results, len(end.discarded), metrics.seconds)
-        self._score(round_index, weights, metrics)
+        with clock.phase("score"):
+            self._score(round_index, weights, metrics)
+        with clock.phase("ledger"):
+            self.ledger.round_ended(metrics, end.results, len(end.discarded))
+            self.ledger.check()  # a round the store missed must not be checkpointed
+        with clock.phase("samples"):
+            self._write_samples(round_index, weights)
         (down, up), (down_before, up_before) = self.payload_totals(), bytes_before
         self._append_metrics(metrics, end.discarded,
-                             {"bytes_down": down - down_before, "bytes_up": up - up_before})
-        self.ledger.round_ended(metrics, end.results, len(end.discarded))
-        self.ledger.check()  # a round the store missed must not be checkpointed
+                             {"bytes_down": down - down_before, "bytes_up": up - up_before},
+                             clock.rounded())
         # The checkpoint comes last: it is the commit point a resume starts from, so the
         # metrics and the ledger already hold every round it covers.
-        self._write_outputs(round_index, weights, end.position)
+        self._write_checkpoint(round_index, weights, end.position)
         return metrics
 
     def _stream(self, engine: RoundEngine, done: int, weights: Weights,
@@ -496,15 +515,17 @@ class Run:
                 log.info("round %d scores: %s", round_index, ", ".join(
                     f"{k} {v:.4g}" for k, v in metrics.scores.items()))
 
-    def _write_outputs(self, round_index: int, weights: Weights,
-                       position: StreamPosition | None = None) -> None:
-        """Sample grid and checkpoint of this round, each when it is due."""
-        last, out = self.request.rounds, self.outputs
-        if due(out["sample_every"], round_index, last):
+    def _write_samples(self, round_index: int, weights: Weights) -> None:
+        """This round's sample grid, when it is due (and the algorithm makes images)."""
+        if due(self.outputs["sample_every"], round_index, self.request.rounds):
             images = self.algorithm.sample_images(weights, SAMPLE_COUNT, seed=SAMPLE_SEED)
             if images is not None:
                 save_grid(images, self.run_dir / "samples" / f"round_{round_index:05d}.png")
-        if due(out["checkpoint_every"], round_index, last):
+
+    def _write_checkpoint(self, round_index: int, weights: Weights,
+                          position: StreamPosition | None = None) -> None:
+        """This round's checkpoint, when it is due."""
+        if due(self.outputs["checkpoint_every"], round_index, self.request.rounds):
             checkpoint = Checkpoint(round_index, weights, self.algorithm.state_dict(),
                                     self._policy.random_state(),
                                     None if position is None else position.to_dict())
@@ -528,13 +549,14 @@ class Run:
                 "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
 
     def _append_metrics(self, metrics: RoundMetrics, discarded: list[str],
-                        traffic: dict[str, int]) -> None:
-        """One row of metrics.jsonl; `traffic`: the round's training-call bytes."""
+                        traffic: dict[str, int], phases: dict[str, float]) -> None:
+        """One row of metrics.jsonl; `traffic`: the round's training-call bytes; `phases`:
+        seconds per phase of the round (coordinator/phase_clock.py)."""
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
                "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,
-               "discarded": discarded}
-        self._rows.append({k: v for k, v in row.items() if k != "discarded"})
+               "discarded": discarded, PHASES_KEY: phases}
+        self._rows.append({k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)})
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(metrics_line(row))
 

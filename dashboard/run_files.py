@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.checkpoint import METRICS_FILE
+from coordinator.phase_clock import PHASES_KEY
 
 SAMPLES_DIR = "samples"
 SAMPLE_NAME = re.compile(r"^round_(\d{5,})\.png$")
@@ -52,8 +53,17 @@ def _rows(lines: list[str]) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("round"), int):
-            rows.append({k: _finite(v) for k, v in row.items()})
+            rows.append({k: _finite(v) for k, v in _flat(row).items()})
     return rows
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """The round's phases (one object in the file) as a series each: ``phase_units``..."""
+    phases = row.pop(PHASES_KEY, None)
+    if isinstance(phases, dict):
+        row.update({f"phase_{name}": value for name, value in phases.items()
+                    if isinstance(value, (int, float)) and not isinstance(value, bool)})
+    return row
 
 
 def _finite(value: Any) -> Any:

@@ -17,7 +17,8 @@ const GROUPS = [
   ["Round time (s)", ["seconds"]],
 ];
 const NOT_CHARTED = new Set(["round", "n"]);
-const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
+const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c",
+                "#5c940d"];
 
 function chartGroups(rounds) {
   const names = Object.keys(rounds).filter(n => !NOT_CHARTED.has(n));
@@ -29,6 +30,10 @@ function chartGroups(rounds) {
     members.forEach(m => used.add(m));
     if (present.length) groups.push([title, present]);
   }
+  // Where each round's time went (coordinator/phase_clock.py): one chart for them all.
+  const phases = names.filter(n => n.startsWith("phase_") && hasValues(n));
+  phases.forEach(n => used.add(n));
+  if (phases.length) groups.push(["Round phases (s)", phases]);
   for (const n of names) if (!used.has(n) && hasValues(n)) groups.push([n, [n]]);
   return groups;
 }

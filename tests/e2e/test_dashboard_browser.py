@@ -88,7 +88,8 @@ def test_the_run_page_follows_a_run_live(cluster: Cluster, browser) -> None:
             client.wait()
     charts = {e.get_attribute("data-title") for e in  # chart boxes stay, their plots change
               browser.find_elements(By.CSS_SELECTOR, "#charts .chart")}
-    assert {"Validation error", "Loss", "Bytes per round", "Units per second"} <= charts
+    assert {"Validation error", "Loss", "Bytes per round", "Units per second",
+            "Round phases (s)"} <= charts
 
     browser.get(url)
     until("the runs page lists the run", lambda: RUN in text("#runs tbody"))

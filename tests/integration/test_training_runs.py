@@ -155,3 +155,11 @@ def test_a_config_file_runs_sync_sgd_on_the_mlp_and_on_a_tiny_dcgan(cluster):
             gan["history"][-1]["fid_features"], rel=1e-6)
     with Image.open(run_dir / "samples" / "round_00002.png") as grid:
         assert grid.size == (8 * 30 + 2, 8 * 30 + 2)  # 64 samples of 28x28, 2-pixel gaps
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # where each round's time went, in the order the phases ran
+        phases = row["phase_seconds"]
+        assert list(phases) == ["plan", "units", "aggregate", "after_round", "evaluate",
+                                "score", "ledger", "samples"]
+        assert phases["units"] > 0 and phases["score"] > 0 and phases["samples"] > 0
+        # "seconds" is taken after the evaluation: the phases before it fit inside it
+        assert sum(list(phases.values())[:5]) <= row["seconds"] + 1e-3

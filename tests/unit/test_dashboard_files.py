@@ -27,6 +27,13 @@ def test_nan_reads_as_none(tmp_path: Path) -> None:
         {"round": 1, "validation_error": None, "fid_features": None}]
 
 
+def test_a_rounds_phases_become_a_series_each(tmp_path: Path) -> None:
+    _write(tmp_path, '{"round": 1, "seconds": 0.5, "phase_seconds": {"plan": 0.01, '
+           '"units": 0.4, "odd": "text"}}\n')
+    assert run_files.metrics_rows(tmp_path) == [
+        {"round": 1, "seconds": 0.5, "phase_plan": 0.01, "phase_units": 0.4}]
+
+
 def test_the_last_row_of_a_long_file_is_read_from_its_end(tmp_path: Path) -> None:
     lines = [json.dumps({"round": i, "train_loss": i / 7}) + "\n" for i in range(1, 5001)]
     _write(tmp_path, "".join(lines))

@@ -1,0 +1,40 @@
+"""Where a round's time goes: seconds per named phase, written with the round's metrics.
+
+A synchronous round is timed in phases (``plan``: the algorithm plans its units, e.g.
+MD-GAN generates its batches, and the weights are encoded once; ``units``: the units out
+and back, node maths and transfers included; ``aggregate``: the update, e.g. MD-GAN's G
+step; ``after_round``: e.g. MD-GAN's discriminator swaps; ``evaluate`` and ``score``:
+the validation metrics and the offline scores when they are due; ``ledger``: the round's
+record in the run store; ``samples``: the sample grid when due). metrics.jsonl keeps them
+under ``phase_seconds``, so a slow round can be read without a profiler
+(bench/gan_iteration_cost.py reads them). The checkpoint, written after the row as the
+commit point of a resume, is not in it. The asynchronous modes have no round barrier:
+their rows time evaluate, score, ledger and samples only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
+
+
+class PhaseClock:
+    """Seconds per phase, in the order the phases first ran; a phase run twice adds up."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+    def rounded(self) -> dict[str, float]:
+        """The phases to the microsecond, as a metrics row keeps them."""
+        return {name: round(seconds, 6) for name, seconds in self.seconds.items()}
