@@ -39,14 +39,17 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +214,13 @@ def _progress(exp: Experiment, row: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ results files
 
 
-def result_path(out: Path, exp: Experiment) -> Path:
-    return out / f"{exp.key}.json"
+def result_path(out: Path, exp: Experiment, seed: int) -> Path:
+    """``<key>.json`` for seed 1, ``<key>-s<seed>.json`` for the others."""
+    return out / f"{run_name(exp, seed)}.json"
+
+
+def run_name(exp: Experiment, seed: int) -> str:
+    return exp.key if seed == 1 else f"{exp.key}-s{seed}"
 
 
 def settings_of(exp: Experiment, settings: Settings) -> dict[str, Any]:
@@ -222,7 +230,7 @@ def settings_of(exp: Experiment, settings: Settings) -> dict[str, Any]:
 
 
 def is_done(out: Path, exp: Experiment, settings: Settings) -> bool:
-    path = result_path(out, exp)
+    path = result_path(out, exp, settings.seed)
     if not path.exists():
         return False
     stored = json.loads(path.read_text())
@@ -231,10 +239,23 @@ def is_done(out: Path, exp: Experiment, settings: Settings) -> bool:
 
 def save_result(out: Path, exp: Experiment, settings: Settings, result: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    path = result_path(out, exp)
+    path = result_path(out, exp, settings.seed)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**settings_of(exp, settings), **result}, indent=1) + "\n")
     os.replace(tmp, path)  # a run cut off half-way never leaves a file that looks finished
+
+
+def machine() -> str:
+    """The CPU and software a result was measured with (results of other machines can
+    then be told apart)."""
+    model = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next((line.split(":", 1)[1].strip() for line in
+                      cpuinfo.read_text().splitlines() if line.startswith("model name")),
+                     model)
+    return (f"nproc {os.cpu_count()}, {model}, Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
 
 
 # ------------------------------------------------------------------ the command
@@ -255,7 +276,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=100,
                         help="iterations between IS/FID evaluations (default 100)")
     parser.add_argument("--eval-n", type=int, default=1000, help="images scored (default 1000)")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=_seeds, default=[1],
+                        help="comma-separated seeds, each a whole run of every configuration "
+                        "(default 1); the report gives mean and standard deviation over the "
+                        "seeds finished")
+    parser.add_argument("--at", type=_seeds, default=None,
+                        help="generator updates at which the report's table compares the "
+                        "configurations (default: every 1000, or the last)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "mdgan_paper",
                         help="folder of the per-configuration JSON results")
     parser.add_argument("--page", type=Path, default=REPO / "docs" / "mdgan_results.md",
@@ -271,13 +298,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
         # A swap every 3 iterations: E = 0.006 of a 500-iteration local epoch.
-        return Settings(batch=8, eval_every=3, eval_n=200, seed=args.seed,
+        return Settings(batch=8, eval_every=3, eval_n=200, seed=args.seeds[0],
                         cnn="dcgan28-tiny", mlp="mlpgan28-tiny", swap_every_epochs=0.006)
     return Settings(batch=args.batch, eval_every=args.eval_every, eval_n=args.eval_n,
-                    seed=args.seed, cnn="dcgan28", mlp="mlpgan28")
+                    seed=args.seeds[0], cnn="dcgan28", mlp="mlpgan28")
 
 
 def plan(args: argparse.Namespace, settings: Settings) -> dict[str, list[Experiment]]:
@@ -304,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     # so running the grid in pieces never drops what earlier pieces measured.
     everything = groups if args.quick else plan(
         argparse.Namespace(**{**vars(args), "groups": ",".join(GROUPS)}), settings)
-    write_report(everything, settings, args.out, args.page, images)
+    write_report(everything, settings, args.out, args.page, images, args.seeds, args.at)
     print(f"report written to {args.page}", file=sys.stderr)
     return 0
 
@@ -315,31 +353,39 @@ def _interrupt(signum: int, frame: object) -> None:  # noqa: ARG001 - signal sig
 
 def run_all(groups: dict[str, list[Experiment]], settings: Settings,
             args: argparse.Namespace) -> None:
-    """Run every configuration not already done, in order, within the time budget."""
+    """Run every configuration not already done, seed after seed (so a grid cut short
+    holds whole seeds), in order, within the time budget. Each result records the
+    machine, the load average before and after, and when it ran."""
     started = time.monotonic()
     only = {k for k in args.only.split(",") if k}
-    for exp in _unique([e for members in groups.values() for e in members]):
-        if (only and exp.key not in only) or is_done(args.out, exp, settings):
-            continue
-        if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
-            print(f"time budget spent; not starting {exp.key}", file=sys.stderr)
-            continue
-        with claimed(args.out, exp) as mine:
-            if not mine:
-                print(f"{exp.key} is running in another process; skipped", file=sys.stderr)
+    for seed in args.seeds:
+        seeded = dataclasses.replace(settings, seed=seed)
+        for exp in _unique([e for members in groups.values() for e in members]):
+            if (only and exp.key not in only) or is_done(args.out, exp, seeded):
                 continue
-            print(f"running {exp.key} ...", file=sys.stderr, flush=True)
-            result = RUNNERS[exp.method](exp, settings)
-            save_result(args.out, exp, settings, result)
-        print(f"done {exp.key} in {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+            name = run_name(exp, seed)
+            if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
+                print(f"time budget spent; not starting {name}", file=sys.stderr)
+                continue
+            with claimed(args.out, name) as mine:
+                if not mine:
+                    print(f"{name} is running in another process; skipped", file=sys.stderr)
+                    continue
+                print(f"running {name} ...", file=sys.stderr, flush=True)
+                context = {"machine": machine(), "load_before": os.getloadavg(),
+                           "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                result = RUNNERS[exp.method](exp, seeded)
+                save_result(args.out, exp, seeded,
+                            {**result, **context, "load_after": os.getloadavg()})
+            print(f"done {name} in {result['seconds']:.0f} s", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
-def claimed(out: Path, exp: Experiment) -> Iterator[bool]:
-    """Claim a configuration with ``<key>.running`` (holding our PID), so that several
+def claimed(out: Path, name: str) -> Iterator[bool]:
+    """Claim a run with ``<name>.running`` (holding our PID), so that several
     invocations can share one grid; a claim whose process is gone is taken over."""
     out.mkdir(parents=True, exist_ok=True)
-    marker = out / f"{exp.key}.running"
+    marker = out / f"{name}.running"
     for _ in range(2):  # the second try follows the removal of a dead owner's claim
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -565,29 +611,53 @@ PANELS = (("inception_score", "IS (higher is better)"),
           ("fid_logits", "FID, classifier logits (lower is better)"))
 
 
-def load_results(out: Path, members: list[Experiment],
-                 settings: Settings) -> list[tuple[Experiment, dict[str, Any]]]:
-    """The finished configurations among ``members``, with their stored results."""
-    return [(e, json.loads(result_path(out, e).read_text())) for e in members
-            if is_done(out, e, settings)]
+def load_results(out: Path, members: list[Experiment], settings: Settings,
+                 seeds: list[int]) -> list[tuple[Experiment, list[dict[str, Any]]]]:
+    """The configurations among ``members`` with a finished run, each with its finished
+    seeds' stored results, in seed order."""
+    found = []
+    for exp in members:
+        runs = [json.loads(result_path(out, exp, seed).read_text()) for seed in seeds
+                if is_done(out, exp, dataclasses.replace(settings, seed=seed))]
+        if runs:
+            found.append((exp, runs))
+    return found
 
 
-def plot_group(name: str, results: list[tuple[Experiment, dict[str, Any]]],
+def seed_curve(runs: list[dict[str, Any]], metric: str
+               ) -> tuple[list[int], list[float], list[float]]:
+    """(iterations, mean, standard deviation) over the runs, at the iterations every run
+    scored (standard deviation 0 for a single run)."""
+    values: dict[int, list[float]] = {}
+    for run in runs:
+        for row in run["curve"]:
+            values.setdefault(row["iteration"], []).append(row[metric])
+    xs = sorted(i for i, v in values.items() if len(v) == len(runs))
+    return (xs, [statistics.fmean(values[i]) for i in xs],
+            [statistics.stdev(values[i]) if len(runs) > 1 else 0.0 for i in xs])
+
+
+def plot_group(name: str, results: list[tuple[Experiment, list[dict[str, Any]]]],
                path: Path) -> Path:
-    """IS and both FIDs against generator updates, one line per configuration."""
+    """IS and both FIDs against generator updates: per configuration the mean over its
+    seeds, and a band of one standard deviation either side."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(15, 4.2))
-    for exp, result in results:
-        xs = [row["iteration"] for row in result["curve"]]
+    for exp, runs in results:
         style = "--" if exp.method == "standalone" else ":" if exp.method == "fl_gan" else "-"
+        label = f"{exp.label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
         for ax, (metric, _) in zip(axes, PANELS, strict=True):
-            ax.plot(xs, [row[metric] for row in result["curve"]], style, marker=".",
-                    label=exp.label)
-        for crash in result.get("crashes", []):  # when each node was killed
+            xs, mean, sd = seed_curve(runs, metric)
+            line, = ax.plot(xs, mean, style, marker=".", label=label)
+            if len(runs) > 1:
+                ax.fill_between(xs, [m - d for m, d in zip(mean, sd, strict=True)],
+                                [m + d for m, d in zip(mean, sd, strict=True)],
+                                color=line.get_color(), alpha=0.15, lw=0)
+        for crash in runs[0].get("crashes", []):  # when each node was killed
             for ax in axes:
                 ax.axvline(crash["after_round"], color="grey", lw=0.6)
     for ax, (metric, title) in zip(axes, PANELS, strict=True):
@@ -597,7 +667,8 @@ def plot_group(name: str, results: list[tuple[Experiment, dict[str, Any]]],
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"MNIST, group {name}", fontsize=11)
+    fig.suptitle(f"MNIST, group {name}: mean over seeds, band of one standard deviation",
+                 fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -605,42 +676,71 @@ def plot_group(name: str, results: list[tuple[Experiment, dict[str, Any]]],
     return path
 
 
-def scores_table(results: list[tuple[Experiment, dict[str, Any]]]) -> list[str]:
-    lines = ["| configuration | model | N | k | b | iterations | IS (final) | FID feat. (final) "
-             "| FID logits (final) | best FID feat. | wall s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for exp, result in results:
-        last = result["curve"][-1]
-        best = min(row["fid_features"] for row in result["curve"])
+def mean_sd(values: list[float], digits: int) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def report_points(results: list[tuple[Experiment, list[dict[str, Any]]]],
+                  at: list[int] | None) -> list[int]:
+    """The update counts the table compares at: ``at``, else every 1,000 up to the
+    group's longest run, else its last update."""
+    if at:
+        return at
+    last = max(exp.iterations for exp, _ in results)
+    return list(range(1000, last + 1, 1000)) or [last]
+
+
+def scores_table(results: list[tuple[Experiment, list[dict[str, Any]]]],
+                 at: list[int]) -> list[str]:
+    """FID (features) at each of ``at`` updates and IS at the last, mean ± standard
+    deviation over the finished seeds."""
+    head = " | ".join(f"FID feat. @ {n:,}" for n in at)
+    lines = [f"| configuration | N | k | b | seeds | {head} | IS @ {at[-1]:,} | wall s |",
+             "|---|---:|---:|---:|---:|" + "---:|" * (len(at) + 2)]
+    for exp, runs in results:
+        def at_update(run: dict[str, Any], n: int, metric: str) -> list[float]:
+            return [row[metric] for row in run["curve"] if row["iteration"] == n]
+
+        fids = [mean_sd([v for run in runs for v in at_update(run, n, "fid_features")], 1)
+                for n in at]
+        score = mean_sd([v for run in runs for v in at_update(run, at[-1],
+                                                               "inception_score")], 2)
         k = exp.k if exp.method == "md_gan" else "-"
-        lines.append(f"| {exp.label} | {exp.model} | {exp.workers} | {k} | {exp.batch} | "
-                     f"{last['iteration']} | {last['inception_score']:.2f} | "
-                     f"{last['fid_features']:.1f} | {last['fid_logits']:.2f} | {best:.1f} | "
-                     f"{result['seconds']:.0f} |")
+        wall = statistics.fmean(run["seconds"] for run in runs)
+        lines.append(f"| {exp.label} | {exp.workers} | {k} | {exp.batch} | {len(runs)} | "
+                     f"{' | '.join(fids)} | {score} | {wall:.0f} |")
     return lines
 
 
 def write_report(groups: dict[str, list[Experiment]], settings: Settings, out: Path,
-                 page: Path, images: Path) -> None:
+                 page: Path, images: Path, seeds: list[int], at: list[int] | None) -> None:
     """Curves and tables of every finished configuration, into the page's GENERATED block."""
     lines = [f"Settings: b = {settings.batch} per worker, IS/FID on n = {settings.eval_n} "
-             f"images every {settings.eval_every} iterations, seed {settings.seed}, Adam "
-             f"{LR} ({BETAS[0]}, {BETAS[1]}), L = {settings.disc_steps}, E = "
-             f"{settings.swap_every_epochs} epoch, FL-GAN {settings.local_epochs} local "
+             f"images every {settings.eval_every} iterations, seeds "
+             f"{', '.join(map(str, seeds))} (mean ± standard deviation over the seeds "
+             f"finished), Adam {LR} ({BETAS[0]}, {BETAS[1]}), L = {settings.disc_steps}, "
+             f"E = {settings.swap_every_epochs} epoch, FL-GAN {settings.local_epochs} local "
              "epoch per round.", ""]
     for name, members in groups.items():
-        results = load_results(out, members, settings)
+        results = load_results(out, members, settings, seeds)
         if not results:
             continue
         image = plot_group(name, results, images / f"mdgan_{name}.png")
         rel = os.path.relpath(image, page.parent)
         lines += [f"### Group {name}", "", f"![group {name}]({rel})", "",
-                  *scores_table(results), ""]
+                  *scores_table(results, report_points(results, at)), ""]
     every = _unique([e for members in groups.values() for e in members])
-    lines += bytes_section(load_results(out, [e for e in every if e.method == "md_gan"],
-                                        settings))
-    lines += fl_bytes_section(load_results(out, [e for e in every if e.method == "fl_gan"],
-                                           settings))
+
+    def first_runs(method: str) -> list[tuple[Experiment, dict[str, Any]]]:
+        return [(e, runs[0]) for e, runs in load_results(
+            out, [e for e in every if e.method == method], settings, seeds)]
+
+    lines += bytes_section(first_runs("md_gan"))
+    lines += fl_bytes_section(first_runs("fl_gan"))
     _replace_block(page, lines)
 
 
