@@ -53,6 +53,7 @@ from training.gan_training import d_step  # noqa: E402
 MNIST = DEFAULT_DATA_ROOT / "mnist"
 OUT = mdgan_paper.REPO / "bench" / "results" / "gan_iteration_cost.json"
 MS = 1000.0
+PERIODIC = ("after_round", "samples")  # phases with work in some rounds only: their mean
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -145,22 +146,24 @@ def system_run(args: argparse.Namespace, method: str) -> dict[str, Any]:
     settings = mdgan_paper.Settings(batch=args.batch, eval_every=iterations,
                                     eval_n=args.eval_n, seed=1, cnn=args.model, mlp=args.model)
     result = mdgan_paper.run_cluster(exp, settings, timings=True)
-    return summarise(result, skip_first=args.skip_rounds if method == "md_gan" else 1)
+    summary = summarise(result, skip_first=args.skip_rounds if method == "md_gan" else 1)
+    # every round's phases and unit times, for a look beyond the medians
+    return {**summary, "raw": {k: result[k] for k in ("phase_seconds", "attempts")}}
 
 
 def summarise(result: dict[str, Any], skip_first: int) -> dict[str, Any]:
     """Median ms per round of each phase, of the round's whole wall time (from one round's
     first unit sent to the next's) and of a unit's round trip as the coordinator sees it;
-    the first ``skip_first`` rounds and the last (it scores) left out, and a phase that is
-    not in every round, as MD-GAN's swaps, as a mean over the kept rounds."""
+    the first ``skip_first`` rounds and the last (it scores) left out, and a phase that
+    does its work every so many rounds (MD-GAN's swaps) as a mean over the kept rounds."""
     last = result["rounds"]
     kept = range(skip_first + 1, last) if last > skip_first + 1 else range(1, last + 1)
     rows = [result["phase_seconds"][r - 1] for r in kept]
     phases = {}
     for name in dict.fromkeys(name for row in rows for name in row):
         values = [row.get(name, 0.0) for row in rows]
-        phases[name] = (statistics.median(values) if all(name in row for row in rows)
-                        else statistics.fmean(values)) * MS
+        periodic = name in PERIODIC or not all(name in row for row in rows)
+        phases[name] = (statistics.fmean(values) if periodic else statistics.median(values)) * MS
     first_sent: dict[int, float] = {}
     trips = []
     for round_index, started, ended in result["attempts"]:
@@ -180,8 +183,9 @@ def summarise(result: dict[str, Any], skip_first: int) -> dict[str, Any]:
 
 
 def bound_ms(unit_ms: float, workers: int, cores: int) -> float:
-    """N units on C cores at best: ceil(N / C) unit times."""
-    return math.ceil(workers / max(1, min(cores, workers))) * unit_ms
+    """N units on C cores at best: N / C unit times (N > C processes share the cores),
+    one unit time when every node has a core."""
+    return workers / max(1, min(cores, workers)) * unit_ms
 
 
 def md_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse.Namespace,
@@ -191,17 +195,20 @@ def md_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse
     units_bound = bound_ms(maths["node_unit"], args.workers, cores)
     rows = [
         ("generation (G forward, k batches)", maths["generation"], p.get("plan")),
-        (f"N = {args.workers} node units, out and back", units_bound, p.get("units")),
+        (f"N = {args.workers} node units on {cores} cores, out and back", units_bound,
+         p.get("units")),
         ("  one unit's maths (D step + feedback) / round trip", maths["node_unit"],
          system["unit_trip_ms"]),
         ("    D step / feedback", None, None),
         ("G step (backward through the k batches, Adam)", maths["g_step"], p.get("aggregate")),
-        ("swaps (mean per iteration)", None, p.get("after_round")),
+        ("swaps (every E epochs; mean per iteration)", None, p.get("after_round")),
         ("ledger, evaluate, sample grid", None,
          sum(p.get(k, 0.0) for k in ("ledger", "evaluate", "samples"))),
         ("sum of the phases", maths["generation"] + units_bound + maths["g_step"], total),
         ("iteration, first unit sent to the next iteration's", None,
          system["round_wall_ms"]),
+        ("the maths with a core per node (generation + a unit + G step)",
+         maths["generation"] + maths["node_unit"] + maths["g_step"], None),
     ]
     lines = ["| MD-GAN phase | maths (ms) | system, median per round (ms) |",
              "| --- | ---: | ---: |"]
@@ -218,14 +225,16 @@ def fl_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse
     p = system["phases_ms"]
     units_bound = bound_ms(maths["node_unit"], args.workers, cores)
     rows = [
-        (f"N = {args.workers} node units (a local epoch each), out and back", units_bound,
-         p.get("units")),
+        (f"N = {args.workers} node units (a local epoch each) on {cores} cores, out and back",
+         units_bound, p.get("units")),
         ("  one unit's maths / round trip", maths["node_unit"], system["unit_trip_ms"]),
         ("average of the N pairs", maths["aggregate"], p.get("aggregate")),
         ("plan, ledger, evaluate", None,
          sum(p.get(k, 0.0) for k in ("plan", "ledger", "evaluate", "samples", "after_round"))),
         ("sum of the phases", units_bound + maths["aggregate"], sum(p.values())),
         ("round, first unit sent to the next round's", None, system["round_wall_ms"]),
+        ("the maths with a core per node (a unit + the average)",
+         maths["node_unit"] + maths["aggregate"], None),
     ]
     lines = ["| FL-GAN phase | maths (ms) | system, median per round (ms) |",
              "| --- | ---: | ---: |"]
