@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", default=None, metavar="RUN_ID",
                         help="continue this run of --run-dir from its last checkpoint (after "
                              "a crash or kill); follow it with 'client.py attach HOST PORT RUN_ID'")
+    parser.add_argument("--rounds", type=arg_types.positive_int, default=None, metavar="N",
+                        help="with --resume: extend the run to N rounds in all (more than it "
+                             "was asked for), also when it has completed")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     parser.add_argument("--log-level", default="INFO",
@@ -190,7 +193,10 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rounds is not None and not args.resume:
+        parser.error("--rounds extends a run: it needs --resume RUN_ID")
     setup_logging(args.log_level, "%(asctime)s coordinator %(levelname)s %(message)s")
     # A fatal signal (SIGBUS when the store's WAL index file is truncated under SQLite's
     # memory map, SIGSEGV) still leaves the signal and the Python stacks in the log.
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.resume:
         try:
-            handler.resume(args.resume)
+            handler.resume(args.resume, args.rounds)
         except (CheckpointError, NodesFileError) as exc:
             print(f"error: cannot resume run {args.resume}: {exc}", file=sys.stderr)
             return 1

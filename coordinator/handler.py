@@ -65,11 +65,13 @@ class CoordinatorHandler(MembershipService):
                 return []
             raise
 
-    def resume(self, run_id: str) -> Run:
-        """Continue run `run_id` from its last checkpoint, in a thread of its own; clients
-        follow it with status. Raises CheckpointError, NodesFileError or InvalidRun."""
+    def resume(self, run_id: str, rounds: int | None = None) -> Run:
+        """Continue run `run_id` from its last checkpoint (to ``rounds`` in all when that
+        extends it), in a thread of its own; clients follow it with status. Raises
+        CheckpointError, NodesFileError or InvalidRun."""
         run = Run.resume(run_id, self.file_nodes(), self.settings, self.store,
-                         nodes_source=self.file_nodes, membership=self.membership)
+                         nodes_source=self.file_nodes, membership=self.membership,
+                         rounds=rounds)
         self._add(run)
         threading.Thread(target=_execute_quietly, args=(run,), name=f"resumed-{run_id}",
                          daemon=True).start()

@@ -126,6 +126,7 @@ class Run:
         self.resume_from = resume_from
         # resumed without a checkpoint: the run died before its first one, so it starts over
         self.resumed = resumed or resume_from is not None
+        self.extended = False  # resumed to more rounds than first asked for (Run.resume)
         self.settings = settings
         self.store = store
         self.run_id = _check_run_id(request.run_id)
@@ -180,16 +181,25 @@ class Run:
     def resume(cls, run_id: str, nodes: list[NodeAddress], settings: CoordinatorSettings,
                store: RunStore | None = None,
                nodes_source: Callable[[], list[NodeAddress]] | None = None,
-               membership: Membership | None = None) -> Run:
+               membership: Membership | None = None, rounds: int | None = None) -> Run:
         """The run `run_id` of `settings.run_root`, to continue after its last checkpoint:
         from round 1 with its stored request if it died before its first checkpoint, and
         only the end-of-run writes if it died after its last. The store refuses a run
-        that is recorded as completed (or still running)."""
+        that is recorded as completed (or still running), unless ``rounds`` extends it:
+        the run then goes on from its last checkpoint to that many rounds in all, as if
+        it had been asked for them (InvalidRun unless that is more than it was asked)."""
         run_dir = settings.run_root / _check_run_id(run_id)
         request = load_request(run_dir)
         checkpoint = load_checkpoint(run_dir) if (run_dir / CHECKPOINT_FILE).exists() else None
-        return cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
-                   membership=membership, resumed=True)
+        if rounds is not None:
+            if rounds <= request.rounds:
+                raise _invalid(f"rounds: extending run {run_id} needs more than the "
+                               f"{request.rounds} rounds it was asked for, got {rounds}")
+            request = replace(request, rounds=rounds)
+        run = cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
+                  membership=membership, resumed=True)
+        run.extended = rounds is not None
+        return run
 
     def cancel(self, reason: str = "cancelled by the client") -> bool:
         """Ask the run to stop; False if it had already ended."""
@@ -207,7 +217,8 @@ class Run:
         if self.resumed:
             done = self.resume_from.round if self.resume_from is not None else 0
             try:
-                reopened = self.store.resume_run(self.run_id, done)
+                reopened = self.store.resume_run(
+                    self.run_id, done, self.request.rounds if self.extended else None)
             except RunStoreError as exc:
                 raise CheckpointError(f"run {self.run_id} cannot be resumed: {exc}") from None
             log.info("run %s resumes after round %d (%d units reopened)", self.run_id,

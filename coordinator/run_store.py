@@ -424,20 +424,25 @@ class RunStore:
                 self._end_run(db, run_id, "failed", message, now)
         return ids
 
-    def resume_run(self, run_id: str, from_round: int) -> int:
+    def resume_run(self, run_id: str, from_round: int, rounds: int | None = None) -> int:
         """Take an ended run up again after its round `from_round` (its checkpoint).
 
         The run is running again; rounds after `from_round` lose their metrics and their
         units go back to pending (an event says why): results of those rounds died with
         the coordinator and were never applied to the checkpoint's weights, so they are
-        done again, once. This is the one move out of a settled status. Returns how many
-        units were reopened."""
+        done again, once. This is the one move out of a settled status. ``rounds``: the
+        run's new length when it is extended, the only way to take up a completed run.
+        Returns how many units were reopened."""
         now = self._clock()
         reason = f"reopened: the run resumed from its checkpoint of round {from_round}"
         with self._tx() as db:
             state = _run_state(db, run_id)
-            if state in ("running", "completed"):
-                raise IllegalTransition(f"run {run_id} is {state}: it cannot be resumed")
+            if state == "running" or (state == "completed" and rounds is None):
+                raise IllegalTransition(f"run {run_id} is {state}: it cannot be resumed"
+                                        + (" (extend it with more rounds)"
+                                           if state == "completed" else ""))
+            if rounds is not None:
+                db.execute("UPDATE runs SET rounds = ? WHERE id = ?", (rounds, run_id))
             db.execute("UPDATE runs SET state = 'running', message = NULL, ended = NULL "
                        "WHERE id = ?", (run_id,))
             _close_attempts(db, run_id, "the coordinator stopped before it answered", now)

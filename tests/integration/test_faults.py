@@ -80,6 +80,52 @@ def test_a_killed_coordinator_resumes_and_ends_with_the_same_bits(cluster):
         "crashed": "completed", "reference": "completed"}
 
 
+def test_a_completed_run_extended_to_more_rounds_ends_as_the_longer_run(cluster):
+    cluster.add_node(0.0)
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2, "--deterministic")
+    short = [*TRAIN[:1], str(ROUNDS - 2), *TRAIN[2:]]
+    assert len(cluster.train_json(*short, "--run-id", "longer")["history"]) == ROUNDS - 2
+    cluster.coordinator.stop()
+
+    nodes_file = cluster.workdir / "compute_nodes.txt"
+    cluster.coordinator = procs.start_coordinator(cluster.workdir, nodes_file, 2,
+                                                  "--deterministic", "--resume", "longer",
+                                                  "--rounds", str(ROUNDS))
+    attached = procs.run_client(["attach", "127.0.0.1", str(cluster.coordinator.port),
+                                 "longer", "--json", "--poll", "0.2"], cluster.workdir)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    assert json.loads(attached.stdout)["state"] == "completed"
+    assert f"round {ROUNDS - 2}/{ROUNDS}" not in cluster.coordinator.log()  # not done again
+    cluster.train_json(*TRAIN, "--run-id", "reference")
+
+    expected, extended = _model(cluster, "reference"), _model(cluster, "longer")
+    for name in expected:
+        assert np.array_equal(expected[name], extended[name]), name  # bit for bit
+    assert _completed_per_round(cluster, "longer") == _completed_per_round(cluster, "reference")
+    rows = (cluster.workdir / "runs" / "longer" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round"] for r in rows] == list(range(1, ROUNDS + 1))
+
+
+def test_extending_a_run_needs_resume_and_more_rounds(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    cluster.train_json("letters", "2", "1", "8", "0.01", "--run-id", "done")
+    cluster.coordinator.stop()
+    nodes_file = cluster.workdir / "compute_nodes.txt"
+    base = [sys.executable, str(procs.REPO / "coordinator_node.py"), "0", "2",
+            "--nodes-file", str(nodes_file), "--run-dir", str(cluster.workdir / "runs")]
+    for extra, code, message in (
+            (["--resume", "done", "--rounds", "2"], 1,
+             "extending run done needs more than the 2 rounds it was asked for, got 2"),
+            (["--resume", "done"], 1, "run done is completed: it cannot be resumed "
+                                      "(extend it with more rounds)"),
+            (["--rounds", "5"], 2, "--rounds extends a run: it needs --resume RUN_ID")):
+        proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=60,
+                              env=procs.python_env())
+        assert proc.returncode == code and message in proc.stderr, (extra, proc.stderr)
+
+
 def test_resume_refuses_an_unknown_run(cluster):
     cluster.add_node(0.0)
     nodes_file = procs.write_nodes_file(cluster.workdir / "compute_nodes.txt", cluster.nodes)

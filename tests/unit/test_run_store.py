@@ -197,6 +197,15 @@ def test_a_resumed_run_has_no_attempt_left_in_progress(store: RunStore) -> None:
     assert store.attempts_so_far("r1", 1) == {UNITS[0]: 1}  # numbering goes on after it
 
 
+def test_a_completed_run_is_taken_up_again_only_to_be_extended(store: RunStore) -> None:
+    store.end_run("r1", "completed")
+    with pytest.raises(IllegalTransition, match="completed: it cannot be resumed"):
+        store.resume_run("r1", 2)
+    assert store.resume_run("r1", 2, rounds=7) == 0
+    record = store.get_run("r1")
+    assert (record.state, record.rounds) == ("running", 7)
+
+
 def test_a_full_disk_is_a_store_error_naming_the_file_and_leaves_no_half_write(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "runs.db"
