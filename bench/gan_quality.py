@@ -8,7 +8,12 @@ every ``--eval-every`` updates.
 
 Each finished (arm, seed) run is kept in ``--out`` (one JSON file each, named by its
 settings), so an interrupted sweep started again with the same arguments skips what is
-done: long sweeps can run in the background (``nohup ... &``). Every file records the
+done: long sweeps can run in the background (``nohup ... &``). Each run's training state
+is kept too, in ``<out>/state/`` (not in git: the system arm's coordinator run folder and
+store, the baseline's weights and optimizer state at every evaluation): a run cut off
+resumes from its last evaluation, and a later invocation with more ``--updates`` goes on
+from a shorter run (the coordinator's ``--resume RUN --rounds N``) instead of starting
+over. Every file records the
 machine, the load average at the start and the end, and when it ran. Writes a markdown
 table of mean ± standard deviation per evaluation point to stdout, the final sample grids
 to docs/images/ with ``--grids``, and a plot of FID against updates with ``--plot``.
@@ -20,7 +25,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -33,9 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from devtools import local_cluster  # noqa: E402
+from devtools.machine import describe  # noqa: E402
 from training.algorithms.sync_sgd import SyncSGD  # noqa: E402
 from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
 from training.run_outputs import save_grid  # noqa: E402
@@ -62,57 +68,137 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return sets
 
 
+RUN_ID = "gan-quality"  # the system arm's run in its kept run folder
+
+
+def kept_state(args: argparse.Namespace, arm: str, seed: int) -> Path:
+    """Where (arm, seed)'s training state is kept between invocations (not in git): a
+    later invocation with more ``--updates`` goes on from it, and one cut off resumes
+    from its last evaluation."""
+    settings = {k: v for k, v in settings_of(args, arm, seed).items() if k != "updates"}
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return args.out / "state" / f"{arm}_seed{seed}_{digest}"
+
+
+def resume_arguments(run_dir: Path, updates: int) -> list[str] | None:
+    """The coordinator's arguments to go on with the kept run: [] for a fresh run (none
+    kept, or one longer than asked, removed), ``--resume`` for one cut off, with
+    ``--rounds`` for one shorter than asked; None when the kept run is done."""
+    if not (run_dir / "request.json").exists():
+        return []
+    rounds = json.loads((run_dir / "request.json").read_text())["rounds"]
+    if rounds > updates:
+        shutil.rmtree(run_dir.parent.parent)
+        return []
+    if rounds < updates:
+        return ["--resume", RUN_ID, "--rounds", str(updates)]
+    return None if (run_dir / "model.npz").exists() else ["--resume", RUN_ID]
+
+
 def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
+    runs = kept_state(args, "system", seed) / "runs"
+    resume = resume_arguments(runs / RUN_ID, args.updates)
+    if resume is not None:
+        _train_system(args, seed, workdir, runs, resume)
+    rows = [json.loads(line) for line in
+            (runs / RUN_ID / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    curve = [{"updates": row["round"], **{k: row[k] for k in SCORES}}
+             for row in rows if row.get("fid_features") is not None]
+    grid = runs / RUN_ID / "samples" / f"round_{args.updates:05d}.png"
+    return {"curve": curve, "grid": str(grid) if grid.exists() else None}
+
+
+def _train_system(args: argparse.Namespace, seed: int, workdir: Path, runs: Path,
+                  resume: list[str]) -> None:
+    """N nodes and a coordinator keeping its run in ``runs``; the client starts the run,
+    or follows the resumed one to its end."""
     nodes = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "WARNING")
              for i in range(args.nodes)]
     coordinator = None
     try:
         nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", nodes)
-        coordinator = local_cluster.start_coordinator(workdir, nodes_file, 3, "--log-level",
-                                                      "WARNING")
-        sets = {"run.rounds": args.updates, "run.seed": seed, "run.model": args.model,
-                "sync_sgd.images_per_work_unit": args.unit,
-                "sync_sgd.num_workunits_per_update": args.k,
-                "sync_sgd.units_per_iteration": args.nodes,
-                "outputs.eval_every": args.eval_every, "outputs.sample_every": args.updates,
-                "outputs.eval_n": args.n, "outputs.checkpoint_every": args.eval_every,
-                **args.sets}
-        command = ["127.0.0.1", str(coordinator.port), "--config",
-                   str(REPO / "configs" / "dcgan_mnist.yaml"), "--json", "--quiet"]
-        for key, value in sets.items():
-            command += ["--set", f"{key}={value}"]
+        coordinator = local_cluster.start_coordinator(
+            workdir, nodes_file, 3, "--run-dir", str(runs), "--log-level", "WARNING", *resume)
+        if resume:
+            print(f"  system seed {seed}: going on with the kept run ({' '.join(resume)})",
+                  file=sys.stderr, flush=True)
+            command = ["attach", "127.0.0.1", str(coordinator.port), RUN_ID, "--quiet"]
+        else:
+            command = ["127.0.0.1", str(coordinator.port), "--config",
+                       str(REPO / "configs" / "dcgan_mnist.yaml"), "--quiet", "--run-id", RUN_ID]
+            for key, value in _system_sets(args, seed).items():
+                command += ["--set", f"{key}={value}"]
         done = local_cluster.run_client(command, workdir, timeout=24 * 3600)
         if done.returncode != 0:
             raise RuntimeError(f"system run failed: {done.stderr}")
-        result = json.loads(done.stdout)
-        grid = Path(result["coordinator_run_dir"]) / "samples" / f"round_{args.updates:05d}.png"
-        curve = [{"updates": row["round"], **{k: row[k] for k in SCORES}}
-                 for row in result["history"] if row.get("fid_features") is not None]
-        return {"curve": curve, "grid": str(grid) if grid.exists() else None}
     finally:
         for proc in [coordinator, *nodes]:
             if proc is not None:
                 proc.stop()
 
 
+def _system_sets(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    return {"run.rounds": args.updates, "run.seed": seed, "run.model": args.model,
+            "sync_sgd.images_per_work_unit": args.unit,
+            "sync_sgd.num_workunits_per_update": args.k,
+            "sync_sgd.units_per_iteration": args.nodes,
+            "outputs.eval_every": args.eval_every, "outputs.sample_every": args.updates,
+            "outputs.eval_n": args.n, "outputs.checkpoint_every": args.eval_every,
+            **args.sets}
+
+
 def baseline_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
+    """The same maths in this process; its state is kept at every evaluation, so a later
+    invocation with more updates, or one that was cut off, goes on from there."""
     torch.set_num_threads(1)
     config = {"images_per_work_unit": args.k * args.unit, "num_workunits_per_update": 1,
               "units_per_iteration": 1, "seed": seed,
               **{key.split(".", 1)[1]: value for key, value in args.sets.items()}}
     algorithm = SyncSGD(args.model, config, DEFAULT_DATA_ROOT / "mnist")
-    curve: list[dict[str, Any]] = []
+    kept = kept_state(args, "baseline", seed) / "state.npz"
+    done, weights, curve = load_baseline(kept, algorithm, args.updates)
+    if done:
+        print(f"  baseline seed {seed}: going on after update {done}", file=sys.stderr,
+              flush=True)
 
     def on_round(update: int, weights: dict) -> None:
         if update % args.eval_every == 0 or update == args.updates:
             curve.append({"updates": update, **{k: v for k, v in algorithm.score(
                 weights, args.n).items() if k in SCORES}})
             print(f"  baseline seed {seed}: {curve[-1]}", file=sys.stderr, flush=True)
+            save_baseline(kept, update, weights, algorithm, curve)
 
-    weights = train_in_process(algorithm, args.updates, on_round)
+    weights = train_in_process(algorithm, args.updates, on_round, weights=weights,
+                               first_round=done + 1)
     grid = workdir / f"baseline_seed{seed}.png"
     save_grid(algorithm.sample_images(weights, 64, seed=2024), grid)
     return {"curve": curve, "grid": str(grid)}
+
+
+def save_baseline(path: Path, update: int, weights: dict[str, Any], algorithm: SyncSGD,
+                  curve: list[dict[str, Any]]) -> None:
+    """Weights, optimizer state and the curve so far, replaced whole (never half written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {**{f"w.{k}": v for k, v in weights.items()},
+              **{f"s.{k}": v for k, v in algorithm.state_dict().items()}}
+    tmp = path.with_name("state.tmp.npz")
+    np.savez(tmp, updates=np.array(update), curve=np.array(json.dumps(curve)), **arrays)
+    tmp.replace(path)
+
+
+def load_baseline(path: Path, algorithm: SyncSGD, updates: int
+                  ) -> tuple[int, dict[str, Any] | None, list[dict[str, Any]]]:
+    """(updates done, weights, curve) of the kept state, its optimizer state loaded into
+    ``algorithm``; (0, None, []) when there is none or it is past ``updates``."""
+    if not path.exists():
+        return 0, None, []
+    with np.load(path) as kept:
+        done = int(kept["updates"])
+        if done > updates:
+            return 0, None, []
+        weights = {k[2:]: kept[k] for k in kept.files if k.startswith("w.")}
+        algorithm.load_state_dict({k[2:]: kept[k] for k in kept.files if k.startswith("s.")})
+        return done, weights, json.loads(str(kept["curve"]))
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, int, Path], dict[str, Any]]] = {
@@ -134,14 +220,7 @@ def result_path(args: argparse.Namespace, arm: str, seed: int) -> Path:
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return (f"nproc {os.cpu_count()}, {model}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    return describe(f"torch {torch.__version__}")
 
 
 def run_one(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import signal
 import sqlite3
 import statistics
@@ -62,6 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from devtools import local_cluster  # noqa: E402
+from devtools.machine import describe  # noqa: E402
 from training import gan_metrics, gan_models, mnist, standalone_gan  # noqa: E402
 from wire import stats as wire_stats  # noqa: E402
 
@@ -246,16 +246,8 @@ def save_result(out: Path, exp: Experiment, settings: Settings, result: dict[str
 
 
 def machine() -> str:
-    """The CPU and software a result was measured with (results of other machines can
-    then be told apart)."""
-    model = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        model = next((line.split(":", 1)[1].strip() for line in
-                      cpuinfo.read_text().splitlines() if line.startswith("model name")),
-                     model)
-    return (f"nproc {os.cpu_count()}, {model}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    """The CPU and software a result was measured with."""
+    return describe(f"torch {torch.__version__}")
 
 
 # ------------------------------------------------------------------ the command

@@ -22,12 +22,15 @@ from training.algorithms.base import Algorithm, UnitJob, UnitResult, Weights
 
 def train_in_process(algorithm: Algorithm, rounds: int,
                      on_round: Callable[[int, Weights], None] | None = None,
-                     sessions: Any = None) -> Weights:
-    """Run `rounds` rounds of `algorithm` here; returns the final weights. ``sessions``
-    is a node session store (compute_node/sessions.py) for algorithms that need one."""
-    weights = algorithm.initial_weights()
+                     sessions: Any = None, weights: Weights | None = None,
+                     first_round: int = 1) -> Weights:
+    """Run rounds ``first_round`` to ``rounds`` of `algorithm` here, from ``weights``
+    (default: its initial ones; a later first round goes on from a saved state, whose
+    algorithm state the caller has loaded); returns the final weights. ``sessions`` is a
+    node session store (compute_node/sessions.py) for algorithms that need one."""
+    weights = algorithm.initial_weights() if weights is None else weights
     dataset_dir = Path(algorithm.dataset_dir)
-    for round_index in range(1, rounds + 1):
+    for round_index in range(first_round, rounds + 1):
         planned = algorithm.plan_round(round_index)
         units = planned[: algorithm.quorum(len(planned))]  # the first K, as if they won
         results = []

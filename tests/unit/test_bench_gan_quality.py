@@ -1,0 +1,54 @@
+"""bench/gan_quality.py keeps each run's state: a longer run goes on from a shorter one
+and ends where a run of that length from scratch ends (the standalone arm, in process)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import gan_quality  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _baseline(out: Path, updates: int) -> list[dict]:
+    assert gan_quality.main(["--model", "dcgan28-tiny", "--updates", str(updates),
+                             "--eval-every", "2", "--seeds", "1", "--n", "100", "--arms",
+                             "baseline", "--out", str(out)]) == 0
+    (record,) = [json.loads(p.read_text()) for p in out.glob(f"baseline_seed1_{updates}_*.json")]
+    return record["curve"]
+
+
+def test_a_longer_run_goes_on_from_the_kept_state_and_ends_as_a_fresh_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _baseline(tmp_path / "extended", 4)
+    extended = _baseline(tmp_path / "extended", 6)
+    assert "going on after update 4" in capsys.readouterr().err
+    fresh = _baseline(tmp_path / "fresh", 6)
+    assert [row["updates"] for row in extended] == [2, 4, 6]
+    for kept, new in zip(extended, fresh, strict=True):  # the same maths, continued
+        assert kept == pytest.approx(new)
+
+
+def test_a_kept_run_longer_than_asked_is_not_used(tmp_path: Path) -> None:
+    _baseline(tmp_path, 4)
+    assert [row["updates"] for row in _baseline(tmp_path, 2)] == [2]
+
+
+def test_the_system_arm_goes_on_with_its_kept_run_as_far_as_asked(tmp_path: Path) -> None:
+    run_dir = tmp_path / "state" / "system_seed1_x" / "runs" / gan_quality.RUN_ID
+    assert gan_quality.resume_arguments(run_dir, 10) == []  # nothing kept: a fresh run
+    run_dir.mkdir(parents=True)
+    (run_dir / "request.json").write_text(json.dumps({"rounds": 10}))
+    assert gan_quality.resume_arguments(run_dir, 10) == ["--resume", gan_quality.RUN_ID]
+    assert gan_quality.resume_arguments(run_dir, 20) == [
+        "--resume", gan_quality.RUN_ID, "--rounds", "20"]
+    (run_dir / "model.npz").write_bytes(b"")  # the run ended
+    assert gan_quality.resume_arguments(run_dir, 10) is None
+    assert gan_quality.resume_arguments(run_dir, 5) == []  # longer than asked: removed
+    assert not (tmp_path / "state" / "system_seed1_x").exists()
