@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -297,6 +298,10 @@ def plot(records: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _interrupt(signum: int, frame: object) -> None:  # noqa: ARG001 - signal signature
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=600, help="updates of G and D")
@@ -321,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None, help="write the FID curve here")
     parser.add_argument("--json", default=None, help="also write every record to this file")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the `finally` blocks stop the nodes and the coordinator
+    # this run started (by PID), and the kept state lets the next invocation go on.
+    signal.signal(signal.SIGTERM, _interrupt)
     args.eval_every = args.eval_every or args.updates
     args.sets = parse_sets(args.sets)
     arms = [arm for arm in args.arms.split(",") if arm]
