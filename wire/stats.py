@@ -122,12 +122,17 @@ class WireStats:
 WIRE_STATS = WireStats()
 
 
+_WRITING = threading.Lock()  # the periodic writer and the exit handler share a temp file
+
+
 def write_snapshot(path: str, stats: WireStats = WIRE_STATS) -> None:
-    """Write the snapshot atomically (a reader never sees half a file)."""
+    """Write the snapshot atomically (a reader never sees half a file), one writer at a
+    time: two writers of one temp file could leave two snapshots run together in it."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(stats.snapshot(), f)
-    os.replace(tmp, path)
+    with _WRITING:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(stats.snapshot(), f)
+        os.replace(tmp, path)
 
 
 def dump_from_environment(environ: dict[str, str] | None = None) -> str | None:

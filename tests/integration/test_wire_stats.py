@@ -153,3 +153,23 @@ def test_environment_variable_writes_a_file_per_process(tmp_path: Path) -> None:
     totals = json.loads(files[0].read_text())["totals"]
     assert totals == {"sent_bytes": 104, "sent_frames": 1, "received_bytes": 104,
                       "received_frames": 1}
+
+
+def test_writers_at_once_leave_one_whole_snapshot(tmp_path: Path) -> None:
+    # The periodic writer and the exit handler of a process may write at the same moment.
+    path, counts, damaged = str(tmp_path / "wire.json"), stats.WireStats(), []
+
+    def write() -> None:
+        for _ in range(200):
+            stats.write_snapshot(path, counts)
+            try:
+                json.loads(Path(path).read_text())
+            except ValueError as exc:
+                damaged.append(exc)
+
+    writers = [threading.Thread(target=write) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(WAIT)
+    assert not damaged
