@@ -719,8 +719,8 @@ def write_report(groups: dict[str, list[Experiment]], settings: Settings, out: P
              "epoch per round.", ""]
     for name, members in groups.items():
         results = load_results(out, members, settings, seeds)
-        if not results:
-            continue
+        if all(exp.method == "standalone" for exp, _ in results):
+            continue  # nothing of its own finished: its standalone runs are other groups'
         image = plot_group(name, results, images / f"mdgan_{name}.png")
         rel = os.path.relpath(image, page.parent)
         lines += [f"### Group {name}", "", f"![group {name}]({rel})", "",

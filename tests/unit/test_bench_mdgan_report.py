@@ -48,13 +48,20 @@ def test_seeds_and_report_points_are_read_from_the_command_line() -> None:
 
 def test_the_table_gives_mean_and_deviation_over_the_seeds_finished(tmp_path: Path) -> None:
     two_seeds, one_seed = _standalone(32), _standalone(160)
+    md_gan = mdgan_paper.Experiment("cnn-n5-mdgan-k2-i2000", "MD-GAN N=5 k=2", "md_gan",
+                                    "dcgan28", 5, 32, 2000, k=2)
     _store(tmp_path, two_seeds, 1, [300.0, 100.0])
     _store(tmp_path, two_seeds, 2, [340.0, 120.0])
     _store(tmp_path, one_seed, 1, [250.0, 90.0])
+    _store(tmp_path, md_gan, 1, [280.0, 95.0])
     page = tmp_path / "page.md"
-    mdgan_paper.write_report({"test": [two_seeds, one_seed]}, SETTINGS, tmp_path, page,
+    mdgan_paper.write_report({"test": [two_seeds, one_seed, md_gan],
+                              "alone": [two_seeds, one_seed]}, SETTINGS, tmp_path, page,
                              tmp_path / "images", seeds=[1, 2, 3], at=None)
     text = page.read_text()
+    # a group whose own runs have not finished is left out: its standalone runs are shared
+    assert "### Group test" in text and "### Group alone" not in text
+    assert "| MD-GAN N=5 k=2 | 5 | 2 | 32 | 1 | 280.0 | 95.0 | 3.00 | 10 |" in text
     assert "| FID feat. @ 1,000 | FID feat. @ 2,000 | IS @ 2,000 |" in text
     # 300 and 340: mean 320, sample standard deviation 28.3; IS 3 and 4
     assert "| standalone b=32 | 1 | - | 32 | 2 | 320.0 ± 28.3 | 110.0 ± 14.1 | " \
