@@ -88,15 +88,16 @@ def md_gan_maths(args: argparse.Namespace, rounds: int) -> dict[str, float]:
             results.append(UnitResult(spec, output.update, output.num_samples))
         weights, seconds = _timed(partial(algorithm.aggregate, r, weights, results, []))
         g_step.append(seconds)
-    d_only, feedback = _discriminator_parts(args, rounds)
+    d_only, feedback = _discriminator_parts(args, algorithm.config, rounds)
     return {"generation": _median_ms(gen[1:]), "node_unit": _median_ms(unit[args.workers:]),
             "d_step": d_only, "feedback": feedback, "g_step": _median_ms(g_step[1:])}
 
 
-def _discriminator_parts(args: argparse.Namespace, rounds: int) -> tuple[float, float]:
-    """Median ms of one D step and of one feedback, on batches of b images."""
-    spec = gan_models.gan_spec(args.model, True)
-    config = {"lr": 2e-4, "beta1": 0.5, "beta2": 0.999, "seed": 1, "swap_optimizer": True}
+def _discriminator_parts(args: argparse.Namespace, config: dict[str, Any],
+                         rounds: int) -> tuple[float, float]:
+    """Median ms of one D step and of one feedback, on batches of b images (``config``:
+    the MD-GAN run's, defaults filled in)."""
+    spec = gan_models.gan_spec(args.model, config["batchnorm"])
     disc = Discriminator(spec, config, 0)
     real = torch.rand(args.batch, *spec.image_shape) * 2 - 1
     fake = torch.rand(args.batch, *spec.image_shape) * 2 - 1
@@ -199,7 +200,7 @@ def md_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse
          p.get("units")),
         ("  one unit's maths (D step + feedback) / round trip", maths["node_unit"],
          system["unit_trip_ms"]),
-        ("    D step / feedback", None, None),
+        ("    D step / feedback", f"{maths['d_step']:.1f} / {maths['feedback']:.1f}", None),
         ("G step (backward through the k batches, Adam)", maths["g_step"], p.get("aggregate")),
         ("swaps (every E epochs; mean per iteration)", None, p.get("after_round")),
         ("ledger, evaluate, sample grid", None,
@@ -210,14 +211,7 @@ def md_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse
         ("the maths with a core per node (generation + a unit + G step)",
          maths["generation"] + maths["node_unit"] + maths["g_step"], None),
     ]
-    lines = ["| MD-GAN phase | maths (ms) | system, median per round (ms) |",
-             "| --- | ---: | ---: |"]
-    for label, bound, measured in rows:
-        if label.strip().startswith("D step"):
-            lines.append(f"| {label} | {maths['d_step']:.1f} / {maths['feedback']:.1f} | |")
-            continue
-        lines.append(f"| {label} | {_ms(bound)} | {_ms(measured)} |")
-    return lines
+    return _table("MD-GAN phase", rows)
 
 
 def fl_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse.Namespace,
@@ -236,13 +230,19 @@ def fl_gan_table(maths: dict[str, float], system: dict[str, Any], args: argparse
         ("the maths with a core per node (a unit + the average)",
          maths["node_unit"] + maths["aggregate"], None),
     ]
-    lines = ["| FL-GAN phase | maths (ms) | system, median per round (ms) |",
-             "| --- | ---: | ---: |"]
-    lines += [f"| {label} | {_ms(bound)} | {_ms(measured)} |" for label, bound, measured in rows]
-    return lines
+    return _table("FL-GAN phase", rows)
 
 
-def _ms(value: float | None) -> str:
+def _table(title: str, rows: list[tuple[str, Any, Any]]) -> list[str]:
+    """Markdown rows of (label, maths, measured in the system)."""
+    return [f"| {title} | maths (ms) | system, median per round (ms) |", "| --- | ---: | ---: |",
+            *(f"| {label} | {_ms(bound)} | {_ms(measured)} |" for label, bound, measured in rows)]
+
+
+def _ms(value: float | str | None) -> str:
+    """A table cell: milliseconds to 0.1, text as it is, nothing for a missing figure."""
+    if isinstance(value, str):
+        return value
     return "" if value is None or math.isnan(value) else f"{value:,.1f}"
 
 

@@ -15,7 +15,7 @@ their rows time evaluate, score, ledger and samples only.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
@@ -24,16 +24,17 @@ PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
 class PhaseClock:
     """Seconds per phase, in the order the phases first ran; a phase run twice adds up."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.seconds: dict[str, float] = {}
+        self._clock = clock
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
+        began = self._clock()
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+            self.seconds[name] = self.seconds.get(name, 0.0) + self._clock() - began
 
     def rounded(self) -> dict[str, float]:
         """The phases to the microsecond, as a metrics row keeps them."""
