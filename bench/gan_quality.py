@@ -96,17 +96,15 @@ def resume_arguments(run_dir: Path, updates: int) -> list[str] | None:
     return None if (run_dir / "model.npz").exists() else ["--resume", RUN_ID]
 
 
-def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
+def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> list[dict[str, Any]]:
     runs = kept_state(args, "system", seed) / "runs"
     resume = resume_arguments(runs / RUN_ID, args.updates)
     if resume is not None:
         _train_system(args, seed, workdir, runs, resume)
     rows = [json.loads(line) for line in
             (runs / RUN_ID / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    curve = [{"updates": row["round"], **{k: row[k] for k in SCORES}}
-             for row in rows if row.get("fid_features") is not None]
-    grid = runs / RUN_ID / "samples" / f"round_{args.updates:05d}.png"
-    return {"curve": curve, "grid": str(grid) if grid.exists() else None}
+    return [{"updates": row["round"], **{k: row[k] for k in SCORES}}
+            for row in rows if row.get("fid_features") is not None]
 
 
 def _train_system(args: argparse.Namespace, seed: int, workdir: Path, runs: Path,
@@ -148,14 +146,20 @@ def _system_sets(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             **args.sets}
 
 
-def baseline_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
-    """The same maths in this process; its state is kept at every evaluation, so a later
-    invocation with more updates, or one that was cut off, goes on from there."""
+def baseline_algorithm(args: argparse.Namespace, seed: int) -> SyncSGD:
+    """The baseline's maths: one unit of K x unit images per update."""
     torch.set_num_threads(1)
     config = {"images_per_work_unit": args.k * args.unit, "num_workunits_per_update": 1,
               "units_per_iteration": 1, "seed": seed,
               **{key.split(".", 1)[1]: value for key, value in args.sets.items()}}
-    algorithm = SyncSGD(args.model, config, DEFAULT_DATA_ROOT / "mnist")
+    return SyncSGD(args.model, config, DEFAULT_DATA_ROOT / "mnist")
+
+
+def baseline_run(args: argparse.Namespace, seed: int, workdir: Path  # noqa: ARG001
+                 ) -> list[dict[str, Any]]:
+    """The same maths in this process; its state is kept at every evaluation, so a later
+    invocation with more updates, or one that was cut off, goes on from there."""
+    algorithm = baseline_algorithm(args, seed)
     kept = kept_state(args, "baseline", seed) / "state.npz"
     done, weights, curve = load_baseline(kept, algorithm, args.updates)
     if done:
@@ -169,11 +173,29 @@ def baseline_run(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str
             print(f"  baseline seed {seed}: {curve[-1]}", file=sys.stderr, flush=True)
             save_baseline(kept, update, weights, algorithm, curve)
 
-    weights = train_in_process(algorithm, args.updates, on_round, weights=weights,
-                               first_round=done + 1)
-    grid = workdir / f"baseline_seed{seed}.png"
-    save_grid(algorithm.sample_images(weights, 64, seed=2024), grid)
-    return {"curve": curve, "grid": str(grid)}
+    train_in_process(algorithm, args.updates, on_round, weights=weights, first_round=done + 1)
+    return curve
+
+
+def publish_grid(args: argparse.Namespace, arm: str, seed: int) -> Path | None:
+    """Copy (arm, seed)'s final sample grid (64 samples from fixed noise) from its kept
+    state to docs/images/, for a run finished now or in an earlier invocation; None when
+    no state of the finished run is kept (runs that predate kept state)."""
+    target = IMAGES / f"gan_quality_{arm}_seed{seed}.png"
+    if arm == "system":
+        grid = (kept_state(args, arm, seed) / "runs" / RUN_ID / "samples"
+                / f"round_{args.updates:05d}.png")
+        if not grid.exists():
+            return None
+        shutil.copy(grid, target)
+        return target
+    algorithm = baseline_algorithm(args, seed)
+    done, weights, _ = load_baseline(kept_state(args, arm, seed) / "state.npz", algorithm,
+                                     args.updates)
+    if done != args.updates:
+        return None
+    save_grid(algorithm.sample_images(weights, 64, seed=2024), target)
+    return target
 
 
 def save_baseline(path: Path, update: int, weights: dict[str, Any], algorithm: SyncSGD,
@@ -202,7 +224,7 @@ def load_baseline(path: Path, algorithm: SyncSGD, updates: int
         return done, weights, json.loads(str(kept["curve"]))
 
 
-RUNNERS: dict[str, Callable[[argparse.Namespace, int, Path], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[[argparse.Namespace, int, Path], list[dict[str, Any]]]] = {
     "system": system_run, "baseline": baseline_run}
 
 
@@ -227,15 +249,19 @@ def machine() -> str:
 def run_one(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
     """Run (arm, seed) unless its results file exists; returns the stored record."""
     path = result_path(args, arm, seed)
-    if path.exists():
-        return json.loads(path.read_text())
+    if not path.exists():
+        train_one(args, arm, seed, path)
+    if args.grids and publish_grid(args, arm, seed) is None:
+        print(f"  {arm} seed {seed}: no kept state, no grid", file=sys.stderr, flush=True)
+    return json.loads(path.read_text())
+
+
+def train_one(args: argparse.Namespace, arm: str, seed: int, path: Path) -> None:
+    """Train (arm, seed) and keep its record in ``path``, whole or not at all."""
     started, load_before = time.time(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-gan-") as tmp:
-        outcome = RUNNERS[arm](args, seed, Path(tmp))
-        grid = outcome.pop("grid")
-        if grid and args.grids:
-            shutil.copy(grid, IMAGES / f"gan_quality_{arm}_seed{seed}.png")
-    record = {**settings_of(args, arm, seed), **outcome, "machine": machine(),
+        curve = RUNNERS[arm](args, seed, Path(tmp))
+    record = {**settings_of(args, arm, seed), "curve": curve, "machine": machine(),
               "load_average_before": list(load_before),
               "load_average_after": list(os.getloadavg()),
               "started": datetime.fromtimestamp(started, timezone.utc).isoformat(),
@@ -244,7 +270,6 @@ def run_one(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
     tmp_path = path.with_suffix(".tmp")
     tmp_path.write_text(json.dumps(record, indent=1) + "\n")
     tmp_path.replace(path)  # a run is kept whole or not at all
-    return record
 
 
 def mean_sd(values: list[float]) -> str:

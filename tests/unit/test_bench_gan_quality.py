@@ -3,6 +3,7 @@ and ends where a run of that length from scratch ends (the standalone arm, in pr
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import gan_quality  # noqa: E402
+
+from training.run_outputs import save_grid  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +55,23 @@ def test_the_system_arm_goes_on_with_its_kept_run_as_far_as_asked(tmp_path: Path
     assert gan_quality.resume_arguments(run_dir, 10) is None
     assert gan_quality.resume_arguments(run_dir, 5) == []  # longer than asked: removed
     assert not (tmp_path / "state" / "system_seed1_x").exists()
+
+
+def test_grids_come_from_the_kept_state_of_a_finished_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    monkeypatch.setattr(gan_quality, "IMAGES", images)
+    argv = ["--model", "dcgan28-tiny", "--updates", "4", "--seeds", "1", "--n", "100",
+            "--arms", "baseline", "--out", str(tmp_path / "out"), "--grids"]
+    assert gan_quality.main(argv) == 0
+    grid = images / "gan_quality_baseline_seed1.png"
+    trained = grid.read_bytes()
+    grid.unlink()
+    assert gan_quality.main(argv) == 0  # finished: nothing trains, the grid comes back
+    assert grid.read_bytes() == trained
+    untrained = gan_quality.baseline_algorithm(
+        argparse.Namespace(model="dcgan28-tiny", k=3, unit=32, sets={}), 1)
+    save_grid(untrained.sample_images(untrained.initial_weights(), 64, seed=2024),
+              tmp_path / "untrained.png")
+    assert (tmp_path / "untrained.png").read_bytes() != trained

@@ -187,6 +187,17 @@ def test_defaults_follow_the_reference_design() -> None:
     assert SyncSGD.check_config("mlp", {"num_workunits_per_update": 5})["units_per_iteration"] == 6
 
 
+def test_samples_and_scores_come_from_the_weights_given() -> None:
+    """A saved generator is sampled and scored as it was saved, whatever the algorithm
+    object stepped last (a bench publishes grids from kept states this way)."""
+    saved, other = SyncSGD("dcgan28", {"seed": 1}, MNIST), SyncSGD("dcgan28", {"seed": 2}, MNIST)
+    weights = saved.initial_weights()
+    expected = saved.sample_images(weights, 8, seed=3)
+    assert not np.array_equal(other.sample_images(other.initial_weights(), 8, seed=3), expected)
+    np.testing.assert_array_equal(other.sample_images(weights, 8, seed=3), expected)
+    assert other.score(weights, 50) == saved.score(weights, 50)
+
+
 # ------------------------------------------------------------------ (3) configuration
 
 

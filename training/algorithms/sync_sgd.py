@@ -469,14 +469,19 @@ class SyncSGD(AveragingAlgorithm):
         return self.state.description()
 
     def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray | None:
+        """n images from ``weights``' generator (not necessarily the last one stepped:
+        a saved state's, for instance)."""
         if not isinstance(self.state, _GanState):
             return None
+        gan_models.numpy_to_state(self.state.g, weights, "G.")
         return gan_models.sample_images(self.state.g, n, seed).numpy()
 
     def score(self, weights: Weights, n: int) -> dict[str, float]:
-        """IS and FID (classifier features and logits) for the 28x28 MNIST models."""
+        """IS and FID (classifier features and logits) of ``weights``' generator, for
+        the 28x28 MNIST models."""
         if not (isinstance(self.state, _GanState) and gan_models.is_mnist_model(self.model)):
             return {}
+        gan_models.numpy_to_state(self.state.g, weights, "G.")
         images = gan_models.sample_images(self.state.g, n, seed=gan_metrics.SCORE_SEED)
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 
