@@ -88,7 +88,7 @@ def dcgan_once(settings: dict[str, object], updates: int, workdir: Path) -> dict
         nodes_file = local_cluster.write_nodes_file(workdir / "gan-nodes.txt", nodes)
         coordinator = local_cluster.start_coordinator(workdir, nodes_file, 3, "--log-level",
                                                       "WARNING", "--deterministic")
-        sets = [f"run.rounds={updates}", "sync_sgd.images_per_work_unit=32",
+        sets = [f"run.rounds={updates}", "run.model=dcgan28", "sync_sgd.images_per_work_unit=32",
                 "sync_sgd.num_workunits_per_update=3", "sync_sgd.units_per_iteration=4",
                 f"outputs.eval_every={updates}", f"outputs.sample_every={updates}",
                 f"outputs.checkpoint_every={updates}", "outputs.eval_n=2000"]

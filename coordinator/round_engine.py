@@ -165,14 +165,13 @@ class RoundEngine:
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
         backup_threads = len(self.nodes) if self.settings.speculation else 0
-        workers = self._start_workers(state, build_task, f"round{round_index}",
-                                      self.settings.threads or len(self.nodes) + 2,
-                                      backup_threads)
+        self._start_workers(state, build_task, f"round{round_index}",
+                            self.settings.threads or len(self.nodes) + 2, backup_threads)
         try:
             self._wait(state)
         finally:
             state.finish()
-            self._stop(state, workers)
+            self._stop(state)
         return state.outcome()
 
     def run_stream(self, state: StreamState, build_task: TaskBuilder,
@@ -185,9 +184,8 @@ class RoundEngine:
         state.max_in_flight = self._stream_capacity(state)
         self._start_filters(state)
         backup_threads = len(self.nodes) if self.settings.speculation else 0
-        workers = self._start_workers(state, build_task, f"stream{state.round_index}",
-                                      self.settings.threads or state.max_in_flight + 2,
-                                      backup_threads)
+        self._start_workers(state, build_task, f"stream{state.round_index}",
+                            self.settings.threads or state.max_in_flight + 2, backup_threads)
         try:
             while True:
                 next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
@@ -207,7 +205,7 @@ class RoundEngine:
                 state.round_written()
         finally:
             state.finish()
-            self._stop(state, workers)
+            self._stop(state)
 
     def _stream_capacity(self, state: StreamState) -> int:
         """Units a stream keeps out: each node's unit, and those sent ahead to it."""
@@ -220,20 +218,19 @@ class RoundEngine:
             update_filter.start_round(units, len(self.nodes))
 
     def _start_workers(self, state: WorkState, build_task: TaskBuilder,
-                       name: str, threads: int, backup_threads: int) -> list[threading.Thread]:
-        workers = [threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
-                                    name=f"{name}-worker{i}", daemon=True)
-                   for i in range(threads + backup_threads)]
-        for worker in workers:
-            worker.start()
-        return workers
+                       name: str, threads: int, backup_threads: int) -> None:
+        for i in range(threads + backup_threads):
+            threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
+                             name=f"{name}-worker{i}", daemon=True).start()
 
-    def _stop(self, state: WorkState, workers: list[threading.Thread]) -> None:
+    def _stop(self, state: WorkState) -> None:
         for update_filter in self._filters:
             update_filter.end_round()
         self._cancel_leftovers(state)
-        for worker in workers:
-            worker.join(timeout=WAIT_STEP_SECONDS)
+        # The workers are not joined. Those not in a call see the round over and end at
+        # once; one still in a call for a unit the round no longer needs (a K-of-N
+        # straggler, just cancelled) ends when its node answers, and the state ignores
+        # what it reports then. Waiting for it here would add its tail to every round.
 
     # -------------------------------------------------------------- main wait
     def _wait(self, state: RoundState) -> None:

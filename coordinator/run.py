@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -145,6 +146,7 @@ class Run:
             dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership)
         self.cancelled = threading.Event()
         self.cancel_reason = ""
+        self._cancels = shared_sender()  # the engine's: the run waits for them at its end
         self.finished = threading.Event()  # set once execute() has returned or raised
         planned = self.algorithm.units_per_round()
         check_units(planned, settings.limits)
@@ -257,6 +259,8 @@ class Run:
             raise RunFailed(f"internal error: {exc}",
                             nodes_tried=[n.name for n in self.nodes]) from None
         finally:
+            # what the last round left running is told to stop before the connections go
+            self._cancels.wait_sent(END_OF_RUN_WAIT_SECONDS)
             # the nodes' per-run state of this run (sessions, compression residuals)
             if self.algorithm.uses_sessions or self.compression.keeps_residuals:
                 drop_sessions(self.run_id, self.nodes)
@@ -292,7 +296,7 @@ class Run:
                 warm_up_nodes(self.nodes, self.request.model, self.progress, self.cancelled)
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
-                                 self.ledger)
+                                 self.ledger, self._cancels)
             engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
             if self.schedule.asynchronous:
                 weights = self._stream(engine, done, weights, history)

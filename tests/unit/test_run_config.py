@@ -89,10 +89,10 @@ def test_null_algorithm_seed_takes_the_run_seed():
 
 def test_algorithm_config_is_the_chosen_section_and_json_ready():
     config = load_run_config(REPO / "configs" / "dcgan_mnist.yaml", [])
-    assert config.algorithm == "sync_sgd" and config.model == "dcgan28"
+    assert config.algorithm == "sync_sgd" and config.model == "dcgan28-wide"
     assert config.algorithm_config() == {**config.section("sync_sgd"),
                                          "aggregation": config.section("aggregation")}
-    assert json.loads(json.dumps(config.algorithm_config()))["images_per_work_unit"] == 320
+    assert json.loads(json.dumps(config.algorithm_config()))["images_per_work_unit"] == 32
 
 
 def test_returned_sections_are_copies():
