@@ -181,7 +181,7 @@ def publish_grid(args: argparse.Namespace, arm: str, seed: int) -> Path | None:
     """Copy (arm, seed)'s final sample grid (64 samples from fixed noise) from its kept
     state to docs/images/, for a run finished now or in an earlier invocation; None when
     no state of the finished run is kept (runs that predate kept state)."""
-    target = IMAGES / f"gan_quality_{arm}_seed{seed}.png"
+    target = IMAGES / f"gan_quality_{args.model}_{args.updates}_{arm}_seed{seed}.png"
     if arm == "system":
         grid = (kept_state(args, arm, seed) / "runs" / RUN_ID / "samples"
                 / f"round_{args.updates:05d}.png")
@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gan_quality",
                         help="folder of the per-run JSON results (kept between runs)")
     parser.add_argument("--grids", action="store_true",
-                        help="copy each run's final sample grid to docs/images/")
+                        help="copy each run's final sample grid to docs/images/ "
+                             "(gan_quality_<model>_<updates>_<arm>_seed<seed>.png)")
     parser.add_argument("--plot", type=Path, default=None, help="write the FID curve here")
     parser.add_argument("--json", default=None, help="also write every record to this file")
     args = parser.parse_args(argv)

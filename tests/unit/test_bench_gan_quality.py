@@ -65,7 +65,7 @@ def test_grids_come_from_the_kept_state_of_a_finished_run(
     argv = ["--model", "dcgan28-tiny", "--updates", "4", "--seeds", "1", "--n", "100",
             "--arms", "baseline", "--out", str(tmp_path / "out"), "--grids"]
     assert gan_quality.main(argv) == 0
-    grid = images / "gan_quality_baseline_seed1.png"
+    grid = images / "gan_quality_dcgan28-tiny_4_baseline_seed1.png"
     trained = grid.read_bytes()
     grid.unlink()
     assert gan_quality.main(argv) == 0  # finished: nothing trains, the grid comes back
