@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools import local_cluster  # noqa: E402
+from devtools.machine import cpu_model  # noqa: E402
 
 REPO = local_cluster.REPO
 RECIPE = REPO / "configs" / "letters_recommended.yaml"
@@ -624,15 +625,7 @@ def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: 
 
 
 def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
             "system": f"{platform.system()} {platform.release()}",
             "date": time.strftime("%Y-%m-%d %H:%M")}
 

@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from devtools import local_cluster  # noqa: E402
+from devtools.machine import cpu_model  # noqa: E402
 from training import gan_models, mnist  # noqa: E402
 from training.algorithms import sync_sgd  # noqa: E402
 from training.algorithms.base import UnitJob  # noqa: E402
@@ -442,14 +443,8 @@ def wire_bytes() -> dict[str, int]:
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     load = os.getloadavg()[0]
-    return (f"nproc {os.cpu_count()}, {model}, Linux {platform.release()}, "
+    return (f"nproc {os.cpu_count()}, {cpu_model()}, Linux {platform.release()}, "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
             f"numpy {np.__version__}; load average {load:.2f} at the start")
 

@@ -42,6 +42,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from devtools.machine import cpu_model  # noqa: E402
+
 DATASET = "soak"
 READY_SECONDS = 30.0  # a process must be listening within this
 STOP_SECONDS = 15.0  # graceful stop, then SIGKILL
@@ -781,13 +785,7 @@ def report(s: Settings, groups: list[int], totals: dict, rows: list[Tenth],
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    with suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return (f"nproc {os.cpu_count()}, {model}, Linux {platform.release()}, "
+    return (f"nproc {os.cpu_count()}, {cpu_model()}, Linux {platform.release()}, "
             f"Python {platform.python_version()}, numpy {np.__version__}")
 
 

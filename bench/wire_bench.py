@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from devtools.machine import cpu_model  # noqa: E402
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes  # noqa: E402
 from wire.rpc import ThriftServer, connect  # noqa: E402
 from wire.tensor_codec import from_wire, to_wire  # noqa: E402
@@ -279,14 +280,7 @@ def run_path(
 def machine() -> str:
     import thrift
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     thrift_version = getattr(thrift, "__version__", None) or _dist_version("thrift")
     return (
         f"nproc {os.cpu_count()}, {cpu}, Python {platform.python_version()}, "
