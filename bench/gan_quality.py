@@ -93,7 +93,16 @@ def resume_arguments(run_dir: Path, updates: int) -> list[str] | None:
         return []
     if rounds < updates:
         return ["--resume", RUN_ID, "--rounds", str(updates)]
-    return None if (run_dir / "model.npz").exists() else ["--resume", RUN_ID]
+    finished = (run_dir / "model.npz").exists() and last_round(run_dir) == updates
+    return None if finished else ["--resume", RUN_ID]
+
+
+def last_round(run_dir: Path) -> int:
+    """The last round in the run's metrics: a model.npz alone may be that of an earlier,
+    shorter end of a run now extended."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return max((json.loads(line)["round"] for line in lines if line.strip()), default=0)
 
 
 def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> list[dict[str, Any]]:

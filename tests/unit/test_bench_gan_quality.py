@@ -52,7 +52,12 @@ def test_the_system_arm_goes_on_with_its_kept_run_as_far_as_asked(tmp_path: Path
     assert gan_quality.resume_arguments(run_dir, 20) == [
         "--resume", gan_quality.RUN_ID, "--rounds", "20"]
     (run_dir / "model.npz").write_bytes(b"")  # the run ended
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r}) + "\n" for r in range(1, 11)))
     assert gan_quality.resume_arguments(run_dir, 10) is None
+    (run_dir / "request.json").write_text(json.dumps({"rounds": 20}))  # extended, cut off
+    assert gan_quality.resume_arguments(run_dir, 20) == ["--resume", gan_quality.RUN_ID]
+    (run_dir / "request.json").write_text(json.dumps({"rounds": 10}))
     assert gan_quality.resume_arguments(run_dir, 5) == []  # longer than asked: removed
     assert not (tmp_path / "state" / "system_seed1_x").exists()
 
