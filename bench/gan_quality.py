@@ -52,6 +52,7 @@ REPO = local_cluster.REPO
 IMAGES = REPO / "docs" / "images"
 ARMS = ("system", "baseline")
 SCORES = ("fid_features", "fid_logits", "inception_score")
+PLATEAU = 0.05  # FID still falling by more than 5 % per 1,000 updates: not at its plateau
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -308,6 +309,32 @@ def table(records: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
     return "\n".join(lines)
 
 
+def improvement_per_1000(runs: list[dict[str, Any]], window: int) -> float | None:
+    """How fast the seeds' mean FID still falls: the least-squares slope of the mean over
+    the last ``window`` updates, per 1,000 updates, as a fraction of the fitted value at the
+    end (0.05 = 5 % better per 1,000). A fit, because single scores move by 10-20 between
+    evaluations; None with fewer than three evaluations in the window."""
+    points = sorted({row["updates"] for r in runs for row in r["curve"]})
+    points = [p for p in points if p >= points[-1] - window] if points else []
+    if len(points) < 3:
+        return None
+    means = [statistics.mean(row["fid_features"] for r in runs for row in r["curve"]
+                             if row["updates"] == p) for p in points]
+    slope, intercept = statistics.linear_regression(points, means)
+    return -slope * 1000 / (slope * points[-1] + intercept)
+
+
+def plateau_report(records: dict[str, list[dict[str, Any]]], window: int) -> str:
+    lines = []
+    for arm, runs in records.items():
+        rate = improvement_per_1000(runs, window)
+        if rate is not None:
+            verdict = "still improving" if rate > PLATEAU else "plateau"
+            lines.append(f"{arm}: mean FID falls {rate:.1%} per 1,000 updates over the last "
+                         f"{window:,} (least squares): {verdict} (threshold {PLATEAU:.0%})")
+    return "\n".join(lines)
+
+
 def plot(records: dict[str, list[dict[str, Any]]], path: Path) -> None:
     import matplotlib
 
@@ -359,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="copy each run's final sample grid to docs/images/ "
                              "(gan_quality_<model>_<updates>_<arm>_seed<seed>.png)")
     parser.add_argument("--plot", type=Path, default=None, help="write the FID curve here")
+    parser.add_argument("--plateau-window", type=int, default=3000,
+                        help="updates over which the FID trend is fitted (default 3000)")
     parser.add_argument("--json", default=None, help="also write every record to this file")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the `finally` blocks stop the nodes and the coordinator
@@ -378,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             final = records[arm][-1]["curve"][-1]
             print(f"{arm} seed {seed}: {final}", file=sys.stderr, flush=True)
     print(table(records, args))
+    print(plateau_report(records, args.plateau_window))
     if args.plot:
         plot(records, args.plot)
     if args.json:

@@ -80,3 +80,22 @@ def test_grids_come_from_the_kept_state_of_a_finished_run(
     save_grid(untrained.sample_images(untrained.initial_weights(), 64, seed=2024),
               tmp_path / "untrained.png")
     assert (tmp_path / "untrained.png").read_bytes() != trained
+
+
+def _runs(*curves: list[float], every: int = 500) -> list[dict]:
+    return [{"curve": [{"updates": every * (i + 1), "fid_features": fid}
+                       for i, fid in enumerate(curve)]} for curve in curves]
+
+
+def test_the_plateau_check_fits_the_mean_of_the_seeds_over_the_window() -> None:
+    # The mean falls 10 per 1,000 updates from 110 to 60: 10 / 60 at the end of the fit.
+    falling = _runs([110, 105, 100, 95, 90, 85, 80, 75, 70, 65, 60],
+                    [100, 95, 90, 85, 80, 75, 70, 65, 60, 55, 50],
+                    [120, 115, 110, 105, 100, 95, 90, 85, 80, 75, 70])
+    assert gan_quality.improvement_per_1000(falling, 3000) == pytest.approx(10 / 60)
+    # Noise around a level: a single-point drop at the end does not read as progress.
+    flat = _runs([40, 30, 45, 35, 40, 30, 45, 25])
+    assert abs(gan_quality.improvement_per_1000(flat, 3000)) < 0.05
+    assert "plateau" in gan_quality.plateau_report({"baseline": flat}, 3000)
+    assert "still improving" in gan_quality.plateau_report({"baseline": falling}, 3000)
+    assert gan_quality.improvement_per_1000(_runs([50, 40]), 3000) is None
