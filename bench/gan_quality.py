@@ -324,8 +324,21 @@ def improvement_per_1000(runs: list[dict[str, Any]], window: int) -> float | Non
     return -slope * 1000 / (slope * points[-1] + intercept)
 
 
+def final_level(run: dict[str, Any], window: int) -> float:
+    """A run's mean FID over its evaluations in the last ``window`` updates: its final
+    level, steadier than the last evaluation alone."""
+    end = run["curve"][-1]["updates"]
+    return statistics.mean(row["fid_features"] for row in run["curve"]
+                           if row["updates"] >= end - window)
+
+
 def plateau_report(records: dict[str, list[dict[str, Any]]], window: int) -> str:
-    lines = []
+    levels = {arm: [final_level(r, window) for r in runs] for arm, runs in records.items()}
+    lines = [f"{arm}: mean FID over the last {window:,} updates {mean_sd(values)} (seeds)"
+             for arm, values in levels.items()]
+    if {"system", "baseline"} <= set(levels):
+        lines.append("system / baseline, last {:,} updates: {:.3f}".format(
+            window, statistics.mean(levels["system"]) / statistics.mean(levels["baseline"])))
     for arm, runs in records.items():
         rate = improvement_per_1000(runs, window)
         if rate is not None:
@@ -387,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(gan_quality_<model>_<updates>_<arm>_seed<seed>.png)")
     parser.add_argument("--plot", type=Path, default=None, help="write the FID curve here")
     parser.add_argument("--plateau-window", type=int, default=3000,
-                        help="updates over which the FID trend is fitted (default 3000)")
+                        help="updates over which the FID trend is fitted and the final "
+                             "level averaged (default 3000)")
     parser.add_argument("--json", default=None, help="also write every record to this file")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the `finally` blocks stop the nodes and the coordinator

@@ -99,3 +99,12 @@ def test_the_plateau_check_fits_the_mean_of_the_seeds_over_the_window() -> None:
     assert "plateau" in gan_quality.plateau_report({"baseline": flat}, 3000)
     assert "still improving" in gan_quality.plateau_report({"baseline": falling}, 3000)
     assert gan_quality.improvement_per_1000(_runs([50, 40]), 3000) is None
+
+
+def test_the_final_level_averages_each_run_over_the_window_and_compares_the_arms() -> None:
+    system = _runs([90, 60, 40, 20], [90, 60, 40, 40])  # evaluations at 500 ... 2,000
+    baseline = _runs([90, 60, 50, 30], [90, 60, 50, 30])
+    assert gan_quality.final_level(system[0], 500) == pytest.approx(30)  # 1,500 and 2,000
+    report = gan_quality.plateau_report({"system": system, "baseline": baseline}, 500)
+    assert "system: mean FID over the last 500 updates 35.0 ± 7.1" in report
+    assert "system / baseline, last 500 updates: 0.875" in report
