@@ -309,17 +309,23 @@ def table(records: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
     return "\n".join(lines)
 
 
+def fid_by_point(runs: list[dict[str, Any]]) -> tuple[list[int], list[list[float]]]:
+    """The evaluated update counts, in order, and the runs' FIDs (features) at each."""
+    points = sorted({row["updates"] for r in runs for row in r["curve"]})
+    return points, [[row["fid_features"] for r in runs for row in r["curve"]
+                      if row["updates"] == p] for p in points]
+
+
 def improvement_per_1000(runs: list[dict[str, Any]], window: int) -> float | None:
     """How fast the seeds' mean FID still falls: the least-squares slope of the mean over
     the last ``window`` updates, per 1,000 updates, as a fraction of the fitted value at the
     end (0.05 = 5 % better per 1,000). A fit, because single scores move by 10-20 between
     evaluations; None with fewer than three evaluations in the window."""
-    points = sorted({row["updates"] for r in runs for row in r["curve"]})
-    points = [p for p in points if p >= points[-1] - window] if points else []
+    points, values = fid_by_point(runs)
+    start = next((i for i, p in enumerate(points) if p >= points[-1] - window), 0)
+    points, means = points[start:], [statistics.mean(v) for v in values[start:]]
     if len(points) < 3:
         return None
-    means = [statistics.mean(row["fid_features"] for r in runs for row in r["curve"]
-                             if row["updates"] == p) for p in points]
     slope, intercept = statistics.linear_regression(points, means)
     return -slope * 1000 / (slope * points[-1] + intercept)
 
@@ -356,9 +362,7 @@ def plot(records: dict[str, list[dict[str, Any]]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for arm, runs in records.items():
-        points = sorted({row["updates"] for r in runs for row in r["curve"]})
-        values = [[row["fid_features"] for r in runs for row in r["curve"]
-                   if row["updates"] == p] for p in points]
+        points, values = fid_by_point(runs)
         means = [statistics.mean(v) for v in values]
         low, high = [min(v) for v in values], [max(v) for v in values]
         ax.plot(points, means, marker="o", label=f"{arm} (mean of {len(runs)} seeds)")
