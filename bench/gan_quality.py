@@ -13,10 +13,11 @@ is kept too, in ``<out>/state/`` (not in git: the system arm's coordinator run f
 store, the baseline's weights and optimizer state at every evaluation): a run cut off
 resumes from its last evaluation, and a later invocation with more ``--updates`` goes on
 from a shorter run (the coordinator's ``--resume RUN --rounds N``) instead of starting
-over. Every file records the
-machine, the load average at the start and the end, and when it ran. Writes a markdown
-table of mean ± standard deviation per evaluation point to stdout, the final sample grids
-to docs/images/ with ``--grids``, and a plot of FID against updates with ``--plot``.
+over. Every file records the machine, the load average at the start and the end, and
+when it ran. Writes a markdown table of mean ± standard deviation per evaluation point to
+stdout, then each arm's final level (the mean of each run's evaluations over the last
+``--plateau-window`` updates) and how fast its mean FID still falls there, the final sample
+grids to docs/images/ with ``--grids``, and a plot of FID against updates with ``--plot``.
 """
 
 from __future__ import annotations
@@ -339,6 +340,8 @@ def final_level(run: dict[str, Any], window: int) -> float:
 
 
 def plateau_report(records: dict[str, list[dict[str, Any]]], window: int) -> str:
+    """Each arm's final level over seeds, the system / baseline ratio of those levels, and
+    whether each arm's mean FID is still falling faster than ``PLATEAU`` per 1,000."""
     levels = {arm: [final_level(r, window) for r in runs] for arm, runs in records.items()}
     lines = [f"{arm}: mean FID over the last {window:,} updates {mean_sd(values)} (seeds)"
              for arm, values in levels.items()]
