@@ -101,10 +101,12 @@ def resume_arguments(run_dir: Path, updates: int) -> list[str] | None:
 
 def last_round(run_dir: Path) -> int:
     """The last round in the run's metrics: a model.npz alone may be that of an earlier,
-    shorter end of a run now extended."""
+    shorter end of a run now extended. Rows are in round order (a resumed run drops the
+    rows after its checkpoint), so the last row is the last round."""
     path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return max((json.loads(line)["round"] for line in lines if line.strip()), default=0)
+    rows = [line for line in path.read_text().splitlines() if line.strip()] \
+        if path.exists() else []
+    return json.loads(rows[-1])["round"] if rows else 0
 
 
 def system_run(args: argparse.Namespace, seed: int, workdir: Path) -> list[dict[str, Any]]:
