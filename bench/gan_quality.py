@@ -130,7 +130,7 @@ def _train_system(args: argparse.Namespace, seed: int, workdir: Path, runs: Path
     try:
         nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", nodes)
         coordinator = local_cluster.start_coordinator(
-            workdir, nodes_file, 3, "--run-dir", str(runs), "--log-level", "WARNING", *resume)
+            workdir, nodes_file, 3, "--log-level", "WARNING", *resume, run_dir=runs)
         if resume:
             print(f"  system seed {seed}: going on with the kept run ({' '.join(resume)})",
                   file=sys.stderr, flush=True)
