@@ -106,11 +106,11 @@ def node_topk(settings: compression.CompressionSettings) -> Encoder:
 
 def coordinator_topk(fraction: float) -> Filter:
     """The combined update's top ``fraction`` of each tensor, with the rest kept back."""
-    residual: dict[str, Weights] = {"kept": {}}
+    residual: Weights = {}
 
     def apply(combined: Weights) -> Weights:
-        payload, residual["kept"] = compression.compress(combined, "topk", fraction,
-                                                         residual["kept"])
+        nonlocal residual
+        payload, residual = compression.compress(combined, "topk", fraction, residual)
         return compression.decompress(payload)
 
     return apply
