@@ -57,10 +57,11 @@ sys.path.insert(0, str(REPO))
 
 from devtools import local_cluster  # noqa: E402
 from devtools.machine import cpu_model  # noqa: E402
-from training import gan_models, mnist  # noqa: E402
 from training.algorithms import sync_sgd  # noqa: E402
 from training.algorithms.base import UnitJob  # noqa: E402
-from training.model_file import save_model  # noqa: E402
+from training.data import mnist  # noqa: E402
+from training.models import gan_models  # noqa: E402
+from training.outputs.model_file import save_model  # noqa: E402
 from wire.tensor_codec import dict_to_wire  # noqa: E402
 
 MODEL = "dcgan28"

@@ -9,7 +9,7 @@ batch, MD-GAN with k generated batches), one after the other on this machine:
   its average; scoring (IS and FID on ``--eval-n`` images).
 * **system**: the real processes on 127.0.0.1 (bench/mdgan_paper.py's cluster: N nodes,
   the coordinator, the client, ``OMP_NUM_THREADS=1``), reading each round's phases from
-  the coordinator's metrics.jsonl (coordinator/phase_clock.py) and the nodes' compute
+  the coordinator's metrics.jsonl (engine/phase_clock.py) and the nodes' compute
   and busy seconds from the run's summary.
 
 The bound an iteration should approach is its maths: generation + the nodes' units +
@@ -43,12 +43,12 @@ import torch  # noqa: E402
 from gan_quality import machine  # noqa: E402
 
 from compute_node.sessions import SessionStore  # noqa: E402
-from training import gan_models  # noqa: E402
 from training.algorithms.base import UnitJob, UnitResult  # noqa: E402
 from training.algorithms.fl_gan import FLGan  # noqa: E402
 from training.algorithms.md_gan import Discriminator, MDGan  # noqa: E402
-from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
+from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
 from training.gan_training import d_step  # noqa: E402
+from training.models import gan_models  # noqa: E402
 
 MNIST = DEFAULT_DATA_ROOT / "mnist"
 OUT = mdgan_paper.REPO / "bench" / "results" / "gan_iteration_cost.json"

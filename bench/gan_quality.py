@@ -45,9 +45,9 @@ import torch  # noqa: E402
 from devtools import local_cluster  # noqa: E402
 from devtools.machine import describe  # noqa: E402
 from training.algorithms.sync_sgd import SyncSGD  # noqa: E402
-from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.run_outputs import save_grid  # noqa: E402
-from training.standalone import train_in_process  # noqa: E402
+from training.baselines.standalone import train_in_process  # noqa: E402
+from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from training.outputs.plots import save_grid  # noqa: E402
 
 REPO = local_cluster.REPO
 IMAGES = REPO / "docs" / "images"

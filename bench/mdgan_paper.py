@@ -62,7 +62,10 @@ sys.path.insert(0, str(REPO))
 
 from devtools import local_cluster  # noqa: E402
 from devtools.machine import describe  # noqa: E402
-from training import gan_metrics, gan_models, mnist, standalone_gan  # noqa: E402
+from training.baselines import standalone_gan  # noqa: E402
+from training.data import mnist  # noqa: E402
+from training.models import gan_models  # noqa: E402
+from training.outputs import gan_metrics  # noqa: E402
 from wire import stats as wire_stats  # noqa: E402
 
 GROUPS = ("n5", "swap", "crash", "n1", "n10", "mlp")
@@ -186,7 +189,7 @@ def due(every: int, iteration: int, last: int) -> bool:
 
 
 def run_standalone(exp: Experiment, settings: Settings) -> dict[str, Any]:
-    """The project's standalone GAN (training/standalone_gan.py) in this process: the
+    """The project's standalone GAN (training/baselines/standalone_gan.py) in this process: the
     alternating D/G step of FL-GAN's workers on the whole training part, scored like the
     distributed runs."""
     torch.set_num_threads(1)
@@ -561,7 +564,7 @@ def _crash_schedule(exp: Experiment, workdir: Path, nodes: list[local_cluster.Pr
 
 
 def _round_timings(workdir: Path) -> dict[str, list[Any]]:
-    """Each round's seconds per phase (coordinator/phase_clock.py, from metrics.jsonl),
+    """Each round's seconds per phase (engine/phase_clock.py, from metrics.jsonl),
     and its completed units' (start, end) times from the run store."""
     rows = [json.loads(line) for line in
             next((workdir / "runs").glob("*/metrics.jsonl")).read_text().splitlines()

@@ -2,7 +2,7 @@
 
 A round that keeps the first K of N results (sync SGD's partial synchronisation) should
 end when its K-th result is in, however long the N-th unit still runs. This runs the
-round engine (coordinator/round_engine.py) over in-process nodes (tests/inprocess.py: the
+round engine (engine/round_engine.py) over in-process nodes (tests/inprocess.py: the
 real node handler, no sockets) whose calls take a fixed time that a cancel cannot cut
 short, as a unit of one micro-batch on a slower machine: ``--fast-ms`` on the fast nodes,
 ``--straggler-ms`` on the straggler. Both cases in one run, rounds alternating:
@@ -27,15 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.policies import RoundRobinPolicy  # noqa: E402
-from coordinator.progress import RunProgress  # noqa: E402
-from coordinator.round_engine import EngineSettings, RoundEngine  # noqa: E402
-from coordinator.tasks import Task, TaskResult  # noqa: E402
 from devtools.machine import describe  # noqa: E402
+from engine.policies import RoundRobinPolicy  # noqa: E402
+from engine.progress import RunProgress  # noqa: E402
+from engine.round_engine import EngineSettings, RoundEngine  # noqa: E402
+from engine.tasks import Task, TaskResult  # noqa: E402
 from tests.inprocess import LocalNode  # noqa: E402
 from training.algorithms.base import UnitSpec  # noqa: E402
 from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
-from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
+from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
 
 ALGORITHM = DeltaAveraging("mlp", {"epochs": 1, "eta": 0.0001, "hidden": [8]},
                            DEFAULT_DATA_ROOT / "letters")

@@ -49,7 +49,7 @@ from devtools.machine import describe  # noqa: E402
 from training import compression  # noqa: E402
 from training.algorithms.base import UnitJob, UnitResult, UnitSpec, Weights  # noqa: E402
 from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
-from training.datapaths import DEFAULT_DATA_ROOT  # noqa: E402
+from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "configs" / "letters_recommended.yaml"

@@ -35,8 +35,8 @@ from client.session import (
     call,
     follow_training,
 )
-from training.datapaths import DEFAULT_DATA_ROOT
-from training.model_file import save_model
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.outputs.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
 from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.checkpoint import OPTIMIZER_PREFIX
-from training import mlp
-from training.letters import DataFormatError, load_letters
-from training.model_file import ModelFileError, load_model
+from training.data.letters import DataFormatError, load_letters
+from training.models import mlp
+from training.outputs.model_file import ModelFileError, load_model, without_optimizer
 
 LETTERS = string.ascii_uppercase
 
@@ -33,7 +32,7 @@ def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
             f"{model_path} holds a {description.get('model')!r} model; these commands "
             "score the letters MLP")
     # A run's checkpoint holds the server optimizer's state besides the model's weights.
-    weights = {k: v for k, v in weights.items() if not k.startswith(OPTIMIZER_PREFIX)}
+    weights = without_optimizer(weights)
     try:
         spec = mlp.MLPSpec.from_dict(description["spec"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -69,7 +68,8 @@ def evaluate(model_path: str, data_path: str) -> dict[str, float]:
 def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
     """IS and FID of a saved 28x28 generator (a model file or a checkpoint), with the
     project's frozen MNIST classifier against held-out MNIST images."""
-    from training import gan_metrics, gan_models  # torch only for generative models
+    from training.models import gan_models
+    from training.outputs import gan_metrics
 
     weights, description = _load(model_path)
     if "gan" not in description:

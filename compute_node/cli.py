@@ -20,7 +20,7 @@ from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
 from compute_node.threads import limit_threads
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals, write_port_file
@@ -266,7 +266,7 @@ def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNode
     """A relay's handler (its modules, the coordinator's engine among them, are loaded only
     by relays)."""
     from compute_node.relay import RelayHandler, RelayRunner
-    from coordinator.nodes_file import NodesFile
+    from engine.nodes.nodes_file import NodesFile
 
     runner = RelayRunner(NodesFile(args.relay, role="relay"), args.relay_policy, seed=args.seed)
     return RelayHandler(args.node_id or "", args.data_root, load, runner)
@@ -275,7 +275,7 @@ def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNode
 def _start_relay(handler: Any, host: str, port: int) -> int | None:
     """Read the relay's group once it listens (so a line naming the relay itself is
     refused); its member count, or None after saying why it cannot be used."""
-    from coordinator.nodes_file import NodesFileError
+    from engine.nodes.nodes_file import NodesFileError
 
     handler.relay.nodes_file.serve_at(host, port)
     try:

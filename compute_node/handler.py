@@ -22,9 +22,9 @@ from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
 from training.compression import CompressionSettings, compress_update, decompress, split_config
-from training.datapaths import DataPathError, dataset_dir, resolve_under
+from training.data.letters import DataFormatError
+from training.data.paths import DataPathError, dataset_dir, resolve_under
 from training.hierarchy import split_hierarchy
-from training.letters import DataFormatError
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 from wire.version import check_protocol_version
@@ -330,7 +330,7 @@ class ComputeNodeHandler(SessionService):
 
 def request_version(request: ttypes.WorkRequest) -> int:
     """The model version of a request's weights: its own field, else round - 1 (a sync
-    round's weights), as coordinator.tasks.Task.version."""
+    round's weights), as engine.tasks.Task.version."""
     return request.round - 1 if request.model_version is None else request.model_version
 
 

@@ -5,7 +5,7 @@ but computes each on the group of nodes its file lists (which may be relays them
 A unit with an index range (`sync_sgd`) is split into one contiguous slice per member;
 a unit that is a whole file (`delta_avg`, `fl_gan`) goes to one member, and the relay
 takes as many units at once as it has members, so its policy balances them. The slices
-run as one round of the engine the coordinator uses (coordinator/round_engine.py): the
+run as one round of the engine the coordinator uses (engine/round_engine.py): the
 same policies, load handling, backups, benching, deadlines and fault handling. Their
 results are combined by the run's aggregation rule, weighted by samples, into one result
 for the whole unit: the coordinator's link carries one update per unit whatever the size
@@ -37,23 +37,23 @@ from pathlib import Path
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
-from coordinator.heartbeats import HeartbeatMonitor
-from coordinator.membership import Membership
-from coordinator.node_pool import DEAD_SECONDS, SUSPECT_SECONDS, NodeHandle
-from coordinator.nodes_file import NodesFile
-from coordinator.policies import make_policy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import (
+from engine.nodes.liveness import DEAD_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
+from engine.nodes.membership import Membership
+from engine.nodes.nodes_file import NodesFile
+from engine.nodes.pool import NodeHandle
+from engine.nodes.run_nodes import RunNodes
+from engine.nodes.thrift_client import node_summary
+from engine.policies import make_policy
+from engine.progress import RunProgress
+from engine.round_engine import (
     EngineSettings,
     RoundEngine,
     RoundFailed,
     RoundOutcome,
     RunCancelledError,
 )
-from coordinator.run_nodes import RunNodes
-from coordinator.status_wire import node_summary
-from coordinator.tasks import Task
-from coordinator.update_filters import DEFAULT_FILTERS
+from engine.tasks import Task
+from engine.update_filters import DEFAULT_FILTERS
 from training import aggregation
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
 from training.cancel import UnitCancelled

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coordinator.membership import Membership
-from coordinator.membership_service import MembershipService
+from engine.nodes.membership import Membership
+from engine.nodes.membership_service import MembershipService
 from wire.generated import ttypes
 from wire.version import check_protocol_version
 

@@ -60,7 +60,7 @@ def warm_model(model: str, device: str = "cpu") -> None:
     forward and backward passes on two images, so the kernels are loaded too."""
     import torch
 
-    from training import gan_models
+    from training.models import gan_models
 
     if model not in gan_models.GAN_MODELS:
         return  # the MLP of sync_sgd needs only torch itself

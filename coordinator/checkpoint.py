@@ -19,16 +19,22 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.records import RoundMetrics, RunRequest
+from coordinator.records import RunRequest
+from engine.records import RoundMetrics
 from training.algorithms.base import Weights
-from training.model_file import ModelFileError, load_model, save_model
-from training.run_outputs import metrics_line
+from training.outputs.model_file import (
+    OPTIMIZER_PREFIX,
+    ModelFileError,
+    load_model,
+    save_model,
+    without_optimizer,
+)
+from training.outputs.plots import metrics_line
 
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"
 METRICS_FILE = "metrics.jsonl"
 TRAFFIC_KEYS = ("bytes_down", "bytes_up")  # a round's training-call bytes, in each row
-OPTIMIZER_PREFIX = "optimizer."
 REQUEST_FIELDS = ("run_id", "algorithm", "model", "dataset", "rounds", "config_json",
                   "outputs_json")
 
@@ -43,7 +49,7 @@ class Checkpoint:
     weights: Weights
     optimizer: dict[str, np.ndarray]
     policy_rng: Any  # random.Random.getstate() of the scheduling policy, or None
-    # Asynchronous modes: where the passes over the data stood (coordinator.stream_state's
+    # Asynchronous modes: where the passes over the data stood (engine.stream_state's
     # StreamPosition as a dict); None in sync mode.
     stream: dict[str, Any] | None = None
 
@@ -67,7 +73,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         raise CheckpointError(f"no usable checkpoint in {run_dir}: {exc}") from None
     optimizer = {k[len(OPTIMIZER_PREFIX):]: v for k, v in arrays.items()
                  if k.startswith(OPTIMIZER_PREFIX)}
-    weights = {k: v for k, v in arrays.items() if not k.startswith(OPTIMIZER_PREFIX)}
+    weights = without_optimizer(arrays)
     round_index = meta.get("round")
     if isinstance(round_index, bool) or not isinstance(round_index, int) or round_index < 0:
         raise CheckpointError(f"{path} is not a checkpoint: it has no round number "

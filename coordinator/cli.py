@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING
 
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
-from coordinator.node_pool import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
-from coordinator.policies import POLICY_NAMES
 from coordinator.records import InvalidRun
 from coordinator.request_checks import RequestLimits
-from coordinator.round_engine import EngineSettings
 from coordinator.run import CoordinatorSettings
 from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
 from dashboard.options import add_arguments as add_dashboard_arguments
-from training.datapaths import DEFAULT_DATA_ROOT
+from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
+from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
+from engine.policies import POLICY_NAMES
+from engine.round_engine import EngineSettings
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, write_port_file

@@ -8,15 +8,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from coordinator.membership import Membership
-from coordinator.membership_service import MembershipService
-from coordinator.nodes_file import NodeAddress, NodesFile, NodesFileError
-from coordinator.records import InvalidRun, RunFailed, RunSnapshot, RunStopped
+from coordinator.records import InvalidRun, RunFailed, RunStopped
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
 from coordinator.status_wire import run_request, run_result, run_status, service_errors
 from coordinator.store_lock import StoreLock
 from coordinator.stored_status import stored_status
+from engine.nodes.membership import Membership
+from engine.nodes.membership_service import MembershipService
+from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
+from engine.records import RunSnapshot
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import check_protocol_version
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from coordinator.records import InvalidRun, RunRequest
 from training.algorithms.base import shown
-from training.mlp import MLPSpec
+from training.models.mlp import MLPSpec
 
 NAME_LIMIT = 64  # characters of an algorithm or model name
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -26,29 +25,7 @@ from coordinator.checkpoint import (
     save_checkpoint,
     save_request,
 )
-from coordinator.heartbeats import HeartbeatMonitor
-from coordinator.ledger import UnitLedger
-from coordinator.membership import Membership
-from coordinator.node_pool import (
-    DEAD_SECONDS,
-    HEARTBEAT_SECONDS,
-    SUSPECT_SECONDS,
-    NodeHandle,
-)
-from coordinator.node_quorum import TooFewNodes, wait_for_nodes
-from coordinator.nodes_file import NodeAddress
-from coordinator.pass_queue import PassQueue
-from coordinator.phase_clock import PHASES_KEY, PhaseClock
-from coordinator.policies import make_policy
-from coordinator.progress import CANCELLED, COMPLETED, FAILED, RunProgress
-from coordinator.records import (
-    InvalidRun,
-    RoundMetrics,
-    RunFailed,
-    RunOutcome,
-    RunRequest,
-    RunStopped,
-)
+from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
 from coordinator.request_checks import (
     RequestLimits,
     check_config,
@@ -56,21 +33,33 @@ from coordinator.request_checks import (
     check_model_bytes,
     check_units,
 )
-from coordinator.residual_placement import ResidualPlacement
-from coordinator.round_engine import (
+from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
+from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
+from engine.ledger import UnitLedger
+from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
+from engine.nodes.membership import Membership
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.pool import NodeHandle
+from engine.nodes.quorum import TooFewNodes, wait_for_nodes
+from engine.nodes.run_nodes import RunNodes
+from engine.pass_queue import PassQueue
+from engine.phase_clock import PHASES_KEY, PhaseClock
+from engine.policies import make_policy
+from engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from engine.records import RoundMetrics
+from engine.residual_placement import ResidualPlacement
+from engine.round_engine import (
     EngineSettings,
     FatalNodeError,
     RoundEngine,
     RoundFailed,
     RunCancelledError,
 )
-from coordinator.run_nodes import RunNodes
-from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
-from coordinator.session_moves import NodeSessions, drop_sessions
-from coordinator.stream_state import RoundEnd, StreamPosition, StreamState
-from coordinator.tasks import Task, Tensors
-from coordinator.update_filters import NormLimit, round_filters
-from coordinator.warm_up import warm_up_nodes
+from engine.session_moves import NodeSessions, drop_sessions
+from engine.stream_state import RoundEnd, StreamPosition, StreamState
+from engine.tasks import Task, Tensors
+from engine.update_filters import NormLimit, round_filters
+from engine.warm_up import warm_up_nodes
 from training import hierarchy
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
@@ -81,11 +70,11 @@ from training.compression import (
     join_config,
     split_config,
 )
-from training.datapaths import DataPathError, dataset_dir
+from training.data.letters import DataFormatError
+from training.data.paths import DataPathError, dataset_dir
 from training.hierarchy import HierarchySettings, join_hierarchy, split_hierarchy
-from training.letters import DataFormatError
-from training.model_file import save_model
-from training.run_outputs import check_outputs, due, metrics_line, save_curves, save_grid
+from training.outputs.model_file import save_model
+from training.outputs.plots import check_outputs, due, metrics_line, save_curves, save_grid
 from training.schedule import ScheduleSettings, check_usable, split_schedule, staleness_warning
 
 log = logging.getLogger("coordinator.run")
@@ -467,7 +456,7 @@ class Run:
 
     def _stream(self, engine: RoundEngine, done: int, weights: Weights,
                 history: list[RoundMetrics]) -> Weights:
-        """The rounds after ``done`` in an asynchronous mode (coordinator/stream_state.py):
+        """The rounds after ``done`` in an asynchronous mode (engine/stream_state.py):
         units flow without barriers and each round is written out as its last version is
         made. Returns the last round's weights."""
         position = _position(self.resume_from)
@@ -566,7 +555,7 @@ class Run:
     def _append_metrics(self, metrics: RoundMetrics, discarded: list[str],
                         traffic: dict[str, int], phases: dict[str, float]) -> None:
         """One row of metrics.jsonl; `traffic`: the round's training-call bytes; `phases`:
-        seconds per phase of the round (coordinator/phase_clock.py)."""
+        seconds per phase of the round (engine/phase_clock.py)."""
         row = {"round": metrics.round, "validation_error": metrics.validation_error,
                "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
                "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,

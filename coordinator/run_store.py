@@ -64,6 +64,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from engine.ledger import RunStoreError, StoreUnavailable
+
 SCHEMA_VERSION = 3  # 2: nodes.last_heartbeat; 3: units.pass
 RUN_STATES = ("running", "completed", "failed", "cancelled")
 END_STATES = frozenset(RUN_STATES[1:])
@@ -203,10 +205,6 @@ _NODE_UPSERT = """INSERT INTO nodes (run_id, node, accepted, rejected, delayed, 
         last_reason = COALESCE(excluded.last_reason, last_reason)"""
 
 
-class RunStoreError(Exception):
-    """Base of this module's errors."""
-
-
 class SchemaError(RunStoreError):
     """The file is not a run store, or holds a schema this code does not know."""
 
@@ -217,12 +215,6 @@ class UnknownRecord(RunStoreError, LookupError):
 
 class IllegalTransition(RunStoreError, ValueError):
     """A status change the life cycle forbids; the message names both states."""
-
-
-class StoreUnavailable(RunStoreError):
-    """SQLite could not read or write the file (disk full, read-only, I/O error): what
-    the store holds may now lag behind what happened, so a run must not go on as if
-    it were recorded. The message names the file and SQLite's error."""
 
 
 @dataclass(frozen=True)

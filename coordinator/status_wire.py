@@ -7,35 +7,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from coordinator.records import (
-    InvalidRun,
-    NodeSummary,
-    RoundMetrics,
-    RunFailed,
-    RunOutcome,
-    RunRequest,
-    RunSnapshot,
-    RunStopped,
-)
+from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
+from engine.nodes.thrift_client import node_summary
+from engine.records import RoundMetrics, RunSnapshot
 from wire.generated import ttypes
 from wire.tensor_codec import dict_to_wire
-
-
-def node_summary(summary: NodeSummary) -> ttypes.NodeSummary:
-    """The wire form, a relay's members (a tree) included."""
-    members = [node_summary(member) for member in summary.members]
-    return ttypes.NodeSummary(**{**asdict(summary), "members": members or None})
-
-
-def summary_from_wire(summary: ttypes.NodeSummary) -> NodeSummary:
-    """A node summary back from the wire (a relay's member), members and all."""
-    return NodeSummary(
-        node=summary.node, accepted=summary.accepted, rejected=summary.rejected,
-        delayed=summary.delayed, failed=summary.failed, cancelled=summary.cancelled,
-        busy_seconds=summary.busy_seconds, compute_seconds=summary.compute_seconds or 0.0,
-        delay_seconds=summary.delay_seconds or 0.0, state=summary.state or "alive",
-        silent_seconds=summary.silent_seconds, pull=bool(summary.pull), role=summary.role,
-        members=[summary_from_wire(m) for m in summary.members or []])
 
 
 def round_metrics(metrics: RoundMetrics) -> ttypes.RoundMetrics:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import time
 
-from coordinator.records import NodeSummary, RunSnapshot
 from coordinator.run_store import NodeRecord, RoundRecord, RunRecord, RunStore
+from engine.records import NodeSummary, RunSnapshot
 
 NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
 

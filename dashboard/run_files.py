@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.checkpoint import METRICS_FILE
-from coordinator.phase_clock import PHASES_KEY
+from engine.phase_clock import PHASES_KEY
 
 SAMPLES_DIR = "samples"
 SAMPLE_NAME = re.compile(r"^round_(\d{5,})\.png$")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from compute_node.cli import startup_problem
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire import security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals

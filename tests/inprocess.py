@@ -1,6 +1,6 @@
 """In-process compute nodes: the coordinator's round engine without sockets.
 
-`InProcessNodeClient` is the NodeClient (coordinator.node_client) of a ComputeNodeHandler
+`InProcessNodeClient` is the NodeClient (engine.nodes.client) of a ComputeNodeHandler
 in this process: no connection, no serialisation, so engine and algorithm tests run in
 milliseconds. Its failures are mapped like the Thrift client's. A LocalNode is the
 NodeHandle over one; `fail_with` makes every training call fail with that error, as a
@@ -15,12 +15,12 @@ from typing import Any
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
-from coordinator.node_client import AttemptKey, NodePing
-from coordinator.node_pool import NodeHandle
-from coordinator.nodes_file import NodeAddress
-from coordinator.tasks import Task, TaskResult
-from coordinator.thrift_node import SessionRequests, mapped_errors, task_result, work_request
-from training.datapaths import DEFAULT_DATA_ROOT
+from engine.nodes.client import AttemptKey, NodePing
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.pool import NodeHandle
+from engine.nodes.thrift_client import SessionRequests, mapped_errors, task_result, work_request
+from engine.tasks import Task, TaskResult
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.stats import PayloadBytes
 

@@ -24,7 +24,7 @@ itself, and the coordinator's update checks run on what it returns.
 ``topk`` keeps ERROR FEEDBACK: what a node did not send (the residual) is added to its next
 update of the same run and unit slot, so over the rounds every part of the updates is sent:
 sum of what was sent + the final residual == sum of the raw updates. The coordinator sends
-a slot's units back to the node holding its residual (coordinator/residual_placement.py).
+a slot's units back to the node holding its residual (engine/residual_placement.py).
 
 The sparsity WARM-UP is Deep Gradient Compression's (Lin et al., ICLR 2018: density 25 %,
 6.25 %, 1.5625 %, ... over the first epochs): the first updates, computed from the initial

@@ -30,7 +30,7 @@ function chartGroups(rounds) {
     members.forEach(m => used.add(m));
     if (present.length) groups.push([title, present]);
   }
-  // Where each round's time went (coordinator/phase_clock.py): one chart for them all.
+  // Where each round's time went (engine/phase_clock.py): one chart for them all.
   const phases = names.filter(n => n.startsWith("phase_") && hasValues(n));
   phases.forEach(n => used.add(n));
   if (phases.length) groups.push(["Round phases (s)", phases]);

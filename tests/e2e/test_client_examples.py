@@ -28,7 +28,7 @@ import pytest
 from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.tls_certs import Certs, make_certs
-from training.model_file import load_model
+from training.outputs.model_file import load_model
 from wire.tensor_codec import ALLOWED_DTYPES, to_wire
 
 NODE_EXAMPLE = REPO / "examples" / "node"

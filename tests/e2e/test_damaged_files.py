@@ -15,8 +15,8 @@ import pytest
 
 from coordinator.checkpoint import Checkpoint, save_checkpoint
 from devtools.local_cluster import REPO, python_env
-from training import mlp
-from training.model_file import save_model
+from training.models import mlp
+from training.outputs.model_file import save_model
 
 SPEC = mlp.MLPSpec(hidden=(20,))
 RUN_ID = "damaged"

@@ -11,16 +11,17 @@ import pytest
 import torch
 
 from compute_node.sessions import SessionStore
-from coordinator.node_pool import NodeHandle
-from coordinator.nodes_file import NodeAddress
-from coordinator.session_moves import NodeSessions
-from coordinator.tasks import Task, TaskStatus
-from coordinator.thrift_node import pushed_node
 from devtools.local_cluster import REPO, start_pull_node
-from training import gan_metrics, gan_models
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.pool import NodeHandle
+from engine.nodes.thrift_client import pushed_node
+from engine.session_moves import NodeSessions
+from engine.tasks import Task, TaskStatus
 from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.md_gan import Discriminator, MDGan
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import gan_models
+from training.outputs import gan_metrics
 from wire.tensor_codec import wire_to_dict
 
 torch.set_num_threads(1)

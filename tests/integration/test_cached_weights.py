@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.nodes_file import NodeAddress
-from coordinator.tasks import Task, TaskResult, TaskStatus
-from coordinator.thrift_node import ThriftNodeClient
 from devtools import local_cluster
-from training import mlp
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.thrift_client import ThriftNodeClient
+from engine.tasks import Task, TaskResult, TaskStatus
+from training.models import mlp
 
 HOST = "127.0.0.1"
 HIDDEN = 200  # weights of about 70 kB (float64), far more than the rest of a request

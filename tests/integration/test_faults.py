@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster as procs
-from training.model_file import load_model
+from training.outputs.model_file import load_model
 from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
 from wire.rpc import connect
 

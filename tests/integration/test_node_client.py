@@ -1,5 +1,5 @@
 """The Thrift node client over loopback: every failure reaches the engine as one of the
-coordinator's own exceptions (coordinator.node_errors), whatever the transport raised."""
+coordinator's own exceptions (engine.nodes.errors), whatever the transport raised."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from coordinator.node_errors import (
+from engine.nodes.errors import (
     AttemptAborted,
     InvalidResult,
     NodeIncompatible,
@@ -19,9 +19,9 @@ from coordinator.node_errors import (
     NodeTimedOut,
     NodeUnavailable,
 )
-from coordinator.nodes_file import NodeAddress
-from coordinator.tasks import Task, TaskStatus
-from coordinator.thrift_node import ThriftNodeClient
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.thrift_client import ThriftNodeClient
+from engine.tasks import Task, TaskStatus
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import ThriftServer
 

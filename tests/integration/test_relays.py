@@ -11,7 +11,7 @@ import numpy as np
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
 from tests.tls_certs import make_certs
-from training.model_file import load_model
+from training.outputs.model_file import load_model
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 # sync SGD with K = N: every unit's gradient is used, so a relay's slices must add up to it

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.attempt_log import AttemptEnd, AttemptLog
-from coordinator.ledger import UnitLedger
-from coordinator.progress import RunProgress
 from coordinator.run_store import RunStore
-from coordinator.tasks import TaskResult, TaskStatus
+from engine.attempt_log import AttemptEnd, AttemptLog
+from engine.ledger import UnitLedger
+from engine.progress import RunProgress
+from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 
 # end -> the status the ledger gives the attempt and its unit (a unit still waiting)

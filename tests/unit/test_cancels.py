@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from coordinator.cancels import CancelSender
+from engine.cancels import CancelSender
 
 
 class SlowNode:

@@ -153,8 +153,8 @@ def test_status_and_runs_have_no_progress_display_to_quieten(command, capsys):
 
 
 def test_evaluate_refuses_an_option_that_does_not_apply_to_the_model(tmp_path, capsys):
-    from training import mlp
-    from training.model_file import save_model
+    from training.models import mlp
+    from training.outputs.model_file import save_model
 
     spec = mlp.MLPSpec()
     model = save_model(tmp_path / "m.npz", mlp.init_params(spec),

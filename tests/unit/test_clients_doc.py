@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from devtools.local_cluster import REPO
-from training.run_outputs import OUTPUT_DEFAULTS
+from training.outputs.plots import OUTPUT_DEFAULTS
 from wire import plaintext_refusal
 from wire.tensor_codec import ALLOWED_DTYPES
 

@@ -257,8 +257,8 @@ def test_a_node_sends_topk_with_feedback_and_takes_fp16_weights() -> None:
 
     from compute_node.handler import ComputeNodeHandler
     from compute_node.load import LoadSimulator
-    from training import mlp
-    from training.datapaths import DEFAULT_DATA_ROOT
+    from training.data.paths import DEFAULT_DATA_ROOT
+    from training.models import mlp
     from wire.generated import PROTOCOL_VERSION, ttypes
 
     weights = mlp.init_params(mlp.MLPSpec(hidden=(20,)))

@@ -11,7 +11,7 @@ import pytest
 from coordinator.handler import CoordinatorHandler
 from coordinator.run import CoordinatorSettings
 from coordinator.store_lock import StoreInUse
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
 
 

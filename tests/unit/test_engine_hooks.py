@@ -8,14 +8,14 @@ import threading
 
 import torch
 
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import EngineSettings, RoundEngine
-from coordinator.tasks import Task
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.round_engine import EngineSettings, RoundEngine
+from engine.tasks import Task
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 from training.algorithms.md_gan import MDGan
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
 
 torch.set_num_threads(1)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from training import gan_models
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitResult
 from training.algorithms.fl_gan import FLGan
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices
+from training.models import gan_models
 from training.run_config import load_run_config
 
 torch.set_num_threads(1)

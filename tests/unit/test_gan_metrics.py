@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from training import gan_metrics, mnist
-from training.gan_metrics import Gaussian, frechet_distance, inception_score, score_images
+from training.data import mnist
+from training.outputs import gan_metrics
+from training.outputs.gan_metrics import Gaussian, frechet_distance, inception_score, score_images
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.ledger import UnitLedger
 from coordinator.run_store import IllegalTransition, RunStore, StoreUnavailable, UnknownRecord
+from engine.ledger import UnitLedger
 
 
 def test_a_refused_write_is_only_logged_when_not_strict(
@@ -19,7 +19,7 @@ def test_a_refused_write_is_only_logged_when_not_strict(
     with RunStore(tmp_path / "runs.db") as store:
         store.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
         ledger = UnitLedger(store, "r1", on_failure=calls.append, strict=False)
-        with caplog.at_level(logging.WARNING, logger="coordinator.ledger"):
+        with caplog.at_level(logging.WARNING, logger="engine.ledger"):
             ledger.finished(1, "nope", 1, "node1:1", "completed")  # no such unit
         ledger.check()
     assert calls == [] and "run store refused unit_finished" in caplog.text

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from coordinator.node_pool import Liveness
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import EngineSettings, RoundEngine, overdue_reason
-from coordinator.round_state import RoundState
-from coordinator.tasks import TaskResult, TaskStatus
+from engine.nodes.liveness import Liveness
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.round_engine import EngineSettings, RoundEngine, overdue_reason
+from engine.round_state import RoundState
+from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 from training.algorithms.base import UnitSpec
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from compute_node.sessions import SessionStore
-from training import gan_models
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import (
     SessionMoved,
@@ -28,8 +27,9 @@ from training.algorithms.md_gan import (
     resolve_k,
     session_name,
 )
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import g_loss, noise
+from training.models import gan_models
 from training.run_config import load_run_config
 
 torch.set_num_threads(1)

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from coordinator.membership import Mailbox, MemberError, Membership
-from coordinator.node_errors import AttemptAborted
-from coordinator.pull_node import PullNodeHandle
-from coordinator.tasks import Task
+from engine.nodes.errors import AttemptAborted
+from engine.nodes.membership import Mailbox, MemberError, Membership
+from engine.nodes.pull_client import PullNodeHandle
+from engine.tasks import Task
 from wire.generated import PROTOCOL_VERSION, ttypes
 
 V = PROTOCOL_VERSION

@@ -5,14 +5,15 @@ reference library's description, against finite differences, and against the ref
 published validation errors on the shipped data.
 """
 
+import importlib.util
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from training import simulate
-from training.mlp import (
+from training.baselines.simulate import run_delta_averaging
+from training.models.mlp import (
     LocalTraining,
     MLPSpec,
     evaluate,
@@ -22,11 +23,16 @@ from training.mlp import (
     train_local,
 )
 from training.server_optim import make_server_optimizer, weighted_average
-from training.simulate import run_delta_averaging
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "letters"
 
 # --------------------------------------------------------------- slow loop-based reference
+
+REPO = Path(__file__).resolve().parents[2]
+_script = importlib.util.spec_from_file_location(
+    "simulate_letters", REPO / "scripts" / "simulate_letters.py")
+simulate = importlib.util.module_from_spec(_script)
+_script.loader.exec_module(simulate)
 
 
 def loop_forward_row(W, V, x, relu):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training import mnist
-from training.mnist import IdxFormatError, read_idx
+from training.data import mnist
+from training.data.mnist import IdxFormatError, read_idx
 
 torch.set_num_threads(1)
 

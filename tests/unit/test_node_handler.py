@@ -13,8 +13,8 @@ import pytest
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from devtools.local_cluster import REPO
-from training import mlp
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import mlp
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from coordinator.node_pool import Liveness
-from coordinator.node_quorum import NodeGate, NodeMinimum, TooFewNodes, answering, wait_for_nodes
-from coordinator.progress import RunProgress
+from engine.nodes.liveness import Liveness
+from engine.nodes.quorum import NodeGate, NodeMinimum, TooFewNodes, answering, wait_for_nodes
+from engine.progress import RunProgress
 
 
 class FakeNode:

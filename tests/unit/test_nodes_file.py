@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from coordinator import nodes_file
-from coordinator.nodes_file import (
+from engine.nodes import nodes_file
+from engine.nodes.nodes_file import (
     NodeAddress,
     NodesFile,
     NodesFileError,

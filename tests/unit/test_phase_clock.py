@@ -1,8 +1,8 @@
-"""The clock that says where a round's time went (coordinator/phase_clock.py)."""
+"""The clock that says where a round's time went (engine/phase_clock.py)."""
 
 import pytest
 
-from coordinator.phase_clock import PhaseClock
+from engine.phase_clock import PhaseClock
 
 
 def _ticks(*times: float):

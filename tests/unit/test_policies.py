@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.policies import (
+from engine.policies import (
     AdaptivePolicy,
     NodeView,
     Priors,

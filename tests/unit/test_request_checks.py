@@ -18,10 +18,10 @@ from coordinator.records import RunRequest
 from coordinator.request_checks import RequestLimits, check_config, check_fields, mlp_bytes
 from coordinator.run import CoordinatorSettings
 from tests.unit.test_coordinator_handler import train_request
-from training import mlp
 from training.algorithms import get_algorithm
 from training.compression import split_config
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import mlp
 from training.run_config import RunConfigError, load_run_config
 from training.schedule import split_schedule
 from wire.generated import ttypes

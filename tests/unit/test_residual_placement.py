@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.residual_placement import ResidualPlacement
+from engine.residual_placement import ResidualPlacement
 from training.algorithms import get_algorithm
 from training.algorithms.base import UnitSpec
 

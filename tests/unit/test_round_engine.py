@@ -11,26 +11,21 @@ import numpy as np
 import pytest
 
 from compute_node.load import LoadSimulator
-from coordinator.node_errors import NodeUnavailable
-from coordinator.node_pool import Liveness
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import (
-    EngineSettings,
-    RoundEngine,
-    RoundFailed,
-    RunCancelledError,
-)
-from coordinator.round_state import RoundState
-from coordinator.tasks import Task, TaskResult
-from coordinator.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
-from coordinator.update_norms import NormGuard, update_norm
+from engine.nodes.errors import NodeUnavailable
+from engine.nodes.liveness import Liveness
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
+from engine.round_state import RoundState
+from engine.tasks import Task, TaskResult
+from engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
+from engine.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
 from training.aggregation import DEFAULTS
 from training.algorithms.base import UnitSpec, combine
 from training.algorithms.delta_avg import DeltaAveraging
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from wire.rpc import ConnectionFailed
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.nodes_file import NodeAddress
-from coordinator.run_nodes import RunNodes
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.run_nodes import RunNodes
 
 
 class FakeMembership:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.run_outputs import (
+from training.outputs.plots import (
     check_outputs,
     curve_series,
     due,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.progress import COMPLETED, RunProgress
-from coordinator.records import NodeSummary
+from engine.progress import COMPLETED, RunProgress
+from engine.records import NodeSummary
 
 
 def summary(state: str) -> NodeSummary:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from compute_node.faults import corrupt_output
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import EngineSettings, RoundEngine
-from coordinator.tasks import Task, TaskResult
-from coordinator.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.round_engine import EngineSettings, RoundEngine
+from engine.tasks import Task, TaskResult
+from engine.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS
 from training.algorithms.base import (
@@ -27,9 +27,9 @@ from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
 from training.algorithms.sync_sgd import SyncSGD
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.letters import load_letters
+from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices, training_size
-from training.letters import load_letters
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 MNIST = DEFAULT_DATA_ROOT / "mnist"

@@ -3,18 +3,26 @@ maths in one process with the hooks MD-GAN uses."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
 from compute_node.sessions import SessionStore
-from training import gan_models
 from training.algorithms.md_gan import MDGan
-from training.datapaths import DEFAULT_DATA_ROOT
-from training.standalone import train_in_process
-from training.standalone_gan import main, train_standalone_gan
+from training.baselines.standalone import train_in_process
+from training.baselines.standalone_gan import train_standalone_gan
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import gan_models
 
 torch.set_num_threads(1)
 
 MNIST = DEFAULT_DATA_ROOT / "mnist"
+_script = importlib.util.spec_from_file_location(
+    "standalone_gan_script", Path(__file__).resolve().parents[2] / "scripts" / "standalone_gan.py")
+_command = importlib.util.module_from_spec(_script)
+_script.loader.exec_module(_command)
+main = _command.main
 
 
 def test_the_standalone_gan_trains_and_is_repeatable() -> None:

@@ -9,20 +9,20 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from coordinator.ledger import UnitLedger
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.records import RoundMetrics
-from coordinator.round_engine import EngineSettings, RoundEngine
 from coordinator.run_store import RunStore
-from coordinator.stream_state import StreamPosition, StreamState
-from coordinator.tasks import Task, TaskResult, TaskStatus
-from coordinator.update_filters import DEFAULT_FILTERS
+from engine.ledger import UnitLedger
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.records import RoundMetrics
+from engine.round_engine import EngineSettings, RoundEngine
+from engine.stream_state import StreamPosition, StreamState
+from engine.tasks import Task, TaskResult, TaskStatus
+from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS, aggregate
 from training.algorithms.base import ConfigError, UnitResult, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
-from training.datapaths import DEFAULT_DATA_ROOT
+from training.data.paths import DEFAULT_DATA_ROOT
 from training.schedule import (
     ScheduleSettings,
     check_usable,

@@ -15,18 +15,19 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
-from coordinator.policies import RoundRobinPolicy
-from coordinator.progress import RunProgress
-from coordinator.round_engine import EngineSettings, RoundEngine
-from coordinator.tasks import Task
+from engine.policies import RoundRobinPolicy
+from engine.progress import RunProgress
+from engine.round_engine import EngineSettings, RoundEngine
+from engine.tasks import Task
 from tests.inprocess import LocalNode
-from training import gan_models, mlp, mnist
 from training.aggregation import DEFAULTS
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import UnitJob, UnitResult, UnitSpec, Weights, combine
 from training.algorithms.sync_sgd import SyncSGD, unit_noise
-from training.datapaths import DEFAULT_DATA_ROOT
-from training.letters import load_letters
+from training.data import mnist
+from training.data.letters import load_letters
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import gan_models, mlp
 
 torch.set_num_threads(1)
 

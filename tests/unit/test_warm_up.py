@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from compute_node import warm_up as node_warm_up
-from coordinator.progress import RunProgress
-from coordinator.warm_up import warm_up_nodes
+from engine.progress import RunProgress
+from engine.warm_up import warm_up_nodes
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
 from wire.generated import PROTOCOL_VERSION, ttypes

@@ -1,5 +1,5 @@
 """Weights a node keeps between units (compute_node/weight_cache.py), what the coordinator
-remembers having sent (coordinator/sent_weights.py), and the node's service answering a
+remembers having sent (engine/nodes/sent_weights.py), and the node's service answering a
 request that refers to kept weights."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.weight_cache import WeightCache
-from coordinator.sent_weights import SentWeights
-from coordinator.tasks import Task
-from training import mlp
-from training.datapaths import DEFAULT_DATA_ROOT
+from engine.nodes.sent_weights import SentWeights
+from engine.tasks import Task
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.models import mlp
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from coordinator.round_state import RoundState
-from coordinator.tasks import TaskResult, TaskStatus
+from engine.round_state import RoundState
+from engine.tasks import TaskResult, TaskStatus
 from training.aggregation import DEFAULTS
 from training.algorithms.base import UnitResult, UnitSpec, combine
 

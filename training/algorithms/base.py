@@ -227,7 +227,7 @@ class SessionMoved:
 
 class SessionMoves(Protocol):
     """What `Algorithm.after_round` may do with node sessions. The coordinator implements
-    it over its node connections (coordinator/session_moves.py); tests may use stores."""
+    it over its node connections (engine/session_moves.py); tests may use stores."""
 
     # unit id -> name ("host:port") of the node whose result the round used
     placement: Mapping[str, str]
@@ -253,7 +253,7 @@ class Algorithm(ABC):
     uses_torch: ClassVar[bool] = True
     # True: sync rounds draw their units from passes over the data (`plan_pass`), and the
     # units a K-of-N round did not use come round again in the same pass
-    # (coordinator/pass_queue.py); False: each round is `plan_round`.
+    # (engine/pass_queue.py); False: each round is `plan_round`.
     rounds_from_passes: ClassVar[bool] = False
     # True: `run_unit_part` computes a share of a unit, so a node's local workers split
     # one unit between them (compute_node/local_workers.py, training/unit_parts.py).

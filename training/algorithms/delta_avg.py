@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from training import mlp, server_optim
+from training import server_optim
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     AveragingAlgorithm,
@@ -31,7 +31,8 @@ from training.algorithms.base import (
     specs_of,
     split_aggregation,
 )
-from training.letters import load_letters
+from training.data.letters import load_letters
+from training.models import mlp
 from training.unit_parts import part_bounds
 
 # Every key the algorithm understands, with its default and type.

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from training import gan_metrics, gan_models, mnist
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     AveragingAlgorithm,
@@ -43,6 +42,7 @@ from training.algorithms.base import (
     specs_of,
     split_aggregation,
 )
+from training.data import mnist
 from training.gan_training import (
     adam,
     alternating_step,
@@ -58,6 +58,8 @@ from training.gan_training import (
     slot_unit_id,
     training_size,
 )
+from training.models import gan_models
+from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))

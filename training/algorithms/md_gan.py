@@ -25,7 +25,7 @@ paper's Algorithm 1:
    derangement (nobody keeps its own, nobody gets two; no swap when N = 1): the node
    holding D_i sends it to the node holding slot perm[i], node to node, or relayed
    through the coordinator when an end cannot accept connections
-   (coordinator/session_moves.py). Parameters and buffers move, and by default (key
+   (engine/session_moves.py). Parameters and buffers move, and by default (key
    ``swap_optimizer``) Adam's moments and step count too: they describe the trajectory
    of that D, and a D arriving with fresh moments would take its first steps at a full
    lr whatever its gradients; the logs count both payloads separately. A move is staged
@@ -66,7 +66,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import gan_metrics, gan_models
 from training.algorithms.base import (
     Algorithm,
     ConfigError,
@@ -83,6 +82,7 @@ from training.algorithms.base import (
     check_type,
     split_aggregation,
 )
+from training.data.mnist import IMAGES_FILE
 from training.gan_training import (
     adam,
     batch_indices,
@@ -98,7 +98,8 @@ from training.gan_training import (
     slot_unit_id,
     training_size,
 )
-from training.mnist import IMAGES_FILE
+from training.models import gan_models
+from training.outputs import gan_metrics
 
 log = logging.getLogger("training.md_gan")
 

@@ -18,12 +18,13 @@ back in the next one). A unit's ``unit_path`` names the file that holds its firs
 
 Models and data sets:
 
-* ``mlp``: the letters MLP (``training/mlp.py``) on a letters folder; the training part is the
-  ``train_*`` files concatenated in natural order, the validation error is measured on
-  ``validate_*`` after every round.
+* ``mlp``: the letters MLP (``training/models/mlp.py``) on a letters folder; the training
+  part is the ``train_*`` files concatenated in natural order, the validation error is
+  measured on ``validate_*`` after every round.
 * ``dcgan28`` / ``dcgan28-wide`` (twice the channels) / ``dcgan28-tiny`` and the MLP GANs
-  ``mlpgan28`` / ``mlpgan28-tiny``: MNIST (``training/mnist.py``, the 8,000-image training part);
-  ``dcgan64`` / ``dcgan64-tiny``: any image folder (``training/image_folder.py``).
+  ``mlpgan28`` / ``mlpgan28-tiny``: MNIST (``training/data/mnist.py``, the 8,000-image
+  training part);
+  ``dcgan64`` / ``dcgan64-tiny``: any image folder (``training/data/image_folder.py``).
 
 GAN maths. D's and G's gradients are both computed from the SAME received (G, D) version:
 this is simultaneous gradient descent, not the usual alternating update (D step, then G step
@@ -68,7 +69,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training import gan_metrics, gan_models, image_folder, mlp, mnist
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms.base import (
     AveragingAlgorithm,
@@ -85,7 +85,10 @@ from training.algorithms.base import (
     split_aggregation,
 )
 from training.cancel import no_step
-from training.letters import load_letters
+from training.data import image_folder, mnist
+from training.data.letters import load_letters
+from training.models import gan_models, mlp
+from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
 
 GAN_MODELS = ("dcgan28", "dcgan28-wide", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28",

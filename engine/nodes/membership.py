@@ -1,0 +1,237 @@
+"""Nodes that announce themselves: registration, heartbeats, leaving, and pull mode.
+
+A node may register instead of (or besides) being listed in compute_nodes.txt. A push
+node gives the host and port it listens on; runs pick it up at their next round like a
+line added to the nodes file. A pull node (behind NAT, in a notebook) accepts no
+connections: it leases units from its mailbox here with `lease_unit` and hands results
+back with `submit_result`; `pull_node.PullNodeHandle` makes such a node look to the engine
+like any other, so pushed and pulling nodes mix in one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.nodes.errors import AttemptAborted
+from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, Liveness
+from engine.nodes.nodes_file import NodeAddress
+from wire.generated import ttypes
+
+log = logging.getLogger("coordinator.members")
+
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+MAX_MEMBERS = 1024
+MAX_LEASE_WAIT_SECONDS = 10.0  # a lease call waits at most this long for work
+UnitKey = tuple[str, str, int]  # run_id, unit_id, attempt; (CALL, call_id, 0) for calls
+CALL = "\0call"  # no run id can start with a NUL
+
+
+class MemberError(ValueError):
+    """A registration that cannot be accepted; the message says why."""
+
+
+@dataclass
+class Pending:
+    """A unit (or a relayed call) waiting in a pull node's mailbox, then leased, until
+    its answer is in."""
+
+    request: ttypes.WorkRequest | None = None
+    call: ttypes.NodeCall | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None  # a TrainResult, or a call's encoded answer
+    error: str | None = None  # the node could not run it (InvalidRequest)
+    failure: str | None = None  # given up: lease expired, node left or dead
+
+
+class Mailbox:
+    """A pull node's units: queued for a lease, then leased until submitted."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[Pending] = deque()
+        self._leased: dict[UnitKey, Pending] = {}
+        self._cancel: list[UnitKey] = []
+        self.closed = False
+
+    def put(self, request: ttypes.WorkRequest | None = None,
+            call: ttypes.NodeCall | None = None) -> Pending:
+        pending = Pending(request, call)
+        with self._cond:
+            if self.closed:
+                raise AttemptAborted("the pull node left")
+            self._queue.append(pending)
+            self._cond.notify_all()
+        return pending
+
+    def lease(self, wait_seconds: float) -> Pending | None:
+        deadline = time.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
+        with self._cond:
+            while not self._queue and not self.closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            if self.closed:
+                return None
+            pending = self._queue.popleft()
+            self._leased[key_of(pending)] = pending
+            return pending
+
+    def submit(self, key: UnitKey, result: Any, error: str | None) -> bool:
+        with self._cond:
+            pending = self._leased.pop(key, None)
+        if pending is None:
+            return False
+        pending.result, pending.error = result, error
+        pending.done.set()
+        return True
+
+    def withdraw(self, pending: Pending, reason: str | None) -> None:
+        """Give a unit up: out of the queue, or off its lease (the node is told to stop).
+        With a reason it is a failure; without, the unit ends with the result it has."""
+        key = key_of(pending)
+        with self._cond:
+            if pending in self._queue:
+                self._queue.remove(pending)
+            elif self._leased.pop(key, None) is not None and pending.request is not None:
+                self._cancel.append(key)
+        pending.failure = pending.failure or reason
+        pending.done.set()
+
+    def cancels(self) -> list[str]:
+        with self._cond:
+            keys, self._cancel = self._cancel, []
+        return [f"{r}/{u}/{a}" for r, u, a in keys]
+
+    def close(self, reason: str) -> None:
+        with self._cond:
+            self.closed = True
+            pendings = list(self._queue) + list(self._leased.values())
+            self._queue.clear()
+            self._leased.clear()
+            self._cond.notify_all()
+        for pending in pendings:
+            pending.failure = reason
+            pending.done.set()
+
+
+def key_of(pending: Pending) -> UnitKey:
+    if pending.call is not None:
+        return CALL, pending.call.call_id, 0
+    request = pending.request
+    return request.run_id, request.unit_id, request.attempt
+
+
+@dataclass
+class Member:
+    name: str
+    node_id: str
+    pull: bool
+    address: NodeAddress | None  # where a push node listens
+    liveness: Liveness
+    mailbox: Mailbox | None
+
+
+class Membership:
+    """Every registered node of this coordinator, shared by its runs."""
+
+    def __init__(self, heartbeat_seconds: float = HEARTBEAT_SECONDS,
+                 suspect_seconds: float = SUSPECT_SECONDS,
+                 dead_seconds: float = DEAD_SECONDS) -> None:
+        self.heartbeat_seconds = heartbeat_seconds
+        self.suspect_seconds, self.dead_seconds = suspect_seconds, dead_seconds
+        self._lock = threading.Lock()
+        self._members: dict[str, Member] = {}
+
+    def register(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
+        member = self._member_of(request)
+        with self._lock:
+            old = self._members.get(member.name)
+            if old is None and len(self._members) >= MAX_MEMBERS:
+                raise MemberError(f"this coordinator already has {MAX_MEMBERS} registered nodes")
+            if old is not None and old.mailbox is not None:
+                old.mailbox.close("the node registered again (it restarted)")
+            self._members[member.name] = member
+        log.info("node %s registered (%s)", member.name, "pull" if member.pull else "push")
+        return ttypes.RegisterResult(node=member.name, heartbeat_seconds=self.heartbeat_seconds,
+                                     suspect_seconds=self.suspect_seconds,
+                                     dead_seconds=self.dead_seconds)
+
+    def _member_of(self, request: ttypes.RegisterRequest) -> Member:
+        if not NODE_ID.match(request.node_id or ""):
+            raise MemberError(f"node id {request.node_id!r} must be 1-128 letters, digits or "
+                              "._:@- characters")
+        liveness = Liveness(self.suspect_seconds, self.dead_seconds)
+        if request.pull:
+            return Member(f"pull:{request.node_id}", request.node_id, True, None, liveness,
+                          Mailbox())
+        if not request.host or not request.port or not 0 < request.port < 65536:
+            raise MemberError("a push node registers the host and port it listens on")
+        address = NodeAddress(request.host, request.port)
+        return Member(str(address), request.node_id, False, address, liveness, None)
+
+    def heartbeat(self, request: ttypes.HeartbeatRequest) -> ttypes.HeartbeatResult:
+        member = self.get(request.node)
+        if member is None:
+            return ttypes.HeartbeatResult(known=False)
+        member.liveness.heard(request.delaying, request.progress)
+        cancel = member.mailbox.cancels() if member.mailbox else []
+        return ttypes.HeartbeatResult(known=True, cancel=cancel or None)
+
+    def lease(self, request: ttypes.LeaseRequest) -> ttypes.LeaseResult:
+        member = self.get(request.node)
+        if member is None or member.mailbox is None:
+            return ttypes.LeaseResult(known=False)
+        member.liveness.heard()
+        pending = member.mailbox.lease(request.wait_seconds)
+        member.liveness.heard()
+        if pending is None:
+            return ttypes.LeaseResult(known=True)
+        return ttypes.LeaseResult(known=True, work=pending.request, call=pending.call)
+
+    def submit(self, request: ttypes.SubmitRequest) -> ttypes.SubmitResult:
+        member = self.get(request.node)
+        if member is None or member.mailbox is None:
+            return ttypes.SubmitResult(accepted=False, message="unknown node: register again")
+        member.liveness.heard()
+        key = (request.run_id, request.unit_id, request.attempt)
+        if member.mailbox.submit(key, request.result, request.error):
+            return ttypes.SubmitResult(accepted=True)
+        return ttypes.SubmitResult(accepted=False,
+                                   message="no such lease: it expired or the unit was settled")
+
+    def submit_call(self, request: ttypes.CallResult) -> ttypes.SubmitResult:
+        member = self.get(request.node)
+        if member is None or member.mailbox is None:
+            return ttypes.SubmitResult(accepted=False, message="unknown node: register again")
+        member.liveness.heard()
+        if member.mailbox.submit((CALL, request.call_id, 0), request.result, request.error):
+            return ttypes.SubmitResult(accepted=True)
+        return ttypes.SubmitResult(accepted=False, message="no such call: it was given up")
+
+    def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
+        with self._lock:
+            member = self._members.pop(request.node, None)
+        if member is None:
+            return ttypes.LeaveResult(known=False)
+        if member.mailbox is not None:
+            member.mailbox.close("the node left")
+        log.info("node %s left", member.name)
+        return ttypes.LeaveResult(known=True)
+
+    def get(self, name: str) -> Member | None:
+        with self._lock:
+            return self._members.get(name)
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            return list(self._members.values())
+
+    def push_addresses(self) -> list[NodeAddress]:
+        return [m.address for m in self.members() if m.address is not None]

@@ -1,0 +1,114 @@
+"""The nodes of one run: the nodes file's, the registered ones, joining and leaving.
+
+A run starts with the nodes of compute_nodes.txt and the nodes registered with the
+coordinator; before every round it reads the file again and looks at the registrations,
+so nodes join without a restart. A registered node that left (or a pull node that
+registered again after a restart) leaves the run; nodes of the file stay, since the
+file still lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from engine.nodes.liveness import Liveness
+from engine.nodes.local_host import canonical_host
+from engine.nodes.membership import Member, Membership
+from engine.nodes.nodes_file import NodeAddress, NodesFileError
+from engine.nodes.pool import NodeHandle
+from engine.nodes.pull_client import PullNodeHandle
+from engine.nodes.thrift_client import pushed_node
+from wire.stats import PayloadBytes
+
+log = logging.getLogger("coordinator.run")
+
+
+class RunNodes:
+    """The node handles of one run; `refresh()` before each round."""
+
+    def __init__(self, run_id: str, addresses: list[NodeAddress], *, rpc_timeout: float,
+                 connect_timeout: float, suspect_seconds: float, dead_seconds: float,
+                 nodes_source: Callable[[], list[NodeAddress]] | None = None,
+                 membership: Membership | None = None) -> None:
+        self.run_id = run_id
+        self.nodes: list[NodeHandle] = []
+        self.payload = PayloadBytes()  # the run's training-call bytes, nodes that left included
+        self._rpc_timeout, self._connect_timeout = rpc_timeout, connect_timeout
+        self._suspect_seconds, self._dead_seconds = suspect_seconds, dead_seconds
+        self._nodes_source = nodes_source
+        self._membership = membership
+        self._next_index = 0
+        self._registered_push: set[str] = set()  # push nodes that came by registering
+        self._add_addresses(addresses)
+        self._add_members()
+
+    def refresh(self) -> bool:
+        """Take in nodes added to the file or registered, drop those that left; True if
+        the set changed."""
+        before = {n.name for n in self.nodes}
+        if self._nodes_source is not None:
+            try:
+                self._add_addresses(self._nodes_source())
+            except NodesFileError as exc:
+                log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
+        self._add_members()
+        after = {n.name for n in self.nodes}
+        if after - before:
+            log.info("run %s: nodes joined: %s", self.run_id, ", ".join(sorted(after - before)))
+        if before - after:
+            log.info("run %s: nodes left: %s", self.run_id, ", ".join(sorted(before - after)))
+        return after != before
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def _index(self) -> int:
+        self._next_index += 1
+        return self._next_index - 1
+
+    def _add_addresses(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
+        """Handles for addresses not yet in the run; an alias of a node already in it (a
+        registration as 127.0.0.1 of a node the file lists as localhost) adds nothing."""
+        known = {_identity(n.address) for n in self.nodes if n.address is not None}
+        new = {}
+        for address in addresses:
+            if _identity(address) not in known:
+                new.setdefault(_identity(address), address)
+        added = [pushed_node(self._index(), address, self._rpc_timeout, self._connect_timeout)
+                 for address in new.values()]
+        for node in added:
+            node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)
+            node.payload = self.payload
+        self.nodes.extend(added)
+        return added
+
+    def _add_members(self) -> None:
+        """Registered nodes: push ones like nodes-file lines, pull ones by their mailbox."""
+        if self._membership is None:
+            return
+        current = {m.name: m for m in self._membership.members()}
+        self.nodes = [n for n in self.nodes if self._still_member(n, current)]
+        known = {n.name for n in self.nodes}
+        pulled = [PullNodeHandle(self._index(), m, self._rpc_timeout)
+                  for m in current.values() if m.pull and m.name not in known]
+        for node in pulled:
+            node.payload = self.payload
+        self.nodes.extend(pulled)
+        pushed = self._add_addresses(self._membership.push_addresses())
+        self._registered_push.update(n.name for n in pushed)
+
+    def _still_member(self, node: NodeHandle, current: dict[str, Member]) -> bool:
+        """False for a registered node that left (or a pull node that re-registered)."""
+        if isinstance(node, PullNodeHandle):
+            return current.get(node.name) is node.member
+        if node.name in self._registered_push and node.name not in current:
+            self._registered_push.discard(node.name)
+            return False
+        return True
+
+
+def _identity(address: NodeAddress) -> tuple[str, int]:
+    """One key per node, whatever name of its machine an address uses."""
+    return canonical_host(address.host), address.port

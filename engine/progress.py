@@ -1,0 +1,98 @@
+"""Live progress of one run, read by the status call while the run goes on."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from engine.records import NodeSummary, RunSnapshot
+
+RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
+
+
+class RunProgress:
+    """Thread-safe counters of a run; `snapshot()` reads them all at once."""
+
+    def __init__(self, run_id: str, rounds: int, units_per_round: int,
+                 node_summaries: Callable[[], list[NodeSummary]]) -> None:
+        self.run_id = run_id
+        self.rounds = rounds
+        self.units_total = rounds * units_per_round
+        self._node_summaries = node_summaries
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._ended: float | None = None
+        self.state = RUNNING
+        self.message: str | None = None
+        self.round = 0
+        self.validation_error = -1.0
+        self.units_done = 0
+        self.rejected = 0
+        self.failed = 0
+        self.in_flight = 0
+        self.stale = 0
+        self.cancelled = 0
+        self.epoch: float | None = None
+        self.train_loss: float | None = None
+        # The nodes as the run ended: their heartbeats stop with the run, so their live
+        # state would drift to "dead" while they are still up.
+        self._final_nodes: list[NodeSummary] | None = None
+        self.mode = "sync"
+        # Asynchronous modes: the version, pass and todo / pending / done counts, read from
+        # the run's stream (engine/stream_state.py) at each snapshot.
+        self.stream_counts: Callable[[], dict[str, int]] | None = None
+
+    def add(self, **counts: int) -> None:
+        """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def round_done(self, round_index: int, validation_error: float, train_loss: float,
+                   epoch: float | None = None) -> None:
+        """Count the round; keep the latest validation error that was measured (not NaN)."""
+        with self._lock:
+            self.round = round_index
+            self.epoch = epoch
+            self.train_loss = None if math.isnan(train_loss) else train_loss
+            if not math.isnan(validation_error):
+                self.validation_error = validation_error
+
+    def waiting(self, message: str | None) -> None:
+        """Show why a running run waits (too few nodes), or clear it with None."""
+        with self._lock:
+            if self.state == RUNNING:
+                self.message = message
+
+    def end(self, state: str, message: str | None = None) -> None:
+        """Mark the run ended; the node summaries are kept as they are at this moment."""
+        nodes = self._node_summaries()
+        with self._lock:
+            self._final_nodes = nodes
+            self.state = state
+            self.message = message
+            self.in_flight = 0
+            self._ended = time.monotonic()
+
+    def elapsed(self) -> float:
+        with self._lock:
+            return (self._ended or time.monotonic()) - self._started
+
+    def snapshot(self) -> RunSnapshot:
+        frozen = self._final_nodes
+        nodes = frozen if frozen is not None else self._node_summaries()
+        elapsed = self.elapsed()
+        stream = self.stream_counts() if self.stream_counts is not None else {}
+        with self._lock:
+            return RunSnapshot(
+                run_id=self.run_id, state=self.state, round=self.round, rounds=self.rounds,
+                validation_error=self.validation_error, units_done=self.units_done,
+                units_total=self.units_total, rejected=self.rejected, failed=self.failed,
+                in_flight=self.in_flight, elapsed_seconds=elapsed, nodes=nodes,
+                message=self.message, stale=self.stale, cancelled=self.cancelled,
+                epoch=self.epoch, train_loss=self.train_loss, mode=self.mode,
+                model_version=stream.get("version"), pass_index=stream.get("pass"),
+                todo=stream.get("todo"), pending=stream.get("pending"), done=stream.get("done"),
+            )

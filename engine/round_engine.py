@@ -1,0 +1,506 @@
+"""One round of work units over the compute nodes: threads, retries, backups, quorum.
+
+A pool of worker threads (N + 2 by default) drains a queue of units. A worker asks
+the scheduling policy for an order of nodes and tries them until one accepts; if
+all refuse, the unit goes back to the queue. A node that does not answer is
+benched and the unit is retried elsewhere; a unit that fails too often is
+discarded. Each result passes the round's update filters (engine/update_filters.py)
+and is kept; the round returns them, in unit order, with the units it gave up, and the
+algorithm aggregates them. When the queue is empty, idle workers (and N workers kept
+for this alone) start a backup attempt of a unit that has been out much longer than units
+usually take (a unit sitting in a node's load delay, or a straggler); the first
+result wins and the other attempts are cancelled. The round ends when `quorum`
+units are in. The queue and unit states live in `round_state`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.attempt_log import AttemptEnd, AttemptLog
+from engine.cancels import CancelSender, shared_sender
+from engine.ledger import UnitLedger
+from engine.nodes.errors import (
+    AttemptAborted,
+    NodeError,
+    NodeIncompatible,
+    NodeRefused,
+    NodeUnavailable,
+)
+from engine.nodes.pool import NodeHandle
+from engine.nodes.quorum import NodeGate, NodeMinimum
+from engine.policies import Policy
+from engine.progress import RunProgress
+from engine.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
+from engine.stream_state import RoundEnd, StreamState
+from engine.tasks import Task, TaskResult, TaskStatus
+from engine.update_filters import DEFAULT_FILTERS, Candidate, RoundView, UpdateFilter, run_filters
+from training.algorithms.base import UnitSpec, Weights
+from training.compression import decompress
+
+log = logging.getLogger("coordinator.engine")
+
+RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
+FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
+REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    threads: int | None = None  # None: number of nodes + 2
+    speculation: bool = True
+    speculate_after: float | None = None  # backup threshold floor; None: the policy's
+    max_unit_failures: int = 3
+    grace_seconds: float = 30.0
+    deterministic: bool = False  # K-of-N rounds run their first K units (see run_round)
+    deadline_floor: float = 30.0  # a unit's deadline: factor x the usual unit time,
+    deadline_factor: float = 10.0  # at least the floor ...
+    deadline_cap: float = 300.0  # ... and at most the cap
+    max_update_norm: float | None = 10.0  # the run's norm filter: refuse updates this many
+    # times the usual norm (engine/update_filters.py)
+    min_nodes: int = 1  # fewer answering nodes: pause (pause_below_min) or fail after grace
+    pause_below_min: bool = False
+    max_pause: float = 600.0  # longest pause before the run fails
+
+
+class RoundFailed(Exception):
+    """The round cannot finish: no node reachable, or every unit failed."""
+
+    def __init__(self, message: str, nodes_tried: list[str]) -> None:
+        super().__init__(message)
+        self.nodes_tried = nodes_tried
+
+
+class RunCancelledError(Exception):
+    """The run was cancelled while a round was in progress."""
+
+
+class FatalNodeError(Exception):
+    """A node refused the protocol itself; retrying elsewhere would not help."""
+
+
+def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
+                   deadline: float) -> str | None:
+    """Why an attempt should be reclaimed now, or None. The deadline counts from the
+    attempt's last sign of work: its start, its node saying it sits in its load delay,
+    or its node reporting more batches done. A unit that progresses is never reclaimed,
+    however busy its machine; one that stops progressing is, a deadline later."""
+    if node.liveness.state(now) == "dead":
+        return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
+    if node.stats.accepted == 0:
+        # A node's first unit also loads libraries and builds caches (torch alone can
+        # take many seconds on a busy machine): it gets more time.
+        deadline *= FIRST_UNIT_GRACE
+    name = "/".join(map(str, key))
+    delaying = node.liveness.last_delaying(name)
+    progressed = node.liveness.last_progress(name)
+    idle = now - max(started, delaying or 0.0, progressed or 0.0)
+    if idle > deadline:
+        return f"deadline exceeded: no progress for {idle:.1f}s > {deadline:.1f}s"
+    return None
+
+
+TaskBuilder = Callable[[UnitSpec, int], Task]
+WorkState = RoundState | StreamState  # a round's units, or an asynchronous run's
+
+
+class RoundEngine:
+    """Runs rounds for one run; see the module docstring."""
+
+    def __init__(self, run_id: str, nodes: list[NodeHandle], policy: Policy,
+                 settings: EngineSettings, progress: RunProgress,
+                 cancelled: threading.Event, ledger: UnitLedger | None = None,
+                 cancels: CancelSender | None = None) -> None:
+        self.run_id = run_id
+        self.cancels = cancels or shared_sender()
+        self.ledger = ledger or UnitLedger(None, run_id)
+        self.log = AttemptLog(self.ledger, progress)
+        self._by_index: dict[int, NodeHandle] = {}
+        self.set_nodes(nodes)
+        self.policy = policy
+        self.settings = settings
+        self.progress = progress
+        self.cancelled = cancelled
+        self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
+        self._durations_lock = threading.Lock()
+        self._last_contact = time.monotonic()
+        self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
+                                         settings.max_pause, settings.grace_seconds), progress)
+        # While paused, called to take in nodes that joined (file, registrations).
+        self.refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None
+
+    def set_nodes(self, nodes: list[NodeHandle]) -> None:
+        """The nodes of the next rounds, or of this one while it is paused. Handles of
+        nodes that left stay reachable by index for the attempts they still hold."""
+        self.nodes = list(nodes)
+        self._by_index = {**self._by_index, **{node.index: node for node in nodes}}
+
+    def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
+                  build_task: TaskBuilder,
+                  filters: Sequence[UpdateFilter] = DEFAULT_FILTERS,
+                  earlier_attempts: Mapping[str, int] | None = None) -> RoundOutcome:
+        """Run the units until `quorum` are in; returns the results and failed units. A
+        result that one of ``filters`` refuses is a failure of its node. In deterministic
+        mode a K-of-N round runs its first K units only, so which results it uses does not
+        depend on timing (the others are left unsettled: the ledger cancels them)."""
+        if self.settings.deterministic:
+            units = units[:quorum]
+        self._filters = list(filters)
+        state = RoundState(round_index, units, quorum, max_attempts=2 * len(self.nodes),
+                           earlier_attempts=earlier_attempts)
+        self._start_filters(state)
+        # Backup attempts get workers of their own: when every queue worker waits on a
+        # unit sitting in a load delay, these can still start the backups that free them.
+        backup_threads = len(self.nodes) if self.settings.speculation else 0
+        self._start_workers(state, build_task, f"round{round_index}",
+                            self.settings.threads or len(self.nodes) + 2, backup_threads)
+        try:
+            self._wait(state)
+        finally:
+            state.finish()
+            self._stop(state)
+        return state.outcome()
+
+    def run_stream(self, state: StreamState, build_task: TaskBuilder,
+                   filters: Sequence[UpdateFilter],
+                   on_round_end: Callable[[RoundEnd], None]) -> None:
+        """Run an asynchronous run's units (engine/stream_state.py) until its last
+        round ends. ``on_round_end`` writes each round out while the state holds its
+        version; the workers go on computing meanwhile."""
+        self._filters = list(filters)
+        state.max_in_flight = self._stream_capacity(state)
+        self._start_filters(state)
+        backup_threads = len(self.nodes) if self.settings.speculation else 0
+        self._start_workers(state, build_task, f"stream{state.round_index}",
+                            self.settings.threads or state.max_in_flight + 2, backup_threads)
+        try:
+            while True:
+                next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+                while state.round_end is None and not state.over:
+                    state.wait_event(WAIT_STEP_SECONDS)
+                    next_check = self._tick(state, next_check)
+                if state.fatal:
+                    raise state.fatal
+                ended = state.round_end
+                if ended is None:
+                    return
+                for update_filter in self._filters:
+                    update_filter.end_round()
+                on_round_end(ended)
+                state.max_in_flight = self._stream_capacity(state)
+                self._start_filters(state)
+                state.round_written()
+        finally:
+            state.finish()
+            self._stop(state)
+
+    def _stream_capacity(self, state: StreamState) -> int:
+        """Units a stream keeps out: each node's unit, and those sent ahead to it."""
+        return max(1, len(self.nodes)) * state.schedule.units_per_node
+
+    def _start_filters(self, state: WorkState) -> None:
+        units = (state.updates_per_round * state.schedule.results_per_version
+                 if isinstance(state, StreamState) else state.quorum)
+        for update_filter in self._filters:
+            update_filter.start_round(units, len(self.nodes))
+
+    def _start_workers(self, state: WorkState, build_task: TaskBuilder,
+                       name: str, threads: int, backup_threads: int) -> None:
+        for i in range(threads + backup_threads):
+            threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
+                             name=f"{name}-worker{i}", daemon=True).start()
+
+    def _stop(self, state: WorkState) -> None:
+        for update_filter in self._filters:
+            update_filter.end_round()
+        self._cancel_leftovers(state)
+        # The workers are not joined. Those not in a call see the round over and end at
+        # once; one still in a call for a unit the round no longer needs (a K-of-N
+        # straggler, just cancelled) ends when its node answers, and the state ignores
+        # what it reports then. Waiting for it here would add its tail to every round.
+
+    # -------------------------------------------------------------- main wait
+    def _wait(self, state: RoundState) -> None:
+        next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+        while not state.wait_finished(WAIT_STEP_SECONDS):
+            next_check = self._tick(state, next_check)
+        if state.completed == 0:
+            raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
+                              f"{state.last_error}", [n.name for n in self.nodes])
+
+    def _tick(self, state: WorkState, next_check: float) -> float:
+        """One look at a running round or stream: raise if it was cancelled, failed or no
+        node answers any more; reclaim overdue attempts when ``next_check`` has come.
+        Returns the time of the next reclaim check."""
+        if self.cancelled.is_set():
+            raise RunCancelledError("run cancelled")
+        if state.fatal:
+            raise state.fatal
+        if time.monotonic() >= next_check:
+            self._reclaim_overdue(state)
+            self._watch_nodes()
+            next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+        silent = time.monotonic() - self._last_contact
+        if silent > self.settings.grace_seconds and not state.has_live_attempts():
+            names = [n.name for n in self.nodes]
+            raise RoundFailed(
+                f"no compute node answered for {silent:.0f}s (grace period "
+                f"{self.settings.grace_seconds:.0f}s); tried {', '.join(names)}", names)
+        return next_check
+
+    def _watch_nodes(self) -> None:
+        """Pause, resume or fail on the minimum of nodes; while paused, take in nodes
+        that joined, and do not count the pause against the grace period."""
+        if self.gate.paused:
+            joined = self.refresh_nodes()
+            if joined is not None:
+                self.set_nodes(joined)
+        self.gate.watch(self.nodes, time.monotonic())
+        if self.gate.paused:
+            self._last_contact = time.monotonic()
+
+    # -------------------------------------------------------------- deadlines
+    def unit_deadline(self, node: NodeHandle | None = None) -> float:
+        """Seconds a unit may go without progress: a multiple of the node's own recent
+        unit time (a node on a busy machine is slower; the deadline follows it), or of the
+        usual unit time before the node has one, within the floor and the cap."""
+        typical = node.unit_seconds() if node is not None else None
+        if typical is None:
+            with self._durations_lock:
+                recent = list(self._fast_durations)
+            typical = statistics.median(recent) if recent else 0.0
+        s = self.settings
+        return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
+
+    def _reclaim_overdue(self, state: WorkState) -> None:
+        """Abort attempts past their deadline or on dead nodes: the worker sees a failure
+        and the unit goes to another node (a unit waiting in its load delay or reporting
+        progress is working). The node is told to drop the attempt, so its maths stops
+        instead of adding load while the unit runs again elsewhere."""
+        now = time.monotonic()
+        for unit, attempt, node, started in state.live_attempts():
+            key = (self.run_id, unit.spec.unit_id, attempt)
+            reason = overdue_reason(node, key, started, now, self.unit_deadline(node))
+            if reason and node.abort(key, reason):
+                log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
+                            state.round_index, unit.spec.unit_id, attempt, node.name, reason)
+                self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
+
+    # ---------------------------------------------------------------- workers
+    def _worker(self, state: WorkState, build_task: TaskBuilder,
+                backups_only: bool) -> None:
+        """Take units until the round is over. Any unexpected error fails the round
+        loudly rather than leaving it to wait for a worker that has died."""
+        try:
+            while True:
+                unit = state.next_unit(self._backup_after(), backups_only)
+                if unit is None:
+                    return
+                try:
+                    self._try_nodes(state, unit, build_task)
+                finally:
+                    state.release(unit)
+        except FatalNodeError as exc:
+            state.fail(exc)
+        except Exception as exc:
+            log.exception("round %d: worker failed", state.round_index)
+            state.fail(exc)
+
+    def _backup_after(self) -> float | None:
+        if not self.settings.speculation:
+            return None
+        with self._durations_lock:
+            recent = list(self._fast_durations)
+        typical = statistics.median(recent) if recent else None
+        return self.policy.backup_after(typical, self.settings.speculate_after)
+
+    def _try_nodes(self, state: WorkState, unit: Unit, build_task: TaskBuilder) -> None:
+        if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
+            state.requeue(unit, wait_seconds=0)
+            return
+        order = self._order(state, unit)
+        if not order:
+            state.requeue(unit, wait_seconds=self._until_unbenched(time.monotonic()))
+            return
+        for index in self._candidates(state, unit, order):
+            if state.is_over(unit):
+                return
+            answer = self._attempt(state, unit, self._by_index[index], build_task)
+            if answer != "rejected":
+                return
+        state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
+
+    def _order(self, state: WorkState, unit: Unit) -> list[int]:
+        """The policy's order over the nodes not already holding this unit (in a stream,
+        over those holding the fewest units).
+
+        When every node holds an attempt (each one sitting in a load delay, say), all
+        nodes are candidates again: a new attempt is a fresh draw of the node's load.
+        """
+        now = time.monotonic()
+        busy = state.nodes_of(unit)
+        views = [n.view(now) for n in self.nodes]
+        free = [v for v in views if v.index not in busy]
+        if isinstance(state, StreamState) and free:
+            # A stream fills nodes evenly: a unit goes to a node with nothing out while
+            # there is one, and is sent ahead (prefetch) only to a node with the fewest.
+            fewest = min(v.in_flight for v in free)
+            free = [v for v in free if v.in_flight == fewest]
+        return self._preferred_first(self.policy.order(free or views), unit.spec)
+
+    def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:
+        """The unit's preferred node (the one holding its session) first, when the policy
+        offers it; otherwise the policy's order, so a unit falls back to any node."""
+        preferred = [i for i in order if self._by_index[i].name == spec.preferred_node]
+        return preferred + [i for i in order if i not in preferred]
+
+    def _candidates(self, state: WorkState, unit: Unit, order: list[int]) -> Iterator[int]:
+        """Nodes to try in turn until one accepts.
+
+        Policies 1 and 2 walk their order once (the assignment's "next node"). The
+        adaptive policy asks again after each rejection: a rejection is a fresh draw,
+        so trying the best node again can beat falling through to a node that is
+        likely to leave the unit waiting in a load delay.
+        """
+        if not self.policy.rerank_after_rejection:
+            yield from order
+            return
+        for _ in range(REJECTIONS_PER_NODE * len(self.nodes)):
+            yield order[0]
+            order = self._order(state, unit)
+            if not order:
+                return
+
+    def _until_unbenched(self, now: float) -> float:
+        soonest = min(n.benched_until() for n in self.nodes)
+        return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
+
+    def _attempt(self, state: WorkState, unit: Unit, node: NodeHandle,
+                 build_task: TaskBuilder) -> str:
+        attempt = state.start_attempt(unit, node, lambda number: self.log.started(
+            state.ledger_round(unit), unit.spec.unit_id, number, node))
+        if attempt is None:
+            return "completed"  # settled by another attempt just now: nothing to do
+        log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
+                  attempt, node.name)
+        began = time.monotonic()
+        try:
+            result = node.train(build_task(unit.spec, attempt))
+        except NodeIncompatible as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
+            raise FatalNodeError(f"{node.name}: {exc}") from exc
+        except NodeRefused as exc:
+            self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
+            return "failed"
+        except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead
+            self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc),
+                         end=AttemptEnd.ABORTED)
+            return "failed"
+        except NodeUnavailable as exc:
+            # The unit never reached the node: the node's failure, not the unit's, so
+            # it does not count towards discarding the unit (a machine hosting many
+            # nodes dying at once would otherwise use up a unit's failures at once).
+            self._unreachable(state, unit, attempt, node, began, str(exc))
+            return "rejected"
+        except NodeError as exc:  # timed out, reset, a remote error, an undecodable result
+            self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
+            return "failed"
+        self._last_contact = time.monotonic()
+        update: Weights = {}
+        if result.status == TaskStatus.COMPLETED:
+            try:
+                update = decompress(result.update)  # filters see it decoded
+                run_filters(self._filters,
+                            Candidate(unit.spec, node.name, update, result.num_samples),
+                            RoundView(self.unit_deadline(),
+                                      lambda: state.over or self.cancelled.is_set()))
+            except ValueError as exc:  # a wrong answer: a failure, and benched
+                self._failed(state, unit, attempt, node, began, bench=True,
+                             reason=f"invalid result: {exc}")
+                return "failed"
+        return self._answered(state, unit, attempt, node, result, update,
+                              time.monotonic() - began)
+
+    def _answered(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+                  result: TaskResult, update: Weights, seconds: float) -> str:
+        self.log.answered(node, result, seconds)
+        state.end_attempt(unit, attempt)
+        log.debug("round %d: unit %s attempt %d on %s: %s after %.3fs (delay %.2fs)",
+                  state.round_index, unit.spec.unit_id, attempt, node.name, result.status.value,
+                  seconds, result.delay_seconds)
+        ended = functools.partial(self._ended, state, unit, attempt, node)
+        if result.status == TaskStatus.REJECTED:
+            ended(AttemptEnd.REJECTED, "rejected")
+            return "rejected"
+        if result.status != TaskStatus.COMPLETED:
+            ended(AttemptEnd.CANCELLED, result.message, unit_settled=state.is_over(unit))
+            return "cancelled"
+        if result.delay_seconds == 0:
+            # The node's own compute time, not the call time: queueing behind other
+            # units on a busy node must not raise the bar for starting a backup.
+            with self._durations_lock:
+                self._fast_durations.append(result.compute_seconds)
+        refused: list[str] = []  # a stream's verdict on a result computed from old weights
+
+        def too_stale(reason: str) -> None:
+            refused.append(reason)
+            ended(AttemptEnd.STALE, reason)
+
+        if state.complete(unit, update, result, node.name,
+                          on_kept=lambda: ended(AttemptEnd.COMPLETED), on_stale=too_stale):
+            self._cancel_others(unit, node)
+        elif refused:
+            log.info("unit %s from %s: %s; issued again", unit.spec.unit_id, node.name,
+                     refused[0])
+        elif state.over:  # the round ended without it: a stale result, dropped
+            ended(AttemptEnd.STALE, f"arrived after round {state.round_index} ended")
+        else:
+            ended(AttemptEnd.LOST, "another attempt finished first")
+        return "completed"
+
+    def _failed(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+                began: float, bench: bool, reason: str,
+                end: AttemptEnd = AttemptEnd.FAILED) -> None:
+        log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
+        self.log.failed_call(node, time.monotonic() - began, bench, reason)
+        state.end_attempt(unit, attempt)
+        with state.recording():  # the unit's ledger round must not move in between
+            discarded = state.record_failure(unit, f"{node.name}: {reason}",
+                                             self.settings.max_unit_failures)
+            self._ended(state, unit, attempt, node,
+                        AttemptEnd.DISCARDED if discarded else end, reason)
+        if discarded:
+            log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
+
+    def _unreachable(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+                     began: float, reason: str) -> None:
+        log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
+        self.log.failed_call(node, time.monotonic() - began, True, reason)
+        state.end_attempt(unit, attempt)
+        self._ended(state, unit, attempt, node, AttemptEnd.UNREACHABLE,
+                    f"node unreachable: {reason}")
+
+    def _ended(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+               end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:
+        """Record an attempt's end in the round the ledger holds its unit in now."""
+        with state.recording():
+            self.log.ended(state.ledger_round(unit), unit.spec.unit_id, attempt, node, end,
+                           reason, unit_settled=unit_settled)
+
+    # Cancels are queued, never sent from here: a frozen node would hold a worker or the
+    # round's own thread for a whole control timeout per cancel.
+    def _cancel_others(self, unit: Unit, winner: NodeHandle) -> None:
+        for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
+            self.cancels.send(node, self.run_id, unit.spec.unit_id)
+
+    def _cancel_leftovers(self, state: WorkState) -> None:
+        for unit in state.units:
+            for node in {n for n, _ in unit.started.copy().values()}:
+                self.cancels.send(node, self.run_id, unit.spec.unit_id)

@@ -1,0 +1,325 @@
+"""The state of an asynchronous run: passes over the data, versions and the result buffer.
+
+The round engine's workers drive it exactly as they drive a round (`round_state`): they
+take units, start attempts and report results. The difference is what a result does.
+In a round it waits for the barrier; here it is applied as it arrives (``async``) or
+once ``buffer_size`` results are in (``buffered``), and every application makes a new
+version of the global model. Tasks are built from the newest version; a result computed
+from a version more than ``max_staleness`` behind is refused as stale and its unit goes
+back to the front of the queue, to be computed again from fresh weights.
+
+Units come in PASSES over the data (the algorithm's `plan_pass`): a pass's units wait in
+TODO, are PENDING while a node holds them, and are DONE once their result is kept. When
+TODO runs empty the next pass starts, while the last units of the previous one may still
+be out, so no node waits for a straggler. A unit that fails goes back to the front of
+TODO with one failure more, and is discarded for this pass after `max_unit_failures`.
+
+Every ``updates_per_round`` versions make a ROUND, so evaluation, metrics, checkpoints
+and ``--rounds`` mean what they mean in sync mode. When a round's last version is made,
+the state records a `RoundEnd` for the run to write out, and holds further versions back
+until the run says it is written (`round_written`): the checkpoint then holds exactly that
+version. The run store records a unit in the round whose version took its result: at a
+round's end the units still waiting or computing move on into the next round, so a resume
+from a round's checkpoint reopens exactly the units whose results it does not hold.
+
+One re-entrant lock guards it all, and the engine writes the ledger under it
+(`recording`), so no attempt is recorded in a round its unit has just left.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from engine.ledger import UnitLedger
+from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Unit
+from engine.tasks import TaskResult
+from training.algorithms.base import UnitResult, UnitSpec, Weights
+from training.schedule import ScheduleSettings, weighted
+
+# (round, weights, results) -> the next weights: the algorithm's aggregate
+ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a checkpoint left the passes: the newest pass, and every unit (of any pass)
+    whose result the checkpoint's weights do not hold yet, by pass."""
+
+    pass_index: int
+    open_units: dict[int, tuple[str, ...]]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pass": self.pass_index,
+                "open": {str(p): list(ids) for p, ids in self.open_units.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> StreamPosition:
+        open_units = data.get("open", {})
+        if not isinstance(open_units, dict) or not isinstance(data.get("pass"), int):
+            raise ValueError("a stream position needs 'pass' (int) and 'open' (object)")
+        return cls(int(data["pass"]), {int(p): tuple(str(u) for u in ids)
+                                       for p, ids in open_units.items()})
+
+
+def reopened(position: StreamPosition,
+             plan_pass: Callable[[int], list[UnitSpec]]) -> list[tuple[int, UnitSpec]]:
+    """The units ``position`` holds open, as (pass, unit) in pass and plan order."""
+    units = []
+    for pass_index in sorted(position.open_units):
+        wanted = set(position.open_units[pass_index])
+        units += [(pass_index, spec) for spec in plan_pass(pass_index) if spec.unit_id in wanted]
+    return units
+
+
+def position_of(pass_index: int, open_units: Iterable[tuple[int, str]]) -> StreamPosition:
+    """A position at pass ``pass_index`` with ``open_units`` as (pass, unit id)."""
+    by_pass: dict[int, list[str]] = {}
+    for unit_pass, unit_id in open_units:
+        by_pass.setdefault(unit_pass, []).append(unit_id)
+    return StreamPosition(pass_index, {p: tuple(ids) for p, ids in by_pass.items()})
+
+
+@dataclass
+class RoundEnd:
+    """A round of an asynchronous run reached its last version."""
+
+    round: int
+    version: int
+    weights: Weights
+    results: int  # results applied during the round
+    train_loss: float
+    discarded: list[str]
+    position: StreamPosition | None  # None for a sync round
+
+
+@dataclass(eq=False)
+class StreamUnit(Unit):
+    pass_index: int = 1
+    ledger_round: int = 1  # the run store's round of the unit: it moves on with the rounds
+    planned: bool = False  # entered in the run store (when first taken from TODO)
+
+
+@dataclass
+class _RoundTally:
+    results: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    discarded: list[str] = field(default_factory=list)
+
+
+class StreamState(AttemptBook):
+    """See the module docstring."""
+
+    def __init__(self, *, weights: Weights, first_round: int, last_round: int,
+                 updates_per_round: int, schedule: ScheduleSettings,
+                 plan_pass: Callable[[int], list[UnitSpec]], apply: ApplyResults,
+                 scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
+                 position: StreamPosition | None = None) -> None:
+        self._lock = threading.RLock()  # re-entrant: ledger writes nest (see `recording`)
+        super().__init__([], max_attempts, self._lock)
+        self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
+        self.weights = weights
+        self.round_index = first_round
+        self.version = (first_round - 1) * updates_per_round
+        self.last_round = last_round
+        self.updates_per_round = updates_per_round
+        self.schedule = schedule
+        self.max_in_flight = 1  # units out at once: the run keeps it at its node count
+        self._plan_pass, self._apply, self._scalable = plan_pass, apply, scalable
+        self._ledger = ledger
+        self._buffer: list[tuple[UnitResult, float]] = []
+        self._tally = _RoundTally()
+        self._done_in_pass = 0
+        self.round_end: RoundEnd | None = None  # written by the run, then round_written()
+        self.pass_index = 0
+        if position is not None:
+            self._reopen(position)
+
+    # ----------------------------------------------------------------- passes
+    def _reopen(self, position: StreamPosition) -> None:
+        """The units a checkpoint did not hold, queued again in pass order."""
+        self.pass_index = position.pass_index
+        for pass_index, spec in reopened(position, self._plan_pass):
+            self._enqueue(pass_index, [spec])
+
+    def _start_pass(self) -> None:
+        self.pass_index += 1
+        self._done_in_pass = 0
+        self._enqueue(self.pass_index, self._plan_pass(self.pass_index))
+
+    def _enqueue(self, pass_index: int, specs: list[UnitSpec]) -> None:
+        for spec in specs:
+            unit = StreamUnit(len(self.units), spec, pass_index=pass_index)
+            self.units.append(unit)
+            self._queue.append(unit)
+
+    def _issue(self, unit: StreamUnit) -> StreamUnit:
+        """A unit leaving TODO for the first time enters the run store (in the round in
+        progress), so the store holds the units that were sent, not whole passes; one a
+        resume reopened is adopted with the attempts it had."""
+        if not unit.planned:
+            earlier = self._ledger.plan_pass_units(self.round_index, unit.pass_index,
+                                                   [unit.spec.unit_id])
+            unit.attempts = earlier.get(unit.spec.unit_id, 0)
+            unit.ledger_round, unit.planned = self.round_index, True
+        unit.reserved += 1
+        return unit
+
+    # ------------------------------------------------------------ scheduling
+    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
+        """A unit to work on while fewer than `max_in_flight` are out (a new pass when
+        TODO is empty), else a backup of a slow one; None when the run is over."""
+        with self._cond:
+            while not self._over:
+                if not backups_only and self._in_flight() < self.max_in_flight:
+                    if not self._queue:
+                        self._requeue_orphans()
+                    if not self._queue:
+                        self._start_pass()
+                    if self._queue:
+                        return self._issue(self._queue.popleft())
+                backup = self._take_backup(backup_after)
+                if backup is not None:
+                    return backup
+                self._cond.wait(WAIT_STEP_SECONDS)
+            return None
+
+    def _in_flight(self) -> int:
+        return sum(1 for u in self.units if u.reserved or u.started)
+
+    def requeue(self, unit: Unit, wait_seconds: float) -> None:
+        """Queue a unit no node took; unless an attempt of it is out, or it is queued
+        already (a worker that waits here still holds it, and another may have taken it
+        from the queue meanwhile: the unit must not be left to neither)."""
+        with self._cond:
+            if not (unit.done or unit.discarded or unit.started) and unit not in self._queue:
+                self._queue.append(unit)
+            if wait_seconds > 0:
+                self._cond.wait(wait_seconds)
+
+    def newest(self) -> tuple[int, int, Weights]:
+        """(round in progress, version, weights) of the newest version, for a new task."""
+        with self._cond:
+            return self.round_index, self.version, self.weights
+
+    def ledger_round(self, unit: Unit) -> int:
+        """The run store's round that holds ``unit`` now."""
+        return unit.ledger_round if isinstance(unit, StreamUnit) else self.round_index
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Held while the engine writes a unit's event to the ledger (see module doc)."""
+        with self._lock:
+            yield
+
+    def counts(self) -> dict[str, int]:
+        """The version, the newest pass and the units: todo (queued), pending (out on
+        nodes) and done (of the newest pass)."""
+        with self._cond:
+            return {"version": self.version, "pass": self.pass_index, "todo": len(self._queue),
+                    "pending": self._in_flight(), "done": self._done_in_pass}
+
+    # --------------------------------------------------------------- attempts
+    def _after_failure(self, unit: Unit) -> None:
+        """A unit discarded after its failures is done with for this pass."""
+        if unit.discarded:
+            self._settle(unit)
+            self._tally.discarded.append(unit.spec.unit_id)
+
+    def complete(self, unit: Unit, update: Weights, result: TaskResult,
+                 node: str | None = None, on_kept: Callable[[], None] | None = None,
+                 on_stale: Callable[[str], None] | None = None) -> bool:
+        """Keep a result if its unit is open and it is fresh enough (``on_kept`` records
+        it), apply the buffer when it is full; a result too stale is refused
+        (``on_stale`` records why) and its unit queued first to be computed again."""
+        with self._cond:
+            # Held while a round end is written: a result kept now belongs to the next
+            # round, and the buffer is always empty when a round ends.
+            self._wait_for_round_written()
+            if self.is_over(unit):
+                return False
+            staleness = self.version - result.model_version
+            if staleness > self.schedule.max_staleness:
+                if on_stale is not None:
+                    on_stale(f"stale: computed from version {result.model_version}, "
+                             f"{staleness} behind (max_staleness "
+                             f"{self.schedule.max_staleness})")
+                if len(unit.started) == 0 and unit not in self._queue:
+                    self._queue.appendleft(unit)
+                self._cond.notify_all()
+                return False
+            unit.done = True
+            self._settle(unit)
+            if on_kept is not None:
+                on_kept()
+            if isinstance(unit, StreamUnit) and unit.pass_index == self.pass_index:
+                self._done_in_pass += 1
+            kept = UnitResult(unit.spec, update, result.num_samples, result.loss, node)
+            self._buffer.append((kept, self.schedule.weight(max(staleness, 0))))
+            if len(self._buffer) >= self.schedule.results_per_version:
+                self._apply_buffer()
+            self._cond.notify_all()
+            return True
+
+    def _settle(self, unit: Unit) -> None:
+        if unit in self.units:
+            self.units.remove(unit)
+
+    # --------------------------------------------------------------- versions
+    def _wait_for_round_written(self) -> None:
+        """Hold a new version back while the last round's end is being written, so its
+        checkpoint and evaluation see exactly that round's version."""
+        while self.round_end is not None and not self._over and self.fatal is None:
+            self._cond.wait(WAIT_STEP_SECONDS)
+
+    def _apply_buffer(self) -> None:
+        results = [r for r, _ in self._buffer]
+        factors = [f for _, f in self._buffer]
+        self._buffer = []
+        self.weights = self._apply(self.round_index, self.weights,
+                                   weighted(results, factors, self._scalable))
+        self.version += 1
+        tally = self._tally
+        tally.results += len(results)
+        tally.samples += sum(r.num_samples for r in results)
+        tally.loss_sum += sum(r.loss * r.num_samples for r in results)
+        if self.version >= self.round_index * self.updates_per_round:
+            self._end_round()
+
+    def _end_round(self) -> None:
+        tally, ended = self._tally, self.round_index
+        self.round_end = RoundEnd(
+            round=ended, version=self.version, weights=self.weights, results=tally.results,
+            train_loss=tally.loss_sum / tally.samples if tally.samples else float("nan"),
+            discarded=list(tally.discarded), position=self._position())
+        self._tally = _RoundTally()
+        if ended >= self.last_round:
+            self._over = True  # the run's last round: what is still out is left unsettled
+            return
+        self.round_index = ended + 1
+        self._ledger.gather_units(ended - 1, self.round_index,
+                                  f"carried on: still to do when round {ended} ended")
+        for unit in self.units:
+            if unit.planned:
+                unit.ledger_round = self.round_index
+
+    def _position(self) -> StreamPosition:
+        return position_of(self.pass_index,
+                           ((unit.pass_index, unit.spec.unit_id) for unit in self.units))
+
+    def round_written(self) -> None:
+        """The run has written the pending `round_end`: versions may move on."""
+        with self._cond:
+            self.round_end = None
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------- end
+    def wait_event(self, timeout: float) -> None:
+        """Wait until a round ends, the run is over or failed, or ``timeout`` passes."""
+        with self._cond:
+            if self.round_end is None and not self._over and self.fatal is None:
+                self._cond.wait(timeout)
+

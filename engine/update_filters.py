@@ -1,0 +1,114 @@
+"""The checks a node's result passes before its round may use it, as one pluggable step.
+
+The engine decodes a result's update and hands it, with its unit, node and sample count,
+to the round's filters in turn; a filter refuses it by raising ValueError (the engine then
+counts a failure of the node, benches it and gives the unit to another). The run builds
+the filters of each round (`round_filters`): the algorithm's sample-count and tensor checks
+(`Algorithm.check_samples`, `Algorithm.check_update`: names, shapes, dtypes, finite values)
+and the norm guard (engine/update_norms.py). A new filter is a class here with a
+`check`, added to `round_filters`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine.update_norms import NormGuard
+from training.algorithms.base import Algorithm, UnitSpec, Weights, check_sample_count
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A result the round has not accepted yet."""
+
+    unit: UnitSpec
+    node: str
+    update: Weights
+    num_samples: int
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a filter may know of its round while it checks a result."""
+
+    wait_seconds: float  # how long a filter may wait (for peers of the round)
+    settled: Callable[[], bool]  # True once the round is over or the run cancelled
+
+
+class UpdateFilter:
+    """One check of a round's results; `start_round`/`end_round` frame each round."""
+
+    def start_round(self, quorum: int, nodes: int) -> None:
+        """A round of ``quorum`` wanted results over ``nodes`` nodes begins."""
+
+    def check(self, candidate: Candidate, round_view: RoundView) -> None:
+        """Raise ValueError (its message says why) to refuse the result."""
+        raise NotImplementedError
+
+    def end_round(self) -> None:
+        """The round is over: stop waiting on it."""
+
+
+class SampleCount(UpdateFilter):
+    """A sample count the unit could have produced (the count weighs the average)."""
+
+    def __init__(self, check: Callable[[UnitSpec, int], None]) -> None:
+        self._check = check
+
+    def check(self, candidate: Candidate, round_view: RoundView) -> None:
+        self._check(candidate.unit, candidate.num_samples)
+
+
+class Tensors(UpdateFilter):
+    """The update's tensors fit what was sent (names, shapes, dtypes; finite values)."""
+
+    def __init__(self, check: Callable[[Weights], None]) -> None:
+        self._check = check
+
+    def check(self, candidate: Candidate, round_view: RoundView) -> None:
+        self._check(candidate.update)
+
+
+class NormLimit(UpdateFilter):
+    """Refuses an update far larger than its peers and the recent ones; keeps its history
+    across rounds, so one instance serves a whole run."""
+
+    def __init__(self, factor: float | None) -> None:
+        self.guard = NormGuard(factor)
+
+    def start_round(self, quorum: int, nodes: int) -> None:
+        self.guard.start_round(quorum, nodes)
+
+    def check(self, candidate: Candidate, round_view: RoundView) -> None:
+        # A large update waits for peers of its round: refused only if it is far above
+        # them too, so growing updates of an unstable run bench no one.
+        self.guard.check(candidate.update, candidate.unit.unit_id, candidate.node,
+                         round_view.wait_seconds, round_view.settled)
+
+    def end_round(self) -> None:
+        self.guard.end_round()
+
+
+def any_positive_count(unit: UnitSpec, num_samples: int) -> None:
+    """The check of a sample count when the unit's size is unknown: at least 1."""
+    check_sample_count(num_samples, None)
+
+
+DEFAULT_FILTERS = (SampleCount(any_positive_count),)  # what a round checks at least
+
+
+def round_filters(algorithm: Algorithm, weights: Weights,
+                  norm_limit: NormLimit | None) -> list[UpdateFilter]:
+    """The filters of a round whose units were sent ``weights``, cheapest first."""
+    filters: list[UpdateFilter] = [
+        SampleCount(algorithm.check_samples),
+        Tensors(lambda update: algorithm.check_update(update, weights))]
+    return filters + ([norm_limit] if norm_limit is not None else [])
+
+
+def run_filters(filters: Sequence[UpdateFilter], candidate: Candidate,
+                round_view: RoundView) -> None:
+    """Every filter's check in turn; the first refusal (ValueError) stops."""
+    for update_filter in filters:
+        update_filter.check(candidate, round_view)

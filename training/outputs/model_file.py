@@ -1,0 +1,82 @@
+"""Saving and loading a trained model: its weights plus a JSON description, in one .npz."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_DESCRIPTION_KEY = "__model__"
+# A run's checkpoint keeps the algorithm's optimizer state beside the weights, its
+# arrays named with this prefix (coordinator/checkpoint.py).
+OPTIMIZER_PREFIX = "optimizer."
+_ZIP_MAGIC = b"PK\x03\x04"  # how every .npz (a zip archive) begins
+
+
+class ModelFileError(ValueError):
+    """A file that is not a model saved by this project."""
+
+
+def save_model(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
+               description: Mapping[str, Any]) -> Path:
+    """Write atomically (temp file + rename), so a crash never leaves half a model."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    arrays = dict(weights)
+    arrays[_DESCRIPTION_KEY] = np.array(json.dumps(dict(description)))
+    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_model(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The weights and the description of a saved model; ModelFileError names the file and
+    what is wrong with it (missing, truncated, not an .npz, no or a damaged description)."""
+    arrays = _read_arrays(path)
+    if _DESCRIPTION_KEY not in arrays:
+        raise ModelFileError(f"{path} has no model description; was it saved by this trainer?")
+    try:
+        description = json.loads(str(arrays.pop(_DESCRIPTION_KEY)))
+    except ValueError:
+        raise ModelFileError(f"{path} is damaged: its model description is not JSON") from None
+    if not isinstance(description, dict):
+        raise ModelFileError(f"{path} is damaged: its model description is not a JSON object")
+    return arrays, description
+
+
+def _read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the .npz at `path`, read in full so that damage shows here."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(_ZIP_MAGIC))
+    except FileNotFoundError:
+        raise ModelFileError(f"model file {path} not found") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror}") from None
+    if magic != _ZIP_MAGIC:
+        raise ModelFileError(f"{path} is not a model file: not an .npz archive "
+                             f"({'empty' if not magic else 'damaged or another kind of file'})")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    # A truncated or altered archive fails in zipfile, zlib or numpy's header parser.
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ModelFileError(f"{path} is damaged (truncated or altered): {exc}") from None
+
+
+def without_optimizer(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's own weights of a saved file: a checkpoint's optimizer state left out."""
+    return {k: v for k, v in arrays.items() if not k.startswith(OPTIMIZER_PREFIX)}
