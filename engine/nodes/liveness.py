@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from engine.nodes.pool import NodeHandle
+from typing import Any, Protocol
 
 HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
 SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...
@@ -92,10 +89,22 @@ def _newest(seen: dict[str, Any], when: Callable[[Any], float]) -> dict[str, Any
     return {k: v for k, v in seen.items() if when(v) >= cutoff}
 
 
+class Pingable(Protocol):
+    """What the heartbeats need of a node (engine/nodes/pool.py's NodeHandle is one)."""
+
+    name: str
+    liveness: Liveness
+
+    @property
+    def accepts_connections(self) -> bool: ...
+
+    def heartbeat(self) -> None: ...
+
+
 class HeartbeatMonitor:
     """Pings `nodes()` every `interval` seconds until `stop()`."""
 
-    def __init__(self, nodes: Callable[[], list[NodeHandle]],
+    def __init__(self, nodes: Callable[[], Sequence[Pingable]],
                  interval: float = HEARTBEAT_SECONDS,
                  record: Callable[[dict[str, float]], None] | None = None) -> None:
         """`record` gets, once per interval, the nodes heard from since the last time,
@@ -129,7 +138,7 @@ class HeartbeatMonitor:
                     self._in_flight[node.name] = self._pool.submit(node.heartbeat)
             self._record_heard(nodes)
 
-    def _record_heard(self, nodes: list[NodeHandle]) -> None:
+    def _record_heard(self, nodes: Sequence[Pingable]) -> None:
         if self._record is None:
             return
         now = time.time()
