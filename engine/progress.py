@@ -45,8 +45,11 @@ class RunProgress:
         self.stream_counts: Callable[[], dict[str, int]] | None = None
 
     def add(self, **counts: int) -> None:
-        """Add to counters by name, e.g. add(units_done=1, in_flight=-1)."""
+        """Add to counters by name, e.g. add(units_done=1, in_flight=-1). An ended run's
+        counters are final (see `end`): what still comes changes nothing."""
         with self._lock:
+            if self.state != RUNNING:
+                return
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
 
@@ -67,12 +70,15 @@ class RunProgress:
                 self.message = message
 
     def end(self, state: str, message: str | None = None) -> None:
-        """Mark the run ended; the node summaries are kept as they are at this moment."""
+        """Mark the run ended; the node summaries are kept as they are at this moment.
+        The attempts still out end with the run: they count as cancelled, as the run
+        store closes them, and their answers, which may still come, are not counted."""
         nodes = self._node_summaries()
         with self._lock:
             self._final_nodes = nodes
             self.state = state
             self.message = message
+            self.cancelled += self.in_flight
             self.in_flight = 0
             self._ended = time.monotonic()
 

@@ -37,6 +37,7 @@ def test_a_cancelled_run_frees_its_node_for_the_next_run(cluster):
                                 cluster.workdir, timeout=30)
     assert attached.returncode == 3, attached.stderr  # the latest run, which was cancelled
     assert "Run huge: cancelled" in attached.stdout
+    assert "out 0" in attached.stdout  # its attempts ended with it, none below zero
     began = time.monotonic()
     result = cluster.train_json(*SMALL, "--run-id", "next", timeout=SERVED_WITHIN)
     assert time.monotonic() - began < SERVED_WITHIN

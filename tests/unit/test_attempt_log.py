@@ -12,7 +12,7 @@ import pytest
 from coordinator.run_store import RunStore
 from engine.attempt_log import AttemptEnd, AttemptLog
 from engine.ledger import UnitLedger
-from engine.progress import RunProgress
+from engine.progress import CANCELLED, RunProgress
 from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 
@@ -89,3 +89,20 @@ def test_answers_and_failed_calls_reach_the_node_counters() -> None:
                                        model_version=1), 0.1)
     attempts.failed_call(node, 0.2, bench=False, reason="boom")
     assert (node.stats.rejected, node.stats.failed, node.in_flight) == (1, 1, 0)
+
+
+def test_attempts_out_when_the_run_ends_are_cancelled_with_it(recorded: Recorded) -> None:
+    """A cancelled run's attempts answer after it ended: the counters stay as the run
+    left them, with the attempts it left out counted as cancelled, as the store does."""
+    attempts, node, progress = recorded.attempts, recorded.node, recorded.progress
+    for attempt in (1, 2):
+        attempts.started(1, "u1", attempt, node)
+    attempts.ledger.run_ended(CANCELLED, "cancelled by the client")
+    progress.end(CANCELLED, "cancelled by the client")
+    for attempt in (1, 2):
+        attempts.ended(1, "u1", attempt, node, AttemptEnd.CANCELLED, "cancelled",
+                       unit_settled=True)
+    snapshot = progress.snapshot()
+    assert (snapshot.in_flight, snapshot.cancelled) == (0, 2)
+    statuses = [e.attempt_status for e in recorded.store.unit_history("r1", 1, "u1")]
+    assert statuses.count("cancelled") == 2
