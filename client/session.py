@@ -17,6 +17,8 @@ from thrift.Thrift import TApplicationException, TException
 from client.display import ProgressView
 from wire.generated import Coordinator, ttypes
 from wire.rpc import ConnectionFailed, ConnectionPool, connect
+from wire.transport import WrongProtocol
+from wire.version import COORDINATOR_ID
 
 CANCEL_WAIT_SECONDS = 15.0
 # Exit codes of the client (README, "Exit codes"): argparse itself exits 2 on bad arguments.
@@ -54,8 +56,28 @@ def call(endpoint: Endpoint, method: str, request: Any, timeout: float = 10.0) -
         raise ClientError(f"cannot reach the coordinator: {exc}") from None
     except (ttypes.UnknownRun, ttypes.Unauthorized) as exc:
         raise ClientError(exc.message) from None
+    except WrongProtocol as exc:
+        raise _wrong_port(endpoint, exc) from None
+    except TApplicationException as exc:
+        if exc.type == TApplicationException.UNKNOWN_METHOD:
+            # Of the trainer's servers, only compute nodes lack the coordinator's calls.
+            raise _not_a_coordinator(endpoint) from None
+        raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
     except (TException, OSError) as exc:
         raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
+
+
+def _wrong_port(endpoint: Endpoint, exc: WrongProtocol) -> ClientError:
+    if exc.protocol == "HTTP":
+        return ClientError(f"{endpoint} is an HTTP server, not the coordinator's Thrift port "
+                           "(the dashboard's port?); give the port the coordinator prints as "
+                           "'coordinator listening on HOST:PORT'")
+    return ClientError(f"cannot talk to the coordinator at {endpoint}: {exc}")
+
+
+def _not_a_coordinator(endpoint: Endpoint) -> ClientError:
+    return ClientError(f"{endpoint} is a compute node, not a coordinator; give the port the "
+                       "coordinator prints as 'coordinator listening on HOST:PORT'")
 
 
 class _TrainCall(threading.Thread):
@@ -83,8 +105,10 @@ class _TrainCall(threading.Thread):
 def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: ProgressView,
                     poll_seconds: float, dead_after: float) -> ttypes.RunResult:
     """Run train() and show progress until it returns; raises ClientError on failure."""
-    call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
-         timeout=endpoint.connect_timeout)
+    info = call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
+                timeout=endpoint.connect_timeout)
+    if info.node_id != COORDINATOR_ID:  # compute nodes answer pings too
+        raise _not_a_coordinator(endpoint)
     train = _TrainCall(endpoint, request)
     try:
         train.start()

@@ -19,7 +19,7 @@ from engine.nodes.membership_service import MembershipService
 from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
 from engine.records import RunSnapshot
 from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.version import check_protocol_version
+from wire.version import COORDINATOR_ID, check_protocol_version
 
 log = logging.getLogger("coordinator")
 SHUTDOWN_SECONDS = 10.0  # how long a shutdown waits for cancelled runs to answer
@@ -133,7 +133,7 @@ class CoordinatorHandler(MembershipService):
         check_protocol_version(request.protocol_version, "coordinator")
         with self._lock:
             running = sum(1 for r in self._runs.values() if r.progress.state == "running")
-        return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id="coordinator",
+        return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id=COORDINATOR_ID,
                                load_prob=0.0, units_running=running, units_completed=0,
                                units_rejected=0, uptime_seconds=0.0)
 

@@ -1,7 +1,9 @@
-"""Answering a plaintext client that dialled a TLS-only server.
+"""Answering a client that speaks another protocol than the server: a plaintext client
+that dialled a TLS-only server, or an HTTP client (a browser, curl) on a Thrift port.
 
-The server cannot serve such a client, but it can tell it why: it answers the client's
-first call with a Thrift exception naming the fix. Clients route a reply by its method
+The server cannot serve such a client, but it can tell it why, in the client's own
+protocol: an HTTP client gets a plain-text HTTP answer; a plaintext Thrift client gets
+its first call answered with a Thrift exception naming the fix. Clients route a reply by its method
 name and sequence id (Node.js drops a reply whose name matches no call it made, and
 Java checks the sequence id), so the refusal echoes both from the head of the client's
 first frame. Only that head is read, a few hundred bytes at most, under the server's
@@ -31,6 +33,10 @@ _FRAME_SIZE = struct.Struct("!i")
 _DRAIN_CHUNKS = 16  # of 64 KiB: a plaintext client's first request, read and dropped
 # A TLS connection opens with a handshake record, whose first byte is 22.
 _TLS_HANDSHAKE_RECORD = 0x16
+HTTP_ANSWER = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\n"
+               b"Connection: close\r\n\r\n"
+               b"This port speaks Thrift, not HTTP: it is a trainer's RPC port. The "
+               b"coordinator's dashboard has a port of its own (--dashboard-port).\n")
 
 
 def speaks_plaintext(sock: socket.socket) -> bool:
@@ -40,15 +46,19 @@ def speaks_plaintext(sock: socket.socket) -> bool:
 
 
 def refuse(sock: socket.socket, max_frame_bytes: int, seconds: float) -> None:
-    """Answer the plaintext client's first call on `sock` with the refusal.
-
-    The head of its first frame is read within `seconds`; what it sent is then read
-    and dropped (bounded) until it hangs up: closing with unread data would reset the
-    connection, and the client could lose the answer before reading it.
-    """
+    """Answer the plaintext client's first call on `sock` with the refusal; the head of
+    its first frame is read within `seconds` (see `answer` for the rest)."""
     with suppress(OSError):
         method, seqid = _first_call(sock, max_frame_bytes, time.monotonic() + seconds)
-        sock.sendall(refusal(method, seqid))
+        answer(sock, refusal(method, seqid), seconds)
+
+
+def answer(sock: socket.socket, reply: bytes, seconds: float) -> None:
+    """Send `reply`, then read and drop what the client sent (bounded, waiting at most
+    `seconds` at a time) until it hangs up: closing with unread data would reset the
+    connection, and the client could lose the answer before reading it."""
+    with suppress(OSError):
+        sock.sendall(reply)
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(seconds)  # the client's hang-up may take a while on a loaded machine
         for _ in range(_DRAIN_CHUNKS):

@@ -36,6 +36,7 @@ from wire.transport import (
     IdleTimeout,
     ServerReads,
     WireProtocolFactory,
+    WrongProtocol,
     tune_socket,
 )
 
@@ -447,6 +448,11 @@ class ThriftServer:
             while not self._stop_requested:
                 if self._gate is None or self._gate.admit(transport, protocol):
                     self._processor.process(protocol, protocol)
+        except WrongProtocol as exc:  # a peer at the wrong port: told in its protocol
+            log.warning("closing %s: %s", peer, exc)
+            if exc.protocol == "HTTP":
+                plaintext_refusal.answer(sock, plaintext_refusal.HTTP_ANSWER,
+                                         self._handshake_timeout)
         except TTransportException as exc:
             log.log(_level_of(exc), "closing %s: %s", peer, exc)
         except Exception as exc:  # a bad client must never take the server down

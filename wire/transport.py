@@ -58,8 +58,13 @@ _HEADER = struct.Struct("!i")
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _EMPTY = memoryview(b"")
 _MIB = 1024 * 1024
+# Frame headers that are another protocol's first bytes, a peer at the wrong port. Read as
+# lengths they are far above the default frame limit, so only a refused frame is checked.
 # A TLS record carrying a handshake starts 0x16 0x03: a TLS client on a plaintext server.
 _TLS_HANDSHAKE = b"\x16\x03"
+_HTTP_RESPONSE = b"HTTP"  # "HTTP/1.1 400 ...": a client that dialled an HTTP server
+_HTTP_REQUESTS = (b"GET ", b"HEAD", b"POST", b"PUT ", b"DELE", b"OPTI", b"PATC", b"CONN",
+                  b"TRAC", b"PRI ")  # a browser or curl on a Thrift port
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -98,6 +103,15 @@ class IdleTimeout(TTransportException):
 
     def __init__(self, message: str) -> None:
         super().__init__(TTransportException.TIMED_OUT, message)
+
+
+class WrongProtocol(TTransportException):
+    """The peer speaks another protocol than framed Thrift (``protocol``: "HTTP" or
+    "TLS"): it is the wrong port, or one side lacks a TLS setting. No frame limit helps."""
+
+    def __init__(self, protocol: str, message: str) -> None:
+        super().__init__(TTransportException.UNKNOWN, message)
+        self.protocol = protocol
 
 
 class FramedSocketTransport(TTransportBase):
@@ -282,6 +296,9 @@ class FramedSocketTransport(TTransportBase):
     def _checked_size(self) -> int:
         (size,) = _HEADER.unpack(self._header)
         if not 0 <= size <= self.max_frame_bytes:
+            wrong = self._other_protocol()
+            if wrong is not None:
+                raise wrong
             raise TTransportException(TTransportException.SIZE_LIMIT, self._refusal(size))
         return size
 
@@ -312,11 +329,25 @@ class FramedSocketTransport(TTransportBase):
                 f"{self.peer} closed the connection {wanted} bytes short of a frame")
         return got
 
+    def _other_protocol(self) -> WrongProtocol | None:
+        """The mistake a refused frame header shows, when it is another protocol's start."""
+        head = bytes(self._header)
+        if head[:2] == _TLS_HANDSHAKE:
+            return WrongProtocol("TLS", f"{self.peer} speaks TLS to a plaintext connection; "
+                                 "start the server with --tls-cert and --tls-key, or drop "
+                                 "--tls-ca on the connecting side")
+        if head == _HTTP_RESPONSE:
+            return WrongProtocol("HTTP", f"{self.peer} answered in HTTP: it is an HTTP server "
+                                 "(a dashboard?), not a Thrift port of the trainer")
+        if head in _HTTP_REQUESTS:
+            return WrongProtocol("HTTP", f"{self.peer} sent an HTTP request "
+                                 f"({head.decode().strip()}): this port speaks Thrift, not "
+                                 "HTTP; the coordinator's dashboard has a port of its own "
+                                 "(--dashboard-port)")
+        return None
+
     def _refusal(self, size: int) -> str:
         """Why a frame header was refused, in words an operator can act on."""
-        if self._header[:2] == _TLS_HANDSHAKE:
-            return (f"{self.peer} speaks TLS to a plaintext connection; start the server with "
-                    "--tls-cert and --tls-key, or drop --tls-ca on the connecting side")
         if size < 0:
             return f"frame from {self.peer} declares a negative length ({size}); not our protocol"
         return (f"frame of {size} bytes ({size / _MIB:.1f} MiB) from {self.peer} exceeds the "

@@ -2,6 +2,9 @@
 
 from wire.generated import PROTOCOL_VERSION, ttypes
 
+# What a coordinator's ping answers as its node_id: a client checks that it reached one.
+COORDINATOR_ID = "coordinator"
+
 
 def check_protocol_version(version: int, who: str) -> None:
     """Raise the declared VersionMismatch when a peer speaks another protocol version."""

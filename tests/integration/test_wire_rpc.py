@@ -123,11 +123,14 @@ def framed(payload: bytes) -> bytes:
 
 
 def hangs_up(sock: socket.socket) -> bool:
-    """True once the server closed `sock` (EOF or reset) within the socket timeout."""
+    """True once the server closed `sock` (EOF or reset) within the socket timeout, after
+    whatever answer it sent (an HTTP client is told it reached a Thrift port)."""
     try:
-        return sock.recv(1) == b""
+        while sock.recv(4096):
+            pass
     except ConnectionResetError:
-        return True
+        pass
+    return True
 
 
 # ------------------------------------------------------------ round trips
