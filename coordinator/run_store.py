@@ -65,6 +65,7 @@ from itertools import islice
 from typing import Any
 
 from engine.ledger import RunStoreError, StoreUnavailable
+from engine.records import NodeCounts
 
 SCHEMA_VERSION = 3  # 2: nodes.last_heartbeat; 3: units.pass
 RUN_STATES = ("running", "completed", "failed", "cancelled")
@@ -203,6 +204,8 @@ _NODE_UPSERT = """INSERT INTO nodes (run_id, node, accepted, rejected, delayed, 
         last_answer = COALESCE(excluded.last_answer, last_answer),
         last_failure = COALESCE(excluded.last_failure, last_failure),
         last_reason = COALESCE(excluded.last_reason, last_reason)"""
+_NODE_RECORD_COLUMNS = ("node", "accepted", "rejected", "delayed", "failed", "cancelled", "samples",
+                        "last_answer", "last_failure", "last_reason", "last_heartbeat")
 
 
 class SchemaError(RunStoreError):
@@ -279,16 +282,12 @@ class UnfinishedUnit:
     last_reason: str | None
 
 
-@dataclass(frozen=True)
-class NodeRecord:
-    """A node's counts within one run, as in the client's summary table."""
+@dataclass(kw_only=True)
+class NodeRecord(NodeCounts):
+    """A node's counts within one run, as in the client's summary table. The store keeps
+    answers and samples, not seconds: those read 0."""
 
     node: str
-    accepted: int
-    rejected: int
-    delayed: int
-    failed: int
-    cancelled: int
     samples: int
     last_answer: float | None
     last_failure: float | None
@@ -710,10 +709,9 @@ class RunStore:
     def node_stats(self, run_id: str) -> list[NodeRecord]:
         """Per-node counts of a run, by node name."""
         with self._tx(write=False) as db:
-            rows = db.execute("SELECT node, accepted, rejected, delayed, failed, cancelled, "
-                              "samples, last_answer, last_failure, last_reason, last_heartbeat "
-                              "FROM nodes WHERE run_id = ? ORDER BY node", (run_id,)).fetchall()
-        return [NodeRecord(*row) for row in rows]
+            rows = db.execute(f"SELECT {', '.join(_NODE_RECORD_COLUMNS)} FROM nodes "
+                              "WHERE run_id = ? ORDER BY node", (run_id,)).fetchall()
+        return [NodeRecord(**dict(zip(_NODE_RECORD_COLUMNS, row, strict=True))) for row in rows]
 
 
 # ------------------------------------------------------------------ helpers

@@ -54,7 +54,5 @@ def _node_summary(n: NodeRecord, ended: float, suspect_seconds: float,
     else:
         state = ("alive" if silent < suspect_seconds else
                  "suspect" if silent < dead_seconds else "dead")
-    return NodeSummary(
-        node=n.node, accepted=n.accepted, rejected=n.rejected, delayed=n.delayed,
-        failed=n.failed, cancelled=n.cancelled, busy_seconds=0.0, compute_seconds=0.0,
-        delay_seconds=0.0, state=state, silent_seconds=silent, pull=False)
+    return NodeSummary(**n.count_fields(), node=n.node, state=state, silent_seconds=silent,
+                       pull=False)

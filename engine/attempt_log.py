@@ -3,7 +3,7 @@
 An attempt's end is seen by three readers: the run store's ledger (the source of truth for
 unit and attempt status: what a resume, `client.py status` after a restart and the soak
 check read), the run's live counters (`RunProgress`: the status call and the final
-summary) and the node's counters (`NodeStats`: the node tables). The engine reports each
+summary) and the node's counters (`NodeCounts`: the node tables). The engine reports each
 event once, here, as an `AttemptEnd`; the ledger status and the counter it moves both
 follow from it, so the three cannot drift apart.
 """

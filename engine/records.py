@@ -6,22 +6,35 @@ into Thrift structs only when they answer a call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
-@dataclass
-class NodeSummary:
+@dataclass(kw_only=True)
+class NodeCounts:
+    """One node's counts in a run: its answers by outcome and where its time went. The
+    engine keeps them per node (NodeHandle.stats); a summary and the run store's record
+    are these counts with more about the node."""
+
+    accepted: int = 0
+    rejected: int = 0
+    delayed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    busy_seconds: float = 0.0  # from call to answer, summed over calls
+    compute_seconds: float = 0.0  # in the unit maths, as the node reports
+    delay_seconds: float = 0.0  # in simulated load delays, as the node reports
+
+    def count_fields(self) -> dict[str, int | float]:
+        """The counts alone, by name (of a summary or a record too): to build another
+        record of the same counts."""
+        return {f.name: getattr(self, f.name) for f in fields(NodeCounts)}
+
+
+@dataclass(kw_only=True)
+class NodeSummary(NodeCounts):
     """One node's counts in a run, as the summary and `status` show them."""
 
     node: str
-    accepted: int
-    rejected: int
-    delayed: int
-    failed: int
-    cancelled: int
-    busy_seconds: float
-    compute_seconds: float
-    delay_seconds: float
     state: str  # alive, suspect or dead (unknown: a stored node never heard from)
     silent_seconds: float | None  # None: never heard from
     pull: bool

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from engine.nodes.client import NodeClient
 from engine.nodes.errors import NodeError
 from engine.nodes.liveness import Liveness
 from engine.policies import NodeView
-from engine.records import NodeSummary
+from engine.records import NodeCounts, NodeSummary
 from engine.tasks import Task, TaskResult, TaskStatus
 from wire.stats import PayloadBytes
 
@@ -20,20 +19,6 @@ log = logging.getLogger("coordinator.nodes")
 # A node that failed waits this long before it is tried again, doubling up to the cap.
 BENCH_FIRST_SECONDS = 0.5
 BENCH_MAX_SECONDS = 10.0
-
-
-@dataclass
-class NodeStats:
-    """Per-run counts users see in the summary."""
-
-    accepted: int = 0
-    rejected: int = 0
-    delayed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    busy_seconds: float = 0.0
-    compute_seconds: float = 0.0
-    delay_seconds: float = 0.0
 
 
 class NodeHandle:
@@ -45,7 +30,7 @@ class NodeHandle:
         self.name = name
         self.client = client
         self.address = client.address
-        self.stats = NodeStats()
+        self.stats = NodeCounts()  # this run's counts, as its summary shows them
         self.in_flight = 0
         self.role: str | None = None  # from its pings: a relay, local workers (NodeInfo)
         self.members: list[NodeSummary] = []  # a relay's group, from its pings
@@ -179,11 +164,8 @@ class NodeHandle:
 
     def summary(self) -> NodeSummary:
         with self._lock:
-            s = self.stats
-            return NodeSummary(node=self.name, accepted=s.accepted, rejected=s.rejected,
-                                      delayed=s.delayed, failed=s.failed, cancelled=s.cancelled,
-                               busy_seconds=s.busy_seconds, compute_seconds=s.compute_seconds,
-                               delay_seconds=s.delay_seconds, state=self.liveness.state(),
+            return NodeSummary(**self.stats.count_fields(), node=self.name,
+                               state=self.liveness.state(),
                                silent_seconds=self.liveness.silent_seconds(),
                                pull=not self.accepts_connections, role=self.role,
                                members=list(self.members))
