@@ -1,6 +1,6 @@
 """Test certificates made at run time with the openssl command: a CA and a server for 127.0.0.1.
 
-Made the way README.md ("Multi-machine deployment") tells operators to make them, so
+Made the way docs/deployment.md tells operators to make them (its step 2), so
 the tests also check those commands. Keys are EC P-256: generated in milliseconds.
 """
 
