@@ -17,7 +17,9 @@ from typing import Any, Protocol
 
 from coordinator.run import RUN_ID, CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError
+from coordinator.stored_status import stored_status
 from dashboard import run_files
+from engine.records import RunSnapshot
 
 MAX_RUNS = 200  # runs listed on the runs page
 CORE_ROUND_KEYS = ("round", "validation_error", "validation_loss", "train_loss", "seconds",
@@ -172,11 +174,15 @@ class Views:
 
     def _nodes(self, run_id: str, run: Run | None) -> list[dict[str, Any]]:
         """A running run's nodes as its handles see them; once it has ended, its nodes are
-        no longer watched, so the store's counts and last heartbeats, with each node's
-        unit time and kind while this process still holds them."""
+        no longer watched, so the store's counts and last heartbeats, each node's state
+        when the run ended (as `status` shows it), and its unit time and kind while this
+        process still holds them."""
         if run is not None and run.progress.state == "running":
             return _live_nodes(run)
         nodes = self._stored_nodes(run_id)
+        states = self._states_at_end(run_id, run)
+        for node in nodes:
+            node["state"] = states.get(node["node"], "unknown")
         if run is not None:
             handles = {n["node"]: n for n in _live_nodes(run)}
             for node in nodes:
@@ -185,14 +191,29 @@ class Views:
                             in_flight=live.get("in_flight"))
         return nodes
 
+    def _states_at_end(self, run_id: str, run: Run | None) -> dict[str, str]:
+        """Each node's state when the ended run stopped watching it: as the run kept it
+        while this process holds the run, else judged from the store as `status` does."""
+        snapshot = run.progress.snapshot() if run is not None else self._stored_status(run_id)
+        return {n.node: n.state for n in snapshot.nodes} if snapshot is not None else {}
+
+    def _stored_status(self, run_id: str) -> RunSnapshot | None:
+        store, settings = self.coordinator.store, self.coordinator.settings
+        try:
+            record = store.get_run(run_id)
+            return None if record is None else stored_status(
+                store, record, settings.suspect_seconds, settings.dead_seconds)
+        except RunStoreError:
+            return None
+
     def _stored_nodes(self, run_id: str) -> list[dict[str, Any]]:
-        """The store's counts of a run's nodes, with no live state."""
+        """The store's counts of a run's nodes, without their state."""
         try:
             records = self.coordinator.store.node_stats(run_id)
         except RunStoreError:
             return []
         now = time.time()
-        return [{"node": n.node, "state": "-", "accepted": n.accepted, "rejected": n.rejected,
+        return [{"node": n.node, "accepted": n.accepted, "rejected": n.rejected,
                  "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled,
                  "last_heartbeat_seconds": (now - n.last_heartbeat
                                             if n.last_heartbeat else None),

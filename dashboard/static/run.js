@@ -56,10 +56,14 @@ function drawChart(title, names, rounds) {
     axes: [{label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000]},
            {size: 72, values: (u, vals) => vals.map(v => title.startsWith("Bytes") ? fmtBytes(v) : fmtNumber(v, 3))}],
     series: [{label: "round"}, ...names.map((n, i) => ({label: n, stroke: COLORS[i % COLORS.length],
-      width: 2, spanGaps: true, points: {show: rounds.round.length < 60}}))],
+      width: 2, spanGaps: true, points: {show: measured(rounds[n]) < MANY_POINTS}}))],
   };
   charts[title] = {plot: new uPlot(opts, data, box), names};
 }
+
+// A series with few values shows them as points too: a value measured once has no line.
+const MANY_POINTS = 60;
+function measured(values) { return values.filter(v => v !== null).length; }
 
 // uPlot's own range of a flat series is 0..100; a flat series gets a band around its value.
 function yRange(u, min, max) {
@@ -100,7 +104,7 @@ function renderSummary(view) {
 function renderNodes(nodes) {
   fillTable(document.querySelector("#nodes tbody"), nodes.map(n => ({node: n.node, cells: [
     [el("span", {}, n.node, n.pull ? el("span", {class: "pull"}, "(pull)") : "")],
-    [n.state === "-" ? "–" : stateBadge(n.state)],
+    [stateBadge(n.state)],
     [n.accepted, "num"], [n.rejected, "num"], [n.delayed, "num"], [n.failed, "num"],
     [n.cancelled, "num"], [n.in_flight ?? "–", "num"],
     [n.last_heartbeat_seconds === null ? "–" : fmtSeconds(n.last_heartbeat_seconds) + " ago", "num"],

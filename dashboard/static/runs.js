@@ -1,14 +1,9 @@
 // The runs page: every run the coordinator knows, live ones first, redrawn every second.
 "use strict";
 
-function finalMetrics(final) {
-  const parts = [];
-  for (const [name, value] of Object.entries(final || {})) {
-    if (typeof value !== "number" || name === "n") continue;
-    parts.push(name.startsWith("bytes") ? name + " " + fmtBytes(value) : name + " " + fmtNumber(value));
-  }
-  return parts.join(", ");
-}
+// The last round's metrics shown in columns of their own (index.html names them); the
+// run's page charts them all.
+const FINAL_COLUMNS = ["validation_error", "train_loss", "inception_score", "fid_features"];
 
 poll("/api/runs", data => {
   const tbody = document.querySelector("#runs tbody");
@@ -19,7 +14,7 @@ poll("/api/runs", data => {
     [(run.round ?? 0) + " / " + (run.rounds ?? "?"), "num"],
     [fmtTime(run.started)],
     [fmtSeconds(run.wall_seconds), "num"],
-    [finalMetrics(run.final)],
+    ...FINAL_COLUMNS.map(name => [fmtNumber((run.final || {})[name]), "num"]),
     [run.message || ""],
   ]}));
   fillTable(tbody, rows, r => r.run_id);

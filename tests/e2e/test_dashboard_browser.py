@@ -1,13 +1,18 @@
 """The dashboard in a real browser (headless Chromium driven by Selenium) while a real
-cluster trains: the run, its nodes and its charts appear and update without a reload."""
+cluster trains: the run, its nodes and its charts appear and update without a reload; and
+the pages of a run the coordinator finds in its store."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from coordinator.checkpoint import METRICS_FILE
+from coordinator.run_store import RunStore
 from tests.conftest import Cluster
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver; never downloaded
@@ -76,6 +81,7 @@ def test_the_run_page_follows_a_run_live(cluster: Cluster, browser) -> None:
               ("", first))
         until("both nodes are listed", lambda: len(browser.find_elements(
             By.CSS_SELECTOR, "#nodes tbody tr")) == 2)
+        # alive while the run goes on, and as they were when it ended once it is over
         assert "alive" in text("#nodes tbody")
         until("a chart is drawn", lambda: browser.find_elements(
             By.CSS_SELECTOR, "#chart-validation-error canvas"))
@@ -94,3 +100,74 @@ def test_the_run_page_follows_a_run_live(cluster: Cluster, browser) -> None:
     browser.get(url)
     until("the runs page lists the run", lambda: RUN in text("#runs tbody"))
     assert "completed" in text("#runs tbody") and "delta_avg" in text("#runs tbody")
+
+
+LONG_RUN = 80  # rounds: more than a chart marks with points when every round has a value
+NODE = "127.0.0.1:9"  # the stored run's node; nothing needs to listen there
+
+
+def store_a_finished_gan_run(run_root: Path, run_id: str) -> None:
+    """A completed run in a coordinator's run folder, as a run leaves it: every round's
+    metrics, the inception score measured once (the last round), and its node."""
+    rows = [{"round": r, "validation_error": None, "train_loss": 1.0 / r, "seconds": 0.5,
+             "bytes_down": 1000 * r, "bytes_up": 2000 * r} for r in range(1, LONG_RUN + 1)]
+    rows[-1].update(inception_score=3.5, fid_features=120.0, fid_logits=40.0)
+    run_dir = run_root / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with RunStore(run_root / "runs.db") as store:
+        store.create_run(run_id, algorithm="fl_gan", model="dcgan", dataset="mnist",
+                         rounds=LONG_RUN)
+        for row in rows:
+            store.record_round(run_id, row["round"], validation_error=math.nan,
+                               validation_loss=math.nan, train_loss=row["train_loss"],
+                               seconds=0.5, completed_units=4, discarded_units=0)
+        store.node_answer(run_id, NODE, "completed", False, samples=64)
+        store.end_run(run_id, "completed")
+
+
+def series_pixels(browser, chart: str) -> int:
+    """Pixels of a chart's canvas in its first series' colour (run.js COLORS[0])."""
+    return browser.execute_script("""
+        const canvas = document.querySelector(arguments[0] + " canvas");
+        if (!canvas) return 0;
+        const {data} = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+        let count = 0;
+        for (let i = 0; i < data.length; i += 4) {
+          if (Math.abs(data[i] - 0x2f) < 40 && Math.abs(data[i + 1] - 0x6f) < 40 &&
+              Math.abs(data[i + 2] - 0xdd) < 40 && data[i + 3] > 128) count++;
+        }
+        return count;""", chart)
+
+
+def test_the_pages_of_a_stored_run_show_its_metrics_and_nodes_as_it_ended(
+        cluster: Cluster, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def until(what: str, condition) -> None:
+        WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+            lambda _: condition(), message=f"{what}\n{cluster.logs()[-3000:]}")
+
+    store_a_finished_gan_run(cluster.workdir / "runs", "stored")
+    cluster.add_node(0.0)
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+
+    browser.get(url)
+    until("the runs page lists the run", lambda: browser.find_elements(
+        By.CSS_SELECTOR, "#runs tbody tr"))
+    assert browser.execute_script(  # the row fits the page
+        "return document.querySelector('#runs').getBoundingClientRect().right "
+        "<= document.documentElement.clientWidth")
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#runs thead th")]
+    cells = dict(zip(headers, (td.text for td in browser.find_elements(
+        By.CSS_SELECTOR, "#runs tbody tr td")), strict=True))
+    assert (cells["training loss"], cells["IS"], cells["FID"]) == ("0.01250", "3.500", "120")
+
+    browser.get(f"{url}runs/stored")
+    until("the nodes are listed", lambda: browser.find_elements(
+        By.CSS_SELECTOR, "#nodes tbody tr"))
+    assert "alive" in browser.find_element(By.CSS_SELECTOR, "#nodes tbody").text
+    until("the score measured once is drawn",
+          lambda: series_pixels(browser, "#chart-inception-score") > 0)

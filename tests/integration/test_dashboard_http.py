@@ -142,6 +142,7 @@ def test_the_run_api_has_every_round_its_nodes_and_units(dashboard: Dashboard) -
     [node] = view["nodes"]
     assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
     assert node["accepted"] >= 11 * ROUNDS and node["pull"] is False  # backups count too
+    assert node["state"] == "alive"  # as it was when the run ended
     assert view["unfinished"] == [] and view["ledger"]["completed"] == 11 * ROUNDS
     assert dashboard.get("/api/runs/nothing-here", dashboard.bearer())[0] == 404
 
@@ -208,4 +209,4 @@ def test_runs_from_before_a_restart_are_listed_from_the_store(dashboard: Dashboa
     assert all(v > 0 for v in view["rounds"]["bytes_up"])
     [node] = view["nodes"]
     assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
-    assert node["accepted"] >= 11 * ROUNDS and node["state"] == "-"  # not watched any more
+    assert node["accepted"] >= 11 * ROUNDS and node["state"] == "alive"  # at the run's end
