@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 
 from devtools.local_cluster import REPO
 from tests.conftest import Cluster
+from tests.programs import missing_commands, require
 from tests.tls_certs import Certs, make_certs
 from training.outputs.model_file import load_model
 from wire.tensor_codec import ALLOWED_DTYPES, to_wire
@@ -42,8 +42,6 @@ INSTALL_SECONDS = 180.0
 TOKEN = "example-token-5678"
 WEIGHTS_LINE = re.compile(r"^weights (\S+) (\w+) \[([\d, ]*)\] mean \|w\| (\S+)$", re.MULTILINE)
 
-MISSING = [tool for tool in ("node", "npm", "thrift") if shutil.which(tool) is None]
-needs_node = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} on PATH")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +71,8 @@ def client_flags(cluster: Cluster, certs: Certs) -> list[str]:
 @pytest.fixture(scope="module")
 def node_example() -> Path:
     """examples/node with its packages installed and its code generated from the IDL."""
+    require(missing_commands("node", "npm", "thrift"),
+            "apt-get install nodejs npm thrift-compiler; scripts/setup.sh installs them")
     if not (NODE_EXAMPLE / "node_modules" / "thrift" / "package.json").exists():
         start = time.monotonic()
         npm("ci", "--no-audit", "--no-fund", timeout=INSTALL_SECONDS)
@@ -105,7 +105,6 @@ def check_final_metrics(out: str, cluster: Cluster, rounds: int) -> None:
         for name, w in saved.items()], out
 
 
-@needs_node
 def test_the_node_example_trains_and_prints_the_final_metrics(
         node_example: Path, secure_cluster: Cluster, certs: Certs) -> None:
     done = run_example("node", "127.0.0.1", str(secure_cluster.coordinator.port), "--rounds", "2",
@@ -127,7 +126,7 @@ def test_the_plain_python_example_trains_and_prints_the_final_metrics(
     check_final_metrics(done.stdout, secure_cluster, rounds=1)
 
 
-@pytest.mark.parametrize("language", [pytest.param("node", marks=needs_node), "python"])
+@pytest.mark.parametrize("language", ["node", "python"])
 def test_an_example_reads_the_refusal_of_a_tls_coordinator(
         request: pytest.FixtureRequest, secure_cluster: Cluster, language: str) -> None:
     if language == "node":
@@ -141,7 +140,6 @@ def test_an_example_reads_the_refusal_of_a_tls_coordinator(
     secure_cluster.coordinator.wait_for("does not speak TLS")
 
 
-@needs_node
 def test_the_node_example_exits_2_on_bad_arguments(node_example: Path) -> None:
     done = run_example("node", "127.0.0.1")
     assert done.returncode == 2 and "usage: node train.js" in done.stderr
@@ -149,7 +147,6 @@ def test_the_node_example_exits_2_on_bad_arguments(node_example: Path) -> None:
     assert done.returncode == 2 and "expected a JSON object" in done.stderr
 
 
-@needs_node
 def test_the_node_example_decodes_every_dtype_the_wire_carries(node_example: Path) -> None:
     rng = np.random.default_rng(0)
     arrays = {dtype: (rng.standard_normal((2, 3)) * 50).astype(dtype)

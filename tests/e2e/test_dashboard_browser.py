@@ -14,6 +14,7 @@ import pytest
 from coordinator.checkpoint import METRICS_FILE
 from coordinator.run_store import RunStore
 from tests.conftest import Cluster
+from tests.programs import require
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver; never downloaded
 CHROMIUM = Path("/usr/bin/chromium")
@@ -21,13 +22,11 @@ RUN = "browsed"
 ROUNDS = 12
 WAIT = 20.0  # bound of each wait; they end as soon as the page shows what is awaited
 
-pytestmark = pytest.mark.skipif(not (CHROMEDRIVER.exists() and CHROMIUM.exists()),
-                                reason="needs chromium and chromium-driver "
-                                       "(scripts/setup.sh installs them)")
-
 
 @pytest.fixture
 def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    require([str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()],
+            "apt-get install chromium chromium-driver; scripts/setup.sh installs them")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

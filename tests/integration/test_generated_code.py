@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import filecmp
 import os
-import shutil
 import subprocess
 
 import pytest
 
 from devtools.local_cluster import REPO
+from tests.programs import missing_commands, require
 
 
 def _differences(left, right) -> list[str]:
@@ -24,10 +24,7 @@ def _differences(left, right) -> list[str]:
 
 
 def _need_compiler() -> None:
-    if shutil.which("thrift") is None:
-        if os.environ.get("CI"):
-            pytest.fail("the thrift compiler must be installed in CI (thrift-compiler)")
-        pytest.skip("thrift compiler not installed (apt-get install thrift-compiler)")
+    require(missing_commands("thrift"), "apt-get install thrift-compiler")
 
 
 def test_committed_gen_py_matches_a_fresh_generation(tmp_path):
