@@ -1,4 +1,6 @@
-"""Shared fixtures: a local cluster of real compute-node and coordinator processes."""
+"""Shared fixtures: a local cluster of real compute-node and coordinator processes; the
+`processes` marker, which every test under tests/integration and tests/e2e carries and
+which a test elsewhere must not need (the fast tier: -m "not processes")."""
 
 from __future__ import annotations
 
@@ -17,6 +19,45 @@ from devtools import local_cluster as procs
 # A write the run store refuses is a bug: in tests it raises, here and in the coordinator
 # processes the tests start (they inherit the environment), instead of a log line.
 os.environ["TRAINER_STRICT_LEDGER"] = "1"
+
+TESTS = Path(__file__).resolve().parent
+MARKED_DIRECTORIES = ("integration", "e2e")  # every test there starts processes or sockets
+# Audit events of starting a process or using a network socket.
+PROCESS_OR_SOCKET = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.system",
+                     "socket.bind", "socket.connect"}
+_unmarked_test_events: list[str] | None = None  # a list while a test without the marker runs
+
+
+def _record_process_or_socket(event: str, args: tuple) -> None:
+    if _unmarked_test_events is not None and event in PROCESS_OR_SOCKET:
+        _unmarked_test_events.append(f"{event} {args[1] if event.startswith('socket') else args}")
+
+
+sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cannot be removed
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(TESTS).parts[0] in MARKED_DIRECTORIES:
+            item.add_marker(pytest.mark.processes)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_where_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test without the `processes` marker fails if it starts a process or uses a socket,
+    so the fast tier stays fast and self-contained."""
+    global _unmarked_test_events
+    if request.node.get_closest_marker("processes") is not None:
+        yield
+        return
+    _unmarked_test_events = []
+    try:
+        yield
+    finally:
+        seen, _unmarked_test_events = _unmarked_test_events, None
+    if seen:
+        pytest.fail("started a process or used a socket without the `processes` marker "
+                    f"(move it to tests/integration): {seen[:3]}")
 
 
 class Cluster:

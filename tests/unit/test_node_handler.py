@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -12,7 +10,6 @@ import pytest
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
-from devtools.local_cluster import REPO
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import mlp
 from wire.generated import PROTOCOL_VERSION, ttypes
@@ -90,20 +87,3 @@ def test_cancel_releases_a_unit_waiting_in_its_load_delay():
     assert cancelled == 1
     assert answers[0].outcome == ttypes.UnitOutcome.CANCELLED
     assert node.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)).units_running == 0
-
-
-def test_letters_work_never_loads_torch():
-    # Light nodes matter: dozens of them fit on one machine only without torch.
-    code = ("import sys, tests.unit.test_node_handler as t; "
-            "t.handler().train_with_weights(t.request()); print('torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
-    assert done.stdout.strip() == "False", done.stderr
-
-
-def test_the_node_command_starts_without_torch():
-    # A node loads torch for a torch model's unit or its local workers, not to start.
-    code = "import sys, compute_node.cli; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
-    assert done.stdout.strip() == "False", done.stderr

@@ -103,16 +103,6 @@ def test_the_node_service_exports_imports_and_drops_sessions() -> None:
                                                   run_id="r", session="d1"))
 
 
-def test_a_send_to_an_unreachable_node_answers_not_ok_with_the_reason() -> None:
-    node = handler()
-    with node.sessions.use("r", "d0") as session:
-        session.state = State(1.0)
-    ack = node.send_session(ttypes.SendSessionRequest(
-        protocol_version=PROTOCOL_VERSION, run_id="r", session="d0", target_host="127.0.0.1",
-        target_port=1, target_session="d1", swap_id=1))
-    assert not ack.ok and "cannot reach 127.0.0.1:1" in ack.message
-
-
 def test_session_calls_check_the_protocol_version() -> None:
     with pytest.raises(ttypes.VersionMismatch):
         handler().drop_sessions(ttypes.DropSessionsRequest(protocol_version=PROTOCOL_VERSION + 1,

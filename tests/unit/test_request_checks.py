@@ -1,16 +1,13 @@
 """Train requests checked field by field, and against the coordinator's limits, before any
-run exists; the client's own checks and its --resume hint."""
+run exists, and the client's own checks."""
 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
-from thrift.Thrift import TApplicationException
 
-from client import session
 from client.cli import parse_train_args
 from coordinator.cli import build_parser, settings_from
 from coordinator.handler import CoordinatorHandler
@@ -160,22 +157,3 @@ def test_the_client_refuses_rounds_a_32_bit_field_cannot_carry(capsys):
         == 2**31 - 1
     with pytest.raises(RunConfigError, match="run.rounds must be at most 2147483647"):
         load_run_config(None, ["run.rounds=5000000000"])
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_the_client_suggests_resume_only_for_a_run_the_coordinator_stored():
-    endpoint = session.Endpoint("127.0.0.1", closed_port(), connect_timeout=1.0)
-    call = session._TrainCall(endpoint, train_request())
-    call.error = TApplicationException(TApplicationException.INTERNAL_ERROR, "Internal error")
-    with pytest.raises(session.ClientError) as info:
-        session._train_outcome(call, endpoint, "run-1")
-    assert "--resume" not in str(info.value)
-    assert "no run to resume" in str(info.value)
-    call.seen = True  # the coordinator reported the run while it ran
-    with pytest.raises(session.ClientError, match="--resume run-1"):
-        session._train_outcome(call, endpoint, "run-1")
