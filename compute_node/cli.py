@@ -23,7 +23,7 @@ from compute_node.threads import limit_threads
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
-from wire.launch import stop_on_signals, write_port_file
+from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
 from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals(shutdown)
     if args.port_file:
         write_port_file(args.port_file, server.port)
+    warn_if_exposed([(args.host, s.port) for s in (server, members_server) if s is not None])
     print(f"compute node {node_id} listening on {args.host}:{server.port} "
           f"(load {args.load_prob}, delay {args.load_delay}s, {threads})", flush=True)
     server.serve_forever()

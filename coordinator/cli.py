@@ -24,7 +24,7 @@ from engine.round_engine import EngineSettings
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
-from wire.launch import stop_on_signals, write_port_file
+from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
 from wire.log_limit import setup_logging
 from wire.rpc import ThriftServer
 
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals(lambda: handler.shutdown(then=server.stop))
     if args.port_file:
         write_port_file(args.port_file, server.port)
+    warn_if_exposed([(args.host, server.port)] + (
+        [(args.dashboard_host, dashboard.port)] if dashboard is not None else []))
     print(f"coordinator listening on {args.host}:{server.port}, policy {args.policy} "
           f"({POLICY_NAMES[args.policy]}), {len(nodes)} nodes in {args.nodes_file}", flush=True)
     if dashboard is not None:

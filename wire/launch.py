@@ -1,10 +1,17 @@
-"""What both server commands do around their server: port files and signal handling."""
+"""What both server commands do around their server: port files, signal handling, and a
+warning when the server answers anyone on the network."""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import signal
 from collections.abc import Callable
+
+from wire import security
+
+log = logging.getLogger(__name__)
 
 
 def write_port_file(path: str, port: int) -> None:
@@ -23,3 +30,33 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def exposure_warning(addresses: list[tuple[str, int]], token: str | None) -> str | None:
+    """One line saying that the servers at `addresses` (host, port) answer anyone who
+    reaches them, or None when a token is required or they listen on loopback alone."""
+    exposed = [f"{host or '0.0.0.0'}:{port}" for host, port in addresses
+               if not _is_loopback(host)]
+    if token or not exposed:
+        return None
+    # Not worded "listening on": scripts read the port from the line that is.
+    them = "it" if len(exposed) == 1 else "them"
+    return (f"served without a token: anyone who can reach {', '.join(exposed)} may use "
+            f"{them}; give every process --token-file (or {security.TOKEN_ENV}), or "
+            "--host 127.0.0.1 to serve this machine alone (docs/deployment.md)")
+
+
+def warn_if_exposed(addresses: list[tuple[str, int]]) -> None:
+    """Log `exposure_warning` for this process's token, if there is one to give."""
+    warning = exposure_warning(addresses, security.current().token)
+    if warning:
+        log.warning(warning)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name or "" (every interface): reachable from elsewhere
+        return False
