@@ -7,7 +7,10 @@ Run with --help for every option, and `client.py status|runs|cancel|evaluate|pre
 
 import sys
 
-from client.cli import main
+from setup_hint import requirements_checked
+
+with requirements_checked():
+    from client.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

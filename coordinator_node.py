@@ -3,7 +3,10 @@
 
 import sys
 
-from coordinator.cli import main
+from setup_hint import requirements_checked
+
+with requirements_checked():
+    from coordinator.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

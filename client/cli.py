@@ -206,7 +206,9 @@ def add_endpoint(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("coordinator_ip", help="host name or address of the coordinator")
     parser.add_argument("port", type=arg_types.port, help="port of the coordinator")
     parser.add_argument("--connect-timeout", type=arg_types.seconds, default=5.0,
-                        metavar="SECONDS", help="(default 5)")
+                        metavar="SECONDS",
+                        help="longest wait for a connection to the coordinator before giving "
+                             "up (default 5)")
     security.add_arguments(parser, serves=False)
 
 

@@ -24,7 +24,7 @@ from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
 from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
-from wire.log_limit import setup_logging
+from wire.log_limit import add_log_level_argument, setup_logging
 from wire.rpc import ThriftServer
 
 
@@ -90,8 +90,7 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                              "first round anyway)")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
+    add_log_level_argument(parser)
     parser.add_argument("--crash-after-units", type=arg_types.non_negative_int,
                         default=None, metavar="N",
                         help="fault injection for tests: exit abruptly on the unit after N")

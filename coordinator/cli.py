@@ -25,7 +25,7 @@ from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
-from wire.log_limit import setup_logging
+from wire.log_limit import add_log_level_argument, setup_logging
 from wire.rpc import ThriftServer
 
 if TYPE_CHECKING:
@@ -140,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default {EngineSettings.deadline_floor:g})")
     parser.add_argument("--deadline-factor", type=arg_types.positive_float,
                         default=EngineSettings.deadline_factor,
-                        metavar="X", help=f"(default {EngineSettings.deadline_factor:g})")
+                        metavar="X",
+                        help="a unit may go X times its node's usual unit time without "
+                             "progress before it is reclaimed and issued again (within "
+                             "--deadline-floor and --rpc-timeout) "
+                             f"(default {EngineSettings.deadline_factor:g})")
     parser.add_argument("--max-update-norm", type=arg_types.non_negative_float,
                         default=EngineSettings.max_update_norm,
                         metavar="X",
@@ -161,8 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "was asked for), also when it has completed")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)")
+    add_log_level_argument(parser)
     add_limit_arguments(parser)
     security.add_arguments(parser, serves=True)
     add_dashboard_arguments(parser)

@@ -16,6 +16,7 @@ Records are "of a kind" when they come from the same logger at the same level an
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import logging
 import threading
@@ -123,3 +124,11 @@ def setup_logging(level: str | int, fmt: str) -> None:
     before = list(root.handlers)
     logging.basicConfig(level=level, format=fmt)
     install([h for h in root.handlers if h not in before])
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    """--log-level of a server command, the level `setup_logging` takes."""
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="the least severe messages logged: DEBUG adds each unit's "
+                             "comings and goings, WARNING keeps only problems (default INFO)")

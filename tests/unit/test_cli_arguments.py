@@ -7,6 +7,7 @@ or `type=float` (which accept nan, inf and negative values) fails here.
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -163,3 +164,16 @@ def test_evaluate_refuses_an_option_that_does_not_apply_to_the_model(tmp_path, c
     assert "--n applies to a generator" in capsys.readouterr().err
     assert client_cli.main(["evaluate", str(model)]) == 0
     assert capsys.readouterr().out.startswith("error ")
+
+
+DEFAULT_ONLY = re.compile(r"^\s*\(default[^)]*\)\s*$")
+
+
+@pytest.mark.parametrize("name, parser, positionals, listens", PARSERS,
+                         ids=[p[0] for p in PARSERS])
+def test_every_option_says_what_it_does_not_only_its_default(name, parser, positionals,
+                                                             listens):
+    for action in parser._actions:
+        if action.help not in (None, argparse.SUPPRESS):
+            assert not DEFAULT_ONLY.match(action.help), f"{name} {action.option_strings}"
+
