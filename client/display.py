@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -259,10 +260,17 @@ def headline(data: dict[str, Any]) -> list[str]:
         parts = [f"{label} {scores[key]:{form}}" for key, label, form in SCORE_LABELS
                  if key in scores]
         quality = "  ".join(parts) + f"  (round {scores['round']}{n})"
+    elif _evaluated(data):  # the run scores what it can when it evaluates
+        quality = "IS and FID: not scored (they score generators of 28x28 MNIST images only)"
     else:
         quality = "IS and FID: not scored (outputs.eval_every is 0)"
     return [quality,
             f"Discriminator probe error: {data['validation_error']:.4f} {PROBE_NOTE}"]
+
+
+def _evaluated(data: dict[str, Any]) -> bool:
+    """Whether any round of the run was evaluated (outputs.eval_every above 0)."""
+    return any(not math.isnan(r["validation_error"]) for r in data["history"])
 
 
 def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 
 import pytest
@@ -63,8 +64,10 @@ def test_a_relay_s_members_reach_the_client_s_json_as_a_tree() -> None:
     assert display.node_dict(wire_summary("plain:4"))["members"] == []
 
 
-def result(model_json: str, scores: list[dict | None]) -> ttypes.RunResult:
-    history = [ttypes.RoundMetrics(round=i + 1, validation_error=0.5, validation_loss=0.7,
+def result(model_json: str, scores: list[dict | None],
+           error: float = 0.5) -> ttypes.RunResult:
+    """A run's result; ``error``: each round's validation error (NaN: not evaluated)."""
+    history = [ttypes.RoundMetrics(round=i + 1, validation_error=error, validation_loss=0.7,
                                    train_loss=0.6, seconds=1.0, scores=s)
                for i, s in enumerate(scores)]
     return ttypes.RunResult(run_id="r", validation_error=0.4812, rounds=len(history),
@@ -85,11 +88,20 @@ def test_a_gan_summary_shows_its_latest_is_and_fid_and_names_the_probe() -> None
     assert data["latest_scores"]["round"] == 3
 
 
-def test_a_gan_run_without_scores_says_so_and_the_mlp_keeps_its_headline() -> None:
-    gan = display.headline(display.result_dict(result('{"gan": {}}', [None]), "m"))
+def test_a_gan_run_without_scores_says_why_and_the_mlp_keeps_its_headline() -> None:
+    never_evaluated = result('{"model": "dcgan28", "gan": {}}', [None, None], math.nan)
+    gan = display.headline(display.result_dict(never_evaluated, "m"))
     assert gan[0] == "IS and FID: not scored (outputs.eval_every is 0)"
     mlp = display.headline(display.result_dict(result('{"model": "mlp"}', [None]), "m"))
     assert mlp == ["Final validation error: 0.4812"]
+
+
+def test_an_evaluated_gan_run_that_no_score_applies_to_does_not_blame_eval_every() -> None:
+    """An image-folder run (64x64 colour images): evaluated every round, never scored."""
+    image_folder = result('{"model": "dcgan64", "gan": {}}', [None, None])
+    line = display.headline(display.result_dict(image_folder, "m"))[0]
+    assert line.startswith("IS and FID: not scored") and "eval_every" not in line
+    assert "28x28" in line
 
 
 def status(round_index: int, **changes) -> ttypes.RunStatus:
