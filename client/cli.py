@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from client import display
+from client.errors import EXIT_CANCELLED, EXIT_FAILURE, EXIT_USAGE, ClientError
 from client.model_commands import (
     ModelCommandError,
     evaluate,
@@ -25,16 +26,7 @@ from client.model_commands import (
     is_generator,
     predict,
 )
-from client.session import (
-    EXIT_CANCELLED,
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    ClientError,
-    Endpoint,
-    attach,
-    call,
-    follow_training,
-)
+from client.session import Endpoint, attach, call, follow_training
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.outputs.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config

@@ -12,28 +12,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from thrift.Thrift import TApplicationException, TException
-
 from client.display import ProgressView
+from client.errors import (
+    EXIT_INTERRUPTED,
+    ClientError,
+    CoordinatorError,
+    CoordinatorFailed,
+    UnknownRun,
+    coordinator_error,
+    mapped_errors,
+    not_a_coordinator,
+)
 from wire.generated import Coordinator, ttypes
-from wire.rpc import ConnectionFailed, ConnectionPool, connect
-from wire.transport import WrongProtocol
+from wire.rpc import ConnectionPool, connect
 from wire.version import COORDINATOR_ID
 
 CANCEL_WAIT_SECONDS = 15.0
-# Exit codes of the client (README, "Exit codes"): argparse itself exits 2 on bad arguments.
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)
-EXIT_INTERRUPTED = 130  # Ctrl-C: this client cancelled the run
-
-
-class ClientError(Exception):
-    """A failure the user can act on; the message is the one line the client prints."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -47,37 +41,12 @@ class Endpoint:
 
 
 def call(endpoint: Endpoint, method: str, request: Any, timeout: float = 10.0) -> Any:
-    """One short call on a fresh connection, with errors turned into one-line ClientErrors."""
-    try:
-        with connect(Coordinator.Client, endpoint.host, endpoint.port,
-                     connect_timeout=endpoint.connect_timeout, read_timeout=timeout) as client:
-            return getattr(client, method)(request)
-    except ConnectionFailed as exc:
-        raise ClientError(f"cannot reach the coordinator: {exc}") from None
-    except (ttypes.UnknownRun, ttypes.Unauthorized) as exc:
-        raise ClientError(exc.message) from None
-    except WrongProtocol as exc:
-        raise _wrong_port(endpoint, exc) from None
-    except TApplicationException as exc:
-        if exc.type == TApplicationException.UNKNOWN_METHOD:
-            # Of the trainer's servers, only compute nodes lack the coordinator's calls.
-            raise _not_a_coordinator(endpoint) from None
-        raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
-    except (TException, OSError) as exc:
-        raise ClientError(f"coordinator at {endpoint} failed: {exc}") from None
-
-
-def _wrong_port(endpoint: Endpoint, exc: WrongProtocol) -> ClientError:
-    if exc.protocol == "HTTP":
-        return ClientError(f"{endpoint} is an HTTP server, not the coordinator's Thrift port "
-                           "(the dashboard's port?); give the port the coordinator prints as "
-                           "'coordinator listening on HOST:PORT'")
-    return ClientError(f"cannot talk to the coordinator at {endpoint}: {exc}")
-
-
-def _not_a_coordinator(endpoint: Endpoint) -> ClientError:
-    return ClientError(f"{endpoint} is a compute node, not a coordinator; give the port the "
-                       "coordinator prints as 'coordinator listening on HOST:PORT'")
+    """One short call on a fresh connection; a failure raises a CoordinatorError, whose
+    message is the one line the client prints (client.errors)."""
+    with (mapped_errors(str(endpoint)),
+          connect(Coordinator.Client, endpoint.host, endpoint.port,
+                  connect_timeout=endpoint.connect_timeout, read_timeout=timeout) as client):
+        return getattr(client, method)(request)
 
 
 class _TrainCall(threading.Thread):
@@ -108,7 +77,7 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
     info = call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
                 timeout=endpoint.connect_timeout)
     if info.node_id != COORDINATOR_ID:  # compute nodes answer pings too
-        raise _not_a_coordinator(endpoint)
+        raise not_a_coordinator(str(endpoint))
     train = _TrainCall(endpoint, request)
     try:
         train.start()
@@ -130,17 +99,20 @@ def _poll(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressView
         while train.is_alive():
             train.join(poll_seconds)
             try:
-                with statuses.client() as client:
-                    view.update(client.status(ttypes.StatusRequest(run_id=run_id)))
-                train.seen = True
-                last_answer = time.monotonic()
-            except ttypes.UnknownRun:
+                with mapped_errors(str(endpoint)), statuses.client() as client:
+                    status = client.status(ttypes.StatusRequest(run_id=run_id))
+            except UnknownRun:
                 last_answer = time.monotonic()  # answered; the run is not registered yet
-            except (ConnectionFailed, TException, OSError) as exc:
+                continue
+            except CoordinatorError as exc:
                 if train.is_alive() and time.monotonic() - last_answer > dead_after:
                     hint = _resume_hint(endpoint, run_id, train.seen or None)
                     raise ClientError(f"lost contact with the coordinator at {endpoint} for "
-                                      f"{dead_after:.0f}s ({exc}); {hint}") from None
+                                      f"{dead_after:.0f}s ({exc.reason}); {hint}") from None
+                continue
+            view.update(status)
+            train.seen = True
+            last_answer = time.monotonic()
     finally:
         statuses.close()
 
@@ -177,35 +149,26 @@ def _cancel(endpoint: Endpoint, run_id: str, train: _TrainCall, view: ProgressVi
 
 
 def _train_outcome(train: _TrainCall, endpoint: Endpoint, run_id: str) -> ttypes.RunResult:
-    error = train.error
-    if error is None and train.result is not None:
+    if train.error is None:
         return train.result
-    if isinstance(error, ttypes.TrainingFailed):
-        tried = f" (nodes tried: {', '.join(error.nodes_tried)})" if error.nodes_tried else ""
-        raise ClientError(f"training failed: {error.message}{tried}")
-    if isinstance(error, ttypes.RunCancelled):
-        raise ClientError(error.message, exit_code=EXIT_CANCELLED)
-    if isinstance(error, (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)):
-        raise ClientError(error.message)
-    if isinstance(error, ConnectionFailed):
-        raise ClientError(f"cannot reach the coordinator: {error}")
+    error = coordinator_error(train.error, str(endpoint))
+    if not isinstance(error, CoordinatorFailed):
+        raise error  # the run's own end, a refusal, or no coordinator there: its line says it
     stored = train.seen or _is_stored(endpoint, run_id)
-    if stored is None and isinstance(error, TApplicationException):
+    if stored is None and error.answered:
         stored = False  # the coordinator answered the call itself: it refused the run
-    raise ClientError(f"the coordinator at {endpoint} dropped the run: {error}; "
+    raise ClientError(f"the coordinator at {endpoint} dropped the run: {error.reason}; "
                       f"{_resume_hint(endpoint, run_id, stored)}")
 
 
 def _is_stored(endpoint: Endpoint, run_id: str) -> bool | None:
     """Whether the coordinator knows the run; None when it cannot be asked (it is down)."""
     try:
-        with connect(Coordinator.Client, endpoint.host, endpoint.port,
-                     connect_timeout=endpoint.connect_timeout,
-                     read_timeout=endpoint.connect_timeout) as client:
-            client.status(ttypes.StatusRequest(run_id=run_id))
-    except ttypes.UnknownRun:
+        call(endpoint, "status", ttypes.StatusRequest(run_id=run_id),
+             timeout=endpoint.connect_timeout)
+    except UnknownRun:
         return False
-    except (ConnectionFailed, TException, OSError):
+    except CoordinatorError:
         return None
     return True
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from thrift.Thrift import TException
 
+from compute_node.call_errors import CallError, PeerRefused, mapped_errors
 from compute_node.handler import ComputeNodeHandler
 from wire import node_calls
 from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import ConnectionFailed, connect
+from wire.rpc import connect
 
 log = logging.getLogger("compute_node.pull")
 
@@ -82,7 +83,7 @@ class CoordinatorLink:
                     units_running=self.handler.counters.running,
                     delaying=self.handler.delaying(),
                     progress=self.handler.progress()), retry=False)
-            except (PullStopped, ConnectionFailed, TException, OSError) as exc:
+            except (PullStopped, CallError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 continue
             for key in answer.cancel or []:
@@ -96,29 +97,30 @@ class CoordinatorLink:
         try:
             self._call("leave", lambda: ttypes.LeaveRequest(
                 protocol_version=PROTOCOL_VERSION, node=self.name), retry=False)
-        except (PullStopped, ConnectionFailed, TException, OSError) as exc:
+        except (PullStopped, CallError) as exc:
             log.debug("could not say goodbye: %s", exc)
 
     # ------------------------------------------------------------------- calls
     def _call(self, method: str, build, read_timeout: float = 30.0, retry: bool = True):
         """One call on a fresh connection, retried with back-off while the coordinator
-        is unreachable; declared refusals (version, token) stop the node at once."""
+        is unreachable; declared refusals (version, token) stop the node at once. Without
+        `retry`, a failure raises CallError."""
         s = self.settings
         began, wait = time.monotonic(), RETRY_FIRST_SECONDS
         while True:
             try:
-                with connect(Coordinator.Client, s.host, s.port,
-                             connect_timeout=s.connect_timeout,
-                             read_timeout=read_timeout) as client:
+                with (mapped_errors(),
+                      connect(Coordinator.Client, s.host, s.port, connect_timeout=s.connect_timeout,
+                              read_timeout=read_timeout) as client):
                     return getattr(client, method)(build())
-            except ttypes.VersionMismatch as exc:
-                raise PullStopped(f"the coordinator refused this node: {exc.message}") from None
-            except (ttypes.Unauthorized, ttypes.InvalidRequest) as exc:
-                raise PullStopped(f"the coordinator refused this node: {exc.message}") from None
-            except (ConnectionFailed, TException, OSError) as exc:
-                failing = time.monotonic() - began
-                if not retry or self.stopped.is_set():
+            except PeerRefused as exc:
+                raise PullStopped(f"the coordinator refused this node: {exc}") from None
+            except CallError as exc:
+                if not retry:
                     raise
+                if self.stopped.is_set():
+                    raise PullStopped("stopped") from None
+                failing = time.monotonic() - began
                 if failing > s.retry_for:
                     raise PullStopped(f"coordinator {s.host}:{s.port} unreachable for "
                                       f"{failing:.0f}s: {exc}") from None

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from thrift.Thrift import TException
-
+from compute_node.call_errors import CallError, PeerRefused, mapped_errors
 from compute_node.sessions import SessionError, SessionStore
 from compute_node.weight_cache import WeightCache
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ConnectionFailed, connect
+from wire.rpc import connect
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 from wire.version import check_protocol_version
 
@@ -63,13 +62,14 @@ class SessionService:
             protocol_version=PROTOCOL_VERSION, run_id=request.run_id,
             session=request.target_session, swap_id=request.swap_id, tensors=tensors)
         try:  # the process's token and TLS settings apply, as to every connection
-            with connect(ComputeNode.Client, request.target_host, request.target_port,
-                         connect_timeout=SEND_CONNECT_SECONDS,
-                         read_timeout=SEND_READ_SECONDS) as target:
+            with (mapped_errors(),
+                  connect(ComputeNode.Client, request.target_host, request.target_port,
+                          connect_timeout=SEND_CONNECT_SECONDS,
+                          read_timeout=SEND_READ_SECONDS) as target):
                 ack = target.import_session(forward)
-        except ttypes.InvalidRequest as exc:
-            return ttypes.SessionAck(ok=False, bytes=0, message=f"{where} refused: {exc.message}")
-        except (ConnectionFailed, TException, OSError) as exc:
+        except PeerRefused as exc:
+            return ttypes.SessionAck(ok=False, bytes=0, message=f"{where} refused: {exc}")
+        except CallError as exc:
             return ttypes.SessionAck(ok=False, bytes=0, message=f"cannot reach {where}: {exc}")
         log.info("session %s of run %s sent to %s as %s (%d bytes)", request.session,
                  request.run_id, where, request.target_session, ack.bytes)

@@ -26,7 +26,7 @@ from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
 from thrift.protocol.TProtocol import TProtocolBase
-from thrift.Thrift import TProcessor
+from thrift.Thrift import TException, TProcessor
 from thrift.transport.TTransport import TTransportException
 
 from wire import auth, plaintext_refusal, security
@@ -53,6 +53,13 @@ ACCEPT_BACKOFF_SECONDS = 0.2  # pause after a failed accept (out of descriptors)
 
 class ConnectionFailed(Exception):
     """A connection could not be opened; the message names host:port and the cause."""
+
+
+# What a call on these connections can raise: no connection, an error on the way (a
+# reset, a timeout: TTransportException or OSError), or the peer's answer of an error
+# (TApplicationException, or an exception the service declares: all TExceptions). Each
+# side maps these to its own exceptions in one place.
+CALL_ERRORS = (ConnectionFailed, TException, OSError)
 
 
 def open_transport(

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from thrift.Thrift import TException
 from thrift.transport.TTransport import TTransportException
 
 from engine.nodes.client import AttemptKey, NodePing
@@ -35,12 +34,11 @@ from engine.nodes.sent_weights import SentWeights
 from engine.records import NodeSummary
 from engine.tasks import Task, TaskResult, TaskStatus, Tensors
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ConnectionFailed, ConnectionPool, transport_of
+from wire.rpc import CALL_ERRORS, ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 
 CONTROL_TIMEOUT_SECONDS = 5.0
-CALL_ERRORS = (ConnectionFailed, TException, OSError)  # TException covers declared ones
 _STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,
            ttypes.UnitOutcome.REJECTED: TaskStatus.REJECTED,
            ttypes.UnitOutcome.CANCELLED: TaskStatus.CANCELLED}

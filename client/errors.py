@@ -1,0 +1,125 @@
+"""How the client fails: the one line it prints, its exit code, and the coordinator's failures.
+
+`coordinator_error` is the one place where the Thrift and socket errors of the client's
+calls to the coordinator become the client's own exceptions (`mapped_errors` applies it
+to a block). Each is a ClientError, so a command that does not handle one still prints
+its one line and exits with its code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from thrift.Thrift import TApplicationException
+
+from wire.generated import ttypes
+from wire.rpc import CALL_ERRORS, ConnectionFailed
+from wire.transport import WrongProtocol
+
+# Exit codes of the client (README, "Exit codes"): argparse itself exits 2 on bad arguments.
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)
+EXIT_INTERRUPTED = 130  # Ctrl-C: this client cancelled the run
+# The service's declared refusals of a call: their message says what to fix.
+REFUSALS = (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)
+_RIGHT_PORT = "give the port the coordinator prints as 'coordinator listening on HOST:PORT'"
+
+
+class ClientError(Exception):
+    """A failure the user can act on; the message is the one line the client prints."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class CoordinatorError(ClientError):
+    """A call to the coordinator failed. The message is the client's line; `reason` is
+    the cause alone, for a caller that words its own line around it."""
+
+    def __init__(self, message: str, reason: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message, exit_code)
+        self.reason = reason
+
+
+class CoordinatorUnreachable(CoordinatorError):
+    """No connection could be opened: nothing listens there, or the host is down."""
+
+
+class WrongPeer(CoordinatorError):
+    """Something answers at that address, but not the coordinator in our protocol (an HTTP
+    server such as the dashboard, a compute node, a TLS mismatch): no retry can help."""
+
+
+class CoordinatorRefused(CoordinatorError):
+    """The coordinator refused the call with an error its service declares (a bad
+    request, another protocol version, a wrong token); the message is its own."""
+
+
+class UnknownRun(CoordinatorRefused):
+    """The coordinator has no run of that id (yet)."""
+
+
+class TrainingFailed(CoordinatorError):
+    """The run failed on the coordinator."""
+
+
+class RunCancelled(CoordinatorError):
+    """The run was cancelled on the coordinator (not by this client's Ctrl-C)."""
+
+
+class CoordinatorFailed(CoordinatorError):
+    """The call failed on the way (a reset, a timeout) or inside the coordinator.
+    `answered`: the coordinator itself answered with the error, so it is up."""
+
+    def __init__(self, message: str, reason: str, answered: bool) -> None:
+        super().__init__(message, reason)
+        self.answered = answered
+
+
+def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
+    """The client's exception for a failed call to the coordinator at `where`."""
+    if isinstance(exc, CoordinatorError):
+        return exc
+    if isinstance(exc, ConnectionFailed):
+        return CoordinatorUnreachable(f"cannot reach the coordinator: {exc}", str(exc))
+    if isinstance(exc, WrongProtocol):
+        return _wrong_protocol(exc, where)
+    if isinstance(exc, TApplicationException) \
+            and exc.type == TApplicationException.UNKNOWN_METHOD:
+        return not_a_coordinator(where)  # of the trainer's servers, only compute nodes
+    if isinstance(exc, ttypes.TrainingFailed):
+        tried = f" (nodes tried: {', '.join(exc.nodes_tried)})" if exc.nodes_tried else ""
+        return TrainingFailed(f"training failed: {exc.message}{tried}", exc.message)
+    if isinstance(exc, ttypes.RunCancelled):
+        return RunCancelled(exc.message, exc.message, exit_code=EXIT_CANCELLED)
+    if isinstance(exc, ttypes.UnknownRun):
+        return UnknownRun(exc.message, exc.message)
+    if isinstance(exc, REFUSALS):
+        return CoordinatorRefused(exc.message, exc.message)
+    return CoordinatorFailed(f"coordinator at {where} failed: {exc}", str(exc),
+                             answered=isinstance(exc, TApplicationException))
+
+
+def not_a_coordinator(where: str) -> WrongPeer:
+    """The error of a compute node's port given as the coordinator's."""
+    return WrongPeer(f"{where} is a compute node, not a coordinator; {_RIGHT_PORT}",
+                     "a compute node answered")
+
+
+def _wrong_protocol(exc: WrongProtocol, where: str) -> WrongPeer:
+    if exc.protocol == "HTTP":
+        return WrongPeer(f"{where} is an HTTP server, not the coordinator's Thrift port (the "
+                         f"dashboard's port?); {_RIGHT_PORT}", str(exc))
+    return WrongPeer(f"cannot talk to the coordinator at {where}: {exc}", str(exc))
+
+
+@contextlib.contextmanager
+def mapped_errors(where: str) -> Iterator[None]:
+    """Raise the client's exception for a Thrift or socket error inside the block."""
+    try:
+        yield
+    except CALL_ERRORS as exc:
+        raise coordinator_error(exc, where) from exc
