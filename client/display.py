@@ -220,7 +220,7 @@ def _size(n: int) -> str:
 def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
     return {"node": n.node, "accepted": n.accepted, "rejected": n.rejected,
             "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled,
-            "busy_seconds": round(n.busy_seconds, 3),
+            "samples": n.samples or 0, "busy_seconds": round(n.busy_seconds, 3),
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
             "delay_seconds": round(n.delay_seconds or 0.0, 3),
             "state": n.state or "alive", "pull": bool(n.pull), "role": n.role,
@@ -279,7 +279,7 @@ def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
     table = Table(title="Units per node")
     table.add_column("node")
     table.add_column("state at end" if ended else "state")
-    for column in ("accepted", "rejected", "delayed", "failed", "cancelled"):
+    for column in COUNTS:
         table.add_column(column, justify="right")
     for n, depth in _tree(nodes):
         state = n.get("state", "alive") + (" (pull)" if n.get("pull") else "")
@@ -289,7 +289,8 @@ def node_table(nodes: list[dict[str, Any]], ended: bool) -> Table:
     return table
 
 
-COUNTS = ("accepted", "rejected", "delayed", "failed", "cancelled")
+# samples: rows or images of the units a node completed
+COUNTS = ("accepted", "rejected", "delayed", "failed", "cancelled", "samples")
 
 
 def _tree(nodes: list[dict[str, Any]], depth: int = 0) -> Iterator[tuple[dict[str, Any], int]]:

@@ -288,7 +288,6 @@ class NodeRecord(NodeCounts):
     answers and samples, not seconds: those read 0."""
 
     node: str
-    samples: int
     last_answer: float | None
     last_failure: float | None
     last_reason: str | None

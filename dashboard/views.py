@@ -215,6 +215,7 @@ class Views:
         now = time.time()
         return [{"node": n.node, "accepted": n.accepted, "rejected": n.rejected,
                  "delayed": n.delayed, "failed": n.failed, "cancelled": n.cancelled,
+                 "samples": n.samples,
                  "last_heartbeat_seconds": (now - n.last_heartbeat
                                             if n.last_heartbeat else None),
                  "unit_seconds": None, "pull": None} for n in records]
@@ -236,7 +237,8 @@ def _live_nodes(run: Run) -> list[dict[str, Any]]:
         s = handle.summary()
         nodes.append({"node": s.node, "state": s.state, "accepted": s.accepted,
                       "rejected": s.rejected, "delayed": s.delayed, "failed": s.failed,
-                      "cancelled": s.cancelled, "last_heartbeat_seconds": s.silent_seconds,
+                      "cancelled": s.cancelled, "samples": s.samples,
+                      "last_heartbeat_seconds": s.silent_seconds,
                       "unit_seconds": handle.unit_seconds(), "pull": s.pull,
                       "in_flight": handle.in_flight})
     return nodes

@@ -11,15 +11,16 @@ from dataclasses import dataclass, field, fields
 
 @dataclass(kw_only=True)
 class NodeCounts:
-    """One node's counts in a run: its answers by outcome and where its time went. The
-    engine keeps them per node (NodeHandle.stats); a summary and the run store's record
-    are these counts with more about the node."""
+    """One node's counts in a run: its answers by outcome, the samples it computed and
+    where its time went. The engine keeps them per node (NodeHandle.stats); a summary and
+    the run store's record are these counts with more about the node."""
 
     accepted: int = 0
     rejected: int = 0
     delayed: int = 0
     failed: int = 0
     cancelled: int = 0
+    samples: int = 0  # rows or images of the units it completed (the loser of a race too)
     busy_seconds: float = 0.0  # from call to answer, summed over calls
     compute_seconds: float = 0.0  # in the unit maths, as the node reports
     delay_seconds: float = 0.0  # in simulated load delays, as the node reports

@@ -235,6 +235,7 @@ struct NodeSummary {
   12: optional bool pull,              // the node leases units (it accepts no connections)
   13: optional string role,            // as the node's ping says (NodeInfo.role)
   14: optional list<NodeSummary> members, // a relay's group, as its last ping said
+  15: optional i64 samples,            // samples (rows, images) of the units it completed
 }
 
 struct RoundMetrics {

@@ -106,7 +106,7 @@ function renderNodes(nodes) {
     [el("span", {}, n.node, n.pull ? el("span", {class: "pull"}, "(pull)") : "")],
     [stateBadge(n.state)],
     [n.accepted, "num"], [n.rejected, "num"], [n.delayed, "num"], [n.failed, "num"],
-    [n.cancelled, "num"], [n.in_flight ?? "–", "num"],
+    [n.cancelled, "num"], [n.samples, "num"], [n.in_flight ?? "–", "num"],
     [n.last_heartbeat_seconds === null ? "–" : fmtSeconds(n.last_heartbeat_seconds) + " ago", "num"],
     [n.unit_seconds === null ? "–" : fmtSeconds(n.unit_seconds), "num"],
   ]})), n => n.node);

@@ -126,6 +126,7 @@ class NodeHandle:
                 self.stats.cancelled += 1
             else:
                 self.stats.accepted += 1
+                self.stats.samples += result.num_samples
 
     def failed(self, seconds: float, bench: bool) -> None:
         """Record a failed call; a node that did not answer is benched with growing back-off."""

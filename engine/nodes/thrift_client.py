@@ -282,7 +282,8 @@ def summary_from_wire(summary: ttypes.NodeSummary) -> NodeSummary:
     return NodeSummary(
         node=summary.node, accepted=summary.accepted, rejected=summary.rejected,
         delayed=summary.delayed, failed=summary.failed, cancelled=summary.cancelled,
-        busy_seconds=summary.busy_seconds, compute_seconds=summary.compute_seconds or 0.0,
+        samples=summary.samples or 0, busy_seconds=summary.busy_seconds,
+        compute_seconds=summary.compute_seconds or 0.0,
         delay_seconds=summary.delay_seconds or 0.0, state=summary.state or "alive",
         silent_seconds=summary.silent_seconds, pull=bool(summary.pull), role=summary.role,
         members=[summary_from_wire(m) for m in summary.members or []])

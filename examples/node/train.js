@@ -209,10 +209,11 @@ function printResult(result) {
                 `  ${r.validation_loss.toFixed(4).padStart(15)}  ${r.train_loss.toFixed(4).padStart(10)}` +
                 `  ${r.seconds.toFixed(2).padStart(7)}`);
   }
-  console.log('node                  accepted  rejected  failed');
+  console.log('node                  accepted  rejected  failed   samples');
   for (const n of result.nodes) {
     console.log(`${n.node.padEnd(20)}  ${String(num(n.accepted)).padStart(8)}  ` +
-                `${String(num(n.rejected)).padStart(8)}  ${String(num(n.failed)).padStart(6)}`);
+                `${String(num(n.rejected)).padStart(8)}  ${String(num(n.failed)).padStart(6)}  ` +
+                `${String(num(n.samples ?? 0)).padStart(8)}`);
   }
   for (const tensor of result.weights) {
     const {shape, values} = decodeTensor(tensor);

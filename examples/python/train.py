@@ -147,7 +147,8 @@ def main() -> int:
     print(f"Rounds: {result.rounds}   Wall time: {result.wall_seconds:.1f} s   "
           f"Run: {result.run_id}")
     for node in result.nodes:
-        print(f"{node.node}  accepted {node.accepted}  rejected {node.rejected}")
+        print(f"{node.node}  accepted {node.accepted}  rejected {node.rejected}  "
+              f"samples {node.samples or 0}")
     for tensor in result.weights:
         shape, values = decode(tensor)
         print(f"weights {tensor.name} {tensor.dtype} {shape} mean |w| "

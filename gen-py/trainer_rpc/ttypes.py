@@ -2401,11 +2401,12 @@ class NodeSummary(object):
      - pull
      - role
      - members
+     - samples
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None, samples=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2420,6 +2421,7 @@ class NodeSummary(object):
         self.pull = pull
         self.role = role
         self.members = members
+        self.samples = samples
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2506,6 +2508,11 @@ class NodeSummary(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 15:
+                if ftype == TType.I64:
+                    self.samples = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2574,6 +2581,10 @@ class NodeSummary(object):
             for iter71 in self.members:
                 iter71.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.samples is not None:
+            oprot.writeFieldBegin('samples', TType.I64, 15)
+            oprot.writeI64(self.samples)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5993,6 +6004,7 @@ NodeSummary.thrift_spec = (
     (12, TType.BOOL, 'pull', None, None, ),  # 12
     (13, TType.STRING, 'role', 'UTF8', None, ),  # 13
     (14, TType.LIST, 'members', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 14
+    (15, TType.I64, 'samples', None, None, ),  # 15
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (

@@ -38,6 +38,7 @@ PYTHON_EXAMPLE = REPO / "examples" / "python" / "train.py"
 COMPAT_CONFIG = ["--config", json.dumps({"epochs": 15, "hidden": [20], "eta": 0.0001,
                                          "compat": True})]
 COMPAT_ERRORS = ["0.9574", "0.9277"]
+TRAINING_ROWS = 11 * 1500  # a letters round: 11 units of 1,500 rows
 INSTALL_SECONDS = 180.0
 TOKEN = "example-token-5678"
 WEIGHTS_LINE = re.compile(r"^weights (\S+) (\w+) \[([\d, ]*)\] mean \|w\| (\S+)$", re.MULTILINE)
@@ -114,8 +115,10 @@ def test_the_node_example_trains_and_prints_the_final_metrics(
     history = re.findall(r"^\s+(\d+)\s+(\d\.\d{4})\s", done.stdout, re.MULTILINE)
     assert history == [(str(i + 1), e) for i, e in enumerate(COMPAT_ERRORS)], done.stdout
     node = secure_cluster.nodes[0].port
-    counts = re.search(rf"^127\.0\.0\.1:{node}\s+(\d+)\s+0\s+0$", done.stdout, re.MULTILINE)
+    counts = re.search(rf"^127\.0\.0\.1:{node}\s+(\d+)\s+0\s+0\s+(\d+)$", done.stdout,
+                       re.MULTILINE)
     assert counts and int(counts.group(1)) >= 22, done.stdout  # 11 units a round
+    assert int(counts.group(2)) >= 2 * TRAINING_ROWS, done.stdout  # each round's rows
 
 
 def test_the_plain_python_example_trains_and_prints_the_final_metrics(
@@ -124,6 +127,9 @@ def test_the_plain_python_example_trains_and_prints_the_final_metrics(
                        "--rounds", "1", *COMPAT_CONFIG, *client_flags(secure_cluster, certs))
     assert done.returncode == 0, done.stderr + secure_cluster.logs()
     check_final_metrics(done.stdout, secure_cluster, rounds=1)
+    node = secure_cluster.nodes[0].port
+    samples = re.search(rf"^127\.0\.0\.1:{node} .* samples (\d+)$", done.stdout, re.MULTILINE)
+    assert samples and int(samples.group(1)) >= TRAINING_ROWS, done.stdout
 
 
 @pytest.mark.parametrize("language", ["node", "python"])

@@ -23,6 +23,7 @@ from tests.tls_certs import make_certs
 TOKEN = "dashboard-token-5678"
 RUN = "watched"
 ROUNDS = 2
+ROWS_PER_ROUND = 11 * 1500  # a letters round: 11 units of 1,500 rows
 
 
 @dataclass
@@ -143,6 +144,7 @@ def test_the_run_api_has_every_round_its_nodes_and_units(dashboard: Dashboard) -
     assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
     assert node["accepted"] >= 11 * ROUNDS and node["pull"] is False  # backups count too
     assert node["state"] == "alive"  # as it was when the run ended
+    assert node["samples"] >= ROUNDS * ROWS_PER_ROUND  # backups' rows count too
     assert view["unfinished"] == [] and view["ledger"]["completed"] == 11 * ROUNDS
     assert dashboard.get("/api/runs/nothing-here", dashboard.bearer())[0] == 404
 
@@ -210,3 +212,4 @@ def test_runs_from_before_a_restart_are_listed_from_the_store(dashboard: Dashboa
     [node] = view["nodes"]
     assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
     assert node["accepted"] >= 11 * ROUNDS and node["state"] == "alive"  # at the run's end
+    assert node["samples"] >= ROUNDS * ROWS_PER_ROUND

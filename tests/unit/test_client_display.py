@@ -20,7 +20,7 @@ def rendered(renderable: object, width: int = 100) -> str:
 
 
 NODE = {"node": "localhost:9091", "accepted": 3, "rejected": 1, "delayed": 0, "failed": 0,
-        "cancelled": 0, "state": "alive", "pull": False}
+        "cancelled": 0, "samples": 4500, "state": "alive", "pull": False}
 
 
 def test_the_node_table_of_an_ended_run_labels_the_state_as_at_its_end() -> None:

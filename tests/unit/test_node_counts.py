@@ -27,8 +27,8 @@ def test_a_summary_carries_the_counts_the_engine_kept() -> None:
     node.finished(answer(TaskStatus.REJECTED), seconds=0.25)
     node.started()
     node.failed(seconds=1.0, bench=False)
-    expected = NodeCounts(accepted=1, rejected=1, delayed=1, failed=1, busy_seconds=4.75,
-                          compute_seconds=2.0, delay_seconds=1.0)
+    expected = NodeCounts(accepted=1, rejected=1, delayed=1, failed=1, samples=10,
+                          busy_seconds=4.75, compute_seconds=2.0, delay_seconds=1.0)
     assert node.stats == expected
     summary = node.summary()
     assert summary.count_fields() == asdict(expected)
@@ -47,7 +47,7 @@ def test_a_stored_run_shows_the_counts_the_store_kept_and_no_seconds(tmp_path: P
                                dead_seconds=30.0)
     assert isinstance(record, NodeCounts) and record.samples == 10
     assert record.count_fields() == asdict(NodeCounts(accepted=1, rejected=1, delayed=1,
-                                                      failed=1))
+                                                      failed=1, samples=10))
     summary, = status.nodes
     assert (summary.node, summary.count_fields()) == ("n1:9091", record.count_fields())
     assert (status.rejected, status.failed) == (1, 1)

@@ -34,10 +34,10 @@ def test_the_sample_is_the_quick_start_client_and_its_deterministic_figures():
     assert lines[3] == "Units: 55/55 done, rejected 0, failed 0, stale _, cancelled _"
     assert lines[4] == "Model saved to: models/<run>.npz"
     assert lines[5] == "Run folder (on the coordinator): .../runs/<run>"
-    assert "┃ node ┃ state at end ┃ accepted ┃ rejected ┃ delayed ┃ failed ┃ cancelled ┃" \
-        in lines
+    assert ("┃ node ┃ state at end ┃ accepted ┃ rejected ┃ delayed ┃ failed ┃ cancelled ┃ "
+            "samples ┃") in lines
     rows = [line for line in lines if line.startswith("│")]
-    assert rows == ["│ <node> │ alive │ _ │ _ │ _ │ _ │ _ │"] * 2
+    assert rows == ["│ <node> │ alive │ _ │ _ │ _ │ _ │ _ │ _ │"] * 2
 
 
 OUTPUT = """\
