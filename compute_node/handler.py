@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -21,10 +20,11 @@ from compute_node.weight_cache import WeightCache
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
-from training.compression import CompressionSettings, compress_update, decompress, split_config
+from training.compression import CompressionSettings, compress_update, decompress
 from training.data.letters import DataFormatError
-from training.data.paths import DataPathError, dataset_dir, resolve_under
-from training.hierarchy import split_hierarchy
+from training.data.paths import DataPathError, data_location, resolve_under
+from training.plugins import PluginError
+from training.spec import RunSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
 from wire.version import check_protocol_version
@@ -32,7 +32,8 @@ from wire.version import check_protocol_version
 log = logging.getLogger("compute_node")
 
 # Errors that mean "the request cannot work here": the caller gets InvalidRequest.
-REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, ValueError)
+REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, PluginError,
+                  ValueError)
 
 
 UnitRunner = Callable[[type[Algorithm], UnitJob, Path], UnitOutput]
@@ -206,24 +207,21 @@ class ComputeNodeHandler(SessionService):
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
-        """(algorithm, job, data folder, compression) of the request; None when it refers
-        to kept weights that this node does not hold."""
+        """(algorithm, job, data location, compression) of the request; None when it
+        refers to kept weights that this node does not hold."""
         try:
-            algorithm = get_algorithm(request.algorithm)
-            config = json.loads(request.config_json or "{}")
-            if not isinstance(config, dict):
-                raise ConfigError("config_json must hold a JSON object")
-            config, compression = split_config(config)
-            config, _ = split_hierarchy(config)  # checked here; a relay reads it itself
+            spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                                 request.config_json)
+            algorithm = get_algorithm(spec.algorithm)
+            config = spec.algorithm_config()
             algorithm.check_config(request.model, config)
-            data_dir = dataset_dir(self.data_root, request.dataset)
-            self._check_unit_file(resolve_under(data_dir, request.unit_path))
+            location = data_location(self.data_root, request.dataset)
+            if request.unit_path:  # a unit that is a file of the data set (not a range)
+                self._check_unit_file(resolve_under(location, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
             share = share_of(request)
-            weights = self._weights_of(request, compression)
-        except json.JSONDecodeError as exc:
-            raise ttypes.InvalidRequest(message=f"config_json is not valid JSON: {exc}") from exc
+            weights = self._weights_of(request, spec.compression)
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         if weights is None:
@@ -232,7 +230,7 @@ class ComputeNodeHandler(SessionService):
                       device=self.device, sessions=self.sessions, algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",
                       model_version=request.model_version, share=share)
-        return algorithm, job, data_dir, compression
+        return algorithm, job, location, spec.compression
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """A node computes on its own copy of the data: the unit's file must be there."""

@@ -28,12 +28,13 @@ on nodes (MD-GAN's sessions) cannot run through a relay and are refused.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
@@ -57,7 +58,7 @@ from engine.update_filters import DEFAULT_FILTERS
 from training import aggregation
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
 from training.cancel import UnitCancelled
-from training.hierarchy import split_hierarchy
+from training.spec import RunSpec
 from training.unit_parts import cast_like
 from wire.generated import ttypes
 
@@ -151,9 +152,9 @@ class RelayRunner:
                 job, unit, attempt, job.weights, job.share)).results
             return UnitOutput(update=result.update, num_samples=result.num_samples,
                               loss=result.loss, error=0.0)
-        rounds = local_rounds(job.config_json)
+        rounds = local_rounds(job)
         if rounds > 1:
-            return self._in_local_rounds(job, rounds)
+            return self._in_local_rounds(algorithm, job, rounds)
         slices = split_unit(job.unit, len(self.members))
         outcome = self._round(job, slices, lambda unit, attempt: self._task(
             job, unit, attempt, job.weights))
@@ -161,7 +162,8 @@ class RelayRunner:
                           num_samples=sum(r.num_samples for r in outcome.results),
                           loss=outcome.train_loss, error=0.0)
 
-    def _in_local_rounds(self, job: UnitJob, rounds: int) -> UnitOutput:
+    def _in_local_rounds(self, algorithm: type[Algorithm], job: UnitJob,
+                         rounds: int) -> UnitOutput:
         """``rounds`` rounds over one share of the unit per member: each member trains
         from the group's weights, the relay adds the average of their deltas to them; the
         update is the group's whole change (hierarchical FedAvg)."""
@@ -172,11 +174,12 @@ class RelayRunner:
                 self._share_task, job, weights, shares))
             results = [r for r in outcome.results if r.num_samples > 0]  # empty shares
             step = self._combined(job, results)
-            weights = {name: cast_like(weights[name] + step[name], weights[name].dtype)
-                       for name in weights}
-        return UnitOutput(update={name: cast_like(weights[name] - job.weights[name],
-                                                  job.weights[name].dtype)
-                                  for name in weights},
+            stepped = algorithm.add_update(weights, step)
+            weights = {name: cast_like(value, weights[name].dtype)
+                       for name, value in stepped.items()}
+        change = algorithm.update_between(job.weights, weights, step)
+        return UnitOutput(update={name: cast_like(value, _dtype_of(name, job.weights))
+                                  for name, value in change.items()},
                           num_samples=sum(r.num_samples for r in results),
                           loss=outcome.train_loss, error=0.0)
 
@@ -228,13 +231,16 @@ def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int
             (k, members) if members > 1 else None for k in range(members)}
 
 
-def local_rounds(config_json: str) -> int:
+def local_rounds(job: UnitJob) -> int:
     """The run's ``hierarchy.relay_local_rounds`` (1 when the request has no section)."""
-    try:
-        config = json.loads(config_json or "{}")
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"config_json is not valid JSON: {exc}") from None
-    return split_hierarchy(config if isinstance(config, dict) else {})[1].relay_local_rounds
+    return RunSpec.parse(job.algorithm, job.model, job.dataset,
+                         job.config_json).hierarchy.relay_local_rounds
+
+
+def _dtype_of(name: str, weights: Mapping[str, np.ndarray]) -> np.dtype:
+    """The dtype an update tensor goes up in: its weight's (a buffer's under its own name)."""
+    weight = weights.get(name, weights.get(name.partition(".")[2]))
+    return weight.dtype if weight is not None else np.dtype(np.float32)
 
 
 def _role(members: int) -> str:

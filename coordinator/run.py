@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -21,18 +20,12 @@ from coordinator.checkpoint import (
     load_checkpoint,
     load_request,
     metrics_of,
-    metrics_until,
-    save_checkpoint,
-    save_request,
 )
 from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
-from coordinator.request_checks import (
-    RequestLimits,
-    check_config,
-    check_fields,
-    check_model_bytes,
-    check_units,
-)
+from coordinator.request_checks import RequestLimits
+from coordinator.run_folder import RunFolder
+from coordinator.run_setup import RUN_ID, check_run_id, prepare
+from coordinator.run_setup import describe as describe_run
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from engine.ledger import UnitLedger
@@ -43,7 +36,7 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import TooFewNodes, wait_for_nodes
 from engine.nodes.run_nodes import RunNodes
 from engine.pass_queue import PassQueue
-from engine.phase_clock import PHASES_KEY, PhaseClock
+from engine.phase_clock import PhaseClock
 from engine.policies import make_policy
 from engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
 from engine.records import RoundMetrics
@@ -60,26 +53,14 @@ from engine.stream_state import RoundEnd, StreamPosition, StreamState
 from engine.tasks import Task, Tensors
 from engine.update_filters import NormLimit, round_filters
 from engine.warm_up import warm_up_nodes
-from training import hierarchy
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm, RoundEval, UnitSpec, Weights
-from training.compression import (
-    CompressionSettings,
-    check_supported,
-    encode_weights,
-    join_config,
-    split_config,
-)
-from training.data.letters import DataFormatError
-from training.data.paths import DataPathError, dataset_dir
-from training.hierarchy import HierarchySettings, join_hierarchy, split_hierarchy
-from training.outputs.model_file import save_model
-from training.outputs.plots import check_outputs, due, metrics_line, save_curves, save_grid
-from training.schedule import ScheduleSettings, check_usable, split_schedule, staleness_warning
+from training.algorithms.base import RoundEval, UnitSpec, Weights
+from training.compression import encode_weights
+from training.outputs.plots import due
+from training.schedule import staleness_warning
+
+__all__ = ["RUN_ID", "CoordinatorSettings", "Run"]
 
 log = logging.getLogger("coordinator.run")
-SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -99,12 +80,9 @@ class CoordinatorSettings:
     wait_for_nodes: int = 0  # nodes that must have answered before the first round
 
 
-def _invalid(message: str) -> InvalidRun:
-    return InvalidRun(message)
-
-
 class Run:
-    """Validates a RunRequest up front, then `execute()` trains it to the end."""
+    """Validates a RunRequest up front (coordinator/run_setup.py), then `execute()` trains
+    it to the end, writing its folder as it goes (coordinator/run_folder.py)."""
 
     def __init__(self, request: RunRequest, nodes: list[NodeAddress],
                  settings: CoordinatorSettings, store: RunStore | None = None,
@@ -119,16 +97,14 @@ class Run:
         self.extended = False  # resumed to more rounds than first asked for (Run.resume)
         self.settings = settings
         self.store = store
-        self.run_id = _check_run_id(request.run_id)
-        check_fields(request, settings.limits)
-        self.algorithm, self.compression, self.schedule, self.hierarchy = _make_algorithm(
-            request, settings.data_root, settings.limits, settings.engine.deterministic)
-        self.aggregation = _aggregation_rule(request.config_json)
-        check_model_bytes(sum(w.nbytes for w in self.algorithm.initial_weights().values()),
-                          settings.limits)
-        self.outputs = _check_outputs(request.outputs_json)
-        self._rows: list[dict[str, Any]] = []  # metrics of the rounds so far, for the curves
+        setup = prepare(request, settings.data_root, settings.limits,
+                        settings.engine.deterministic)
+        self.setup = setup
+        self.run_id, self.spec, self.algorithm = setup.run_id, setup.spec, setup.algorithm
+        self.compression, self.schedule = setup.spec.compression, setup.spec.schedule
+        self.outputs = setup.outputs
         self.run_dir = settings.run_root / self.run_id
+        self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds)
         self._nodes = RunNodes(
             self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
             connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
@@ -137,8 +113,7 @@ class Run:
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
         self.finished = threading.Event()  # set once execute() has returned or raised
-        planned = self.algorithm.units_per_round()
-        check_units(planned, settings.limits)
+        planned = setup.units_per_round
         # asynchronous modes: versions per round; by default as many as make a sync round's
         # number of units (one per result in async mode)
         self._updates_per_round = (self.schedule.updates_per_round or
@@ -148,8 +123,7 @@ class Run:
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     lambda: [n.summary() for n in self.nodes])
         self.progress.mode = self.schedule.mode
-        self._config_json = json.dumps(join_hierarchy(
-            join_config(self.algorithm.config, self.compression), self.hierarchy))
+        self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
@@ -179,13 +153,13 @@ class Run:
         that is recorded as completed (or still running), unless ``rounds`` extends it:
         the run then goes on from its last checkpoint to that many rounds in all, as if
         it had been asked for them (InvalidRun unless that is more than it was asked)."""
-        run_dir = settings.run_root / _check_run_id(run_id)
+        run_dir = settings.run_root / check_run_id(run_id)
         request = load_request(run_dir)
         checkpoint = load_checkpoint(run_dir) if (run_dir / CHECKPOINT_FILE).exists() else None
         if rounds is not None:
             if rounds <= request.rounds:
-                raise _invalid(f"rounds: extending run {run_id} needs more than the "
-                               f"{request.rounds} rounds it was asked for, got {rounds}")
+                raise InvalidRun(f"rounds: extending run {run_id} needs more than the "
+                                 f"{request.rounds} rounds it was asked for, got {rounds}")
             request = replace(request, rounds=rounds)
         run = cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
                   membership=membership, resumed=True)
@@ -222,7 +196,7 @@ class Run:
         except StoreUnavailable as exc:
             raise RunFailed(str(exc), nodes_tried=[]) from None
         except (RunStoreError, ValueError) as exc:
-            raise _invalid(f"run id {self.run_id!r} cannot be used: {exc}") from None
+            raise InvalidRun(f"run id {self.run_id!r} cannot be used: {exc}") from None
 
     def execute(self) -> RunOutcome:
         """Train every round; raises RunFailed or RunStopped."""
@@ -272,11 +246,10 @@ class Run:
 
     # ---------------------------------------------------------------- rounds
     def _train(self) -> RunOutcome:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._write_json("run.json", self._describe())
-        save_request(self.run_dir, self.request)
+        self.folder.start(describe_run(self.setup, self.settings.policy,
+                                       [n.name for n in self.nodes]), self.request)
         weights, done = self._starting_point()
-        history = [metrics_of(row) for row in self._rows]
+        history = [metrics_of(row) for row in self.folder.rows]
         heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
                                       self.ledger.node_heartbeats).start()
         try:
@@ -297,9 +270,7 @@ class Run:
             heartbeats.stop()
         for node in self.nodes:  # relays' members as they end the run, not a ping ago
             node.refresh_group()
-        model_path = save_model(self.run_dir / "model.npz", weights,
-                                self.algorithm.model_description())
-        save_curves(self._rows, self.run_dir / "curves.png")
+        model_path = self.folder.finish(weights, json.loads(self._config_json))
         log.info("run %s finished: validation error %.4f, model in %s", self.run_id,
                  history[-1].validation_error, model_path)
         return RunOutcome(
@@ -314,7 +285,7 @@ class Run:
     def _payload_summary(self) -> dict[str, Any]:
         """Training-call bytes of the run and how its updates were combined and encoded."""
         down, up = self._nodes.payload.totals()
-        return {"bytes_up": up, "bytes_down": down, "aggregation": self.aggregation,
+        return {"bytes_up": up, "bytes_down": down, "aggregation": self.spec.aggregation_rule,
                 "compression_json": json.dumps(self.compression.to_dict())}
 
     def payload_totals(self) -> tuple[int, int]:
@@ -335,7 +306,7 @@ class Run:
         """Take in the checkpoint's optimizer, random state and metrics, or raise
         CheckpointError now: a checkpoint that does not fit must stop --resume at start-up,
         not fail later in the run's thread."""
-        path = self.run_dir / CHECKPOINT_FILE
+        path = self.folder.checkpoint_path
         check_weights(path, checkpoint.weights, self.algorithm.initial_weights())
         try:
             self.algorithm.load_state_dict(checkpoint.optimizer)
@@ -343,21 +314,20 @@ class Run:
             raise CheckpointError(f"{path} does not fit this run's optimizer: {exc}") from None
         if checkpoint.policy_rng is not None:
             self._policy.set_random_state(checkpoint.policy_rng)
-        self._rows = [{k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)}
-                      for row in metrics_until(self.run_dir, checkpoint.round)]
+        self.folder.restore(checkpoint.round)
 
     def _starting_point(self) -> tuple[Weights, int]:
         """Round 0's weights, or the checkpoint's (restored at construction)."""
         checkpoint = self.resume_from
         if checkpoint is None:
             if self.resumed:  # no round was checkpointed: rows of earlier tries go
-                metrics_until(self.run_dir, 0)
+                self.folder.restore(0)
             return self.algorithm.initial_weights(), 0
         self.progress.round_done(checkpoint.round, self._last_error(), math.nan)
         return checkpoint.weights, checkpoint.round
 
     def _last_error(self) -> float:
-        measured = [row["validation_error"] for row in self._rows
+        measured = [row["validation_error"] for row in self.folder.rows
                     if row.get("validation_error") is not None
                     and not math.isnan(row["validation_error"])]
         return measured[-1] if measured else math.nan
@@ -444,14 +414,16 @@ class Run:
             self.ledger.round_ended(metrics, end.results, len(end.discarded))
             self.ledger.check()  # a round the store missed must not be checkpointed
         with clock.phase("samples"):
-            self._write_samples(round_index, weights)
+            self.folder.write_samples(round_index, weights)
         (down, up), (down_before, up_before) = self.payload_totals(), bytes_before
-        self._append_metrics(metrics, end.discarded,
-                             {"bytes_down": down - down_before, "bytes_up": up - up_before},
-                             clock.rounded())
+        self.folder.append_round(metrics, end.discarded,
+                                 {"bytes_down": down - down_before, "bytes_up": up - up_before},
+                                 clock.rounded())
         # The checkpoint comes last: it is the commit point a resume starts from, so the
         # metrics and the ledger already hold every round it covers.
-        self._write_checkpoint(round_index, weights, end.position)
+        self.folder.write_checkpoint(Checkpoint(
+            round_index, weights, self.algorithm.state_dict(), self._policy.random_state(),
+            None if end.position is None else end.position.to_dict()))
         return metrics
 
     def _stream(self, engine: RoundEngine, done: int, weights: Weights,
@@ -519,22 +491,6 @@ class Run:
                 log.info("round %d scores: %s", round_index, ", ".join(
                     f"{k} {v:.4g}" for k, v in metrics.scores.items()))
 
-    def _write_samples(self, round_index: int, weights: Weights) -> None:
-        """This round's sample grid, when it is due (and the algorithm makes images)."""
-        if due(self.outputs["sample_every"], round_index, self.request.rounds):
-            images = self.algorithm.sample_images(weights, SAMPLE_COUNT, seed=SAMPLE_SEED)
-            if images is not None:
-                save_grid(images, self.run_dir / "samples" / f"round_{round_index:05d}.png")
-
-    def _write_checkpoint(self, round_index: int, weights: Weights,
-                          position: StreamPosition | None = None) -> None:
-        """This round's checkpoint, when it is due."""
-        if due(self.outputs["checkpoint_every"], round_index, self.request.rounds):
-            checkpoint = Checkpoint(round_index, weights, self.algorithm.state_dict(),
-                                    self._policy.random_state(),
-                                    None if position is None else position.to_dict())
-            save_checkpoint(self.run_dir, checkpoint, self.algorithm.model_description())
-
     def _task(self, round_index: int, unit: UnitSpec, attempt: int,
               weights: Tensors, model_version: int | None = None) -> Task:
         return Task(
@@ -544,89 +500,6 @@ class Run:
             config_json=self._config_json, weights=weights,
             scheduling_policy=self.settings.policy, index_start=unit.index_start,
             index_stop=unit.index_stop, model_version=model_version)
-
-    # ----------------------------------------------------------------- files
-    def _describe(self) -> dict[str, Any]:
-        r = self.request
-        return {"run_id": self.run_id, "algorithm": r.algorithm, "model": r.model,
-                "dataset": r.dataset, "rounds": r.rounds, "config": self.algorithm.config,
-                "policy": self.settings.policy, "nodes": [n.name for n in self.nodes]}
-
-    def _append_metrics(self, metrics: RoundMetrics, discarded: list[str],
-                        traffic: dict[str, int], phases: dict[str, float]) -> None:
-        """One row of metrics.jsonl; `traffic`: the round's training-call bytes; `phases`:
-        seconds per phase of the round (engine/phase_clock.py)."""
-        row = {"round": metrics.round, "validation_error": metrics.validation_error,
-               "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
-               "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,
-               "discarded": discarded, PHASES_KEY: phases}
-        self._rows.append({k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)})
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(metrics_line(row))
-
-    def _write_json(self, name: str, data: dict[str, Any]) -> None:
-        (self.run_dir / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def _json_object(field: str, text: str | None) -> Any:
-    """The JSON value of a request field (None: an empty object), or InvalidRequest."""
-    try:
-        return json.loads(text or "{}")
-    except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
-        raise _invalid(f"{field} is not valid JSON: {str(exc)[:200]}") from None
-
-
-def _aggregation_rule(config_json: str | None) -> str:
-    """The rule the request's ``aggregation`` section names; "mean" without one."""
-    section = _json_object("config_json", config_json).get("aggregation")
-    rule = section.get("rule") if isinstance(section, dict) else None
-    return rule if isinstance(rule, str) else "mean"
-
-
-def _check_outputs(outputs_json: str | None) -> dict[str, int]:
-    outputs = _json_object("outputs_json", outputs_json)
-    try:
-        if not isinstance(outputs, dict):
-            raise ValueError("outputs_json must hold a JSON object")
-        return check_outputs(outputs)
-    except ValueError as exc:
-        raise _invalid(str(exc)) from None
-
-
-def _check_run_id(run_id: str) -> str:
-    if not RUN_ID.match(run_id or ""):
-        raise _invalid(f"run id {run_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
-    return run_id
-
-
-def _make_algorithm(request: RunRequest, data_root: Path, limits: RequestLimits,
-                    deterministic: bool) -> tuple[Algorithm, CompressionSettings,
-                                                  ScheduleSettings, HierarchySettings]:
-    """The request's algorithm, compression, schedule and hierarchy settings, its config
-    checked against the limits before the algorithm builds anything (a model, a plan)
-    from it."""
-    try:
-        cls = get_algorithm(request.algorithm)
-        config = _json_object("config_json", request.config_json)
-        if not isinstance(config, dict):
-            raise ConfigError("config_json must hold a JSON object")
-        config, compression = split_config(config)
-        config, schedule = split_schedule(config)
-        config, relays = split_hierarchy(config)
-        hierarchy.check_usable(relays, cls.name)
-        check_supported(compression, cls.name, cls.compression_codecs(request.model))
-        check_usable(schedule, cls.name, deterministic)
-        if schedule.asynchronous and compression.keeps_residuals:
-            # residuals are kept per unit slot, and a stream's units change with every pass
-            raise ConfigError(f"compression.up: topk cannot be used in {schedule.mode!r} "
-                              "mode (it can: fp16, int8)")
-        check_config(cls.check_config(request.model, config), limits)
-        algorithm = cls(request.model, config, dataset_dir(data_root, request.dataset))
-        return algorithm, compression, schedule, relays
-    except (ConfigError, DataPathError, DataFormatError) as exc:
-        raise _invalid(str(exc)) from None
-    except OSError as exc:  # e.g. a name the file system refuses
-        raise _invalid(f"dataset: {exc.strerror or exc}") from None
 
 
 def _position(checkpoint: Checkpoint | None) -> StreamPosition | None:

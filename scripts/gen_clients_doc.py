@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from training.run_config import (  # noqa: E402
     AGGREGATION,
     COMPRESSION,
+    DATA,
     HIERARCHY,
     OUTPUTS,
     RUN,
@@ -43,7 +44,12 @@ END = "<!-- END run settings -->"
 RUN_KEYS = {
     "algorithm": "`algorithm` (and it picks the section sent as `config_json`)",
     "model": "`model`",
+    "model_args": "`model.args` of `config_json`",
+    "loss": "`model.loss` of `config_json`",
+    "metric": "`model.metric` of `config_json`",
+    "init_weights": "`model.init_weights` of `config_json`",
     "dataset": "`dataset`",
+    "algorithm_args": "a plug-in algorithm's `config_json` itself",
     "rounds": "`rounds`",
     "seed": "none: send it as the `seed` key of `config_json`",
     "deterministic": "none: the coordinator's `--deterministic` flag decides",
@@ -96,6 +102,9 @@ def destination(section: str) -> str:
     if section == HIERARCHY:
         return ("sent inside `config_json` as the object under `\"hierarchy\"`, only when "
                 "`relay_local_rounds` is not 1")
+    if section == DATA:
+        return ("sent inside `config_json` as the object under `\"data\"`, holding the keys "
+                "that differ from their defaults (torch models only)")
     return f"the object sent as `config_json` when `run.algorithm` is `{section}`"
 
 

@@ -21,12 +21,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.algorithms.base import ConfigError, section_mapping
+from training.algorithms.base import Algorithm, ConfigError, section_mapping
 
 SECTION = "hierarchy"
 KEYS = ("relay_local_rounds",)
 MAX_LOCAL_ROUNDS = 100
-LOCAL_ROUND_ALGORITHMS = ("delta_avg",)  # updates that are model deltas
 
 
 @dataclass(frozen=True)
@@ -68,9 +67,9 @@ def settings_from(raw: Any) -> HierarchySettings:
     return HierarchySettings(relay_local_rounds=rounds)
 
 
-def check_usable(settings: HierarchySettings, algorithm: str) -> None:
-    """ConfigError unless the algorithm can train in local rounds."""
-    if settings.local_rounds and algorithm not in LOCAL_ROUND_ALGORITHMS:
-        raise ConfigError(f"{SECTION}.relay_local_rounds: {algorithm} cannot train in local "
-                          f"rounds on relays (its update is not a change of the model; "
-                          f"local rounds are for {', '.join(LOCAL_ROUND_ALGORITHMS)})")
+def check_usable(settings: HierarchySettings, algorithm: type[Algorithm]) -> None:
+    """ConfigError unless the algorithm can train in local rounds (`Algorithm.local_rounds`:
+    its update is a change of the model)."""
+    if settings.local_rounds and not algorithm.local_rounds:
+        raise ConfigError(f"{SECTION}.relay_local_rounds: {algorithm.name} cannot train in "
+                          f"local rounds on relays (its update is not a change of the model)")

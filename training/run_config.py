@@ -16,11 +16,14 @@ import copy
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from training.models.names import check_model_name, is_module_model
+from training.plugins import is_plugin_name as _is_plugin
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
 RUN = "run"
@@ -29,7 +32,12 @@ COMPRESSION = "compression"  # sent inside the request's config, checked on the 
 AGGREGATION = "aggregation"  # travels inside the algorithm's config (training/aggregation.py)
 SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordinator
 HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
-NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY)
+DATA = "data"  # a torch model's data settings, sent as the request config's "data"
+MODEL = "model"  # the request config's key of run.model_args, loss, metric, init_weights
+NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA)
+# run keys sent under the request config's "model" key: run.<key> -> model.<name>
+MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
+              "init_weights": "init_weights"}
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -46,6 +54,7 @@ class RunConfig:
     """A merged and type-checked run configuration, one dict per section."""
 
     sections: Mapping[str, Mapping[str, Any]]
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def algorithm(self) -> str:
@@ -76,12 +85,23 @@ class RunConfig:
         return self.section(OUTPUTS)
 
     def algorithm_config(self) -> dict[str, Any]:
-        """What the train request carries as config_json: the chosen algorithm's section,
-        the `aggregation` settings under their own key, the compression settings when
-        any codec is on, the hierarchy when relays train in local rounds, and the schedule
-        when it is not sync or asks for units sent ahead (a sync request stays what it
-        always was; the coordinator refuses prefetch in sync mode rather than ignore it)."""
-        config = {**self.section(self.algorithm), AGGREGATION: self.section(AGGREGATION)}
+        """What the train request carries as config_json: the chosen algorithm's section
+        (a plug-in algorithm's `run.algorithm_args`), the `aggregation` settings under
+        their own key, the compression settings when any codec is on, the hierarchy when
+        relays train in local rounds, the schedule when it is not sync or asks for units
+        sent ahead, and a torch model's `model` and `data` settings when they are not the
+        defaults (a sync request of a built-in model stays what it always was; the
+        coordinator refuses prefetch in sync mode rather than ignore it). The layout is
+        training/spec.py's."""
+        own = dict(self.sections[RUN]["algorithm_args"]) if _is_plugin(self.algorithm) \
+            else self.section(self.algorithm)
+        config = {**own, AGGREGATION: self.section(AGGREGATION)}
+        model = self.model_settings()
+        if model:
+            config[MODEL] = model
+        data = self.changed(DATA)
+        if data:
+            config[DATA] = data
         compression = self.sections.get(COMPRESSION, {})
         if any(compression.get(k, "none") != "none" for k in ("up", "down")):
             config[COMPRESSION] = self.section(COMPRESSION)
@@ -91,6 +111,18 @@ class RunConfig:
         if self.sections.get(HIERARCHY, {}).get("relay_local_rounds", 1) != 1:
             config[HIERARCHY] = self.section(HIERARCHY)
         return config
+
+    def model_settings(self) -> dict[str, Any]:
+        """The run's torch-model keys that differ from their defaults, by their names in
+        the request (training/models/settings.py)."""
+        run = self.sections[RUN]
+        defaults = {"model_args": {}, "loss": "auto", "metric": "auto", "init_weights": ""}
+        return {name: run[key] for key, name in MODEL_KEYS.items() if run[key] != defaults[key]}
+
+    def changed(self, name: str) -> dict[str, Any]:
+        """The keys of section ``name`` that differ from the defaults file's."""
+        defaults = self.defaults.get(name, {})
+        return {k: v for k, v in self.section(name).items() if defaults.get(k) != v}
 
     def section(self, name: str) -> dict[str, Any]:
         """A copy of one section, so callers cannot change the configuration under others."""
@@ -116,7 +148,7 @@ def load_run_config(path: str | Path | None, overrides: list[str],
         _apply_override(merged, defaults, item)
     _inherit_run_values(merged)
     _check_run(merged, defaults)
-    return RunConfig(merged)
+    return RunConfig(merged, defaults)
 
 
 # ------------------------------------------------------------------ reading YAML files
@@ -254,9 +286,24 @@ def _inherit_run_values(merged: Sections) -> None:
 
 def _check_run(merged: Sections, defaults: Sections) -> None:
     algorithms = [name for name in defaults if name not in NOT_ALGORITHMS]
-    if merged[RUN]["algorithm"] not in algorithms:
-        raise RunConfigError(f"run.algorithm must be one of {', '.join(algorithms)}, "
-                             f"got {merged[RUN]['algorithm']!r}")
+    run = merged[RUN]
+    if run["algorithm"] not in algorithms and not _is_plugin(run["algorithm"]):
+        raise RunConfigError(f"run.algorithm must be one of {', '.join(algorithms)} or a "
+                             f"plug-in module:Class, got {run['algorithm']!r}")
+    if run["algorithm_args"] and not _is_plugin(run["algorithm"]):
+        raise RunConfigError(f"run.algorithm_args are a plug-in algorithm's settings; "
+                             f"{run['algorithm']}'s are in its section '{run['algorithm']}:'")
+    try:
+        check_model_name(run["model"])
+    except ValueError as exc:
+        raise RunConfigError(f"run.model: {exc}") from None
+    if not is_module_model(run["model"]):
+        torch_keys = [f"run.{key}" for key in MODEL_KEYS if run[key] != defaults[RUN][key]]
+        torch_keys += [f"{DATA}.{key}" for key in merged.get(DATA, {})
+                       if merged[DATA][key] != defaults.get(DATA, {}).get(key)]
+        if torch_keys:
+            raise RunConfigError(f"{torch_keys[0]} is for torch models (mlp_classifier or a "
+                                 f"plug-in module:attribute), not {run['model']!r}")
     if merged[RUN]["rounds"] < 1:
         raise RunConfigError(f"run.rounds must be at least 1, got {merged[RUN]['rounds']}")
     if merged[RUN]["rounds"] > MAX_ROUNDS:

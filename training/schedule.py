@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.base import ConfigError, UnitResult, section_mapping
+from training.algorithms.base import Algorithm, ConfigError, UnitResult, section_mapping
 
 SECTION = "schedule"
 MODES = ("sync", "async", "buffered")
@@ -45,9 +45,6 @@ KEYS = ("mode", "buffer_size", "max_staleness", "staleness_weighting", "stalenes
 MAX_BUFFER = 10_000
 MAX_STALENESS = 1_000_000
 MAX_PREFETCH = 8
-# Algorithms whose updates can be applied one at a time: the others keep state on nodes
-# (md_gan's discriminators) or average whole models (fl_gan) and need their rounds.
-ASYNC_ALGORITHMS = ("delta_avg", "sync_sgd")
 
 
 @dataclass(frozen=True)
@@ -117,16 +114,17 @@ def settings_from(raw: Any) -> ScheduleSettings:
     return ScheduleSettings(**{**values, "staleness_exponent": float(exponent)})
 
 
-def check_usable(settings: ScheduleSettings, algorithm: str, deterministic: bool) -> None:
+def check_usable(settings: ScheduleSettings, algorithm: type[Algorithm],
+                 deterministic: bool) -> None:
     """ConfigError unless the run can use the mode: asynchronous modes are for algorithms
-    whose updates can be applied one by one, and never deterministic (arrival order
-    decides what each update is computed from)."""
+    whose updates can be applied one by one (`Algorithm.asynchronous`: the others keep
+    state on nodes, as md_gan's discriminators, or average whole models, as fl_gan), and
+    never deterministic (arrival order decides what each update is computed from)."""
     if not settings.asynchronous:
         return
-    if algorithm not in ASYNC_ALGORITHMS:
-        raise ConfigError(f"{SECTION}.mode: {algorithm} cannot train in {settings.mode!r} "
-                          f"mode (it can: sync; {settings.mode!r} is for "
-                          f"{', '.join(ASYNC_ALGORITHMS)})")
+    if not algorithm.asynchronous:
+        raise ConfigError(f"{SECTION}.mode: {algorithm.name} cannot train in "
+                          f"{settings.mode!r} mode (it can: sync)")
     if deterministic:
         raise ConfigError(f"{SECTION}.mode: {settings.mode!r} cannot be deterministic (the "
                           "order results arrive in decides what each is computed from); "

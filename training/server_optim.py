@@ -3,7 +3,7 @@
 Applying the average through an optimizer is FedOpt (Reddi et al., "Adaptive Federated
 Optimization", 2021): the negated average delta is treated as a pseudo-gradient of the
 global weights. ``avg`` with lr 1 is plain delta averaging (FedAvg, the assignment);
-``momentum`` is FedAvgM; ``adam`` is FedAdam.
+``momentum`` is FedAvgM; ``adam`` is FedAdam; ``nesterov`` is DiLoCo's outer step.
 """
 
 from __future__ import annotations
@@ -164,8 +164,25 @@ class AdamServer(ServerOptimizer):
         return -self.hyper["lr"] * m_hat / (np.sqrt(v_hat) + self.hyper["eps"])
 
 
+class NesterovServer(ServerOptimizer):
+    """SGD with Nesterov momentum on the pseudo-gradient g = -avg_delta, as torch's SGD
+    computes it: m = beta * m + avg_delta; weights += lr * (avg_delta + beta * m). DiLoCo's
+    outer optimizer (Douillard et al., 2023: lr 0.7, beta 0.9)."""
+
+    name = "nesterov"
+    slots = ("m",)
+    defaults = {"lr": 0.7, "beta": 0.9}
+
+    def _update(self, name: str, delta: np.ndarray) -> np.ndarray:
+        delta = np.asarray(delta, dtype=np.float64)
+        m = self._slot("m", name, delta)
+        m *= self.hyper["beta"]
+        m += delta
+        return self.hyper["lr"] * (delta + self.hyper["beta"] * m)
+
+
 SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
-    cls.name: cls for cls in (AvgServer, MomentumServer, AdamServer)
+    cls.name: cls for cls in (AvgServer, MomentumServer, AdamServer, NesterovServer)
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 from compute_node import cli
 from compute_node.handler import run_unit, share_of
 from compute_node.relay import local_rounds, member_shares
+from training.algorithms import get_algorithm
 from training.algorithms.base import ConfigError, UnitJob, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.letters import load_letters
@@ -31,11 +32,11 @@ def test_bad_hierarchy_settings_are_refused_naming_the_key(raw, message):
 
 def test_local_rounds_are_for_algorithms_whose_update_is_a_model_delta():
     three = settings_from({"relay_local_rounds": 3})
-    check_usable(three, "delta_avg")
+    check_usable(three, get_algorithm("delta_avg"))
     for algorithm in ("sync_sgd", "fl_gan", "md_gan"):
         with pytest.raises(ConfigError, match=f"relay_local_rounds: {algorithm} cannot"):
-            check_usable(three, algorithm)
-    check_usable(FLAT, "sync_sgd")  # one round: every algorithm, as always
+            check_usable(three, get_algorithm(algorithm))
+    check_usable(FLAT, get_algorithm("sync_sgd"))  # one round: every algorithm, as always
 
 
 def test_the_section_travels_only_when_it_asks_for_local_rounds():
@@ -44,8 +45,13 @@ def test_the_section_travels_only_when_it_asks_for_local_rounds():
     joined = join_hierarchy(config, settings_from({"relay_local_rounds": 3}))
     rest, settings = split_hierarchy(joined)
     assert rest == config and settings.relay_local_rounds == 3
-    assert local_rounds('{"eta": 0.01, "hierarchy": {"relay_local_rounds": 3}}') == 3
-    assert local_rounds('{"eta": 0.01}') == 1
+    assert local_rounds(_job('{"eta": 0.01, "hierarchy": {"relay_local_rounds": 3}}')) == 3
+    assert local_rounds(_job('{"eta": 0.01}')) == 1
+
+
+def _job(config_json: str) -> UnitJob:
+    return UnitJob("r", 1, UnitSpec("u", "train_letters1.txt"), "mlp", {}, {},
+                   algorithm="delta_avg", dataset="letters", config_json=config_json)
 
 
 def test_a_relay_gives_each_member_one_share_of_the_unit():

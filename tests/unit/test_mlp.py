@@ -292,7 +292,8 @@ def test_adam_first_step_moves_each_weight_by_about_lr():
 
 
 def test_unknown_server_optimizer_or_option():
-    with pytest.raises(ValueError, match=r"'sgd'.*known: \['adam', 'avg', 'momentum'\]"):
+    with pytest.raises(ValueError,
+                       match=r"'sgd'.*known: \['adam', 'avg', 'momentum', 'nesterov'\]"):
         make_server_optimizer("sgd")
     with pytest.raises(ValueError, match="unknown option"):
         make_server_optimizer("avg", beta=0.9)

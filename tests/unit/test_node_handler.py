@@ -42,7 +42,7 @@ def test_a_unit_returns_the_delta_of_local_training():
 
 @pytest.mark.parametrize("changes, message", [
     ({"algorithm": "nope"}, "unknown algorithm 'nope'; known: delta_avg"),
-    ({"model": "dcgan"}, "trains models"),
+    ({"model": "dcgan"}, "cannot train model"),
     ({"dataset": "missing"}, "does not exist"),
     ({"unit_path": "../../etc/passwd"}, "escapes the data root"),
     ({"unit_path": "train_letters99.txt"}, "does not exist"),

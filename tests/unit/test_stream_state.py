@@ -20,6 +20,7 @@ from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS, aggregate
+from training.algorithms import get_algorithm
 from training.algorithms.base import ConfigError, UnitResult, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.paths import DEFAULT_DATA_ROOT
@@ -243,13 +244,14 @@ def test_bad_schedule_settings_are_refused_naming_the_key(raw, key):
 @pytest.mark.parametrize("algorithm", ["md_gan", "fl_gan"])
 def test_asynchronous_modes_are_refused_for_algorithms_that_need_rounds(algorithm):
     with pytest.raises(ConfigError, match="schedule.mode: .*cannot train in 'async'"):
-        check_usable(settings_from({"mode": "async"}), algorithm, deterministic=False)
-    check_usable(settings_from({"mode": "sync"}), algorithm, deterministic=False)
+        check_usable(settings_from({"mode": "async"}), get_algorithm(algorithm),
+                     deterministic=False)
+    check_usable(settings_from({"mode": "sync"}), get_algorithm(algorithm), deterministic=False)
 
 
 def test_asynchronous_modes_are_never_deterministic():
     with pytest.raises(ConfigError, match="schedule.mode: 'buffered' cannot be deterministic"):
-        check_usable(settings_from({"mode": "buffered"}), "delta_avg", deterministic=True)
+        check_usable(settings_from({"mode": "buffered"}), DeltaAveraging, deterministic=True)
 
 
 def async_stream(algorithm: DeltaAveraging, rounds: int, ledger: UnitLedger, policy: int,

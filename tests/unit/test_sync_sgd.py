@@ -205,7 +205,7 @@ def test_samples_and_scores_come_from_the_weights_given() -> None:
     ("mlp", {"units_per_iteration": 2}, "'units_per_iteration' (N) must be at least"),
     ("mlp", {"batch_size": 0}, "'batch_size' must be at least 1"),
     ("dcgan28", {"beta1": 1.0}, "'beta1' must be in [0, 1)"),
-    ("resnet", {}, "not 'resnet'"),
+    ("resnet", {}, "cannot train model 'resnet'"),
 ])
 def test_check_config_names_the_key(model: str, config: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as caught:

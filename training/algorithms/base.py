@@ -22,6 +22,7 @@ instead of the global weights), `after_round` (move node sessions, given a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -33,7 +34,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from training import aggregation
+from training import aggregation, plugins
 from training.cancel import UnitControl
 
 log = logging.getLogger("coordinator.aggregation")
@@ -175,14 +176,62 @@ def check_type(key: str, value: Any, default: Any) -> Any:
     return value
 
 
+# A torch model's settings in an algorithm's config (training/spec.py): checked by the spec
+# and read by training/algorithms/torch_model.py, passed through by `check_config`.
+WORKLOAD_SECTIONS = ("model", "data")
+
+
 def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An algorithm's config without its `aggregation` settings, and those settings checked
-    with defaults filled in (training/aggregation.py); ConfigError names the bad key."""
-    rest = {key: value for key, value in config.items() if key != aggregation.SECTION}
+    """An algorithm's own keys (without its `aggregation` settings and a torch model's
+    `model` and `data` sections), and the aggregation settings checked with defaults filled
+    in (training/aggregation.py); ConfigError names the bad key."""
+    shared = (aggregation.SECTION, *WORKLOAD_SECTIONS)
+    rest = {key: value for key, value in config.items() if key not in shared}
     try:
         return rest, aggregation.check_settings(config.get(aggregation.SECTION))
     except aggregation.AggregationError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``checked`` with the `model` and `data` sections of ``config``, where it has them."""
+    return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
+
+
+def checked_fields(schema: type, config: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """``config`` checked against a dataclass's fields: no unknown key, each value of its
+    default's type, defaults filled in; ConfigError names the key. The dataclass is then
+    built from them, so its own ``__post_init__`` checks run too."""
+    if not dataclasses.is_dataclass(schema):
+        raise ConfigError(f"{owner}.Config must be a dataclass, got {schema!r}")
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r} for {owner}; known: "
+                          f"{', '.join(fields) or 'none'}")
+    checked = {}
+    for name, spec in fields.items():
+        default = _default_of(spec)
+        if name not in config:
+            if default is dataclasses.MISSING:
+                raise ConfigError(f"config key {name!r} of {owner} is required")
+            checked[name] = default
+        else:
+            checked[name] = config[name] if default in (None, dataclasses.MISSING) \
+                else check_type(name, config[name], default)
+    try:
+        schema(**checked)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{owner}: {exc}") from None
+    return checked
+
+
+def _default_of(spec: dataclasses.Field) -> Any:
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return dataclasses.MISSING
 
 
 def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
@@ -239,10 +288,24 @@ class SessionMoves(Protocol):
 
 
 class Algorithm(ABC):
-    """Base class of every training algorithm; see the module docstring."""
+    """Base class of every training algorithm; see the module docstring.
+
+    An author writes `run_unit` (the node half), `initial_weights`, `plan_round`,
+    `aggregate` (or `apply`, under `AveragingAlgorithm`) and `evaluate`; the rest has
+    defaults. What the algorithm can do is said by the class attributes below, which the
+    coordinator reads (nothing elsewhere lists algorithms by name)."""
 
     name: ClassVar[str]
-    models: ClassVar[tuple[str, ...]]
+    models: ClassVar[tuple[str, ...]] = ()  # the models it trains; see `trains`
+    # The algorithm's own settings as a dataclass (field names, types and defaults), for
+    # the default `check_config`; None: the settings are taken as they come.
+    Config: ClassVar[type | None] = None
+    # True: it can train in the async and buffered schedules (training/schedule.py), i.e.
+    # its results can be applied one by one as they arrive.
+    asynchronous: ClassVar[bool] = False
+    # True: relays may train it in local rounds (training/hierarchy.py): its update is a
+    # change of the model, which a relay can apply to its group's copy.
+    local_rounds: ClassVar[bool] = False
     # True: nodes keep per-run sessions for this algorithm; the run drops them at its end.
     uses_sessions: ClassVar[bool] = False
     # False: a unit never runs on two nodes at once (no backup attempts), because running
@@ -274,9 +337,27 @@ class Algorithm(ABC):
         raise NotImplementedError(f"{cls.name} does not split units")
 
     @classmethod
-    @abstractmethod
+    def trains(cls, model: str) -> bool:
+        """Whether the algorithm can train the model of this name."""
+        return model in cls.models
+
+    @classmethod
+    def check_model(cls, model: str) -> None:
+        if not cls.trains(model):
+            known = ", ".join(cls.models) or "none"
+            raise ConfigError(f"algorithm {cls.name!r} cannot train model {model!r} "
+                              f"(it trains: {known})")
+
+    @classmethod
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate a configuration and return it with defaults filled in."""
+        """Validate a configuration and return it with defaults filled in. By default the
+        fields of the class's `Config` dataclass (each of its type, unknown keys refused),
+        or the configuration as it comes when there is none."""
+        cls.check_model(model)
+        own, settings = split_aggregation(config)
+        if cls.Config is not None:
+            own = checked_fields(cls.Config, own, cls.name)
+        return with_workload({**own, aggregation.SECTION: settings}, config)
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
@@ -286,16 +367,35 @@ class Algorithm(ABC):
         return {"up": frozenset({"fp16", "int8", "topk"}), "down": frozenset({"fp16"})}
 
     @classmethod
+    def add_update(cls, weights: Weights, update: Weights) -> Weights:
+        """The weights after a combined update is applied as it is (a relay's local rounds,
+        for `local_rounds` algorithms): by default the update's tensors added to the
+        weights of the same names."""
+        return {name: value + update[name] for name, value in weights.items()}
+
+    @classmethod
+    def update_between(cls, before: Weights, after: Weights, like: Weights) -> Weights:
+        """The update that takes ``before`` to ``after`` under `add_update` (what a relay
+        sends up after its local rounds), of the form of ``like`` (an update of the run):
+        by default their difference."""
+        return {name: after[name] - before[name] for name in before}
+
+    @classmethod
     def unit_slot(cls, unit: UnitSpec, config: Mapping[str, Any]) -> str:
         """The unit's place across rounds, which per-unit node state (compression
         residuals) is kept under: the unit id by default."""
         return unit.unit_id
 
     # ------------------------------------------------------ coordinator half
-    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
+                 dataset: str | None = None) -> None:
+        """``dataset_dir``: the data set's folder under the data root (the data root itself
+        for a plug-in data set, which finds its own files); ``dataset``: the data set's name
+        as the run gives it (default: the folder's name)."""
         self.model = model
         self.config = self.check_config(model, config)
         self.dataset_dir = dataset_dir
+        self.dataset = dataset if dataset is not None else dataset_dir.name
 
     @abstractmethod
     def initial_weights(self) -> Weights:
@@ -372,9 +472,9 @@ class Algorithm(ABC):
     def evaluate(self, weights: Weights) -> RoundEval:
         """Score the global model on the validation data."""
 
-    @abstractmethod
     def model_description(self) -> dict[str, Any]:
         """What a reader needs, with the weights, to rebuild the model (JSON-serialisable)."""
+        return {"model": self.model, "algorithm": self.name}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Coordinator-side optimizer state to checkpoint; none by default."""
@@ -447,10 +547,19 @@ class Registry:
         self.entries[name] = target
 
     def get(self, name: str) -> type[Algorithm]:
+        """The class of a built-in name, or of a plug-in ``module:Class`` (imported only from
+        a module this process allows, training/plugins.py)."""
+        if plugins.is_plugin_name(name) and name not in self.entries:
+            found = plugins.resolve(name, "algorithm")
+            if not (isinstance(found, type) and issubclass(found, Algorithm)):
+                raise plugins.PluginError(f"algorithm {name} is not a subclass of "
+                                          "thrift_trainer.Algorithm")
+            return found
         try:
             target = self.entries[name]
         except KeyError:
             known = ", ".join(sorted(self.entries))
-            raise ConfigError(f"unknown algorithm {name!r}; known: {known}") from None
+            raise ConfigError(f"unknown algorithm {name!r}; known: {known}, or a plug-in "
+                              f"module:Class") from None
         module, _, cls = target.partition(":")
         return getattr(importlib.import_module(module), cls)

@@ -1,9 +1,17 @@
-"""Delta averaging (federated averaging) of the letters MLP: the assignment's algorithm.
+"""Delta averaging (federated averaging, local SGD): the assignment's algorithm, and more.
 
-Node half: train `epochs` local epochs on one shard from the given weights and return
-final - initial. Coordinator half: one unit per `train_*` file, a weighted average of
-the round's deltas, applied through a server optimizer ("avg" adds it, as in the
-assignment), then the validation error on `validate_*`.
+Node half: train `epochs` local epochs (or `local_steps` optimizer steps) on one shard from
+the given weights and return final - initial. Coordinator half: a weighted average of the
+round's deltas, applied through a server optimizer ("avg" adds it, as in the assignment;
+"momentum" is FedAvgM, "adam" FedAdam, "nesterov" DiLoCo's outer step), then the
+validation error.
+
+* The letters MLP (``mlp``, numpy on the nodes): one unit per `train_*` file, the
+  validation error on `validate_*`; it reproduces the assignment's numbers bit for bit.
+* Any torch model (``mlp_classifier`` or a plug-in ``module:attribute``): the training part
+  of ``run.dataset`` cut into `units` index ranges, local training with `local_optimizer`
+  (gd, sgd, adam or adamw with `weight_decay`), training/algorithms/torch_model.py. With
+  adamw inner steps and a nesterov server optimizer this is DiLoCo (Douillard et al. 2023).
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ from training.algorithms.base import (
     check_type,
     specs_of,
     split_aggregation,
+    with_workload,
 )
 from training.data.letters import load_letters
 from training.models import mlp
+from training.models.names import BUFFER, is_module_model
 from training.unit_parts import part_bounds
 
 # Every key the algorithm understands, with its default and type.
@@ -48,22 +58,58 @@ DEFAULTS: dict[str, Any] = {
     "server_lr": 1.0,
     "server_momentum": 0.9,
     "seed": 1,
+    "units": 10,
+    "local_steps": 0,
+    "weight_decay": 0.0,
 }
-LOCAL_OPTIMIZERS = ("gd", "sgd", "adam")
+LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
+MLP_OPTIMIZERS = ("gd", "sgd", "adam")  # the numpy MLP's (training/models/mlp.py)
+TORCH_ONLY = {"local_steps": 0, "weight_decay": 0.0}  # keys the numpy MLP cannot use
 
 
 class DeltaAveraging(AveragingAlgorithm):
     name = "delta_avg"
     models = ("mlp",)
-    uses_torch = False  # numpy on the nodes
     splits_units = True
+    asynchronous = True  # deltas can be applied one by one as they arrive
+    local_rounds = True  # a delta is a change of the model, which relays can apply
+
+    @property
+    def uses_torch(self) -> bool:  # type: ignore[override]
+        """The letters MLP runs in numpy on the nodes; other models in torch."""
+        return self.model != "mlp"
+
+    @classmethod
+    def trains(cls, model: str) -> bool:
+        return model in cls.models or is_module_model(model)
+
+    @classmethod
+    def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
+        """No topk for torch models: their updates carry buffers (BatchNorm statistics),
+        states that a residual sent rounds later would corrupt."""
+        up = {"fp16", "int8", "topk"} if model == "mlp" else {"fp16", "int8"}
+        return {"up": frozenset(up), "down": frozenset({"fp16"})}
+
+    @classmethod
+    def add_update(cls, weights: Weights, update: Weights) -> Weights:
+        """Deltas added; a torch model's buffers (``buffer.<name>``) installed as sent."""
+        return {name: update[BUFFER + name] if BUFFER + name in update else
+                value + update[name] for name, value in weights.items()}
+
+    @classmethod
+    def update_between(cls, before: Weights, after: Weights, like: Weights) -> Weights:
+        """The change of each parameter; a torch model's buffers (those ``like`` holds as
+        ``buffer.<name>``) as their states."""
+        buffers = {name[len(BUFFER):] for name in like if name.startswith(BUFFER)}
+        return {(BUFFER + name if name in buffers else name):
+                (after[name] if name in buffers else after[name] - before[name])
+                for name in before}
 
     # ------------------------------------------------------------- node half
     @classmethod
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
-        if model not in cls.models:
-            raise ConfigError(f"algorithm {cls.name!r} trains models {cls.models}, not {model!r}")
-        config, aggregation = split_aggregation(config)
+        cls.check_model(model)
+        given, (config, aggregation) = config, split_aggregation(config)
         unknown = sorted(set(config) - set(DEFAULTS))
         if unknown:
             raise ConfigError(
@@ -82,22 +128,33 @@ class DeltaAveraging(AveragingAlgorithm):
             raise ConfigError("config key 'batch_size' must be at least 1")
         if checked["compat"] and (len(checked["hidden"]) != 1 or checked["scale_features"]):
             raise ConfigError("'compat' reproduces the reference MLP: one hidden layer, no scaling")
+        if model == "mlp":
+            _check_numpy_mlp(checked)
+        elif checked["units"] < 1 or checked["local_steps"] < 0:
+            raise ConfigError("config keys 'units' must be at least 1 and 'local_steps' 0 or more")
         try:
             server_optim.make_server_optimizer(checked["server_optimizer"],
                                                **_server_kwargs(checked))
         except ValueError as exc:
             raise ConfigError(f"config key 'server_optimizer': {exc}") from None
-        return {**checked, AGGREGATION: aggregation}
+        return with_workload({**checked, AGGREGATION: aggregation}, given)
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
+        if job.model != "mlp":
+            return cls._train_range(job, dataset_dir, *_index_range(job.unit))
         return cls._train_rows(job, *load_letters(dataset_dir / job.unit.unit_path))
 
     @classmethod
     def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
                       parts: int) -> UnitOutput | None:
-        """Local training on a share of the unit file's rows; the node averages the
-        shares' deltas (local averaging, not one sequential training of the file)."""
+        """Local training on a share of the unit's rows; the node averages the shares'
+        deltas (local averaging, not one sequential training of the unit)."""
+        if job.model != "mlp":
+            start, stop = _index_range(job.unit)
+            lo, hi = part_bounds(stop - start, part, parts)
+            return cls._train_range(job, dataset_dir, start + lo, start + hi) \
+                if hi > lo else None
         features, labels = load_letters(dataset_dir / job.unit.unit_path)
         lo, hi = part_bounds(len(labels), part, parts)
         return cls._train_rows(job, features[lo:hi], labels[lo:hi]) if hi > lo else None
@@ -121,47 +178,149 @@ class DeltaAveraging(AveragingAlgorithm):
             update=delta, num_samples=len(labels), loss=float(stats.loss), error=float(stats.error)
         )
 
+    @classmethod
+    def _train_range(cls, job: UnitJob, dataset_dir: Path, start: int,
+                     stop: int) -> UnitOutput:
+        """A torch model's local training on examples ``[start, stop)``."""
+        from training.algorithms import torch_model  # torch only for torch models
+        from training.models.module_training import LocalSteps
+
+        config = cls.check_config(job.model, job.config)
+        local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
+                           batch_size=config["batch_size"], epochs=config["epochs"],
+                           steps=config["local_steps"], weight_decay=config["weight_decay"],
+                           seed=_unit_seed(config["seed"], job.round, job.unit.unit_id))
+        return torch_model.local_unit(job, dataset_dir, start, stop, local)
+
     # ------------------------------------------------------ coordinator half
-    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        super().__init__(model, config, dataset_dir)
-        self.spec = _spec(self.config)
-        self.units = _unit_files(dataset_dir)
-        check_round_size(self.config[AGGREGATION], len(self.units))  # every unit is averaged
-        # Rows of each unit file: the most samples a node's result for it may count.
-        self.unit_rows = {name: len(load_letters(dataset_dir / name)[1]) for name in self.units}
-        self.validation = _validation_data(dataset_dir)
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
+                 dataset: str | None = None) -> None:
+        super().__init__(model, config, dataset_dir, dataset)
         self.optimizer = server_optim.make_server_optimizer(
             self.config["server_optimizer"], **_server_kwargs(self.config)
         )
+        if model == "mlp":
+            self._plan: _LettersPlan | _RangePlan = _LettersPlan(self.config, dataset_dir)
+        else:
+            self._plan = _RangePlan(self.config, self.optimizer, model, self.dataset,
+                                    dataset_dir)
+        # every unit of a round is averaged
+        check_round_size(self.config[AGGREGATION], len(self._plan.units))
 
     def initial_weights(self) -> Weights:
-        return mlp.init_params(self.spec, seed=self.config["seed"])
+        return self._plan.initial_weights(self.config["seed"])
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
-        return [UnitSpec(unit_id=name, unit_path=name) for name in self.units]
+        return list(self._plan.units)
 
     def unit_samples(self, unit: UnitSpec) -> int | None:
-        return self.unit_rows.get(unit.unit_path)
+        return self._plan.samples(unit)
 
     def expected_update(self, weights: Weights) -> TensorSpecs:
-        """A delta has exactly the weights' tensors, shapes and dtypes."""
+        """A delta has exactly the weights' tensors, shapes and dtypes (a torch model's
+        buffers come as ``buffer.<name>``)."""
+        if isinstance(self._plan, _RangePlan):
+            return self._plan.expected_update(weights)
         return specs_of(weights)
 
+    def staleness_scaled(self, name: str) -> bool:
+        """Deltas are scaled by staleness; a torch model's buffers are states."""
+        return not name.startswith(BUFFER)
+
     def apply(self, weights: Weights, combined: Weights) -> Weights:
+        if isinstance(self._plan, _RangePlan):
+            return self._plan.state.step(weights, combined)
         return self.optimizer.step(weights, combined)
 
     def evaluate(self, weights: Weights) -> RoundEval:
-        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
-        return RoundEval(validation_error=float(error), validation_loss=float(loss))
+        return self._plan.evaluate(weights)
 
     def model_description(self) -> dict[str, Any]:
-        return {"model": "mlp", "spec": self.spec.to_dict()}
+        return self._plan.description()
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+class _LettersPlan:
+    """The letters MLP's units (one per `train_*` file) and its validation file."""
+
+    def __init__(self, config: Mapping[str, Any], dataset_dir: Path) -> None:
+        self.spec = _spec(config)
+        files = _unit_files(dataset_dir)
+        self.units = [UnitSpec(unit_id=name, unit_path=name) for name in files]
+        # Rows of each unit file: the most samples a node's result for it may count.
+        self.rows = {name: len(load_letters(dataset_dir / name)[1]) for name in files}
+        self.validation = _validation_data(dataset_dir)
+
+    def initial_weights(self, seed: int) -> Weights:
+        return mlp.init_params(self.spec, seed=seed)
+
+    def samples(self, unit: UnitSpec) -> int | None:
+        return self.rows.get(unit.unit_path)
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
+        return RoundEval(validation_error=float(error), validation_loss=float(loss))
+
+    def description(self) -> dict[str, Any]:
+        return {"model": "mlp", "spec": self.spec.to_dict()}
+
+
+class _RangePlan:
+    """A torch model's units (`units` index ranges of the training part) and its state on
+    the coordinator (training/algorithms/torch_model.py)."""
+
+    def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
+                 model: str, dataset: str, dataset_dir: Path) -> None:
+        from training.algorithms import torch_model  # torch only for torch models
+
+        self.state = torch_model.LocalState(
+            torch_model.setup_of(model, config, dataset, dataset_dir), config["seed"],
+            config["batch_size"], optimizer)
+        ranges = torch_model.unit_ranges(len(self.state.setup.data.train), config["units"])
+        self.units = [UnitSpec(unit_id=f"shard{k}-{lo}-{hi}", unit_path="", index_start=lo,
+                               index_stop=hi) for k, (lo, hi) in enumerate(ranges)]
+
+    def initial_weights(self, seed: int) -> Weights:
+        return self.state.weights()
+
+    def samples(self, unit: UnitSpec) -> int | None:
+        if unit.index_start is None or unit.index_stop is None:
+            return None
+        return unit.index_stop - unit.index_start
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        return self.state.evaluate(weights)
+
+    def description(self) -> dict[str, Any]:
+        return self.state.description()
+
+    def expected_update(self, weights: Weights) -> TensorSpecs:
+        from training.algorithms import torch_model
+
+        return torch_model.expected_update(self.state.module, weights, gradients=False)
+
+
+def _index_range(unit: UnitSpec) -> tuple[int, int]:
+    if unit.index_start is None or unit.index_stop is None:
+        raise ConfigError(f"unit {unit.unit_id} has no index range; a torch model's units "
+                          "are ranges of its training part")
+    return unit.index_start, unit.index_stop
+
+
+def _check_numpy_mlp(config: Mapping[str, Any]) -> None:
+    """The letters MLP trains in numpy: refuse what only torch models can do."""
+    if config["local_optimizer"] not in MLP_OPTIMIZERS:
+        raise ConfigError(f"config key 'local_optimizer': the letters MLP trains with one of "
+                          f"{', '.join(MLP_OPTIMIZERS)} (adamw is for torch models)")
+    for key, default in TORCH_ONLY.items():
+        if config[key] != default:
+            raise ConfigError(f"config key {key!r} is for torch models; the letters MLP "
+                              f"trains epochs with {config['local_optimizer']}")
 
 
 def _check_optimizer_ranges(config: Mapping[str, Any]) -> None:
@@ -186,7 +345,7 @@ def _spec(config: Mapping[str, Any]) -> mlp.MLPSpec:
 
 def _server_kwargs(config: Mapping[str, Any]) -> dict[str, float]:
     name = config["server_optimizer"]
-    if name == "momentum":
+    if name in ("momentum", "nesterov"):
         return {"lr": config["server_lr"], "beta": config["server_momentum"]}
     if name == "adam":
         return {"lr": config["server_lr"]}

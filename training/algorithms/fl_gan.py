@@ -158,8 +158,9 @@ class FLGan(AveragingAlgorithm):
         return train_slot(job, dataset_dir, config, part, parts)
 
     # ------------------------------------------------------ coordinator half
-    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        super().__init__(model, config, dataset_dir)
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
+                 dataset: str | None = None) -> None:
+        super().__init__(model, config, dataset_dir, dataset)
         check_round_size(self.config[AGGREGATION], self.config["workers"])  # one state a slot
         check_shards(dataset_dir, self.config["workers"], self.config["batch_size"])
         self.spec = gan_models.gan_spec(model, self.config["batchnorm"])

@@ -357,8 +357,9 @@ class MDGan(Algorithm):
         return _train_slot(job, dataset_dir, config, slot, spec)
 
     # ------------------------------------------------------ coordinator half
-    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        super().__init__(model, config, dataset_dir)
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
+                 dataset: str | None = None) -> None:
+        super().__init__(model, config, dataset_dir, dataset)
         c = self.config
         self.workers = c["workers"]
         self.k = resolve_k(c["k"], self.workers)

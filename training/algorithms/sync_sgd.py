@@ -21,6 +21,9 @@ Models and data sets:
 * ``mlp``: the letters MLP (``training/models/mlp.py``) on a letters folder; the training
   part is the ``train_*`` files concatenated in natural order, the validation error is
   measured on ``validate_*`` after every round.
+* any torch model (``mlp_classifier`` or a plug-in ``module:attribute``) on the data set
+  ``run.dataset`` names: training/algorithms/torch_model.py, with the optimizer ``optimizer``
+  (adam, adamw or sgd), ``lr`` and ``weight_decay`` on the coordinator;
 * ``dcgan28`` / ``dcgan28-wide`` (twice the channels) / ``dcgan28-tiny`` and the MLP GANs
   ``mlpgan28`` / ``mlpgan28-tiny``: MNIST (``training/data/mnist.py``, the 8,000-image
   training part);
@@ -70,6 +73,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from training.aggregation import SECTION as AGGREGATION
+from training.algorithms import torch_model
 from training.algorithms.base import (
     AveragingAlgorithm,
     ConfigError,
@@ -83,16 +87,16 @@ from training.algorithms.base import (
     check_type,
     specs_of,
     split_aggregation,
+    with_workload,
 )
 from training.cancel import no_step
 from training.data import image_folder, mnist
 from training.data.letters import load_letters
 from training.models import gan_models, mlp
+from training.models.names import GAN_MODELS, is_module_model
 from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
 
-GAN_MODELS = ("dcgan28", "dcgan28-wide", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28",
-              "mlpgan28-tiny")
 GRAD = "grad."
 BUFFER = "buffer."
 PROBE_SIZE = 64  # real and fake images scored by a GAN's cheap per-round evaluation
@@ -115,9 +119,13 @@ MLP_DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS, "lr": 0.01, "hidden": [128, 128], "scale_features": True,
 }
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
+# Any other torch model: its optimizer on the coordinator.
+MODULE_DEFAULTS: dict[str, Any] = {
+    **COMMON_DEFAULTS, "lr": 0.001, "optimizer": "adam", "weight_decay": 0.0,
+}
 # One config file serves every model, so keys meant for the other kind of model are
 # accepted and dropped rather than refused.
-ALL_KEYS = frozenset(GAN_DEFAULTS) | frozenset(MLP_DEFAULTS)
+ALL_KEYS = frozenset(GAN_DEFAULTS) | frozenset(MLP_DEFAULTS) | frozenset(MODULE_DEFAULTS)
 POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_iteration",
                  "batch_size")
 
@@ -127,7 +135,9 @@ POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_
 
 def defaults_for(model: str) -> dict[str, Any]:
     """Every config key the model understands, with its default."""
-    return dict(GAN_DEFAULTS if model in GAN_MODELS else MLP_DEFAULTS)
+    if model in GAN_MODELS:
+        return dict(GAN_DEFAULTS)
+    return dict(MLP_DEFAULTS if model == "mlp" else MODULE_DEFAULTS)
 
 
 def _check_ranges(config: Mapping[str, Any]) -> None:
@@ -145,6 +155,13 @@ def _check_ranges(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"config key {key!r} must be in [0, 1), got {config[key]}")
     if not 0 <= config["seed"] < 2**31:
         raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {config['seed']}")
+    if "optimizer" in config and config["optimizer"] not in torch_model.OPTIMIZERS:
+        raise ConfigError(f"config key 'optimizer' must be one of "
+                          f"{', '.join(torch_model.OPTIMIZERS)}, got {config['optimizer']!r}")
+    if "weight_decay" in config and not (math.isfinite(config["weight_decay"])
+                                         and config["weight_decay"] >= 0):
+        raise ConfigError(f"config key 'weight_decay' must be 0 or more, "
+                          f"got {config['weight_decay']}")
 
 
 # ------------------------------------------------------------------ data sets
@@ -213,6 +230,19 @@ class _Folder:
 
     def probe(self) -> torch.Tensor:
         return self.images.load_range(0, min(PROBE_SIZE, len(self.images)))
+
+
+class _Examples:
+    """A torch model's training part as the units see it: index ranges, no files."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def path_of(self, index: int) -> str:
+        return ""
 
 
 @functools.lru_cache(maxsize=4)
@@ -336,13 +366,18 @@ class SyncSGD(AveragingAlgorithm):
 
     name = "sync_sgd"
     models = ("mlp", *GAN_MODELS)
+    asynchronous = True  # gradients can be applied one by one as they arrive
     rounds_from_passes = True  # units cut by K-of-N are trained on later in the pass
     splits_units = True
 
     @classmethod
+    def trains(cls, model: str) -> bool:
+        return model in cls.models or is_module_model(model)
+
+    @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
-        """No topk for GANs: their updates carry BatchNorm statistics, states that a
-        residual sent rounds later would corrupt."""
+        """No topk for GANs and other torch models: their updates carry buffers (BatchNorm
+        statistics), states that a residual sent rounds later would corrupt."""
         up = {"fp16", "int8", "topk"} if model == "mlp" else {"fp16", "int8"}
         return {"up": frozenset(up), "down": frozenset({"fp16"})}
 
@@ -361,10 +396,9 @@ class SyncSGD(AveragingAlgorithm):
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         """The config with every default filled in (N defaults to K + 1: one spare unit per
         round, so a straggler or a unit stuck in a load delay does not hold the round)."""
-        if model not in cls.models:
-            raise ConfigError(f"algorithm {cls.name!r} trains models {cls.models}, not {model!r}")
+        cls.check_model(model)
         defaults = defaults_for(model)
-        config, aggregation = split_aggregation(config)
+        given, (config, aggregation) = config, split_aggregation(config)
         unknown = sorted(set(config) - ALL_KEYS)
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r} for {cls.name}; "
@@ -376,7 +410,7 @@ class SyncSGD(AveragingAlgorithm):
         checked = {key: check_type(key, config.get(key, value), value)
                    for key, value in defaults.items()}
         _check_ranges(checked)
-        return {**checked, AGGREGATION: aggregation}
+        return with_workload({**checked, AGGREGATION: aggregation}, given)
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
@@ -384,6 +418,8 @@ class SyncSGD(AveragingAlgorithm):
         start, stop = job.unit.index_start, job.unit.index_stop
         if start is None or stop is None:
             raise ConfigError(f"unit {job.unit.unit_id} has no index range; {cls.name} needs one")
+        if is_module_model(job.model):
+            return torch_model.sync_unit(job, dataset_dir, start, stop, config["batch_size"])
         data = _dataset(job.model, dataset_dir)
         if job.model == "mlp":
             return _run_mlp_unit(job, config, *data.load(start, stop))
@@ -402,23 +438,33 @@ class SyncSGD(AveragingAlgorithm):
         lo, hi = part_bounds(stop - start, part, parts, config["batch_size"])
         if lo == hi:
             return None
+        if is_module_model(job.model):
+            return torch_model.sync_unit(job, dataset_dir, start + lo, start + hi,
+                                         config["batch_size"])
         data = _dataset(job.model, dataset_dir)
         if job.model == "mlp":
             return _run_mlp_unit(job, config, *data.load(start + lo, start + hi))
         return _run_gan_unit(job, config, data.load(start + lo, start + hi), (lo, stop - start))
 
     # ------------------------------------------------------ coordinator half
-    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        super().__init__(model, config, dataset_dir)
+    def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
+                 dataset: str | None = None) -> None:
+        super().__init__(model, config, dataset_dir, dataset)
         # The first K results of a round are combined.
         check_round_size(self.config[AGGREGATION], self.quorum(self.config["units_per_iteration"]))
-        self.data = _dataset(model, dataset_dir)
         self.unit_size = self.config["images_per_work_unit"]
-        self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
-        if model == "mlp":
-            self.state: _MlpState | _GanState = _MlpState(self.config, dataset_dir)
+        self.state: _MlpState | _GanState | torch_model.SyncState
+        if is_module_model(model):
+            setup = torch_model.setup_of(model, self.config, self.dataset, dataset_dir)
+            self.data: _Letters | _Mnist | _Folder | _Examples = _Examples(len(setup.data.train))
+            self.state = torch_model.SyncState(setup, self.config)
+        elif model == "mlp":
+            self.data = _dataset(model, dataset_dir)
+            self.state = _MlpState(self.config, dataset_dir)
         else:
+            self.data = _dataset(model, dataset_dir)
             self.state = _GanState(model, self.config, self.data.probe())
+        self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
 
     def initial_weights(self) -> Weights:
         return self.state.weights()
@@ -458,6 +504,8 @@ class SyncSGD(AveragingAlgorithm):
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """Gradients of the parameters and the BatchNorm buffers, shaped and typed as the
         weights they belong to."""
+        if isinstance(self.state, torch_model.SyncState):
+            return torch_model.expected_update(self.state.module, weights, gradients=True)
         params = set(self.state.parameter_names())
         return {(GRAD if name in params else BUFFER) + name: spec
                 for name, spec in specs_of(weights).items()}

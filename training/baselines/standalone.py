@@ -37,7 +37,8 @@ def train_in_process(algorithm: Algorithm, rounds: int,
         for unit in units:
             tensors = algorithm.unit_tensors(unit)
             job = UnitJob("standalone", round_index, unit, algorithm.model, algorithm.config,
-                          weights if tensors is None else tensors, sessions=sessions)
+                          weights if tensors is None else tensors, sessions=sessions,
+                          dataset=algorithm.dataset)
             output = type(algorithm).run_unit(job, dataset_dir)
             results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
         weights = algorithm.aggregate(round_index, weights, results, [])

@@ -35,3 +35,12 @@ def dataset_dir(root: str | os.PathLike, dataset: str) -> Path:
             f"pass a folder name under the data root {Path(root).resolve()} or set --data-root"
         )
     return path
+
+
+def data_location(root: str | os.PathLike, dataset: str) -> Path:
+    """Where a run's data set is read from: its folder under the data root (which must
+    exist), or the data root itself for a plug-in data set (``module:function``), which
+    finds its own files there."""
+    if ":" in dataset:
+        return Path(root).resolve()
+    return dataset_dir(root, dataset)

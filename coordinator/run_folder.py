@@ -1,0 +1,95 @@
+"""What a run writes in its folder (`<run root>/<run id>/`), in one place.
+
+At the start ``run.json`` (the run as it was set up) and ``request.json`` (what a resume
+needs); after every round a row of ``metrics.jsonl``, the sample grid when one is due and,
+last, ``checkpoint.npz``, the commit point a resume starts from (so the metrics and the
+ledger already hold every round it covers); at the end ``model.npz``, ``model.safetensors``
+(for plain torch: training/outputs/torch_files.py) and ``curves.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from coordinator.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    metrics_until,
+    save_checkpoint,
+    save_request,
+)
+from coordinator.records import RunRequest
+from engine.phase_clock import PHASES_KEY
+from engine.records import RoundMetrics
+from training import plugins
+from training.algorithms.base import Algorithm, Weights
+from training.outputs.model_file import save_model
+from training.outputs.plots import due, metrics_line, save_curves, save_grid
+from training.outputs.torch_files import SAFETENSORS_FILE, save_safetensors
+
+SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
+MODEL_FILE = "model.npz"
+
+
+class RunFolder:
+    """The files of one run; `rows` are its metrics so far, for the curves."""
+
+    def __init__(self, run_dir: Path, algorithm: Algorithm, outputs: dict[str, int],
+                 rounds: int) -> None:
+        self.path = run_dir
+        self.algorithm = algorithm
+        self.outputs = outputs
+        self.rounds = rounds
+        self.rows: list[dict[str, Any]] = []
+
+    def start(self, description: dict[str, Any], request: RunRequest) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "run.json").write_text(json.dumps(description, indent=2) + "\n",
+                                            encoding="utf-8")
+        save_request(self.path, request)
+
+    def restore(self, last_round: int) -> None:
+        """The rows of rounds up to ``last_round`` (a resume's checkpoint): later rows, of
+        rounds the checkpoint does not cover, are dropped from metrics.jsonl."""
+        self.rows = [{k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)}
+                     for row in metrics_until(self.path, last_round)]
+
+    def append_round(self, metrics: RoundMetrics, discarded: list[str],
+                     traffic: dict[str, int], phases: dict[str, float]) -> None:
+        """One row of metrics.jsonl; `traffic`: the round's training-call bytes; `phases`:
+        seconds per phase of the round (engine/phase_clock.py)."""
+        row = {"round": metrics.round, "validation_error": metrics.validation_error,
+               "validation_loss": metrics.validation_loss, "train_loss": metrics.train_loss,
+               "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,
+               "discarded": discarded, PHASES_KEY: phases}
+        self.rows.append({k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)})
+        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(metrics_line(row))
+
+    def write_samples(self, round_index: int, weights: Weights) -> None:
+        """This round's sample grid, when it is due (and the algorithm makes images)."""
+        if due(self.outputs["sample_every"], round_index, self.rounds):
+            images = self.algorithm.sample_images(weights, SAMPLE_COUNT, seed=SAMPLE_SEED)
+            if images is not None:
+                save_grid(images, self.path / "samples" / f"round_{round_index:05d}.png")
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """The round's checkpoint, when it is due."""
+        if due(self.outputs["checkpoint_every"], checkpoint.round, self.rounds):
+            save_checkpoint(self.path, checkpoint, self.algorithm.model_description())
+
+    def finish(self, weights: Weights, config: dict[str, Any]) -> Path:
+        """The final model, in this project's .npz and as safetensors, and the curves."""
+        description = self.algorithm.model_description()
+        model_path = save_model(self.path / MODEL_FILE, weights, description)
+        save_safetensors(self.path / SAFETENSORS_FILE, weights, {
+            "model": self.algorithm.model, "description": description, "config": config,
+            "plugins": plugins.versions()})
+        save_curves(self.rows, self.path / "curves.png")
+        return model_path
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT_FILE

@@ -1,0 +1,122 @@
+"""A train request checked once, before any run exists: its spec, algorithm and outputs.
+
+`prepare` reads the request's fields into the typed spec (training/spec.py), checks them
+against this coordinator's limits (coordinator/request_checks.py) and the algorithm's
+abilities (schedules, local rounds, codecs), builds the algorithm (which loads the data
+set and, for a torch model, builds the model and runs it once on a few examples) and
+returns everything the run loop needs. Every refusal is an InvalidRun naming the field,
+key or plug-in at fault, so the client hears of it before round 1, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coordinator.records import InvalidRun, RunRequest
+from coordinator.request_checks import (
+    RequestLimits,
+    check_config,
+    check_fields,
+    check_model_bytes,
+    check_units,
+)
+from training import hierarchy, schedule
+from training.algorithms import ConfigError, get_algorithm
+from training.algorithms.base import Algorithm
+from training.compression import check_supported
+from training.data.letters import DataFormatError
+from training.data.paths import DataPathError, data_location
+from training.models.names import check_model_name, is_module_model
+from training.outputs.plots import check_outputs
+from training.plugins import PluginError
+from training.spec import RunSpec
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """A checked request: what the run loop is built from."""
+
+    run_id: str
+    request: RunRequest
+    spec: RunSpec
+    algorithm: Algorithm
+    outputs: dict[str, int]
+    node_config_json: str  # the config every unit carries, defaults filled in
+    units_per_round: int  # what the algorithm plans per (sync) round
+
+
+def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
+            deterministic: bool) -> RunSetup:
+    """The checked request; InvalidRun says what is wrong."""
+    run_id = check_run_id(request.run_id)
+    check_fields(request, limits)
+    try:
+        spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                             request.config_json)
+        algorithm = _algorithm(spec, data_root, limits, deterministic)
+    except (ConfigError, DataPathError, DataFormatError, PluginError) as exc:
+        raise InvalidRun(str(exc)) from None
+    except OSError as exc:  # e.g. a name the file system refuses
+        raise InvalidRun(f"dataset: {exc.strerror or exc}") from None
+    check_model_bytes(sum(w.nbytes for w in algorithm.initial_weights().values()), limits)
+    planned = algorithm.units_per_round()
+    check_units(planned, limits)
+    return RunSetup(run_id, request, spec, algorithm, _outputs(request.outputs_json),
+                    spec.to_config_json(algorithm.config), planned)
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.match(run_id or ""):
+        raise InvalidRun(f"run id {run_id!r} must be 1-64 letters, digits, '.', '_' or '-'")
+    return run_id
+
+
+def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
+               deterministic: bool) -> Algorithm:
+    """The spec's algorithm, its settings checked against the limits and its abilities
+    before it builds anything (a model, a plan) from them."""
+    try:
+        check_model_name(spec.model)
+    except ValueError as exc:
+        raise ConfigError(f"model: {exc}") from None
+    if not is_module_model(spec.model) and (spec.model_settings.changed() or spec.data.changed()):
+        raise ConfigError(f"run.model_args, loss, metric, init_weights and the data section "
+                          f"are for torch models (mlp_classifier or a plug-in "
+                          f"module:attribute), not {spec.model!r}")
+    cls = get_algorithm(spec.algorithm)
+    hierarchy.check_usable(spec.hierarchy, cls)
+    check_supported(spec.compression, cls.name, cls.compression_codecs(spec.model))
+    schedule.check_usable(spec.schedule, cls, deterministic)
+    if spec.schedule.asynchronous and spec.compression.keeps_residuals:
+        # residuals are kept per unit slot, and a stream's units change with every pass
+        raise ConfigError(f"compression.up: topk cannot be used in {spec.schedule.mode!r} "
+                          "mode (it can: fp16, int8)")
+    config = spec.algorithm_config()
+    check_config(cls.check_config(spec.model, config), limits)
+    return cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
+
+
+def _outputs(outputs_json: str | None) -> dict[str, int]:
+    try:
+        outputs = json.loads(outputs_json or "{}")
+        if not isinstance(outputs, dict):
+            raise ValueError("outputs_json must hold a JSON object")
+        return check_outputs(outputs)
+    except ValueError as exc:  # JSONDecodeError included
+        message = f"outputs_json is not valid JSON: {str(exc)[:200]}" \
+            if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InvalidRun(message) from None
+
+
+def describe(setup: RunSetup, policy: int, nodes: list[str]) -> dict[str, Any]:
+    """The run as run.json records it."""
+    r = setup.request
+    return {"run_id": setup.run_id, "algorithm": r.algorithm, "model": r.model,
+            "dataset": r.dataset, "rounds": r.rounds, "config": setup.algorithm.config,
+            "policy": policy, "nodes": nodes}

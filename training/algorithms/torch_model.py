@@ -1,0 +1,230 @@
+"""Any torch model under sync_sgd and delta_avg: both halves of each algorithm's maths.
+
+The built-in letters MLP and GANs keep their own paths (they reproduce published numbers
+bit for bit); a model named by `run.model` that is a torch model of
+training/models/modules.py (``mlp_classifier`` or a plug-in) trains here, on the data set
+`run.dataset` names, read by training/data/datasets.py.
+
+* sync_sgd: a node returns the mean gradient over its unit's examples (``grad.<name>``)
+  and its buffers (``buffer.<name>``); the coordinator's optimizer (Adam, AdamW or SGD)
+  steps on the average.
+* delta_avg: a node trains locally (`LocalSteps`) and returns its parameters' change and
+  its buffers; the coordinator's server optimizer (training/server_optim.py) applies the
+  average change, e.g. Nesterov momentum for DiLoCo.
+
+Units are index ranges of the training part in both.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training import server_optim
+from training.algorithms.base import ConfigError, RoundEval, UnitJob, UnitOutput, Weights
+from training.data.settings import SECTION as DATA
+from training.data.settings import DataSettings
+from training.models import modules
+from training.models.module_training import (
+    LocalSteps,
+    ModelSetup,
+    buffers_of,
+    check_model_runs,
+    evaluate,
+    install_buffers,
+    mean_gradients,
+    train_locally,
+)
+from training.models.names import BUFFER, GRAD
+from training.models.settings import SECTION as MODEL
+from training.models.settings import ModelSettings
+from training.plugins import PluginError
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+BETAS = (0.9, 0.999)
+
+
+def setup_of(model: str, config: Mapping[str, Any], dataset: str,
+             location: Path) -> ModelSetup:
+    """The run's model, data, loss and metric, read once per process and run settings."""
+    return _setup(model, json.dumps(config.get(MODEL) or {}, sort_keys=True), dataset,
+                  str(location), json.dumps(config.get(DATA) or {}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4)
+def _setup(model: str, model_json: str, dataset: str, location: str,
+           data_json: str) -> ModelSetup:
+    try:
+        return ModelSetup.load(model, ModelSettings.from_mapping(json.loads(model_json)),
+                               dataset, Path(location),
+                               DataSettings.from_mapping(json.loads(data_json)))
+    except PluginError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def job_setup(job: UnitJob, location: Path) -> ModelSetup:
+    return setup_of(job.model, job.config, job.dataset, location)
+
+
+def load_weights(module: nn.Module, weights: Weights, model: str) -> None:
+    try:
+        modules.load_arrays(module, weights)
+    except ValueError as exc:
+        raise ConfigError(f"weights do not fit {model}: {exc}") from None
+
+
+# ------------------------------------------------------------------ sync_sgd
+def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
+              batch_size: int) -> UnitOutput:
+    """The mean gradient over examples ``[start, stop)`` of the training part."""
+    setup = job_setup(job, location)
+    _check_range(setup, start, stop)
+    with setup.borrowed(job.device) as module:
+        load_weights(module, job.weights, job.model)
+        update, loss = mean_gradients(setup, module, start, stop, batch_size,
+                                      job.control.step, job.device)
+    return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
+
+
+class SyncState:
+    """The coordinator's model and optimizer under sync_sgd."""
+
+    def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
+        self.setup = setup
+        self.module = setup.build(seed=config["seed"])
+        check_model_runs(setup, self.module, config["batch_size"])
+        self.module.eval()
+        self.optimizer = _optimizer(config, self.module)
+
+    def weights(self) -> Weights:
+        return modules.state_arrays(self.module)
+
+    def parameter_names(self) -> list[str]:
+        return modules.parameter_names(self.module)
+
+    def step(self, weights: Weights, average: Weights) -> Weights:
+        load_weights(self.module, weights, self.setup.model)
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                param.grad = torch.from_numpy(
+                    np.asarray(average[GRAD + name], dtype=np.float32)).to(param.dtype)
+        self.optimizer.step()
+        install_buffers(self.module, average)
+        return self.weights()
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        return evaluate_weights(self.setup, self.module, weights)
+
+    def description(self) -> dict[str, Any]:
+        return describe(self.setup, self.module)
+
+    def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
+        return {"model": (dict(self.module.named_parameters()), self.optimizer)}
+
+
+def _optimizer(config: Mapping[str, Any], module: nn.Module) -> torch.optim.Optimizer:
+    name, lr, decay = config["optimizer"], config["lr"], config["weight_decay"]
+    if name == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=lr, weight_decay=decay)
+    kind = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return kind(module.parameters(), lr=lr, betas=BETAS, weight_decay=decay)
+
+
+# ------------------------------------------------------------------ delta_avg
+def local_unit(job: UnitJob, location: Path, start: int, stop: int,
+               local: LocalSteps) -> UnitOutput:
+    """Local training on examples ``[start, stop)``: the parameters' change, the buffers."""
+    setup = job_setup(job, location)
+    _check_range(setup, start, stop)
+    with setup.borrowed(job.device) as module:
+        load_weights(module, job.weights, job.model)
+        state, loss = train_locally(setup, module, start, stop, local, job.control.step,
+                                    job.device)
+        buffers = buffers_of(module)
+    params = modules.parameter_names(module)
+    update = {name: state[name] - job.weights[name] for name in params}
+    update.update(buffers)
+    return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
+
+
+class LocalState:
+    """The coordinator's side of delta_avg for a torch model: the server optimizer."""
+
+    def __init__(self, setup: ModelSetup, seed: int, batch_size: int,
+                 optimizer: server_optim.ServerOptimizer) -> None:
+        self.setup = setup
+        self.module = setup.build(seed=seed)
+        check_model_runs(setup, self.module, batch_size)
+        self.optimizer = optimizer
+        self.params = modules.parameter_names(self.module)
+
+    def weights(self) -> Weights:
+        return modules.state_arrays(self.module)
+
+    def step(self, weights: Weights, combined: Weights) -> Weights:
+        """The server optimizer on the parameters' average change; buffers installed."""
+        stepped = self.optimizer.step({n: weights[n] for n in self.params},
+                                      {n: combined[n] for n in self.params})
+        new = {name: value.astype(weights[name].dtype) for name, value in stepped.items()}
+        load_weights(self.module, {**weights, **new}, self.setup.model)
+        install_buffers(self.module, combined)
+        return self.weights()
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        return evaluate_weights(self.setup, self.module, weights)
+
+    def description(self) -> dict[str, Any]:
+        return describe(self.setup, self.module)
+
+
+# ------------------------------------------------------------------ both
+def expected_update(module: nn.Module, weights: Weights, gradients: bool) -> dict[str, tuple]:
+    """Names, shapes and dtypes of a node's update: ``grad.<param>`` (sync_sgd) or the
+    parameters' own names (delta_avg), and ``buffer.<buffer>`` for the buffers."""
+    params = set(modules.parameter_names(module))
+    return {(GRAD + name if gradients else name) if name in params else BUFFER + name:
+            (value.shape, value.dtype) for name, value in weights.items()}
+
+
+def staleness_scaled(name: str) -> bool:
+    """Changes and gradients are scaled by staleness; buffers are states."""
+    return not name.startswith(BUFFER)
+
+
+def evaluate_weights(setup: ModelSetup, module: nn.Module, weights: Weights) -> RoundEval:
+    load_weights(module, weights, setup.model)
+    metric, loss = evaluate(setup, module)
+    module.eval()
+    return RoundEval(validation_error=float(metric), validation_loss=float(loss))
+
+
+def describe(setup: ModelSetup, module: nn.Module) -> dict[str, Any]:
+    """The model file's description: enough to rebuild the module with the user's code."""
+    return {"model": setup.model, "model_args": dict(setup.settings.args),
+            "fingerprint": modules.fingerprint(module),
+            "input_shape": list(setup.data.shape.input_shape),
+            "num_classes": setup.data.shape.num_classes}
+
+
+def unit_ranges(size: int, units: int) -> list[tuple[int, int]]:
+    """``size`` examples cut into ``units`` contiguous ranges as equal as can be."""
+    units = max(1, min(units, size))
+    bounds = [size * k // units for k in range(units + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _check_range(setup: ModelSetup, start: int, stop: int) -> None:
+    if not 0 <= start < stop <= len(setup.data.train):
+        raise ConfigError(f"index range [{start}, {stop}) is not inside the training part "
+                          f"of {len(setup.data.train)} examples (does this node hold "
+                          f"another copy of the data set?)")

@@ -1,0 +1,257 @@
+"""The maths of a torch model on a node and on the coordinator, for any ``nn.Module``.
+
+`ModelSetup` joins what a run names (the model, its settings, the data set and its
+loss and metric). The node halves of the algorithms call `mean_gradients` (sync_sgd: the
+mean gradient over a unit) and `train_locally` (delta_avg: local epochs or steps from the
+given weights); the coordinator calls `evaluate` after every round.
+
+BatchNorm and other buffers are states, not parameters: a node returns the buffers its
+module holds after its pass over the unit under ``buffer.<name>``, the coordinator
+averages them by sample counts like the rest and installs the average (integer buffers,
+BatchNorm's batch count, rounded), as the built-in GANs do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.cancel import no_step
+from training.data.datasets import LoadedData, Split, load_data
+from training.data.settings import DataSettings
+from training.models import modules, objectives
+from training.models.names import BUFFER, GRAD
+from training.models.settings import ModelSettings
+from training.plugins import PluginError
+
+Weights = dict[str, np.ndarray]
+LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
+MAX_POOLED = 4  # built modules kept per process for reuse, per model
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """A run's torch model with its data, loss and metric, as one process reads them."""
+
+    model: str
+    settings: ModelSettings
+    data: LoadedData
+    loss: objectives.Objective
+    metric: objectives.Metric
+
+    @classmethod
+    def load(cls, model: str, settings: ModelSettings, dataset: str, location: Path,
+             data_settings: DataSettings) -> ModelSetup:
+        """``location``: the data set's folder (or the data root, for a plug-in data set)."""
+        data = load_data(dataset, location, data_settings)
+        classes = data.shape.num_classes is not None
+        loss = objectives.loss_function(settings, classes)
+        return cls(model, settings, data, loss, objectives.metric_function(settings, classes,
+                                                                           loss))
+
+    @property
+    def loss_name(self) -> str:
+        return self.settings.loss
+
+    def build(self, seed: int | None = None) -> nn.Module:
+        return modules.build(self.model, self.settings.args, self.data.shape, seed)
+
+    @contextlib.contextmanager
+    def borrowed(self, device: str = "cpu") -> Iterator[nn.Module]:
+        """A built module of this model from the process's pool (building one costs more
+        than loading weights into it; every weight is overwritten before use)."""
+        with _POOL.borrow(self, device) as module:
+            yield module
+
+
+class _ModulePool:
+    def __init__(self) -> None:
+        self._free: dict[tuple, list[nn.Module]] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self, setup: ModelSetup, device: str) -> Iterator[nn.Module]:
+        key = (setup.model, repr(sorted(setup.settings.args.items())), setup.data.shape, device)
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            module = free.pop() if free else None
+        if module is None:
+            module = setup.build().to(device)
+        try:
+            yield module
+        finally:
+            with self._lock:
+                if len(free) < MAX_POOLED:
+                    free.append(module)
+
+
+_POOL = _ModulePool()
+
+
+# ------------------------------------------------------------------ node maths
+def batches(start: int, stop: int, batch_size: int) -> Iterator[np.ndarray]:
+    for first in range(start, stop, batch_size):
+        yield np.arange(first, min(first + batch_size, stop))
+
+
+def mean_gradients(setup: ModelSetup, module: nn.Module, start: int, stop: int,
+                   batch_size: int, step: Callable[[], None] = no_step,
+                   device: str = "cpu") -> tuple[Weights, float]:
+    """The mean gradient of the loss over examples ``[start, stop)`` of the training part
+    (micro-batches weighted by their share) as ``grad.<name>``, the buffers after the pass
+    as ``buffer.<name>``, and the mean loss of the micro-batches. (Nodes compute no metric:
+    it would cost a second forward pass; the coordinator scores the model every round.)"""
+    module.train()
+    params = [p for p in module.parameters() if p.requires_grad]
+    totals = [torch.zeros_like(p) for p in params]
+    size, loss_sum = stop - start, 0.0
+    for indices in batches(start, stop, batch_size):
+        step()
+        inputs, targets = _on(device, *setup.data.train.take(indices))
+        share = len(indices) / size
+        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+        for total, grad in zip(totals, torch.autograd.grad(loss * share, params,
+                                                           allow_unused=True), strict=True):
+            if grad is not None:
+                total += grad
+        loss_sum += float(loss.detach()) * share
+    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    update = {GRAD + name: _array(total) for name, total in zip(names, totals, strict=True)}
+    update.update(buffers_of(module))
+    return update, loss_sum
+
+
+@dataclass(frozen=True)
+class LocalSteps:
+    """How a node trains locally (delta_avg): an optimizer over its unit's examples."""
+
+    optimizer: str  # gd (full batch) | sgd | adam | adamw
+    lr: float
+    batch_size: int
+    epochs: int  # passes over the unit, when steps is 0
+    steps: int = 0  # optimizer steps per unit (DiLoCo's inner steps); 0: epochs
+    weight_decay: float = 0.0
+    seed: int = 0  # shuffles the examples; depends on the unit, not on the node
+
+
+def train_locally(setup: ModelSetup, module: nn.Module, start: int, stop: int,
+                  local: LocalSteps, step: Callable[[], None] = no_step,
+                  device: str = "cpu") -> tuple[Weights, float]:
+    """Train ``module`` (holding the round's weights) on examples ``[start, stop)``; returns
+    its new state (parameters and buffers, by name) and the mean training loss."""
+    module.train()
+    optimizer = _optimizer(local, module)
+    rng = np.random.default_rng(local.seed)
+    batch = stop - start if local.optimizer == "gd" else local.batch_size
+    loss_sum, count = 0.0, 0
+    for indices in _local_batches(start, stop, batch, local, rng):
+        step()
+        inputs, targets = _on(device, *setup.data.train.take(indices))
+        optimizer.zero_grad(set_to_none=True)
+        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+        loss.backward()
+        optimizer.step()
+        loss_sum += float(loss.detach()) * len(indices)
+        count += len(indices)
+    return modules.state_arrays(module), loss_sum / max(count, 1)
+
+
+def _local_batches(start: int, stop: int, batch: int, local: LocalSteps,
+                   rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffled batches over the unit: ``epochs`` passes, or ``steps`` batches."""
+    done = 0
+    while True:
+        order = start + rng.permutation(stop - start) if local.optimizer != "gd" else \
+            np.arange(start, stop)
+        for first in range(0, len(order), batch):
+            yield order[first:first + batch]
+            done += 1
+            if local.steps and done >= local.steps:
+                return
+        if not local.steps and done >= local.epochs * -(-(stop - start) // batch):
+            return
+
+
+def _optimizer(local: LocalSteps, module: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in module.parameters() if p.requires_grad]
+    if local.optimizer in ("gd", "sgd"):
+        return torch.optim.SGD(params, lr=local.lr, weight_decay=local.weight_decay)
+    if local.optimizer == "adam":
+        return torch.optim.Adam(params, lr=local.lr, weight_decay=local.weight_decay)
+    return torch.optim.AdamW(params, lr=local.lr, weight_decay=local.weight_decay)
+
+
+def buffers_of(module: nn.Module) -> Weights:
+    state = module.state_dict()
+    return {BUFFER + name: _array(state[name]) for name in modules.buffer_names(module)}
+
+
+# ------------------------------------------------------------------ coordinator
+@torch.no_grad()
+def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
+             batch_size: int = 256) -> tuple[float, float]:
+    """(metric, loss) of ``module`` over the validation part (or ``split``), example-weighted,
+    in eval mode."""
+    part = split if split is not None else setup.data.validation
+    if len(part) == 0:
+        return float("nan"), float("nan")
+    module.eval()
+    metric_sum = loss_sum = 0.0
+    for indices in batches(0, len(part), batch_size):
+        inputs, targets = part.take(indices)
+        metric_sum += setup.metric(module, inputs, targets) * len(indices)
+        loss_sum += float(setup.loss(module, inputs, targets)) * len(indices)
+    return metric_sum / len(part), loss_sum / len(part)
+
+
+def install_buffers(module: nn.Module, average: Mapping[str, np.ndarray]) -> None:
+    """Averaged ``buffer.<name>`` values into the module; integer buffers are rounded."""
+    state = module.state_dict()
+    with torch.no_grad():
+        for name in modules.buffer_names(module):
+            value = np.asarray(average[BUFFER + name])
+            if not state[name].is_floating_point():
+                value = np.rint(value)
+            state[name].copy_(torch.from_numpy(np.array(value, copy=True)).to(state[name].dtype))
+
+
+def check_model_runs(setup: ModelSetup, module: nn.Module, batch_size: int) -> None:
+    """One loss and metric on a few training examples, before a run starts: a forward that
+    raises, a loss that is not a finite number or a metric that fails is refused here, with
+    its name, instead of on every node (PluginError)."""
+    indices = np.arange(min(batch_size, len(setup.data.train), 8))
+    inputs, targets = setup.data.train.take(indices)
+    try:
+        module.train()
+        objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+        with torch.no_grad():
+            module.eval()
+            float(setup.metric(module, inputs, targets))
+    except objectives.LossError as exc:
+        raise PluginError(f"model {setup.model}: {exc}") from None
+    except Exception as exc:
+        raise PluginError(f"model {setup.model} fails on its data: {type(exc).__name__}: "
+                          f"{exc}") from None
+
+
+def _named(setup: ModelSetup) -> str:
+    return setup.settings.loss if setup.settings.loss != "auto" else "of the model"
+
+
+def _on(device: str, inputs: torch.Tensor, targets: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    if device == "cpu":
+        return inputs, targets
+    return inputs.to(device), targets.to(device)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A C-ordered numpy copy (a view would let a later step change a result in flight)."""
+    return np.array(tensor.detach().cpu().numpy(), order="C", copy=True)

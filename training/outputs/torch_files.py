@@ -1,0 +1,94 @@
+"""Model files the torch ecosystem reads: safetensors out, and weights in from any of
+safetensors, torch's .pt and this project's .npz.
+
+``model.safetensors`` holds the model's state under its own names (a torch model's
+``state_dict`` keys), so plain torch loads it into the user's module::
+
+    from safetensors.torch import load_file
+    module.load_state_dict(load_file("runs/<run>/model.safetensors"), strict=True)
+
+Its metadata (strings, as the format wants) carries the run's model name, description,
+configuration and plug-ins, so a file says how it was made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.outputs.model_file import ModelFileError, load_model, without_optimizer
+
+SAFETENSORS_FILE = "model.safetensors"
+
+
+def save_safetensors(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
+                     metadata: Mapping[str, Any]) -> Path:
+    """Write atomically; ``metadata`` values that are not strings are stored as JSON."""
+    from safetensors.numpy import save  # imported here: only runs that save need it
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {name: np.ascontiguousarray(value) for name, value in weights.items()}
+    text = {key: value if isinstance(value, str) else json.dumps(value)
+            for key, value in metadata.items()}
+    data = save(tensors, metadata=text)
+    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and the metadata of a safetensors file; ModelFileError names the file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            names = list(f.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
+            return {name: f.get_tensor(name) for name in names}, dict(f.metadata() or {})
+    except FileNotFoundError:
+        raise ModelFileError(f"model file {path} not found") from None
+    except Exception as exc:  # the library raises its own error types for damaged files
+        raise ModelFileError(f"{path} is not a readable safetensors file: {exc}") from None
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A model's weights from a .safetensors, .pt / .pth (a state dict, loaded with
+    ``weights_only``) or .npz (this project's model or checkpoint) file."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".safetensors":
+        return read_safetensors(path)[0]
+    if suffix in (".pt", ".pth"):
+        return _torch_state(path)
+    if suffix == ".npz":
+        return without_optimizer(load_model(path)[0])
+    raise ModelFileError(f"{path}: weights are read from .safetensors, .pt or .npz files")
+
+
+def _torch_state(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file {path} not found") from None
+    except Exception as exc:
+        raise ModelFileError(f"{path} is not a torch state dict file: {exc}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"],
+                                                                         dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                              for v in state.values()):
+        raise ModelFileError(f"{path} does not hold a state dict (name -> tensor)")
+    return {name: value.detach().cpu().numpy() for name, value in state.items()}

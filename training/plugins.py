@@ -1,0 +1,164 @@
+"""Plug-ins: code a process's operator allowed it to run, named by ``module:attribute``.
+
+A run names a model, data set, algorithm, aggregation rule or codec that is not built in
+as ``module:attribute`` (``my_models:SmallCNN``). The coordinator never sends code: each
+process imports only the plug-in modules its operator named, with ``--plugins
+my_models,my_data`` (modules found on the Python path or in the current folder) or by
+installing a package that advertises its modules in the entry-point group
+``thrift_trainer.plugins`` (as pytest finds its plug-ins). A name whose module is not
+allowed is refused with the flag that would allow it, never imported.
+
+What a process allows is set once, at start, by its command line (`allow`); the
+resolution (`resolve`) and the report of loaded plug-ins with their versions (`versions`)
+are used by the coordinator, nodes, relays and local workers alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ENTRY_POINT_GROUP = "thrift_trainer.plugins"
+SEPARATOR = ":"
+
+_lock = threading.Lock()
+_allowed: set[str] = set()  # module names named with --plugins or by an entry point
+_entry_points_read = False
+
+
+class PluginError(ValueError):
+    """A plug-in that cannot be used here; the message names it and says what to do."""
+
+
+def is_plugin_name(name: str) -> bool:
+    """Whether ``name`` names a plug-in (``module:attribute``) rather than a built-in."""
+    module, sep, attribute = name.partition(SEPARATOR)
+    return bool(sep and module and attribute)
+
+
+def allow(modules: Iterable[str], search_path: str | Path | None = None) -> list[str]:
+    """Allow these modules (``--plugins``) and import them now, so that a missing or
+    broken one stops the process at start with one line (PluginError). ``search_path``
+    (default: the current folder) is put on the import path first, as ``python -m`` would.
+    Returns the modules imported."""
+    names = [name.strip() for name in modules if name.strip()]
+    folder = str(Path(search_path or Path.cwd()).resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    for name in names:
+        _check_module_name(name)
+        with _lock:
+            _allowed.add(name)
+        _import(name)
+    return names
+
+
+def allowed_modules() -> list[str]:
+    """Every module this process may import plug-ins from, entry points included."""
+    _read_entry_points()
+    with _lock:
+        return sorted(_allowed)
+
+
+def reset() -> None:
+    """Forget every allowed module (tests)."""
+    global _entry_points_read
+    with _lock:
+        _allowed.clear()
+        _entry_points_read = False
+
+
+def resolve(name: str, kind: str) -> Any:
+    """The object ``module:attribute`` names, from an allowed module; PluginError names the
+    plug-in and says how to allow it. ``kind`` says what it is for ("model", "data set",
+    ...) in messages."""
+    if not is_plugin_name(name):
+        raise PluginError(f"{kind} {name!r} is not a plug-in name (module:attribute)")
+    module_name, _, attribute = name.partition(SEPARATOR)
+    _check_module_name(module_name)
+    if not _is_allowed(module_name):
+        raise PluginError(f"lacks plug-in {module_name}: start it with --plugins "
+                          f"{module_name.split('.')[0]}")
+    module = _import(module_name)
+    value: Any = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            raise PluginError(f"plug-in {name}: module {module_name} has no attribute "
+                              f"{attribute!r}")
+        value = getattr(value, part)
+    return value
+
+
+def versions() -> dict[str, str]:
+    """The allowed modules that are imported, each with its version: the distribution's
+    version, else the module's ``__version__``, else a hash of its source file (so two
+    copies of a plain file compare equal only when they are the same)."""
+    found = {}
+    for name in allowed_modules():
+        module = sys.modules.get(name)
+        if module is not None:
+            found[name] = module_version(module)
+    return found
+
+
+def module_version(module: ModuleType) -> str:
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    top = module.__name__.split(".")[0]
+    for distribution in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        source = inspect.getsourcefile(module)
+    except TypeError:
+        source = None
+    if source is None:
+        return "unknown"
+    return "sha256:" + hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]
+
+
+def _is_allowed(module_name: str) -> bool:
+    """A module is allowed when it, or a package above it, was allowed."""
+    allowed = allowed_modules()
+    parts = module_name.split(".")
+    return any(".".join(parts[:n]) in allowed for n in range(1, len(parts) + 1))
+
+
+def _read_entry_points() -> None:
+    """Modules advertised by installed packages, read once per process."""
+    global _entry_points_read
+    with _lock:
+        if _entry_points_read:
+            return
+        _entry_points_read = True
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _allowed.add(entry.value.partition(SEPARATOR)[0])
+
+
+def _check_module_name(name: str) -> None:
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise PluginError(f"{name!r} is not a Python module name")
+
+
+def _import(module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise PluginError(f"plug-in module {module_name} is not found (looked in the "
+                              f"current folder and the Python path)") from None
+        raise PluginError(f"plug-in module {module_name} cannot be imported: {exc}") from None
+    except Exception as exc:  # the plug-in's own code failed on import
+        raise PluginError(f"plug-in module {module_name} failed on import: "
+                          f"{type(exc).__name__}: {exc}") from None

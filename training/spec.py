@@ -1,0 +1,125 @@
+"""A run's specification, parsed and checked once: what to train, on what, and how.
+
+A train request (and every unit sent to a node) names the algorithm, the model and the
+data set, and carries the rest in ``config_json``: a JSON object holding the algorithm's
+own keys, plus one key per shared section when it is not the default:
+
+* ``aggregation``: how a round's updates are combined (training/aggregation.py),
+* ``compression``: how updates and weights travel (training/compression.py),
+* ``schedule``: sync, async or buffered (training/schedule.py),
+* ``hierarchy``: how relays train their groups (training/hierarchy.py),
+* ``model``: a torch model's arguments, loss, metric and starting weights
+  (training/models/settings.py),
+* ``data``: how a torch model's data set is read (training/data/settings.py).
+
+`RunSpec.parse` turns that into typed settings, in one place, for the coordinator, the
+nodes, relays and local workers alike; `RunSpec.to_config_json` is its inverse, and a run
+that leaves a section at its default sends exactly the request it sent before the section
+existed. The algorithm's own keys are checked by the algorithm (`Algorithm.check_config`,
+which for a plug-in may use a dataclass it declares); the spec itself imports no torch, so
+the client can parse and check a run before sending it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from training import compression, hierarchy, plugins, schedule
+from training.aggregation import SECTION as AGGREGATION
+from training.algorithms.base import ConfigError
+from training.compression import CompressionSettings
+from training.data.settings import SECTION as DATA
+from training.data.settings import DataSettings, DataSettingsError
+from training.hierarchy import HierarchySettings
+from training.models.settings import SECTION as MODEL
+from training.models.settings import ModelSettings, ModelSettingsError
+from training.schedule import ScheduleSettings
+
+SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,
+                   MODEL, DATA)
+
+
+class SpecError(ConfigError):
+    """A request that cannot be a run; the message names the field or key at fault."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    algorithm: str
+    model: str
+    dataset: str
+    config: dict[str, Any]  # the algorithm's own keys, as the request holds them
+    aggregation: dict[str, Any] | None = None  # checked by the algorithm (split_aggregation)
+    compression: CompressionSettings = field(default_factory=CompressionSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    hierarchy: HierarchySettings = field(default_factory=HierarchySettings)
+    model_settings: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+
+    @classmethod
+    def parse(cls, algorithm: str, model: str, dataset: str,
+              config_json: str | None) -> RunSpec:
+        """The spec of a request's fields; SpecError names what is wrong."""
+        config = _json_object(config_json)
+        try:
+            return cls(
+                algorithm=algorithm, model=model, dataset=dataset,
+                config={k: v for k, v in config.items() if k not in SHARED_SECTIONS},
+                aggregation=config.get(AGGREGATION),
+                compression=compression.settings_from(config.get(compression.SECTION)),
+                schedule=schedule.settings_from(config.get(schedule.SECTION)),
+                hierarchy=hierarchy.settings_from(config.get(hierarchy.SECTION)),
+                model_settings=ModelSettings.from_mapping(config.get(MODEL)),
+                data=DataSettings.from_mapping(config.get(DATA)))
+        except (ConfigError, DataSettingsError, ModelSettingsError) as exc:
+            raise SpecError(str(exc)) from None
+
+    @property
+    def plugin_names(self) -> list[str]:
+        """The plug-ins the run names (``module:attribute``), for the checks before round 1."""
+        named = [self.algorithm, self.model, self.dataset, self.model_settings.loss,
+                 self.model_settings.metric, self.compression.up, self.compression.down]
+        rule = (self.aggregation or {}).get("rule") if isinstance(self.aggregation,
+                                                                   Mapping) else None
+        named.append(rule if isinstance(rule, str) else "")
+        return [name for name in named if plugins.is_plugin_name(name)]
+
+    @property
+    def aggregation_rule(self) -> str:
+        rule = self.aggregation.get("rule") if isinstance(self.aggregation, Mapping) else None
+        return rule if isinstance(rule, str) else "mean"
+
+    def algorithm_config(self) -> dict[str, Any]:
+        """What the algorithm is built with: its own keys, the aggregation settings, and the
+        model and data settings of a torch model when they are not the defaults."""
+        config = dict(self.config)
+        if self.aggregation is not None:
+            config[AGGREGATION] = self.aggregation
+        if self.model_settings.changed():
+            config[MODEL] = self.model_settings.changed()
+        if self.data.changed():
+            config[DATA] = self.data.changed()
+        return config
+
+    def to_config_json(self, checked_config: Mapping[str, Any] | None = None) -> str:
+        """The config_json every unit carries to the nodes: ``checked_config`` (the
+        algorithm's config with its defaults filled in) or the config as parsed, with the
+        compression and hierarchy sections when they are not the defaults. (The schedule
+        is the coordinator's alone: nodes compute a unit the same way in every mode.)"""
+        config = dict(checked_config) if checked_config is not None else \
+            self.algorithm_config()
+        config = compression.join_config(config, self.compression)
+        return json.dumps(hierarchy.join_hierarchy(config, self.hierarchy))
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
+        raise SpecError(f"config_json is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(value, dict):
+        raise SpecError("config_json must hold a JSON object")
+    return value
