@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import uuid
 from pathlib import Path
 from typing import Any, NoReturn
 
 from client import display
-from client.errors import EXIT_CANCELLED, EXIT_FAILURE, EXIT_USAGE, ClientError
+from client.errors import (
+    EXIT_CANCELLED,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    ClientError,
+    Terminated,
+    interrupted_exit,
+)
 from client.model_commands import (
     ModelCommandError,
     evaluate,
@@ -39,7 +47,8 @@ SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments,\n"
     "  3 the run was cancelled on the coordinator (client.py cancel, another client,\n"
-    "  the coordinator shutting down), 130 this client cancelled it on Ctrl-C.")
+    "  the coordinator shutting down), 130 this client cancelled it on Ctrl-C,\n"
+    "  143 likewise on SIGTERM (kill); attach only stops following the run.")
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 DEFAULT_SCORED = 2000  # images a generator is scored on by `evaluate`
 CONFIG_FLAG = "--config"
@@ -230,8 +239,10 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     add_endpoint(status)
     status.add_argument("run_id", nargs="?", default="", help="run id (default: latest)")
     add_json_flag(status)
-    runs = sub.add_parser("runs", help="list the coordinator's runs")
+    runs = sub.add_parser("runs", help="list the coordinator's runs, one line each")
     add_endpoint(runs)
+    runs.add_argument("--nodes", action="store_true",
+                      help="show each run as status does, with its table of nodes")
     add_json_flag(runs)
     attach = sub.add_parser("attach", help="follow a running run until it ends (e.g. one "
                                            "resumed after a coordinator restart)")
@@ -263,16 +274,30 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging("WARNING", "%(message)s")  # what Python prints anyway, rate-limited
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            return run_subcommand(build_subcommand_parser().parse_args(argv))
-        return run_train(parse_train_args(argv))
+        return _run(argv)
     except (ClientError, ModelCommandError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except RunConfigError as exc:  # a bad configuration is bad arguments: exit 2
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # while nothing was left to cancel
+        return interrupted_exit(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        return run_subcommand(build_subcommand_parser().parse_args(argv))
+    return run_train(parse_train_args(argv))
+
+
+def _terminated(signum: int, frame: object) -> None:  # noqa: ARG001 - signal signature
+    """SIGTERM stops the client as Ctrl-C does: a run it follows is cancelled."""
+    raise Terminated
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
@@ -337,8 +362,11 @@ def run_subcommand(args: argparse.Namespace) -> int:
         runs = call(endpoint, "list_runs", ttypes.ListRunsRequest()).runs
         if args.json:
             print(json.dumps([display.status_dict(r) for r in runs], indent=2))
-        for status in [] if args.json else runs:
-            display.print_status(status, as_json=False)
+        elif args.nodes:
+            for status in runs:
+                display.print_status(status, as_json=False)
+        else:
+            display.print_runs(runs)
     elif args.command == "attach":
         with display.ProgressView(quiet=args.quiet or args.json) as view:
             status = attach(endpoint, args.run_id, view, args.poll, args.dead_after)

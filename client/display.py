@@ -349,6 +349,23 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
             console.print(part, no_wrap=True, overflow="ellipsis")
 
 
+RUNS_COLUMNS = ("run", "state", "round", "error", "units", "seconds", "message")
+
+
+def print_runs(runs: list[ttypes.RunStatus]) -> None:
+    """One line per run (`runs --nodes` shows each as `status` does)."""
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in RUNS_COLUMNS:
+        table.add_column(column, no_wrap=True, overflow="ellipsis",
+                         justify="right" if column in ("error", "seconds") else "left")
+    for s in runs:
+        table.add_row(s.run_id, s.state, f"{s.round}/{s.rounds}",
+                      f"{s.validation_error:.4f}" if s.validation_error >= 0 else "-",
+                      f"{s.units_done}/{s.units_total}", f"{s.elapsed_seconds:.1f}",
+                      s.message or "")
+    console_for(sys.stdout).print(table, no_wrap=True, overflow="ellipsis")
+
+
 UNFINISHED_COLUMNS = ("round", "unit", "status", "node", "age s", "tries", "fails")
 MIN_REASON = 24  # narrower than this, reasons go on lines of their own under the table
 

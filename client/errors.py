@@ -22,9 +22,19 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)
 EXIT_INTERRUPTED = 130  # Ctrl-C: this client cancelled the run
+EXIT_TERMINATED = 143  # SIGTERM (kill): likewise
 # The service's declared refusals of a call: their message says what to fix.
 REFUSALS = (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)
 _RIGHT_PORT = "give the port the coordinator prints as 'coordinator listening on HOST:PORT'"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the run this client follows is cancelled."""
+
+
+def interrupted_exit(exc: KeyboardInterrupt) -> int:
+    """The exit code of a client stopped by Ctrl-C or by SIGTERM."""
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 
 class ClientError(Exception):

@@ -2,7 +2,7 @@
 
 `Coordinator.train` blocks for the whole run, so it runs in a background thread
 while the main thread polls `status` for progress. If the coordinator stops
-answering for `dead_after` seconds the client gives up; Ctrl-C cancels the run.
+answering for `dead_after` seconds the client gives up; Ctrl-C or SIGTERM cancels the run.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 from client.display import ProgressView
 from client.errors import (
-    EXIT_INTERRUPTED,
     ClientError,
     CoordinatorError,
     CoordinatorFailed,
     UnknownRun,
     coordinator_error,
+    interrupted_exit,
     mapped_errors,
     not_a_coordinator,
 )
@@ -82,9 +82,9 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
     try:
         train.start()
         _poll(endpoint, request.run_id, train, view, poll_seconds, dead_after)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (client.errors.Terminated)
         _cancel(endpoint, request.run_id, train, view)
-        raise ClientError(f"run {request.run_id} cancelled", exit_code=EXIT_INTERRUPTED) \
+        raise ClientError(f"run {request.run_id} cancelled", exit_code=interrupted_exit(exc)) \
             from None
     return _train_outcome(train, endpoint, request.run_id)
 

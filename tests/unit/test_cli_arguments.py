@@ -177,3 +177,9 @@ def test_every_option_says_what_it_does_not_only_its_default(name, parser, posit
         if action.help not in (None, argparse.SUPPRESS):
             assert not DEFAULT_ONLY.match(action.help), f"{name} {action.option_strings}"
 
+
+def test_the_clients_help_lists_its_exit_codes_sigterm_included():
+    text = client_cli.build_train_parser().format_help()
+    for code in ("0", "1", "2", "3", "130", "143"):
+        assert re.search(rf"\b{code} ", text), code
+    assert "SIGTERM" in text
