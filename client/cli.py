@@ -36,6 +36,7 @@ from client.model_commands import (
 )
 from client.session import Endpoint, attach, call, follow_training
 from training.data.paths import DEFAULT_DATA_ROOT
+from training.models.names import GAN_MODELS
 from training.outputs.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
 from wire import arg_types, security
@@ -174,8 +175,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="training algorithm of the positional form (default delta_avg); "
                             "sync_sgd, md_gan and fl_gan run from --config")
     model.add_argument("--model", choices=["mlp"], default="mlp",
-                       help="model of the positional form (default mlp); the GANs (dcgan28, "
-                            "dcgan64, mlpgan28, ...) run from --config")
+                       help="model of the positional form (default mlp); the GANs "
+                            f"({', '.join(GAN_MODELS)}) run from --config")
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:

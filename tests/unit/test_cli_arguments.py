@@ -14,6 +14,7 @@ import pytest
 from client import cli as client_cli
 from compute_node import cli as node_cli
 from coordinator import cli as coordinator_cli
+from training.models.names import GAN_MODELS
 
 # Options where 0 is meaningful: any free port, no limit, no delay, from the first unit.
 ZERO_ALLOWED = {"port:listen", "--max-update-norm", "--load-delay", "--crash-after-units",
@@ -183,3 +184,10 @@ def test_the_clients_help_lists_its_exit_codes_sigterm_included():
     for code in ("0", "1", "2", "3", "130", "143"):
         assert re.search(rf"\b{code} ", text), code
     assert "SIGTERM" in text
+
+
+def test_the_clients_help_names_every_gan_model() -> None:
+    wrapped = client_cli.build_train_parser().format_help()
+    text = re.sub(r"-\s+", "-", " ".join(wrapped.split()))  # lines joined, hyphens too
+    for model in GAN_MODELS:
+        assert model in text, model
