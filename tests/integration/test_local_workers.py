@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,6 +116,35 @@ def test_a_cancelled_unit_stops_every_worker_and_the_group_goes_on(workers):
     with pytest.raises(UnitCancelled):
         workers(SyncSGD, job, DATA / "letters")
     assert workers(SyncSGD, _job(algorithm, config), DATA / "letters").num_samples == 320
+
+
+def test_a_unit_cancelled_while_it_computes_stops_at_the_next_batch(workers):
+    """Cancelled mid-unit, each worker ends the batch it is in and starts no other (the
+    unit would take 20 batches a worker); the group then computes the next unit."""
+    config = {"epochs": 20, "hidden": [2048, 2048]}  # full batch: an epoch is one slow batch
+    algorithm = DeltaAveraging("mlp", config, DATA / "letters")
+    job = _job(algorithm, config)
+    outcome: list[str] = []
+
+    def compute() -> None:
+        try:
+            workers(DeltaAveraging, job, DATA / "letters")
+            outcome.append("finished")
+        except UnitCancelled:
+            outcome.append("cancelled")
+
+    thread = threading.Thread(target=compute, daemon=True)
+    thread.start()
+    assert wait_until(lambda: job.control.batches >= 2, 60.0)  # both workers are computing
+    started = job.control.batches
+    job.control.cancel()
+    thread.join(60.0)
+    assert outcome == ["cancelled"]
+    assert job.control.batches <= started + 2  # at most one batch more, by a worker that
+    # began it as the cancel was passed on
+    quick = {"epochs": 1, "hidden": [8]}
+    next_unit = _job(DeltaAveraging("mlp", quick, DATA / "letters"), quick)
+    assert workers(DeltaAveraging, next_unit, DATA / "letters").num_samples == 1500
 
 
 def test_an_algorithm_that_does_not_split_runs_in_the_node(workers):
