@@ -1,6 +1,6 @@
 """The options the README and the docs pages name exist: each `--flag` is defined by one
-of the commands (or by the bench or scripts file that takes it), and the certificate
-commands of docs/deployment.md are the ones the TLS tests run."""
+of the commands (or by the bench or scripts file that takes it, scripts/test.sh included),
+and the certificate commands of docs/deployment.md are the ones the TLS tests run."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ DEFINED = re.compile(r"[\"'](--[a-z][a-z0-9-]*)[\"']")
 
 def defined_flags() -> set[str]:
     flags: set[str] = {"--help"}  # argparse's own
-    for folder in SOURCES:
-        for source in (REPO / folder).rglob("*.py"):
-            flags.update(DEFINED.findall(source.read_text(encoding="utf-8")))
+    sources = [path for folder in SOURCES for path in (REPO / folder).rglob("*.py")]
+    for source in [*sources, *(REPO / "scripts").glob("*.sh")]:
+        flags.update(DEFINED.findall(source.read_text(encoding="utf-8")))
     return flags
 
 
