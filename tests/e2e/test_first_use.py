@@ -63,4 +63,3 @@ def test_sigterm_cancels_the_run_as_ctrl_c_does(cluster):
     after = run_client(["status", "127.0.0.1", str(cluster.coordinator.port), "stopped",
                         "--json"], cluster.workdir)
     assert json.loads(after.stdout)["state"] == "cancelled"
-
