@@ -20,6 +20,7 @@ from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
 from compute_node.threads import limit_threads
+from training import plugins
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
@@ -91,6 +92,7 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     add_log_level_argument(parser)
+    plugins.add_arguments(parser)
     parser.add_argument("--crash-after-units", type=arg_types.non_negative_int,
                         default=None, metavar="N",
                         help="fault injection for tests: exit abruptly on the unit after N")
@@ -187,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem[0]}", file=sys.stderr)
         return problem[1]
+    plugin_problem = plugins.allow_from_args(args)
+    if plugin_problem:
+        print(f"error: {plugin_problem}", file=sys.stderr)
+        return 2
     device_problem = check_device(args.device) or check_workers(args.workers, args.device,
                                                               getattr(args, "relay", None))
     if device_problem:

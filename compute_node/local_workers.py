@@ -49,6 +49,7 @@ from compute_node.worker_process import (
     WorkerSetup,
     worker_main,
 )
+from training import plugins
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, Weights
 from training.cancel import UnitCancelled, UnitControl
 
@@ -135,7 +136,8 @@ class WorkerGroup:
         self.pipes, self.procs = [], []
         for rank in range(workers):
             setup = WorkerSetup(rank, workers, self.backend, str(Path(self.folder) / "store"),
-                                f"cuda:{rank}" if self.backend == "nccl" else "cpu", threads)
+                                f"cuda:{rank}" if self.backend == "nccl" else "cpu", threads,
+                                plugins.startup())
             mine, theirs = context.Pipe()
             proc = context.Process(target=worker_main, args=(setup, theirs, self.shared),
                                    name=f"node-worker-{rank}", daemon=True)
@@ -296,8 +298,9 @@ class LocalWorkers:
         if not algorithm.splits_units or job.share is not None:  # a relay's share: computed
             return self.inner(algorithm, job, data_dir)               # whole, by the node
         group = self._ready_group(job.control)
-        task = ShareTask(algorithm.name, job.run_id, job.round, job.unit, job.model,
-                         job.config, self._weights.write(job.weights), str(data_dir))
+        task = ShareTask(job.algorithm or algorithm.name, job.run_id, job.round, job.unit,
+                         job.model, job.config, self._weights.write(job.weights), str(data_dir),
+                         job.dataset)
         try:
             output = group.run(task, job.control)
         except (WorkerLost, OSError) as exc:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from training import plugins
 from training.algorithms import get_algorithm
 from training.algorithms.base import UnitJob, UnitOutput, UnitSpec, Weights
 from training.cancel import UnitCancelled, UnitControl
@@ -52,6 +53,8 @@ class WorkerSetup:
     store: str  # file of the group's FileStore, new for every group the node starts
     device: str  # cpu, or this worker's cuda:<rank>
     threads: int
+    # the node's plug-ins (training/plugins.py `startup`): the worker allows the same
+    plugins: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class WeightsLayout:
 class ShareTask:
     """A unit as the node sends it to each of its workers; rank r computes share r."""
 
-    algorithm: str
+    algorithm: str  # as the request names it (a plug-in's module:Class too)
     run_id: str
     round: int
     unit: UnitSpec
@@ -74,6 +77,7 @@ class ShareTask:
     config: dict[str, Any]
     weights: WeightsLayout
     data_dir: str
+    dataset: str = ""
 
 
 @dataclass
@@ -132,6 +136,7 @@ def worker_main(setup: WorkerSetup, conn: Connection, shared: Any) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the node's to handle
     _end_with_node()
+    plugins.allow_again(setup.plugins)
     torch.set_num_threads(setup.threads)
     if setup.device.startswith("cuda"):
         torch.cuda.set_device(setup.device)
@@ -167,7 +172,7 @@ def run_share(task: ShareTask, setup: WorkerSetup, shared: Any, attached: _Attac
     """This rank's share of the unit, combined with the others' by all-reduce."""
     job = UnitJob(task.run_id, task.round, task.unit, task.model, task.config,
                   attached.weights(task.weights), device=setup.device,
-                  control=SharedStep(shared, setup.rank))
+                  control=SharedStep(shared, setup.rank), dataset=task.dataset)
     output, reply = None, None
     try:
         output = get_algorithm(task.algorithm).run_unit_part(

@@ -21,6 +21,7 @@ from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECON
 from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
 from engine.policies import POLICY_NAMES
 from engine.round_engine import EngineSettings
+from training import plugins
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for scripts)")
     add_log_level_argument(parser)
+    plugins.add_arguments(parser)
     add_limit_arguments(parser)
     security.add_arguments(parser, serves=True)
     add_dashboard_arguments(parser)
@@ -207,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     security_problem = security.configure_from_args(args, serves=True)
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
+        return 2
+    plugin_problem = plugins.allow_from_args(args)
+    if plugin_problem:
+        print(f"error: {plugin_problem}", file=sys.stderr)
         return 2
     if _read_nodes(NodesFile(args.nodes_file)) is None:  # before the run store is opened
         return 1

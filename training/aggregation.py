@@ -14,17 +14,22 @@ rules bound what a few Byzantine nodes can do to the model:
   n - f - 2 nearest others (f = `byzantine`), keep the `krum_keep` lowest scores and
   take their sample-weighted mean.
 
-A new rule is a function here plus its name in `RULES` (and any keys in `DEFAULTS`
-and config.yaml's `aggregation` section).
+A new rule is a function ``rule(updates, samples)`` (or ``rule(updates, samples,
+settings)``, to read the section's keys) returning the combined update: registered by name
+with `register_aggregation` (e.g. by an installed plug-in package), or named as a plug-in
+(``aggregation.rule: my_rules:geometric_median``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from training import plugins
 
 Weights = dict[str, np.ndarray]
 SECTION = "aggregation"  # the key of the rule's settings in an algorithm's config
@@ -111,13 +116,45 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Rule]] = {
 }
 
 
+def register_aggregation(name: str, rule: Callable[..., Weights]) -> None:
+    """Make ``rule`` (updates, samples[, settings]) -> update usable as ``aggregation.rule:
+    name``."""
+    if not name or ":" in name:
+        raise ValueError(f"an aggregation rule's name must be plain, got {name!r}")
+    RULES[name] = _settings_rule(rule)
+
+
+def _settings_rule(rule: Callable[..., Weights]) -> Callable[[Mapping[str, Any]], Rule]:
+    """A rule taking (updates, samples[, settings]) as RULES holds them."""
+    try:
+        takes_settings = len(inspect.signature(rule).parameters) >= 3
+    except (TypeError, ValueError):
+        takes_settings = False
+    if takes_settings:
+        return lambda s: lambda u, n: rule(u, n, s)
+    return lambda s: rule
+
+
+def rule_of(name: str) -> Callable[[Mapping[str, Any]], Rule]:
+    """The rule of a registered name or of a plug-in ``module:function``."""
+    if name in RULES:
+        return RULES[name]
+    if plugins.is_plugin_name(name):
+        found = plugins.resolve(name, "aggregation rule")
+        if not callable(found):
+            raise plugins.PluginError(f"aggregation rule {name} is not a function")
+        return _settings_rule(found)
+    raise AggregationError(f"config key '{SECTION}.rule' must be one of {', '.join(RULES)} or a "
+                           f"plug-in module:function, got {name!r}")
+
+
 def aggregate(settings: Mapping[str, Any], updates: Sequence[Mapping[str, np.ndarray]],
               samples: Sequence[int]) -> Weights:
     """The round's update by the rule `settings["rule"]` (settings as `check_settings`
     returns them)."""
     if not updates:
         raise ValueError("no update was added to the aggregate")
-    return RULES[settings["rule"]](settings)(updates, samples)
+    return rule_of(settings["rule"])(settings)(updates, samples)
 
 
 def _stacked(updates: Sequence[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
@@ -138,9 +175,10 @@ def check_settings(given: Any) -> dict[str, Any]:
                                f"known: {', '.join(DEFAULTS)}")
     settings = {key: _typed(key, given.get(key, default), default)
                 for key, default in DEFAULTS.items()}
-    if settings["rule"] not in RULES:
-        raise AggregationError(f"config key '{SECTION}.rule' must be one of "
-                               f"{', '.join(RULES)}, got {settings['rule']!r}")
+    try:
+        rule_of(settings["rule"])
+    except plugins.PluginError as exc:
+        raise AggregationError(f"config key '{SECTION}.rule': {exc}") from None
     if not 0.0 <= settings["trim_fraction"] < 0.5:
         raise AggregationError(f"config key '{SECTION}.trim_fraction' must be in [0, 0.5), "
                                f"got {settings['trim_fraction']}")

@@ -1,30 +1,26 @@
-"""Compressed updates (node -> coordinator) and weights (coordinator -> node), as pure codecs.
+"""Compressed updates (node -> coordinator) and weights (coordinator -> node).
 
 Settings come from the run configuration's ``compression`` section:
 
-* ``up``: ``none`` | ``fp16`` | ``int8`` | ``topk`` for the updates nodes send back;
-* ``down``: ``none`` | ``fp16`` for the weights sent with every unit;
+* ``up``: ``none`` or a codec (training/codecs.py: ``fp16``, ``int8``, ``topk``, or a
+  plug-in ``module:Class``) for the updates nodes send back;
+* ``down``: ``none`` or a codec usable downwards (``fp16``) for the weights sent with
+  every unit;
 * ``topk_fraction``: the share of each tensor's entries ``topk`` sends (default 0.01);
 * ``topk_warmup_rounds``: rounds over which ``topk`` starts denser (default 0): round r of
   them sends max(topk_fraction, 0.25 ** r) of each tensor, then ``topk_fraction``.
 
 A compressed payload is still a name -> array mapping, so it travels in the IDL's existing
-``Tensor`` list. A floating tensor ``w`` becomes parts named ``w#<codec>#<part>``:
+``Tensor`` list: a floating tensor ``w`` becomes parts named ``w#<codec>#<part>``. Anything
+else (integer tensors, ``none``, a tensor too small to gain) travels as is, so ``none``
+sends exactly today's bytes. `decompress` needs no settings: a payload describes itself,
+and the coordinator's update checks run on what it returns.
 
-* ``fp16``: ``w#fp16#<dtype>``, the values as float16, ``<dtype>`` the one to restore;
-* ``int8``: ``w#int8#q`` (int8, same shape) and ``w#int8#scale`` (0-d, original dtype):
-  ``w = q * scale`` with ``scale = max|w| / 127``, so each entry is off by at most scale/2;
-* ``topk``: ``w#topk#values`` (original dtype), ``w#topk#indices`` (flat, int32 or int64)
-  and ``w#topk#shape``: the k entries of largest magnitude, every other entry zero.
-
-Anything else (integer tensors, ``none``, a tensor too small to gain) travels as is, so
-``none`` sends exactly today's bytes. `decompress` needs no settings: a payload describes
-itself, and the coordinator's update checks run on what it returns.
-
-``topk`` keeps ERROR FEEDBACK: what a node did not send (the residual) is added to its next
-update of the same run and unit slot, so over the rounds every part of the updates is sent:
-sum of what was sent + the final residual == sum of the raw updates. The coordinator sends
-a slot's units back to the node holding its residual (engine/residual_placement.py).
+A codec with ERROR FEEDBACK (``topk``) keeps what a node did not send (the residual) and
+adds it to its next update of the same run and unit slot, so over the rounds every part of
+the updates is sent: sum of what was sent + the final residual == sum of the raw updates.
+The coordinator sends a slot's units back to the node holding its residual
+(engine/residual_placement.py).
 
 The sparsity WARM-UP is Deep Gradient Compression's (Lin et al., ICLR 2018: density 25 %,
 6.25 %, 1.5625 %, ... over the first epochs): the first updates, computed from the initial
@@ -35,7 +31,6 @@ run's bytes, not one round's, say what topk saves.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,17 +38,12 @@ from typing import Any
 import numpy as np
 
 from training.algorithms.base import ConfigError, section_mapping
+from training.codecs import SEP, codec_class, known_codecs
 
 Weights = dict[str, np.ndarray]
-UP_CODECS = ("none", "fp16", "int8", "topk")
-DOWN_CODECS = ("none", "fp16")
 DEFAULT_TOPK_FRACTION = 0.01
 WARMUP_BASE = 0.25  # density of warm-up round r: WARMUP_BASE ** r (DGC's schedule)
 SECTION = "compression"  # the run config's section, and its key in a request's config_json
-SEP = "#"
-INT8_MAX = 127
-# A hostile payload could claim a huge shape for a few bytes: refuse before allocating.
-MAX_DECODED_ELEMENTS = 1 << 27
 RESIDUAL_SESSION = "residual/"  # node session name prefix of the error feedback residuals
 KEYS = ("up", "down", "topk_fraction", "topk_warmup_rounds")
 
@@ -72,7 +62,7 @@ class CompressionSettings:
     @property
     def keeps_residuals(self) -> bool:
         """True when nodes keep error feedback residuals (per run) that the run must drop."""
-        return self.up == "topk"
+        return self.up != "none" and codec_class(self.up).error_feedback
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,11 +83,8 @@ def settings_from(raw: Any) -> CompressionSettings:
         return NONE
     raw = section_mapping(SECTION, raw, KEYS)
     up, down = raw.get("up", "none"), raw.get("down", "none")
-    if up not in UP_CODECS:
-        raise ConfigError(f"{SECTION}.up: unknown codec {up!r}; known: {', '.join(UP_CODECS)}")
-    if down not in DOWN_CODECS:
-        raise ConfigError(f"{SECTION}.down: unknown codec {down!r}; known: "
-                          f"{', '.join(DOWN_CODECS)}")
+    for direction, name in (("up", up), ("down", down)):
+        _check_codec(direction, name)
     fraction = raw.get("topk_fraction", DEFAULT_TOPK_FRACTION)
     if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
             or not 0 < fraction <= 1):
@@ -108,6 +95,21 @@ def settings_from(raw: Any) -> CompressionSettings:
         raise ConfigError(f"{SECTION}.topk_warmup_rounds must be an integer in 0..1000, "
                           f"got {warmup!r}")
     return CompressionSettings(up, down, float(fraction), warmup)
+
+
+def _check_codec(direction: str, name: Any) -> None:
+    """ConfigError unless ``name`` is none or a codec usable in ``direction``."""
+    if name == "none":
+        return
+    problem = ""
+    try:
+        usable = isinstance(name, str) and direction in codec_class(name).directions
+    except ValueError as exc:  # PluginError is one: say why the plug-in cannot be used
+        usable, problem = False, f" ({exc})" if ":" in str(name) else ""
+    if not usable:
+        known = ", ".join(["none", *known_codecs(direction)])
+        raise ConfigError(f"{SECTION}.{direction}: unknown codec {name!r}; known: {known}"
+                          f"{problem}")
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], CompressionSettings]:
@@ -124,55 +126,34 @@ def join_config(config: Mapping[str, Any], settings: CompressionSettings) -> dic
 
 def check_supported(settings: CompressionSettings, algorithm: str,
                     supported: Mapping[str, frozenset[str]]) -> None:
-    """ConfigError unless the algorithm can use the codecs (``supported``: by direction)."""
+    """ConfigError unless the algorithm can use the codecs (``supported``: the built-in
+    ones it can use, by direction). A plug-in codec suits any update unless it keeps error
+    feedback, which suits only the updates ``topk`` suits."""
     for direction in ("up", "down"):
-        codec = getattr(settings, direction)
+        name = getattr(settings, direction)
         usable = sorted(supported.get(direction, frozenset())) + ["none"]
-        if codec not in usable:
-            raise ConfigError(f"{SECTION}.{direction}: {algorithm} cannot use {codec!r} "
-                              f"(it can use: {', '.join(usable)})")
+        if name in usable:
+            continue
+        codec = codec_class(name)
+        if codec.name != name and (not codec.error_feedback or "topk" in usable):
+            continue  # a plug-in codec, usable here
+        raise ConfigError(f"{SECTION}.{direction}: {algorithm} cannot use {name!r} "
+                          f"(it can use: {', '.join(usable)})")
 
 
-# ------------------------------------------------------------------------- codecs
+# ------------------------------------------------------------------------- payloads
 def _compressible(value: np.ndarray) -> bool:
     return value.dtype.kind == "f" and value.dtype != np.float16
 
 
 def compress(update: Mapping[str, np.ndarray], codec: str, topk_fraction: float = 0.01,
              residual: Mapping[str, np.ndarray] | None = None) -> tuple[Weights, Weights | None]:
-    """(payload, new residual) of ``update`` under ``codec``. Only ``topk`` uses and returns
-    a residual (what it did not send, to add to the next update); the others return the
-    residual they were given."""
+    """(payload, new residual) of ``update`` under ``codec``. Only a codec with error
+    feedback uses and returns a residual (what it did not send, to add to the next update);
+    the others return the residual they were given."""
     if codec == "none":
         return dict(update), residual
-    if codec == "topk":
-        return _topk_all(update, topk_fraction, residual or {})
-    encode = {"fp16": _fp16, "int8": _int8}.get(codec)
-    if encode is None:
-        raise ValueError(f"unknown codec {codec!r}")
-    payload: Weights = {}
-    for name, value in update.items():
-        value = np.asarray(value)
-        payload.update(encode(name, value) if _compressible(value) else {name: value})
-    return payload, residual
-
-
-def _fp16(name: str, value: np.ndarray) -> Weights:
-    return {f"{name}{SEP}fp16{SEP}{value.dtype.name}": value.astype(np.float16)}
-
-
-def _int8(name: str, value: np.ndarray) -> Weights:
-    # max of a tensor holding NaN is NaN, so the decoded tensor is NaN too and refused.
-    peak = np.max(np.abs(value)) if value.size else 0.0
-    scale = np.asarray(peak / INT8_MAX, dtype=value.dtype)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        q = np.rint(value / scale) if scale != 0 else np.zeros(value.shape)
-    q = np.clip(np.nan_to_num(q), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return {f"{name}{SEP}int8{SEP}q": q, f"{name}{SEP}int8{SEP}scale": scale}
-
-
-def _topk_all(update: Mapping[str, np.ndarray], fraction: float,
-              residual: Mapping[str, np.ndarray]) -> tuple[Weights, Weights]:
+    encoder = codec_class(codec)(topk_fraction)
     payload: Weights = {}
     kept: Weights = {}
     for name, value in update.items():
@@ -180,32 +161,22 @@ def _topk_all(update: Mapping[str, np.ndarray], fraction: float,
         if not _compressible(value):
             payload[name] = value
             continue
-        previous = residual.get(name)
-        if previous is not None and previous.shape == value.shape:
-            value = value + previous.astype(value.dtype)
-        sent, rest = _topk(name, value, fraction)
-        payload.update(sent)
-        if np.all(np.isfinite(rest)):  # a spoiled update must not poison later ones
-            kept[name] = rest
-    return payload, kept
-
-
-def _topk(name: str, value: np.ndarray, fraction: float) -> tuple[Weights, np.ndarray]:
-    """The largest ``fraction`` of entries by magnitude (at least one), and the rest."""
-    flat = value.reshape(-1)
-    k = max(1, math.ceil(fraction * flat.size))
-    if k >= flat.size:  # nothing to leave out: send the tensor whole
-        return {name: value}, np.zeros_like(value)
-    magnitude = np.abs(flat)
-    magnitude[np.isnan(magnitude)] = np.inf  # NaN entries are sent, so the update is refused
-    indices = np.sort(np.argpartition(magnitude, flat.size - k)[flat.size - k:])
-    rest = flat.copy()
-    rest[indices] = 0
-    index_type = np.int32 if flat.size < 2**31 else np.int64
-    return {f"{name}{SEP}topk{SEP}values": flat[indices].copy(),
-            f"{name}{SEP}topk{SEP}indices": indices.astype(index_type),
-            f"{name}{SEP}topk{SEP}shape": np.asarray(value.shape, dtype=np.int64)}, \
-        rest.reshape(value.shape)
+        if encoder.error_feedback:
+            previous = (residual or {}).get(name)
+            if previous is not None and previous.shape == value.shape:
+                value = value + previous.astype(value.dtype)
+        parts = encoder.encode(value)
+        if parts is None:
+            payload[name] = value
+        else:
+            payload.update({f"{name}{SEP}{codec}{SEP}{part}": data
+                            for part, data in parts.items()})
+        if encoder.error_feedback:
+            rest = value - encoder.decode(name, parts) if parts is not None \
+                else np.zeros_like(value)
+            if np.all(np.isfinite(rest)):  # a spoiled update must not poison later ones
+                kept[name] = rest
+    return payload, kept if encoder.error_feedback else residual
 
 
 def decompress(payload: Mapping[str, np.ndarray]) -> Weights:
@@ -230,54 +201,13 @@ def _decode_group(name: str, parts: dict[str, np.ndarray]) -> np.ndarray:
     if len(codecs) != 1:
         raise ValueError(f"tensor {name!r} mixes codecs {sorted(codecs)}")
     codec = codecs.pop()
-    fields = {key.split(SEP, 1)[1] if SEP in key else "" for key in parts}
-    values = {key.split(SEP, 1)[-1]: value for key, value in parts.items()}
-    if codec == "fp16" and len(fields) == 1:
-        return _decode_fp16(name, *values.items())
-    if codec == "int8" and fields == {"q", "scale"}:
-        return _decode_int8(name, values["q"], values["scale"])
-    if codec == "topk" and fields == {"values", "indices", "shape"}:
-        return _decode_topk(name, values["values"], values["indices"], values["shape"])
-    raise ValueError(f"tensor {name!r}: parts {sorted(fields)} of codec {codec!r} are not a "
-                     "known compressed form")
-
-
-def _float_dtype(name: str, dtype_name: str) -> np.dtype:
-    if dtype_name not in ("float32", "float64"):
-        raise ValueError(f"tensor {name!r}: cannot restore compressed values to {dtype_name!r}")
-    return np.dtype(dtype_name)
-
-
-def _decode_fp16(name: str, item: tuple[str, np.ndarray]) -> np.ndarray:
-    dtype_name, value = item
-    if value.dtype != np.float16:
-        raise ValueError(f"tensor {name!r}: fp16 part has dtype {value.dtype}")
-    return value.astype(_float_dtype(name, dtype_name))
-
-
-def _decode_int8(name: str, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    if q.dtype != np.int8 or scale.shape != ():
-        raise ValueError(f"tensor {name!r}: int8 needs int8 values and a 0-d scale")
-    dtype = _float_dtype(name, scale.dtype.name)
-    return q.astype(dtype) * scale
-
-
-def _decode_topk(name: str, values: np.ndarray, indices: np.ndarray,
-                 shape: np.ndarray) -> np.ndarray:
-    if shape.dtype != np.int64 or shape.ndim != 1 or np.any(shape < 0):
-        raise ValueError(f"tensor {name!r}: topk shape must be non-negative int64 sizes")
-    size = math.prod(int(n) for n in shape)
-    if size > MAX_DECODED_ELEMENTS:
-        raise ValueError(f"tensor {name!r}: topk shape {shape.tolist()} is too large")
-    if indices.dtype.kind != "i" or indices.ndim != 1 or values.shape != indices.shape:
-        raise ValueError(f"tensor {name!r}: topk needs as many integer indices as values")
-    if indices.size and (indices.min() < 0 or indices.max() >= size):
-        raise ValueError(f"tensor {name!r}: topk index out of range 0..{size - 1}")
-    if np.unique(indices).size != indices.size:
-        raise ValueError(f"tensor {name!r}: topk indices repeat")
-    out = np.zeros(size, dtype=_float_dtype(name, values.dtype.name))
-    out[indices] = values
-    return out.reshape(tuple(int(n) for n in shape))
+    fields = {key.split(SEP, 1)[1] if SEP in key else "": value for key, value in parts.items()}
+    try:
+        decoder = codec_class(codec)()
+    except ValueError:
+        raise ValueError(f"tensor {name!r}: parts {sorted(fields)} of codec {codec!r} are not "
+                         "a known compressed form") from None
+    return decoder.decode(name, fields)
 
 
 # ------------------------------------------------------------- node and coordinator

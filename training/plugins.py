@@ -31,6 +31,8 @@ SEPARATOR = ":"
 
 _lock = threading.Lock()
 _allowed: set[str] = set()  # module names named with --plugins or by an entry point
+_named: list[str] = []  # what `allow` was given, in order, for child processes
+_paths: list[str] = []  # folders `allow` put on the import path
 _entry_points_read = False
 
 
@@ -53,12 +55,32 @@ def allow(modules: Iterable[str], search_path: str | Path | None = None) -> list
     folder = str(Path(search_path or Path.cwd()).resolve())
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    with _lock:
+        if folder not in _paths:
+            _paths.append(folder)
     for name in names:
         _check_module_name(name)
         with _lock:
             _allowed.add(name)
+            if name not in _named:
+                _named.append(name)
         _import(name)
     return names
+
+
+def startup() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(modules, folders) this process allowed, for a child process to allow the same
+    (a node's local workers): `allow_again` takes them."""
+    with _lock:
+        return tuple(_named), tuple(_paths)
+
+
+def allow_again(startup_state: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+    modules, folders = startup_state
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    allow(modules, folders[0] if folders else None)
 
 
 def allowed_modules() -> list[str]:
@@ -73,6 +95,8 @@ def reset() -> None:
     global _entry_points_read
     with _lock:
         _allowed.clear()
+        _named.clear()
+        _paths.clear()
         _entry_points_read = False
 
 
@@ -162,3 +186,30 @@ def _import(module_name: str) -> ModuleType:
     except Exception as exc:  # the plug-in's own code failed on import
         raise PluginError(f"plug-in module {module_name} failed on import: "
                           f"{type(exc).__name__}: {exc}") from None
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``--plugins`` and ``--plugin-dir`` options of the coordinator and the nodes."""
+    group = parser.add_argument_group(
+        "plug-ins", "Code of your own (models, data sets, algorithms, aggregation rules, "
+                    "codecs) that runs may name as module:attribute; see docs/plugins.md. "
+                    f"Installed packages listed in the entry-point group {ENTRY_POINT_GROUP} "
+                    "are allowed too.")
+    group.add_argument("--plugins", default="", metavar="MODULES",
+                       help="comma-separated modules this process may import for runs "
+                            "(e.g. my_models,my_data), imported at start")
+    group.add_argument("--plugin-dir", default=None, metavar="DIR",
+                       help="folder the --plugins modules are found in (default: the "
+                            "current folder, then the Python path)")
+
+
+def allow_from_args(args: Any) -> str | None:
+    """Allow the modules the command line names; the problem as one line, or None."""
+    if args.plugin_dir is not None and not Path(args.plugin_dir).is_dir():
+        return f"--plugin-dir {args.plugin_dir} is not a folder"
+    try:
+        allow(args.plugins.split(","), args.plugin_dir)
+        _read_entry_points()
+    except PluginError as exc:
+        return str(exc)
+    return None
