@@ -7,10 +7,7 @@ Run with --help for every option, and `client.py status|runs|cancel|evaluate|pre
 
 import sys
 
-from setup_hint import requirements_checked
-
-with requirements_checked():
-    from client.cli import main
+from thrift_trainer.commands import client
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(client())

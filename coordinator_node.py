@@ -3,10 +3,7 @@
 
 import sys
 
-from setup_hint import requirements_checked
-
-with requirements_checked():
-    from coordinator.cli import main
+from thrift_trainer.commands import coordinator
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(coordinator())

@@ -229,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         dashboard = _dashboard(args, handler)
+    except ModuleNotFoundError as exc:
+        print(f"error: --dashboard-port needs the web stack ({exc.name} is missing): "
+              "pip install 'thrift-trainer[dashboard]', or the requirements.txt of the "
+              "repository", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"error: cannot serve the dashboard on {args.dashboard_host}:"
               f"{args.dashboard_port}: {exc.strerror or exc}", file=sys.stderr)

@@ -25,7 +25,9 @@ import yaml
 from training.models.names import check_model_name, is_module_model
 from training.plugins import is_plugin_name as _is_plugin
 
-DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "config.yaml"
+# The defaults file lives in the package (config.yaml at the repository root links to it),
+# so an installed trainer has it too.
+DEFAULTS_PATH = Path(__file__).resolve().parent / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
 COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator

@@ -9,9 +9,17 @@ ALGORITHMS.register("md_gan", "training.algorithms.md_gan:MDGan")
 ALGORITHMS.register("fl_gan", "training.algorithms.fl_gan:FLGan")
 
 
+def register_algorithm(name: str, algorithm: type[Algorithm]) -> None:
+    """Make ``algorithm`` usable as ``run.algorithm: name`` (e.g. by an installed plug-in
+    package, when it is imported)."""
+    if not (isinstance(algorithm, type) and issubclass(algorithm, Algorithm)):
+        raise TypeError(f"{algorithm!r} is not a subclass of Algorithm")
+    ALGORITHMS.register(name, f"{algorithm.__module__}:{algorithm.__qualname__}")
+
+
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class of that name, or a ConfigError listing the known ones."""
     return ALGORITHMS.get(name)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "get_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "get_algorithm", "register_algorithm"]

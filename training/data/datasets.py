@@ -35,7 +35,7 @@ from training.data.letters import load_letters
 from training.data.paths import DataPathError, resolve_under
 from training.data.settings import DataSettings
 from training.data.tables import read_tables
-from training.models.modules import DataShape
+from training.models.settings import DataShape
 from training.plugins import PluginError
 
 SPLIT_SEED = 0  # the held-out choice of validation_fraction, the same on every node

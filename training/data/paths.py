@@ -5,8 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The repository's own data folder: the default data root of every process.
-DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def _default_data_root() -> Path:
+    """$TRAINER_DATA_ROOT; else, in a checkout, its data folder (letters and MNIST ship
+    there); else, for an installed trainer, ./data."""
+    if os.environ.get("TRAINER_DATA_ROOT"):
+        return Path(os.environ["TRAINER_DATA_ROOT"])
+    if (_CHECKOUT / "scripts" / "setup.sh").is_file():
+        return _CHECKOUT / "data"
+    return Path.cwd() / "data"
+
+
+# The default data root of every process (--data-root changes it).
+DEFAULT_DATA_ROOT = _default_data_root()
 
 
 class DataPathError(ValueError):

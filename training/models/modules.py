@@ -17,9 +17,7 @@ import contextlib
 import hashlib
 import inspect
 import json
-import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,23 +25,11 @@ import torch
 from torch import nn
 
 from training import plugins
+from training.models.settings import DataShape
 from training.plugins import PluginError
 
 Weights = dict[str, np.ndarray]
 DATA_ARGUMENTS = ("in_features", "num_classes", "input_shape")
-
-
-@dataclass(frozen=True)
-class DataShape:
-    """What a model may need to know of its data: one example's input shape and, for
-    classification, the number of classes (None for regression)."""
-
-    input_shape: tuple[int, ...]
-    num_classes: int | None
-
-    @property
-    def in_features(self) -> int:
-        return math.prod(self.input_shape)
 
 
 def mlp_classifier(in_features: int, num_classes: int, hidden: list[int] | None = None,

@@ -16,6 +16,7 @@ differs from its default, so requests of the built-in models stay what they were
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -70,3 +71,16 @@ class ModelSettings:
         if not isinstance(self.init_weights, str):
             raise ModelSettingsError(f"run.init_weights must be a file path, "
                                      f"got {self.init_weights!r}")
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What a model may need to know of its data: one example's input shape and, for
+    classification, the number of classes (None for regression)."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int | None
+
+    @property
+    def in_features(self) -> int:
+        return math.prod(self.input_shape)

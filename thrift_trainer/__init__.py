@@ -1,0 +1,98 @@
+"""The plug-in API of the distributed trainer: what a plug-in author writes against.
+
+Bring your own model, data set, algorithm, aggregation rule or codec (docs/plugins.md)::
+
+    import thrift_trainer as tt
+
+    class FedProx(tt.algorithms.DeltaAveraging): ...
+    tt.register_aggregation("geomed", geometric_median)
+
+Names are loaded on first use, so ``import thrift_trainer`` costs nothing (no torch).
+Everything outside this package is the trainer's own and may change between versions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+# public name -> "module:attribute" it is taken from
+_EXPORTS = {
+    "Algorithm": "training.algorithms.base:Algorithm",
+    "AveragingAlgorithm": "training.algorithms.base:AveragingAlgorithm",
+    "ConfigError": "training.algorithms.base:ConfigError",
+    "RoundEval": "training.algorithms.base:RoundEval",
+    "UnitFailure": "training.algorithms.base:UnitFailure",
+    "UnitJob": "training.algorithms.base:UnitJob",
+    "UnitOutput": "training.algorithms.base:UnitOutput",
+    "UnitResult": "training.algorithms.base:UnitResult",
+    "UnitSpec": "training.algorithms.base:UnitSpec",
+    "Weights": "training.algorithms.base:Weights",
+    "register_algorithm": "training.algorithms:register_algorithm",
+    "register_aggregation": "training.aggregation:register_aggregation",
+    "Codec": "training.codecs:Codec",
+    "register_codec": "training.codecs:register_codec",
+    "DataShape": "training.models.settings:DataShape",
+    "PluginError": "training.plugins:PluginError",
+    "load_weights": "training.outputs.torch_files:load_weights",
+    "MapDataset": "thrift_trainer.specs:MapDataset",
+    "DatasetFactory": "thrift_trainer.specs:DatasetFactory",
+    "ModelFactory": "thrift_trainer.specs:ModelFactory",
+    "LossFunction": "thrift_trainer.specs:LossFunction",
+    "MetricFunction": "thrift_trainer.specs:MetricFunction",
+}
+_SUBMODULES = {"algorithms": "thrift_trainer.algorithms"}
+
+__all__ = [  # the same names as _EXPORTS and _SUBMODULES (a test keeps them equal)
+    "Algorithm", "AveragingAlgorithm", "Codec", "ConfigError", "DataShape", "DatasetFactory",
+    "LossFunction", "MapDataset", "MetricFunction", "ModelFactory", "PluginError",
+    "RoundEval", "UnitFailure", "UnitJob", "UnitOutput", "UnitResult", "UnitSpec", "Weights",
+    "__version__", "algorithms", "load_weights", "register_aggregation",
+    "register_algorithm", "register_codec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'thrift_trainer' has no attribute {name!r}")
+    module, _, attribute = _EXPORTS[name].partition(":")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # what type checkers and editors see
+    from thrift_trainer import algorithms
+    from thrift_trainer.specs import (
+        DatasetFactory,
+        LossFunction,
+        MapDataset,
+        MetricFunction,
+        ModelFactory,
+    )
+    from training.aggregation import register_aggregation
+    from training.algorithms import register_algorithm
+    from training.algorithms.base import (
+        Algorithm,
+        AveragingAlgorithm,
+        ConfigError,
+        RoundEval,
+        UnitFailure,
+        UnitJob,
+        UnitOutput,
+        UnitResult,
+        UnitSpec,
+        Weights,
+    )
+    from training.codecs import Codec, register_codec
+    from training.models.settings import DataShape
+    from training.outputs.torch_files import load_weights
+    from training.plugins import PluginError
