@@ -42,6 +42,7 @@ class ProgressView:
         self._progress: Progress | None = None
         self._task = None
         self._last_line = ""
+        self._told: set[str] = set()  # nodes whose leaving out was said
         if self._live:
             self._progress = Progress(
                 TextColumn("{task.fields[head]}"),
@@ -62,6 +63,8 @@ class ProgressView:
     def update(self, status: ttypes.RunStatus) -> None:
         if self._quiet:
             return
+        for line in left_out_lines([node_dict(n) for n in status.nodes or []], self._told):
+            self.note(line)
         head = f"round {status.round}/{status.rounds}"
         if not self._live:
             self._log_line(head, status)
@@ -224,7 +227,17 @@ def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
             "delay_seconds": round(n.delay_seconds or 0.0, 3),
             "state": n.state or "alive", "pull": bool(n.pull), "role": n.role,
-            "members": [node_dict(m) for m in n.members or []]}
+            "note": n.note, "members": [node_dict(m) for m in n.members or []]}
+
+
+def left_out_lines(nodes: list[dict[str, Any]], told: set[str] | None = None) -> list[str]:
+    """One line per node that the run does without, and why (skipping those in ``told``,
+    which it then holds)."""
+    told = set() if told is None else told
+    lines = [f"node {n['node']} is left out: {n['note']}" for n in nodes
+             if n.get("note") and n["node"] not in told]
+    told.update(n["node"] for n in nodes if n.get("note"))
+    return lines
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:
@@ -242,6 +255,8 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"], ended=True))
+    for line in left_out_lines(data["nodes"]):
+        console.print(line, soft_wrap=True)
 
 
 SCORE_LABELS = (("inception_score", "IS", ".3f"), ("fid_features", "FID", ".2f"),
@@ -344,6 +359,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
         console.print(f"  units by status: {counts}")
     console.print(node_table(data["nodes"], ended=s.state != "running"))
+    for line in left_out_lines(data["nodes"]):
+        console.print(line, soft_wrap=True)
     if data["unfinished"]:
         for part in unfinished_view(data["unfinished"], console.width):
             console.print(part, no_wrap=True, overflow="ellipsis")

@@ -17,6 +17,7 @@ from compute_node.session_service import SessionService
 from compute_node.sessions import SessionStore
 from compute_node.warm_up import WarmUp
 from compute_node.weight_cache import WeightCache
+from training import plugins
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
@@ -24,6 +25,7 @@ from training.compression import CompressionSettings, compress_update, decompres
 from training.data.letters import DataFormatError
 from training.data.paths import DataPathError, data_location, resolve_under
 from training.plugins import PluginError
+from training.run_check import RunUnfit, run_facts, unfit_reason
 from training.spec import RunSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
@@ -119,7 +121,13 @@ class ComputeNodeHandler(SessionService):
 
     def _answer(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
-        decoded = self._decode(request)
+        try:
+            decoded = self._decode(request)
+        except RunUnfit as exc:
+            log.warning("unit %s of run %s: this node cannot serve the run: %s",
+                        request.unit_id, request.run_id, exc)
+            return _result(ttypes.UnitOutcome.UNFIT, self.node_id, message=str(exc),
+                           version=request.model_version)
         if decoded is None:
             log.info("unit %s round %d: weights of version %d not held, asked for them",
                      request.unit_id, request.round, request_version(request))
@@ -212,16 +220,19 @@ class ComputeNodeHandler(SessionService):
         try:
             spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
                                  request.config_json)
+            location = data_location(self.data_root, request.dataset)
+            self._check_fit(spec, location)
             algorithm = get_algorithm(spec.algorithm)
             config = spec.algorithm_config()
             algorithm.check_config(request.model, config)
-            location = data_location(self.data_root, request.dataset)
             if request.unit_path:  # a unit that is a file of the data set (not a range)
                 self._check_unit_file(resolve_under(location, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
             share = share_of(request)
             weights = self._weights_of(request, spec.compression)
+        except RunUnfit:
+            raise
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         if weights is None:
@@ -231,6 +242,29 @@ class ComputeNodeHandler(SessionService):
                       dataset=request.dataset, config_json=request.config_json or "",
                       model_version=request.model_version, share=share)
         return algorithm, job, location, spec.compression
+
+    def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:
+        """Whether this node can serve the run, with its plug-ins and fingerprints."""
+        check_protocol_version(request.protocol_version, "node")
+        try:
+            spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                                 request.config_json)
+            facts = run_facts(spec, data_location(self.data_root, request.dataset))
+        except (RunUnfit, ConfigError, DataPathError) as exc:
+            return ttypes.RunCheck(ok=False, problem=str(exc), plugins=plugins.versions())
+        return ttypes.RunCheck(ok=True, plugins=facts.plugins,
+                               model_fingerprint=facts.model_fingerprint or None,
+                               data_fingerprint=facts.data_fingerprint or None,
+                               data_size=facts.data_size or None)
+
+    def _check_fit(self, spec: RunSpec, location: Path) -> None:
+        """RunUnfit unless this node builds what the coordinator built (a unit's
+        ``expect``), and holds every plug-in the run names."""
+        if not (spec.expect or spec.plugin_names):
+            return
+        reason = unfit_reason(spec.expect, run_facts(spec, location), spec)
+        if reason:
+            raise RunUnfit(reason)
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """A node computes on its own copy of the data: the unit's file must be there."""

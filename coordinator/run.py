@@ -29,6 +29,8 @@ from coordinator.run_setup import describe as describe_run
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
 from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from engine.ledger import UnitLedger
+from engine.node_checks import check_nodes
+from engine.nodes.client import RunQuery
 from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
 from engine.nodes.membership import Membership
 from engine.nodes.nodes_file import NodeAddress
@@ -47,6 +49,7 @@ from engine.round_engine import (
     RoundEngine,
     RoundFailed,
     RunCancelledError,
+    no_node_can_serve,
 )
 from engine.session_moves import NodeSessions, drop_sessions
 from engine.stream_state import RoundEnd, StreamPosition, StreamState
@@ -121,7 +124,7 @@ class Run:
         units_per_round = (self._updates_per_round * self.schedule.results_per_version
                            if self.schedule.asynchronous else self.algorithm.quorum(planned))
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
-                                    lambda: [n.summary() for n in self.nodes])
+                                    lambda: [n.summary() for n in self.nodes + self.left_out])
         self.progress.mode = self.schedule.mode
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
@@ -254,12 +257,14 @@ class Run:
                                       self.ledger.node_heartbeats).start()
         try:
             self._wait_for_nodes()  # before the engine, whose grace period starts with it
+            self._check_nodes()
             if self.algorithm.uses_torch:  # off round 1's clock
                 warm_up_nodes(self.nodes, self.request.model, self.progress, self.cancelled)
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
                                  self.ledger, self._cancels)
             engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
+            engine.on_left_out = self._nodes.leave_out
             if self.schedule.asynchronous:
                 weights = self._stream(engine, done, weights, history)
             else:
@@ -276,7 +281,7 @@ class Run:
         return RunOutcome(
             run_id=self.run_id, validation_error=history[-1].validation_error,
             rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
-            nodes=[n.summary() for n in self.nodes], weights=weights,
+            nodes=[n.summary() for n in self.nodes + self.left_out], weights=weights,
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
             **self._payload_summary(),
@@ -301,6 +306,20 @@ class Run:
                        self.settings.heartbeat_seconds)
         if self.cancelled.is_set():
             raise RunCancelledError("run cancelled")
+
+    def _check_nodes(self) -> None:
+        """Leave out the nodes that cannot serve a run with plug-ins or a torch model
+        (engine/node_checks.py); RoundFailed when none can."""
+        if self.setup.facts is None:
+            return
+        query = RunQuery(self.run_id, self.request.algorithm, self.request.model,
+                         self.request.dataset, self._config_json)
+        unfit = check_nodes(self.nodes, query, self.setup.facts, self.spec, self.progress,
+                            self.cancelled)
+        for node in unfit:
+            self._nodes.leave_out(node)
+        if unfit and not self.nodes:
+            raise RoundFailed(no_node_can_serve(unfit), [n.name for n in unfit])
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         """Take in the checkpoint's optimizer, random state and metrics, or raise
@@ -335,6 +354,11 @@ class Run:
     @property
     def nodes(self) -> list[NodeHandle]:
         return self._nodes.nodes
+
+    @property
+    def left_out(self) -> list[NodeHandle]:
+        """Nodes that cannot serve the run (engine/node_checks.py), each saying why."""
+        return self._nodes.left_out
 
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, RoundMetrics]:

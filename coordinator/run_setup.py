@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from training.data.paths import DataPathError, data_location
 from training.models.names import check_model_name, is_module_model
 from training.outputs.plots import check_outputs
 from training.plugins import PluginError
+from training.run_check import RunFacts, RunUnfit, run_facts
 from training.spec import RunSpec
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -49,6 +50,9 @@ class RunSetup:
     outputs: dict[str, int]
     node_config_json: str  # the config every unit carries, defaults filled in
     units_per_round: int  # what the algorithm plans per (sync) round
+    # What this coordinator built of a run with plug-ins or a torch model, for the nodes to
+    # be checked against before round 1 (None: a built-in run, nothing to check).
+    facts: RunFacts | None = None
 
 
 def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
@@ -67,8 +71,21 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
     check_model_bytes(sum(w.nbytes for w in algorithm.initial_weights().values()), limits)
     planned = algorithm.units_per_round()
     check_units(planned, limits)
+    facts = _facts(spec, data_root)
+    if facts is not None:
+        spec = replace(spec, expect=facts.expectation())
     return RunSetup(run_id, request, spec, algorithm, _outputs(request.outputs_json),
-                    spec.to_config_json(algorithm.config), planned)
+                    spec.to_config_json(algorithm.config), planned, facts)
+
+
+def _facts(spec: RunSpec, data_root: Path) -> RunFacts | None:
+    """The coordinator's facts of a run that names plug-ins or trains a torch model."""
+    if not (spec.plugin_names or is_module_model(spec.model)):
+        return None
+    try:
+        return run_facts(spec, data_location(data_root, spec.dataset))
+    except RunUnfit as exc:
+        raise InvalidRun(str(exc).removeprefix("cannot serve the run: ")) from None
 
 
 def check_run_id(run_id: str) -> str:

@@ -180,9 +180,9 @@ class Views:
         if run is not None and run.progress.state == "running":
             return _live_nodes(run)
         nodes = self._stored_nodes(run_id)
-        states = self._states_at_end(run_id, run)
+        ends = self._ends(run_id, run)
         for node in nodes:
-            node["state"] = states.get(node["node"], "unknown")
+            node["state"], node["note"] = ends.get(node["node"], ("unknown", None))
         if run is not None:
             handles = {n["node"]: n for n in _live_nodes(run)}
             for node in nodes:
@@ -191,11 +191,13 @@ class Views:
                             in_flight=live.get("in_flight"))
         return nodes
 
-    def _states_at_end(self, run_id: str, run: Run | None) -> dict[str, str]:
-        """Each node's state when the ended run stopped watching it: as the run kept it
-        while this process holds the run, else judged from the store as `status` does."""
+    def _ends(self, run_id: str, run: Run | None) -> dict[str, tuple[str, str | None]]:
+        """Each node's state when the ended run stopped watching it (as the run kept it
+        while this process holds the run, else judged from the store as `status` does),
+        and why it was left out of the run, if it was."""
         snapshot = run.progress.snapshot() if run is not None else self._stored_status(run_id)
-        return {n.node: n.state for n in snapshot.nodes} if snapshot is not None else {}
+        return {n.node: (n.state, n.note) for n in snapshot.nodes} \
+            if snapshot is not None else {}
 
     def _stored_status(self, run_id: str) -> RunSnapshot | None:
         store, settings = self.coordinator.store, self.coordinator.settings
@@ -233,14 +235,14 @@ def _progress(run: Run | None) -> dict[str, Any] | None:
 
 def _live_nodes(run: Run) -> list[dict[str, Any]]:
     nodes = []
-    for handle in list(run.nodes):
+    for handle in list(run.nodes) + list(run.left_out):
         s = handle.summary()
         nodes.append({"node": s.node, "state": s.state, "accepted": s.accepted,
                       "rejected": s.rejected, "delayed": s.delayed, "failed": s.failed,
                       "cancelled": s.cancelled, "samples": s.samples,
                       "last_heartbeat_seconds": s.silent_seconds,
                       "unit_seconds": handle.unit_seconds(), "pull": s.pull,
-                      "in_flight": handle.in_flight})
+                      "in_flight": handle.in_flight, "note": s.note})
     return nodes
 
 

@@ -42,6 +42,7 @@ class NodeSummary(NodeCounts):
     role: str | None = None  # what computes its units: "relay of 3 nodes", "2 local workers"
     # a relay's group as its pings last said: its members' counts since the relay started
     members: list[NodeSummary] = field(default_factory=list)
+    note: str | None = None  # why the node is left out of the run, if it is
 
 
 @dataclass

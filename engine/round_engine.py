@@ -33,6 +33,7 @@ from engine.nodes.errors import (
     NodeIncompatible,
     NodeRefused,
     NodeUnavailable,
+    NodeUnfit,
 )
 from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import NodeGate, NodeMinimum
@@ -107,6 +108,12 @@ def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, 
     return None
 
 
+def no_node_can_serve(nodes: Sequence[NodeHandle]) -> str:
+    """The one line of a run that no node can serve, each node with its reason."""
+    reasons = "; ".join(f"node {n.name} {n.left_out}" for n in nodes)
+    return f"no node can serve this run: {reasons}"
+
+
 TaskBuilder = Callable[[UnitSpec, int], Task]
 WorkState = RoundState | StreamState  # a round's units, or an asynchronous run's
 
@@ -135,6 +142,10 @@ class RoundEngine:
                                          settings.max_pause, settings.grace_seconds), progress)
         # While paused, called to take in nodes that joined (file, registrations).
         self.refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None
+        # Told of a node that cannot serve the run (NodeUnfit), so that it stays out of
+        # later rounds too; the engine stops using it at once.
+        self.on_left_out: Callable[[NodeHandle], None] = lambda node: None
+        self.left_out: list[NodeHandle] = []
 
     def set_nodes(self, nodes: list[NodeHandle]) -> None:
         """The nodes of the next rounds, or of this one while it is paused. Handles of
@@ -396,6 +407,10 @@ class RoundEngine:
         except NodeIncompatible as exc:
             self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
             raise FatalNodeError(f"{node.name}: {exc}") from exc
+        except NodeUnfit as exc:  # not the unit's failure: it goes to another node
+            self._unreachable(state, unit, attempt, node, began, str(exc))
+            self._leave_out(state, node, str(exc))
+            return "rejected"
         except NodeRefused as exc:
             self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
             return "failed"
@@ -486,6 +501,17 @@ class RoundEngine:
         state.end_attempt(unit, attempt)
         self._ended(state, unit, attempt, node, AttemptEnd.UNREACHABLE,
                     f"node unreachable: {reason}")
+
+    def _leave_out(self, state: WorkState, node: NodeHandle, reason: str) -> None:
+        """Do without a node that cannot serve the run; fail the round when none is left."""
+        if node.leave_out(reason):
+            log.warning("node %s is left out of run %s: %s", node.name, self.run_id, reason)
+            self.left_out.append(node)
+            self.on_left_out(node)
+        self.set_nodes([n for n in self.nodes if n.left_out is None])
+        if not self.nodes:
+            state.fail(RoundFailed(no_node_can_serve(self.left_out),
+                                   [n.name for n in self.left_out]))
 
     def _ended(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:

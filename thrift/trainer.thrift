@@ -63,6 +63,9 @@ enum UnitOutcome {
   CANCELLED = 3,   // the coordinator cancelled the unit while it waited or ran
   NEED_WEIGHTS = 4, // weights_cached was set but the node does not hold that version:
                     // send the task again with its weights
+  UNFIT = 5,       // the node cannot serve this run (it lacks a plug-in the run names,
+                   // builds another model or holds another copy of the data set): the
+                   // message says why; leave the node out of the run
 }
 
 struct WorkRequest {
@@ -101,6 +104,26 @@ struct TrainResult {
   9: optional string message,        // why the unit was rejected or cancelled
   10: optional string node_id,
   11: optional i64 model_version,    // the model_version of the request it answers
+}
+
+/* Before round 1: can this node serve the run? (Its plug-ins, model and data set.) */
+struct RunCheckRequest {
+  1: required i32 protocol_version,
+  2: required string run_id,
+  3: required string algorithm,
+  4: required string model,
+  5: required string dataset,
+  6: required string config_json,    // as every unit of the run carries it
+  100: optional string token,       // the shared token, when the server requires one
+}
+
+struct RunCheck {
+  1: required bool ok,
+  2: optional string problem,        // why the node cannot serve the run, one line
+  3: optional map<string, string> plugins, // plug-in modules it allows -> their versions
+  4: optional string model_fingerprint,    // a torch model's parameter names, shapes, dtypes
+  5: optional string data_fingerprint,     // its copy of the data set
+  6: optional i64 data_size,               // examples of the data set's training part
 }
 
 struct CancelUnitRequest {
@@ -204,6 +227,8 @@ service ComputeNode {
       throws (1: InvalidRequest invalid, 2: VersionMismatch version, 3: Unauthorized denied),
   SessionAck drop_sessions(1: DropSessionsRequest request)
       throws (2: VersionMismatch version, 3: Unauthorized denied),
+  RunCheck check_run(1: RunCheckRequest request)
+      throws (2: VersionMismatch version, 3: Unauthorized denied),
 }
 
 // ----------------------------------------------------------------- coordinator
@@ -236,6 +261,7 @@ struct NodeSummary {
   13: optional string role,            // as the node's ping says (NodeInfo.role)
   14: optional list<NodeSummary> members, // a relay's group, as its last ping said
   15: optional i64 samples,            // samples (rows, images) of the units it completed
+  16: optional string note,            // why the node is left out of the run, if it is
 }
 
 struct RoundMetrics {

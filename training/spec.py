@@ -10,7 +10,9 @@ own keys, plus one key per shared section when it is not the default:
 * ``hierarchy``: how relays train their groups (training/hierarchy.py),
 * ``model``: a torch model's arguments, loss, metric and starting weights
   (training/models/settings.py),
-* ``data``: how a torch model's data set is read (training/data/settings.py).
+* ``data``: how a torch model's data set is read (training/data/settings.py);
+* ``expect``: what the coordinator built of a torch model and its data set (fingerprints,
+  training/run_check.py), which every unit carries so that a node checks itself.
 
 `RunSpec.parse` turns that into typed settings, in one place, for the coordinator, the
 nodes, relays and local workers alike; `RunSpec.to_config_json` is its inverse, and a run
@@ -38,8 +40,9 @@ from training.models.settings import SECTION as MODEL
 from training.models.settings import ModelSettings, ModelSettingsError
 from training.schedule import ScheduleSettings
 
+EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,
-                   MODEL, DATA)
+                   MODEL, DATA, EXPECT)
 
 
 class SpecError(ConfigError):
@@ -58,12 +61,16 @@ class RunSpec:
     hierarchy: HierarchySettings = field(default_factory=HierarchySettings)
     model_settings: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
+    expect: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, algorithm: str, model: str, dataset: str,
               config_json: str | None) -> RunSpec:
         """The spec of a request's fields; SpecError names what is wrong."""
         config = _json_object(config_json)
+        expect = config.get(EXPECT) or {}
+        if not isinstance(expect, dict):
+            raise SpecError(f"config key {EXPECT!r} must be a mapping, got {expect!r}")
         try:
             return cls(
                 algorithm=algorithm, model=model, dataset=dataset,
@@ -73,7 +80,7 @@ class RunSpec:
                 schedule=schedule.settings_from(config.get(schedule.SECTION)),
                 hierarchy=hierarchy.settings_from(config.get(hierarchy.SECTION)),
                 model_settings=ModelSettings.from_mapping(config.get(MODEL)),
-                data=DataSettings.from_mapping(config.get(DATA)))
+                data=DataSettings.from_mapping(config.get(DATA)), expect=expect)
         except (ConfigError, DataSettingsError, ModelSettingsError) as exc:
             raise SpecError(str(exc)) from None
 
@@ -112,7 +119,10 @@ class RunSpec:
         config = dict(checked_config) if checked_config is not None else \
             self.algorithm_config()
         config = compression.join_config(config, self.compression)
-        return json.dumps(hierarchy.join_hierarchy(config, self.hierarchy))
+        config = hierarchy.join_hierarchy(config, self.hierarchy)
+        if self.expect:
+            config[EXPECT] = self.expect
+        return json.dumps(config)
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

@@ -103,7 +103,8 @@ function renderSummary(view) {
 
 function renderNodes(nodes) {
   fillTable(document.querySelector("#nodes tbody"), nodes.map(n => ({node: n.node, cells: [
-    [el("span", {}, n.node, n.pull ? el("span", {class: "pull"}, "(pull)") : "")],
+    [el("span", {}, n.node, n.pull ? el("span", {class: "pull"}, "(pull)") : "",
+        n.note ? el("div", {class: "note"}, "left out: " + n.note) : "")],
     [stateBadge(n.state)],
     [n.accepted, "num"], [n.rejected, "num"], [n.delayed, "num"], [n.failed, "num"],
     [n.cancelled, "num"], [n.samples, "num"], [n.in_flight ?? "–", "num"],

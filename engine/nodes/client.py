@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from engine.nodes.nodes_file import NodeAddress
 from engine.records import NodeSummary
 from engine.tasks import Task, TaskResult
+from training.run_check import RunFacts
 from wire.stats import PayloadBytes
 
 AttemptKey = tuple[str, str, int]  # run_id, unit_id, attempt
@@ -30,6 +31,25 @@ class NodePing:
     warming_up: bool = False  # loading libraries or building a model (see warm_up)
     role: str | None = None  # e.g. "relay of 3 nodes", "2 local workers" (NodeInfo.role)
     members: list[NodeSummary] = field(default_factory=list)  # a relay's group (NodeInfo)
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """A run as a node is asked whether it can serve it (its units' fields)."""
+
+    run_id: str
+    algorithm: str
+    model: str
+    dataset: str
+    config_json: str
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    """A node's answer to a RunQuery: what it made of the run, or why it cannot serve it."""
+
+    facts: RunFacts | None = None
+    problem: str | None = None
 
 
 class NodeClient(Protocol):
@@ -51,6 +71,10 @@ class NodeClient(Protocol):
     def ping(self, warm_up: str | None = None) -> NodePing:
         """Liveness; `warm_up` names a model the node should get ready for in the
         background (NodePing.warming_up says when it still is)."""
+
+    def check_run(self, query: RunQuery) -> RunAnswer | None:
+        """What the node makes of the run (None: this node cannot be asked, e.g. a pull
+        node, which checks itself with its first unit)."""
 
     def send_session(self, run_id: str, session: str, target: NodeAddress,
                      target_session: str, swap_id: int) -> int:

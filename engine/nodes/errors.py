@@ -26,6 +26,11 @@ class NodeRefused(NodeError):
     """The node answered that it will not run this call (an invalid request)."""
 
 
+class NodeUnfit(NodeRefused):
+    """The node cannot serve this run (it lacks a plug-in the run names, builds another
+    model or holds another copy of the data set): leave it out of the run."""
+
+
 class NodeIncompatible(NodeRefused):
     """The node speaks another protocol version: no call to it can succeed."""
 

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from engine.nodes.client import NodeClient
+from engine.nodes.client import NodeClient, NodePing
 from engine.nodes.errors import NodeError
 from engine.nodes.liveness import Liveness
 from engine.policies import NodeView
@@ -40,6 +40,7 @@ class NodeHandle:
         self._delay_seconds: float | None = None
         self._benched_until = 0.0
         self._bench_seconds = 0.0
+        self.left_out: str | None = None  # why the run does without this node, if it does
 
     @property
     def accepts_connections(self) -> bool:
@@ -66,15 +67,18 @@ class NodeHandle:
         """Give up an attempt in progress (its call fails at once with `reason`)."""
         return self.client.abort(key, reason)
 
-    def heartbeat(self) -> None:
-        """Ping the node; an answer marks it alive and tells which units are delaying."""
+    def heartbeat(self, warm_up: str | None = None) -> NodePing | None:
+        """Ping the node (asking it to warm up for the model `warm_up`, if given); an
+        answer marks it alive and tells which units are delaying and what the node is (a
+        relay and its group). The answer, or None when the node did not answer."""
         try:
-            info = self.client.ping()
+            info = self.client.ping(warm_up=warm_up)
         except NodeError as exc:  # silence is what liveness measures
             log.debug("heartbeat to %s failed: %s", self.name, exc)
-            return
+            return None
         self.liveness.heard(info.delaying, info.progress)
         self.role, self.members = info.role, list(info.members)
+        return info
 
     def refresh_group(self) -> None:
         """Ping a relay now, so its members' counts are current (a summary at a run's
@@ -141,6 +145,13 @@ class NodeHandle:
         if bench:  # the node may have restarted: its idle connections are dead
             self.client.forget_connections()
 
+    def leave_out(self, reason: str) -> bool:
+        """The run does without this node from now on (it cannot serve the run); False if
+        it already did."""
+        with self._lock:
+            first, self.left_out = self.left_out is None, self.left_out or reason
+        return first
+
     def unit_seconds(self) -> float | None:
         """This node's recent undelayed unit time (a moving average), once it has one."""
         with self._lock:
@@ -166,7 +177,8 @@ class NodeHandle:
     def summary(self) -> NodeSummary:
         with self._lock:
             return NodeSummary(**self.stats.count_fields(), node=self.name,
-                               state=self.liveness.state(),
+                               state="left out" if self.left_out else self.liveness.state(),
+                               note=self.left_out,
                                silent_seconds=self.liveness.silent_seconds(),
                                pull=not self.accepts_connections, role=self.role,
                                members=list(self.members))

@@ -12,7 +12,7 @@ import threading
 import uuid
 from typing import Any
 
-from engine.nodes.client import NodePing
+from engine.nodes.client import NodePing, RunQuery
 from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable
 from engine.nodes.membership import Member, Pending, UnitKey, key_of
 from engine.nodes.pool import NodeHandle
@@ -97,6 +97,10 @@ class PullNodeClient(SessionRequests):
 
     def ping(self, warm_up: str | None = None) -> NodePing:
         raise NodeUnavailable(f"{self.member.name} is a pull node: it calls in, takes no pings")
+
+    def check_run(self, query: RunQuery) -> None:
+        """A pull node takes no calls: it checks itself with its first unit."""
+        return None
 
     def forget_connections(self) -> None:
         """No connections of its own."""

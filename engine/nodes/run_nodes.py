@@ -33,6 +33,7 @@ class RunNodes:
                  membership: Membership | None = None) -> None:
         self.run_id = run_id
         self.nodes: list[NodeHandle] = []
+        self.left_out: list[NodeHandle] = []  # nodes that cannot serve the run (kept out)
         self.payload = PayloadBytes()  # the run's training-call bytes, nodes that left included
         self._rpc_timeout, self._connect_timeout = rpc_timeout, connect_timeout
         self._suspect_seconds, self._dead_seconds = suspect_seconds, dead_seconds
@@ -60,8 +61,14 @@ class RunNodes:
             log.info("run %s: nodes left: %s", self.run_id, ", ".join(sorted(before - after)))
         return after != before
 
+    def leave_out(self, node: NodeHandle) -> None:
+        """Keep ``node`` (whose `left_out` says why) out of the run, also after refreshes."""
+        if node in self.nodes:
+            self.nodes.remove(node)
+            self.left_out.append(node)
+
     def close(self) -> None:
-        for node in self.nodes:
+        for node in self.nodes + self.left_out:
             node.close()
 
     def _index(self) -> int:
@@ -71,7 +78,8 @@ class RunNodes:
     def _add_addresses(self, addresses: list[NodeAddress]) -> list[NodeHandle]:
         """Handles for addresses not yet in the run; an alias of a node already in it (a
         registration as 127.0.0.1 of a node the file lists as localhost) adds nothing."""
-        known = {_identity(n.address) for n in self.nodes if n.address is not None}
+        known = {_identity(n.address) for n in self.nodes + self.left_out
+                 if n.address is not None}
         new = {}
         for address in addresses:
             if _identity(address) not in known:
@@ -90,7 +98,7 @@ class RunNodes:
             return
         current = {m.name: m for m in self._membership.members()}
         self.nodes = [n for n in self.nodes if self._still_member(n, current)]
-        known = {n.name for n in self.nodes}
+        known = {n.name for n in self.nodes + self.left_out}
         pulled = [PullNodeHandle(self._index(), m, self._rpc_timeout)
                   for m in current.values() if m.pull and m.name not in known]
         for node in pulled:

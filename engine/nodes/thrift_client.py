@@ -17,7 +17,7 @@ from typing import Any
 
 from thrift.transport.TTransport import TTransportException
 
-from engine.nodes.client import AttemptKey, NodePing
+from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
 from engine.nodes.errors import (
     AttemptAborted,
     InvalidResult,
@@ -27,12 +27,14 @@ from engine.nodes.errors import (
     NodeRemoteError,
     NodeTimedOut,
     NodeUnavailable,
+    NodeUnfit,
 )
 from engine.nodes.nodes_file import NodeAddress
 from engine.nodes.pool import NodeHandle
 from engine.nodes.sent_weights import SentWeights
 from engine.records import NodeSummary
 from engine.tasks import Task, TaskResult, TaskStatus, Tensors
+from training.run_check import RunFacts
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
@@ -56,6 +58,19 @@ def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
         index_stop=task.index_stop, model_version=task.version,
         weights_cached=True if cached else None,
         part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None)
+
+
+def run_check_request(query: RunQuery) -> ttypes.RunCheckRequest:
+    return ttypes.RunCheckRequest(protocol_version=PROTOCOL_VERSION, run_id=query.run_id,
+                                  algorithm=query.algorithm, model=query.model,
+                                  dataset=query.dataset, config_json=query.config_json)
+
+
+def run_answer(answer: ttypes.RunCheck) -> RunAnswer:
+    if not answer.ok:
+        return RunAnswer(problem=answer.problem or "cannot serve the run")
+    return RunAnswer(RunFacts(dict(answer.plugins or {}), answer.model_fingerprint or "",
+                              answer.data_fingerprint or "", answer.data_size or 0))
 
 
 class _LastEncoded:
@@ -84,6 +99,8 @@ _encoded = _LastEncoded()
 def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
     """A node's Thrift answer to `task`; NodeRemoteError for an outcome not known here,
     InvalidResult for an update whose tensors cannot be decoded."""
+    if result.outcome == ttypes.UnitOutcome.UNFIT:
+        raise NodeUnfit(result.message or "the node cannot serve this run")
     try:
         status = _STATUS[result.outcome]
     except KeyError:
@@ -244,6 +261,11 @@ class ThriftNodeClient(SessionRequests):
                         bool(info.warming_up), info.role,
                         [summary_from_wire(m) for m in info.members or []])
 
+    def check_run(self, query: RunQuery) -> RunAnswer:
+        """On a work connection: the node may load its data and build the model first."""
+        with mapped_errors(), self._work.client() as client:
+            return run_answer(client.check_run(run_check_request(query)))
+
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         """On a work connection by default, whose long read timeout covers a node-to-node
         send; ``quick`` uses a control connection (short timeout)."""
@@ -286,4 +308,4 @@ def summary_from_wire(summary: ttypes.NodeSummary) -> NodeSummary:
         compute_seconds=summary.compute_seconds or 0.0,
         delay_seconds=summary.delay_seconds or 0.0, state=summary.state or "alive",
         silent_seconds=summary.silent_seconds, pull=bool(summary.pull), role=summary.role,
-        members=[summary_from_wire(m) for m in summary.members or []])
+        members=[summary_from_wire(m) for m in summary.members or []], note=summary.note)

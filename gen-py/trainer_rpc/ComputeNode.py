@@ -75,6 +75,14 @@ class Iface(object):
         """
         pass
 
+    def check_run(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        pass
+
 
 class Client(Iface):
     def __init__(self, iprot, oprot=None):
@@ -341,6 +349,42 @@ class Client(Iface):
             raise result.denied
         raise TApplicationException(TApplicationException.MISSING_RESULT, "drop_sessions failed: unknown result")
 
+    def check_run(self, request):
+        """
+        Parameters:
+         - request
+
+        """
+        self.send_check_run(request)
+        return self.recv_check_run()
+
+    def send_check_run(self, request):
+        self._oprot.writeMessageBegin('check_run', TMessageType.CALL, self._seqid)
+        args = check_run_args()
+        args.request = request
+        args.write(self._oprot)
+        self._oprot.writeMessageEnd()
+        self._oprot.trans.flush()
+
+    def recv_check_run(self):
+        iprot = self._iprot
+        (fname, mtype, rseqid) = iprot.readMessageBegin()
+        if mtype == TMessageType.EXCEPTION:
+            x = TApplicationException()
+            x.read(iprot)
+            iprot.readMessageEnd()
+            raise x
+        result = check_run_result()
+        result.read(iprot)
+        iprot.readMessageEnd()
+        if result.success is not None:
+            return result.success
+        if result.version is not None:
+            raise result.version
+        if result.denied is not None:
+            raise result.denied
+        raise TApplicationException(TApplicationException.MISSING_RESULT, "check_run failed: unknown result")
+
 
 class Processor(Iface, TProcessor):
     def __init__(self, handler):
@@ -353,6 +397,7 @@ class Processor(Iface, TProcessor):
         self._processMap["import_session"] = Processor.process_import_session
         self._processMap["send_session"] = Processor.process_send_session
         self._processMap["drop_sessions"] = Processor.process_drop_sessions
+        self._processMap["check_run"] = Processor.process_check_run
         self._on_message_begin = None
 
     def on_message_begin(self, func):
@@ -583,6 +628,35 @@ class Processor(Iface, TProcessor):
             msg_type = TMessageType.EXCEPTION
             result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
         oprot.writeMessageBegin("drop_sessions", msg_type, seqid)
+        result.write(oprot)
+        oprot.writeMessageEnd()
+        oprot.trans.flush()
+
+    def process_check_run(self, seqid, iprot, oprot):
+        args = check_run_args()
+        args.read(iprot)
+        iprot.readMessageEnd()
+        result = check_run_result()
+        try:
+            result.success = self._handler.check_run(args.request)
+            msg_type = TMessageType.REPLY
+        except TTransport.TTransportException:
+            raise
+        except VersionMismatch as version:
+            msg_type = TMessageType.REPLY
+            result.version = version
+        except Unauthorized as denied:
+            msg_type = TMessageType.REPLY
+            result.denied = denied
+        except TApplicationException as ex:
+            logging.exception('TApplication exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = ex
+        except Exception:
+            logging.exception('Unexpected exception in handler')
+            msg_type = TMessageType.EXCEPTION
+            result = TApplicationException(TApplicationException.INTERNAL_ERROR, 'Internal error')
+        oprot.writeMessageBegin("check_run", msg_type, seqid)
         result.write(oprot)
         oprot.writeMessageEnd()
         oprot.trans.flush()
@@ -1667,6 +1741,156 @@ class drop_sessions_result(object):
 all_structs.append(drop_sessions_result)
 drop_sessions_result.thrift_spec = (
     (0, TType.STRUCT, 'success', [SessionAck, None], None, ),  # 0
+    None,  # 1
+    (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
+    (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3
+)
+
+
+class check_run_args(object):
+    """
+    Attributes:
+     - request
+
+    """
+
+
+    def __init__(self, request=None,):
+        self.request = request
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.STRUCT:
+                    self.request = RunCheckRequest()
+                    self.request.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('check_run_args')
+        if self.request is not None:
+            oprot.writeFieldBegin('request', TType.STRUCT, 1)
+            self.request.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(check_run_args)
+check_run_args.thrift_spec = (
+    None,  # 0
+    (1, TType.STRUCT, 'request', [RunCheckRequest, None], None, ),  # 1
+)
+
+
+class check_run_result(object):
+    """
+    Attributes:
+     - success
+     - version
+     - denied
+
+    """
+
+
+    def __init__(self, success=None, version=None, denied=None,):
+        self.success = success
+        self.version = version
+        self.denied = denied
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 0:
+                if ftype == TType.STRUCT:
+                    self.success = RunCheck()
+                    self.success.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRUCT:
+                    self.version = VersionMismatch.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRUCT:
+                    self.denied = Unauthorized.read(iprot)
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('check_run_result')
+        if self.success is not None:
+            oprot.writeFieldBegin('success', TType.STRUCT, 0)
+            self.success.write(oprot)
+            oprot.writeFieldEnd()
+        if self.version is not None:
+            oprot.writeFieldBegin('version', TType.STRUCT, 2)
+            self.version.write(oprot)
+            oprot.writeFieldEnd()
+        if self.denied is not None:
+            oprot.writeFieldBegin('denied', TType.STRUCT, 3)
+            self.denied.write(oprot)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+all_structs.append(check_run_result)
+check_run_result.thrift_spec = (
+    (0, TType.STRUCT, 'success', [RunCheck, None], None, ),  # 0
     None,  # 1
     (2, TType.STRUCT, 'version', [VersionMismatch, None], None, ),  # 2
     (3, TType.STRUCT, 'denied', [Unauthorized, None], None, ),  # 3

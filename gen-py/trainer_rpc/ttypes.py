@@ -21,12 +21,14 @@ class UnitOutcome(object):
     REJECTED = 2
     CANCELLED = 3
     NEED_WEIGHTS = 4
+    UNFIT = 5
 
     _VALUES_TO_NAMES = {
         1: "COMPLETED",
         2: "REJECTED",
         3: "CANCELLED",
         4: "NEED_WEIGHTS",
+        5: "UNFIT",
     }
 
     _NAMES_TO_VALUES = {
@@ -34,6 +36,7 @@ class UnitOutcome(object):
         "REJECTED": 2,
         "CANCELLED": 3,
         "NEED_WEIGHTS": 4,
+        "UNFIT": 5,
     }
 
 
@@ -1124,6 +1127,265 @@ class TrainResult(object):
         return not (self == other)
 
 
+class RunCheckRequest(object):
+    """
+    Attributes:
+     - protocol_version
+     - run_id
+     - algorithm
+     - model
+     - dataset
+     - config_json
+     - token
+
+    """
+
+
+    def __init__(self, protocol_version=None, run_id=None, algorithm=None, model=None, dataset=None, config_json=None, token=None,):
+        self.protocol_version = protocol_version
+        self.run_id = run_id
+        self.algorithm = algorithm
+        self.model = model
+        self.dataset = dataset
+        self.config_json = config_json
+        self.token = token
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.protocol_version = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.run_id = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.algorithm = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.model = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.dataset = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.config_json = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 100:
+                if ftype == TType.STRING:
+                    self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('RunCheckRequest')
+        if self.protocol_version is not None:
+            oprot.writeFieldBegin('protocol_version', TType.I32, 1)
+            oprot.writeI32(self.protocol_version)
+            oprot.writeFieldEnd()
+        if self.run_id is not None:
+            oprot.writeFieldBegin('run_id', TType.STRING, 2)
+            oprot.writeString(self.run_id.encode('utf-8') if sys.version_info[0] == 2 else self.run_id)
+            oprot.writeFieldEnd()
+        if self.algorithm is not None:
+            oprot.writeFieldBegin('algorithm', TType.STRING, 3)
+            oprot.writeString(self.algorithm.encode('utf-8') if sys.version_info[0] == 2 else self.algorithm)
+            oprot.writeFieldEnd()
+        if self.model is not None:
+            oprot.writeFieldBegin('model', TType.STRING, 4)
+            oprot.writeString(self.model.encode('utf-8') if sys.version_info[0] == 2 else self.model)
+            oprot.writeFieldEnd()
+        if self.dataset is not None:
+            oprot.writeFieldBegin('dataset', TType.STRING, 5)
+            oprot.writeString(self.dataset.encode('utf-8') if sys.version_info[0] == 2 else self.dataset)
+            oprot.writeFieldEnd()
+        if self.config_json is not None:
+            oprot.writeFieldBegin('config_json', TType.STRING, 6)
+            oprot.writeString(self.config_json.encode('utf-8') if sys.version_info[0] == 2 else self.config_json)
+            oprot.writeFieldEnd()
+        if self.token is not None:
+            oprot.writeFieldBegin('token', TType.STRING, 100)
+            oprot.writeString(self.token.encode('utf-8') if sys.version_info[0] == 2 else self.token)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        if self.protocol_version is None:
+            raise TProtocolException(message='Required field protocol_version is unset!')
+        if self.run_id is None:
+            raise TProtocolException(message='Required field run_id is unset!')
+        if self.algorithm is None:
+            raise TProtocolException(message='Required field algorithm is unset!')
+        if self.model is None:
+            raise TProtocolException(message='Required field model is unset!')
+        if self.dataset is None:
+            raise TProtocolException(message='Required field dataset is unset!')
+        if self.config_json is None:
+            raise TProtocolException(message='Required field config_json is unset!')
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class RunCheck(object):
+    """
+    Attributes:
+     - ok
+     - problem
+     - plugins
+     - model_fingerprint
+     - data_fingerprint
+     - data_size
+
+    """
+
+
+    def __init__(self, ok=None, problem=None, plugins=None, model_fingerprint=None, data_fingerprint=None, data_size=None,):
+        self.ok = ok
+        self.problem = problem
+        self.plugins = plugins
+        self.model_fingerprint = model_fingerprint
+        self.data_fingerprint = data_fingerprint
+        self.data_size = data_size
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.BOOL:
+                    self.ok = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.problem = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.MAP:
+                    self.plugins = {}
+                    (_ktype29, _vtype30, _size28) = iprot.readMapBegin()
+                    for _i32 in range(_size28):
+                        _key33 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val34 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.plugins[_key33] = _val34
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.model_fingerprint = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.data_fingerprint = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.data_size = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('RunCheck')
+        if self.ok is not None:
+            oprot.writeFieldBegin('ok', TType.BOOL, 1)
+            oprot.writeBool(self.ok)
+            oprot.writeFieldEnd()
+        if self.problem is not None:
+            oprot.writeFieldBegin('problem', TType.STRING, 2)
+            oprot.writeString(self.problem.encode('utf-8') if sys.version_info[0] == 2 else self.problem)
+            oprot.writeFieldEnd()
+        if self.plugins is not None:
+            oprot.writeFieldBegin('plugins', TType.MAP, 3)
+            oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.plugins))
+            for kiter35, viter36 in self.plugins.items():
+                oprot.writeString(kiter35.encode('utf-8') if sys.version_info[0] == 2 else kiter35)
+                oprot.writeString(viter36.encode('utf-8') if sys.version_info[0] == 2 else viter36)
+            oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.model_fingerprint is not None:
+            oprot.writeFieldBegin('model_fingerprint', TType.STRING, 4)
+            oprot.writeString(self.model_fingerprint.encode('utf-8') if sys.version_info[0] == 2 else self.model_fingerprint)
+            oprot.writeFieldEnd()
+        if self.data_fingerprint is not None:
+            oprot.writeFieldBegin('data_fingerprint', TType.STRING, 5)
+            oprot.writeString(self.data_fingerprint.encode('utf-8') if sys.version_info[0] == 2 else self.data_fingerprint)
+            oprot.writeFieldEnd()
+        if self.data_size is not None:
+            oprot.writeFieldBegin('data_size', TType.I64, 6)
+            oprot.writeI64(self.data_size)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        if self.ok is None:
+            raise TProtocolException(message='Required field ok is unset!')
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class CancelUnitRequest(object):
     """
     Attributes:
@@ -1438,21 +1700,21 @@ class NodeInfo(object):
             elif fid == 8:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem33)
+                    (_etype40, _size37) = iprot.readListBegin()
+                    for _i41 in range(_size37):
+                        _elem42 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem42)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 9:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype35, _vtype36, _size34) = iprot.readMapBegin()
-                    for _i38 in range(_size34):
-                        _key39 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val40 = iprot.readI64()
-                        self.progress[_key39] = _val40
+                    (_ktype44, _vtype45, _size43) = iprot.readMapBegin()
+                    for _i47 in range(_size43):
+                        _key48 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val49 = iprot.readI64()
+                        self.progress[_key48] = _val49
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -1469,11 +1731,11 @@ class NodeInfo(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype44, _size41) = iprot.readListBegin()
-                    for _i45 in range(_size41):
-                        _elem46 = NodeSummary()
-                        _elem46.read(iprot)
-                        self.members.append(_elem46)
+                    (_etype53, _size50) = iprot.readListBegin()
+                    for _i54 in range(_size50):
+                        _elem55 = NodeSummary()
+                        _elem55.read(iprot)
+                        self.members.append(_elem55)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1518,16 +1780,16 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter47 in self.delaying:
-                oprot.writeString(iter47.encode('utf-8') if sys.version_info[0] == 2 else iter47)
+            for iter56 in self.delaying:
+                oprot.writeString(iter56.encode('utf-8') if sys.version_info[0] == 2 else iter56)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter48, viter49 in self.progress.items():
-                oprot.writeString(kiter48.encode('utf-8') if sys.version_info[0] == 2 else kiter48)
-                oprot.writeI64(viter49)
+            for kiter57, viter58 in self.progress.items():
+                oprot.writeString(kiter57.encode('utf-8') if sys.version_info[0] == 2 else kiter57)
+                oprot.writeI64(viter58)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.warming_up is not None:
@@ -1541,8 +1803,8 @@ class NodeInfo(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter50 in self.members:
-                iter50.write(oprot)
+            for iter59 in self.members:
+                iter59.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1712,11 +1974,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype54, _size51) = iprot.readListBegin()
-                    for _i55 in range(_size51):
-                        _elem56 = Tensor()
-                        _elem56.read(iprot)
-                        self.tensors.append(_elem56)
+                    (_etype63, _size60) = iprot.readListBegin()
+                    for _i64 in range(_size60):
+                        _elem65 = Tensor()
+                        _elem65.read(iprot)
+                        self.tensors.append(_elem65)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1746,8 +2008,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter57 in self.tensors:
-                iter57.write(oprot)
+            for iter66 in self.tensors:
+                iter66.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -1833,11 +2095,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype61, _size58) = iprot.readListBegin()
-                    for _i62 in range(_size58):
-                        _elem63 = Tensor()
-                        _elem63.read(iprot)
-                        self.tensors.append(_elem63)
+                    (_etype70, _size67) = iprot.readListBegin()
+                    for _i71 in range(_size67):
+                        _elem72 = Tensor()
+                        _elem72.read(iprot)
+                        self.tensors.append(_elem72)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1875,8 +2137,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter64 in self.tensors:
-                iter64.write(oprot)
+            for iter73 in self.tensors:
+                iter73.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2402,11 +2664,12 @@ class NodeSummary(object):
      - role
      - members
      - samples
+     - note
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None, samples=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None, samples=None, note=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2422,6 +2685,7 @@ class NodeSummary(object):
         self.role = role
         self.members = members
         self.samples = samples
+        self.note = note
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2500,17 +2764,22 @@ class NodeSummary(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype68, _size65) = iprot.readListBegin()
-                    for _i69 in range(_size65):
-                        _elem70 = NodeSummary()
-                        _elem70.read(iprot)
-                        self.members.append(_elem70)
+                    (_etype77, _size74) = iprot.readListBegin()
+                    for _i78 in range(_size74):
+                        _elem79 = NodeSummary()
+                        _elem79.read(iprot)
+                        self.members.append(_elem79)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.I64:
                     self.samples = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 16:
+                if ftype == TType.STRING:
+                    self.note = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             else:
@@ -2578,13 +2847,17 @@ class NodeSummary(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter71 in self.members:
-                iter71.write(oprot)
+            for iter80 in self.members:
+                iter80.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.samples is not None:
             oprot.writeFieldBegin('samples', TType.I64, 15)
             oprot.writeI64(self.samples)
+            oprot.writeFieldEnd()
+        if self.note is not None:
+            oprot.writeFieldBegin('note', TType.STRING, 16)
+            oprot.writeString(self.note.encode('utf-8') if sys.version_info[0] == 2 else self.note)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2683,11 +2956,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype73, _vtype74, _size72) = iprot.readMapBegin()
-                    for _i76 in range(_size72):
-                        _key77 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val78 = iprot.readDouble()
-                        self.scores[_key77] = _val78
+                    (_ktype82, _vtype83, _size81) = iprot.readMapBegin()
+                    for _i85 in range(_size81):
+                        _key86 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val87 = iprot.readDouble()
+                        self.scores[_key86] = _val87
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -2728,9 +3001,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter79, viter80 in self.scores.items():
-                oprot.writeString(kiter79.encode('utf-8') if sys.version_info[0] == 2 else kiter79)
-                oprot.writeDouble(viter80)
+            for kiter88, viter89 in self.scores.items():
+                oprot.writeString(kiter88.encode('utf-8') if sys.version_info[0] == 2 else kiter88)
+                oprot.writeDouble(viter89)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2830,33 +3103,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype84, _size81) = iprot.readListBegin()
-                    for _i85 in range(_size81):
-                        _elem86 = RoundMetrics()
-                        _elem86.read(iprot)
-                        self.history.append(_elem86)
+                    (_etype93, _size90) = iprot.readListBegin()
+                    for _i94 in range(_size90):
+                        _elem95 = RoundMetrics()
+                        _elem95.read(iprot)
+                        self.history.append(_elem95)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype90, _size87) = iprot.readListBegin()
-                    for _i91 in range(_size87):
-                        _elem92 = NodeSummary()
-                        _elem92.read(iprot)
-                        self.nodes.append(_elem92)
+                    (_etype99, _size96) = iprot.readListBegin()
+                    for _i100 in range(_size96):
+                        _elem101 = NodeSummary()
+                        _elem101.read(iprot)
+                        self.nodes.append(_elem101)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype96, _size93) = iprot.readListBegin()
-                    for _i97 in range(_size93):
-                        _elem98 = Tensor()
-                        _elem98.read(iprot)
-                        self.weights.append(_elem98)
+                    (_etype105, _size102) = iprot.readListBegin()
+                    for _i106 in range(_size102):
+                        _elem107 = Tensor()
+                        _elem107.read(iprot)
+                        self.weights.append(_elem107)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2925,22 +3198,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter99 in self.history:
-                iter99.write(oprot)
+            for iter108 in self.history:
+                iter108.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter100 in self.nodes:
-                iter100.write(oprot)
+            for iter109 in self.nodes:
+                iter109.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter101 in self.weights:
-                iter101.write(oprot)
+            for iter110 in self.weights:
+                iter110.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3349,11 +3622,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype105, _size102) = iprot.readListBegin()
-                    for _i106 in range(_size102):
-                        _elem107 = NodeSummary()
-                        _elem107.read(iprot)
-                        self.nodes.append(_elem107)
+                    (_etype114, _size111) = iprot.readListBegin()
+                    for _i115 in range(_size111):
+                        _elem116 = NodeSummary()
+                        _elem116.read(iprot)
+                        self.nodes.append(_elem116)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3365,22 +3638,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype111, _size108) = iprot.readListBegin()
-                    for _i112 in range(_size108):
-                        _elem113 = UnitInfo()
-                        _elem113.read(iprot)
-                        self.unfinished.append(_elem113)
+                    (_etype120, _size117) = iprot.readListBegin()
+                    for _i121 in range(_size117):
+                        _elem122 = UnitInfo()
+                        _elem122.read(iprot)
+                        self.unfinished.append(_elem122)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype115, _vtype116, _size114) = iprot.readMapBegin()
-                    for _i118 in range(_size114):
-                        _key119 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val120 = iprot.readI64()
-                        self.ledger[_key119] = _val120
+                    (_ktype124, _vtype125, _size123) = iprot.readMapBegin()
+                    for _i127 in range(_size123):
+                        _key128 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val129 = iprot.readI64()
+                        self.ledger[_key128] = _val129
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3491,8 +3764,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter121 in self.nodes:
-                iter121.write(oprot)
+            for iter130 in self.nodes:
+                iter130.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3502,16 +3775,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter122 in self.unfinished:
-                iter122.write(oprot)
+            for iter131 in self.unfinished:
+                iter131.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter123, viter124 in self.ledger.items():
-                oprot.writeString(kiter123.encode('utf-8') if sys.version_info[0] == 2 else kiter123)
-                oprot.writeI64(viter124)
+            for kiter132, viter133 in self.ledger.items():
+                oprot.writeString(kiter132.encode('utf-8') if sys.version_info[0] == 2 else kiter132)
+                oprot.writeI64(viter133)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -3816,11 +4089,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype128, _size125) = iprot.readListBegin()
-                    for _i129 in range(_size125):
-                        _elem130 = RunStatus()
-                        _elem130.read(iprot)
-                        self.runs.append(_elem130)
+                    (_etype137, _size134) = iprot.readListBegin()
+                    for _i138 in range(_size134):
+                        _elem139 = RunStatus()
+                        _elem139.read(iprot)
+                        self.runs.append(_elem139)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3837,8 +4110,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter131 in self.runs:
-                iter131.write(oprot)
+            for iter140 in self.runs:
+                iter140.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4147,21 +4420,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype135, _size132) = iprot.readListBegin()
-                    for _i136 in range(_size132):
-                        _elem137 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem137)
+                    (_etype144, _size141) = iprot.readListBegin()
+                    for _i145 in range(_size141):
+                        _elem146 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem146)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype139, _vtype140, _size138) = iprot.readMapBegin()
-                    for _i142 in range(_size138):
-                        _key143 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val144 = iprot.readI64()
-                        self.progress[_key143] = _val144
+                    (_ktype148, _vtype149, _size147) = iprot.readMapBegin()
+                    for _i151 in range(_size147):
+                        _key152 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val153 = iprot.readI64()
+                        self.progress[_key152] = _val153
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4195,16 +4468,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter145 in self.delaying:
-                oprot.writeString(iter145.encode('utf-8') if sys.version_info[0] == 2 else iter145)
+            for iter154 in self.delaying:
+                oprot.writeString(iter154.encode('utf-8') if sys.version_info[0] == 2 else iter154)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter146, viter147 in self.progress.items():
-                oprot.writeString(kiter146.encode('utf-8') if sys.version_info[0] == 2 else kiter146)
-                oprot.writeI64(viter147)
+            for kiter155, viter156 in self.progress.items():
+                oprot.writeString(kiter155.encode('utf-8') if sys.version_info[0] == 2 else kiter155)
+                oprot.writeI64(viter156)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -4265,10 +4538,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype151, _size148) = iprot.readListBegin()
-                    for _i152 in range(_size148):
-                        _elem153 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem153)
+                    (_etype160, _size157) = iprot.readListBegin()
+                    for _i161 in range(_size157):
+                        _elem162 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem162)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4289,8 +4562,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter154 in self.cancel:
-                oprot.writeString(iter154.encode('utf-8') if sys.version_info[0] == 2 else iter154)
+            for iter163 in self.cancel:
+                oprot.writeString(iter163.encode('utf-8') if sys.version_info[0] == 2 else iter163)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5223,6 +5496,120 @@ TrainResult.thrift_spec = (
     (10, TType.STRING, 'node_id', 'UTF8', None, ),  # 10
     (11, TType.I64, 'model_version', None, None, ),  # 11
 )
+all_structs.append(RunCheckRequest)
+RunCheckRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'protocol_version', None, None, ),  # 1
+    (2, TType.STRING, 'run_id', 'UTF8', None, ),  # 2
+    (3, TType.STRING, 'algorithm', 'UTF8', None, ),  # 3
+    (4, TType.STRING, 'model', 'UTF8', None, ),  # 4
+    (5, TType.STRING, 'dataset', 'UTF8', None, ),  # 5
+    (6, TType.STRING, 'config_json', 'UTF8', None, ),  # 6
+    None,  # 7
+    None,  # 8
+    None,  # 9
+    None,  # 10
+    None,  # 11
+    None,  # 12
+    None,  # 13
+    None,  # 14
+    None,  # 15
+    None,  # 16
+    None,  # 17
+    None,  # 18
+    None,  # 19
+    None,  # 20
+    None,  # 21
+    None,  # 22
+    None,  # 23
+    None,  # 24
+    None,  # 25
+    None,  # 26
+    None,  # 27
+    None,  # 28
+    None,  # 29
+    None,  # 30
+    None,  # 31
+    None,  # 32
+    None,  # 33
+    None,  # 34
+    None,  # 35
+    None,  # 36
+    None,  # 37
+    None,  # 38
+    None,  # 39
+    None,  # 40
+    None,  # 41
+    None,  # 42
+    None,  # 43
+    None,  # 44
+    None,  # 45
+    None,  # 46
+    None,  # 47
+    None,  # 48
+    None,  # 49
+    None,  # 50
+    None,  # 51
+    None,  # 52
+    None,  # 53
+    None,  # 54
+    None,  # 55
+    None,  # 56
+    None,  # 57
+    None,  # 58
+    None,  # 59
+    None,  # 60
+    None,  # 61
+    None,  # 62
+    None,  # 63
+    None,  # 64
+    None,  # 65
+    None,  # 66
+    None,  # 67
+    None,  # 68
+    None,  # 69
+    None,  # 70
+    None,  # 71
+    None,  # 72
+    None,  # 73
+    None,  # 74
+    None,  # 75
+    None,  # 76
+    None,  # 77
+    None,  # 78
+    None,  # 79
+    None,  # 80
+    None,  # 81
+    None,  # 82
+    None,  # 83
+    None,  # 84
+    None,  # 85
+    None,  # 86
+    None,  # 87
+    None,  # 88
+    None,  # 89
+    None,  # 90
+    None,  # 91
+    None,  # 92
+    None,  # 93
+    None,  # 94
+    None,  # 95
+    None,  # 96
+    None,  # 97
+    None,  # 98
+    None,  # 99
+    (100, TType.STRING, 'token', 'UTF8', None, ),  # 100
+)
+all_structs.append(RunCheck)
+RunCheck.thrift_spec = (
+    None,  # 0
+    (1, TType.BOOL, 'ok', None, None, ),  # 1
+    (2, TType.STRING, 'problem', 'UTF8', None, ),  # 2
+    (3, TType.MAP, 'plugins', (TType.STRING, 'UTF8', TType.STRING, 'UTF8', False), None, ),  # 3
+    (4, TType.STRING, 'model_fingerprint', 'UTF8', None, ),  # 4
+    (5, TType.STRING, 'data_fingerprint', 'UTF8', None, ),  # 5
+    (6, TType.I64, 'data_size', None, None, ),  # 6
+)
 all_structs.append(CancelUnitRequest)
 CancelUnitRequest.thrift_spec = (
     None,  # 0
@@ -6005,6 +6392,7 @@ NodeSummary.thrift_spec = (
     (13, TType.STRING, 'role', 'UTF8', None, ),  # 13
     (14, TType.LIST, 'members', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 14
     (15, TType.I64, 'samples', None, None, ),  # 15
+    (16, TType.STRING, 'note', 'UTF8', None, ),  # 16
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (

@@ -1,0 +1,61 @@
+"""Before round 1: which nodes can serve the run (its plug-ins, model and data set).
+
+A run that names a plug-in or trains a torch model asks every pushed node, in parallel,
+what it makes of the run (`ComputeNode.check_run`: its plug-ins with their versions, and
+fingerprints of the model and of its copy of the data set) and compares that with what the
+coordinator built (training/run_check.py). A node that cannot serve the run is left out,
+with one line that the client, `status` and the dashboard show. A node that does not
+answer is left to the round engine, which deals with silent nodes anyway; pull nodes and
+relays' members check themselves with their first unit (the units carry the fingerprints).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from engine.nodes.client import RunQuery
+from engine.nodes.errors import NodeError
+from engine.nodes.pool import NodeHandle
+from engine.progress import RunProgress
+from training.run_check import RunFacts, unfit_reason
+from training.spec import RunSpec
+
+log = logging.getLogger("coordinator")
+
+
+def check_nodes(nodes: list[NodeHandle], query: RunQuery, facts: RunFacts, spec: RunSpec,
+                progress: RunProgress, stop: threading.Event) -> list[NodeHandle]:
+    """Ask the pushed nodes; returns those that cannot serve the run, each marked
+    `left_out` with its reason."""
+    pushed = [n for n in nodes if n.accepts_connections]
+    if not pushed or stop.is_set():
+        return []
+    progress.waiting(f"checking that {len(pushed)} node(s) can serve the run")
+    try:
+        with ThreadPoolExecutor(min(len(pushed), 16), thread_name_prefix="check") as pool:
+            reasons = list(pool.map(lambda node: _reason(node, query, facts, spec), pushed))
+    finally:
+        progress.waiting(None)
+    unfit = []
+    for node, reason in zip(pushed, reasons, strict=True):
+        if reason is not None and node.leave_out(reason):
+            log.warning("node %s is left out of run %s: %s", node.name, query.run_id, reason)
+            unfit.append(node)
+    return unfit
+
+
+def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts, spec: RunSpec) -> str | None:
+    """Why the node cannot serve the run, or None (also when it cannot be asked)."""
+    try:
+        answer = node.client.check_run(query)
+    except NodeError as exc:  # silent, or a node too old to be asked: the engine decides
+        log.info("node %s could not be checked: %s", node.name, exc)
+        return None
+    if answer is None:
+        return None
+    node.liveness.heard()
+    if answer.problem is not None:
+        return answer.problem
+    return unfit_reason(facts, answer.facts, spec) if answer.facts is not None else None
