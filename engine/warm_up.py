@@ -14,7 +14,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.nodes.errors import NodeError
 from engine.nodes.pool import NodeHandle
 from engine.progress import RunProgress
 
@@ -53,7 +52,8 @@ def warm_up_nodes(nodes: list[NodeHandle], model: str, progress: RunProgress,
 
 
 def _warming(node: NodeHandle, model: str) -> bool:
-    try:
-        return node.client.ping(warm_up=model).warming_up
-    except NodeError:
-        return False  # a silent node is the round engine's to handle
+    """Whether the node is still warming up. Its answer counts as a heartbeat: a run
+    shorter than the heartbeats' interval still knows which of its nodes are relays (a
+    silent node is the round engine's to handle)."""
+    info = node.heartbeat(warm_up=model)
+    return info is not None and info.warming_up

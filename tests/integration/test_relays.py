@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,10 @@ import numpy as np
 
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.thrift_client import ThriftNodeClient
 from tests.tls_certs import make_certs
+from tests.waiting import wait_until
 from training.outputs.model_file import load_model
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
@@ -89,14 +93,30 @@ def test_a_member_killed_mid_run_leaves_its_slices_to_the_other(cluster):
 
 
 def test_relays_nest(cluster):
-    members = [cluster.add_node(0.0) for _ in range(2)]
-    inner = relay_over(cluster, "inner", members)
-    plain = cluster.add_node(0.0)
-    outer = relay_over(cluster, "outer", [inner, plain])
+    # Every process is warm before the run: a cold one loads torch for seconds on its
+    # first unit, long past the quarter second after which the outer relay backs a slice
+    # up on its other member, so the plain node could win every slice before the inner
+    # relay's members saw one. The outer relay knows its tree (from its heartbeats)
+    # before the run starts, as the run is shorter than a heartbeat's interval.
+    warm = ["--warm-up", "mlp"]
+    members = [cluster.add_node(0.0, *warm) for _ in range(2)]
+    inner = relay_over(cluster, "inner", members, *warm)
+    plain = cluster.add_node(0.0, *warm)
+    outer = relay_over(cluster, "outer", [inner, plain], *warm)
+    for process in [*members, inner, plain, outer]:
+        process.wait_for("warmed up for mlp")
+    outer_node = ThriftNodeClient(NodeAddress("127.0.0.1", outer.port), rpc_timeout=10.0,
+                                  connect_timeout=5.0)
+    try:
+        assert wait_until(lambda: [m.role for m in outer_node.ping().members]
+                          == ["relay of 2 nodes", None], 30.0)
+    finally:
+        outer_node.close()
     cluster.start_coordinator(2, nodes=[outer])
     result = cluster.train_json(*SYNC_SGD)
     assert result["units"]["done"] == 8
-    assert "~r0~r1" in members[1].log()  # a slice of a slice: two levels down
+    for member in members:  # slices of slices: two levels down, on each member
+        assert re.search(r"unit\S*~r\d+~r\d+ round", member.log()), member.log()
     assert [n["role"] for n in result["nodes"]] == ["relay of 2 nodes"]  # from its pings
     # the summary shows the tree, each relay's members with the counts its engine kept
     (top,) = result["nodes"]

@@ -68,3 +68,14 @@ def test_the_wait_for_warming_nodes_is_bounded(monkeypatch):
     finally:
         release.set()
     assert 0.05 < waited < 5
+
+
+def test_a_warm_up_answer_counts_as_a_heartbeat(monkeypatch):
+    """A run shorter than the heartbeats' interval still knows its nodes from the warm-up."""
+    monkeypatch.setattr(node_warm_up, "warm_model", lambda model, device="cpu": None)
+    node = LocalNode(0)
+    node.handler.role = "relay of 2 nodes"
+    warm_up_nodes([node], "m", RunProgress("r1", 1, 1, list), threading.Event(),
+                  poll_seconds=0.01)
+    assert node.liveness.ever_heard
+    assert node.summary().role == "relay of 2 nodes"
