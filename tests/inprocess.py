@@ -15,10 +15,17 @@ from typing import Any
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
-from engine.nodes.client import AttemptKey, NodePing
+from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
 from engine.nodes.nodes_file import NodeAddress
 from engine.nodes.pool import NodeHandle
-from engine.nodes.thrift_client import SessionRequests, mapped_errors, task_result, work_request
+from engine.nodes.thrift_client import (
+    SessionRequests,
+    mapped_errors,
+    run_answer,
+    run_check_request,
+    task_result,
+    work_request,
+)
 from engine.tasks import Task, TaskResult
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire.generated import PROTOCOL_VERSION, ttypes
@@ -55,6 +62,10 @@ class InProcessNodeClient(SessionRequests):
                                                         warm_up=warm_up))
         return NodePing(list(info.delaying or []), dict(info.progress or {}),
                         bool(info.warming_up), info.role)
+
+    def check_run(self, query: RunQuery) -> RunAnswer:
+        with mapped_errors():
+            return run_answer(self.handler.check_run(run_check_request(query)))
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
         with mapped_errors():

@@ -40,6 +40,7 @@ class NodeHandle:
         self._delay_seconds: float | None = None
         self._benched_until = 0.0
         self._bench_seconds = 0.0
+        self.left_out: str | None = None  # why the run does without this node, if it does
 
     @property
     def accepts_connections(self) -> bool:
@@ -144,6 +145,13 @@ class NodeHandle:
         if bench:  # the node may have restarted: its idle connections are dead
             self.client.forget_connections()
 
+    def leave_out(self, reason: str) -> bool:
+        """The run does without this node from now on (it cannot serve the run); False if
+        it already did."""
+        with self._lock:
+            first, self.left_out = self.left_out is None, self.left_out or reason
+        return first
+
     def unit_seconds(self) -> float | None:
         """This node's recent undelayed unit time (a moving average), once it has one."""
         with self._lock:
@@ -169,7 +177,8 @@ class NodeHandle:
     def summary(self) -> NodeSummary:
         with self._lock:
             return NodeSummary(**self.stats.count_fields(), node=self.name,
-                               state=self.liveness.state(),
+                               state="left out" if self.left_out else self.liveness.state(),
+                               note=self.left_out,
                                silent_seconds=self.liveness.silent_seconds(),
                                pull=not self.accepts_connections, role=self.role,
                                members=list(self.members))
