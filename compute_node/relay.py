@@ -38,6 +38,8 @@ import numpy as np
 
 from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
+from engine.node_checks import node_problems
+from engine.nodes.client import RunQuery
 from engine.nodes.liveness import DEAD_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
 from engine.nodes.membership import Membership
 from engine.nodes.nodes_file import NodesFile
@@ -55,12 +57,17 @@ from engine.round_engine import (
 )
 from engine.tasks import Task
 from engine.update_filters import DEFAULT_FILTERS
-from training import aggregation
+from training import aggregation, plugins
+from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
 from training.cancel import UnitCancelled
+from training.plugins import PluginError
+from training.plugins import resolve as resolve_plugin
+from training.run_check import RunUnfit
 from training.spec import RunSpec
 from training.unit_parts import cast_like
 from wire.generated import ttypes
+from wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node.relay")
 
@@ -292,6 +299,38 @@ class RelayHandler(ComputeNodeHandler):
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
         return super().train_with_weights(request)
+
+    def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:
+        """The relay holds the run's plug-ins (it combines its members' results) and at
+        least one member can serve the run; the members say what they build."""
+        check_protocol_version(request.protocol_version, "node")
+        try:
+            spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                                 request.config_json)
+            self._check_fit(spec, Path())
+        except (RunUnfit, ConfigError) as exc:
+            return ttypes.RunCheck(ok=False, problem=str(exc), plugins=plugins.versions())
+        self.relay.refresh()
+        query = RunQuery(request.run_id, request.algorithm, request.model, request.dataset,
+                         request.config_json)
+        problems = node_problems(self.relay.members, query, spec.expect, spec)
+        if self.relay.members and len(problems) == len(self.relay.members):
+            reasons = "; ".join(f"{n.name} {reason}" for n, reason in problems.items())
+            return ttypes.RunCheck(ok=False, plugins=plugins.versions(),
+                                   problem=f"is a relay none of whose members can serve the "
+                                           f"run: {reasons}")
+        # members check the model and data themselves with every unit (its `expect`)
+        return ttypes.RunCheck(ok=True, plugins=plugins.versions())
+
+    def _check_fit(self, spec: RunSpec, location: Path) -> None:
+        """A relay needs the run's plug-ins, not the data: its members compute, and check
+        their model and data against the unit's ``expect`` themselves."""
+        try:
+            for name in spec.plugin_names:
+                resolve_plugin(name, "plug-in")
+            get_algorithm(spec.algorithm).check_config(spec.model, spec.algorithm_config())
+        except PluginError as exc:
+            raise RunUnfit(str(exc)) from None
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """The members read the data; the relay needs only the data set's folder."""

@@ -29,24 +29,36 @@ def check_nodes(nodes: list[NodeHandle], query: RunQuery, facts: RunFacts, spec:
                 progress: RunProgress, stop: threading.Event) -> list[NodeHandle]:
     """Ask the pushed nodes; returns those that cannot serve the run, each marked
     `left_out` with its reason."""
-    pushed = [n for n in nodes if n.accepts_connections]
-    if not pushed or stop.is_set():
+    if stop.is_set() or not any(n.accepts_connections for n in nodes):
         return []
-    progress.waiting(f"checking that {len(pushed)} node(s) can serve the run")
+    progress.waiting(f"checking that {len(nodes)} node(s) can serve the run")
     try:
-        with ThreadPoolExecutor(min(len(pushed), 16), thread_name_prefix="check") as pool:
-            reasons = list(pool.map(lambda node: _reason(node, query, facts, spec), pushed))
+        problems = node_problems(nodes, query, facts, spec)
     finally:
         progress.waiting(None)
     unfit = []
-    for node, reason in zip(pushed, reasons, strict=True):
-        if reason is not None and node.leave_out(reason):
+    for node, reason in problems.items():
+        if node.leave_out(reason):
             log.warning("node %s is left out of run %s: %s", node.name, query.run_id, reason)
             unfit.append(node)
     return unfit
 
 
-def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts, spec: RunSpec) -> str | None:
+def node_problems(nodes: list[NodeHandle], query: RunQuery, expected: RunFacts | dict,
+                  spec: RunSpec) -> dict[NodeHandle, str]:
+    """The pushed nodes that cannot serve the run, asked in parallel, each with why;
+    ``expected``: the coordinator's facts (or a unit's ``expect``)."""
+    pushed = [n for n in nodes if n.accepts_connections]
+    if not pushed:
+        return {}
+    with ThreadPoolExecutor(min(len(pushed), 16), thread_name_prefix="check") as pool:
+        reasons = list(pool.map(lambda node: _reason(node, query, expected, spec), pushed))
+    return {node: reason for node, reason in zip(pushed, reasons, strict=True)
+            if reason is not None}
+
+
+def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts | dict,
+            spec: RunSpec) -> str | None:
     """Why the node cannot serve the run, or None (also when it cannot be asked)."""
     try:
         answer = node.client.check_run(query)

@@ -69,7 +69,9 @@ def run_check_request(query: RunQuery) -> ttypes.RunCheckRequest:
 def run_answer(answer: ttypes.RunCheck) -> RunAnswer:
     if not answer.ok:
         return RunAnswer(problem=answer.problem or "cannot serve the run")
-    return RunAnswer(RunFacts(dict(answer.plugins or {}), answer.model_fingerprint or "",
+    if not answer.model_fingerprint:  # no torch model, or a relay whose members it could
+        return RunAnswer()              # not ask: nothing to compare
+    return RunAnswer(RunFacts(dict(answer.plugins or {}), answer.model_fingerprint,
                               answer.data_fingerprint or "", answer.data_size or 0))
 
 
