@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +190,16 @@ class DeltaAveraging(AveragingAlgorithm):
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
                            seed=_unit_seed(config["seed"], job.round, job.unit.unit_id))
-        return torch_model.local_unit(job, dataset_dir, start, stop, local)
+        return torch_model.local_unit(job, dataset_dir, start, stop, local,
+                                      cls.local_penalty(job))
+
+    @classmethod
+    def local_penalty(cls, job: UnitJob) -> Callable[..., Any] | None:
+        """A term a torch model's local steps add to their loss: ``penalty(module,
+        weights=...)`` given the module in training and the round's weights (numpy, by
+        name), returning a 0-d tensor. None by default; FedProx's proximal term
+        (examples/plugins/fedprox.py) is one."""
+        return None
 
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,

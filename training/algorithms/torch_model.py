@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from training.models.module_training import (
 from training.models.names import BUFFER, GRAD
 from training.models.settings import SECTION as MODEL
 from training.models.settings import ModelSettings
+from training.outputs.torch_files import load_weights as load_weights_file
 from training.plugins import PluginError
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -101,7 +102,7 @@ class SyncState:
 
     def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
         self.setup = setup
-        self.module = setup.build(seed=config["seed"])
+        self.module = built(setup, config["seed"])
         check_model_runs(setup, self.module, config["batch_size"])
         self.module.eval()
         self.optimizer = _optimizer(config, self.module)
@@ -141,15 +142,19 @@ def _optimizer(config: Mapping[str, Any], module: nn.Module) -> torch.optim.Opti
 
 
 # ------------------------------------------------------------------ delta_avg
-def local_unit(job: UnitJob, location: Path, start: int, stop: int,
-               local: LocalSteps) -> UnitOutput:
-    """Local training on examples ``[start, stop)``: the parameters' change, the buffers."""
+def local_unit(job: UnitJob, location: Path, start: int, stop: int, local: LocalSteps,
+               penalty: Callable[[nn.Module, Weights], torch.Tensor] | None = None
+               ) -> UnitOutput:
+    """Local training on examples ``[start, stop)``: the parameters' change, the buffers.
+    ``penalty(module, weights)``: a term added to each step's loss, given the module and
+    the round's weights (e.g. FedProx's proximal term)."""
     setup = job_setup(job, location)
     _check_range(setup, start, stop)
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
+        term = None if penalty is None else functools.partial(penalty, weights=job.weights)
         state, loss = train_locally(setup, module, start, stop, local, job.control.step,
-                                    job.device)
+                                    job.device, term)
         buffers = buffers_of(module)
     params = modules.parameter_names(module)
     update = {name: state[name] - job.weights[name] for name in params}
@@ -163,7 +168,7 @@ class LocalState:
     def __init__(self, setup: ModelSetup, seed: int, batch_size: int,
                  optimizer: server_optim.ServerOptimizer) -> None:
         self.setup = setup
-        self.module = setup.build(seed=seed)
+        self.module = built(setup, seed)
         check_model_runs(setup, self.module, batch_size)
         self.optimizer = optimizer
         self.params = modules.parameter_names(self.module)
@@ -188,6 +193,17 @@ class LocalState:
 
 
 # ------------------------------------------------------------------ both
+def built(setup: ModelSetup, seed: int) -> nn.Module:
+    """The coordinator's model: drawn from ``seed``, or from `run.init_weights` (a
+    safetensors, .pt or .npz file on the coordinator) when the run names one."""
+    module = setup.build(seed=seed)
+    path = setup.settings.init_weights
+    if path:
+        try:
+            modules.load_arrays(module, load_weights_file(path))
+        except ValueError as exc:  # ModelFileError too
+            raise ConfigError(f"run.init_weights: {path}: {exc}") from None
+    return module
 def expected_update(module: nn.Module, weights: Weights, gradients: bool) -> dict[str, tuple]:
     """Names, shapes and dtypes of a node's update: ``grad.<param>`` (sync_sgd) or the
     parameters' own names (delta_avg), and ``buffer.<buffer>`` for the buffers."""

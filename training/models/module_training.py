@@ -141,11 +141,16 @@ class LocalSteps:
     seed: int = 0  # shuffles the examples; depends on the unit, not on the node
 
 
+Penalty = Callable[[nn.Module], torch.Tensor]  # a term added to every local step's loss
+
+
 def train_locally(setup: ModelSetup, module: nn.Module, start: int, stop: int,
                   local: LocalSteps, step: Callable[[], None] = no_step,
-                  device: str = "cpu") -> tuple[Weights, float]:
+                  device: str = "cpu", penalty: Penalty | None = None
+                  ) -> tuple[Weights, float]:
     """Train ``module`` (holding the round's weights) on examples ``[start, stop)``; returns
-    its new state (parameters and buffers, by name) and the mean training loss."""
+    its new state (parameters and buffers, by name) and the mean training loss (without
+    ``penalty``, which an algorithm may add to each step's loss, e.g. FedProx's)."""
     module.train()
     optimizer = _optimizer(local, module)
     rng = np.random.default_rng(local.seed)
@@ -156,7 +161,7 @@ def train_locally(setup: ModelSetup, module: nn.Module, start: int, stop: int,
         inputs, targets = _on(device, *setup.data.train.take(indices))
         optimizer.zero_grad(set_to_none=True)
         loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        loss.backward()
+        (loss + penalty(module) if penalty is not None else loss).backward()
         optimizer.step()
         loss_sum += float(loss.detach()) * len(indices)
         count += len(indices)
