@@ -31,6 +31,7 @@ from client.model_commands import (
     ModelCommandError,
     evaluate,
     evaluate_gan,
+    export,
     is_generator,
     predict,
 )
@@ -44,7 +45,7 @@ from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.log_limit import setup_logging
 from wire.tensor_codec import wire_to_dict
 
-SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict")
+SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict", "export")
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments,\n"
     "  3 the run was cancelled on the coordinator (client.py cancel, another client,\n"
@@ -269,6 +270,12 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
     pr.add_argument("model", help="model file (.npz)")
     pr.add_argument("data", help="CSV of 16 features per row (a 17th label column is ignored)")
+    ex = sub.add_parser("export", help="write a saved model (or a checkpoint's model) as "
+                                       "safetensors, which plain torch loads")
+    ex.add_argument("model", help="model or checkpoint file (.npz)")
+    ex.add_argument("--out", default=None, metavar="PATH",
+                    help="the safetensors file (default: the model's path with the suffix "
+                         ".safetensors)")
     return parser
 
 
@@ -354,6 +361,9 @@ def run_subcommand(args: argparse.Namespace) -> int:
         return run_evaluate(args)
     if args.command == "predict":
         print("\n".join(predict(args.model, args.data)))
+        return 0
+    if args.command == "export":
+        print(f"wrote {export(args.model, args.out)}")
         return 0
     endpoint = endpoint_of(args)
     if args.command == "status":

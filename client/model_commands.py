@@ -1,4 +1,4 @@
-"""Client subcommands that use a saved model locally: evaluate and predict."""
+"""Client subcommands that use a saved model locally: evaluate, predict and export."""
 
 from __future__ import annotations
 
@@ -10,12 +10,28 @@ import numpy as np
 from training.data.letters import DataFormatError, load_letters
 from training.models import mlp
 from training.outputs.model_file import ModelFileError, load_model, without_optimizer
+from training.outputs.torch_files import save_safetensors
 
 LETTERS = string.ascii_uppercase
 
 
 class ModelCommandError(Exception):
     """A model or data file the command cannot use; the message says which and why."""
+
+
+def export(model_path: str, out: str | None = None) -> Path:
+    """The model (or a checkpoint's model) of ``model_path`` as safetensors, which plain torch
+    loads (training/outputs/torch_files.py); the description goes into its metadata."""
+    weights, description = _load(model_path)
+    target = Path(out) if out else Path(model_path).with_suffix(".safetensors")
+    if target.resolve() == Path(model_path).resolve():
+        raise ModelCommandError(f"--out {target} would overwrite the model it is made from")
+    try:
+        return save_safetensors(target, without_optimizer(weights),
+                                {"model": str(description.get("model", "")),
+                                 "description": description})
+    except OSError as exc:
+        raise ModelCommandError(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
 def _load(model_path: str) -> tuple[dict[str, np.ndarray], dict]:

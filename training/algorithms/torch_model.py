@@ -30,6 +30,7 @@ from torch import nn
 
 from training import server_optim
 from training.algorithms.base import ConfigError, RoundEval, UnitJob, UnitOutput, Weights
+from training.data.datasets import folder_stamp
 from training.data.settings import SECTION as DATA
 from training.data.settings import DataSettings
 from training.models import modules
@@ -57,12 +58,13 @@ def setup_of(model: str, config: Mapping[str, Any], dataset: str,
              location: Path) -> ModelSetup:
     """The run's model, data, loss and metric, read once per process and run settings."""
     return _setup(model, json.dumps(config.get(MODEL) or {}, sort_keys=True), dataset,
-                  str(location), json.dumps(config.get(DATA) or {}, sort_keys=True))
+                  str(location), json.dumps(config.get(DATA) or {}, sort_keys=True),
+                  folder_stamp(location))
 
 
 @functools.lru_cache(maxsize=4)
 def _setup(model: str, model_json: str, dataset: str, location: str,
-           data_json: str) -> ModelSetup:
+           data_json: str, stamp: tuple) -> ModelSetup:
     try:
         return ModelSetup.load(model, ModelSettings.from_mapping(json.loads(model_json)),
                                dataset, Path(location),

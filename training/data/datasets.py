@@ -18,6 +18,7 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -97,11 +98,23 @@ def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedDat
     data root for a plug-in data set. DataError (or PluginError for a plug-in) names what
     cannot be read."""
     return _load_cached(dataset, str(Path(location).resolve()),
-                        json.dumps(settings.to_dict(), sort_keys=True))
+                        json.dumps(settings.to_dict(), sort_keys=True), folder_stamp(location))
+
+
+def folder_stamp(location: Path) -> tuple:
+    """The names, sizes and modification times of a folder's entries: cheap to read, and
+    different once its files are replaced, so a long-lived node reads them again."""
+    try:
+        with os.scandir(location) as entries:
+            return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                                for e in entries))
+    except OSError:
+        return ()
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(dataset: str, location: str, settings_json: str) -> LoadedData:
+def _load_cached(dataset: str, location: str, settings_json: str,
+                 stamp: tuple) -> LoadedData:
     settings = DataSettings.from_mapping(json.loads(settings_json))
     if plugins.is_plugin_name(dataset):
         return _plugin_data(dataset, Path(location), settings)

@@ -1,0 +1,70 @@
+"""What makes a node unfit for a run, in one line each; and model files for plain torch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from client.model_commands import ModelCommandError, export
+from training.data.paths import DEFAULT_DATA_ROOT
+from training.outputs.model_file import OPTIMIZER_PREFIX, save_model
+from training.outputs.torch_files import load_weights, read_safetensors
+from training.run_check import RunFacts, RunUnfit, run_facts, unfit_reason
+from training.spec import RunSpec
+
+SPEC = RunSpec.parse("sync_sgd", "my_models:Net", "letters", "{}")
+OURS = RunFacts({"my_models": "1.0"}, "m1", "d1", 100)
+
+
+def test_a_node_that_builds_the_same_model_and_data_can_serve_the_run():
+    assert unfit_reason(OURS, RunFacts({"my_models": "1.0"}, "m1", "d1", 100), SPEC) is None
+    assert unfit_reason(OURS.expectation(), RunFacts({}, "m1", "d1", 100), SPEC) is None
+
+
+@pytest.mark.parametrize(("theirs", "words"), [
+    (RunFacts({}, "m2", "d1", 100), "builds model my_models:Net with other parameters"),
+    (RunFacts({}, "m1", "d1", 99), "99 training examples, the coordinator's 100"),
+    (RunFacts({}, "m1", "d2", 100), "its files differ from the coordinator's"),
+])
+def test_a_node_with_another_model_or_data_is_unfit_and_told_why(theirs, words):
+    assert words in unfit_reason(OURS, theirs, SPEC)
+
+
+def test_a_built_in_run_expects_nothing_of_its_nodes():
+    assert RunFacts({"x": "1"}).expectation() == {}
+    assert unfit_reason(RunFacts(), RunFacts(), SPEC) is None
+
+
+def test_a_process_lacking_a_plug_in_the_run_names_says_which_and_how_to_allow_it():
+    with pytest.raises(RunUnfit, match="lacks plug-in my_models: start it with --plugins"):
+        run_facts(SPEC, DEFAULT_DATA_ROOT / "letters")
+
+
+def test_the_letters_mlp_and_the_gans_expect_no_fingerprints():
+    spec = RunSpec.parse("delta_avg", "mlp", "letters", json.dumps({"epochs": 1}))
+    assert run_facts(spec, DEFAULT_DATA_ROOT / "letters").expectation() == {}
+
+
+def test_export_writes_safetensors_without_the_optimizer_and_refuses_to_overwrite(tmp_path):
+    weights = {"0.weight": np.ones((2, 3), np.float32), "0.bias": np.zeros(2, np.float32)}
+    source = save_model(tmp_path / "checkpoint.npz",
+                        {**weights, OPTIMIZER_PREFIX + "m": np.ones(1)}, {"model": "x:Net"})
+    path = export(str(source))
+    tensors, metadata = read_safetensors(path)
+    assert set(tensors) == set(weights) and metadata["model"] == "x:Net"
+    module = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in load_weights(path).items()},
+                           strict=True)
+    assert json.loads(metadata["description"]) == {"model": "x:Net"}
+    with pytest.raises(ModelCommandError, match="would overwrite"):
+        export(str(source), str(source))
+
+
+def test_weights_load_from_a_torch_state_dict_file(tmp_path):
+    module = torch.nn.Linear(2, 2)
+    torch.save(module.state_dict(), tmp_path / "w.pt")
+    loaded = load_weights(tmp_path / "w.pt")
+    assert np.array_equal(loaded["weight"], module.weight.detach().numpy())
