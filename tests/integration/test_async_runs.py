@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 from devtools import local_cluster as procs
@@ -86,6 +87,32 @@ def test_an_async_run_resumes_after_a_kill_and_applies_no_result_twice(cluster):
     shown = status_of(cluster, "crashed")
     assert not {k: v for k, v in shown["ledger"].items()
                 if k not in ("completed", "cancelled") and v}, shown["ledger"]
+
+
+def test_a_result_older_than_max_staleness_is_refused_and_its_unit_computed_again(cluster):
+    fast = cluster.add_node(0.0)
+    # ten times slower: the fast node makes about ten versions while it computes a unit;
+    # it leaves on its second unit, so a refused unit is computed again by the fast node
+    slow = cluster.add_node(0.0, "--slowdown", "10", "--crash-after-units", "1")
+    cluster.start_coordinator(2, "--no-speculation")  # no backup may overtake the slow unit
+    result = cluster.train_json(*ASYNC, "--set", "schedule.max_staleness=2",
+                                "--set", "run.rounds=3", "--run-id", "bounded", timeout=300.0)
+    assert result["units"]["done"] == 33 and result["units"]["stale"] >= 1, result["units"]
+    assert completed_per_round(cluster, "bounded") == {1: 11, 2: 11, 3: 11}
+    with sqlite3.connect(cluster.workdir / "runs" / "runs.db") as db:
+        refused = db.execute("SELECT unit_id, attempt, node, reason FROM attempts WHERE "
+                             "run_id = 'bounded' AND status = 'stale'").fetchall()
+        kept = db.execute("SELECT unit_id, attempt, node FROM attempts WHERE "
+                          "run_id = 'bounded' AND status = 'completed'").fetchall()
+    assert refused, "no result was refused as stale"
+    for unit_id, attempt, node, reason in refused:
+        assert node == f"127.0.0.1:{slow.port}"
+        behind = int(re.search(r"computed from version \d+, (\d+) behind \(max_staleness 2\)",
+                               reason).group(1))
+        assert behind > 2
+        # computed again from fresher weights by the fast node, and kept once
+        (again,) = [(a, n) for u, a, n in kept if u == unit_id]
+        assert again[0] > attempt and again[1] == f"127.0.0.1:{fast.port}"
 
 
 def test_bad_schedules_are_refused_before_the_run_naming_the_key(cluster):
