@@ -54,13 +54,16 @@ EXIT_CODES_HELP = (
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 DEFAULT_SCORED = 2000  # images a generator is scored on by `evaluate`
 CONFIG_FLAG = "--config"
+SET_FLAG = "--set"
 TRAIN_USAGE = (
     "client.py coordinator_ip port data_dir rounds epochs h eta [options]\n"
-    "       client.py coordinator_ip port --config PATH [--set SECTION.KEY=VALUE ...] [options]"
+    "       client.py coordinator_ip port [--config PATH] [--set SECTION.KEY=VALUE ...] "
+    "[options]"
 )
 # Appended to argparse's errors so that each form's error points at the other form.
 POSITIONAL_FORM_HINTS = {
-    "the following arguments are required": " (or give the run as --config PATH)",
+    "the following arguments are required": " (or give the run as --config PATH and/or "
+                                            "--set SECTION.KEY=VALUE)",
 }
 CONFIG_FORM_HINTS = {
     "unrecognized arguments": " (with --config the run comes from the file: change it with "
@@ -106,12 +109,13 @@ class TrainParser(argparse.ArgumentParser):
 
 
 def uses_config(argv: list[str]) -> bool:
-    """Whether argv asks for the configuration form (--config, or a prefix argparse accepts)."""
+    """Whether argv asks for the configuration form: --config (or a prefix argparse accepts),
+    or --set alone, which changes the defaults of config.yaml."""
     for token in argv:
         if token == "--":
             return False
         flag = token.split("=", 1)[0]
-        if len(flag) > len("--con") and CONFIG_FLAG.startswith(flag):
+        if len(flag) > len("--con") and CONFIG_FLAG.startswith(flag) or flag == SET_FLAG:
             return True
     return False
 
@@ -186,8 +190,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                        help="take the run from a YAML recipe, e.g. configs/letters_recommended"
                             ".yaml (config.yaml lists every key with its default); it replaces "
                             "data_dir, rounds, epochs, h, eta and the model options")
-    group.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="change one key of the --config run, repeatable, e.g. --set "
+    group.add_argument(SET_FLAG, action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="change one key of the run (of the --config recipe, or of "
+                            "config.yaml's defaults without one), repeatable, e.g. --set "
                             "delta_avg.eta=0.01 --set run.rounds=3; VALUE is YAML: 3, 0.1, "
                             "true, [128,128]")
 
@@ -313,9 +318,6 @@ def parse_train_args(argv: list[str]) -> argparse.Namespace:
     with_config = uses_config(argv)
     parser = build_train_parser(with_config)
     args = parser.parse_args(argv)
-    if not with_config and args.set:
-        parser.error("--set changes keys of a --config run; add --config PATH "
-                     "(config.yaml holds the defaults)")
     return args
 
 
@@ -331,7 +333,7 @@ def train_config(args: argparse.Namespace) -> dict:
 
 def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
     """The request of either form; a --config run is loaded (and checked) here, offline."""
-    if args.config is None:
+    if args.config is None and not args.set:
         return ttypes.TrainRequest(
             protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
             model=args.model, dataset=args.data_dir, rounds=args.rounds,

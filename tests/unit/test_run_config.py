@@ -220,7 +220,7 @@ def test_client_accepts_an_unambiguous_prefix_of_config():
     (["localhost", "9095", "--config", "config.yaml", "letters", "5"], "--set"),
     (["localhost", "9095", "--config", "config.yaml", "--compat"], "unrecognized"),
     (["localhost", "9095", "letters", "5", "15", "20", "0.1", "--set", "run.rounds=2"],
-     "add --config PATH"),
+     "unrecognized arguments: letters 5 15 20 0.1"),
 ])
 def test_client_usage_errors_exit_2(capsys, argv, expected):
     with pytest.raises(SystemExit) as caught:
