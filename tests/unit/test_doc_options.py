@@ -14,9 +14,9 @@ from tests import tls_certs
 
 PAGES = [REPO / "README.md", *(REPO / "docs" / name for name in (
     "usage.md", "algorithms.md", "deployment.md", "faults.md", "dashboard.md",
-    "how-it-works.md"))]
+    "how-it-works.md", "plugins.md", "extending.md"))]
 SOURCES = ["compute_node", "coordinator", "client", "wire", "dashboard", "engine", "bench",
-           "scripts", "devtools"]
+           "scripts", "devtools", "training"]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 DEFINED = re.compile(r"[\"'](--[a-z][a-z0-9-]*)[\"']")
 
