@@ -17,7 +17,7 @@ from wire.generated import ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed
 from wire.transport import WrongProtocol
 
-# Exit codes of the client (README, "Exit codes"): argparse itself exits 2 on bad arguments.
+# Exit codes of the client (docs/usage.md, "Exit codes"): argparse exits 2 on bad arguments.
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)

@@ -114,8 +114,7 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     if not pull:
         relay = parser.add_argument_group(
             "relay", "A relay serves units like a node but computes them on the nodes of "
-                     "its own nodes file (which may be relays too): see 'Hierarchical "
-                     "training' in README.md.")
+                     "its own nodes file (which may be relays too): see docs/deployment.md.")
         relay.add_argument("--relay", default=None, metavar="NODES_FILE",
                            help="be a relay over the nodes this file lists (one host,port "
                                 "per line, as compute_nodes.txt; re-read as it changes)")

@@ -36,7 +36,7 @@ REFUSAL_LOG_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Per-server limits; the README's 'Multi-machine deployment' names their flags.
+    """Per-server limits; docs/deployment.md names their flags.
 
     idle_timeout: longest wait for the next request on an open connection (None: forever).
     frame_timeout: longest time from the first byte of a frame to its last.

@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
     """The security flags; `serves`: the command is a server (adds --tls-cert, --tls-key)."""
     group = parser.add_argument_group(
         "security and limits",
-        "All optional; see 'Multi-machine deployment' in README.md.")
+        "All optional; see docs/deployment.md.")
     group.add_argument(
         "--token-file", metavar="PATH", default=None,
         help="file holding the shared secret token (read once, whitespace stripped). "
