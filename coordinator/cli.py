@@ -18,7 +18,7 @@ from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
 from dashboard.options import add_arguments as add_dashboard_arguments
 from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
+from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNodesListed
 from engine.policies import POLICY_NAMES
 from engine.round_engine import EngineSettings
 from training import plugins
@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     handler.nodes_file.serve_at(args.host, server.port)
-    nodes = _read_nodes(handler.nodes_file)  # again: a line naming our own port is refused
+    # again: a line naming our own port is refused; no listed node is said once, here
+    nodes = _read_nodes(handler.nodes_file, tell_if_none=True)
     if nodes is None:
         server.stop()
         return 1
@@ -287,10 +288,16 @@ def _dashboard(args: argparse.Namespace, handler: CoordinatorHandler) -> Dashboa
     return dashboard_server.Dashboard(handler, settings)
 
 
-def _read_nodes(nodes_file: NodesFile) -> list[NodeAddress] | None:
-    """The file's nodes, or None after printing why it cannot be used."""
+def _read_nodes(nodes_file: NodesFile, tell_if_none: bool = False) -> list[NodeAddress] | None:
+    """The file's nodes (none when it is missing or empty: nodes may register), or None
+    after printing why it cannot be used."""
     try:
         return nodes_file.read()
+    except NoNodesListed as exc:
+        if tell_if_none:
+            print(f"{exc}; until then only nodes that register (--register, --pull) train",
+                  flush=True)
+        return []
     except NodesFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None

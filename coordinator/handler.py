@@ -16,7 +16,7 @@ from coordinator.store_lock import StoreLock
 from coordinator.stored_status import stored_status
 from engine.nodes.membership import Membership
 from engine.nodes.membership_service import MembershipService
-from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError
+from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNodesListed
 from engine.records import RunSnapshot
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.version import COORDINATOR_ID, check_protocol_version
@@ -58,9 +58,12 @@ class CoordinatorHandler(MembershipService):
 
     def file_nodes(self) -> list[NodeAddress]:
         """The nodes file, read on every run and round so edits apply without a restart.
-        With registered nodes, a missing or empty file means only those."""
+        A missing or empty file means registered nodes only; so does a malformed one while
+        nodes are registered."""
         try:
             return self.nodes_file.read()
+        except NoNodesListed:
+            return []
         except NodesFileError:
             if self.membership.members():
                 return []

@@ -22,6 +22,11 @@ class NodesFileError(ValueError):
     """compute_nodes.txt is missing, empty or malformed; the message names the line."""
 
 
+class NoNodesListed(NodesFileError):
+    """The file is missing or lists no node: a coordinator then serves only the nodes that
+    register with it."""
+
+
 @dataclass(frozen=True)
 class NodeAddress:
     host: str
@@ -43,7 +48,7 @@ def parse_nodes(text: str, source: str = "compute_nodes.txt") -> list[NodeAddres
             raise NodesFileError(f"{source}, line {number}: {node} is listed twice")
         nodes[node] = number
     if not nodes:
-        raise NodesFileError(
+        raise NoNodesListed(
             f"{source} lists no compute node; "
             "add one 'host,port' line per node, e.g. localhost,9091"
         )
@@ -74,7 +79,7 @@ def read_nodes_file(path: str | os.PathLike) -> list[NodeAddress]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise NodesFileError(
+        raise NoNodesListed(
             f"nodes file {path} not found; create it with one 'host,port' line per compute node"
         ) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from devtools.local_cluster import REPO, python_env, run_client, start_node
+from devtools.local_cluster import (
+    REPO,
+    python_env,
+    run_client,
+    start_coordinator,
+    start_node,
+    start_pull_node,
+)
 
 
 def run_script(script: str, *args: str, cwd=REPO, timeout: float = 60.0):
@@ -70,8 +77,6 @@ def test_missing_data_directory_names_the_path(cluster):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (None, "not found"),
-    ("# only a comment\n\n", "lists no compute node"),
     ("localhost,9091\nlocalhost 9092\n", "line 2"),
     ("localhost,port\n", "line 1"),
 ])
@@ -83,6 +88,32 @@ def test_bad_nodes_file_is_a_clear_error(tmp_path, content, expected):
     assert done.returncode == 1
     assert expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("content, said", [
+    (None, "not found"),
+    ("# only a comment\n\n", "lists no compute node"),
+])
+def test_without_listed_nodes_the_coordinator_trains_on_nodes_that_register(
+        tmp_path, content, said):
+    nodes = tmp_path / "nodes.txt"
+    if content is not None:
+        nodes.write_text(content)
+    coordinator = start_coordinator(tmp_path, nodes)
+    try:
+        line = coordinator.wait_for(rf"{said}.*only nodes that register")
+        pulled = start_pull_node(tmp_path, "laptop", coordinator.port)
+        try:
+            coordinator.wait_for(r"node pull:laptop registered")
+            done = run_client(["127.0.0.1", str(coordinator.port), "letters", "1", "2", "16",
+                               "0.01", "--json", "--quiet"], tmp_path)
+        finally:
+            pulled.stop()
+    finally:
+        coordinator.stop()
+    assert done.returncode == 0, done.stderr + coordinator.log()
+    assert [n["node"] for n in json.loads(done.stdout)["nodes"]] == ["pull:laptop"]
+    assert coordinator.log().count(line.group(0)) == 1  # said once, at start
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "LOCALHOST"])
