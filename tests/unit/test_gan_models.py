@@ -54,11 +54,35 @@ def test_output_shapes(name, batchnorm):
     assert d(images).shape == (3,)
 
 
-def test_dcgan28_has_the_measured_size():
-    g, d = build_gan(gan_spec("dcgan28"))
-    assert (n_params(g), n_params(d)) == (243_489, 36_641)
-    tiny_g, tiny_d = build_gan(gan_spec("dcgan28-tiny"))
-    assert n_params(tiny_g) < 10_000 and n_params(tiny_d) < 10_000
+def conv(c_in: int, c_out: int, bias: bool = True) -> int:
+    """Parameters of a 4x4 convolution or transposed convolution."""
+    return c_in * c_out * 4 * 4 + (c_out if bias else 0)
+
+
+def linear(n_in: int, n_out: int) -> int:
+    return n_in * n_out + n_out
+
+
+def batchnorm(channels: int) -> int:
+    return 2 * channels  # a scale and a shift per channel
+
+
+def dcgan28_sizes(z: int, w: int) -> tuple[int, int]:
+    """From the layers gan_models' docstring lists: G is Linear(z -> 2w*7*7) + BN,
+    ConvT(2w -> w) + BN, ConvT(w -> 1); D is Conv(1 -> w), Conv(w -> 2w) + BN,
+    Linear(2w*7*7 -> 1)."""
+    g = linear(z, 2 * w * 49) + batchnorm(2 * w * 49) + conv(2 * w, w) + batchnorm(w) \
+        + conv(w, 1)
+    d = conv(1, w) + conv(w, 2 * w) + batchnorm(2 * w) + linear(2 * w * 49, 1)
+    return g, d
+
+
+@pytest.mark.parametrize("name, z, w", [("dcgan28", 64, 32), ("dcgan28-tiny", 8, 4)])
+def test_dcgan28_size_follows_from_its_layers(name, z, w):
+    g, d = build_gan(gan_spec(name))
+    assert (n_params(g), n_params(d)) == dcgan28_sizes(z, w)
+    if name == "dcgan28":
+        assert dcgan28_sizes(z, w) == (243_489, 36_641)  # the docstring's 243k and 37k
 
 
 def test_mlpgan28_has_the_papers_size():
@@ -71,8 +95,18 @@ def test_mlpgan28_has_the_papers_size():
 
 
 def test_dcgan64_has_the_classic_size():
+    # Radford et al.'s DCGAN (z 100, width 64); convolutions followed by BN have no bias.
+    # pytorch/examples' dcgan counts 3,576,704 and 2,765,568: it also drops the biases
+    # of G's last layer (3) and of D's first and last layers (64 + 1), which ours keep.
+    z, w = 100, 64
+    g_convs = [(z, 8 * w), (8 * w, 4 * w), (4 * w, 2 * w), (2 * w, w)]
+    g_size = sum(conv(a, b, bias=False) + batchnorm(b) for a, b in g_convs) + conv(w, 3)
+    d_convs = [(w, 2 * w), (2 * w, 4 * w), (4 * w, 8 * w)]
+    d_size = conv(3, w) + sum(conv(a, b, bias=False) + batchnorm(b) for a, b in d_convs) \
+        + conv(8 * w, 1)
+    assert (g_size, d_size) == (3_576_704 + 3, 2_765_568 + 65)
     g, d = build_gan(gan_spec("dcgan64"))
-    assert 3.5e6 < n_params(g) < 3.6e6 and 2.7e6 < n_params(d) < 2.8e6
+    assert (n_params(g), n_params(d)) == (g_size, d_size)
 
 
 def test_init_statistics():
