@@ -7,6 +7,9 @@ within the window that follows, and emits one summary line, "<the last repeat> (
 N times in the last 10 s)", when the next record of that kind passes after the window,
 when any later record shows the window has closed, or at exit.
 
+Of a repeat only its text is kept, never the record: a record's arguments may be an
+exception whose traceback holds a whole received frame, which must not outlive the line.
+
 Records are "of a kind" when they come from the same logger at the same level and:
   * for warnings and errors, have the same message template (`log.warning("unit %s ...",
     unit)` for every unit is one kind: the flood is the same condition, unit after unit);
@@ -31,11 +34,30 @@ _SUMMARY = "repeat_summary"  # attribute marking our own summary records
 Key = tuple[str, int, str]
 
 
+@dataclass(frozen=True)
+class _Said:
+    """What the summary line needs of a repeated record: where it came from and its text."""
+
+    name: str
+    levelno: int
+    pathname: str
+    lineno: int
+    text: str
+
+    @classmethod
+    def of(cls, record: logging.LogRecord) -> _Said:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the template
+            text = str(record.msg)
+        return cls(record.name, record.levelno, record.pathname, record.lineno, text)
+
+
 @dataclass
 class _Window:
     ends: float
     repeats: int = 0
-    last: logging.LogRecord | None = None
+    last: _Said | None = None
 
 
 class RepeatLimiter(logging.Filter):
@@ -71,7 +93,7 @@ class RepeatLimiter(logging.Filter):
         window = self._windows.get(key)
         if window is not None:
             window.repeats += 1
-            window.last = record
+            window.last = _Said.of(record)
             return False
         if len(self._windows) < MAX_KINDS:
             self._windows[key] = _Window(ends=now + self._window_seconds)
@@ -89,15 +111,11 @@ class RepeatLimiter(logging.Filter):
     def _summary(self, window: _Window) -> logging.LogRecord:
         last = window.last
         assert last is not None
-        try:
-            text = last.getMessage()
-        except (TypeError, ValueError):  # arguments that do not fit the template
-            text = str(last.msg)
         times = "time" if window.repeats == 1 else "times"
         summary = logging.LogRecord(
             last.name, last.levelno, last.pathname, last.lineno,
             "%s (repeated %d %s in the last %g s)",
-            (text, window.repeats, times, self._window_seconds), None)
+            (last.text, window.repeats, times, self._window_seconds), None)
         setattr(summary, _SUMMARY, True)
         return summary
 

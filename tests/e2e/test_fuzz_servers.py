@@ -36,6 +36,7 @@ from thrift.transport.TTransport import TMemoryBuffer
 
 from devtools.local_cluster import Proc
 from tests.conftest import Cluster
+from tests.hostile import hangs_up_within, resident_bytes
 from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from wire.rpc import connect
 from wire.tensor_codec import dict_to_wire
@@ -203,12 +204,6 @@ def fuzz(port: int, rng: random.Random, valid: list[bytes], methods: list[str]) 
     return stuck
 
 
-def resident_bytes(proc: Proc) -> int:
-    status = Path(f"/proc/{proc.popen.pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
-    return int(line.split()[1]) * 1024
-
-
 def ping(service: Any, proc: Proc) -> ttypes.NodeInfo:
     with connect(service.Client, HOST, proc.port, token=TOKEN, read_timeout=CASE_SECONDS) as c:
         return c.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
@@ -255,21 +250,6 @@ def ping_without_token(proc: Proc) -> bool:
 IDLE_SECONDS = 1.0  # the servers' --idle-timeout and --frame-timeout
 PER_PEER = 24  # the servers' --max-connections-per-peer
 TINY_ELEMENTS = 1_000_000  # elements of the token-less request
-
-
-def hangs_up_within(sock: socket.socket, seconds: float) -> bool:
-    """Whether the server closes `sock` within `seconds`, reading whatever it sends."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(left)
-        try:
-            if not sock.recv(65536):
-                return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except TimeoutError:
-            return False
-    return False
 
 
 def silent_and_extra_connections(port: int) -> None:

@@ -1,0 +1,44 @@
+"""Hostile peers at the Thrift ports of real node and coordinator processes: what they
+can make a server hold (memory, room for frames) and whether legitimate callers are still
+answered while they attack. Attackers connect from 127.0.0.2 (tests/hostile.py)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from tests.conftest import Cluster
+from tests.hostile import attacker_socket, frame_header, hangs_up_within, resident_bytes
+from tests.waiting import wait_until
+from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from wire.rpc import connect
+
+MIB = 1024 * 1024
+HOST = "127.0.0.1"
+
+
+def node_answers(port: int) -> bool:
+    with connect(ComputeNode.Client, HOST, port, read_timeout=10.0) as client:
+        return client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)) is not None
+
+
+def test_partial_frames_cut_off_at_the_frame_timeout_leave_no_memory_behind(
+        cluster: Cluster) -> None:
+    """Each cut-off frame is logged; what the log keeps of repeated lines must not keep
+    the frame's buffer."""
+    frame_mb, partial_mb = 96, 64
+    node = cluster.add_node(0.0, "--frame-timeout", "2", "--max-frame-mb", str(frame_mb))
+    assert node_answers(node.port)  # warmed up: its first call's imports are not counted
+    before = resident_bytes(node)
+    for _ in range(3):  # one after another: each cut off before the next starts
+        with attacker_socket(node.port) as sock:
+            with contextlib.suppress(OSError):  # cut off while sending: hung up already
+                sock.sendall(frame_header(frame_mb * MIB) + bytes(partial_mb * MIB))
+            assert hangs_up_within(sock, 15.0), "a partial frame was not cut off"
+    node.wait_for(r"no more within the frame timeout")
+
+    def grown() -> int:
+        return resident_bytes(node) - before
+
+    assert wait_until(lambda: grown() < 24 * MIB, 15.0), \
+        f"the node holds {grown() / MIB:.0f} MiB more after the partial frames were cut off"
+    assert node_answers(node.port)
