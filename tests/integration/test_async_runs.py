@@ -45,7 +45,9 @@ def test_async_and_buffered_runs_mix_pull_and_pushed_nodes(cluster):
     assert result["units"]["done"] == 33
     shown = status_of(cluster, "a1")
     assert (shown["mode"], shown["model_version"]) == ("async", 33)
-    assert shown["pass"] >= 3 and shown["todo"] >= 0
+    # 33 results are three passes over the 11 shards; the fourth may have begun, its
+    # units waiting
+    assert shown["pass"] in (3, 4) and shown["todo"] <= 11
     assert completed_per_round(cluster, "a1") == {1: 11, 2: 11, 3: 11}
 
     buffered = cluster.train_json(*ASYNC, "--set", "schedule.mode=buffered",

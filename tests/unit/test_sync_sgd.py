@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +70,27 @@ def max_difference_per_network(actual: Mapping[str, np.ndarray],
         worst = max(worst, *(float(np.max(np.abs(actual[k] - expected[k]))) / scale
                              for k in names))
     return worst
+
+
+def probe_reference(algorithm: SyncSGD, weights: Weights) -> tuple[float, float]:
+    """The GAN's per-round evaluation computed here with plain torch: D in eval mode (BN
+    from the running statistics in ``weights``) on the probe's real images and on G's
+    fakes from the probe noise (seed 12345); error = misclassified / all, loss = the sum
+    of the two binary cross-entropies."""
+    probe = algorithm.state.probe
+    g, d = gan_models.build_gan(algorithm.state.spec)
+    gan_models.numpy_to_state(g, weights, "G.")
+    gan_models.numpy_to_state(d, weights, "D.")
+    g.eval()
+    d.eval()
+    z = torch.randn(len(probe), algorithm.state.spec.z_dim,
+                    generator=torch.Generator().manual_seed(12345))
+    with torch.no_grad():
+        real, fake = d(probe), d(g(z))
+    wrong = int((real <= 0).sum() + (fake > 0).sum())
+    loss = (F.binary_cross_entropy_with_logits(real, torch.ones_like(real))
+            + F.binary_cross_entropy_with_logits(fake, torch.zeros_like(fake)))
+    return wrong / (2 * len(probe)), float(loss)
 
 
 # ------------------------------------------------------------------ (1) equivalence
@@ -247,8 +267,11 @@ def test_batchnorm_statistics_are_averaged_into_the_weights() -> None:
     assert {k: float(v) for k, v in counters.items()} == {
         "G.project.1.num_batches_tracked": 2.0, "G.upsample.1.num_batches_tracked": 2.0,
         "D.net.3.num_batches_tracked": 4.0}
+    # the evaluation scores the averaged model, BN from its averaged statistics
     evaluation = algorithm.evaluate(weights)
-    assert 0.0 <= evaluation.validation_error <= 1.0 and math.isfinite(evaluation.validation_loss)
+    error, loss = probe_reference(algorithm, weights)
+    assert evaluation.validation_error == error
+    assert evaluation.validation_loss == pytest.approx(loss, rel=1e-5)
 
 
 # ------------------------------------------------------------------ (5) training
@@ -290,7 +313,10 @@ def test_dcgan64_trains_on_an_image_folder(tmp_path: Path) -> None:
     initial = algorithm.initial_weights()
     weights = algorithm.apply(initial, run_round(algorithm, 1, initial))
     assert not np.allclose(weights["G.net.0.weight"], initial["G.net.0.weight"])
-    assert 0.0 <= algorithm.evaluate(weights).validation_error <= 1.0
+    evaluation = algorithm.evaluate(weights)
+    error, loss = probe_reference(algorithm, weights)  # the folder's 6 images as the probe
+    assert evaluation.validation_error == error
+    assert evaluation.validation_loss == pytest.approx(loss, rel=1e-5)
 
 
 def test_a_round_through_the_engine_and_node_handlers() -> None:
