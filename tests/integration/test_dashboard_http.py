@@ -3,9 +3,11 @@ the Thrift port's certificate, the JSON API and the Prometheus /metrics of a rea
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -72,7 +74,10 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
 
 def _start_coordinator(cluster: Cluster, server_flags: list[str]) -> int:
     """Start the cluster's coordinator with a dashboard; the dashboard's port."""
-    coordinator = cluster.start_coordinator(2, *server_flags, "--dashboard-port", "0")
+    return _dashboard_port(cluster.start_coordinator(2, *server_flags, "--dashboard-port", "0"))
+
+
+def _dashboard_port(coordinator: procs.Proc) -> int:
     return int(coordinator.wait_for(r"dashboard at https://127\.0\.0\.1:(\d+)/").group(1))
 
 
@@ -195,10 +200,22 @@ def test_a_busy_dashboard_port_stops_the_coordinator_with_one_line(
     assert f"cannot serve the dashboard on 127.0.0.1:{dashboard.port}" in result.stderr
 
 
-def test_runs_from_before_a_restart_are_listed_from_the_store(dashboard: Dashboard) -> None:
-    """Last in this module: it replaces the coordinator with a new one on the same store."""
-    dashboard.cluster.coordinator.stop()
-    dashboard.port = _start_coordinator(dashboard.cluster, dashboard.server_flags)
+def test_runs_from_before_a_restart_are_listed_from_the_store(dashboard: Dashboard,
+                                                             tmp_path: Path) -> None:
+    """A coordinator started afresh on the store lists the run from before, from the store
+    and the run's folder. It opens a copy of them, so the module's coordinator (which holds
+    the store) serves the other tests unchanged, whatever their order."""
+    shutil.copytree(dashboard.cluster.workdir / "runs", tmp_path / "runs")
+    restarted = procs.start_coordinator(
+        tmp_path, dashboard.cluster.workdir / "compute_nodes.txt", 2, *dashboard.server_flags,
+        "--dashboard-port", "0", run_dir=tmp_path / "runs")
+    try:
+        _check_the_stored_run(dataclasses.replace(dashboard, port=_dashboard_port(restarted)))
+    finally:
+        restarted.stop()
+
+
+def _check_the_stored_run(dashboard: Dashboard) -> None:
     status, _, text = dashboard.get("/api/runs", dashboard.bearer())
     assert status == 200
     [run] = json.loads(text)["runs"]
