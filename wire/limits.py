@@ -7,7 +7,8 @@ flags via `wire.security`) and builds from it:
   `max_connections_per_peer` from one address, so a peer opening hundreds of
   connections cannot take every thread and file descriptor;
 * `FrameBudget`: the bytes that frames still arriving from peers not yet
-  authenticated may claim together, so trickled frames cannot pin memory;
+  authenticated may claim together, so trickled frames cannot pin memory, and the share
+  of them one address may claim, so peers at one address cannot take all the room;
 * `RefusalLog`: refusals are counted and logged at most once per interval,
   so a flood of refused connections does not flood the log.
 
@@ -41,7 +42,8 @@ class ServerLimits:
     idle_timeout: longest wait for the next request on an open connection (None: forever).
     frame_timeout: longest time from the first byte of a frame to its last.
     max_connections / max_connections_per_peer: open connections, in all / per address.
-    pending_frame_bytes: bytes that unfinished frames of unauthenticated peers may claim.
+    pending_frame_bytes: bytes that unfinished frames of unauthenticated peers may claim
+        (one address at most its largest frame's worth: see ThriftServer).
     """
 
     idle_timeout: float | None = DEFAULT_IDLE_SECONDS
@@ -88,27 +90,34 @@ class ConnectionSlots:
 
 
 class FrameBudget:
-    """Bytes that unfinished frames may claim together; a claim waits until it fits.
+    """Bytes that unfinished frames may claim together, at most `per_peer` of them from
+    one address; a claim waits until it fits.
 
     A frame claims its whole declared size before its body is read (the memory itself
     is only committed as bytes arrive) and gives it back once complete or abandoned.
     Whole claims, never partial ones, so two big frames cannot each hold half and wait
-    on each other.
+    on each other. The share per address means that peers announcing big frames and
+    sending nothing hold at most `per_peer` bytes, and callers at other addresses are
+    still served from the rest.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, per_peer: int | None = None) -> None:
         self.capacity = capacity
+        self.per_peer = min(per_peer or capacity, capacity)
         self._claimed = 0
+        self._by_peer: Counter[str] = Counter()
         self._waiting = 0
         self._freed = threading.Condition()
 
-    def claim(self, nbytes: int, deadline: float) -> bool:
-        """Claim `nbytes` (at most the capacity) by the monotonic `deadline`; False if not."""
-        nbytes = min(nbytes, self.capacity)
+    def claim(self, nbytes: int, deadline: float, peer_host: str = "") -> bool:
+        """Claim `nbytes` (at most the per-peer share) for a frame from `peer_host` by the
+        monotonic `deadline`; False if not."""
+        nbytes = min(nbytes, self.per_peer)
         with self._freed:
             self._waiting += 1
             try:
-                while self._claimed + nbytes > self.capacity:
+                while (self._claimed + nbytes > self.capacity
+                       or self._by_peer[peer_host] + nbytes > self.per_peer):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False
@@ -116,11 +125,16 @@ class FrameBudget:
             finally:
                 self._waiting -= 1
             self._claimed += nbytes
+            self._by_peer[peer_host] += nbytes
             return True
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, peer_host: str = "") -> None:
+        nbytes = min(nbytes, self.per_peer)
         with self._freed:
-            self._claimed -= min(nbytes, self.capacity)
+            self._claimed -= nbytes
+            self._by_peer[peer_host] -= nbytes
+            if self._by_peer[peer_host] <= 0:
+                del self._by_peer[peer_host]
             self._freed.notify_all()
 
     @property

@@ -342,8 +342,10 @@ class ThriftServer:
         self._tls = tls or defaults.server_tls
         self._handshake_timeout = handshake_timeout
         self.limits = limits = limits or defaults.limits
-        self._reads = ServerReads(limits.idle_timeout, limits.frame_timeout,
-                                  FrameBudget(limits.pending_frame_bytes),
+        # One address's unfinished frames claim at most one frame of the largest size:
+        # peers announcing big frames from one address cannot starve callers at others.
+        budget = FrameBudget(limits.pending_frame_bytes, per_peer=self._protocols.max_frame_bytes)
+        self._reads = ServerReads(limits.idle_timeout, limits.frame_timeout, budget,
                                   keep_buffers=not token)
         self._slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_peer)
         self._listener = socket.create_server((host, port), backlog=backlog)  # SO_REUSEADDR
@@ -436,11 +438,11 @@ class ThriftServer:
 
     def _serve_connection(self, sock: socket.socket, peer: str, host: str) -> None:
         try:
-            self._serve(sock, peer)
+            self._serve(sock, peer, host)
         finally:
             self._slots.release(host)
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, host: str) -> None:
         if self._tls is not None:
             secured = self._start_server_tls(sock, peer)
             if secured is None:
@@ -448,7 +450,7 @@ class ThriftServer:
             sock = secured
         transport = FramedSocketTransport(
             sock, max_frame_bytes=self._protocols.max_frame_bytes, peer=peer,
-            server_reads=self._reads,
+            server_reads=self._reads, peer_host=host,
         )
         protocol = self._protocols.getProtocol(transport)
         try:

@@ -129,12 +129,14 @@ class FramedSocketTransport(TTransportBase):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         peer: str | None = None,
         server_reads: ServerReads | None = None,
+        peer_host: str = "",
     ) -> None:
         if not 0 < max_frame_bytes <= _HARD_MAX_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be in 1..{_HARD_MAX_FRAME_BYTES}")
         self._sock: socket.socket | None = sock
         self.max_frame_bytes = max_frame_bytes
         self.peer = peer or _describe_peer(sock)
+        self.peer_host = peer_host  # the peer's address: its share of the frame budget
         self._header = bytearray(_HEADER.size)
         self._frame: memoryview = _EMPTY
         self._pos = 0
@@ -273,13 +275,14 @@ class FramedSocketTransport(TTransportBase):
         """Receive a frame of an unauthenticated peer: claimed from the budget while it
         arrives and, unless `keep_buffers`, in memory committed only as bytes come and
         never kept for reuse."""
-        if not reads.budget.claim(size, deadline):
+        if not reads.budget.claim(size, deadline, self.peer_host):
             self.close()
             raise TTransportException(
                 TTransportException.TIMED_OUT,
                 f"no room for a frame of {size} bytes from {self.peer} within "
                 f"{reads.frame_timeout:g}s: unfinished frames hold the server's "
-                f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb)")
+                f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb) "
+                f"or this address's {reads.budget.per_peer / _MIB:g} MiB of it")
         try:
             if reads.keep_buffers:
                 buffer = self._buffer_for(size)
@@ -291,7 +294,7 @@ class FramedSocketTransport(TTransportBase):
             self._recv_by(frame, deadline)
             return frame
         finally:
-            reads.budget.release(size)
+            reads.budget.release(size, self.peer_host)
 
     def _checked_size(self) -> int:
         (size,) = _HEADER.unpack(self._header)

@@ -5,11 +5,14 @@ answered while they attack. Attackers connect from 127.0.0.2 (tests/hostile.py).
 from __future__ import annotations
 
 import contextlib
+import time
+from pathlib import Path
 
+from devtools.local_cluster import run_client
 from tests.conftest import Cluster
 from tests.hostile import attacker_socket, frame_header, hangs_up_within, resident_bytes
 from tests.waiting import wait_until
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from wire.rpc import connect
 
 MIB = 1024 * 1024
@@ -42,3 +45,30 @@ def test_partial_frames_cut_off_at_the_frame_timeout_leave_no_memory_behind(
     assert wait_until(lambda: grown() < 24 * MIB, 15.0), \
         f"the node holds {grown() / MIB:.0f} MiB more after the partial frames were cut off"
     assert node_answers(node.port)
+
+
+def test_token_less_peers_announcing_big_frames_do_not_starve_callers_with_the_token(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Four connections each announce a frame as big as allowed and send one byte of it:
+    the room they claim for unfinished frames is capped per address, so a caller with the
+    token, from another address, is answered at once while they hold it."""
+    token = tmp_path / "token"
+    token.write_text("starvation-token")
+    coordinator = cluster.start_coordinator(2, "--token-file", str(token), nodes=[])
+    attackers = [attacker_socket(coordinator.port) for _ in range(4)]
+    try:
+        for sock in attackers:
+            sock.sendall(frame_header(256 * MIB) + b"x")
+        for _ in range(5):
+            started = time.monotonic()
+            with connect(Coordinator.Client, HOST, coordinator.port, token="starvation-token",
+                         read_timeout=10.0) as client:
+                assert client.list_runs(ttypes.ListRunsRequest()).runs == []
+            assert time.monotonic() - started < 3.0
+        done = run_client(["runs", HOST, str(coordinator.port), "--token-file", str(token)],
+                          tmp_path, timeout=60.0)
+        assert done.returncode == 0, done.stderr
+        assert not any(hangs_up_within(sock, 0.01) for sock in attackers)  # still held
+    finally:
+        for sock in attackers:
+            sock.close()

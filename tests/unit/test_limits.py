@@ -52,6 +52,16 @@ def test_claims_bigger_than_the_budget_take_all_of_it():
     assert budget.claimed == 0
 
 
+def test_one_address_claims_at_most_its_share_and_others_claim_the_rest():
+    budget = FrameBudget(10, per_peer=4)
+    assert budget.claim(4, time.monotonic() + WAIT, "attacker")
+    assert not budget.claim(1, time.monotonic() + 0.05, "attacker")  # its share is full
+    assert budget.claim(4, time.monotonic() + WAIT, "caller")
+    budget.release(4, "attacker")
+    assert budget.claim(1, time.monotonic() + WAIT, "attacker")
+    assert budget.claimed == 5
+
+
 def test_refusals_are_logged_once_per_interval_with_their_count(caplog):
     log = RefusalLog(port=1234, interval=WAIT * 100)
     with caplog.at_level(logging.WARNING, logger="wire.limits"):
