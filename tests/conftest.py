@@ -37,8 +37,9 @@ sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cann
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    marked = [TESTS / directory for directory in MARKED_DIRECTORIES]
     for item in items:
-        if item.path.relative_to(TESTS).parts[0] in MARKED_DIRECTORIES:
+        if any(directory in item.path.parents for directory in marked):
             item.add_marker(pytest.mark.processes)
 
 
