@@ -16,6 +16,7 @@ from thrift.Thrift import TApplicationException
 from wire.generated import ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed
 from wire.transport import WrongProtocol
+from wire.version import MEMBERS_PORT
 
 # Exit codes of the client (docs/usage.md, "Exit codes"): argparse exits 2 on bad arguments.
 EXIT_FAILURE = 1
@@ -113,10 +114,12 @@ def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
                              answered=isinstance(exc, TApplicationException))
 
 
-def not_a_coordinator(where: str) -> WrongPeer:
-    """The error of a compute node's port given as the coordinator's."""
-    return WrongPeer(f"{where} is a compute node, not a coordinator; {_RIGHT_PORT}",
-                     "a compute node answered")
+def not_a_coordinator(where: str, role: str | None = None) -> WrongPeer:
+    """The error of a compute node's port (or a relay's members port, whose ``role`` says
+    so) given as the coordinator's."""
+    what = role if role and role.startswith(MEMBERS_PORT) else "a compute node"
+    return WrongPeer(f"{where} is {what}, not a coordinator; {_RIGHT_PORT}",
+                     f"{what} answered")
 
 
 def _wrong_protocol(exc: WrongProtocol, where: str) -> WrongPeer:

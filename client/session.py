@@ -77,7 +77,7 @@ def follow_training(endpoint: Endpoint, request: ttypes.TrainRequest, view: Prog
     info = call(endpoint, "ping", ttypes.PingRequest(protocol_version=request.protocol_version),
                 timeout=endpoint.connect_timeout)
     if info.node_id != COORDINATOR_ID:  # compute nodes answer pings too
-        raise not_a_coordinator(str(endpoint))
+        raise not_a_coordinator(str(endpoint), info.role)
     train = _TrainCall(endpoint, request)
     try:
         train.start()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from engine.nodes.membership import Membership
 from engine.nodes.membership_service import MembershipService
 from wire.generated import ttypes
-from wire.version import check_protocol_version
+from wire.version import MEMBERS_PORT, check_protocol_version
 
 
 class RelayMembersHandler(MembershipService):
@@ -30,7 +30,11 @@ class RelayMembersHandler(MembershipService):
         self._ping = ping
 
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
-        return self._ping(request)
+        """The relay's own answer, saying which port this is (a client pointed here by
+        mistake names it)."""
+        info = self._ping(request)
+        info.role = f"{MEMBERS_PORT} {self.relay_id}"
+        return info
 
     def train(self, request: ttypes.TrainRequest) -> ttypes.RunResult:
         check_protocol_version(request.protocol_version, self.service_name)
