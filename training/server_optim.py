@@ -14,11 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from training.aggregation import weighted_mean
+
 Params = dict[str, np.ndarray]
 
 
 def weighted_average(deltas: Sequence[Mapping[str, np.ndarray]], counts: Sequence[int]) -> Params:
-    """Average the nodes' deltas weighted by their sample counts (FedAvg's weighting)."""
+    """Average the nodes' deltas weighted by their sample counts (FedAvg's weighting), as
+    the `mean` aggregation rule does, after checking that they can be averaged."""
     if not deltas or len(deltas) != len(counts):
         raise ValueError(f"need one count per delta: {len(deltas)} deltas, {len(counts)} counts")
     if any(count <= 0 for count in counts):
@@ -27,14 +30,7 @@ def weighted_average(deltas: Sequence[Mapping[str, np.ndarray]], counts: Sequenc
     for delta in deltas[1:]:
         if set(delta) != names:
             raise ValueError(f"deltas disagree on names: {sorted(names)} vs {sorted(delta)}")
-    total = float(sum(counts))
-    return {
-        name: sum(
-            (count / total) * np.asarray(delta[name], dtype=np.float64)
-            for delta, count in zip(deltas, counts, strict=True)
-        )
-        for name in deltas[0]
-    }
+    return weighted_mean(deltas, counts)
 
 
 class ServerOptimizer:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from training import aggregation
 from training.algorithms.base import UnitOutput
 
 
@@ -37,10 +38,10 @@ def weighted_mean(outputs: Sequence[UnitOutput]) -> UnitOutput:
     total = sum(o.num_samples for o in outputs)
     if total < 1:
         raise ValueError("no share of the unit holds a sample")
-    update = {}
-    for name, first in outputs[0].update.items():
-        summed = sum(np.asarray(o.update[name], np.float64) * o.num_samples for o in outputs)
-        update[name] = cast_like(summed / total, first.dtype)
+    mean = aggregation.weighted_mean([o.update for o in outputs],
+                                     [o.num_samples for o in outputs])
+    update = {name: cast_like(value, outputs[0].update[name].dtype)
+              for name, value in mean.items()}
     return UnitOutput(update=update, num_samples=total,
                       loss=sum(o.loss * o.num_samples for o in outputs) / total,
                       error=sum(o.error * o.num_samples for o in outputs) / total)
