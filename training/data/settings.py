@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from training.settings_section import SettingsSection
+
 SECTION = "data"
 FORMATS = ("auto", "letters", "mnist", "csv", "tsv", "images", "arrays")
 HEADERS = ("auto", "yes", "no")
@@ -36,7 +38,7 @@ class DataSettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class DataSettings:
+class DataSettings(SettingsSection):
     format: str = "auto"
     train: str = ""
     validation: str = ""
@@ -67,14 +69,6 @@ class DataSettings:
         settings = cls(**values)
         settings._check()
         return settings
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def changed(self) -> dict[str, Any]:
-        """The keys that differ from their defaults (what a request needs to carry)."""
-        defaults = asdict(type(self)())
-        return {k: v for k, v in asdict(self).items() if defaults[k] != v}
 
     def _check(self) -> None:
         if self.format not in FORMATS:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from training.settings_section import SettingsSection
 
 SECTION = "model"
 LOSSES = ("auto", "cross_entropy", "mse")
@@ -31,7 +33,7 @@ class ModelSettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelSettings:
+class ModelSettings(SettingsSection):
     args: dict[str, Any] = field(default_factory=dict)
     loss: str = "auto"
     metric: str = "auto"
@@ -54,13 +56,6 @@ class ModelSettings:
                        raw.get("init_weights", ""))
         settings._check()
         return settings
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def changed(self) -> dict[str, Any]:
-        defaults = asdict(type(self)())
-        return {k: v for k, v in asdict(self).items() if defaults[k] != v}
 
     def _check(self) -> None:
         for key, built_in in (("loss", LOSSES), ("metric", METRICS)):

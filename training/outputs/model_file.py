@@ -7,9 +7,9 @@ import os
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -27,14 +27,20 @@ class ModelFileError(ValueError):
 def save_model(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
                description: Mapping[str, Any]) -> Path:
     """Write atomically (temp file + rename), so a crash never leaves half a model."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     arrays = dict(weights)
     arrays[_DESCRIPTION_KEY] = np.array(json.dumps(dict(description)))
+    return write_atomically(path, lambda f: np.savez(f, **arrays))
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """``write`` into a temporary file beside ``path``, then rename it over ``path``, so a
+    crash never leaves half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            write(f)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from training.outputs.model_file import ModelFileError, load_model, without_optimizer
+from training.outputs.model_file import (
+    ModelFileError,
+    load_model,
+    without_optimizer,
+    write_atomically,
+)
 
 SAFETENSORS_FILE = "model.safetensors"
 
@@ -32,21 +36,11 @@ def save_safetensors(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
     """Write atomically; ``metadata`` values that are not strings are stored as JSON."""
     from safetensors.numpy import save  # imported here: only runs that save need it
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: np.ascontiguousarray(value) for name, value in weights.items()}
     text = {key: value if isinstance(value, str) else json.dumps(value)
             for key, value in metadata.items()}
     data = save(tensors, metadata=text)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomically(path, lambda f: f.write(data))
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
