@@ -57,13 +57,11 @@ cannot tell G's images from real ones; it is a progress proxy, not a quality met
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import re
-import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +92,7 @@ from training.data import image_folder, mnist
 from training.data.letters import load_letters
 from training.models import gan_models, mlp
 from training.models.names import GAN_MODELS, is_module_model
+from training.models.pool import ModulePool
 from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
 
@@ -578,39 +577,18 @@ def _run_mlp_unit(job: UnitJob, config: Mapping[str, Any], features: np.ndarray,
     return UnitOutput(update=update, num_samples=len(labels), loss=loss, error=error)
 
 
-class _ModulePool:
-    """Built (G, D) pairs kept between units: building them costs more than loading weights
-    into them (every parameter and buffer is overwritten from the unit's weights)."""
-
-    def __init__(self) -> None:
-        self._free: dict[tuple[gan_models.GanSpec, str], list[tuple[nn.Module, nn.Module]]] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def borrow(self, spec: gan_models.GanSpec,
-               device: str = "cpu") -> Iterator[tuple[nn.Module, nn.Module]]:
-        with self._lock:
-            free = self._free.setdefault((spec, device), [])
-            pair = free.pop() if free else None
-        if pair is None:
-            g, d = gan_models.build_gan(spec)
-            pair = (g.to(device), d.to(device))
-        try:
-            yield pair
-        finally:
-            with self._lock:
-                if len(free) < MAX_POOLED:
-                    free.append(pair)
-
-
-MAX_POOLED = 4
-_MODULES = _ModulePool()
+# Built (G, D) pairs kept between units, by GAN spec and device.
+_MODULES: ModulePool[tuple[nn.Module, nn.Module]] = ModulePool()
 
 
 def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor,
                   share: tuple[int, int] | None = None) -> UnitOutput:
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
-    with _MODULES.borrow(spec, job.device) as (g, d):
+    def build() -> tuple[nn.Module, nn.Module]:
+        g, d = gan_models.build_gan(spec)
+        return g.to(job.device), d.to(job.device)
+
+    with _MODULES.borrow((spec, job.device), build) as (g, d):
         return _gan_unit_with(g, d, spec, job, config, real, share)
 
 

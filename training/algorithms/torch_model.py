@@ -99,18 +99,33 @@ def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
 
 
-class SyncState:
-    """The coordinator's model and optimizer under sync_sgd."""
+class CoordinatorModel:
+    """The coordinator's copy of a torch model: built once (from the run's seed or its
+    `run.init_weights`) and run once on a few examples, so a model that cannot train is
+    refused before round 1; it evaluates and describes the weights it is given."""
 
-    def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
+    def __init__(self, setup: ModelSetup, seed: int, batch_size: int) -> None:
         self.setup = setup
-        self.module = built(setup, config["seed"])
-        check_model_runs(setup, self.module, config["batch_size"])
+        self.module = built(setup, seed)
+        check_model_runs(setup, self.module, batch_size)
         self.module.eval()
-        self.optimizer = _optimizer(config, self.module)
 
     def weights(self) -> Weights:
         return modules.state_arrays(self.module)
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        return evaluate_weights(self.setup, self.module, weights)
+
+    def description(self) -> dict[str, Any]:
+        return describe(self.setup, self.module)
+
+
+class SyncState(CoordinatorModel):
+    """The coordinator's model and optimizer under sync_sgd."""
+
+    def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
+        super().__init__(setup, config["seed"], config["batch_size"])
+        self.optimizer = _optimizer(config, self.module)
 
     def parameter_names(self) -> list[str]:
         return modules.parameter_names(self.module)
@@ -124,12 +139,6 @@ class SyncState:
         self.optimizer.step()
         install_buffers(self.module, average)
         return self.weights()
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        return evaluate_weights(self.setup, self.module, weights)
-
-    def description(self) -> dict[str, Any]:
-        return describe(self.setup, self.module)
 
     def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
         return {"model": (dict(self.module.named_parameters()), self.optimizer)}
@@ -164,19 +173,14 @@ def local_unit(job: UnitJob, location: Path, start: int, stop: int, local: Local
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
 
 
-class LocalState:
+class LocalState(CoordinatorModel):
     """The coordinator's side of delta_avg for a torch model: the server optimizer."""
 
     def __init__(self, setup: ModelSetup, seed: int, batch_size: int,
                  optimizer: server_optim.ServerOptimizer) -> None:
-        self.setup = setup
-        self.module = built(setup, seed)
-        check_model_runs(setup, self.module, batch_size)
+        super().__init__(setup, seed, batch_size)
         self.optimizer = optimizer
         self.params = modules.parameter_names(self.module)
-
-    def weights(self) -> Weights:
-        return modules.state_arrays(self.module)
 
     def step(self, weights: Weights, combined: Weights) -> Weights:
         """The server optimizer on the parameters' average change; buffers installed."""
@@ -186,12 +190,6 @@ class LocalState:
         load_weights(self.module, {**weights, **new}, self.setup.model)
         install_buffers(self.module, combined)
         return self.weights()
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        return evaluate_weights(self.setup, self.module, weights)
-
-    def description(self) -> dict[str, Any]:
-        return describe(self.setup, self.module)
 
 
 # ------------------------------------------------------------------ both

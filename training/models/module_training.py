@@ -14,7 +14,6 @@ BatchNorm's batch count, rounded), as the built-in GANs do.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +27,12 @@ from training.data.datasets import LoadedData, Split, load_data
 from training.data.settings import DataSettings
 from training.models import modules, objectives
 from training.models.names import BUFFER, GRAD
+from training.models.pool import ModulePool
 from training.models.settings import ModelSettings
 from training.plugins import PluginError
 
 Weights = dict[str, np.ndarray]
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
-MAX_POOLED = 4  # built modules kept per process for reuse, per model
 
 
 @dataclass(frozen=True)
@@ -67,32 +66,12 @@ class ModelSetup:
     def borrowed(self, device: str = "cpu") -> Iterator[nn.Module]:
         """A built module of this model from the process's pool (building one costs more
         than loading weights into it; every weight is overwritten before use)."""
-        with _POOL.borrow(self, device) as module:
+        key = (self.model, repr(sorted(self.settings.args.items())), self.data.shape, device)
+        with _POOL.borrow(key, lambda: self.build().to(device)) as module:
             yield module
 
 
-class _ModulePool:
-    def __init__(self) -> None:
-        self._free: dict[tuple, list[nn.Module]] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def borrow(self, setup: ModelSetup, device: str) -> Iterator[nn.Module]:
-        key = (setup.model, repr(sorted(setup.settings.args.items())), setup.data.shape, device)
-        with self._lock:
-            free = self._free.setdefault(key, [])
-            module = free.pop() if free else None
-        if module is None:
-            module = setup.build().to(device)
-        try:
-            yield module
-        finally:
-            with self._lock:
-                if len(free) < MAX_POOLED:
-                    free.append(module)
-
-
-_POOL = _ModulePool()
+_POOL: ModulePool[nn.Module] = ModulePool()
 
 
 # ------------------------------------------------------------------ node maths
