@@ -1,0 +1,74 @@
+"""A user's own torch model (with BatchNorm, so buffers travel too) under every algorithm,
+schedule and feature the built-in models use: real node, relay and coordinator processes
+on 127.0.0.1, each allowing the plug-in module with --plugins."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from devtools import local_cluster as procs
+
+MODULE = textwrap.dedent('''
+    from torch import nn
+
+
+    def make_net(in_features, num_classes, width=32):
+        return nn.Sequential(nn.Linear(in_features, width), nn.BatchNorm1d(width), nn.ReLU(),
+                             nn.Linear(width, num_classes))
+    ''')
+PLUGINS = ("--plugins", "my_models")
+LETTERS_TABLE = ["--set", "run.model=my_models:make_net", "--set", "run.dataset=letters",
+                 "--set", "data.format=letters", "--set", "data.normalize=true"]
+SYNC = ["--set", "run.algorithm=sync_sgd", "--set", "sync_sgd.images_per_work_unit=256",
+        "--set", "sync_sgd.lr=0.01", "--set", "run.rounds=12"]
+LOCAL = ["--set", "run.algorithm=delta_avg", "--set", "delta_avg.local_optimizer=adam",
+         "--set", "delta_avg.eta=0.01", "--set", "delta_avg.epochs=1",
+         "--set", "delta_avg.units=4", "--set", "run.rounds=4"]
+
+
+@pytest.fixture
+def own_model(cluster):
+    (cluster.workdir / "my_models.py").write_text(MODULE, encoding="utf-8")
+    return cluster
+
+
+def _trained(cluster, *args: str) -> dict:
+    result = cluster.train_json(*LETTERS_TABLE, *args, timeout=300)
+    errors = [h["validation_error"] for h in result["history"]]
+    assert errors[-1] < 0.6, errors  # 26 classes: guessing is 0.96
+    assert errors[-1] < errors[0], errors
+    return result
+
+
+@pytest.mark.parametrize("features", [
+    pytest.param(SYNC, id="sync_sgd"),
+    pytest.param([*SYNC, "--set", "compression.up=int8", "--set", "compression.down=fp16",
+                  "--set", "sync_sgd.optimizer=adamw"], id="sync_sgd-int8-fp16-adamw"),
+    pytest.param([*LOCAL, "--set", "delta_avg.server_optimizer=momentum",
+                  "--set", "delta_avg.server_momentum=0.5"], id="fedavgm"),
+    pytest.param([*LOCAL, "--set", "schedule.mode=async"], id="delta_avg-async"),
+    pytest.param([*LOCAL, "--set", "schedule.mode=buffered", "--set", "schedule.buffer_size=2",
+                  "--set", "aggregation.rule=median"], id="buffered-median"),
+])
+def test_an_own_model_trains_with_each_feature(own_model, features):
+    for _ in range(2):
+        own_model.add_node(0.0, *PLUGINS)
+    own_model.start_coordinator(2, *PLUGINS)
+    result = _trained(own_model, *features)
+    assert all(n["accepted"] > 0 for n in result["nodes"]), result["nodes"]
+
+
+def test_an_own_model_trains_through_a_relay_in_local_rounds_and_through_local_workers(
+        own_model):
+    members = [own_model.add_node(0.0, *PLUGINS) for _ in range(2)]
+    group = procs.write_nodes_file(own_model.workdir / "group.txt", members)
+    relay = procs.start_node(own_model.workdir, "relay", 0.0, "--relay", str(group), *PLUGINS)
+    workers = procs.start_node(own_model.workdir, "workers", 0.0, "--workers", "2", *PLUGINS)
+    own_model.nodes += [relay, workers]
+    own_model.start_coordinator(2, *PLUGINS, nodes=[relay, workers])
+    result = _trained(own_model, *LOCAL, "--set", "hierarchy.relay_local_rounds=2")
+    by_node = {n["node"]: n for n in result["nodes"]}
+    assert by_node[f"127.0.0.1:{relay.port}"]["accepted"] > 0
+    assert by_node[f"127.0.0.1:{workers.port}"]["accepted"] > 0
