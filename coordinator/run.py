@@ -385,7 +385,7 @@ class Run:
             self.ledger.check()
             outcome = engine.run_round(
                 round_index, units, self.algorithm.quorum(len(units)), build,
-                round_filters(self.algorithm, weights, self._norm_limit),
+                round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
                 earlier_attempts=earlier)
         update_started = time.monotonic()
         with clock.phase("aggregate"):
@@ -483,8 +483,8 @@ class Run:
             if self._nodes.refresh():  # nodes joined or left during the round
                 engine.set_nodes(self.nodes)
 
-        engine.run_stream(state, build, round_filters(self.algorithm, weights,
-                                                      self._norm_limit), written)
+        engine.run_stream(state, build, round_filters(self.algorithm, weights, self._norm_limit,
+                                                      self.compression.up), written)
         return state.weights
 
     def _warn_of_staleness(self) -> None:

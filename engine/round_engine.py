@@ -42,9 +42,15 @@ from engine.progress import RunProgress
 from engine.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
 from engine.stream_state import RoundEnd, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
-from engine.update_filters import DEFAULT_FILTERS, Candidate, RoundView, UpdateFilter, run_filters
+from engine.update_filters import (
+    DEFAULT_FILTERS,
+    Candidate,
+    RoundView,
+    UpdateFilter,
+    decoded,
+    run_filters,
+)
 from training.algorithms.base import UnitSpec, Weights
-from training.compression import decompress
 
 log = logging.getLogger("coordinator.engine")
 
@@ -431,7 +437,7 @@ class RoundEngine:
         update: Weights = {}
         if result.status == TaskStatus.COMPLETED:
             try:
-                update = decompress(result.update)  # filters see it decoded
+                update = decoded(self._filters, result.update)
                 run_filters(self._filters,
                             Candidate(unit.spec, node.name, update, result.num_samples),
                             RoundView(self.unit_deadline(),

@@ -1,12 +1,15 @@
 """The checks a node's result passes before its round may use it, as one pluggable step.
 
-The engine decodes a result's update and hands it, with its unit, node and sample count,
-to the round's filters in turn; a filter refuses it by raising ValueError (the engine then
-counts a failure of the node, benches it and gives the unit to another). The run builds
-the filters of each round (`round_filters`): the algorithm's sample-count and tensor checks
+Each filter may look at a result twice: at its update as it came (`check_payload`, before
+anything is decoded: a compressed payload could claim far more memory than it weighs),
+then at the decoded update with its unit, node and sample count (`check`). A filter
+refuses a result by raising ValueError (the engine then counts a failure of the node,
+benches it and gives the unit to another). The run builds the filters of each round
+(`round_filters`): the payload's form (its codec, tensors and decoded size:
+training/payload_checks.py), the algorithm's sample-count and tensor checks
 (`Algorithm.check_samples`, `Algorithm.check_update`: names, shapes, dtypes, finite values)
-and the norm guard (engine/update_norms.py). A new filter is a class here with a
-`check`, added to `round_filters`.
+and the norm guard (engine/update_norms.py). A new filter is a class here with a `check`
+(and a `check_payload` if it can tell before decoding), added to `round_filters`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 
 from engine.update_norms import NormGuard
 from training.algorithms.base import Algorithm, UnitSpec, Weights, check_sample_count
+from training.compression import decompress
+from training.payload_checks import PayloadForm, check_payload
 
 
 @dataclass(frozen=True)
@@ -42,12 +47,28 @@ class UpdateFilter:
     def start_round(self, quorum: int, nodes: int) -> None:
         """A round of ``quorum`` wanted results over ``nodes`` nodes begins."""
 
+    def check_payload(self, payload: Weights) -> None:
+        """Before decoding: raise ValueError to refuse the update as it came."""
+
     def check(self, candidate: Candidate, round_view: RoundView) -> None:
         """Raise ValueError (its message says why) to refuse the result."""
         raise NotImplementedError
 
     def end_round(self) -> None:
         """The round is over: stop waiting on it."""
+
+
+class Payload(UpdateFilter):
+    """The update as it came holds what the run asked for (training/payload_checks.py)."""
+
+    def __init__(self, form: PayloadForm) -> None:
+        self.form = form
+
+    def check_payload(self, payload: Weights) -> None:
+        check_payload(payload, self.form)
+
+    def check(self, candidate: Candidate, round_view: RoundView) -> None:
+        """Nothing more once decoded: the other filters look at the tensors."""
 
 
 class SampleCount(UpdateFilter):
@@ -98,13 +119,24 @@ def any_positive_count(unit: UnitSpec, num_samples: int) -> None:
 DEFAULT_FILTERS = (SampleCount(any_positive_count),)  # what a round checks at least
 
 
-def round_filters(algorithm: Algorithm, weights: Weights,
-                  norm_limit: NormLimit | None) -> list[UpdateFilter]:
-    """The filters of a round whose units were sent ``weights``, cheapest first."""
+def round_filters(algorithm: Algorithm, weights: Weights, norm_limit: NormLimit | None,
+                  codec: str = "none") -> list[UpdateFilter]:
+    """The filters of a round whose units were sent ``weights`` and whose updates come in
+    ``codec`` (the run's ``compression.up``), cheapest first."""
+    form = PayloadForm.of_model(codec, algorithm.expected_update(weights), weights)
     filters: list[UpdateFilter] = [
+        Payload(form),
         SampleCount(algorithm.check_samples),
         Tensors(lambda update: algorithm.check_update(update, weights))]
     return filters + ([norm_limit] if norm_limit is not None else [])
+
+
+def decoded(filters: Sequence[UpdateFilter], payload: Weights) -> Weights:
+    """The update a result's payload encodes, decoded once every filter let it through as
+    it came; ValueError from the first that refuses it, or from a malformed payload."""
+    for update_filter in filters:
+        update_filter.check_payload(payload)
+    return decompress(payload)
 
 
 def run_filters(filters: Sequence[UpdateFilter], candidate: Candidate,

@@ -13,6 +13,9 @@ error feedback). Built in:
 A new codec is a `Codec` subclass: registered by name (`register_codec`, e.g. by an
 installed plug-in package) or named as a plug-in (``compression.up: my_codecs:SignSGD``).
 Its `decode` must refuse malformed parts with ValueError: they come from the network.
+Its `decoded_shape`, when it can tell the shape without decoding, lets a receiver refuse a
+tensor of the wrong shape, or larger than its model, before any memory goes to it
+(training/payload_checks.py).
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ class Codec:
         """The tensor ``name`` from its parts; ValueError when they are malformed."""
         raise NotImplementedError
 
+    def decoded_shape(self, name: str, parts: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+        """The shape `decode` would return, found without decoding (ValueError when the parts
+        cannot say one); None when the codec cannot tell before decoding."""
+        return None
+
 
 class Fp16(Codec):
     name = "fp16"
@@ -66,12 +74,21 @@ class Fp16(Codec):
         return {value.dtype.name: value.astype(np.float16)}
 
     def decode(self, name: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+        dtype_name, value = self._part(name, parts)
+        return value.astype(float_dtype(name, dtype_name))
+
+    def decoded_shape(self, name: str, parts: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+        return self._part(name, parts)[1].shape
+
+    @staticmethod
+    def _part(name: str, parts: Mapping[str, np.ndarray]) -> tuple[str, np.ndarray]:
+        """(the dtype to restore, the float16 values)."""
         if len(parts) != 1:
             raise ValueError(f"tensor {name!r}: fp16 needs one part, got {sorted(parts)}")
         ((dtype_name, value),) = parts.items()
         if value.dtype != np.float16:
             raise ValueError(f"tensor {name!r}: fp16 part has dtype {value.dtype}")
-        return value.astype(float_dtype(name, dtype_name))
+        return dtype_name, value
 
 
 class Int8(Codec):
@@ -93,6 +110,10 @@ class Int8(Codec):
             raise ValueError(f"tensor {name!r}: int8 needs int8 values and a 0-d scale")
         return q.astype(float_dtype(name, scale.dtype.name)) * scale
 
+    def decoded_shape(self, name: str, parts: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+        _expect(name, self.name, parts, {"q", "scale"})
+        return parts["q"].shape
+
 
 class TopK(Codec):
     name = "topk"
@@ -111,14 +132,19 @@ class TopK(Codec):
         return {"values": flat[indices].copy(), "indices": indices.astype(index_type),
                 "shape": np.asarray(value.shape, dtype=np.int64)}
 
-    def decode(self, name: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+    def decoded_shape(self, name: str, parts: Mapping[str, np.ndarray]) -> tuple[int, ...]:
         _expect(name, self.name, parts, {"values", "indices", "shape"})
-        values, indices, shape = parts["values"], parts["indices"], parts["shape"]
+        shape = parts["shape"]
         if shape.dtype != np.int64 or shape.ndim != 1 or np.any(shape < 0):
             raise ValueError(f"tensor {name!r}: topk shape must be non-negative int64 sizes")
-        size = math.prod(int(n) for n in shape)
+        return tuple(int(n) for n in shape)
+
+    def decode(self, name: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+        shape = self.decoded_shape(name, parts)
+        values, indices = parts["values"], parts["indices"]
+        size = math.prod(shape)
         if size > MAX_DECODED_ELEMENTS:
-            raise ValueError(f"tensor {name!r}: topk shape {shape.tolist()} is too large")
+            raise ValueError(f"tensor {name!r}: topk shape {list(shape)} is too large")
         if indices.dtype.kind != "i" or indices.ndim != 1 or values.shape != indices.shape:
             raise ValueError(f"tensor {name!r}: topk needs as many integer indices as values")
         if indices.size and (indices.min() < 0 or indices.max() >= size):
@@ -127,7 +153,7 @@ class TopK(Codec):
             raise ValueError(f"tensor {name!r}: topk indices repeat")
         out = np.zeros(size, dtype=float_dtype(name, values.dtype.name))
         out[indices] = values
-        return out.reshape(tuple(int(n) for n in shape))
+        return out.reshape(shape)
 
 
 _REGISTRY: dict[str, type[Codec]] = {c.name: c for c in (Fp16, Int8, TopK)}
