@@ -24,6 +24,7 @@ from training.cancel import UnitCancelled, UnitControl
 from training.compression import CompressionSettings, compress_update, decompress
 from training.data.letters import DataFormatError
 from training.data.paths import DataPathError, data_location, resolve_under
+from training.payload_checks import PayloadForm, check_payload
 from training.plugins import PluginError
 from training.run_check import RunUnfit, run_facts, unfit_reason
 from training.spec import RunSpec
@@ -39,6 +40,7 @@ REQUEST_ERRORS = (ConfigError, DataPathError, DataFormatError, CodecError, Plugi
 
 
 UnitRunner = Callable[[type[Algorithm], UnitJob, Path], UnitOutput]
+Tensors = dict[str, np.ndarray]
 
 
 MAX_SHARES = 1024
@@ -133,7 +135,7 @@ class ComputeNodeHandler(SessionService):
                      request.unit_id, request.round, request_version(request))
             return _result(ttypes.UnitOutcome.NEED_WEIGHTS, self.node_id,
                            message="weights not held: send them", version=request.model_version)
-        algorithm, job, data_dir, compression = decoded
+        algorithm, job, data_dir, compression, sent = decoded
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
             self.counters.bump("rejected")
@@ -149,9 +151,13 @@ class ComputeNodeHandler(SessionService):
             result = self._work(algorithm, replace(job, control=control), data_dir,
                                 admission.delay_seconds, key, compression)
             result.model_version = request.model_version
-            return result
         finally:
             self._unregister(key)
+        if sent is not None and result.outcome == ttypes.UnitOutcome.COMPLETED:
+            # Kept only once a unit's maths took them: weights that do not fit the model
+            # never stay (before the answer, so a reference that follows finds them).
+            self.weights.put(request.run_id, request_version(request), compression.down, sent)
+        return result
 
     def cancel_unit(self, request: ttypes.CancelUnitRequest) -> ttypes.CancelUnitResult:
         cancelled = 0
@@ -215,8 +221,9 @@ class ComputeNodeHandler(SessionService):
 
     # ---------------------------------------------------------------- helpers
     def _decode(self, request: ttypes.WorkRequest):
-        """(algorithm, job, data location, compression) of the request; None when it
-        refers to kept weights that this node does not hold."""
+        """(algorithm, job, data location, compression, the weights as sent or None when
+        they came from the cache) of the request; None when it refers to kept weights that
+        this node does not hold."""
         try:
             spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
                                  request.config_json)
@@ -237,11 +244,12 @@ class ComputeNodeHandler(SessionService):
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         if weights is None:
             return None
-        job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
+        own, sent = weights
+        job = UnitJob(request.run_id, request.round, unit, request.model, config, own,
                       device=self.device, sessions=self.sessions, algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",
                       model_version=request.model_version, share=share)
-        return algorithm, job, location, spec.compression
+        return algorithm, job, location, spec.compression, sent
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:
         """Whether this node can serve the run, with its plug-ins and fingerprints."""
@@ -271,18 +279,20 @@ class ComputeNodeHandler(SessionService):
         if not unit_file.is_file():
             raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
 
-    def _weights_of(self, request: ttypes.WorkRequest,
-                    compression: CompressionSettings) -> dict[str, np.ndarray] | None:
-        """The unit's own (writable) copy of its weights: decoded from the request, which
-        the cache keeps for later units of the same version, or, for a request that says
-        `weights_cached` and carries none, the kept ones (None when not held)."""
-        version = request_version(request)
+    def _weights_of(self, request: ttypes.WorkRequest, compression: CompressionSettings
+                    ) -> tuple[Tensors, Tensors | None] | None:
+        """(the unit's own writable copy of its weights, the weights as sent): decoded from
+        the request, whose codec must be the run's (checked before anything is decoded), or,
+        for a request that says `weights_cached` and carries none, the kept ones, with None
+        as sent. None when those are not held."""
         if request.weights_cached and not request.weights:
-            return self.weights.get(request.run_id, version, compression.down)
+            kept = self.weights.get(request.run_id, request_version(request), compression.down)
+            return None if kept is None else (kept, None)
+        payload = wire_to_dict(request.weights)
+        check_payload(payload, PayloadForm(compression.down))
+        sent = decompress(payload)
         # Copies: the received frame's memory is reused once this call returns.
-        decoded = decompress(wire_to_dict(request.weights))
-        self.weights.put(request.run_id, version, compression.down, decoded)
-        return {name: value.copy() for name, value in decoded.items()}
+        return {name: value.copy() for name, value in sent.items()}, sent
 
     def _admit(self, policy: int):
         try:

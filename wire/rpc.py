@@ -30,6 +30,7 @@ from thrift.Thrift import TException, TProcessor
 from thrift.transport.TTransport import TTransportException
 
 from wire import auth, plaintext_refusal, security
+from wire.handler_errors import releasing_processor
 from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
 from wire.transport import (
     FramedSocketTransport,
@@ -336,7 +337,8 @@ class ThriftServer:
     ) -> None:
         defaults = security.current()
         token = token or defaults.token
-        self._processor = auth.guard_processor(processor, token) if token else processor
+        guarded = auth.guard_processor(processor, token) if token else processor
+        self._processor, self._handler = releasing_processor(guarded)
         self._gate = auth.RequestGate(processor, token) if token else None
         self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
         self._tls = tls or defaults.server_tls
@@ -457,6 +459,7 @@ class ThriftServer:
             while not self._stop_requested:
                 if self._gate is None or self._gate.admit(transport, protocol):
                     self._processor.process(protocol, protocol)
+                    self._handler.release()  # answered: what it raised holds the request
         except WrongProtocol as exc:  # a peer at the wrong port: told in its protocol
             log.warning("closing %s: %s", peer, exc)
             if exc.protocol == "HTTP":

@@ -9,9 +9,9 @@ carries its own tensors (MD-GAN's batches: a new dict per unit) is never sent as
 reference, and if two different dicts ever went to the node under one (run, version),
 that version is never referred to again, whichever arrived last.
 
-A reference is only made once the node has answered a unit sent with these weights: it
-decodes (and keeps) them before it answers anything, so the reference will find them
-unless the node restarted or dropped them since, and then it answers NEED_WEIGHTS and
+A reference is only made once the node has completed a unit sent with these weights: it
+keeps them once a unit's maths took them, before it answers, so the reference will find
+them unless the node restarted or dropped them since, and then it answers NEED_WEIGHTS and
 the client sends the task again with its weights. Units sent at once, before any answer,
 all carry the weights.
 """
@@ -32,7 +32,7 @@ MAX_RUNS = 4
 class _Sent:
     weights: Mapping | None  # the dict sent (kept alive, so its id is never reused); None:
     # two different dicts went out under this version, so it is never referred to
-    held: bool = False  # the node answered a unit that carried them
+    held: bool = False  # the node completed a unit that carried them
 
 
 class SentWeights:
@@ -68,8 +68,8 @@ class SentWeights:
             while len(self._runs) > self.max_runs:
                 del self._runs[next(iter(self._runs))]
 
-    def answered(self, task: Task) -> None:
-        """The node answered ``task``, sent with its weights: it has kept them."""
+    def completed(self, task: Task) -> None:
+        """The node completed ``task``, sent with its weights: it has kept them."""
         with self._lock:
             sent = self._runs.get(task.run_id, {}).get(task.version)
             if sent is not None and sent.weights is task.weights:

@@ -233,8 +233,8 @@ class ThriftNodeClient(SessionRequests):
             self.sent_weights.lost(task)
         self.sent_weights.sending(task)
         result = client.train_with_weights(work_request(task))
-        if result.outcome != ttypes.UnitOutcome.NEED_WEIGHTS:
-            self.sent_weights.answered(task)
+        if result.outcome == ttypes.UnitOutcome.COMPLETED:
+            self.sent_weights.completed(task)
         return result
 
     def abort(self, key: AttemptKey, reason: str) -> bool:

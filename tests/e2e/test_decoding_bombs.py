@@ -18,8 +18,9 @@ import pytest
 
 from devtools.local_cluster import REPO
 from tests.conftest import Cluster
-from tests.hostile import AttackerClient, peak_bytes
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from tests.hostile import AttackerClient, peak_bytes, resident_bytes
+from tests.waiting import wait_until
+from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from wire.tensor_codec import dict_to_wire, wire_to_dict
 
 MIB = 1024 * 1024
@@ -102,3 +103,43 @@ def test_a_result_claiming_more_than_the_model_is_refused_before_it_is_decoded(
     said = "not asked for" if codec == "none" else "claims shape"
     coordinator.wait_for(rf"unit \S+ on pull:evil failed: invalid result: .*{said}")
 
+
+def work_request(run_id: str, weights: dict[str, np.ndarray]) -> ttypes.WorkRequest:
+    return ttypes.WorkRequest(
+        protocol_version=PROTOCOL_VERSION, run_id=run_id, round=1, unit_id="u1", attempt=1,
+        algorithm="delta_avg", model="mlp", dataset="letters", unit_path="train_letters1.txt",
+        config_json="{}", weights=dict_to_wire(weights), scheduling_policy=2)
+
+
+def refusal(port: int, request: ttypes.WorkRequest) -> str:
+    """The InvalidRequest message the node answers `request` with, from the attacker."""
+    with AttackerClient(ComputeNode, port, timeout=120.0) as client, \
+            pytest.raises(ttypes.InvalidRequest) as refused:
+        client.train_with_weights(request)
+    return refused.value.message
+
+
+def test_a_node_refuses_weights_in_a_codec_the_run_did_not_ask_for_before_decoding(
+        cluster: Cluster) -> None:
+    node = cluster.add_node(0.0)
+    before = peak_bytes(node)
+    message = refusal(node.port, work_request("bomb", topk_bomb("W1")))
+    assert "not asked for" in message
+    grown = peak_bytes(node) - before
+    assert grown < PEAK_GROWTH_LIMIT, f"the node's peak grew by {grown / MIB:.0f} MiB"
+
+
+def test_weights_that_do_not_fit_the_model_are_not_kept(cluster: Cluster) -> None:
+    """Plain weights of another shape, for three runs: each is refused, none is kept."""
+    node = cluster.add_node(0.0)
+    wrong = {"W1": np.ones((64 * MIB // 8,), dtype=np.float64)}  # 64 MiB
+    refusal(node.port, work_request("warm-up", {"W1": np.ones(3)}))  # imports not counted
+    before = resident_bytes(node)
+    for run in ("wrong-1", "wrong-2", "wrong-3"):
+        assert refusal(node.port, work_request(run, wrong))
+
+    def grown() -> int:
+        return resident_bytes(node) - before
+
+    assert wait_until(lambda: grown() < 32 * MIB, 15.0), \
+        f"the node holds {grown() / MIB:.0f} MiB more after three refused requests"

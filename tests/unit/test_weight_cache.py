@@ -69,6 +69,19 @@ def test_the_runs_used_last_are_kept_and_a_dropped_run_is_gone():
     assert cache.drop_run("a") == 0
 
 
+def test_the_bytes_kept_are_bounded_and_the_oldest_of_the_runs_used_least_go_first():
+    size = sum(value.nbytes for value in arrays(1.0).values())
+    cache = WeightCache(max_bytes=3 * size)
+    for run_id, version in (("a", 1), ("a", 2), ("b", 1)):
+        assert cache.put(run_id, version, "none", arrays(version))
+    assert cache.nbytes == 3 * size
+    assert cache.put("b", 2, "none", arrays(2.0))  # "a" was used least recently
+    assert cache.versions("a") == [2] and cache.versions("b") == [1, 2]
+    assert cache.nbytes == 3 * size
+    assert not cache.put("c", 1, "none", {"big": np.zeros(4 * size, np.uint8)})  # too big
+    assert cache.runs() == ["a", "b"] and cache.nbytes == 3 * size
+
+
 def test_bounds_below_one_are_refused():
     with pytest.raises(ValueError):
         WeightCache(versions_per_run=0)
@@ -83,13 +96,13 @@ def task(weights: dict, round_index: int = 2, run_id: str = "r", unit: str = "u1
                 config_json="{}", weights=weights, scheduling_policy=2)
 
 
-def test_a_reference_needs_the_very_dict_the_node_answered_for():
+def test_a_reference_needs_the_very_dict_the_node_completed_a_unit_with():
     sent, weights = SentWeights(), arrays(1.0)
     first = task(weights)
     assert not sent.refers(first)
     sent.sending(first)
-    assert not sent.refers(task(weights, unit="u2"))  # not answered yet: sent at once
-    sent.answered(first)
+    assert not sent.refers(task(weights, unit="u2"))  # not completed yet: sent at once
+    sent.completed(first)
     assert sent.refers(task(weights, unit="u2"))
     assert not sent.refers(task(arrays(1.0), unit="u2"))  # equal values, another dict
     assert not sent.refers(task(weights, round_index=3))  # another version
@@ -103,21 +116,21 @@ def test_units_with_their_own_tensors_are_never_references():
     first, second = task(arrays(1.0), unit="u1"), task(arrays(2.0), unit="u2")
     for unit in (first, second):
         sent.sending(unit)
-        sent.answered(unit)
+        sent.completed(unit)
     assert not sent.refers(first) and not sent.refers(second)
     sent.sending(first)  # sent again: the version stays unusable
-    sent.answered(first)
+    sent.completed(first)
     assert not sent.refers(first)
 
 
 def test_a_node_that_lost_the_weights_gets_them_again_before_any_reference():
     sent, weights = SentWeights(), arrays(1.0)
     sent.sending(task(weights))
-    sent.answered(task(weights))
+    sent.completed(task(weights))
     sent.lost(task(weights))
     assert not sent.refers(task(weights))
     sent.sending(task(weights))
-    sent.answered(task(weights))
+    sent.completed(task(weights))
     assert sent.refers(task(weights))
     sent.clear()  # the node may have restarted
     assert not sent.refers(task(weights))
@@ -129,7 +142,7 @@ def test_the_coordinator_remembers_only_the_newest_versions_and_runs():
     for round_index in (2, 3, 4):
         kept[round_index] = arrays(round_index)
         sent.sending(task(kept[round_index], round_index))
-        sent.answered(task(kept[round_index], round_index))
+        sent.completed(task(kept[round_index], round_index))
     assert not sent.refers(task(kept[2], 2)) and sent.refers(task(kept[4], 4))
     for run_id in ("b", "c"):
         sent.sending(task(kept[4], 4, run_id))
@@ -194,3 +207,19 @@ def test_dropping_a_runs_sessions_drops_its_weights():
     assert ack.ok and node.weights.versions("r") == []
     assert (node.train_with_weights(request(cached=True)).outcome
             == ttypes.UnitOutcome.NEED_WEIGHTS)
+
+
+def test_weights_a_unit_could_not_use_are_not_kept():
+    node = handler()
+    with pytest.raises(ttypes.InvalidRequest, match="do not match the model"):
+        node.train_with_weights(request(dict_to_wire({"W1": np.ones(3)})))
+    assert node.weights.runs() == []
+    assert node.train_with_weights(request(initial())).outcome == ttypes.UnitOutcome.COMPLETED
+    assert node.weights.versions("r") == [4]
+
+
+def test_weights_in_a_codec_the_run_did_not_ask_for_are_refused():
+    sent = {f"{name}#fp16#float64": value.astype(np.float16)
+            for name, value in wire_to_dict(initial()).items()}
+    with pytest.raises(ttypes.InvalidRequest, match="not asked for"):
+        handler().train_with_weights(request(dict_to_wire(sent)))
