@@ -30,24 +30,18 @@ import json
 import math
 import os
 import platform
-import re
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported; inherited by every child
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
@@ -55,8 +49,13 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from devtools import local_cluster  # noqa: E402
 from devtools.machine import cpu_model  # noqa: E402
+from devtools.throughput import (  # noqa: E402
+    PathResult,
+    spawn_ranks,
+    train_on_cluster,
+    unit_ranges,
+)
 from training.algorithms import sync_sgd  # noqa: E402
 from training.algorithms.base import UnitJob  # noqa: E402
 from training.data import mnist  # noqa: E402
@@ -69,43 +68,12 @@ LR, BETAS = 2e-4, (0.5, 0.999)
 WARMUP_STEPS = 3
 
 
-@dataclass
-class PathResult:
-    """One path's steady-state measurement."""
-
-    label: str
-    workers: int
-    global_batch: int
-    updates: int
-    seconds: float
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def images_per_second(self) -> float:
-        return self.global_batch * self.updates / self.seconds
-
-    @property
-    def updates_per_second(self) -> float:
-        return self.updates / self.seconds
-
-
 # ------------------------------------------------------------------ shared maths
 
 
 def training_images() -> torch.Tensor:
     """The 8,000-image MNIST training part as (n, 1, 28, 28) float32 in [-1, 1]."""
     return mnist.to_model_input(mnist.training_part()[0])
-
-
-def unit_ranges(total: int, unit: int, first: int, stride: int) -> Iterator[tuple[int, int]]:
-    """Consecutive ranges of ``unit`` images for one worker (every ``stride``-th one),
-    wrapping at the end of the data set like sync_sgd's units."""
-    per_epoch = math.ceil(total / unit)
-    number = first
-    while True:
-        start = number % per_epoch * unit
-        yield start, min(start + unit, total)
-        number += stride
 
 
 def build() -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
@@ -260,48 +228,16 @@ def _ddp_worker(rank: int, world: int, port: int, unit: int, batch: int, seconds
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ddp(world: int, unit: int, batch: int, seconds: float, workdir: Path) -> PathResult:
     """(b): spawn ``world`` ranks; each process is joined, or terminated by its PID."""
     out = workdir / "ddp.json"
-    ctx = mp.start_processes(_ddp_worker, args=(world, free_port(), unit, batch, seconds,
-                                                str(out)),
-                             nprocs=world, join=False, start_method="spawn")
-    try:
-        while not ctx.join(timeout=600):
-            pass
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(10)
+    spawn_ranks(_ddp_worker, world, unit, batch, seconds, str(out))
     measured = json.loads(out.read_text())
     return PathResult(f"(b) DDP gloo, {world} processes x 1 thread", world, world * unit,
                       measured["steps"], measured["seconds"])
 
 
 # ------------------------------------------------------------------ (c), (d) our system
-
-
-ROUND_LINE = re.compile(r"^(\S+ \S+) coordinator INFO round (\d+)/\d+: validation error")
-
-
-UNIT_LINE = re.compile(r"node INFO unit \S+ round (\d+) done: \d+ samples in ([\d.]+)s")
-
-
-def round_times(log: str) -> dict[int, float]:
-    """When the coordinator logged the end of each round (its log's asctime, in seconds)."""
-    ends = {}
-    for line in log.splitlines():
-        if match := ROUND_LINE.match(line):
-            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
-            ends[int(match.group(2))] = stamp.timestamp()
-    return ends
 
 
 def run_system(nodes: int, unit: int, batch: int, rounds: int, policy: int,
@@ -311,45 +247,32 @@ def run_system(nodes: int, unit: int, batch: int, rounds: int, policy: int,
     the coordinator's log lines of round 1 and round R (R - 1 updates, every per-round cost
     included, start-up and end-of-run files excluded); the client's wall time minus the
     first round is kept too (``wall_minus_first``)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    procs = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "INFO")
-             for i in range(nodes)]
-    try:
-        nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", procs)
-        extra = ["--log-level", "INFO"] + ([] if speculation else ["--no-speculation"])
-        procs.append(local_cluster.start_coordinator(workdir, nodes_file, policy, *extra))
-        sets = {"run.model": MODEL, "run.rounds": rounds,
-                "sync_sgd.images_per_work_unit": unit, "sync_sgd.batch_size": batch,
-                "sync_sgd.num_workunits_per_update": nodes,
-                "sync_sgd.units_per_iteration": nodes}
-        if prefetch:
-            sets.update({"schedule.mode": "async", "schedule.prefetch": prefetch})
-        if not recipe_outputs:  # scoring, grids and checkpoints are not training; the
-            # baselines do none of them
-            sets.update({"outputs.eval_every": 0, "outputs.sample_every": 0,
-                         "outputs.checkpoint_every": 0})
-        args = ["127.0.0.1", str(procs[-1].port), "--config", "configs/dcgan_mnist.yaml",
-                *[a for key, value in sets.items() for a in ("--set", f"{key}={value}")],
-                "--json", "--quiet", "--out", str(workdir / "models")]
-        done = local_cluster.run_client(args, REPO, timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"{nodes}-node run failed: {done.stderr}\n{procs[-1].log()}")
-        result = json.loads(done.stdout)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
+    sets = {"run.model": MODEL, "run.rounds": rounds,
+            "sync_sgd.images_per_work_unit": unit, "sync_sgd.batch_size": batch,
+            "sync_sgd.num_workunits_per_update": nodes,
+            "sync_sgd.units_per_iteration": nodes}
+    if prefetch:
+        sets.update({"schedule.mode": "async", "schedule.prefetch": prefetch})
+    if not recipe_outputs:  # scoring, grids and checkpoints are not training; the
+        # baselines do none of them
+        sets.update({"outputs.eval_every": 0, "outputs.sample_every": 0,
+                     "outputs.checkpoint_every": 0})
+    args = ["--config", "configs/dcgan_mnist.yaml",
+            *[a for key, value in sets.items() for a in ("--set", f"{key}={value}")],
+            "--out", str(workdir / "models")]
+    run = train_on_cluster(nodes, args, workdir, policy=policy,
+                           coordinator_args=[] if speculation else ["--no-speculation"])
+    result = run.result
     history = result["history"]
     steady = history[1:]
-    ends = round_times(procs[-1].log())
-    unit_seconds = [float(m.group(2)) for proc in procs[:-1]
-                    for m in UNIT_LINE.finditer(proc.log()) if int(m.group(1)) > 1]
+    ends = run.round_ends()
+    unit_seconds = run.unit_seconds()
     seconds = ends[result["rounds"]] - ends[1]
     wall_minus_first = result["wall_seconds"] - history[0]["seconds"]
     accepted = sum(n["accepted"] for n in result["nodes"])
     per_unit = {key: sum(n[key] for n in result["nodes"]) / max(accepted, 1)
                 for key in ("busy_seconds", "compute_seconds")}
-    metrics_file = Path(result["coordinator_run_dir"]) / "metrics.jsonl"
-    metric_rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    metric_rows = run.metrics()
     extra = {
         "rounds": result["rounds"],
         "wall_seconds": result["wall_seconds"],
@@ -463,18 +386,18 @@ def report(results: dict[str, PathResult], costs: dict[str, float], sizes: dict[
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for key, r in results.items():
         ratio = ("1 (baseline)" if key in "ab" else
-                 f"{r.images_per_second / results[base[key]].images_per_second:.2f}x "
+                 f"{r.per_second / results[base[key]].per_second:.2f}x "
                  f"({base[key]})")
         lines.append(f"| {r.label} | {r.global_batch} | {r.updates} | {r.seconds:.1f} | "
-                     f"{r.images_per_second:.0f} | {ratio} |")
-    ratio_ba = results["b"].images_per_second / results["a"].images_per_second
+                     f"{r.per_second:.0f} | {ratio} |")
+    ratio_ba = results["b"].per_second / results["a"].per_second
     lines.append(f"| (b) / (a) | | | | | {ratio_ba:.2f}x |")
     for key in systems:
         r = results[key]
         alt = r.extra["wall_minus_first_images_per_second"]
         lines.append(f"| {r.label}, client wall time minus round 1 | {r.global_batch} | "
                      f"{r.updates} | {r.extra['wall_minus_first']:.1f} | {alt:.0f} | "
-                     f"{alt / results[base[key]].images_per_second:.2f}x ({base[key]}) |")
+                     f"{alt / results[base[key]].per_second:.2f}x ({base[key]}) |")
     lines += ["", "| per round (rounds 2..R, means) | " + " | ".join(
                   f"({key})" for key in systems) + " |",
               "| --- |" + " ---: |" * len(systems)]
@@ -534,10 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-dcgan-") as tmp:
         work = Path(tmp)
         results["a"] = run_single(args.unit, args.batch, args.baseline_seconds)
-        print(f"{results['a'].label}: {results['a'].images_per_second:.0f} images/s",
+        print(f"{results['a'].label}: {results['a'].per_second:.0f} images/s",
               file=sys.stderr, flush=True)
         results["b"] = run_ddp(2, args.unit, args.batch, args.baseline_seconds, work)
-        print(f"{results['b'].label}: {results['b'].images_per_second:.0f} images/s",
+        print(f"{results['b'].label}: {results['b'].per_second:.0f} images/s",
               file=sys.stderr, flush=True)
         for key, (nodes, prefetch) in SYSTEM_PATHS.items():
             if prefetch and not args.prefetch:
@@ -548,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             results[key] = run_system(nodes, args.unit, args.batch, rounds, args.policy,
                                       args.speculation, args.outputs == "recipe",
                                       work / f"cluster{key}", prefetch * args.prefetch)
-            print(f"{results[key].label}: {results[key].images_per_second:.0f} images/s "
+            print(f"{results[key].label}: {results[key].per_second:.0f} images/s "
                   f"({rounds} rounds)", file=sys.stderr, flush=True)
         costs = fixed_costs(args.unit, args.batch, args.cost_reps, work)
     sizes = wire_bytes()
@@ -556,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"unit": args.unit, "batch": args.batch, "machine": machine(),
-             "paths": {k: {**vars(r), "images_per_second": r.images_per_second}
+             "paths": {k: {**vars(r), "images_per_second": r.per_second}
                        for k, r in results.items()},
              "fixed_costs_ms": costs, "bytes": sizes}, indent=2))
     return 0

@@ -1,0 +1,144 @@
+"""Shared pieces of the throughput benchmarks (bench/*_throughput.py).
+
+A path's steady-state measurement (`PathResult`), the index ranges a worker takes as
+sync_sgd's units walk the training part (`unit_ranges`), torch DistributedDataParallel
+ranks spawned on this machine (`spawn_ranks`), and a training run through real node,
+coordinator and client processes with the times its coordinator logged for each round
+(`train_on_cluster`, `round_times`). Every process is ended by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from devtools import local_cluster
+
+ROUND_LINE = re.compile(r"^(\S+ \S+) coordinator INFO round (\d+)/\d+: validation error")
+UNIT_LINE = re.compile(r"node INFO unit \S+ round (\d+) done: \d+ samples in ([\d.]+)s")
+RANK_JOIN_SECONDS = 600
+
+
+@dataclass
+class PathResult:
+    """One path's steady state: ``updates`` of ``global_batch`` samples in ``seconds``."""
+
+    label: str
+    workers: int
+    global_batch: int
+    updates: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_second(self) -> float:
+        """Samples (images, tokens, ...) per second."""
+        return self.global_batch * self.updates / self.seconds
+
+    @property
+    def updates_per_second(self) -> float:
+        return self.updates / self.seconds
+
+
+def unit_ranges(total: int, unit: int, first: int, stride: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of ``unit`` samples for one worker (every ``stride``-th one,
+    from the ``first``), wrapping at the end of the data set like sync_sgd's units."""
+    per_epoch = math.ceil(total / unit)
+    number = first
+    while True:
+        start = number % per_epoch * unit
+        yield start, min(start + unit, total)
+        number += stride
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
+    """``worker(rank, world, port, *args)`` in ``world`` spawned processes that meet on a
+    free port of 127.0.0.1 (gloo's ``tcp://`` rendezvous); returns when every rank has
+    ended, and terminates, by its PID, any rank still alive when it fails."""
+    import torch.multiprocessing as mp  # only the benchmarks that run DDP import torch here
+
+    ctx = mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world,
+                             join=False, start_method="spawn")
+    try:
+        while not ctx.join(timeout=RANK_JOIN_SECONDS):
+            pass
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(10)
+
+
+def round_times(log: str) -> dict[int, float]:
+    """When the coordinator logged the end of each round (its log's asctime, in seconds)."""
+    ends = {}
+    for line in log.splitlines():
+        if match := ROUND_LINE.match(line):
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            ends[int(match.group(2))] = stamp.timestamp()
+    return ends
+
+
+@dataclass
+class ClusterRun:
+    """What a run through real processes left: the client's ``--json`` result and the
+    logs of the coordinator and of each node."""
+
+    result: dict[str, Any]
+    coordinator_log: str
+    node_logs: list[str]
+
+    def round_ends(self) -> dict[int, float]:
+        return round_times(self.coordinator_log)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of the run folder's metrics.jsonl (one a round, with its phases)."""
+        path = Path(self.result["coordinator_run_dir"]) / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def unit_seconds(self, first_round: int = 2) -> list[float]:
+        """The seconds each node's log gives its units, from round ``first_round`` on."""
+        return [float(m.group(2)) for log in self.node_logs for m in UNIT_LINE.finditer(log)
+                if int(m.group(1)) >= first_round]
+
+
+def train_on_cluster(nodes: int, client_args: Sequence[str], workdir: Path, *,
+                     node_args: Sequence[str] = (), coordinator_args: Sequence[str] = (),
+                     policy: int = 2, timeout: float = 900.0) -> ClusterRun:
+    """``nodes`` compute nodes (load 0) and a coordinator, both logging at INFO (their
+    round and unit lines), then the client with ``client_args`` after the coordinator's
+    address and with ``--json --quiet``, run from the repository (so ``--config`` paths
+    are the repository's). RuntimeError with the client's error and the coordinator's log
+    when the run fails."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "INFO",
+                                      *node_args) for i in range(nodes)]
+    try:
+        nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", procs)
+        coordinator = local_cluster.start_coordinator(workdir, nodes_file, policy,
+                                                      "--log-level", "INFO",
+                                                      *coordinator_args)
+        procs.append(coordinator)
+        done = local_cluster.run_client(["127.0.0.1", str(coordinator.port), *client_args,
+                                         "--json", "--quiet"], local_cluster.REPO,
+                                        timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{nodes}-node run failed: {done.stderr}\n{coordinator.log()}")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    return ClusterRun(json.loads(done.stdout), coordinator.log(),
+                      [proc.log() for proc in procs[:-1]])
