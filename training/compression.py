@@ -228,15 +228,15 @@ class Residual:
 
 def compress_update(update: Mapping[str, np.ndarray], settings: CompressionSettings,
                     sessions: Any, run_id: str, slot: str, round_index: int = 0) -> Weights:
-    """A node's update of round ``round_index`` as it goes on the wire. With ``topk`` the
-    residual of (run, slot) lives in the node's session store (compute_node/sessions.py)
-    between units."""
+    """A node's update of round ``round_index`` as it goes on the wire. With a codec that
+    keeps error feedback (``topk``, or a plug-in's) the residual of (run, slot) lives in
+    the node's session store (compute_node/sessions.py) between units."""
     fraction = settings.fraction_at(round_index)
-    if settings.up != "topk" or sessions is None:
+    if not settings.keeps_residuals or sessions is None:
         return compress(update, settings.up, fraction)[0]
     with sessions.use(run_id, RESIDUAL_SESSION + slot) as session:
         if not isinstance(session.state, Residual):
             session.state = Residual()
-        payload, session.state.tensors = compress(update, "topk", fraction,
+        payload, session.state.tensors = compress(update, settings.up, fraction,
                                                   session.state.tensors)
     return payload
