@@ -1,0 +1,180 @@
+"""Bad plug-ins through real processes: each gets one line naming the plug-in (and the node,
+where one node is at fault), and the run is refused before round 1 or goes on without that
+node; never a traceback or a hang. A node started with a plug-in it cannot import exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools.local_cluster import REPO, python_env
+from tests.conftest import Cluster
+
+# The plug-in module every process of these tests allows: a model, the broken variants,
+# and a data set of the rows of numbers.csv under the process's data root.
+MY_MODELS = '''
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+HIDDEN = {hidden}
+
+
+class Net(nn.Module):
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(in_features, HIDDEN), nn.ReLU(),
+                                    nn.Linear(HIDDEN, num_classes))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class Broken(Net):
+    def forward(self, x):
+        raise RuntimeError("this forward always fails")
+
+
+def not_a_module():
+    return "a string"
+
+
+def nan_loss(model, inputs, targets):
+    return model(inputs).sum() * float("nan")
+
+
+def numbers(root):
+    rows = np.loadtxt(root / "numbers.csv", delimiter=",", ndmin=2)
+    return TensorDataset(torch.tensor(rows[:, :-1], dtype=torch.float32),
+                         torch.tensor(rows[:, -1], dtype=torch.long))
+'''
+LETTERS = ["--set", "run.dataset=letters", "--set", "data.format=letters"]
+REFUSED = 1  # the client's exit status for a request the coordinator refuses
+QUICK = ["--set", "run.rounds=1", "--set", "delta_avg.units=2",
+         "--set", "delta_avg.local_steps=2", "--set", "delta_avg.local_optimizer=sgd",
+         "--set", "delta_avg.eta=0.01"]
+
+
+def write_plugin(folder: Path, hidden: int = 8) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "my_models.py").write_text(MY_MODELS.format(hidden=hidden))
+    return folder
+
+
+def write_numbers(root: Path, rows: int) -> Path:
+    """A data root holding numbers.csv: two features and a label of 0 or 1 per row."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "numbers.csv").write_text(
+        "".join(f"{i % 7},{i % 5},{i % 2}\n" for i in range(rows)))
+    return root
+
+
+def train(cluster: Cluster, *settings: str) -> subprocess.CompletedProcess:
+    return cluster.client("--set", "run.algorithm=delta_avg", *QUICK, *settings,
+                          "--run-id", "plugin-run", timeout=180)
+
+
+def no_traceback(cluster: Cluster, *outputs: str) -> None:
+    for text in (*outputs, cluster.logs()):
+        assert "Traceback" not in text, cluster.logs()
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One node and a coordinator allowing my_models, for the runs that are refused."""
+    workdir = write_plugin(tmp_path_factory.mktemp("refusals"))
+    cluster = Cluster(workdir)
+    try:
+        cluster.add_node(0.0, "--plugins", "my_models")
+        cluster.start_coordinator(2, "--plugins", "my_models")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize(("settings", "words"), [
+    (["--set", "run.model=other_models:Net"],
+     ["lacks plug-in other_models", "--plugins other_models"]),
+    (["--set", "run.model=my_models:NoSuchNet"],
+     ["my_models:NoSuchNet", "no attribute 'NoSuchNet'"]),
+    (["--set", "run.model=my_models:not_a_module"], ["my_models:not_a_module", "nn.Module"]),
+    (["--set", "run.model=my_models:Broken"], ["my_models:Broken", "this forward always fails"]),
+    (["--set", "run.model=my_models:Net", "--set", "run.loss=my_models:nan_loss"],
+     ["my_models:nan_loss", "is nan"]),
+], ids=["module-missing", "attribute-missing", "not-a-module", "forward-raises", "nan-loss"])
+def test_an_unusable_plugin_is_refused_before_the_run_with_one_line(serving, settings, words):
+    done = train(serving, *LETTERS, *settings)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == REFUSED, done.stdout + done.stderr
+    assert len(lines) == 1 and all(word in lines[0] for word in words), done.stderr
+    assert "round 1" not in done.stdout
+    assert serving.coordinator.alive() and serving.nodes[0].alive(), serving.logs()
+    no_traceback(serving, done.stdout, done.stderr)
+
+
+def left_out_line(done: subprocess.CompletedProcess, node) -> str:
+    """The client's one line saying that ``node`` is left out of the run (shown with the
+    progress on stderr and again in the summary)."""
+    prefix = f"node 127.0.0.1:{node.port} is left out: "
+    lines = {line for line in (done.stdout + done.stderr).splitlines() if prefix in line}
+    assert len(lines) == 1, done.stdout + done.stderr
+    return lines.pop()
+
+
+def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(cluster):
+    """A node without the plug-in, one whose copy builds other parameter shapes and one
+    whose data set is shorter: each left out with one line naming it and the plug-in; the
+    run completes on the node that can serve it."""
+    write_plugin(cluster.workdir, hidden=8)
+    root = write_numbers(cluster.workdir / "data", 60)
+    plugin = ("--plugins", "my_models")
+    cluster.add_node(0.0, *plugin, "--data-root", str(root))
+    lacking = cluster.add_node(0.0, "--data-root", str(root))
+    other = cluster.add_node(0.0, *plugin, "--data-root", str(root), "--plugin-dir",
+                             str(write_plugin(cluster.workdir / "other_copy", hidden=16)))
+    short = cluster.add_node(0.0, *plugin, "--data-root",
+                             str(write_numbers(cluster.workdir / "short_data", 50)))
+    cluster.start_coordinator(2, *plugin, "--data-root", str(root))
+    done = train(cluster, "--set", "run.model=my_models:Net",
+                 "--set", "run.dataset=my_models:numbers")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    assert left_out_line(done, lacking).endswith(
+        "lacks plug-in my_models: start it with --plugins my_models")
+    assert "builds model my_models:Net with other parameters" in left_out_line(done, other)
+    assert left_out_line(done, short).endswith(
+        "holds another copy of data set my_models:numbers: 45 training examples, the "
+        "coordinator's 54")  # 10 % of the rows are held out for validation
+    assert "Final validation error" in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
+def test_a_run_no_node_can_serve_fails_before_round_1_with_that_line(cluster):
+    write_plugin(cluster.workdir)
+    lacking = cluster.add_node(0.0)
+    cluster.start_coordinator(2, "--plugins", "my_models")
+    done = train(cluster, *LETTERS, "--set", "run.model=my_models:Net")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: training failed: no node can serve this run: node 127.0.0.1:{lacking.port} "
+        f"lacks plug-in my_models: start it with --plugins my_models (nodes tried: "
+        f"127.0.0.1:{lacking.port})")
+    assert "round 1/" not in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
+def test_a_node_started_with_a_missing_plugin_module_exits_2_with_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "compute_node.py"), "0", "0", "--host", "127.0.0.1",
+         "--plugins", "no_such_module"], cwd=tmp_path, env=python_env(),
+        capture_output=True, text=True, timeout=60)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    named = [line for line in output.splitlines() if "no_such_module" in line]
+    assert named == [output.strip().splitlines()[-1]], output
+    assert "plug-in module no_such_module is not found" in named[0]
+    assert "Traceback" not in output
