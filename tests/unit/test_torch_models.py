@@ -79,6 +79,29 @@ def test_a_sequence_of_class_scores_is_scored_per_position():
     assert objectives.error_rate(model, inputs, targets) == pytest.approx(float(wrong))
 
 
+class _Counted(nn.Linear):
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(("metric", "loss", "classes"), [
+    (objectives.error_rate, objectives.cross_entropy, True),
+    (objectives.mse_metric, objectives.mse, False)])
+def test_a_built_in_metric_and_loss_are_scored_from_one_forward_pass(metric, loss, classes):
+    model = _Counted(3, 4)
+    inputs = torch.randn(6, 3)
+    targets = torch.randint(0, 4, (6,)) if classes else torch.randn(6, 4)
+    expected = (float(metric(model, inputs, targets)), float(loss(model, inputs, targets)))
+    model.calls = 0
+    assert objectives.metric_and_loss(metric, loss, model, inputs, targets) == expected
+    assert model.calls == 1
+    own = objectives.metric_and_loss(lambda m, x, y: 0.25, loss, model, inputs, targets)
+    assert own == (0.25, expected[1]) and model.calls == 2  # a metric of one's own: its call
+
+
 def test_a_loss_that_is_not_a_finite_number_is_refused_with_its_name():
     with pytest.raises(objectives.LossError, match="loss my:step is nan"):
         objectives.checked_loss(torch.tensor(math.nan), "my:step")

@@ -189,9 +189,10 @@ def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
     module.eval()
     metric_sum = loss_sum = 0.0
     for indices in batches(0, len(part), batch_size):
-        inputs, targets = part.take(indices)
-        metric_sum += setup.metric(module, inputs, targets) * len(indices)
-        loss_sum += float(setup.loss(module, inputs, targets)) * len(indices)
+        metric, loss = objectives.metric_and_loss(setup.metric, setup.loss, module,
+                                                  *part.take(indices))
+        metric_sum += metric * len(indices)
+        loss_sum += loss * len(indices)
     return metric_sum / len(part), loss_sum / len(part)
 
 

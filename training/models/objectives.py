@@ -31,27 +31,43 @@ class LossError(ValueError):
 
 def cross_entropy(model: nn.Module, inputs: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-    scores = model(inputs)
-    return F.cross_entropy(scores.reshape(-1, scores.shape[-1]), targets.reshape(-1))
+    return _cross_entropy_of(model(inputs), targets)
 
 
 def mse(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    outputs = model(inputs)
-    return F.mse_loss(outputs, targets.reshape(outputs.shape).to(outputs.dtype))
+    return _mse_of(model(inputs), targets)
 
 
 def error_rate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    scores = model(inputs)
-    predicted = scores.reshape(-1, scores.shape[-1]).argmax(dim=1)
-    return float((predicted != targets.reshape(-1)).float().mean())
+    return _error_rate_of(model(inputs), targets)
 
 
 def mse_metric(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(mse(model, inputs, targets))
 
 
+def _cross_entropy_of(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(scores.reshape(-1, scores.shape[-1]), targets.reshape(-1))
+
+
+def _mse_of(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(outputs, targets.reshape(outputs.shape).to(outputs.dtype))
+
+
+def _error_rate_of(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    predicted = scores.reshape(-1, scores.shape[-1]).argmax(dim=1)
+    return float((predicted != targets.reshape(-1)).float().mean())
+
+
 _LOSSES: dict[str, Objective] = {"cross_entropy": cross_entropy, "mse": mse}
 _METRICS: dict[str, Metric] = {"error_rate": error_rate, "mse": mse_metric}
+# Built-in (metric, loss) pairs scored from one forward pass: (metric, loss) of the outputs.
+_FROM_OUTPUTS: dict[tuple[Metric, Objective], Callable[[torch.Tensor, torch.Tensor],
+                                                       tuple[float, float]]] = {
+    (error_rate, cross_entropy): lambda scores, targets: (
+        _error_rate_of(scores, targets), float(_cross_entropy_of(scores, targets))),
+    (mse_metric, mse): lambda outputs, targets: (float(_mse_of(outputs, targets)),) * 2,
+}
 
 
 def loss_function(settings: ModelSettings, classes: bool) -> Objective:
@@ -68,6 +84,15 @@ def metric_function(settings: ModelSettings, classes: bool, loss: Objective) -> 
     if name == "loss":
         return lambda model, inputs, targets: float(loss(model, inputs, targets))
     return _METRICS[name] if name in _METRICS else _plugin(name, "metric")
+
+
+def metric_and_loss(metric: Metric, loss: Objective, model: nn.Module, inputs: torch.Tensor,
+                    targets: torch.Tensor) -> tuple[float, float]:
+    """A batch's metric and loss: a built-in pair from one forward pass, else each its own."""
+    from_outputs = _FROM_OUTPUTS.get((metric, loss))
+    if from_outputs is not None:
+        return from_outputs(model(inputs), targets)
+    return float(metric(model, inputs, targets)), float(loss(model, inputs, targets))
 
 
 def checked_loss(value: torch.Tensor, name: str) -> torch.Tensor:
