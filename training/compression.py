@@ -39,6 +39,7 @@ import numpy as np
 
 from training.algorithms.base import ConfigError, section_mapping
 from training.codecs import SEP, codec_class, known_codecs
+from training.models.names import BUFFER
 
 Weights = dict[str, np.ndarray]
 DEFAULT_TOPK_FRACTION = 0.01
@@ -158,7 +159,9 @@ def compress(update: Mapping[str, np.ndarray], codec: str, topk_fraction: float 
     kept: Weights = {}
     for name, value in update.items():
         value = np.asarray(value)
-        if not _compressible(value):
+        if not _compressible(value) or (encoder.error_feedback and name.startswith(BUFFER)):
+            # a state (a BatchNorm statistic) is not a change: what error feedback leaves
+            # out of it would be added rounds later, to another state; it travels whole
             payload[name] = value
             continue
         if encoder.error_feedback:

@@ -293,3 +293,11 @@ def test_the_run_config_sends_compression_only_when_a_codec_is_on() -> None:
     assert split_config(on.algorithm_config())[1] == settings_from(sent)
     with pytest.raises(RunConfigError, match="compression.topk_fraction must be a number"):
         load_run_config(None, ["compression.topk_fraction=lots"])
+
+
+def test_an_error_feedback_codec_sends_a_state_whole_and_keeps_no_residual_of_it() -> None:
+    update = {"w": np.arange(100, dtype=np.float32), "buffer.bn.running_mean":
+              np.arange(100, dtype=np.float32)}
+    payload, residual = compress(update, "topk", 0.05)
+    assert np.array_equal(payload["buffer.bn.running_mean"], update["buffer.bn.running_mean"])
+    assert "w" not in payload and set(residual) == {"w"}

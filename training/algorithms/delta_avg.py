@@ -85,9 +85,9 @@ class DeltaAveraging(AveragingAlgorithm):
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
-        """No topk for torch models: their updates carry buffers (BatchNorm statistics),
-        states that a residual sent rounds later would corrupt."""
-        up = {"fp16", "int8", "topk"} if model == "mlp" else {"fp16", "int8"}
+        """Every codec: a torch model's buffers (BatchNorm statistics) travel whole under
+        topk, which sparsifies the changes only."""
+        up = {"fp16", "int8", "topk"}
         return {"up": frozenset(up), "down": frozenset({"fp16"})}
 
     @classmethod

@@ -375,9 +375,9 @@ class SyncSGD(AveragingAlgorithm):
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
-        """No topk for GANs and other torch models: their updates carry buffers (BatchNorm
-        statistics), states that a residual sent rounds later would corrupt."""
-        up = {"fp16", "int8", "topk"} if model == "mlp" else {"fp16", "int8"}
+        """topk for the MLP and other torch models (whose buffers, BatchNorm statistics,
+        travel whole under it), not for the GANs."""
+        up = {"fp16", "int8"} if model in GAN_MODELS else {"fp16", "int8", "topk"}
         return {"up": frozenset(up), "down": frozenset({"fp16"})}
 
     @classmethod
