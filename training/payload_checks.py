@@ -78,12 +78,12 @@ def check_payload(payload: Mapping[str, np.ndarray], form: PayloadForm) -> None:
     if form.tensors is not None:
         _check_names(set(plain) | set(groups), form.tensors)
     for name, value in plain.items():
-        _check_shape(name, value.shape, form.tensors)
+        _check_shape(name, value.shape, form.tensors, "has")
     decoded = 0
     for name, parts in groups.items():
         shape = codec_class(form.codec)().decoded_shape(name, group_fields(parts))
         if shape is not None:
-            _check_shape(name, shape, form.tensors)
+            _check_shape(name, shape, form.tensors, "claims")
             decoded += math.prod(shape)
     if form.max_decoded is not None and decoded > form.max_decoded:
         raise ValueError(f"compressed tensors claim {decoded} entries in all, more than the "
@@ -105,12 +105,14 @@ def _check_names(names: set[str], expected: TensorSpecs) -> None:
                          f"{unexpected}")
 
 
-def _check_shape(name: str, shape: tuple[int, ...], expected: TensorSpecs | None) -> None:
+def _check_shape(name: str, shape: tuple[int, ...], expected: TensorSpecs | None,
+                 verb: str) -> None:
+    """``verb``: "has" (a plain tensor) or "claims" (what a compressed one decodes to)."""
     if expected is None:
         return
     want = tuple(expected[name][0])
     if tuple(shape) != want:
-        raise ValueError(f"tensor {name!r} claims shape {_shown(shape)}, expected {want}")
+        raise ValueError(f"tensor {name!r} {verb} shape {_shown(shape)}, expected {want}")
 
 
 def _shown(shape: tuple[int, ...], most: int = 8) -> str:
