@@ -22,7 +22,7 @@ from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNo
 from engine.policies import POLICY_NAMES
 from engine.round_engine import EngineSettings
 from training import plugins
-from training.data.paths import DEFAULT_DATA_ROOT
+from training.data.paths import CHECKOUT, DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
 from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
@@ -32,7 +32,8 @@ from wire.rpc import ThriftServer
 if TYPE_CHECKING:
     from dashboard.server import Dashboard
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The checkout's nodes file; for an installed trainer, the one in the current folder.
+NODES_FILE = (CHECKOUT or Path.cwd()) / "compute_nodes.txt"
 MAX_THREADS = 1024  # worker threads of one round; more only exhausts the process
 LIMIT = arg_types.int_range(1, 2**31 - 1)  # request fields travel as Thrift i32s
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"scheduling policy: {policies}")
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to bind (default 0.0.0.0: every interface)")
-    parser.add_argument("--nodes-file", default=str(REPO_ROOT / "compute_nodes.txt"),
+    parser.add_argument("--nodes-file", default=str(NODES_FILE),
                         help="'host,port' per line, re-read before every round, so nodes "
                              "added join a running job (default: %(default)s)")
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),

@@ -79,13 +79,21 @@ def python_env() -> dict[str, str]:
 def start(script: str, args: list[str], workdir: Path, name: str,
           ready: re.Pattern = LISTENING) -> Proc:
     """Start `python <script> <args>` and wait until it prints the port it listens on."""
+    return start_command([sys.executable, str(REPO / script), *args], workdir, name, ready)
+
+
+def start_command(command: list[str], workdir: Path, name: str,
+                  ready: re.Pattern = LISTENING, env: dict[str, str] | None = None,
+                  ready_seconds: float = READY_SECONDS) -> Proc:
+    """Start ``command`` (e.g. an installed console script) in ``workdir`` and wait until it
+    prints the port it listens on."""
     log_path = workdir / f"{name}.log"
-    popen = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=workdir,
-                             env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    popen = subprocess.Popen(command, cwd=workdir, env=python_env() if env is None else env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = Proc(popen, log_path)
     threading.Thread(target=_copy_output, args=(proc, ready_event := threading.Event(), ready),
                      daemon=True).start()
-    deadline = time.monotonic() + READY_SECONDS
+    deadline = time.monotonic() + ready_seconds
     while not ready_event.wait(0.05):
         if not proc.alive() or time.monotonic() > deadline:
             proc.kill()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parents[2]
+_TOP = Path(__file__).resolve().parents[2]
+# The repository's folder when the trainer runs from a checkout; None when it is installed
+# (the folder above its packages is site-packages).
+CHECKOUT = _TOP if (_TOP / "scripts" / "setup.sh").is_file() else None
 
 
 def _default_data_root() -> Path:
@@ -13,9 +16,7 @@ def _default_data_root() -> Path:
     there); else, for an installed trainer, ./data."""
     if os.environ.get("TRAINER_DATA_ROOT"):
         return Path(os.environ["TRAINER_DATA_ROOT"])
-    if (_CHECKOUT / "scripts" / "setup.sh").is_file():
-        return _CHECKOUT / "data"
-    return Path.cwd() / "data"
+    return (CHECKOUT or Path.cwd()) / "data"
 
 
 # The default data root of every process (--data-root changes it).
