@@ -8,8 +8,9 @@ SignSGD and other Gradient Compression Schemes", ICML 2019). An update of float6
 travels in about 1/64 of its bytes, float32 in 1/32.
 
 Error feedback suits updates that add up over rounds (deltas and gradients): the trainer
-allows this codec where it allows ``topk`` (the letters MLP under ``delta_avg`` and
-``sync_sgd``).
+allows this codec where it allows ``topk``, under ``delta_avg`` and ``sync_sgd`` (not for
+the GANs). A torch model's buffers (BatchNorm statistics) are states, not changes: they
+travel whole.
 
 Use it: start the coordinator and every node with ``--plugins signsgd`` and set::
 

@@ -41,6 +41,11 @@ class Tenths(tt.Codec):
         return parts["tenths"].astype(np.float64) / 10
 
 
+class Rounded(Tenths):
+    name = "rounded"
+    error_feedback = False
+
+
 def not_a_codec():
     pass
 """
@@ -126,12 +131,14 @@ def test_a_plugin_codec_that_cannot_be_used_is_refused_naming_it(own_codecs, nam
 
 
 def test_error_feedback_codecs_go_only_where_topk_goes(own_codecs) -> None:
-    delta_avg = get_algorithm("delta_avg")
-    settings = CompressionSettings(up="my_codecs:Tenths")
-    check_supported(settings, "delta_avg", delta_avg.compression_codecs("mlp"))
-    # a torch model's updates carry buffers, states that a residual would corrupt
-    with pytest.raises(ConfigError, match="delta_avg cannot use 'my_codecs:Tenths'"):
-        check_supported(settings, "delta_avg", delta_avg.compression_codecs("mlp_classifier"))
+    feedback = CompressionSettings(up="my_codecs:Tenths")
+    for name, model in (("delta_avg", "mlp_classifier"), ("sync_sgd", "mlp")):
+        check_supported(feedback, name, get_algorithm(name).compression_codecs(model))
+    # FL-GAN's updates are whole model states, which do not add up over rounds
+    fl_gan = get_algorithm("fl_gan").compression_codecs("dcgan28-tiny")
+    with pytest.raises(ConfigError, match="fl_gan cannot use 'my_codecs:Tenths'"):
+        check_supported(feedback, "fl_gan", fl_gan)
+    check_supported(CompressionSettings(up="my_codecs:Rounded"), "fl_gan", fl_gan)
 
 
 # ---------------------------------------------------------------- aggregation rules
