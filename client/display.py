@@ -227,7 +227,8 @@ def node_dict(n: ttypes.NodeSummary) -> dict[str, Any]:
             "compute_seconds": round(n.compute_seconds or 0.0, 3),
             "delay_seconds": round(n.delay_seconds or 0.0, 3),
             "state": n.state or "alive", "pull": bool(n.pull), "role": n.role,
-            "note": n.note, "members": [node_dict(m) for m in n.members or []]}
+            "note": n.note, "refused": n.refused,
+            "members": [node_dict(m) for m in n.members or []]}
 
 
 def left_out_lines(nodes: list[dict[str, Any]], told: set[str] | None = None) -> list[str]:
@@ -238,6 +239,13 @@ def left_out_lines(nodes: list[dict[str, Any]], told: set[str] | None = None) ->
              if n.get("note") and n["node"] not in told]
     told.update(n["node"] for n in nodes if n.get("note"))
     return lines
+
+
+def refused_lines(nodes: list[dict[str, Any]]) -> list[str]:
+    """One line per node, a relay's members included, whose result was refused (the node
+    was benched for it), with the reason of the last one."""
+    return [f"node {n['node']} was benched for a result refused: {n['refused']}"
+            for n, _ in _tree(nodes) if n.get("refused")]
 
 
 def print_result(data: dict[str, Any], as_json: bool) -> None:
@@ -255,7 +263,7 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(f"Model saved to: {data['model_path']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"], ended=True))
-    for line in left_out_lines(data["nodes"]):
+    for line in left_out_lines(data["nodes"]) + refused_lines(data["nodes"]):
         console.print(line, soft_wrap=True)
 
 

@@ -29,7 +29,7 @@ from training.plugins import PluginError
 from training.run_check import RunUnfit, run_facts, unfit_reason
 from training.spec import RunSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
+from wire.tensor_codec import CodecError, dict_to_wire, specs_from_wire, wire_to_dict
 from wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node")
@@ -237,6 +237,8 @@ class ComputeNodeHandler(SessionService):
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
             share = share_of(request)
+            expected = None if request.expected_update is None \
+                else specs_from_wire(request.expected_update)
             weights = self._weights_of(request, spec.compression)
         except RunUnfit:
             raise
@@ -248,7 +250,8 @@ class ComputeNodeHandler(SessionService):
         job = UnitJob(request.run_id, request.round, unit, request.model, config, own,
                       device=self.device, sessions=self.sessions, algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",
-                      model_version=request.model_version, share=share)
+                      model_version=request.model_version, share=share,
+                      expected_update=expected)
         return algorithm, job, location, spec.compression, sent
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:

@@ -19,6 +19,12 @@ members train from the group's weights, the relay adds the average of their delt
 the group's whole change goes up as one update (hierarchical FedAvg). A share that comes
 from a relay above is computed whole by one member.
 
+A relay checks its members' results as the coordinator checks its own nodes' (before
+decoding, the run's codec, the tensors and their size; then sample counts, finite values
+and the norm guard, whose history it keeps per run: engine/update_filters.py), the tensors
+to expect coming with each unit. A member whose result is refused is benched and its slice
+goes to another member; the relay's pings report why, in its group's node table.
+
 The relay's own load simulation applies to the relay as a whole; a cancel from above
 cancels the unit's slices on the members. A slice that fails everywhere fails the unit
 (the coordinator retries it, on this relay or another node). Algorithms that keep state
@@ -30,6 +36,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -56,7 +64,8 @@ from engine.round_engine import (
     RunCancelledError,
 )
 from engine.tasks import Task
-from engine.update_filters import DEFAULT_FILTERS
+from engine.update_filters import NormLimit, UpdateFilter, relayed_filters
+from engine.update_norms import RecentNorms
 from training import aggregation, plugins
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
@@ -78,6 +87,7 @@ class RelayUnitFailed(RuntimeError):
 
 SLICE = "~r"  # a slice's id: <unit>~r<k>; each relay level adds one
 MAX_LEVELS = 8  # deeper nesting is taken for a loop of relays
+NORM_HISTORIES = 4  # runs whose recent update norms a relay keeps
 
 
 def split_unit(unit: UnitSpec, parts: int) -> list[UnitSpec]:
@@ -116,6 +126,8 @@ class RelayRunner:
         # members that registered with the relay (pull nodes, or push nodes that announce
         # themselves), through its members port (compute_node/relay_members.py)
         self.membership = Membership()
+        self._norms: OrderedDict[str, RecentNorms] = OrderedDict()  # by run, used last last
+        self._norms_lock = threading.Lock()
 
     def start(self) -> int:
         """Read the group from the nodes file and start its heartbeats; returns how many
@@ -197,7 +209,7 @@ class RelayRunner:
                              RunProgress(job.run_id, 1, len(units), lambda: []),
                              job.control.cancelled)
         try:
-            outcome = engine.run_round(job.round, units, len(units), build, DEFAULT_FILTERS)
+            outcome = engine.run_round(job.round, units, len(units), build, self._filters(job))
         except RunCancelledError:
             raise UnitCancelled("unit cancelled") from None
         except RoundFailed as exc:
@@ -207,6 +219,22 @@ class RelayRunner:
             reasons = "; ".join(f"{f.unit.unit_id}: {f.reason}" for f in outcome.failures)
             raise RelayUnitFailed(f"slices of unit {job.unit.unit_id} failed: {reasons}")
         return outcome
+
+    def _filters(self, job: UnitJob) -> list[UpdateFilter]:
+        """The checks of the members' results for ``job`` (engine/update_filters.py)."""
+        codec = RunSpec.parse(job.algorithm, job.model, job.dataset,
+                              job.config_json).compression.up
+        norm_limit = NormLimit(self._engine.max_update_norm, self._recent_norms(job.run_id))
+        return relayed_filters(job.expected_update, job.weights, codec, norm_limit)
+
+    def _recent_norms(self, run_id: str) -> RecentNorms:
+        """The run's recent update norms, shared by its units' rounds (that run at once)."""
+        with self._norms_lock:
+            recent = self._norms.pop(run_id, None) or RecentNorms()
+            self._norms[run_id] = recent
+            while len(self._norms) > NORM_HISTORIES:
+                self._norms.popitem(last=False)
+            return recent
 
     @staticmethod
     def _combined(job: UnitJob, results: list) -> dict:
@@ -228,7 +256,8 @@ class RelayRunner:
                     unit_path=unit.unit_path, config_json=job.config_json,
                     weights=weights, scheduling_policy=self.policy_number,
                     index_start=unit.index_start, index_stop=unit.index_stop,
-                    model_version=job.model_version, share=share)
+                    model_version=job.model_version, share=share,
+                    expected_update=job.expected_update)
 
 
 def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int] | None]:

@@ -56,7 +56,7 @@ from engine.stream_state import RoundEnd, StreamPosition, StreamState
 from engine.tasks import Task, Tensors
 from engine.update_filters import NormLimit, round_filters
 from engine.warm_up import warm_up_nodes
-from training.algorithms.base import RoundEval, UnitSpec, Weights
+from training.algorithms.base import RoundEval, TensorSpecs, UnitSpec, Weights
 from training.compression import encode_weights
 from training.outputs.plots import due
 from training.schedule import staleness_warning
@@ -135,6 +135,7 @@ class Run:
             lambda unit: self.algorithm.unit_slot(unit, self.algorithm.config)) \
             if self.compression.keeps_residuals else None
         self._planned = planned
+        self._expected_update: TensorSpecs | None = None  # known once training starts
         # sync rounds of an algorithm that draws them from passes over the data
         self._passes = PassQueue(self.algorithm.plan_pass, _position(resume_from)) \
             if self.algorithm.rounds_from_passes and not self.schedule.asynchronous else None
@@ -252,6 +253,8 @@ class Run:
         self.folder.start(describe_run(self.setup, self.settings.policy,
                                        [n.name for n in self.nodes]), self.request)
         weights, done = self._starting_point()
+        # what results must hold, sent with each unit so that relays check their members'
+        self._expected_update = self.algorithm.expected_update(weights)
         history = [metrics_of(row) for row in self.folder.rows]
         heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
                                       self.ledger.node_heartbeats).start()
@@ -523,7 +526,8 @@ class Run:
             model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
             config_json=self._config_json, weights=weights,
             scheduling_policy=self.settings.policy, index_start=unit.index_start,
-            index_stop=unit.index_stop, model_version=model_version)
+            index_stop=unit.index_stop, model_version=model_version,
+            expected_update=self._expected_update)
 
 
 def _position(checkpoint: Checkpoint | None) -> StreamPosition | None:

@@ -43,6 +43,7 @@ class NodeSummary(NodeCounts):
     # a relay's group as its pings last said: its members' counts since the relay started
     members: list[NodeSummary] = field(default_factory=list)
     note: str | None = None  # why the node is left out of the run, if it is
+    refused: str | None = None  # why its last refused result was refused, if one was
 
 
 @dataclass

@@ -443,6 +443,7 @@ class RoundEngine:
                             RoundView(self.unit_deadline(),
                                       lambda: state.over or self.cancelled.is_set()))
             except ValueError as exc:  # a wrong answer: a failure, and benched
+                node.refuse(str(exc))  # its summary says why (a relay's, to the coordinator)
                 self._failed(state, unit, attempt, node, began, bench=True,
                              reason=f"invalid result: {exc}")
                 return "failed"

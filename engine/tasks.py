@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.algorithms.base import TensorSpecs
+
 Tensors = dict[str, np.ndarray]  # tensor name -> array
 
 
@@ -44,6 +46,8 @@ class Task:
     model_version: int | None = None
     # (part, parts): only that share of the unit (a relay's local rounds); None: all of it
     share: tuple[int, int] | None = None
+    # the tensors a result's update must have, for a relay to check its members' results
+    expected_update: TensorSpecs | None = None
 
     @property
     def version(self) -> int:

@@ -17,8 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.update_norms import NormGuard
-from training.algorithms.base import Algorithm, UnitSpec, Weights, check_sample_count
+from engine.update_norms import NormGuard, RecentNorms
+from training.algorithms.base import (
+    Algorithm,
+    TensorSpecs,
+    UnitSpec,
+    Weights,
+    check_sample_count,
+    check_update_form,
+)
 from training.compression import decompress
 from training.payload_checks import PayloadForm, check_payload
 
@@ -93,10 +100,11 @@ class Tensors(UpdateFilter):
 
 class NormLimit(UpdateFilter):
     """Refuses an update far larger than its peers and the recent ones; keeps its history
-    across rounds, so one instance serves a whole run."""
+    across rounds, so one instance serves a whole run (or ``recent``, a run's history, is
+    shared by the instances of rounds that run at once)."""
 
-    def __init__(self, factor: float | None) -> None:
-        self.guard = NormGuard(factor)
+    def __init__(self, factor: float | None, recent: RecentNorms | None = None) -> None:
+        self.guard = NormGuard(factor, recent=recent)
 
     def start_round(self, quorum: int, nodes: int) -> None:
         self.guard.start_round(quorum, nodes)
@@ -129,6 +137,23 @@ def round_filters(algorithm: Algorithm, weights: Weights, norm_limit: NormLimit 
         SampleCount(algorithm.check_samples),
         Tensors(lambda update: algorithm.check_update(update, weights))]
     return filters + ([norm_limit] if norm_limit is not None else [])
+
+
+def relayed_filters(expected: TensorSpecs | None, weights: Weights, codec: str,
+                    norm_limit: NormLimit) -> list[UpdateFilter]:
+    """The filters of a relay's round over its members: the coordinator's own checks as far
+    as the unit tells them (the tensors it expects come with it; the model is what the
+    unit's weights are), sample counts within each slice, and the run's norm guard."""
+    return [Payload(PayloadForm.of_model(codec, expected, weights)),
+            SampleCount(within_slice),
+            Tensors(lambda update: check_update_form(update, expected)),
+            norm_limit]
+
+
+def within_slice(unit: UnitSpec, num_samples: int) -> None:
+    """A sample count from 1 to the unit's index range, when it has one."""
+    has_range = unit.index_start is not None and unit.index_stop is not None
+    check_sample_count(num_samples, unit.index_stop - unit.index_start if has_range else None)
 
 
 def decoded(filters: Sequence[UpdateFilter], payload: Weights) -> Weights:

@@ -11,7 +11,8 @@ as soon as it is within `factor` times the largest of its peers, and refused onl
 it is over `factor` times every one of a few peers (or of all the round could give
 within the wait): far above all of them, not just above a few small ones, since the
 updates of an unstable round can differ twenty-fold. The first updates of a run set
-the scale, so the check starts once `warmup` of them are in.
+the scale, so the check starts once `warmup` of them are in. The recent norms are a run's
+(`RecentNorms`): guards of rounds that run at once (a relay's units) may share them.
 """
 
 from __future__ import annotations
@@ -32,16 +33,35 @@ RECENT = 64
 PEERS = 4  # updates of other nodes in the round a large one must dwarf to be refused
 
 
+class RecentNorms:
+    """The norms of a run's recent accepted updates; thread-safe."""
+
+    def __init__(self) -> None:
+        self._norms: deque[float] = deque(maxlen=RECENT)
+        self._lock = threading.Lock()
+
+    def add(self, norm: float) -> None:
+        with self._lock:
+            self._norms.append(norm)
+
+    def median(self, at_least: int) -> float | None:
+        """Their median, once there are ``at_least`` of them; else None."""
+        with self._lock:
+            norms = list(self._norms)
+        return statistics.median(norms) if norms and len(norms) >= at_least else None
+
+
 class NormGuard:
     """Thread-safe: `check(update)` raises ValueError for an update to refuse.
 
     Call `start_round(units, nodes)` before each round's results and `end_round()` after, so
     a check waiting for peers stops waiting once the round is over."""
 
-    def __init__(self, factor: float | None, warmup: int = 8) -> None:
+    def __init__(self, factor: float | None, warmup: int = 8,
+                 recent: RecentNorms | None = None) -> None:
         self.factor = factor
         self.warmup = warmup
-        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._recent = recent or RecentNorms()
         self._round: dict[Hashable, tuple[str, float]] = {}  # unit -> (node, latest norm)
         self._peers_needed = PEERS
         self._round_over = False
@@ -74,20 +94,20 @@ class NormGuard:
             self._cond.notify_all()
             typical = self._typical()
             if typical is None or norm <= self.factor * typical:
-                self._recent.append(norm)
+                self._recent.add(norm)
                 return norm
             peers = self._wait_for_peers(key, node, norm, time.monotonic() + wait_seconds,
                                          should_stop)
             self._judge(norm, typical, peers)
-            self._recent.append(norm)
+            self._recent.add(norm)
         return norm
 
     def _typical(self) -> float | None:
         """The median of recent accepted norms, once the check applies; else None."""
-        if not self.factor or len(self._recent) < self.warmup:
+        if not self.factor:
             return None
-        typical = statistics.median(self._recent)
-        return typical if typical > 0 else None
+        typical = self._recent.median(self.warmup)
+        return typical if typical else None
 
     def _peers(self, key: Hashable, node: str) -> list[float]:
         return [n for k, (other, n) in self._round.items() if k != key and other != node]

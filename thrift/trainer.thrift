@@ -89,6 +89,9 @@ struct WorkRequest {
                                      // model_version the node kept from an earlier unit
   17: optional i32 part,             // compute only share `part` (0-based) of `parts` equal
   18: optional i32 parts,            // shares of the unit (a relay's member, local rounds)
+  19: optional list<Tensor> expected_update, // the tensors a result's update must have (name,
+                                     // dtype, shape; no data), as the coordinator checks it:
+                                     // a relay checks its members' results against them
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -262,6 +265,8 @@ struct NodeSummary {
   14: optional list<NodeSummary> members, // a relay's group, as its last ping said
   15: optional i64 samples,            // samples (rows, images) of the units it completed
   16: optional string note,            // why the node is left out of the run, if it is
+  17: optional string refused,         // why its last refused result was refused (the node
+                                       // was benched for it), if one was
 }
 
 struct RoundMetrics {

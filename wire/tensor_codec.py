@@ -91,6 +91,24 @@ def wire_to_dict(ts: Iterable[ttypes.Tensor]) -> dict[str, np.ndarray]:
     return out
 
 
+def specs_to_wire(specs: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> list[ttypes.Tensor]:
+    """Tensors' names, shapes and dtypes (what an update must hold) as Tensors without data."""
+    return [ttypes.Tensor(name=name, dtype=np.dtype(dtype).name, shape=[int(n) for n in shape],
+                          data=b"") for name, (shape, dtype) in specs.items()]
+
+
+def specs_from_wire(ts: Iterable[ttypes.Tensor]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The names, shapes and dtypes `specs_to_wire` sent, checked as tensors are."""
+    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for t in ts:
+        name = t.name if isinstance(t.name, str) else "<unnamed>"
+        if name in specs:
+            raise CodecError(f"tensor name {name!r} appears twice in an update's form")
+        _check_dtype(name, t.dtype)
+        specs[name] = (_checked_shape(name, t.shape), np.dtype(t.dtype))
+    return specs
+
+
 def _check_dtype(name: str, dtype: object) -> None:
     if dtype not in ALLOWED_DTYPES:
         raise CodecError(

@@ -41,6 +41,7 @@ class NodeHandle:
         self._benched_until = 0.0
         self._bench_seconds = 0.0
         self.left_out: str | None = None  # why the run does without this node, if it does
+        self.refused: str | None = None  # why its last refused result was refused
 
     @property
     def accepts_connections(self) -> bool:
@@ -145,6 +146,11 @@ class NodeHandle:
         if bench:  # the node may have restarted: its idle connections are dead
             self.client.forget_connections()
 
+    def refuse(self, reason: str) -> None:
+        """A result of this node was refused (it is benched as for a failed call)."""
+        with self._lock:
+            self.refused = reason
+
     def leave_out(self, reason: str) -> bool:
         """The run does without this node from now on (it cannot serve the run); False if
         it already did."""
@@ -178,7 +184,7 @@ class NodeHandle:
         with self._lock:
             return NodeSummary(**self.stats.count_fields(), node=self.name,
                                state="left out" if self.left_out else self.liveness.state(),
-                               note=self.left_out,
+                               note=self.left_out, refused=self.refused,
                                silent_seconds=self.liveness.silent_seconds(),
                                pull=not self.accepts_connections, role=self.role,
                                members=list(self.members))

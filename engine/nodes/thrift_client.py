@@ -38,7 +38,7 @@ from training.run_check import RunFacts
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
-from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
+from wire.tensor_codec import CodecError, dict_to_wire, specs_to_wire, wire_to_dict
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 _STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,
@@ -57,7 +57,9 @@ def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
         scheduling_policy=task.scheduling_policy, index_start=task.index_start,
         index_stop=task.index_stop, model_version=task.version,
         weights_cached=True if cached else None,
-        part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None)
+        part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None,
+        expected_update=None if task.expected_update is None
+        else specs_to_wire(task.expected_update))
 
 
 def run_check_request(query: RunQuery) -> ttypes.RunCheckRequest:
@@ -310,4 +312,5 @@ def summary_from_wire(summary: ttypes.NodeSummary) -> NodeSummary:
         compute_seconds=summary.compute_seconds or 0.0,
         delay_seconds=summary.delay_seconds or 0.0, state=summary.state or "alive",
         silent_seconds=summary.silent_seconds, pull=bool(summary.pull), role=summary.role,
-        members=[summary_from_wire(m) for m in summary.members or []], note=summary.note)
+        members=[summary_from_wire(m) for m in summary.members or []], note=summary.note,
+        refused=summary.refused)

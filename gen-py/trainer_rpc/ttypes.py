@@ -668,12 +668,13 @@ class WorkRequest(object):
      - weights_cached
      - part
      - parts
+     - expected_update
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -692,6 +693,7 @@ class WorkRequest(object):
         self.weights_cached = weights_cached
         self.part = part
         self.parts = parts
+        self.expected_update = expected_update
         self.token = token
 
     def read(self, iprot):
@@ -799,6 +801,17 @@ class WorkRequest(object):
                     self.parts = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 19:
+                if ftype == TType.LIST:
+                    self.expected_update = []
+                    (_etype23, _size20) = iprot.readListBegin()
+                    for _i24 in range(_size20):
+                        _elem25 = Tensor()
+                        _elem25.read(iprot)
+                        self.expected_update.append(_elem25)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -857,8 +870,8 @@ class WorkRequest(object):
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 11)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter20 in self.weights:
-                iter20.write(oprot)
+            for iter26 in self.weights:
+                iter26.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scheduling_policy is not None:
@@ -888,6 +901,13 @@ class WorkRequest(object):
         if self.parts is not None:
             oprot.writeFieldBegin('parts', TType.I32, 18)
             oprot.writeI32(self.parts)
+            oprot.writeFieldEnd()
+        if self.expected_update is not None:
+            oprot.writeFieldBegin('expected_update', TType.LIST, 19)
+            oprot.writeListBegin(TType.STRUCT, len(self.expected_update))
+            for iter27 in self.expected_update:
+                iter27.write(oprot)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -988,11 +1008,11 @@ class TrainResult(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.update = []
-                    (_etype24, _size21) = iprot.readListBegin()
-                    for _i25 in range(_size21):
-                        _elem26 = Tensor()
-                        _elem26.read(iprot)
-                        self.update.append(_elem26)
+                    (_etype31, _size28) = iprot.readListBegin()
+                    for _i32 in range(_size28):
+                        _elem33 = Tensor()
+                        _elem33.read(iprot)
+                        self.update.append(_elem33)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1057,8 +1077,8 @@ class TrainResult(object):
         if self.update is not None:
             oprot.writeFieldBegin('update', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.update))
-            for iter27 in self.update:
-                iter27.write(oprot)
+            for iter34 in self.update:
+                iter34.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.num_samples is not None:
@@ -1305,11 +1325,11 @@ class RunCheck(object):
             elif fid == 3:
                 if ftype == TType.MAP:
                     self.plugins = {}
-                    (_ktype29, _vtype30, _size28) = iprot.readMapBegin()
-                    for _i32 in range(_size28):
-                        _key33 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val34 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.plugins[_key33] = _val34
+                    (_ktype36, _vtype37, _size35) = iprot.readMapBegin()
+                    for _i39 in range(_size35):
+                        _key40 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val41 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.plugins[_key40] = _val41
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -1349,9 +1369,9 @@ class RunCheck(object):
         if self.plugins is not None:
             oprot.writeFieldBegin('plugins', TType.MAP, 3)
             oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.plugins))
-            for kiter35, viter36 in self.plugins.items():
-                oprot.writeString(kiter35.encode('utf-8') if sys.version_info[0] == 2 else kiter35)
-                oprot.writeString(viter36.encode('utf-8') if sys.version_info[0] == 2 else viter36)
+            for kiter42, viter43 in self.plugins.items():
+                oprot.writeString(kiter42.encode('utf-8') if sys.version_info[0] == 2 else kiter42)
+                oprot.writeString(viter43.encode('utf-8') if sys.version_info[0] == 2 else viter43)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.model_fingerprint is not None:
@@ -1700,21 +1720,21 @@ class NodeInfo(object):
             elif fid == 8:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype40, _size37) = iprot.readListBegin()
-                    for _i41 in range(_size37):
-                        _elem42 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem42)
+                    (_etype47, _size44) = iprot.readListBegin()
+                    for _i48 in range(_size44):
+                        _elem49 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem49)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 9:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype44, _vtype45, _size43) = iprot.readMapBegin()
-                    for _i47 in range(_size43):
-                        _key48 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val49 = iprot.readI64()
-                        self.progress[_key48] = _val49
+                    (_ktype51, _vtype52, _size50) = iprot.readMapBegin()
+                    for _i54 in range(_size50):
+                        _key55 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val56 = iprot.readI64()
+                        self.progress[_key55] = _val56
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -1731,11 +1751,11 @@ class NodeInfo(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype53, _size50) = iprot.readListBegin()
-                    for _i54 in range(_size50):
-                        _elem55 = NodeSummary()
-                        _elem55.read(iprot)
-                        self.members.append(_elem55)
+                    (_etype60, _size57) = iprot.readListBegin()
+                    for _i61 in range(_size57):
+                        _elem62 = NodeSummary()
+                        _elem62.read(iprot)
+                        self.members.append(_elem62)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1780,16 +1800,16 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter56 in self.delaying:
-                oprot.writeString(iter56.encode('utf-8') if sys.version_info[0] == 2 else iter56)
+            for iter63 in self.delaying:
+                oprot.writeString(iter63.encode('utf-8') if sys.version_info[0] == 2 else iter63)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter57, viter58 in self.progress.items():
-                oprot.writeString(kiter57.encode('utf-8') if sys.version_info[0] == 2 else kiter57)
-                oprot.writeI64(viter58)
+            for kiter64, viter65 in self.progress.items():
+                oprot.writeString(kiter64.encode('utf-8') if sys.version_info[0] == 2 else kiter64)
+                oprot.writeI64(viter65)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.warming_up is not None:
@@ -1803,8 +1823,8 @@ class NodeInfo(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter59 in self.members:
-                iter59.write(oprot)
+            for iter66 in self.members:
+                iter66.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1974,11 +1994,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype63, _size60) = iprot.readListBegin()
-                    for _i64 in range(_size60):
-                        _elem65 = Tensor()
-                        _elem65.read(iprot)
-                        self.tensors.append(_elem65)
+                    (_etype70, _size67) = iprot.readListBegin()
+                    for _i71 in range(_size67):
+                        _elem72 = Tensor()
+                        _elem72.read(iprot)
+                        self.tensors.append(_elem72)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2008,8 +2028,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter66 in self.tensors:
-                iter66.write(oprot)
+            for iter73 in self.tensors:
+                iter73.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -2095,11 +2115,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype70, _size67) = iprot.readListBegin()
-                    for _i71 in range(_size67):
-                        _elem72 = Tensor()
-                        _elem72.read(iprot)
-                        self.tensors.append(_elem72)
+                    (_etype77, _size74) = iprot.readListBegin()
+                    for _i78 in range(_size74):
+                        _elem79 = Tensor()
+                        _elem79.read(iprot)
+                        self.tensors.append(_elem79)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2137,8 +2157,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter73 in self.tensors:
-                iter73.write(oprot)
+            for iter80 in self.tensors:
+                iter80.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2665,11 +2685,12 @@ class NodeSummary(object):
      - members
      - samples
      - note
+     - refused
 
     """
 
 
-    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None, samples=None, note=None,):
+    def __init__(self, node=None, accepted=None, rejected=None, delayed=None, failed=None, cancelled=None, busy_seconds=None, compute_seconds=None, delay_seconds=None, state=None, silent_seconds=None, pull=None, role=None, members=None, samples=None, note=None, refused=None,):
         self.node = node
         self.accepted = accepted
         self.rejected = rejected
@@ -2686,6 +2707,7 @@ class NodeSummary(object):
         self.members = members
         self.samples = samples
         self.note = note
+        self.refused = refused
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2764,11 +2786,11 @@ class NodeSummary(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype77, _size74) = iprot.readListBegin()
-                    for _i78 in range(_size74):
-                        _elem79 = NodeSummary()
-                        _elem79.read(iprot)
-                        self.members.append(_elem79)
+                    (_etype84, _size81) = iprot.readListBegin()
+                    for _i85 in range(_size81):
+                        _elem86 = NodeSummary()
+                        _elem86.read(iprot)
+                        self.members.append(_elem86)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2780,6 +2802,11 @@ class NodeSummary(object):
             elif fid == 16:
                 if ftype == TType.STRING:
                     self.note = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 17:
+                if ftype == TType.STRING:
+                    self.refused = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             else:
@@ -2847,8 +2874,8 @@ class NodeSummary(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter80 in self.members:
-                iter80.write(oprot)
+            for iter87 in self.members:
+                iter87.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.samples is not None:
@@ -2858,6 +2885,10 @@ class NodeSummary(object):
         if self.note is not None:
             oprot.writeFieldBegin('note', TType.STRING, 16)
             oprot.writeString(self.note.encode('utf-8') if sys.version_info[0] == 2 else self.note)
+            oprot.writeFieldEnd()
+        if self.refused is not None:
+            oprot.writeFieldBegin('refused', TType.STRING, 17)
+            oprot.writeString(self.refused.encode('utf-8') if sys.version_info[0] == 2 else self.refused)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2956,11 +2987,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype82, _vtype83, _size81) = iprot.readMapBegin()
-                    for _i85 in range(_size81):
-                        _key86 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val87 = iprot.readDouble()
-                        self.scores[_key86] = _val87
+                    (_ktype89, _vtype90, _size88) = iprot.readMapBegin()
+                    for _i92 in range(_size88):
+                        _key93 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val94 = iprot.readDouble()
+                        self.scores[_key93] = _val94
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3001,9 +3032,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter88, viter89 in self.scores.items():
-                oprot.writeString(kiter88.encode('utf-8') if sys.version_info[0] == 2 else kiter88)
-                oprot.writeDouble(viter89)
+            for kiter95, viter96 in self.scores.items():
+                oprot.writeString(kiter95.encode('utf-8') if sys.version_info[0] == 2 else kiter95)
+                oprot.writeDouble(viter96)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3103,33 +3134,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype93, _size90) = iprot.readListBegin()
-                    for _i94 in range(_size90):
-                        _elem95 = RoundMetrics()
-                        _elem95.read(iprot)
-                        self.history.append(_elem95)
+                    (_etype100, _size97) = iprot.readListBegin()
+                    for _i101 in range(_size97):
+                        _elem102 = RoundMetrics()
+                        _elem102.read(iprot)
+                        self.history.append(_elem102)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype99, _size96) = iprot.readListBegin()
-                    for _i100 in range(_size96):
-                        _elem101 = NodeSummary()
-                        _elem101.read(iprot)
-                        self.nodes.append(_elem101)
+                    (_etype106, _size103) = iprot.readListBegin()
+                    for _i107 in range(_size103):
+                        _elem108 = NodeSummary()
+                        _elem108.read(iprot)
+                        self.nodes.append(_elem108)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype105, _size102) = iprot.readListBegin()
-                    for _i106 in range(_size102):
-                        _elem107 = Tensor()
-                        _elem107.read(iprot)
-                        self.weights.append(_elem107)
+                    (_etype112, _size109) = iprot.readListBegin()
+                    for _i113 in range(_size109):
+                        _elem114 = Tensor()
+                        _elem114.read(iprot)
+                        self.weights.append(_elem114)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3198,22 +3229,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter108 in self.history:
-                iter108.write(oprot)
+            for iter115 in self.history:
+                iter115.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter109 in self.nodes:
-                iter109.write(oprot)
+            for iter116 in self.nodes:
+                iter116.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter110 in self.weights:
-                iter110.write(oprot)
+            for iter117 in self.weights:
+                iter117.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3622,11 +3653,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype114, _size111) = iprot.readListBegin()
-                    for _i115 in range(_size111):
-                        _elem116 = NodeSummary()
-                        _elem116.read(iprot)
-                        self.nodes.append(_elem116)
+                    (_etype121, _size118) = iprot.readListBegin()
+                    for _i122 in range(_size118):
+                        _elem123 = NodeSummary()
+                        _elem123.read(iprot)
+                        self.nodes.append(_elem123)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3638,22 +3669,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype120, _size117) = iprot.readListBegin()
-                    for _i121 in range(_size117):
-                        _elem122 = UnitInfo()
-                        _elem122.read(iprot)
-                        self.unfinished.append(_elem122)
+                    (_etype127, _size124) = iprot.readListBegin()
+                    for _i128 in range(_size124):
+                        _elem129 = UnitInfo()
+                        _elem129.read(iprot)
+                        self.unfinished.append(_elem129)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype124, _vtype125, _size123) = iprot.readMapBegin()
-                    for _i127 in range(_size123):
-                        _key128 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val129 = iprot.readI64()
-                        self.ledger[_key128] = _val129
+                    (_ktype131, _vtype132, _size130) = iprot.readMapBegin()
+                    for _i134 in range(_size130):
+                        _key135 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val136 = iprot.readI64()
+                        self.ledger[_key135] = _val136
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3764,8 +3795,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter130 in self.nodes:
-                iter130.write(oprot)
+            for iter137 in self.nodes:
+                iter137.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3775,16 +3806,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter131 in self.unfinished:
-                iter131.write(oprot)
+            for iter138 in self.unfinished:
+                iter138.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter132, viter133 in self.ledger.items():
-                oprot.writeString(kiter132.encode('utf-8') if sys.version_info[0] == 2 else kiter132)
-                oprot.writeI64(viter133)
+            for kiter139, viter140 in self.ledger.items():
+                oprot.writeString(kiter139.encode('utf-8') if sys.version_info[0] == 2 else kiter139)
+                oprot.writeI64(viter140)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -4089,11 +4120,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype137, _size134) = iprot.readListBegin()
-                    for _i138 in range(_size134):
-                        _elem139 = RunStatus()
-                        _elem139.read(iprot)
-                        self.runs.append(_elem139)
+                    (_etype144, _size141) = iprot.readListBegin()
+                    for _i145 in range(_size141):
+                        _elem146 = RunStatus()
+                        _elem146.read(iprot)
+                        self.runs.append(_elem146)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4110,8 +4141,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter140 in self.runs:
-                iter140.write(oprot)
+            for iter147 in self.runs:
+                iter147.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4420,21 +4451,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype144, _size141) = iprot.readListBegin()
-                    for _i145 in range(_size141):
-                        _elem146 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem146)
+                    (_etype151, _size148) = iprot.readListBegin()
+                    for _i152 in range(_size148):
+                        _elem153 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem153)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype148, _vtype149, _size147) = iprot.readMapBegin()
-                    for _i151 in range(_size147):
-                        _key152 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val153 = iprot.readI64()
-                        self.progress[_key152] = _val153
+                    (_ktype155, _vtype156, _size154) = iprot.readMapBegin()
+                    for _i158 in range(_size154):
+                        _key159 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val160 = iprot.readI64()
+                        self.progress[_key159] = _val160
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4468,16 +4499,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter154 in self.delaying:
-                oprot.writeString(iter154.encode('utf-8') if sys.version_info[0] == 2 else iter154)
+            for iter161 in self.delaying:
+                oprot.writeString(iter161.encode('utf-8') if sys.version_info[0] == 2 else iter161)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter155, viter156 in self.progress.items():
-                oprot.writeString(kiter155.encode('utf-8') if sys.version_info[0] == 2 else kiter155)
-                oprot.writeI64(viter156)
+            for kiter162, viter163 in self.progress.items():
+                oprot.writeString(kiter162.encode('utf-8') if sys.version_info[0] == 2 else kiter162)
+                oprot.writeI64(viter163)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -4538,10 +4569,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype160, _size157) = iprot.readListBegin()
-                    for _i161 in range(_size157):
-                        _elem162 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem162)
+                    (_etype167, _size164) = iprot.readListBegin()
+                    for _i168 in range(_size164):
+                        _elem169 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem169)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4562,8 +4593,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter163 in self.cancel:
-                oprot.writeString(iter163.encode('utf-8') if sys.version_info[0] == 2 else iter163)
+            for iter170 in self.cancel:
+                oprot.writeString(iter170.encode('utf-8') if sys.version_info[0] == 2 else iter170)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5398,7 +5429,7 @@ WorkRequest.thrift_spec = (
     (16, TType.BOOL, 'weights_cached', None, None, ),  # 16
     (17, TType.I32, 'part', None, None, ),  # 17
     (18, TType.I32, 'parts', None, None, ),  # 18
-    None,  # 19
+    (19, TType.LIST, 'expected_update', (TType.STRUCT, [Tensor, None], False), None, ),  # 19
     None,  # 20
     None,  # 21
     None,  # 22
@@ -6393,6 +6424,7 @@ NodeSummary.thrift_spec = (
     (14, TType.LIST, 'members', (TType.STRUCT, [NodeSummary, None], False), None, ),  # 14
     (15, TType.I64, 'samples', None, None, ),  # 15
     (16, TType.STRING, 'note', 'UTF8', None, ),  # 16
+    (17, TType.STRING, 'refused', 'UTF8', None, ),  # 17
 )
 all_structs.append(RoundMetrics)
 RoundMetrics.thrift_spec = (

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
@@ -193,3 +194,22 @@ def test_pull_members_join_a_relay_on_its_members_port(cluster):
     assert counts["pull:pull1"] > 0 and counts[f"127.0.0.1:{pushed.port}"] > 0, top
     refused = procs.run_client(["127.0.0.1", str(members_port), *SYNC_SGD], cluster.workdir)
     assert refused.returncode == 1 and "members port of relay" in refused.stderr
+
+
+@pytest.mark.parametrize("spoilt, reason", [("nan", "NaN"), ("shape", "shape")])
+def test_a_relay_benches_a_member_sending_wrong_updates_and_says_so(cluster, spoilt, reason):
+    """As a coordinator does with its own nodes: the member's results are refused and the
+    units go to the other member; the relay reports the refusal in its node tree."""
+    honest = cluster.add_node(0.0)
+    spoiler = cluster.add_node(0.0, "--corrupt-updates", spoilt)
+    relay = relay_over(cluster, "relay", [honest, spoiler])
+    # pinged often: the run's few seconds show the relay's tree (its pings carry it)
+    cluster.start_coordinator(2, "--heartbeat", "0.2", nodes=[relay])
+    result = cluster.train_json(*ASSIGNMENT, timeout=240.0)
+    assert round(result["validation_error"], 4) == 0.8054  # nothing spoilt got in
+    (top,) = result["nodes"]
+    members = {m["node"]: m for m in top["members"]}
+    bad = members[f"127.0.0.1:{spoiler.port}"]
+    assert bad["failed"] >= 1 and bad["accepted"] == 0, top
+    assert reason in (bad["refused"] or ""), top
+    assert members[f"127.0.0.1:{honest.port}"]["refused"] is None

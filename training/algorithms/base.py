@@ -40,6 +40,7 @@ from training.cancel import UnitControl
 log = logging.getLogger("coordinator.aggregation")
 
 Weights = dict[str, np.ndarray]
+TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
 MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
 
 
@@ -81,6 +82,9 @@ class UnitJob:
     # (part, parts): compute only that share of the unit (a relay's local rounds send one
     # share to each member); None: the whole unit.
     share: tuple[int, int] | None = None
+    # The tensors a result's update must have, as the coordinator checks it (a relay checks
+    # its members' results against them); None when the coordinator did not say.
+    expected_update: TensorSpecs | None = None
 
 
 @dataclass
@@ -101,9 +105,6 @@ class RoundEval:
     validation_loss: float
 
 
-TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
-
-
 def specs_of(weights: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, tuple]:
     """Each tensor's (shape, dtype), under `prefix` + its name."""
     return {prefix + name: (value.shape, value.dtype) for name, value in weights.items()}
@@ -122,6 +123,17 @@ def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> No
             raise ValueError(f"tensor {name!r} has shape {value.shape}, expected {tuple(shape)}")
         if value.dtype != dtype:
             raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
+
+
+def check_update_form(update: Mapping[str, np.ndarray], expected: TensorSpecs | None) -> None:
+    """ValueError unless ``update`` has the ``expected`` tensors (when known: names, shapes,
+    dtypes) and only finite values: `Algorithm.check_update`'s default, and what a relay
+    checks of its members' results (it gets ``expected`` with each unit)."""
+    if expected is not None:
+        check_tensors(update, expected)
+    for name, value in update.items():
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"tensor {name!r} holds NaN or infinite values")
 
 
 def shown(value: int) -> str:
@@ -442,12 +454,7 @@ class Algorithm(ABC):
         """Refuse a node's update that cannot be right (ValueError says why); the engine
         then counts a failure and gives the unit to another node. By default: the tensors
         of `expected_update`, with their shapes and dtypes, and every value finite."""
-        expected = self.expected_update(weights)
-        if expected is not None:
-            check_tensors(update, expected)
-        for name, value in update.items():
-            if not np.all(np.isfinite(value)):
-                raise ValueError(f"tensor {name!r} holds NaN or infinite values")
+        check_update_form(update, self.expected_update(weights))
 
     def unit_samples(self, unit: UnitSpec) -> int | None:
         """How many samples ``unit`` holds: the most a node's result for it may count;
