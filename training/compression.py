@@ -40,6 +40,7 @@ import numpy as np
 from training.algorithms.base import ConfigError, section_mapping
 from training.codecs import SEP, codec_class, known_codecs
 from training.models.names import BUFFER
+from training.payload_checks import group_codecs, group_fields, split_payload
 
 Weights = dict[str, np.ndarray]
 DEFAULT_TOPK_FRACTION = 0.01
@@ -183,15 +184,10 @@ def compress(update: Mapping[str, np.ndarray], codec: str, topk_fraction: float 
 
 
 def decompress(payload: Mapping[str, np.ndarray]) -> Weights:
-    """The update (or weights) a payload encodes; ValueError says what is malformed."""
-    plain: Weights = {}
-    groups: dict[str, dict[str, np.ndarray]] = {}
-    for key, value in payload.items():
-        if SEP not in key:
-            plain[key] = value
-            continue
-        name, codec_part = key.split(SEP, 1)
-        groups.setdefault(name, {})[codec_part] = value
+    """The update (or weights) a payload encodes; ValueError says what is malformed. What
+    came from the network is first checked against what the run asked for
+    (training/payload_checks.py), which this does not do."""
+    plain, groups = split_payload(payload)
     for name, parts in groups.items():
         if name in plain:
             raise ValueError(f"tensor {name!r} is sent both plain and compressed")
@@ -200,11 +196,11 @@ def decompress(payload: Mapping[str, np.ndarray]) -> Weights:
 
 
 def _decode_group(name: str, parts: dict[str, np.ndarray]) -> np.ndarray:
-    codecs = {key.split(SEP, 1)[0] for key in parts}
+    codecs = group_codecs(parts)
     if len(codecs) != 1:
         raise ValueError(f"tensor {name!r} mixes codecs {sorted(codecs)}")
     codec = codecs.pop()
-    fields = {key.split(SEP, 1)[1] if SEP in key else "": value for key, value in parts.items()}
+    fields = group_fields(parts)
     try:
         decoder = codec_class(codec)()
     except ValueError:
