@@ -47,7 +47,8 @@ from wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict", "export")
 EXIT_CODES_HELP = (
-    "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments,\n"
+    "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments or a bad\n"
+    "  configuration (one the coordinator refused before the run included),\n"
     "  3 the run was cancelled on the coordinator (client.py cancel, another client,\n"
     "  the coordinator shutting down), 130 this client cancelled it on Ctrl-C,\n"
     "  143 likewise on SIGTERM (kill); attach only stops following the run.")

@@ -108,6 +108,8 @@ def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
         return RunCancelled(exc.message, exc.message, exit_code=EXIT_CANCELLED)
     if isinstance(exc, ttypes.UnknownRun):
         return UnknownRun(exc.message, exc.message)
+    if isinstance(exc, ttypes.InvalidRequest):  # a bad configuration, as the table says
+        return CoordinatorRefused(exc.message, exc.message, exit_code=EXIT_USAGE)
     if isinstance(exc, REFUSALS):
         return CoordinatorRefused(exc.message, exc.message)
     return CoordinatorFailed(f"coordinator at {where} failed: {exc}", str(exc),

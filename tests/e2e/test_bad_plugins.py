@@ -54,7 +54,7 @@ def numbers(root):
                          torch.tensor(rows[:, -1], dtype=torch.long))
 '''
 LETTERS = ["--set", "run.dataset=letters", "--set", "data.format=letters"]
-REFUSED = 1  # the client's exit status for a request the coordinator refuses
+REFUSED = 2  # the client's exit status for a request the coordinator refuses (bad configuration)
 QUICK = ["--set", "run.rounds=1", "--set", "delta_avg.units=2",
          "--set", "delta_avg.local_steps=2", "--set", "delta_avg.local_optimizer=sgd",
          "--set", "delta_avg.eta=0.01"]

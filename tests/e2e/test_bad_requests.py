@@ -12,16 +12,16 @@ BASE = ["letters", "2", "2", "8", "0.0001"]  # data_dir rounds epochs h eta: a q
 # (client arguments, exit code, words the one line of stderr must hold)
 REFUSED = [
     (["letters", "5000000000", "2", "8", "0.0001"], 2, ["rounds", "32-bit"]),
-    (["letters", "5000000", "2", "8", "0.0001"], 1,
+    (["letters", "5000000", "2", "8", "0.0001"], 2,
      ["rounds: 5000000 is out of range 1..1000000", "--max-rounds"]),
-    (["letters", "2", "1000000", "8", "0.0001"], 1,
+    (["letters", "2", "1000000", "8", "0.0001"], 2,
      ["'epochs': 1000000 is out of range 1..50", "--max-epochs"]),
-    ([*BASE, "--hidden", "100000"], 1, ["'hidden': 100000 is out of range", "--max-hidden"]),
-    ([*BASE, "--hidden", "8000,8000"], 1, ["'hidden'", "MiB", "--max-model-mb"]),
+    ([*BASE, "--hidden", "100000"], 2, ["'hidden': 100000 is out of range", "--max-hidden"]),
+    ([*BASE, "--hidden", "8000,8000"], 2, ["'hidden'", "MiB", "--max-model-mb"]),
     ([*BASE, "--server-optimizer", "momentum", "--server-momentum", "2"], 2,
      ["argument --server-momentum"]),
     ([*BASE, "--seed", "-1"], 2, ["argument --seed"]),
-    (["x" * 300, "2", "2", "8", "0.0001"], 1, ["dataset: a name of 300 characters"]),
+    (["x" * 300, "2", "2", "8", "0.0001"], 2, ["dataset: a name of 300 characters"]),
     ([*BASE, "--model", "m" * 100], 2, ["argument --model: invalid choice"]),
 ]
 
@@ -33,7 +33,7 @@ def test_bad_requests_get_one_line_naming_the_field_and_the_coordinator_serves_o
         done = cluster.client(*args, "--quiet", "--run-id", "refused")
         lines = done.stderr.strip().splitlines()
         assert done.returncode == code, (args, done.stderr)
-        assert code == 2 or len(lines) == 1, (args, done.stderr)
+        assert "usage:" in done.stderr or len(lines) == 1, (args, done.stderr)
         assert all(word in lines[-1] for word in words), (args, done.stderr)
         assert "--resume" not in done.stderr, (args, done.stderr)
         assert cluster.coordinator.alive(), cluster.logs()

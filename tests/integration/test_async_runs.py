@@ -131,14 +131,14 @@ def test_bad_schedules_are_refused_before_the_run_naming_the_key(cluster):
     ]
     for extra, key in cases:
         done = cluster.client(*RECOMMENDED, *extra)
-        assert done.returncode == 1 and key in done.stderr, (extra, done.stderr)
+        assert done.returncode == 2 and key in done.stderr, (extra, done.stderr)
     md_gan = cluster.client("--config", str(REPO / "configs" / "md_gan_mnist.yaml"),
                             "--set", "schedule.mode=async")
-    assert md_gan.returncode == 1 and "md_gan cannot train in 'async'" in md_gan.stderr
+    assert md_gan.returncode == 2 and "md_gan cannot train in 'async'" in md_gan.stderr
     cluster.coordinator.stop()
     cluster.start_coordinator(2, "--deterministic")
     done = cluster.client(*ASYNC)
-    assert done.returncode == 1 and "'async' cannot be deterministic" in done.stderr
+    assert done.returncode == 2 and "'async' cannot be deterministic" in done.stderr
     runs = run_client(["runs", "127.0.0.1", str(cluster.coordinator.port), "--json"],
                       cluster.workdir)
     assert json.loads(runs.stdout) == []  # refused before any run was created

@@ -86,10 +86,10 @@ def test_bad_compression_settings_are_refused_before_the_run_starts(cluster):
     ]
     for extra, message in cases:
         done = cluster.client(*RECOMMENDED, *extra, "--quiet", timeout=120.0)
-        assert done.returncode == 1 and message in done.stderr, done.stderr
+        assert done.returncode == 2 and message in done.stderr, done.stderr
     mdgan = cluster.client("--config", str(REPO / "configs" / "md_gan_mnist.yaml"),
                            "--set", "compression.up=fp16", "--quiet", timeout=120.0)
-    assert mdgan.returncode == 1 and "compression.up: md_gan cannot use 'fp16'" \
+    assert mdgan.returncode == 2 and "compression.up: md_gan cannot use 'fp16'" \
         in mdgan.stderr, mdgan.stderr
     status = run_client(["runs", "127.0.0.1", str(cluster.coordinator.port), "--json"],
                         cluster.workdir)

@@ -11,6 +11,7 @@ from client import session
 from client.errors import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
+    EXIT_USAGE,
     ClientError,
     CoordinatorFailed,
     CoordinatorRefused,
@@ -59,7 +60,9 @@ def test_each_low_level_error_becomes_one_client_exception(low_level, mapped, li
     with pytest.raises(mapped) as info, mapped_errors(WHERE):
         raise low_level
     assert str(info.value).startswith(line)
-    assert info.value.exit_code == EXIT_FAILURE
+    # a request refused as invalid is a bad configuration (exit 2); the rest are failures
+    bad_configuration = isinstance(low_level, ttypes.InvalidRequest)
+    assert info.value.exit_code == (EXIT_USAGE if bad_configuration else EXIT_FAILURE)
     assert info.value.__cause__ is low_level
     assert isinstance(info.value, ClientError)  # a command that does not catch it prints it
     assert coordinator_error(info.value, WHERE) is info.value  # mapping twice changes nothing
@@ -89,7 +92,7 @@ def train_call(error: BaseException, seen: bool = False) -> session._TrainCall:
 
 @pytest.mark.parametrize(("error", "line", "exit_code"), [
     (ttypes.RunCancelled(message="run r1 was cancelled"), "run r1 was cancelled", 3),
-    (ttypes.InvalidRequest(message="unknown model 'x'"), "unknown model 'x'", 1),
+    (ttypes.InvalidRequest(message="unknown model 'x'"), "unknown model 'x'", 2),
     (ConnectionFailed(REFUSED), f"cannot reach the coordinator: {REFUSED}", 1),
 ])
 def test_a_train_call_that_ended_without_dropping_the_run_says_why(error, line,
