@@ -111,34 +111,73 @@ class ClusterRun:
 
     def unit_seconds(self, first_round: int = 2) -> list[float]:
         """The seconds each node's log gives its units, from round ``first_round`` on."""
-        return [float(m.group(2)) for log in self.node_logs for m in UNIT_LINE.finditer(log)
-                if int(m.group(1)) >= first_round]
+        return [seconds for round_index, found in self.unit_seconds_by_round().items()
+                if round_index >= first_round for seconds in found]
+
+    def unit_seconds_by_round(self) -> dict[int, list[float]]:
+        """Round -> the seconds the nodes' logs give that round's units."""
+        found: dict[int, list[float]] = {}
+        for log in self.node_logs:
+            for match in UNIT_LINE.finditer(log):
+                found.setdefault(int(match.group(1)), []).append(float(match.group(2)))
+        return found
+
+
+class LocalCluster:
+    """Compute nodes (load 0) and a coordinator on 127.0.0.1, both logging at INFO (their
+    round and unit lines), that serve one run after another (`train`)."""
+
+    def __init__(self, nodes: int, workdir: Path, node_args: Sequence[str] = (),
+                 coordinator_args: Sequence[str] = (), policy: int = 2) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[local_cluster.Proc] = []
+        try:
+            for i in range(nodes):
+                self.procs.append(local_cluster.start_node(
+                    workdir, f"node{i}", 0.0, "--log-level", "INFO", *node_args))
+            nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", self.procs)
+            self.coordinator = local_cluster.start_coordinator(
+                workdir, nodes_file, policy, "--log-level", "INFO", *coordinator_args)
+        except BaseException:
+            self.stop()
+            raise
+        self.nodes = list(self.procs)
+        self.procs.append(self.coordinator)
+
+    def train(self, client_args: Sequence[str], timeout: float = 900.0) -> ClusterRun:
+        """The client with ``client_args`` after the coordinator's address and with
+        ``--json --quiet``, run from the repository (so ``--config`` paths are the
+        repository's); the logs the processes wrote meanwhile. RuntimeError with the
+        client's error and the coordinator's log when the run fails."""
+        seen = [len(proc.lines) for proc in self.procs]
+        done = local_cluster.run_client(["127.0.0.1", str(self.coordinator.port),
+                                         *client_args, "--json", "--quiet"],
+                                        local_cluster.REPO, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{len(self.nodes)}-node run failed: {done.stderr}\n"
+                               f"{self.coordinator.log()}")
+        result = json.loads(done.stdout)
+        # The coordinator logs this before it answers; its output may still be on its way.
+        self.coordinator.wait_for(rf"run {re.escape(result['run_id'])} finished")
+        logs = ["".join(proc.lines[first:]) for proc, first in zip(self.procs, seen,
+                                                                    strict=True)]
+        return ClusterRun(result, logs[-1], logs[:-1])
+
+    def stop(self) -> None:
+        """End every process, the coordinator first, each by its PID."""
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def train_on_cluster(nodes: int, client_args: Sequence[str], workdir: Path, *,
                      node_args: Sequence[str] = (), coordinator_args: Sequence[str] = (),
                      policy: int = 2, timeout: float = 900.0) -> ClusterRun:
-    """``nodes`` compute nodes (load 0) and a coordinator, both logging at INFO (their
-    round and unit lines), then the client with ``client_args`` after the coordinator's
-    address and with ``--json --quiet``, run from the repository (so ``--config`` paths
-    are the repository's). RuntimeError with the client's error and the coordinator's log
-    when the run fails."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    procs = [local_cluster.start_node(workdir, f"node{i}", 0.0, "--log-level", "INFO",
-                                      *node_args) for i in range(nodes)]
-    try:
-        nodes_file = local_cluster.write_nodes_file(workdir / "nodes.txt", procs)
-        coordinator = local_cluster.start_coordinator(workdir, nodes_file, policy,
-                                                      "--log-level", "INFO",
-                                                      *coordinator_args)
-        procs.append(coordinator)
-        done = local_cluster.run_client(["127.0.0.1", str(coordinator.port), *client_args,
-                                         "--json", "--quiet"], local_cluster.REPO,
-                                        timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"{nodes}-node run failed: {done.stderr}\n{coordinator.log()}")
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-    return ClusterRun(json.loads(done.stdout), coordinator.log(),
-                      [proc.log() for proc in procs[:-1]])
+    """One run on a `LocalCluster` of its own, started for it and ended after it."""
+    with LocalCluster(nodes, workdir, node_args, coordinator_args, policy) as cluster:
+        return cluster.train(client_args, timeout)
