@@ -7,6 +7,8 @@ registers, then leases one unit at a time, computes it with the same handler as 
 push node (load simulation included) and submits the result; heartbeats give up
 leases the coordinator cancels. An unreachable coordinator is retried with growing
 back-off, for `retry_for` seconds at most, so a dead one cannot keep a node waiting.
+Every call after registering carries the registration's secret, without which the
+coordinator answers as for a node it does not know.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class CoordinatorLink:
         self.settings = settings
         self.stopped = threading.Event()
         self.name = ""
+        self.secret: str | None = None  # the registration's: every later call carries it
         self._heartbeat_seconds = 1.0
 
     def start(self) -> None:
@@ -73,13 +76,14 @@ class CoordinatorLink:
             protocol_version=PROTOCOL_VERSION, node_id=s.node_id, pull=pull,
             host=s.listen_host, port=s.listen_port, load_prob=s.load_prob, device=s.device))
         self.name, self._heartbeat_seconds = result.node, result.heartbeat_seconds
+        self.secret = result.secret
         log.info("registered with %s:%d as %s", s.host, s.port, self.name)
 
     def _heartbeats(self) -> None:
         while not self.stopped.wait(self._heartbeat_seconds):
             try:
                 answer = self._call("heartbeat", lambda: ttypes.HeartbeatRequest(
-                    protocol_version=PROTOCOL_VERSION, node=self.name,
+                    protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret,
                     units_running=self.handler.counters.running,
                     delaying=self.handler.delaying(),
                     progress=self.handler.progress()), retry=False)
@@ -96,7 +100,8 @@ class CoordinatorLink:
             return
         try:
             self._call("leave", lambda: ttypes.LeaveRequest(
-                protocol_version=PROTOCOL_VERSION, node=self.name), retry=False)
+                protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret),
+                retry=False)
         except (PullStopped, CallError) as exc:
             log.debug("could not say goodbye: %s", exc)
 
@@ -140,7 +145,7 @@ class PullWorker(CoordinatorLink):
         try:
             while not self.stopped.is_set():
                 lease = self._call("lease_unit", lambda: ttypes.LeaseRequest(
-                    protocol_version=PROTOCOL_VERSION, node=self.name,
+                    protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret,
                     wait_seconds=LEASE_WAIT_SECONDS), LEASE_WAIT_SECONDS + 10.0)
                 if not lease.known:
                     self._register()
@@ -161,8 +166,9 @@ class PullWorker(CoordinatorLink):
                                         update=[], num_samples=0, loss=0.0, error=0.0,
                                         compute_seconds=0.0, delay_seconds=0.0, message=error)
         answer = self._call("submit_result", lambda: ttypes.SubmitRequest(
-            protocol_version=PROTOCOL_VERSION, node=self.name, run_id=work.run_id,
-            unit_id=work.unit_id, attempt=work.attempt, result=result, error=error))
+            protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret,
+            run_id=work.run_id, unit_id=work.unit_id, attempt=work.attempt, result=result,
+            error=error))
         if not answer.accepted:
             log.info("result of unit %s not taken: %s", work.unit_id, answer.message)
 
@@ -179,5 +185,5 @@ class PullWorker(CoordinatorLink):
         except TException as exc:  # an undecodable request
             error = f"cannot decode the {call.method} request: {exc}"
         self._call("submit_call", lambda: ttypes.CallResult(
-            protocol_version=PROTOCOL_VERSION, node=self.name, call_id=call.call_id,
-            result=result, error=error))
+            protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret,
+            call_id=call.call_id, result=result, error=error))

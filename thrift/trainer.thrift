@@ -378,6 +378,9 @@ struct RegisterResult {
   2: required double heartbeat_seconds, // how often to heartbeat
   3: required double suspect_seconds,   // silence after which the node is suspect
   4: required double dead_seconds,      // ... and dead: its units are reclaimed
+  5: optional string secret,            // this registration's own: the node's later calls
+                                        // (heartbeat, lease, submit, leave) carry it, so no
+                                        // other node can act for it
 }
 
 struct HeartbeatRequest {
@@ -386,6 +389,7 @@ struct HeartbeatRequest {
   3: required i32 units_running,
   4: optional list<string> delaying, // "run_id/unit_id/attempt" of units in their load delay
   5: optional map<string, i64> progress, // as NodeInfo.progress
+  6: optional string secret,         // RegisterResult.secret of the node's registration
   100: optional string token,
 }
 
@@ -398,6 +402,7 @@ struct LeaseRequest {
   1: required i32 protocol_version,
   2: required string node,
   3: required double wait_seconds,   // how long the call may wait for a unit
+  4: optional string secret,         // RegisterResult.secret of the node's registration
   100: optional string token,
 }
 
@@ -422,6 +427,7 @@ struct CallResult {
   3: required string call_id,
   4: optional binary result,         // the method's result struct, binary protocol
   5: optional string error,          // InvalidRequest's message, if it raised
+  6: optional string secret,         // RegisterResult.secret of the node's registration
   100: optional string token,
 }
 
@@ -433,6 +439,7 @@ struct SubmitRequest {
   5: required i32 attempt,
   6: required TrainResult result,
   7: optional string error,          // the unit could not run here (InvalidRequest's message)
+  8: optional string secret,         // RegisterResult.secret of the node's registration
   100: optional string token,
 }
 
@@ -444,6 +451,7 @@ struct SubmitResult {
 struct LeaveRequest {
   1: required i32 protocol_version,
   2: required string node,
+  3: optional string secret,         // RegisterResult.secret of the node's registration
   100: optional string token,
 }
 

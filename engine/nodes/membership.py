@@ -6,12 +6,21 @@ line added to the nodes file. A pull node (behind NAT, in a notebook) accepts no
 connections: it leases units from its mailbox here with `lease_unit` and hands results
 back with `submit_result`; `pull_node.PullNodeHandle` makes such a node look to the engine
 like any other, so pushed and pulling nodes mix in one run.
+
+Each registration gets a secret of its own, which the node's later calls (heartbeat, lease,
+submit, leave) must carry: a call for a node without its secret is answered as for a node
+not registered, so another node, even one with the shared token, can neither settle its
+leases nor speak or leave for it. A registration under a name that a live node holds (heard
+within the suspect time) waits up to that time for it to fall silent (a node that restarted
+and registers again), then is refused: it would close the live node's mailbox.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
+import secrets
 import threading
 import time
 from collections import deque
@@ -28,6 +37,7 @@ log = logging.getLogger("coordinator.members")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 MAX_MEMBERS = 1024
 MAX_LEASE_WAIT_SECONDS = 10.0  # a lease call waits at most this long for work
+REGISTER_POLL_SECONDS = 0.25  # how often a registration checks whether a holder fell silent
 UnitKey = tuple[str, str, int]  # run_id, unit_id, attempt; (CALL, call_id, 0) for calls
 CALL = "\0call"  # no run id can start with a NUL
 
@@ -136,6 +146,11 @@ class Member:
     address: NodeAddress | None  # where a push node listens
     liveness: Liveness
     mailbox: Mailbox | None
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    def holds(self, secret: str | None) -> bool:
+        """Whether a call carrying ``secret`` comes from this registration."""
+        return secret is not None and hmac.compare_digest(secret.encode(), self.secret.encode())
 
 
 class Membership:
@@ -151,8 +166,11 @@ class Membership:
 
     def register(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
         member = self._member_of(request)
+        self._wait_until_free(member.name)
         with self._lock:
             old = self._members.get(member.name)
+            if old is not None and old.liveness.state() == "alive":  # it spoke meanwhile
+                raise MemberError(self._held(old))
             if old is None and len(self._members) >= MAX_MEMBERS:
                 raise MemberError(f"this coordinator already has {MAX_MEMBERS} registered nodes")
             if old is not None and old.mailbox is not None:
@@ -161,7 +179,25 @@ class Membership:
         log.info("node %s registered (%s)", member.name, "pull" if member.pull else "push")
         return ttypes.RegisterResult(node=member.name, heartbeat_seconds=self.heartbeat_seconds,
                                      suspect_seconds=self.suspect_seconds,
-                                     dead_seconds=self.dead_seconds)
+                                     dead_seconds=self.dead_seconds, secret=member.secret)
+
+    def _wait_until_free(self, name: str) -> None:
+        """Wait, up to the suspect time, until no live node holds ``name``; MemberError
+        if one still does (two nodes with one id, or another node posing as it)."""
+        deadline = time.monotonic() + self.suspect_seconds
+        while True:
+            old = self.get(name)
+            if old is None or old.liveness.state() != "alive":
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MemberError(self._held(old))
+            time.sleep(min(left, REGISTER_POLL_SECONDS))  # silence comes with time alone
+
+    def _held(self, old: Member) -> str:
+        return (f"node {old.name} is registered by a node still alive (heard "
+                f"{old.liveness.silent_seconds():.1f}s ago); give this node another "
+                f"--node-id, or stop the other one")
 
     def _member_of(self, request: ttypes.RegisterRequest) -> Member:
         if not NODE_ID.match(request.node_id or ""):
@@ -177,7 +213,7 @@ class Membership:
         return Member(str(address), request.node_id, False, address, liveness, None)
 
     def heartbeat(self, request: ttypes.HeartbeatRequest) -> ttypes.HeartbeatResult:
-        member = self.get(request.node)
+        member = self._caller(request.node, request.secret)
         if member is None:
             return ttypes.HeartbeatResult(known=False)
         member.liveness.heard(request.delaying, request.progress)
@@ -185,7 +221,7 @@ class Membership:
         return ttypes.HeartbeatResult(known=True, cancel=cancel or None)
 
     def lease(self, request: ttypes.LeaseRequest) -> ttypes.LeaseResult:
-        member = self.get(request.node)
+        member = self._caller(request.node, request.secret)
         if member is None or member.mailbox is None:
             return ttypes.LeaseResult(known=False)
         member.liveness.heard()
@@ -196,7 +232,7 @@ class Membership:
         return ttypes.LeaseResult(known=True, work=pending.request, call=pending.call)
 
     def submit(self, request: ttypes.SubmitRequest) -> ttypes.SubmitResult:
-        member = self.get(request.node)
+        member = self._caller(request.node, request.secret)
         if member is None or member.mailbox is None:
             return ttypes.SubmitResult(accepted=False, message="unknown node: register again")
         member.liveness.heard()
@@ -207,7 +243,7 @@ class Membership:
                                    message="no such lease: it expired or the unit was settled")
 
     def submit_call(self, request: ttypes.CallResult) -> ttypes.SubmitResult:
-        member = self.get(request.node)
+        member = self._caller(request.node, request.secret)
         if member is None or member.mailbox is None:
             return ttypes.SubmitResult(accepted=False, message="unknown node: register again")
         member.liveness.heard()
@@ -217,9 +253,10 @@ class Membership:
 
     def leave(self, request: ttypes.LeaveRequest) -> ttypes.LeaveResult:
         with self._lock:
-            member = self._members.pop(request.node, None)
-        if member is None:
-            return ttypes.LeaveResult(known=False)
+            member = self._members.get(request.node)
+            if member is None or not member.holds(request.secret):
+                return ttypes.LeaveResult(known=False)
+            del self._members[request.node]
         if member.mailbox is not None:
             member.mailbox.close("the node left")
         log.info("node %s left", member.name)
@@ -228,6 +265,16 @@ class Membership:
     def get(self, name: str) -> Member | None:
         with self._lock:
             return self._members.get(name)
+
+    def _caller(self, name: str, secret: str | None) -> Member | None:
+        """The registration ``name`` when the call carries its secret; else None, as for a
+        node not registered (logged: another node acting for it, or one registered anew)."""
+        member = self.get(name)
+        if member is not None and not member.holds(secret):
+            log.warning("refused a call for node %s without its registration's secret",
+                        name[:128])
+            return None
+        return member
 
     def members(self) -> list[Member]:
         with self._lock:

@@ -4312,15 +4312,17 @@ class RegisterResult(object):
      - heartbeat_seconds
      - suspect_seconds
      - dead_seconds
+     - secret
 
     """
 
 
-    def __init__(self, node=None, heartbeat_seconds=None, suspect_seconds=None, dead_seconds=None,):
+    def __init__(self, node=None, heartbeat_seconds=None, suspect_seconds=None, dead_seconds=None, secret=None,):
         self.node = node
         self.heartbeat_seconds = heartbeat_seconds
         self.suspect_seconds = suspect_seconds
         self.dead_seconds = dead_seconds
+        self.secret = secret
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -4351,6 +4353,11 @@ class RegisterResult(object):
                     self.dead_seconds = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4376,6 +4383,10 @@ class RegisterResult(object):
         if self.dead_seconds is not None:
             oprot.writeFieldBegin('dead_seconds', TType.DOUBLE, 4)
             oprot.writeDouble(self.dead_seconds)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 5)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4411,17 +4422,19 @@ class HeartbeatRequest(object):
      - units_running
      - delaying
      - progress
+     - secret
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, units_running=None, delaying=None, progress=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, units_running=None, delaying=None, progress=None, secret=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.units_running = units_running
         self.delaying = delaying
         self.progress = progress
+        self.secret = secret
         self.token = token
 
     def read(self, iprot):
@@ -4469,6 +4482,11 @@ class HeartbeatRequest(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -4510,6 +4528,10 @@ class HeartbeatRequest(object):
                 oprot.writeString(kiter162.encode('utf-8') if sys.version_info[0] == 2 else kiter162)
                 oprot.writeI64(viter163)
             oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 6)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -4623,15 +4645,17 @@ class LeaseRequest(object):
      - protocol_version
      - node
      - wait_seconds
+     - secret
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, wait_seconds=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, wait_seconds=None, secret=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.wait_seconds = wait_seconds
+        self.secret = secret
         self.token = token
 
     def read(self, iprot):
@@ -4656,6 +4680,11 @@ class LeaseRequest(object):
             elif fid == 3:
                 if ftype == TType.DOUBLE:
                     self.wait_seconds = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -4684,6 +4713,10 @@ class LeaseRequest(object):
         if self.wait_seconds is not None:
             oprot.writeFieldBegin('wait_seconds', TType.DOUBLE, 3)
             oprot.writeDouble(self.wait_seconds)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 4)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -4900,17 +4933,19 @@ class CallResult(object):
      - call_id
      - result
      - error
+     - secret
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, call_id=None, result=None, error=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, call_id=None, result=None, error=None, secret=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.call_id = call_id
         self.result = result
         self.error = error
+        self.secret = secret
         self.token = token
 
     def read(self, iprot):
@@ -4947,6 +4982,11 @@ class CallResult(object):
                     self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -4981,6 +5021,10 @@ class CallResult(object):
         if self.error is not None:
             oprot.writeFieldBegin('error', TType.STRING, 5)
             oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 6)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -5020,12 +5064,13 @@ class SubmitRequest(object):
      - attempt
      - result
      - error
+     - secret
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, run_id=None, unit_id=None, attempt=None, result=None, error=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, run_id=None, unit_id=None, attempt=None, result=None, error=None, secret=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.run_id = run_id
@@ -5033,6 +5078,7 @@ class SubmitRequest(object):
         self.attempt = attempt
         self.result = result
         self.error = error
+        self.secret = secret
         self.token = token
 
     def read(self, iprot):
@@ -5080,6 +5126,11 @@ class SubmitRequest(object):
                     self.error = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -5122,6 +5173,10 @@ class SubmitRequest(object):
         if self.error is not None:
             oprot.writeFieldBegin('error', TType.STRING, 7)
             oprot.writeString(self.error.encode('utf-8') if sys.version_info[0] == 2 else self.error)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 8)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -5232,14 +5287,16 @@ class LeaveRequest(object):
     Attributes:
      - protocol_version
      - node
+     - secret
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, secret=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
+        self.secret = secret
         self.token = token
 
     def read(self, iprot):
@@ -5259,6 +5316,11 @@ class LeaveRequest(object):
             elif fid == 2:
                 if ftype == TType.STRING:
                     self.node = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -5283,6 +5345,10 @@ class LeaveRequest(object):
         if self.node is not None:
             oprot.writeFieldBegin('node', TType.STRING, 2)
             oprot.writeString(self.node.encode('utf-8') if sys.version_info[0] == 2 else self.node)
+            oprot.writeFieldEnd()
+        if self.secret is not None:
+            oprot.writeFieldBegin('secret', TType.STRING, 3)
+            oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -6929,6 +6995,7 @@ RegisterResult.thrift_spec = (
     (2, TType.DOUBLE, 'heartbeat_seconds', None, None, ),  # 2
     (3, TType.DOUBLE, 'suspect_seconds', None, None, ),  # 3
     (4, TType.DOUBLE, 'dead_seconds', None, None, ),  # 4
+    (5, TType.STRING, 'secret', 'UTF8', None, ),  # 5
 )
 all_structs.append(HeartbeatRequest)
 HeartbeatRequest.thrift_spec = (
@@ -6938,7 +7005,7 @@ HeartbeatRequest.thrift_spec = (
     (3, TType.I32, 'units_running', None, None, ),  # 3
     (4, TType.LIST, 'delaying', (TType.STRING, 'UTF8', False), None, ),  # 4
     (5, TType.MAP, 'progress', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 5
-    None,  # 6
+    (6, TType.STRING, 'secret', 'UTF8', None, ),  # 6
     None,  # 7
     None,  # 8
     None,  # 9
@@ -7046,7 +7113,7 @@ LeaseRequest.thrift_spec = (
     (1, TType.I32, 'protocol_version', None, None, ),  # 1
     (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
     (3, TType.DOUBLE, 'wait_seconds', None, None, ),  # 3
-    None,  # 4
+    (4, TType.STRING, 'secret', 'UTF8', None, ),  # 4
     None,  # 5
     None,  # 6
     None,  # 7
@@ -7167,7 +7234,7 @@ CallResult.thrift_spec = (
     (3, TType.STRING, 'call_id', 'UTF8', None, ),  # 3
     (4, TType.STRING, 'result', 'BINARY', None, ),  # 4
     (5, TType.STRING, 'error', 'UTF8', None, ),  # 5
-    None,  # 6
+    (6, TType.STRING, 'secret', 'UTF8', None, ),  # 6
     None,  # 7
     None,  # 8
     None,  # 9
@@ -7273,7 +7340,7 @@ SubmitRequest.thrift_spec = (
     (5, TType.I32, 'attempt', None, None, ),  # 5
     (6, TType.STRUCT, 'result', [TrainResult, None], None, ),  # 6
     (7, TType.STRING, 'error', 'UTF8', None, ),  # 7
-    None,  # 8
+    (8, TType.STRING, 'secret', 'UTF8', None, ),  # 8
     None,  # 9
     None,  # 10
     None,  # 11
@@ -7378,7 +7445,7 @@ LeaveRequest.thrift_spec = (
     None,  # 0
     (1, TType.I32, 'protocol_version', None, None, ),  # 1
     (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
-    None,  # 3
+    (3, TType.STRING, 'secret', 'UTF8', None, ),  # 3
     None,  # 4
     None,  # 5
     None,  # 6

@@ -63,19 +63,22 @@ class PullAttacker(threading.Thread):
 
     def run(self) -> None:
         with AttackerClient(Coordinator, self.port) as client:
-            name = client.register_node(ttypes.RegisterRequest(
-                protocol_version=PROTOCOL_VERSION, node_id="evil", pull=True)).node
+            registered = client.register_node(ttypes.RegisterRequest(
+                protocol_version=PROTOCOL_VERSION, node_id="evil", pull=True))
+            name, secret = registered.node, registered.secret
             for _ in range(self.MAX_LEASES):
                 if self.stopped.is_set():
                     return
                 lease = client.lease_unit(ttypes.LeaseRequest(
-                    protocol_version=PROTOCOL_VERSION, node=name, wait_seconds=1.0))
+                    protocol_version=PROTOCOL_VERSION, node=name, wait_seconds=1.0,
+                    secret=secret))
                 if lease.work is None:
                     continue
                 work = lease.work
                 client.submit_result(ttypes.SubmitRequest(
-                    protocol_version=PROTOCOL_VERSION, node=name, run_id=work.run_id,
-                    unit_id=work.unit_id, attempt=work.attempt, result=self.answer(work)))
+                    protocol_version=PROTOCOL_VERSION, node=name, secret=secret,
+                    run_id=work.run_id, unit_id=work.unit_id, attempt=work.attempt,
+                    result=self.answer(work)))
                 self.answered += 1
 
 

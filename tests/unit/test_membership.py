@@ -56,10 +56,10 @@ def test_a_pull_handle_returns_what_the_node_submits() -> None:
 
     def node() -> None:
         lease = membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name,
-                                                     wait_seconds=5.0))
+                                                     wait_seconds=5.0, secret=member.secret))
         membership.submit(ttypes.SubmitRequest(
             protocol_version=V, node=name, run_id="r1", unit_id=lease.work.unit_id,
-            attempt=lease.work.attempt, result=done("from the node")))
+            attempt=lease.work.attempt, result=done("from the node"), secret=member.secret))
 
     threading.Thread(target=node, daemon=True).start()
     assert handle.train(task()).message == "from the node"
@@ -72,7 +72,8 @@ def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
     leased = threading.Event()
 
     def node() -> None:
-        membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=5.0))
+        membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=5.0,
+                                             secret=member.secret))
         leased.set()
 
     threading.Thread(target=node, daemon=True).start()
@@ -81,11 +82,11 @@ def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
     with pytest.raises(AttemptAborted, match="late"):
         handle.train(task())
     beat = membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
-                                                        units_running=1))
+                                                        units_running=1, secret=member.secret))
     assert beat.cancel == ["r1/u1/1"]
     assert not membership.submit(ttypes.SubmitRequest(
         protocol_version=V, node=name, run_id="r1", unit_id="u1", attempt=1,
-        result=done())).accepted  # too late: the unit went elsewhere
+        result=done(), secret=member.secret)).accepted  # too late: the unit went elsewhere
 
 
 def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
@@ -93,7 +94,8 @@ def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
     name, member = pull_member(membership)
     assert member.liveness.last_progress("r1/u1/1") is None
     membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
-                                                 units_running=1, progress={"r1/u1/1": 12}))
+                                                 units_running=1, progress={"r1/u1/1": 12},
+                                                 secret=member.secret))
     assert member.liveness.last_progress("r1/u1/1") is not None
 
 
@@ -101,10 +103,12 @@ def test_leaving_fails_what_the_node_held_and_forgets_it() -> None:
     membership = Membership()
     name, member = pull_member(membership)
     pending = member.mailbox.put(work())
-    assert membership.leave(ttypes.LeaveRequest(protocol_version=V, node=name)).known
+    assert membership.leave(ttypes.LeaveRequest(protocol_version=V, node=name,
+                                                secret=member.secret)).known
     assert pending.done.is_set() and pending.failure == "the node left"
     assert not membership.heartbeat(ttypes.HeartbeatRequest(
-        protocol_version=V, node=name, units_running=0)).known  # register again
+        protocol_version=V, node=name, units_running=0,
+        secret=member.secret)).known  # register again
     with pytest.raises(AttemptAborted):
         member.mailbox.put(work("u2"))
 
@@ -119,3 +123,51 @@ def test_registrations_are_checked_and_push_nodes_give_an_address() -> None:
         protocol_version=V, node_id="a", pull=False, host="10.0.0.7", port=9091))
     assert result.node == "10.0.0.7:9091"
     assert [str(a) for a in membership.push_addresses()] == ["10.0.0.7:9091"]
+
+
+def test_only_the_registration_that_took_a_lease_settles_it() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    pending = member.mailbox.put(work())
+    assert membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name,
+                                                wait_seconds=1.0, secret=member.secret)).work
+    for secret in (None, "0" * 32):  # another node, with the token, acting for this one
+        forged = ttypes.SubmitRequest(protocol_version=V, node=name, run_id="r1", unit_id="u1",
+                                      attempt=1, result=done("forged"), secret=secret)
+        assert not membership.submit(forged).accepted
+        assert not membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name,
+                                                        wait_seconds=0.0, secret=secret)).known
+        assert not membership.heartbeat(ttypes.HeartbeatRequest(
+            protocol_version=V, node=name, units_running=0, secret=secret)).known
+        assert not membership.leave(ttypes.LeaveRequest(protocol_version=V, node=name,
+                                                        secret=secret)).known
+    assert not pending.done.is_set()
+    assert membership.submit(ttypes.SubmitRequest(
+        protocol_version=V, node=name, run_id="r1", unit_id="u1", attempt=1,
+        result=done("own"), secret=member.secret)).accepted
+    assert pending.result.message == "own"
+
+
+def test_a_live_nodes_id_cannot_be_registered_again_but_a_silent_ones_can() -> None:
+    membership = Membership(suspect_seconds=0.2, dead_seconds=1.0)
+    name, member = pull_member(membership)
+    pending = member.mailbox.put(work())
+    stop = threading.Event()
+
+    def alive() -> None:  # the node heartbeats while another registers under its id
+        while not stop.wait(0.05):
+            membership.heartbeat(ttypes.HeartbeatRequest(
+                protocol_version=V, node=name, units_running=0, secret=member.secret))
+
+    beating = threading.Thread(target=alive, daemon=True)
+    beating.start()
+    try:
+        with pytest.raises(MemberError, match="still alive"):
+            pull_member(membership)
+        assert not pending.done.is_set()  # its mailbox stays open
+    finally:
+        stop.set()
+        beating.join(5.0)
+    again, restarted = pull_member(membership)  # silent now: as a node that restarted
+    assert again == name and restarted.secret != member.secret
+    assert pending.done.is_set() and "registered again" in pending.failure
