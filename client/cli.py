@@ -124,7 +124,8 @@ def uses_config(argv: list[str]) -> bool:
 def build_train_parser(with_config: bool = False) -> TrainParser:
     """The train command; with --config, what follows the port comes from the file instead."""
     parser = TrainParser(
-        prog="client.py", usage=TRAIN_USAGE,
+        prog=arg_types.command_name("client.py"),
+        usage=TRAIN_USAGE.replace("client.py", arg_types.command_name("client.py")),
         hints=CONFIG_FORM_HINTS if with_config else POSITIONAL_FORM_HINTS,
         description="Train a model on the coordinator's compute nodes and print the final "
                     "validation error\n(a GAN: its latest IS and FID).\nOther actions: client.py "
@@ -241,7 +242,8 @@ def add_json_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="client.py", description="Client actions.")
+    parser = argparse.ArgumentParser(prog=arg_types.command_name("client.py"),
+                                     description="Client actions.")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="progress of a run (default: the latest)")
     add_endpoint(status)

@@ -32,7 +32,7 @@ from wire.rpc import ThriftServer
 def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     """Push form: `<port> <load_prob>`; pull form: `--pull HOST:PORT <load_prob>`."""
     parser = argparse.ArgumentParser(
-        prog="compute_node.py",
+        prog=arg_types.command_name("compute_node.py"),
         description="Run a compute node: it trains the work units a coordinator sends it. "
                     "A node that cannot accept connections (behind NAT, in a notebook) "
                     "dials out instead with --pull HOST:PORT and leases units.",

@@ -67,7 +67,7 @@ def limits_from(args: argparse.Namespace) -> RequestLimits:
 def build_parser() -> argparse.ArgumentParser:
     policies = ", ".join(f"{n} {name}" for n, name in POLICY_NAMES.items())
     parser = argparse.ArgumentParser(
-        prog="coordinator_node.py",
+        prog=arg_types.command_name("coordinator_node.py"),
         description="Run the coordinator: it splits training into work units and sends them, "
                     "with the current weights, to the compute nodes of the nodes file.",
         epilog="Example: python coordinator_node.py 9095 2",

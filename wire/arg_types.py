@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 MAX_PORT = 65535
 MAX_SEED = 2**31 - 1  # every seeded generator of the project accepts [0, 2**31)
@@ -69,3 +71,10 @@ factor = float_range(1.0, 1000.0, low_inclusive=True)  # how many times slower, 
 
 NUMERIC_TYPES = (listen_port, port, positive_int, non_negative_int, seed, seconds,
                  probability, positive_float, non_negative_float, non_negative_seconds, factor)
+
+
+def command_name(script: str) -> str:
+    """The name a command is run by, for its usage lines: an installed console script's
+    (``trainer-client``), else the repository's script (``client.py``)."""
+    invoked = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return invoked if invoked.startswith("trainer-") else script

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 import pytest
 
@@ -191,3 +192,10 @@ def test_the_clients_help_names_every_gan_model() -> None:
     text = re.sub(r"-\s+", "-", " ".join(wrapped.split()))  # lines joined, hyphens too
     for model in GAN_MODELS:
         assert model in text, model
+
+
+def test_an_installed_command_names_itself_in_its_usage(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/trainer-client", "--help"])
+    assert client_cli.build_train_parser().format_usage().startswith("usage: trainer-client ")
+    monkeypatch.setattr(sys, "argv", ["client.py"])
+    assert client_cli.build_train_parser().format_usage().startswith("usage: client.py ")
