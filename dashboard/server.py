@@ -2,11 +2,14 @@
 
 It shares nothing with the Thrift server but the coordinator's state, read through
 `dashboard.views.Views` (cached), so a page or a scrape never waits on a training call
-and a training call never waits on a page. Connections beyond `MAX_CONNECTIONS` get 503.
+and a training call never waits on a page. What a peer can cost it (connections in all and
+per address, the time a request may take to arrive, the size of its head and body) is
+bounded in `dashboard.guards`, which also does the TLS handshake.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -17,12 +20,18 @@ import uvicorn
 
 from dashboard.access import Access
 from dashboard.app import build_app
+from dashboard.guards import (
+    MAX_HEAD_BYTES,
+    REQUEST_SECONDS,
+    BodyLimit,
+    GuardedProtocol,
+    Guards,
+)
 from dashboard.prometheus import TimedHandler, latency_histogram, registry_for
 from dashboard.views import Coordinator, Views
+from wire import security
 
 log = logging.getLogger("coordinator.dashboard")
-MAX_CONNECTIONS = 64
-KEEP_ALIVE_SECONDS = 15
 
 
 @dataclass
@@ -49,11 +58,17 @@ class Dashboard:
         self.port: int = self._socket.getsockname()[1]
         self.url = (f"{'https' if settings.tls_cert else 'http'}://"
                     f"{_url_host(settings.host)}:{self.port}/")
-        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", loop="asyncio", http="h11",
-                                limit_concurrency=MAX_CONNECTIONS,
-                                timeout_keep_alive=KEEP_ALIVE_SECONDS, timeout_graceful_shutdown=2,
-                                ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+        tls = security.server_context(settings.tls_cert, settings.tls_key) \
+            if settings.tls_cert and settings.tls_key else None
+        guards = Guards(self.port, tls)
+        # The guards bound connections (uvicorn's own limit would answer 503 to everyone
+        # once idle peers fill it) and do TLS themselves, so uvicorn gets neither.
+        config = uvicorn.Config(BodyLimit(app), log_config=None, log_level="warning",
+                                access_log=False, lifespan="off", loop="asyncio",
+                                http=functools.partial(GuardedProtocol, guards=guards),
+                                limit_concurrency=None, timeout_keep_alive=REQUEST_SECONDS,
+                                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                                timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
