@@ -72,3 +72,34 @@ def test_token_less_peers_announcing_big_frames_do_not_starve_callers_with_the_t
     finally:
         for sock in attackers:
             sock.close()
+
+
+def test_refused_token_less_frames_are_not_kept_while_their_connections_stay_open(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A frame without the token is answered Unauthorized; its connection may stay open
+    (until the idle timeout), but not its memory: the budget for unfinished frames bounds
+    what such peers cost."""
+    token = tmp_path / "token"
+    token.write_text("kept-token")
+    node = cluster.add_node(0.0, "--token-file", str(token))
+    with connect(ComputeNode.Client, HOST, node.port, token="kept-token",
+                 read_timeout=10.0) as client:  # warmed up: imports are not counted
+        client.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION))
+    before = resident_bytes(node)
+    frame = frame_header(96 * MIB) + bytes(96 * MIB)  # garbage, but whole: it is read
+    held = [attacker_socket(node.port) for _ in range(4)]
+    try:
+        for sock in held:
+            sock.sendall(frame)
+            sock.settimeout(10.0)
+            assert sock.recv(1 << 16), "no answer to a frame without the token"
+
+        def grown() -> int:
+            return resident_bytes(node) - before
+
+        assert wait_until(lambda: grown() < 48 * MIB, 15.0), \
+            f"the node holds {grown() / MIB:.0f} MiB for four refused frames"
+        assert not any(hangs_up_within(sock, 0.01) for sock in held)  # still open
+    finally:
+        for sock in held:
+            sock.close()
