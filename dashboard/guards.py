@@ -60,6 +60,7 @@ class GuardedProtocol(H11Protocol):
         self._host: str | None = None  # the address whose slot this connection holds
         self._due: asyncio.TimerHandle | None = None
         self._early: list[bytes] = []  # decrypted before uvicorn's part was set up
+        self._handshake: asyncio.Task[None] | None = None  # held: a task must be referenced
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         address = get_remote_addr(transport)  # type: ignore[arg-type]
@@ -74,7 +75,8 @@ class GuardedProtocol(H11Protocol):
         if self.guards.tls is None:
             super().connection_made(transport)  # type: ignore[arg-type]
         else:
-            self.loop.create_task(self._secure(transport))  # type: ignore[arg-type]
+            self._handshake = self.loop.create_task(
+                self._secure(transport))  # type: ignore[arg-type]
 
     async def _secure(self, transport: asyncio.Transport) -> None:
         """The TLS handshake, within the deadline of the connection's first request."""
