@@ -37,8 +37,9 @@ def own_model(cluster):
 def _trained(cluster, *args: str) -> dict:
     result = cluster.train_json(*LETTERS_TABLE, *args, timeout=300)
     errors = [h["validation_error"] for h in result["history"]]
-    assert errors[-1] < 0.6, errors  # 26 classes: guessing is 0.96
-    assert errors[-1] < errors[0], errors
+    # 26 classes: the untrained model guesses (0.96); an asynchronous run may reach its
+    # level within round 1 and move about it after
+    assert errors[-1] < 0.6, errors
     return result
 
 
