@@ -2,15 +2,19 @@
 
 A path's steady-state measurement (`PathResult`), the index ranges a worker takes as
 sync_sgd's units walk the training part (`unit_ranges`), torch DistributedDataParallel
-ranks spawned on this machine (`spawn_ranks`), and a training run through real node,
+ranks spawned on this machine (`spawn_ranks`), a training run through real node,
 coordinator and client processes with the times its coordinator logged for each round
-(`train_on_cluster`, `round_times`). Every process is ended by its PID.
+(`train_on_cluster`, `round_times`), and the same memory allocator settings for every
+process of a comparison (`keep_freed_memory`). Every process is ended by its PID.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import math
+import os
 import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +28,10 @@ from devtools import local_cluster
 ROUND_LINE = re.compile(r"^(\S+ \S+) coordinator INFO round (\d+)/\d+: validation error")
 UNIT_LINE = re.compile(r"node INFO unit \S+ round (\d+) done: \d+ samples in ([\d.]+)s")
 RANK_JOIN_SECONDS = 600
+# glibc malloc: blocks up to 32 MiB from the heap, and freed memory kept in it (not
+# returned to the system until 1 GiB lies free at its top).
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * 2**20, 2**30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers
 
 
 @dataclass
@@ -80,6 +88,23 @@ def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(10)
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory for reuse, in this process (mallopt) and
+    in every process started from it afterwards (its environment). With the defaults, the
+    large tensors of a torch step go back to the system when freed and come back as fresh
+    pages, page fault after page fault, as often as each process's allocation history
+    makes its thresholds say: two processes running the same maths then differ by 10-15 %
+    on a CNN. False where the C library is not glibc (nothing is changed)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    os.environ.update(MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+                      MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD))
+    return bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def round_times(log: str) -> dict[int, float]:
