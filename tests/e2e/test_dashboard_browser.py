@@ -65,8 +65,10 @@ def test_the_run_page_follows_a_run_live(cluster: Cluster, browser) -> None:
                       ignored_exceptions=[StaleElementReferenceException]).until(
             lambda _: condition(), message=f"{what}\n{cluster.logs()[-3000:]}")
 
+    # The page polls once a second: each reply is held so that the run lasts several
+    # seconds and the page sees it running, not only completed.
     for _ in range(2):
-        cluster.add_node(0.0)
+        cluster.add_node(0.0, "--link-delay-ms", "100")
     coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
     url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
     # The page is open before the run exists: it keeps polling until the run appears.
