@@ -53,6 +53,7 @@ from devtools.machine import cpu_model  # noqa: E402
 from devtools.throughput import (  # noqa: E402
     PathResult,
     spawn_ranks,
+    timed_ddp_steps,
     train_on_cluster,
     unit_ranges,
 )
@@ -207,23 +208,9 @@ def _ddp_worker(rank: int, world: int, port: int, unit: int, batch: int, seconds
             z = torch.randn(stop - start, g.z_dim, generator=noise)
             ddp_step(model, opt_g, opt_d, images[start:stop], z, batch)
 
-        for _ in range(WARMUP_STEPS):
-            step()
-        dist.barrier()
-        began = time.perf_counter()
-        for _ in range(WARMUP_STEPS):
-            step()
-        pace = (time.perf_counter() - began) / WARMUP_STEPS
-        steps = torch.tensor([max(1, int(seconds / pace))])
-        dist.broadcast(steps, src=0)
-        dist.barrier()
-        began = time.perf_counter()
-        for _ in range(int(steps)):
-            step()
-        dist.barrier()
-        elapsed = time.perf_counter() - began
+        steps, elapsed = timed_ddp_steps(step, seconds, WARMUP_STEPS)
         if rank == 0:
-            Path(out_path).write_text(json.dumps({"steps": int(steps), "seconds": elapsed}))
+            Path(out_path).write_text(json.dumps({"steps": steps, "seconds": elapsed}))
     finally:
         dist.destroy_process_group()
 

@@ -2,7 +2,8 @@
 
 A path's steady-state measurement (`PathResult`), the index ranges a worker takes as
 sync_sgd's units walk the training part (`unit_ranges`), torch DistributedDataParallel
-ranks spawned on this machine (`spawn_ranks`), a training run through real node,
+ranks spawned on this machine (`spawn_ranks`) and their timed steady state
+(`timed_ddp_steps`), a training run through real node,
 coordinator and client processes with the times its coordinator logged for each round
 (`train_on_cluster`, `round_times`), and the same memory allocator settings for every
 process of a comparison (`keep_freed_memory`). Every process is ended by its PID.
@@ -17,6 +18,7 @@ import math
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,6 +80,9 @@ def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
     ended, and terminates, by its PID, any rank still alive when it fails."""
     import torch.multiprocessing as mp  # only the benchmarks that run DDP import torch here
 
+    # The ranks' links to each other on loopback too: by default gloo takes the address
+    # the host name resolves to, where a rank that cannot connect aborts (SIGABRT).
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     ctx = mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world,
                              join=False, start_method="spawn")
     try:
@@ -88,6 +93,30 @@ def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(10)
+
+
+def timed_ddp_steps(step: Callable[[], None], seconds: float, warmup: int = 3) -> tuple[int, float]:
+    """A DDP rank's steady state: ``warmup`` steps, ``warmup`` more to measure the pace,
+    then as many steps as fill about ``seconds`` (rank 0's count, broadcast so that every
+    rank takes the same), timed between barriers. Returns (steps, seconds)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    pace = (time.perf_counter() - began) / warmup
+    steps = torch.tensor([max(1, int(seconds / pace))])
+    dist.broadcast(steps, src=0)
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(int(steps)):
+        step()
+    dist.barrier()
+    return int(steps), time.perf_counter() - began
 
 
 def keep_freed_memory() -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
-from devtools.throughput import PathResult, spawn_ranks, unit_ranges
+from devtools.throughput import PathResult, spawn_ranks, timed_ddp_steps, unit_ranges
 
 WARMUP_STEPS = 3
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -143,7 +142,6 @@ def ddp(work: Workload, world: int, seconds: float) -> PathResult:
 def _ddp_rank(rank: int, world: int, port: int, work: Workload, seconds: float,
               out: str) -> None:
     """One rank: warm-up, agree on a step count from the warm-up's pace, time it."""
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' own links on 127.0.0.1 too
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -162,22 +160,8 @@ def _ddp_rank(rank: int, world: int, port: int, work: Workload, seconds: float,
                        lambda last: contextlib.nullcontext() if last else model.no_sync())
             optimizer.step()
 
-        for _ in range(WARMUP_STEPS):
-            step()
-        dist.barrier()
-        began = time.perf_counter()
-        for _ in range(WARMUP_STEPS):
-            step()
-        pace = (time.perf_counter() - began) / WARMUP_STEPS
-        steps = torch.tensor([max(1, int(seconds / pace))])
-        dist.broadcast(steps, src=0)
-        dist.barrier()
-        began = time.perf_counter()
-        for _ in range(int(steps)):
-            step()
-        dist.barrier()
-        elapsed = time.perf_counter() - began
+        steps, elapsed = timed_ddp_steps(step, seconds, WARMUP_STEPS)
         if rank == 0:
-            Path(out).write_text(json.dumps({"steps": int(steps), "seconds": elapsed}))
+            Path(out).write_text(json.dumps({"steps": steps, "seconds": elapsed}))
     finally:
         dist.destroy_process_group()
