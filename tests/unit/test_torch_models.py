@@ -94,11 +94,12 @@ def test_a_built_in_metric_and_loss_are_scored_from_one_forward_pass(metric, los
     model = _Counted(3, 4)
     inputs = torch.randn(6, 3)
     targets = torch.randint(0, 4, (6,)) if classes else torch.randn(6, 4)
-    expected = (float(metric(model, inputs, targets)), float(loss(model, inputs, targets)))
-    model.calls = 0
-    assert objectives.metric_and_loss(metric, loss, model, inputs, targets) == expected
-    assert model.calls == 1
-    own = objectives.metric_and_loss(lambda m, x, y: 0.25, loss, model, inputs, targets)
+    with torch.no_grad():  # as evaluate() scores: no graph kept
+        expected = (float(metric(model, inputs, targets)), float(loss(model, inputs, targets)))
+        model.calls = 0
+        assert objectives.metric_and_loss(metric, loss, model, inputs, targets) == expected
+        assert model.calls == 1
+        own = objectives.metric_and_loss(lambda m, x, y: 0.25, loss, model, inputs, targets)
     assert own == (0.25, expected[1]) and model.calls == 2  # a metric of one's own: its call
 
 
