@@ -133,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="AdamW weight decay, every path (default 0.1)")
     parser.add_argument("--evals", type=int, default=5,
                         help="validation scores along each run (default 5)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="a 1-layer model of width 32, to check the bench quickly")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"where the figures go (default {RESULTS.relative_to(REPO)}; "
-                             "none with --tiny)")
+    gpt_example.add_output_options(parser, RESULTS.relative_to(REPO))
     args = parser.parse_args(argv)
     if args.steps % args.inner_steps or (args.steps // args.inner_steps) % args.evals:
         parser.error("--steps must be a multiple of --inner-steps x --evals")

@@ -113,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="micro-batch (default 16)")
     parser.add_argument("--seconds", type=float, default=25.0,
                         help="aimed steady-state seconds of each path (default 25)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="a 1-layer model of width 32, to check the bench quickly")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"where the figures go (default {RESULTS.relative_to(REPO)}; "
-                             "none with --tiny)")
+    gpt_example.add_output_options(parser, RESULTS.relative_to(REPO))
     args = parser.parse_args(argv)
     model_args = gpt_example.TINY_ARGS if args.tiny else gpt_example.MODEL_ARGS
     parameters = gpt_example.parameters(model_args)

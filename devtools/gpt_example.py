@@ -9,6 +9,7 @@ itself, so that a baseline and a run train the same maths on the same windows.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from pathlib import Path
@@ -83,3 +84,12 @@ def client_args(config: str, sets: dict[str, Any]) -> list[str]:
     """The client's arguments for one of the example's configs with ``--set`` overrides."""
     return ["--config", str(EXAMPLE / config),
             *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]]
+
+
+def add_output_options(parser: argparse.ArgumentParser, results: Path) -> None:
+    """A language-model bench's --tiny (a model small enough to check the bench itself)
+    and --out (where the figures go: ``results`` by default, nowhere with --tiny)."""
+    parser.add_argument("--tiny", action="store_true",
+                        help="a 1-layer model of width 32, to check the bench quickly")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where the figures go (default {results}; none with --tiny)")
