@@ -192,6 +192,7 @@ def _ddp_worker(rank: int, world: int, port: int, model_args: dict[str, Any], ro
             Path(out_path).write_text(json.dumps(
                 {"seconds": stamps[-2] - stamps[0], "images": len(setup.data.train),
                  "accuracy": accuracy(setup, model.module)}))
+        dist.barrier()  # see spawn_ranks: the ranks tear their group down together
     finally:
         dist.destroy_process_group()
 

@@ -211,6 +211,7 @@ def _ddp_worker(rank: int, world: int, port: int, unit: int, batch: int, seconds
         steps, elapsed = timed_ddp_steps(step, seconds, WARMUP_STEPS)
         if rank == 0:
             Path(out_path).write_text(json.dumps({"steps": steps, "seconds": elapsed}))
+        dist.barrier()  # see spawn_ranks: the ranks tear their group down together
     finally:
         dist.destroy_process_group()
 

@@ -77,11 +77,16 @@ def free_port() -> int:
 def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
     """``worker(rank, world, port, *args)`` in ``world`` spawned processes that meet on a
     free port of 127.0.0.1 (gloo's ``tcp://`` rendezvous); returns when every rank has
-    ended, and terminates, by its PID, any rank still alive when it fails."""
+    ended, and terminates, by its PID, any rank still alive when it fails. A worker ends with
+    ``dist.barrier()`` before ``dist.destroy_process_group()``, so that no rank tears its
+    gloo group down while another still works (rank 0 scoring the model, say). Known:
+    with torch 2.13 on the 2-core VM, a gloo rank sometimes aborts mid-run ("terminate
+    called without an active exception", SIGABRT; about one full CNN bench in four, never
+    when the DDP path runs alone); the bench then fails with that error and is run again."""
     import torch.multiprocessing as mp  # only the benchmarks that run DDP import torch here
 
-    # The ranks' links to each other on loopback too: by default gloo takes the address
-    # the host name resolves to, where a rank that cannot connect aborts (SIGABRT).
+    # The ranks' links to each other on loopback too, not on whatever interface the host
+    # name resolves to: benchmarks talk to 127.0.0.0/8 only.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     ctx = mp.start_processes(worker, args=(world, free_port(), *args), nprocs=world,
                              join=False, start_method="spawn")
