@@ -208,10 +208,7 @@ def _ddp_worker(rank: int, world: int, port: int, unit: int, batch: int, seconds
             z = torch.randn(stop - start, g.z_dim, generator=noise)
             ddp_step(model, opt_g, opt_d, images[start:stop], z, batch)
 
-        steps, elapsed = timed_ddp_steps(step, seconds, WARMUP_STEPS)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps({"steps": steps, "seconds": elapsed}))
-        dist.barrier()  # see spawn_ranks: the ranks tear their group down together
+        timed_ddp_steps(step, seconds, out_path, WARMUP_STEPS)
     finally:
         dist.destroy_process_group()
 

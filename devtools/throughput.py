@@ -100,10 +100,12 @@ def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:
                 proc.join(10)
 
 
-def timed_ddp_steps(step: Callable[[], None], seconds: float, warmup: int = 3) -> tuple[int, float]:
+def timed_ddp_steps(step: Callable[[], None], seconds: float, out: str | Path,
+                    warmup: int = 3) -> None:
     """A DDP rank's steady state: ``warmup`` steps, ``warmup`` more to measure the pace,
     then as many steps as fill about ``seconds`` (rank 0's count, broadcast so that every
-    rank takes the same), timed between barriers. Returns (steps, seconds)."""
+    rank takes the same), timed between barriers. Rank 0 writes {"steps", "seconds"} as
+    JSON to ``out``; then every rank waits for the others (see `spawn_ranks`)."""
     import torch
     import torch.distributed as dist
 
@@ -121,7 +123,10 @@ def timed_ddp_steps(step: Callable[[], None], seconds: float, warmup: int = 3) -
     for _ in range(int(steps)):
         step()
     dist.barrier()
-    return int(steps), time.perf_counter() - began
+    elapsed = time.perf_counter() - began
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps({"steps": int(steps), "seconds": elapsed}))
+    dist.barrier()
 
 
 def keep_freed_memory() -> bool:

@@ -160,9 +160,6 @@ def _ddp_rank(rank: int, world: int, port: int, work: Workload, seconds: float,
                        lambda last: contextlib.nullcontext() if last else model.no_sync())
             optimizer.step()
 
-        steps, elapsed = timed_ddp_steps(step, seconds, WARMUP_STEPS)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"steps": steps, "seconds": elapsed}))
-        dist.barrier()  # see spawn_ranks: the ranks tear their group down together
+        timed_ddp_steps(step, seconds, out, WARMUP_STEPS)
     finally:
         dist.destroy_process_group()
