@@ -15,7 +15,14 @@ Times run from the first byte sent to the reply received; MiB/s counts tensor
 bytes (float32), whatever the path puts on the wire. Every server process is
 ended by its PID before the script exits.
 
+With `--big`, payloads of 256 MiB, 1 GiB and 4 GiB (or `--big-sizes-mib`) go through
+paths 1 and 2 only (list<double> would take minutes and gigabytes): ours travels in
+chunks (wire/chunks.py), and the table adds the peak resident memory of the sender
+(this process) and the receiver beyond the tensor itself, read from /proc after
+resetting each process's peak (`/proc/PID/clear_refs`).
+
     python bench/wire_bench.py [--size-mib 16] [--reps 7] [--warmup 1]
+    python bench/wire_bench.py --big [--reps 3] [--big-sizes-mib 256,1024,4096]
 """
 
 from __future__ import annotations
@@ -265,16 +272,43 @@ def run_path(
     arr: np.ndarray,
     reps: int,
     warmup: int,
+    memory: dict[str, int] | None = None,
 ) -> float:
+    """MiB/s of one path; with `memory`, also fills in the peak resident bytes of the
+    receiver and of this process during the timed sends beyond what they held before."""
     proc, port = start_server(server_args)
     try:
         send, close = make_sender(port)
         try:
-            return measure(send, arr, reps, warmup)
+            if memory is None:
+                return measure(send, arr, reps, warmup)
+            send(arr)  # warm: connections, imports, the first buffers
+            before = {"receiver": reset_peak(proc.pid), "sender": reset_peak(os.getpid())}
+            speed = measure(send, arr, reps, warmup=0)
+            memory["receiver"] = peak_bytes(proc.pid) - before["receiver"]
+            memory["sender"] = peak_bytes(os.getpid()) - before["sender"]
+            return speed
         finally:
             close()
     finally:
         stop_process(proc)
+
+
+def reset_peak(pid: int) -> int:
+    """Make the process's peak resident size its current one; returns that size."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return _status_kib(pid, "VmRSS") * 1024
+
+
+def peak_bytes(pid: int) -> int:
+    return _status_kib(pid, "VmHWM") * 1024
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {key}")
 
 
 def machine() -> str:
@@ -311,11 +345,41 @@ def table(size_mib: float, reps: int, results: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def big_table(reps: int, rows: list[tuple[int, float, float, dict[str, int]]]) -> str:
+    lines = [f"| payload | raw MiB/s | ours MiB/s | x raw | sender peak beyond the tensor "
+             f"| receiver peak beyond the tensor |  (median of {reps})",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for size_mib, raw, ours, memory in rows:
+        beyond = memory["receiver"] - size_mib * 2**20  # the received tensor itself
+        lines.append(f"| {size_mib:,} MiB | {raw:,.0f} | {ours:,.0f} | {ours / raw:.2f} | "
+                     f"{memory['sender'] / 2**20:,.1f} MiB | {beyond / 2**20:,.1f} MiB |")
+    return "\n".join(lines)
+
+
+def run_big(sizes_mib: list[int], reps: int) -> str:
+    """Raw against ours, chunked, at each size; peak memory beyond the tensor."""
+    rows = []
+    for size_mib in sizes_mib:
+        arr = np.ones(size_mib * 2**18, dtype=np.float32)  # touched: resident before timing
+        raw = run_path(["raw", str(arr.nbytes)], raw_sender, arr, reps, 1)
+        memory: dict[str, int] = {}
+        ours = run_path(["thrift"], thrift_sender, arr, reps, 0, memory)
+        rows.append((size_mib, raw, ours, memory))
+        print(f"{size_mib} MiB: raw {raw:,.0f} MiB/s, ours {ours:,.0f} MiB/s", flush=True)
+        del arr
+    return big_table(reps, rows)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=float, default=16.0, help="tensor size (default 16)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions (default 7)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed sends first (default 1)")
+    parser.add_argument("--big", action="store_true",
+                        help="payloads of 256 MiB, 1 GiB and 4 GiB, raw against ours (in "
+                             "chunks), with peak memory")
+    parser.add_argument("--big-sizes-mib", default="256,1024,4096",
+                        help="the payloads of --big, in MiB (default %(default)s)")
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -334,6 +398,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.serve:
         serve(args.serve)
+        return
+    if args.big:
+        sizes = [int(size) for size in args.big_sizes_mib.split(",")]
+        print(machine())
+        print(run_big(sizes, args.reps))
         return
     arr = np.random.default_rng(0).random(int(args.size_mib * 2**18), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="wire_bench_") as tmp:

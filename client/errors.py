@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from thrift.Thrift import TApplicationException
 
+from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.generated import ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed
 from wire.transport import WrongProtocol
@@ -81,6 +82,11 @@ class RunCancelled(CoordinatorError):
     """The run was cancelled on the coordinator (not by this client's Ctrl-C)."""
 
 
+class AnswerTooLarge(CoordinatorError):
+    """This client refused the coordinator's answer as bigger than it takes (its
+    --max-message-mb): no retry can help; the message names the limit and its flag."""
+
+
 class CoordinatorFailed(CoordinatorError):
     """The call failed on the way (a reset, a timeout) or inside the coordinator.
     `answered`: the coordinator itself answered with the error, so it is up."""
@@ -112,6 +118,10 @@ def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
         return CoordinatorRefused(exc.message, exc.message, exit_code=EXIT_USAGE)
     if isinstance(exc, REFUSALS):
         return CoordinatorRefused(exc.message, exc.message)
+    if isinstance(exc, MessageRefused):  # this client's own limit
+        return AnswerTooLarge(f"this client {exc.message}", exc.message)
+    if isinstance(exc, PeerRefusedMessage):  # the coordinator's limit
+        return CoordinatorRefused(f"the coordinator at {where} {exc.refusal}", exc.refusal)
     return CoordinatorFailed(f"coordinator at {where} failed: {exc}", str(exc),
                              answered=isinstance(exc, TApplicationException))
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from thrift.Thrift import TException
 
+from wire.chunks import PeerRefusedMessage
 from wire.generated import ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed
 
@@ -43,7 +44,7 @@ def call_error(exc: BaseException) -> CallError:
         return exc
     if isinstance(exc, ConnectionFailed):
         return PeerUnreachable(str(exc))
-    if isinstance(exc, REFUSALS):
+    if isinstance(exc, (*REFUSALS, PeerRefusedMessage)):  # the latter: a limit of the peer
         return PeerRefused(exc.message)
     # A TException's own words: the repr of a declared one would print its field names.
     return CallFailed(exc.message if isinstance(exc, TException) and exc.message else str(exc))

@@ -22,7 +22,7 @@ from thrift.Thrift import TException
 
 from compute_node.call_errors import CallError, PeerRefused, mapped_errors
 from compute_node.handler import ComputeNodeHandler
-from wire import node_calls
+from wire import node_calls, security
 from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
 from wire.rpc import connect
 
@@ -146,7 +146,9 @@ class PullWorker(CoordinatorLink):
             while not self.stopped.is_set():
                 lease = self._call("lease_unit", lambda: ttypes.LeaseRequest(
                     protocol_version=PROTOCOL_VERSION, node=self.name, secret=self.secret,
-                    wait_seconds=LEASE_WAIT_SECONDS), LEASE_WAIT_SECONDS + 10.0)
+                    wait_seconds=LEASE_WAIT_SECONDS,
+                    max_message_bytes=security.current().messages.max_message_bytes),
+                    LEASE_WAIT_SECONDS + 10.0)
                 if not lease.known:
                     self._register()
                 elif lease.work is not None:

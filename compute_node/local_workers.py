@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import mmap
 import multiprocessing
 import os
 import shutil
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -44,9 +46,11 @@ from compute_node.worker_process import (
     BATCHES,
     CANCEL,
     Reply,
+    SharedOutput,
     ShareTask,
     WeightsLayout,
     WorkerSetup,
+    block_layout,
     worker_main,
 )
 from training import plugins
@@ -59,7 +63,7 @@ START_SECONDS = 120.0  # for W workers to import torch and join their group
 STOP_SECONDS = 5.0  # for a worker to leave when asked, before it is killed
 POLL_SECONDS = 0.05  # how often a running unit's cancel flag and batches are passed on
 MAX_RESTARTS = 3
-ALIGN = 64  # bytes: each tensor of the shared block starts on a cache line
+SHM_FOLDER = Path("/dev/shm")  # where POSIX shared memory blocks are files (Linux)
 
 
 class WorkerLost(TApplicationException):
@@ -101,21 +105,18 @@ class SharedWeights:
         self._block: SharedMemory | None = None
 
     def write(self, weights: Weights) -> WeightsLayout:
-        tensors, size = [], 0
-        for name, value in weights.items():
-            value = np.asarray(value)
-            tensors.append((name, value.dtype.str, value.shape, size))
-            size += -(-value.nbytes // ALIGN) * ALIGN
+        arrays = {name: np.asarray(value) for name, value in weights.items()}
+        tensors, size = block_layout((name, a.dtype, a.shape) for name, a in arrays.items())
         block = self._room(size)
         for (name, dtype, shape, offset) in tensors:
             np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)[...] = \
-                weights[name]
+                arrays[name]
         return WeightsLayout(block.name, tuple(tensors))
 
     def _room(self, size: int) -> SharedMemory:
         if self._block is None or self._block.size < size:
             self.close()
-            self._block = SharedMemory(create=True, size=max(size, ALIGN))
+            self._block = SharedMemory(create=True, size=size)
         return self._block
 
     def close(self) -> None:
@@ -254,7 +255,26 @@ def _outcome(replies: list[Reply]) -> UnitOutput:
         raise UnitCancelled("unit cancelled")
     if replies[0].output is None:
         raise WorkerLost("local worker 0 sent no result")
-    return replies[0].output
+    return mapped_output(replies[0].output)
+
+
+def mapped_output(output: SharedOutput) -> UnitOutput:
+    """The output rank 0 left in shared memory, as read-only views of that block: the block
+    is unlinked at once and unmapped when the last view goes (after the reply is sent)."""
+    path = SHM_FOLDER / output.block
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        memory = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+        path.unlink()
+        # rank 0 created it, so this process's resource tracker knows the name: forget it
+        resource_tracker.unregister(f"/{output.block}", "shared_memory")
+    update = {}
+    for name, dtype, shape, offset in output.tensors:
+        update[name] = np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset)
+    return UnitOutput(update=update, num_samples=output.num_samples, loss=output.loss,
+                      error=output.error)
 
 
 class LocalWorkers:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import parent_process
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 # the wait at once (its sockets close), so this only bounds a worker that hangs.
 COLLECTIVE_TIMEOUT = timedelta(hours=1)
 CANCEL, BATCHES = 0, 1  # slots of the shared control array: the flag, then one per rank
+ALIGN = 64  # bytes: each tensor of a shared block starts on a cache line
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,27 @@ class WorkerSetup:
     plugins: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
+Placed = tuple[str, str, tuple[int, ...], int]  # name, dtype, shape, offset in a block
+
+
+def block_layout(tensors: Iterable[tuple[str, Any, tuple[int, ...]]]) -> tuple[tuple[Placed, ...],
+                                                                                int]:
+    """Where tensors of these (name, dtype, shape) lie in one shared block, each on a cache
+    line of its own, and the block's size."""
+    placed, size = [], 0
+    for name, dtype, shape in tensors:
+        dtype = np.dtype(dtype)
+        placed.append((name, dtype.str, tuple(shape), size))
+        size += -(-int(np.prod(shape)) * dtype.itemsize // ALIGN) * ALIGN
+    return tuple(placed), max(size, ALIGN)
+
+
 @dataclass(frozen=True)
 class WeightsLayout:
     """Where each weight tensor lies in the node's shared memory block."""
 
     block: str  # the SharedMemory name
-    tensors: tuple[tuple[str, str, tuple[int, ...], int], ...]  # name, dtype, shape, offset
+    tensors: tuple[Placed, ...]
 
 
 @dataclass(frozen=True)
@@ -80,12 +97,25 @@ class ShareTask:
     dataset: str = ""
 
 
+@dataclass(frozen=True)
+class SharedOutput:
+    """A unit's output that rank 0 wrote into a shared memory block of its own: the pipe
+    carries only this description, and the node maps the block (no copy of the update
+    travels through the pipe) and unlinks it (compute_node.local_workers)."""
+
+    block: str  # the SharedMemory name
+    tensors: tuple[Placed, ...]
+    num_samples: int
+    loss: float
+    error: float
+
+
 @dataclass
 class Reply:
     """A worker's answer: done (rank 0 holds the output), cancelled, or failed."""
 
     status: str
-    output: UnitOutput | None = None
+    output: SharedOutput | None = None
     message: str = ""
     request_error: bool = False  # the unit cannot work here (the caller's fault)
 
@@ -212,7 +242,7 @@ def _combine(output: UnitOutput | None, reply: Reply | None, setup: WorkerSetup)
     dist.all_reduce(flat)
     if setup.rank != 0:
         return Reply("done")
-    return Reply("done", output=_unflatten(flat.cpu().numpy(), layout[0]))
+    return Reply("done", output=_shared_output(flat.cpu().numpy(), layout[0]))
 
 
 def dist_sums(output: UnitOutput | None, layout: list, device: str) -> torch.Tensor:
@@ -229,12 +259,21 @@ def dist_sums(output: UnitOutput | None, layout: list, device: str) -> torch.Ten
     return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
-def _unflatten(flat: np.ndarray, layout: list) -> UnitOutput:
+def _shared_output(flat: np.ndarray, layout: list) -> SharedOutput:
+    """The mean update (sums over samples) in a new shared memory block, each tensor cast
+    to its dtype, one tensor at a time: no second whole copy of the update is made."""
     total, loss, error = flat[-3:]
-    update, at = {}, 0
-    for name, shape, dtype in layout:
-        size = int(np.prod(shape))
-        update[name] = cast_like(flat[at:at + size].reshape(shape) / total, dtype)
-        at += size
-    return UnitOutput(update=update, num_samples=int(round(total)), loss=float(loss / total),
-                      error=float(error / total))
+    tensors, size = block_layout((name, dtype, shape) for name, shape, dtype in layout)
+    block = SharedMemory(create=True, size=size)
+    try:
+        at = 0
+        for _, dtype, shape, offset in tensors:
+            count = int(np.prod(shape))
+            target = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)
+            target[...] = cast_like(flat[at:at + count].reshape(shape) / total, target.dtype)
+            del target  # no view may outlive the mapping, which closes below
+            at += count
+    finally:
+        block.close()
+    return SharedOutput(block.name, tuple(tensors), int(round(total)), float(loss / total),
+                        float(error / total))

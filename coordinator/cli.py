@@ -54,8 +54,10 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-units", type=LIMIT, default=d.max_units, metavar="N",
                        help=f"work units sent out per round (default {d.max_units})")
     group.add_argument("--max-model-mb", type=arg_types.positive_float, default=d.max_model_mb,
-                       metavar="MIB", help="size of the model's weights, as float64, in MiB "
-                                           f"(default {d.max_model_mb:g})")
+                       metavar="MIB", help="size of the model's weights in MiB (the MLP's "
+                                           "counted as float64; default "
+                                           f"{d.max_model_mb:g}); weights and updates of any "
+                                           "size travel in chunks (--chunk-mb)")
 
 
 def limits_from(args: argparse.Namespace) -> RequestLimits:

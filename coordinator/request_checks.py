@@ -20,6 +20,7 @@ from typing import Any
 from coordinator.records import InvalidRun, RunRequest
 from training.algorithms.base import shown
 from training.models.mlp import MLPSpec
+from wire import security
 
 NAME_LIMIT = 64  # characters of an algorithm or model name
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)
@@ -28,6 +29,7 @@ UNIT_KEYS = ("units_per_iteration", "workers")  # work units sent out per round
 HIDDEN_KEY = "hidden"
 BYTES_PER_WEIGHT = 8  # float64, the widest dtype weights travel in
 MIB = 2**20
+MESSAGE_ROOM = MIB  # a result's fields besides its tensors: names, shapes, numbers
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,16 @@ def check_units(count: int, limits: RequestLimits) -> None:
 
 
 def check_model_bytes(size: int, limits: RequestLimits, field: str = "model") -> None:
+    """The model within --max-model-mb, and its updates within the largest message this
+    coordinator takes (--max-message-mb): else no result could ever come back."""
     if size > limits.max_model_mb * MIB:
         raise invalid(field, f"a model of {size / MIB:.1f} MiB, more than this coordinator's "
                              f"--max-model-mb {limits.max_model_mb:g}")
+    taken = security.current().messages.max_message_bytes
+    if size + MESSAGE_ROOM > taken:
+        raise invalid(field, f"a model of {size / MIB:.1f} MiB, whose updates would not fit "
+                             f"the {taken / MIB:g} MiB this coordinator takes in one message "
+                             f"(--max-message-mb {taken / MIB:g})")
 
 
 def mlp_bytes(hidden: list[int]) -> int:

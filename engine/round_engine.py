@@ -28,6 +28,7 @@ from engine.attempt_log import AttemptEnd, AttemptLog
 from engine.cancels import CancelSender, shared_sender
 from engine.ledger import UnitLedger
 from engine.nodes.errors import (
+    AnswerTooLarge,
     AttemptAborted,
     NodeError,
     NodeIncompatible,
@@ -396,6 +397,8 @@ class RoundEngine:
                 return
 
     def _until_unbenched(self, now: float) -> float:
+        if not self.nodes:  # every node was left out: the round is failing, saying why
+            return WAIT_STEP_SECONDS
         soonest = min(n.benched_until() for n in self.nodes)
         return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
 
@@ -417,7 +420,7 @@ class RoundEngine:
             self._unreachable(state, unit, attempt, node, began, str(exc))
             self._leave_out(state, node, str(exc))
             return "rejected"
-        except NodeRefused as exc:
+        except (NodeRefused, AnswerTooLarge) as exc:
             self._failed(state, unit, attempt, node, began, bench=False, reason=str(exc))
             return "failed"
         except AttemptAborted as exc:  # reclaimed: past its deadline, or its node is dead

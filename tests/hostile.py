@@ -13,7 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.Thrift import TMessageType
+from thrift.transport.TTransport import TMemoryBuffer
+
 from devtools.local_cluster import Proc
+from wire import chunks
 from wire.transport import FramedSocketTransport, WireProtocolFactory
 
 ATTACKER = "127.0.0.2"
@@ -73,3 +78,65 @@ def hangs_up_within(sock: socket.socket, seconds: float) -> bool:
         except TimeoutError:
             return False
     return False
+
+
+# ------------------------------------------------------------ the chunk protocol
+def chunked_call(method: str, args: Any, chunk: int, token: str | None = None
+                 ) -> tuple[bytes, list[bytes]]:
+    """A call of `method` (its generated `<method>_args`) as the announcement and the DATA
+    frames of the chunk protocol, ready to be sent whole, reordered or cut short."""
+    buffer = TMemoryBuffer()
+    protocol = TBinaryProtocol(buffer)
+    protocol.writeMessageBegin(method, TMessageType.CALL, 1)
+    args.write(protocol)
+    protocol.writeMessageEnd()
+    message = buffer.getvalue()
+    total = len(message)
+    frames = [chunks.data_header(seq, total, len(part)) + part
+              for seq, part in enumerate((message[i:i + chunk]
+                                          for i in range(0, total, chunk)), 1)]
+    return chunks.announce(total, chunk, token), frames
+
+
+def answer_to_announcement(sock: socket.socket) -> str | None:
+    """None if the server accepted the announcement just sent on `sock`, else its reason."""
+    (word,) = struct.unpack("!I", _recv_exactly(sock, 4))
+    assert word & chunks.CHUNK_FLAG, "the answer is not a frame of the chunk protocol"
+    return chunks.parse_answer(_recv_exactly(sock, word & chunks.LENGTH_MASK), "the server")
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        assert part, "the server hung up instead of answering"
+        data += part
+    return data
+
+
+def _ordinary_frame_instead(frames: list[bytes]) -> bytes:
+    return frames[0] + struct.pack("!i", 4) + b"ping"
+
+
+def _wrong_total(frames: list[bytes]) -> bytes:
+    second = bytearray(frames[1])
+    struct.pack_into("!Q", second, 9, 10 * 2**20)  # the total in chunk 2's head
+    return frames[0] + bytes(second)
+
+
+def _short_chunk(frames: list[bytes]) -> bytes:
+    (word,) = struct.unpack_from("!I", frames[1])
+    return frames[0] + struct.pack("!I", word - 10) + frames[1][4:-10]
+
+
+# Broken sequences of the DATA frames of a chunked call (after its accepted announcement):
+# a server must drop the message whole and close the connection.
+BROKEN_SEQUENCES = {
+    "out of order": lambda frames: frames[1] + frames[0],
+    "duplicated": lambda frames: frames[0] + frames[0],
+    "missing": lambda frames: frames[0] + frames[2],
+    "ordinary frame instead": _ordinary_frame_instead,
+    "wrong total": _wrong_total,
+    "short chunk": _short_chunk,
+    "cut mid-chunk": lambda frames: frames[0] + frames[1][:5000],
+}

@@ -2,7 +2,8 @@
  * Services of the distributed trainer.
  *
  * Tensors travel as raw little-endian bytes with their dtype and shape; the
- * wire layer (wire/) sets the protocol's string and frame limits deliberately.
+ * wire layer (wire/) sets the protocol's string and frame limits deliberately, and
+ * sends a message bigger than a chunk as a sequence of frames (wire/chunks.py).
  * Every call takes one request struct and returns one result struct, so fields
  * can be added without breaking older peers. Names of models, data sets,
  * algorithms and policies are plain strings checked by the receiver.
@@ -13,7 +14,8 @@ namespace java trainer.rpc
 namespace js trainer_rpc
 namespace go trainerrpc
 
-const i32 PROTOCOL_VERSION = 3
+// 4: messages bigger than a chunk travel as announced sequences of frames
+const i32 PROTOCOL_VERSION = 4
 
 struct Tensor {
   1: required string name,
@@ -403,6 +405,8 @@ struct LeaseRequest {
   2: required string node,
   3: required double wait_seconds,   // how long the call may wait for a unit
   4: optional string secret,         // RegisterResult.secret of the node's registration
+  5: optional i64 max_message_bytes, // the largest message the node takes: a unit whose
+                                     // request is bigger leaves the node out of its run
   100: optional string token,
 }
 

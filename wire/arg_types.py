@@ -68,9 +68,11 @@ positive_float = float_range(0.0, 1e12, low_inclusive=False)
 non_negative_float = float_range(0.0, 1e12, low_inclusive=True)
 non_negative_seconds = float_range(0.0, MAX_SECONDS, low_inclusive=True)
 factor = float_range(1.0, 1000.0, low_inclusive=True)  # how many times slower, at least 1
+chunk_mb = float_range(1 / 16, 2046.0, low_inclusive=True)  # MiB: 64 KiB up to a frame
 
 NUMERIC_TYPES = (listen_port, port, positive_int, non_negative_int, seed, seconds,
-                 probability, positive_float, non_negative_float, non_negative_seconds, factor)
+                 probability, positive_float, non_negative_float, non_negative_seconds, factor,
+                 chunk_mb)
 
 
 def command_name(script: str) -> str:

@@ -30,6 +30,7 @@ from thrift.Thrift import TException, TProcessor
 from thrift.transport.TTransport import TTransportException
 
 from wire import auth, plaintext_refusal, security
+from wire.chunks import MessageLimits
 from wire.handler_errors import releasing_processor
 from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
 from wire.transport import (
@@ -71,15 +72,19 @@ def open_transport(
     read_timeout: float | None = 60.0,
     max_frame_bytes: int | None = None,
     tls: ssl.SSLContext | None = None,
+    token: str | None = None,
+    messages: MessageLimits | None = None,
 ) -> FramedSocketTransport:
     """Connect to host:port and return an open transport, or raise ConnectionFailed.
 
     With `tls` (default: the process's client context, if any) the connection is
     TLS and the server's certificate must be signed by its CA and name `host`;
-    the handshake is bounded by `connect_timeout`.
+    the handshake is bounded by `connect_timeout`. `token` goes with announcements of
+    chunked messages (the requests carry it too); `messages` default to the process's.
     """
     where = f"{host}:{port}"
-    tls = tls or security.current().client_tls
+    defaults = security.current()
+    tls = tls or defaults.client_tls
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
     except socket.gaierror as exc:
@@ -100,7 +105,8 @@ def open_transport(
         sock = _start_client_tls(sock, tls, host, where)
     sock.settimeout(read_timeout)
     return FramedSocketTransport(
-        sock, max_frame_bytes=max_frame_bytes or security.current().max_frame_bytes, peer=where
+        sock, max_frame_bytes=max_frame_bytes or defaults.max_frame_bytes, peer=where,
+        token=token or defaults.token, messages=messages or defaults.messages,
     )
 
 
@@ -145,6 +151,7 @@ class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(.
         max_frame_bytes: int | None = None,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
+        messages: MessageLimits | None = None,
     ) -> None:
         self._transport = open_transport(
             host,
@@ -153,8 +160,11 @@ class connect(Generic[C]):  # noqa: N801 - used like a function: `with connect(.
             read_timeout=read_timeout,
             max_frame_bytes=max_frame_bytes,
             tls=tls,
+            token=token,
+            messages=messages,
         )
-        protocols = WireProtocolFactory(self._transport.max_frame_bytes)
+        protocols = WireProtocolFactory(self._transport.max_frame_bytes,
+                                        messages=self._transport.messages)
         self._client = _with_token(client_cls(protocols.getProtocol(self._transport)), token)
 
     def __enter__(self) -> C:
@@ -214,6 +224,7 @@ class ConnectionPool(Generic[C]):
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         max_idle_seconds: float | None = None,
+        messages: MessageLimits | None = None,
     ) -> None:
         defaults = security.current()  # settled now, so every connection of the pool agrees
         self._client_cls = client_cls
@@ -223,7 +234,8 @@ class ConnectionPool(Generic[C]):
         self._max_idle_seconds = max_idle_seconds or (server_idle / 2 if server_idle else None)
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
+        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes,
+                                              messages=messages or defaults.messages)
         self._token = token or defaults.token
         self._tls = tls or defaults.client_tls
         self._idle: list[tuple[C, float]] = []  # with the time each came back
@@ -259,6 +271,8 @@ class ConnectionPool(Generic[C]):
                 connect_timeout=self._connect_timeout,
                 max_frame_bytes=self._protocols.max_frame_bytes,
                 tls=self._tls,
+                token=self._token,
+                messages=self._protocols.messages,
             )
             client = _with_token(self._client_cls(self._protocols.getProtocol(transport)),
                                  self._token)
@@ -318,7 +332,8 @@ class ThriftServer:
     answered before the call is decoded); with `tls` every connection must
     complete a TLS handshake within `handshake_timeout`. `limits` (see
     `wire.limits`) caps connections, in all and per address, and bounds how long
-    a request may take to start and to arrive and the memory of unfinished frames.
+    a request may take to start and to arrive and the memory of unfinished frames;
+    `messages` sets the chunk size of its replies and the largest request it takes.
     All, and `max_frame_bytes`, default to the process's `wire.security` settings.
     """
 
@@ -334,13 +349,16 @@ class ThriftServer:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         handshake_timeout: float = HANDSHAKE_SECONDS,
+        messages: MessageLimits | None = None,
     ) -> None:
         defaults = security.current()
         token = token or defaults.token
         guarded = auth.guard_processor(processor, token) if token else processor
         self._processor, self._handler = releasing_processor(guarded)
         self._gate = auth.RequestGate(processor, token) if token else None
-        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes)
+        self._token = token
+        self._protocols = WireProtocolFactory(max_frame_bytes or defaults.max_frame_bytes,
+                                              messages=messages or defaults.messages)
         self._tls = tls or defaults.server_tls
         self._handshake_timeout = handshake_timeout
         self.limits = limits = limits or defaults.limits
@@ -452,7 +470,8 @@ class ThriftServer:
             sock = secured
         transport = FramedSocketTransport(
             sock, max_frame_bytes=self._protocols.max_frame_bytes, peer=peer,
-            server_reads=self._reads, peer_host=host,
+            server_reads=self._reads, peer_host=host, messages=self._protocols.messages,
+            required_token=self._token,
         )
         protocol = self._protocols.getProtocol(transport)
         try:

@@ -16,7 +16,8 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from wire import arg_types
+from wire import arg_types, chunks
+from wire.chunks import MessageLimits
 from wire.limits import ServerLimits
 from wire.transport import DEFAULT_MAX_FRAME_BYTES
 
@@ -40,6 +41,7 @@ class Security:
     client_tls: wraps opened connections and verifies the server (None: plaintext).
     max_frame_bytes: largest frame accepted or sent.
     limits: what each server grants its peers (timeouts, connections, frame memory).
+    messages: the chunk size of big messages and the largest message accepted.
     """
 
     token: str | None = None
@@ -47,13 +49,16 @@ class Security:
     client_tls: ssl.SSLContext | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     limits: ServerLimits = field(default_factory=ServerLimits)
+    messages: MessageLimits = field(default_factory=MessageLimits)
 
     def describe(self) -> str:
         """One line for the start-up log; never shows the token itself."""
         return (f"token {'required' if self.token else 'off'}, "
                 f"TLS serving {'on' if self.server_tls else 'off'}, "
                 f"TLS to peers {'on' if self.client_tls else 'off'}, "
-                f"max frame {self.max_frame_bytes / MIB:g} MiB")
+                f"max frame {self.max_frame_bytes / MIB:g} MiB, "
+                f"chunks of {self.messages.chunk_bytes / MIB:g} MiB, "
+                f"max message {self.messages.max_message_bytes / MIB:g} MiB")
 
 
 _current = Security()
@@ -157,7 +162,21 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
         default=DEFAULT_MAX_FRAME_BYTES // MIB, metavar="MB",
         help="largest message this process accepts or sends, in MiB (default %(default)s); "
              "a bigger frame from a peer is refused before memory is allocated, its connection "
-             "closed and an error logged. Use the same value on every process")
+             "closed and an error logged. Messages bigger than --chunk-mb travel as several "
+             "frames, so this bounds one frame, not a model")
+    group.add_argument(
+        "--chunk-mb", type=arg_types.chunk_mb, default=None, metavar="MB",
+        help="messages bigger than this (weights, updates, results) are sent as a sequence "
+             "of chunks of this many MiB, each its own frame (default "
+             f"{chunks.DEFAULT_CHUNK_BYTES / MIB:g}, or just under --max-frame-mb if that is "
+             f"smaller; from {chunks.MIN_CHUNK_BYTES // 1024} KiB; under the peers' "
+             "--max-frame-mb)")
+    group.add_argument(
+        "--max-message-mb", type=arg_types.positive_float,
+        default=chunks.DEFAULT_MAX_MESSAGE_BYTES / MIB, metavar="MB",
+        help="largest message this process takes from a peer, in MiB (default: this "
+             "machine's memory, %(default).0f); a bigger one is refused when announced, "
+             "before it is sent, and the sender is told this limit")
     if serves:
         _add_server_limits(group)
 
@@ -205,7 +224,20 @@ def from_args(args: argparse.Namespace, *, serves: bool) -> Security:
         client_tls=client_context(args.tls_ca) if args.tls_ca is not None else None,
         max_frame_bytes=args.max_frame_mb * MIB,
         limits=_limits_from(args) if serves else ServerLimits(),
+        messages=_messages_from(args),
     )
+
+
+def _messages_from(args: argparse.Namespace) -> MessageLimits:
+    room = args.max_frame_mb * MIB - chunks.DATA_HEAD_BYTES  # a chunk and its head: a frame
+    if args.chunk_mb is None:
+        chunk = min(chunks.DEFAULT_CHUNK_BYTES, room)
+    else:
+        chunk = int(args.chunk_mb * MIB)
+    if chunk > room:
+        raise SecurityError(f"--chunk-mb ({args.chunk_mb:g}) must be under --max-frame-mb "
+                            f"({args.max_frame_mb}): every chunk is a frame")
+    return MessageLimits(chunk_bytes=chunk, max_message_bytes=int(args.max_message_mb * MIB))
 
 
 def _limits_from(args: argparse.Namespace) -> ServerLimits:

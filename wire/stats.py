@@ -31,6 +31,9 @@ import threading
 import time
 from typing import Any
 
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.transport.TTransport import TTransportBase
+
 ENV_PATH = "TRAINER_WIRE_STATS"
 ENV_EVERY = "TRAINER_WIRE_STATS_EVERY"
 SENT, RECEIVED = "sent", "received"
@@ -74,9 +77,10 @@ class WireStats:
         self._by_peer: dict[str, dict[str, int]] = {}
 
     def record(self, direction: str, peer: str, nbytes: int,
-               message: bytes | bytearray | memoryview) -> None:
-        """Count one frame of ``nbytes`` (header included) whose message starts
-        ``message``; ``direction`` is `SENT` or `RECEIVED`."""
+               message: bytes | bytearray | memoryview, frames: int = 1) -> None:
+        """Count ``frames`` frames of ``nbytes`` in all (headers included) whose message
+        starts ``message`` (a chunked message is several); ``direction`` is `SENT` or
+        `RECEIVED`."""
         label = message_label(message)
         with self._lock:
             for table, key in ((self._by_label, label), (self._by_peer, peer)):
@@ -86,8 +90,8 @@ class WireStats:
                         key = OTHER_PEERS
                     counts = table.setdefault(key, _empty_counts())
                 counts[direction + "_bytes"] += nbytes
-                counts[direction + "_frames"] += 1
-            self._frames += 1
+                counts[direction + "_frames"] += frames
+            self._frames += frames
             self._lock.notify_all()
 
     def wait_for_frames(self, frames: int, timeout: float) -> bool:
@@ -168,6 +172,24 @@ def _write_quietly(path: str) -> None:
     """Statistics must never take a node down: a failed write is skipped."""
     with contextlib.suppress(OSError):
         write_snapshot(path)
+
+
+class _CountingTransport(TTransportBase):
+    """Counts what is written to it and keeps nothing."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, buf: bytes | bytearray | memoryview) -> None:
+        self.size += memoryview(buf).nbytes
+
+
+def encoded_size(struct_: Any) -> int:
+    """Bytes of a Thrift struct in the binary protocol, counted without encoding it (a
+    unit's weights are not copied to learn their size)."""
+    counter = _CountingTransport()
+    struct_.write(TBinaryProtocol(counter))
+    return counter.size
 
 
 class PayloadBytes:

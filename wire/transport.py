@@ -13,8 +13,13 @@ differs is where the bytes live:
   (page faults on fresh 4 KiB pages cost more than the copy itself here) and
   the connection reuses its last one when nothing still refers to it.
 
+Messages bigger than `chunk_bytes` travel as a sequence of frames (`wire.chunks`): the
+receiver assembles them in one buffer, which the decoded tensors then view, so a model
+of any size moves without a staging copy on either side and with no frame over the limit.
+
 Limits are deliberate: frames above `max_frame_bytes` are refused before any
-memory is allocated, strings may be as long as a frame, containers hold at most
+memory is allocated, chunked messages above `max_message_bytes` before any of their
+payload is sent, strings may be as long as a message, containers hold at most
 `DEFAULT_CONTAINER_LIMIT` elements. A server's transport (`ServerReads`) also
 bounds the wait for a request and for the rest of a started frame, and receives
 frames of peers not yet authenticated within a shared budget. Protocols must be
@@ -25,20 +30,24 @@ binaries byte by byte and cannot read memoryviews.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import mmap
 import os
 import socket
 import ssl
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
-from thrift.Thrift import TType
+from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TTransportBase, TTransportException
 
+from wire import chunks
 from wire import stats as wire_stats
+from wire.chunks import MessageLimits, MessageRefused, PeerRefusedMessage
 from wire.limits import FrameBudget
 
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
@@ -54,9 +63,11 @@ _LAZY_FRAME_BYTES = 64 * 1024
 _HUGE_PAGE_BYTES = 2 * 1024 * 1024
 # The signed 32-bit length field of a frame cannot say more than this.
 _HARD_MAX_FRAME_BYTES = 2**31 - 1
-_HEADER = struct.Struct("!i")
+_HEADER = struct.Struct("!I")
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _EMPTY = memoryview(b"")
+_TOKEN_FIX = ("give every process the same token: --token-file PATH or the TRAINER_TOKEN "
+              "environment variable")
 _MIB = 1024 * 1024
 # Frame headers that are another protocol's first bytes, a peer at the wrong port. Read as
 # lengths they are far above the default frame limit, so only a refused frame is checked.
@@ -130,14 +141,23 @@ class FramedSocketTransport(TTransportBase):
         peer: str | None = None,
         server_reads: ServerReads | None = None,
         peer_host: str = "",
+        messages: MessageLimits | None = None,
+        token: str | None = None,
+        required_token: str | None = None,
     ) -> None:
         if not 0 < max_frame_bytes <= _HARD_MAX_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be in 1..{_HARD_MAX_FRAME_BYTES}")
         self._sock: socket.socket | None = sock
         self.max_frame_bytes = max_frame_bytes
+        self.messages = messages or MessageLimits()
+        # A chunk and its head must fit in a frame of ours (a peer's limit may be lower:
+        # it then refuses the announcement, naming its --max-frame-mb).
+        self.chunk_bytes = min(self.messages.chunk_bytes,
+                               max_frame_bytes - chunks.DATA_HEAD_BYTES)
         self.peer = peer or _describe_peer(sock)
         self.peer_host = peer_host  # the peer's address: its share of the frame budget
         self._header = bytearray(_HEADER.size)
+        self._data_head = bytearray(chunks.DATA_HEAD_BYTES)
         self._frame: memoryview = _EMPTY
         self._pos = 0
         self._spare: mmap.mmap | None = None
@@ -147,6 +167,13 @@ class FramedSocketTransport(TTransportBase):
         # `authenticated` (its token checked) a budgeted, lazily committed buffer.
         self._server_reads = server_reads
         self.authenticated = False
+        # Sent in announcements of chunked messages / required in a peer's, until the
+        # connection is authenticated (the token of a request is at its end).
+        self._token = token
+        self._required_token = required_token.encode("utf-8") if required_token else None
+        # A server chunks a reply only for a caller that said it reads chunked replies;
+        # a caller always may chunk (wire.chunks).
+        self.peer_reads_chunks = server_reads is None
         # Bytes on the wire (frame headers included), also reported to wire.stats.
         self.bytes_sent = self.bytes_received = 0
         self.frames_sent = self.frames_received = 0
@@ -242,11 +269,7 @@ class FramedSocketTransport(TTransportBase):
             self._next_request_frame(self._server_reads)
             return
         self._recv_exactly(memoryview(self._header))
-        size = self._checked_size()
-        frame = memoryview(self._buffer_for(size))[:size]
-        self._recv_exactly(frame)
-        self._frame = frame
-        self._count(wire_stats.RECEIVED, size, frame)
+        self._frame = self._frame_or_message(None)
 
     def _next_request_frame(self, reads: ServerReads) -> None:
         """A server's read: idle until the first byte, then the frame by its deadline."""
@@ -261,29 +284,35 @@ class FramedSocketTransport(TTransportBase):
                               "closed its connection (--idle-timeout)") from None
         deadline = time.monotonic() + reads.frame_timeout
         self._recv_by(header[1:], deadline)
-        size = self._checked_size()
-        if self.authenticated:
+        self._frame = self._frame_or_message(deadline)
+        self._socket().settimeout(reads.idle_timeout)  # for the reply
+        self.peer_reads_chunks = chunks.reads_chunked_replies(self._frame)
+
+    def _frame_or_message(self, deadline: float | None) -> memoryview:
+        """The frame whose length word was just received, or the chunked message that
+        word announces. `deadline`: a server's, for the frame (None: the socket's timeout)."""
+        (word,) = _HEADER.unpack(self._header)
+        if word & chunks.CHUNK_FLAG:
+            return self._chunked_message(word & chunks.LENGTH_MASK, deadline)
+        size = self._checked_size(word)
+        if deadline is None:
+            frame = memoryview(self._buffer_for(size))[:size]
+            self._recv_exactly(frame)
+        elif self.authenticated:
             frame = memoryview(self._buffer_for(size))[:size]
             self._recv_by(frame, deadline)
         else:
-            frame = self._budgeted_frame(reads, size, deadline)
-        self._socket().settimeout(reads.idle_timeout)  # for the reply
-        self._frame = frame
-        self._count(wire_stats.RECEIVED, size, frame)
+            frame = self._budgeted_frame(size, deadline)
+        self._count(wire_stats.RECEIVED, _HEADER.size + size, frame)
+        return frame
 
-    def _budgeted_frame(self, reads: ServerReads, size: int, deadline: float) -> memoryview:
+    def _budgeted_frame(self, size: int, deadline: float) -> memoryview:
         """Receive a frame of an unauthenticated peer: claimed from the budget while it
         arrives and, unless `keep_buffers`, in memory committed only as bytes come and
         never kept for reuse."""
-        if not reads.budget.claim(size, deadline, self.peer_host):
-            self.close()
-            raise TTransportException(
-                TTransportException.TIMED_OUT,
-                f"no room for a frame of {size} bytes from {self.peer} within "
-                f"{reads.frame_timeout:g}s: unfinished frames hold the server's "
-                f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb) "
-                f"or this address's {reads.budget.per_peer / _MIB:g} MiB of it")
-        try:
+        reads = self._server_reads
+        assert reads is not None
+        with self._claimed(size, deadline):
             if reads.keep_buffers:
                 buffer = self._buffer_for(size)
             elif size < _LAZY_FRAME_BYTES:
@@ -293,17 +322,127 @@ class FramedSocketTransport(TTransportBase):
             frame = memoryview(buffer)[:size]
             self._recv_by(frame, deadline)
             return frame
+
+    @contextlib.contextmanager
+    def _claimed(self, size: int, deadline: float) -> Iterator[None]:
+        """`size` bytes of the server's budget for unfinished frames, held for the block."""
+        reads = self._server_reads
+        assert reads is not None
+        if not reads.budget.claim(size, deadline, self.peer_host):
+            self.close()
+            raise TTransportException(
+                TTransportException.TIMED_OUT,
+                f"no room for a frame of {size} bytes from {self.peer} within "
+                f"{reads.frame_timeout:g}s: unfinished frames hold the server's "
+                f"{reads.budget.capacity / _MIB:g} MiB budget (--max-pending-frames-mb) "
+                f"or this address's {reads.budget.per_peer / _MIB:g} MiB of it")
+        try:
+            yield
         finally:
             reads.budget.release(size, self.peer_host)
 
-    def _checked_size(self) -> int:
-        (size,) = _HEADER.unpack(self._header)
-        if not 0 <= size <= self.max_frame_bytes:
+    def _checked_size(self, size: int) -> int:
+        if size > self.max_frame_bytes:
             wrong = self._other_protocol()
             if wrong is not None:
                 raise wrong
             raise TTransportException(TTransportException.SIZE_LIMIT, self._refusal(size))
         return size
+
+    # ------------------------------------------------------ chunked messages
+    def _chunked_message(self, body_size: int, deadline: float | None) -> memoryview:
+        """The message announced by the frame whose body comes next: the announcement is
+        answered (accepted or refused), then the chunks are received in order into one
+        buffer, each in place. A broken sequence closes the connection."""
+        body = self._control_body(body_size, deadline)
+        total, chunk, token = chunks.parse_announce(body, self.peer)
+        refused = self._refusal_of(total, chunk, token)
+        if refused is not None:
+            self._answer(chunks.refusal(refused.format(it="it", there="there")))
+            self.close()
+            raise MessageRefused(f"refused a message of {chunks.size_text(total)} from "
+                                 f"{self.peer}: "
+                                 + refused.format(it="this process", there="here"))
+        message = memoryview(_message_buffer(total))[:total]
+        self._answer(chunks.ACCEPT_FRAME)
+        receipt = chunks.Receipt(total, chunk, self.peer)
+        wire, frames = _HEADER.size + body_size, 1
+        try:
+            while not receipt.complete:
+                deadline = self._chunk_deadline(deadline)
+                self._receive(memoryview(self._header), deadline)
+                size = receipt.check_word(_HEADER.unpack(self._header)[0])
+                self._receive(memoryview(self._data_head), deadline)
+                offset, payload = receipt.check_head(self._data_head, size)
+                self._receive_payload(message[offset:offset + payload], deadline)
+                wire, frames = wire + _HEADER.size + size, frames + 1
+        except chunks.ChunkSequenceError:
+            self.close()
+            raise
+        self._count(wire_stats.RECEIVED, wire, message, frames)
+        return message
+
+    def _answer(self, frame: bytes) -> None:
+        self._send_raw(frame)
+        self._count(wire_stats.SENT, len(frame), _EMPTY)
+
+    def _control_body(self, size: int, deadline: float | None) -> bytearray:
+        if size > chunks.MAX_CONTROL_BYTES:
+            self.close()
+            raise chunks.ChunkSequenceError(
+                f"{self.peer} sent a chunk-protocol frame of {size} bytes where an "
+                f"announcement of at most {chunks.MAX_CONTROL_BYTES} was due")
+        body = bytearray(size)
+        self._receive(memoryview(body), deadline)
+        return body
+
+    def _refusal_of(self, total: int, chunk: int, token: bytes) -> str | None:
+        """Why an announced message is refused, or None: words with `{it}` and `{there}`
+        for the receiver, so that the sender and the receiver each say it their way."""
+        if self._required_token is not None and not self.authenticated:
+            if not token:
+                return ("this server requires a token and the message's announcement "
+                        f"carried none; {_TOKEN_FIX}")
+            if not hmac.compare_digest(token, self._required_token):
+                return f"the announcement's token does not match this server's; {_TOKEN_FIX}"
+            self.authenticated = True
+        if total == 0:
+            return "the announcement is of an empty message"
+        limit = self.messages.max_message_bytes
+        if total > limit:
+            return (f"{{it}} takes messages of at most {chunks.limit_text(limit)} MiB "
+                    f"(--max-message-mb {chunks.limit_text(limit)}): raise --max-message-mb "
+                    "{there}")
+        if chunk < chunks.MIN_CHUNK_BYTES:
+            return (f"chunks of {chunk} bytes are under the smallest taken, "
+                    f"{chunks.MIN_CHUNK_BYTES} bytes")
+        if chunk + chunks.DATA_HEAD_BYTES > self.max_frame_bytes:
+            return (f"chunks of {chunks.size_text(chunk)} do not fit the frame limit "
+                    f"{{there}}, {chunks.limit_text(self.max_frame_bytes)} MiB (--max-frame-mb "
+                    f"{chunks.limit_text(self.max_frame_bytes)}): raise --max-frame-mb {{there}} "
+                    "or lower --chunk-mb on the sender")
+        return None
+
+    def _chunk_deadline(self, deadline: float | None) -> float | None:
+        """A server's deadline for the next chunk: each within the frame timeout."""
+        if deadline is None or self._server_reads is None:
+            return None
+        return time.monotonic() + self._server_reads.frame_timeout
+
+    def _receive(self, view: memoryview, deadline: float | None) -> None:
+        if deadline is None:
+            self._recv_exactly(view)
+        else:
+            self._recv_by(view, deadline)
+
+    def _receive_payload(self, view: memoryview, deadline: float | None) -> None:
+        """A chunk's payload; from a peer not authenticated, claimed from the budget for
+        unfinished frames while it arrives, as a frame is."""
+        if deadline is None or self.authenticated:
+            self._receive(view, deadline)
+            return
+        with self._claimed(view.nbytes, deadline):
+            self._recv_by(view, deadline)
 
     def _recv_by(self, view: memoryview, deadline: float) -> None:
         """Receive all of `view` before the monotonic `deadline`, or close and raise."""
@@ -351,11 +490,9 @@ class FramedSocketTransport(TTransportBase):
 
     def _refusal(self, size: int) -> str:
         """Why a frame header was refused, in words an operator can act on."""
-        if size < 0:
-            return f"frame from {self.peer} declares a negative length ({size}); not our protocol"
         return (f"frame of {size} bytes ({size / _MIB:.1f} MiB) from {self.peer} exceeds the "
                 f"limit of {self.max_frame_bytes} bytes ({self.max_frame_bytes / _MIB:g} MiB); "
-                "raise --max-frame-mb on every process or send smaller messages")
+                "raise --max-frame-mb here or lower --chunk-mb on the sender")
 
     def _buffer_for(self, size: int) -> bytearray | mmap.mmap:
         if size < _MMAP_FRAME_BYTES:
@@ -394,9 +531,15 @@ class FramedSocketTransport(TTransportBase):
         self._size += size
 
     def flush(self) -> None:
-        """Send the queued message as one frame."""
+        """Send the queued message: as one frame, or announced and in chunks when it is
+        bigger than a chunk and the peer reads chunks (wire.chunks)."""
         pieces, size = [*self._pieces, self._small], self._size
         self._reset_writes()
+        if size > self.chunk_bytes and self.peer_reads_chunks:
+            views = [memoryview(p).cast("B") for p in pieces]
+            views[0] = views[0][_HEADER.size:]  # the room kept for a frame's length
+            self._send_chunked(views, size)
+            return
         if size > self.max_frame_bytes:
             raise TTransportException(
                 TTransportException.SIZE_LIMIT,
@@ -412,7 +555,51 @@ class FramedSocketTransport(TTransportBase):
                 self._send_pieces([memoryview(p).cast("B") for p in pieces])
         except OSError as exc:
             raise self._failure(exc, "sending to") from exc
-        self._count(wire_stats.SENT, size, memoryview(pieces[0])[_HEADER.size:])
+        self._count(wire_stats.SENT, _HEADER.size + size, memoryview(pieces[0])[_HEADER.size:])
+
+    def _send_chunked(self, views: list[memoryview], size: int) -> None:
+        """Announce the message, wait for the peer to accept it, then send its chunks,
+        each a frame of its header and slices of the caller's buffers (no copy)."""
+        announcement = chunks.announce(size, self.chunk_bytes, self._token)
+        self._send_raw(announcement)
+        self._await_acceptance(size)
+        wire, frames = len(announcement), 1
+        try:
+            for parts in chunks.split(views, size, self.chunk_bytes):
+                frame = [memoryview(part) for part in parts]
+                self._send_pieces(frame)
+                wire += sum(part.nbytes for part in frame)
+                frames += 1
+        except OSError as exc:
+            raise self._failure(exc, "sending to") from exc
+        self._count(wire_stats.SENT, wire, views[0], frames)
+
+    def _await_acceptance(self, size: int) -> None:
+        """The peer's answer to an announcement; PeerRefusedMessage (and the connection
+        closed) when it refuses the message."""
+        header = memoryview(self._header)
+        self._recv_exactly(header)
+        (word,) = _HEADER.unpack(header)
+        body_size = word & chunks.LENGTH_MASK
+        if not word & chunks.CHUNK_FLAG or body_size > chunks.MAX_CONTROL_BYTES:
+            self.close()
+            raise chunks.ChunkSequenceError(f"{self.peer} answered an announcement with a "
+                                            "frame that is no answer")
+        body = bytearray(body_size)
+        self._recv_exactly(memoryview(body))
+        self._count(wire_stats.RECEIVED, _HEADER.size + body_size, _EMPTY)
+        reason = chunks.parse_answer(body, self.peer)
+        if reason is not None:
+            self.close()
+            raise PeerRefusedMessage(self.peer, size, reason)
+
+    def _send_raw(self, data: bytes) -> None:
+        """One small frame of the chunk protocol, sent at once (not queued: it may be sent
+        while a reply is being read, or before the queued message); counted by the caller."""
+        try:
+            self._socket().sendall(data)
+        except OSError as exc:
+            raise self._failure(exc, "sending to") from exc
 
     def _reset_writes(self) -> None:
         self._pieces: list[BytesLike] = []
@@ -435,16 +622,17 @@ class FramedSocketTransport(TTransportBase):
                 views[first] = views[first][sent:]
 
     # -------------------------------------------------------------- helpers
-    def _count(self, direction: str, size: int, message: memoryview) -> None:
-        """Count one frame of `size` message bytes plus its length header."""
-        nbytes = size + _HEADER.size
+    def _count(self, direction: str, nbytes: int, message: memoryview,
+               frames: int = 1) -> None:
+        """Count `frames` frames of `nbytes` on the wire (length words included) that
+        carry the message starting `message`."""
         if direction == wire_stats.SENT:
             self.bytes_sent += nbytes
-            self.frames_sent += 1
+            self.frames_sent += frames
         else:
             self.bytes_received += nbytes
-            self.frames_received += 1
-        wire_stats.WIRE_STATS.record(direction, self.peer, nbytes, message)
+            self.frames_received += frames
+        wire_stats.WIRE_STATS.record(direction, self.peer, nbytes, message, frames)
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
@@ -476,6 +664,16 @@ class WireProtocol(TBinaryProtocol):
     def readString(self) -> str:
         return str(self.readBinary(), "utf-8")
 
+    def writeMessageBegin(self, name: str, ttype: int, seqid: int) -> None:
+        """As the binary protocol writes it; a call also says that its caller reads
+        chunked replies (a bit stock readers ignore: see wire.chunks)."""
+        if self.strictWrite and ttype == TMessageType.CALL:
+            self.writeI32(TBinaryProtocol.VERSION_1 | chunks.CHUNKED_REPLIES | ttype)
+            self.writeString(name)
+            self.writeI32(seqid)
+            return
+        super().writeMessageBegin(name, ttype, seqid)
+
     def skip(self, ttype: int, max_depth: int = 64) -> None:
         """Skip a value, binary ones without decoding them: an unknown field a newer
         peer added may hold any bytes, and skipping it must not fail on them."""
@@ -486,20 +684,23 @@ class WireProtocol(TBinaryProtocol):
 
 
 class WireProtocolFactory(TProtocolFactory):
-    """Builds `WireProtocol`s whose length limits match the frame limit."""
+    """Builds `WireProtocol`s whose string limit is the largest message a transport of
+    these limits receives (a tensor may be as big as a chunked message)."""
 
     def __init__(
         self,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         container_length_limit: int = DEFAULT_CONTAINER_LIMIT,
+        messages: MessageLimits | None = None,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.container_length_limit = container_length_limit
+        self.messages = messages or MessageLimits()
 
     def getProtocol(self, trans: TTransportBase) -> WireProtocol:
         return WireProtocol(
             trans,
-            string_length_limit=self.max_frame_bytes,
+            string_length_limit=max(self.max_frame_bytes, self.messages.max_message_bytes),
             container_length_limit=self.container_length_limit,
         )
 
@@ -516,6 +717,12 @@ def _huge_page_buffer(size: int) -> mmap.mmap:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
     return buf
+
+
+def _message_buffer(size: int) -> bytearray | mmap.mmap:
+    """A fresh buffer for a chunked message: never a kept one, so that no connection holds
+    a second copy of a model once the tensors that view it are gone."""
+    return bytearray(size) if size < _MMAP_FRAME_BYTES else _huge_page_buffer(size)
 
 
 def _unreferenced(buf: mmap.mmap) -> bool:

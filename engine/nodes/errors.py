@@ -35,6 +35,11 @@ class NodeIncompatible(NodeRefused):
     """The node speaks another protocol version: no call to it can succeed."""
 
 
+class AnswerTooLarge(NodeError):
+    """This process refused the node's answer as bigger than it takes (--max-message-mb):
+    the limit is this process's, so the node is not benched for it."""
+
+
 class NodeRemoteError(NodeError):
     """The call failed on the way or on the node (a reset, a remote exception)."""
 

@@ -30,7 +30,9 @@ from typing import Any
 from engine.nodes.errors import AttemptAborted
 from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, Liveness
 from engine.nodes.nodes_file import NodeAddress
+from wire.chunks import limit_text, size_text
 from wire.generated import ttypes
+from wire.stats import encoded_size
 
 log = logging.getLogger("coordinator.members")
 
@@ -57,6 +59,7 @@ class Pending:
     result: Any = None  # a TrainResult, or a call's encoded answer
     error: str | None = None  # the node could not run it (InvalidRequest)
     failure: str | None = None  # given up: lease expired, node left or dead
+    unfit: str | None = None  # the node cannot take it (too big for it): leave it out
 
 
 class Mailbox:
@@ -79,7 +82,9 @@ class Mailbox:
             self._cond.notify_all()
         return pending
 
-    def lease(self, wait_seconds: float) -> Pending | None:
+    def lease(self, wait_seconds: float, max_bytes: int | None = None) -> Pending | None:
+        """The next unit or call, leased; a unit whose request is over `max_bytes` (the
+        largest message the node takes) is not leased but ends as unfit for the node."""
         deadline = time.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
         with self._cond:
             while not self._queue and not self.closed:
@@ -90,8 +95,13 @@ class Mailbox:
             if self.closed:
                 return None
             pending = self._queue.popleft()
-            self._leased[key_of(pending)] = pending
-            return pending
+            too_big = _too_big(pending, max_bytes)
+            if too_big is None:
+                self._leased[key_of(pending)] = pending
+                return pending
+        pending.unfit = too_big
+        pending.done.set()
+        return None
 
     def submit(self, key: UnitKey, result: Any, error: str | None) -> bool:
         with self._cond:
@@ -129,6 +139,18 @@ class Mailbox:
         for pending in pendings:
             pending.failure = reason
             pending.done.set()
+
+
+def _too_big(pending: Pending, max_bytes: int | None) -> str | None:
+    """Why a node that takes messages of at most `max_bytes` cannot take this unit."""
+    if max_bytes is None or pending.request is None:
+        return None
+    size = encoded_size(pending.request)
+    if size <= max_bytes:
+        return None
+    return (f"takes messages of at most {limit_text(max_bytes)} MiB (--max-message-mb "
+            f"{limit_text(max_bytes)} there) and a unit of this run is {size_text(size)}: "
+            "restart it with a larger --max-message-mb")
 
 
 def key_of(pending: Pending) -> UnitKey:
@@ -225,7 +247,7 @@ class Membership:
         if member is None or member.mailbox is None:
             return ttypes.LeaseResult(known=False)
         member.liveness.heard()
-        pending = member.mailbox.lease(request.wait_seconds)
+        pending = member.mailbox.lease(request.wait_seconds, request.max_message_bytes)
         member.liveness.heard()
         if pending is None:
             return ttypes.LeaseResult(known=True)

@@ -13,14 +13,14 @@ import uuid
 from typing import Any
 
 from engine.nodes.client import NodePing, RunQuery
-from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable
+from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable, NodeUnfit
 from engine.nodes.membership import Member, Pending, UnitKey, key_of
 from engine.nodes.pool import NodeHandle
 from engine.nodes.thrift_client import SessionRequests, task_result, work_request
 from engine.tasks import Task, TaskResult
 from wire import node_calls
 from wire.generated import ttypes
-from wire.stats import PayloadBytes
+from wire.stats import PayloadBytes, encoded_size
 
 QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
 
@@ -43,7 +43,7 @@ class PullNodeClient(SessionRequests):
         assert mailbox is not None
         request = work_request(task)
         pending = mailbox.put(request)
-        self.payload.add(len(node_calls.encode(request)), 0)
+        self.payload.add(encoded_size(request), 0)
         key = key_of(pending)
         with self._lock:
             self._pending[key] = pending
@@ -55,7 +55,7 @@ class PullNodeClient(SessionRequests):
                 self._pending.pop(key, None)
         _raise_failure(pending)
         assert pending.result is not None
-        self.payload.add(0, len(node_calls.encode(pending.result)))
+        self.payload.add(0, encoded_size(pending.result))
         return task_result(pending.result, task)
 
     def _session_call(self, method: str, request: Any, quick: bool = False) -> Any:
@@ -110,6 +110,8 @@ class PullNodeClient(SessionRequests):
 
 
 def _raise_failure(pending: Pending) -> None:
+    if pending.unfit:
+        raise NodeUnfit(pending.unfit)
     if pending.failure:
         raise AttemptAborted(pending.failure)
     if pending.error:

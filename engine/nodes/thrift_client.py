@@ -19,6 +19,7 @@ from thrift.transport.TTransport import TTransportException
 
 from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
 from engine.nodes.errors import (
+    AnswerTooLarge,
     AttemptAborted,
     InvalidResult,
     NodeError,
@@ -35,6 +36,7 @@ from engine.nodes.sent_weights import SentWeights
 from engine.records import NodeSummary
 from engine.tasks import Task, TaskResult, TaskStatus, Tensors
 from training.run_check import RunFacts
+from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.rpc import CALL_ERRORS, ConnectionFailed, ConnectionPool, transport_of
 from wire.stats import PayloadBytes
@@ -131,6 +133,10 @@ def node_error(exc: Exception) -> NodeError:
         return NodeIncompatible(exc.message)
     if isinstance(exc, ttypes.InvalidRequest):
         return NodeRefused(exc.message)
+    if isinstance(exc, PeerRefusedMessage):  # its limit: it cannot take this run's tensors
+        return NodeUnfit(exc.refusal)
+    if isinstance(exc, MessageRefused):  # our limit, not the node's failure
+        return AnswerTooLarge(exc.message)
     if isinstance(exc, TimeoutError) or (isinstance(exc, TTransportException)
                                          and exc.type == TTransportException.TIMED_OUT):
         return NodeTimedOut(str(exc))

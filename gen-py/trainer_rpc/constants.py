@@ -12,4 +12,4 @@ from thrift.TRecursive import fix_spec
 
 import sys
 from .ttypes import *
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4

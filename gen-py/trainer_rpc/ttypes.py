@@ -4646,16 +4646,18 @@ class LeaseRequest(object):
      - node
      - wait_seconds
      - secret
+     - max_message_bytes
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node=None, wait_seconds=None, secret=None, token=None,):
+    def __init__(self, protocol_version=None, node=None, wait_seconds=None, secret=None, max_message_bytes=None, token=None,):
         self.protocol_version = protocol_version
         self.node = node
         self.wait_seconds = wait_seconds
         self.secret = secret
+        self.max_message_bytes = max_message_bytes
         self.token = token
 
     def read(self, iprot):
@@ -4685,6 +4687,11 @@ class LeaseRequest(object):
             elif fid == 4:
                 if ftype == TType.STRING:
                     self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.max_message_bytes = iprot.readI64()
                 else:
                     iprot.skip(ftype)
             elif fid == 100:
@@ -4717,6 +4724,10 @@ class LeaseRequest(object):
         if self.secret is not None:
             oprot.writeFieldBegin('secret', TType.STRING, 4)
             oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
+            oprot.writeFieldEnd()
+        if self.max_message_bytes is not None:
+            oprot.writeFieldBegin('max_message_bytes', TType.I64, 5)
+            oprot.writeI64(self.max_message_bytes)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -7114,7 +7125,7 @@ LeaseRequest.thrift_spec = (
     (2, TType.STRING, 'node', 'UTF8', None, ),  # 2
     (3, TType.DOUBLE, 'wait_seconds', None, None, ),  # 3
     (4, TType.STRING, 'secret', 'UTF8', None, ),  # 4
-    None,  # 5
+    (5, TType.I64, 'max_message_bytes', None, None, ),  # 5
     None,  # 6
     None,  # 7
     None,  # 8

@@ -12,6 +12,7 @@ from client.errors import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
     EXIT_USAGE,
+    AnswerTooLarge,
     ClientError,
     CoordinatorFailed,
     CoordinatorRefused,
@@ -23,6 +24,7 @@ from client.errors import (
     coordinator_error,
     mapped_errors,
 )
+from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.rpc import ConnectionFailed
 from wire.transport import WrongProtocol
@@ -55,6 +57,12 @@ REFUSED = "cannot connect to h:9095: connection refused (is the server running o
      f"{WHERE} is an HTTP server, not the coordinator's Thrift port"),
     (WrongProtocol("TLS", "h:9095 speaks TLS"), WrongPeer,
      f"cannot talk to the coordinator at {WHERE}: h:9095 speaks TLS"),
+    (MessageRefused("refused a message of 3.0 MiB from h:9095: this process takes ..."),
+     AnswerTooLarge, "this client refused a message of 3.0 MiB from h:9095: this process "
+                     "takes ..."),
+    (PeerRefusedMessage("h:9095", 3 * 2**20, "it takes messages of at most 2 MiB (...)"),
+     CoordinatorRefused, f"the coordinator at {WHERE} refused a message of 3.0 MiB "
+                         "(3145728 bytes): it takes messages of at most 2 MiB (...)"),
 ])
 def test_each_low_level_error_becomes_one_client_exception(low_level, mapped, line) -> None:
     with pytest.raises(mapped) as info, mapped_errors(WHERE):

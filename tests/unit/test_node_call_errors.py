@@ -16,6 +16,7 @@ from compute_node.call_errors import (
     mapped_errors,
 )
 from compute_node.coordinator_link import CoordinatorLink, PullSettings, PullStopped
+from wire.chunks import PeerRefusedMessage
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.rpc import ConnectionFailed
 
@@ -35,6 +36,9 @@ UNREACHABLE = ConnectionFailed("cannot connect to h:1: connection refused")
     (ConnectionResetError(104, "Connection reset by peer"), CallFailed,
      "[Errno 104] Connection reset by peer"),
     (ttypes.UnknownRun(message="no run 'r'"), CallFailed, "no run 'r'"),
+    (PeerRefusedMessage("h:1", 3 * 2**20, "it takes messages of at most 2 MiB (...)"),
+     PeerRefused, "h:1 refused a message of 3.0 MiB (3145728 bytes): it takes messages of "
+                  "at most 2 MiB (...)"),
 ])
 def test_each_low_level_error_becomes_one_node_exception(low_level, mapped, message) -> None:
     with pytest.raises(mapped) as info, mapped_errors():

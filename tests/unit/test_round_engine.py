@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from compute_node.load import LoadSimulator
-from engine.nodes.errors import NodeUnavailable
+from engine.nodes.errors import AnswerTooLarge, NodeUnavailable, NodeUnfit
 from engine.nodes.liveness import Liveness
+from engine.nodes.thrift_client import node_error
 from engine.policies import RoundRobinPolicy
 from engine.progress import RunProgress
 from engine.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
@@ -26,6 +27,7 @@ from training.aggregation import DEFAULTS
 from training.algorithms.base import UnitSpec, combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.paths import DEFAULT_DATA_ROOT
+from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.rpc import ConnectionFailed
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}
@@ -115,6 +117,34 @@ def test_a_unit_failing_everywhere_is_discarded_and_the_round_goes_on(tmp_path):
     assert outcome.completed == 2
     assert outcome.discarded == [units(3)[1].unit_id]
     assert progress.snapshot().failed == 3
+
+
+def test_when_the_last_node_is_left_out_mid_round_the_round_fails_saying_why():
+    """Its weights too big for the node: the round fails with the node's reason, not with
+    an error of the engine's own while other units still look for a node."""
+    refused = NodeUnfit("refused a message of 4.2 MiB: it takes messages of at most 2 MiB "
+                        "(--max-message-mb 2): raise --max-message-mb there")
+    eng, _, _ = engine([LocalNode(0, fail_with=refused)])
+    with pytest.raises(RoundFailed, match=r"no node can serve this run: node local:10000 "
+                                          r"refused a message of 4\.2 MiB"):
+        eng.run_round(1, units(4), 4, build)
+
+
+def test_an_answer_over_this_processs_own_limit_fails_the_attempt_without_benching():
+    """The limit is the coordinator's, not the node's failure: its units go elsewhere but
+    the node is not benched for it; a peer's refusal of our message leaves it out."""
+    ours = MessageRefused("refused a message of 4.2 MiB from local:10000: this process "
+                          "takes messages of at most 2 MiB (--max-message-mb 2)")
+    too_big = LocalNode(0, fail_with=ours)
+    eng, _, _ = engine([too_big, LocalNode(1)])
+    outcome = eng.run_round(1, units(4), 4, build)
+    assert outcome.completed == 4
+    assert too_big.stats.failed >= 1
+    assert too_big.benched_until() <= time.monotonic()
+    assert node_error(ours).__class__ is AnswerTooLarge
+    theirs = node_error(PeerRefusedMessage("h:1", 3 * 2**20, "it takes at most 2 MiB"))
+    assert isinstance(theirs, NodeUnfit)
+    assert str(theirs) == "refused a message of 3.0 MiB (3145728 bytes): it takes at most 2 MiB"
 
 
 def always_delayed(index: int) -> LocalNode:
