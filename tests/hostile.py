@@ -98,11 +98,15 @@ def chunked_call(method: str, args: Any, chunk: int, token: str | None = None
     return chunks.announce(total, chunk, token), frames
 
 
-def answer_to_announcement(sock: socket.socket) -> str | None:
-    """None if the server accepted the announcement just sent on `sock`, else its reason."""
+def answer_to_announcement(sock: socket.socket, chunk: int) -> str | None:
+    """None if the server accepted the announcement just sent on `sock` with chunks of
+    `chunk` bytes (as announced), else the reason it gave."""
     (word,) = struct.unpack("!I", _recv_exactly(sock, 4))
     assert word & chunks.CHUNK_FLAG, "the answer is not a frame of the chunk protocol"
-    return chunks.parse_answer(_recv_exactly(sock, word & chunks.LENGTH_MASK), "the server")
+    answer = chunks.parse_answer(_recv_exactly(sock, word & chunks.LENGTH_MASK), "the server",
+                                 chunk)
+    assert answer.refused is not None or answer.chunk == chunk, answer
+    return answer.refused
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:

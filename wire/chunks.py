@@ -7,16 +7,20 @@ the receiver's frame limit, which remains a per-frame security bound:
 
     sender                                     receiver
     ANNOUNCE  total bytes, chunk size, token ->
-                                             <- ACCEPT, or REFUSE with the reason
+                                             <- ACCEPT with the chunk size it takes,
+                                                or REFUSE with the reason
     DATA 1    the message's first chunk      ->
     ...
     DATA n    its last bytes                 -> the message, whole, in one buffer
 
 The receiver answers the announcement before any payload is sent (as HTTP's
-``Expect: 100-continue``), so a refusal (a message over its ``--max-message-mb``,
-chunks over its ``--max-frame-mb``, a missing or wrong token) reaches the sender as one
-line naming the limit, its value and the flag, without a byte of payload wasted and
-without a reset connection swallowing the answer.
+``Expect: 100-continue``), so a refusal (a message over its ``--max-message-mb``, a
+missing or wrong token) reaches the sender as one line naming the limit, its value and
+the flag, without a byte of payload wasted and without a reset connection swallowing the
+answer. The chunk size it accepts is the sender's or less, so that every chunk fits the
+receiver's frames whatever either side's ``--max-frame-mb``; and since no process takes
+frames under `ONE_FRAME_BYTES`, a message is sent as one frame only up to that size (and
+up to the sender's chunk size): any bigger one is announced first.
 
 Frames of this protocol have the top bit of their length word set; the other 31 bits
 are the body's length, and the body starts with a kind byte. Every DATA frame carries its
@@ -57,11 +61,15 @@ MIB = 1024 * 1024
 DEFAULT_CHUNK_BYTES = 4 * MIB
 # Smaller chunks would let a peer hold a connection for many frame timeouts per MiB.
 MIN_CHUNK_BYTES = 64 * 1024
+# The smallest frame limit a process takes (--max-frame-mb 1): a message this big goes
+# as one frame to any peer; a bigger one is announced, and the receiver sets the chunks.
+ONE_FRAME_BYTES = MIB
 MAX_TOKEN_BYTES = 4096
 MAX_REASON_BYTES = 4096
 
 _WORD = struct.Struct("!I")
 _ANNOUNCE = struct.Struct("!BQIH")  # kind, total bytes, chunk bytes, token length
+_ACCEPT = struct.Struct("!BI")  # kind, the chunk size the receiver takes
 _DATA = struct.Struct("!BIQ")  # kind, sequence number (from 1), total bytes
 DATA_HEAD_BYTES = _DATA.size
 MAX_CONTROL_BYTES = _ANNOUNCE.size + MAX_TOKEN_BYTES + MAX_REASON_BYTES
@@ -145,7 +153,9 @@ def refusal(reason: str) -> bytes:
     return control_frame(REFUSE, reason.encode("utf-8")[:MAX_REASON_BYTES])
 
 
-ACCEPT_FRAME = control_frame(ACCEPT)
+def acceptance(chunk: int) -> bytes:
+    """ACCEPT, saying the chunk size the receiver takes (at most the announced one)."""
+    return _WORD.pack(CHUNK_FLAG | _ACCEPT.size) + _ACCEPT.pack(ACCEPT, chunk)
 
 
 def data_header(seq: int, total: int, payload: int) -> bytes:
@@ -168,14 +178,31 @@ def parse_announce(body: bytes | memoryview, peer: str) -> tuple[int, int, bytes
     return total, chunk, token
 
 
-def parse_answer(body: bytes | memoryview, peer: str) -> str | None:
-    """None for ACCEPT, the reason for REFUSE; ChunkSequenceError for anything else."""
+@dataclass(frozen=True)
+class Answer:
+    """The receiver's answer to an announcement: the chunk size it takes, or why not."""
+
+    chunk: int = 0
+    refused: str | None = None
+
+
+def parse_answer(body: bytes | memoryview, peer: str, announced: int) -> Answer:
+    """The answer in an ACCEPT or REFUSE body to an announcement of chunks of
+    `announced` bytes; ChunkSequenceError for anything else."""
     kind = body[0] if len(body) else 0
-    if kind == ACCEPT:
-        return None
     if kind == REFUSE:
-        return bytes(body[1:]).decode("utf-8", errors="replace") or "no reason given"
-    raise ChunkSequenceError(f"{peer} answered an announcement with {kind_name(kind)} frame")
+        return Answer(refused=bytes(body[1:]).decode("utf-8", errors="replace")
+                      or "no reason given")
+    if kind != ACCEPT:
+        raise ChunkSequenceError(f"{peer} answered an announcement with {kind_name(kind)} "
+                                 "frame")
+    if len(body) != _ACCEPT.size:
+        raise ChunkSequenceError(f"{peer} sent a malformed acceptance")
+    _, chunk = _ACCEPT.unpack_from(body)
+    if not 0 < chunk <= announced:
+        raise ChunkSequenceError(f"{peer} accepted chunks of {chunk} bytes where chunks of "
+                                 f"at most {announced} were announced")
+    return Answer(chunk=chunk)
 
 
 def kind_name(kind: int) -> str:

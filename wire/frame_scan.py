@@ -24,6 +24,8 @@ MAX_DEPTH = 64
 
 _I16 = struct.Struct("!h")
 _I32 = struct.Struct("!i")
+_I64 = struct.Struct("!q")
+BIG_BINARY = -2  # as wire.transport.WireProtocol writes the length of a binary over 2 GiB
 _FIXED_SIZES = {TType.BOOL: 1, TType.BYTE: 1, TType.DOUBLE: 8, TType.I16: 2,
                 TType.I32: 4, TType.I64: 8}
 
@@ -69,7 +71,11 @@ def skip_value(frame: memoryview, pos: int, ttype: int, depth: int = MAX_DEPTH) 
     if ttype in _FIXED_SIZES:
         return _ahead(frame, pos, _FIXED_SIZES[ttype])
     if ttype == TType.STRING:
-        return _ahead(frame, pos + 4, _non_negative(_i32(frame, pos)))
+        size = _i32(frame, pos)
+        if size == BIG_BINARY:  # a binary over 2 GiB: its length is the i64 that follows
+            return _ahead(frame, pos + 12, _non_negative(_I64.unpack_from(
+                frame, _check(frame, pos + 4, 8))[0]))
+        return _ahead(frame, pos + 4, _non_negative(size))
     if ttype == TType.STRUCT:
         while (field_type := _byte(frame, pos)) != TType.STOP:
             pos = skip_value(frame, _ahead(frame, pos + 1, 2), field_type, depth - 1)

@@ -31,7 +31,6 @@ import threading
 import time
 from typing import Any
 
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.transport.TTransport import TTransportBase
 
 ENV_PATH = "TRAINER_WIRE_STATS"
@@ -187,8 +186,10 @@ class _CountingTransport(TTransportBase):
 def encoded_size(struct_: Any) -> int:
     """Bytes of a Thrift struct in the binary protocol, counted without encoding it (a
     unit's weights are not copied to learn their size)."""
+    from wire.transport import WireProtocol  # which imports this module
+
     counter = _CountingTransport()
-    struct_.write(TBinaryProtocol(counter))
+    struct_.write(WireProtocol(counter))
     return counter.size
 
 

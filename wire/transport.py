@@ -36,6 +36,7 @@ import os
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,9 +62,13 @@ _MMAP_FRAME_BYTES = 1024 * 1024
 # memory is committed only as bytes arrive (a bytearray is committed at once).
 _LAZY_FRAME_BYTES = 64 * 1024
 _HUGE_PAGE_BYTES = 2 * 1024 * 1024
+# Receive buffers of chunked messages kept for reuse, in all, by a process (MessageBuffers).
+KEPT_MESSAGE_BYTES = 32 * 1024 * 1024
 # The signed 32-bit length field of a frame cannot say more than this.
 _HARD_MAX_FRAME_BYTES = 2**31 - 1
 _HEADER = struct.Struct("!I")
+_MAX_I32 = 2**31 - 1
+BIG_BINARY = -2  # the length word of a binary too long for an i32: an i64 length follows
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _EMPTY = memoryview(b"")
 _TOKEN_FIX = ("give every process the same token: --token-file PATH or the TRAINER_TOKEN "
@@ -150,10 +155,10 @@ class FramedSocketTransport(TTransportBase):
         self._sock: socket.socket | None = sock
         self.max_frame_bytes = max_frame_bytes
         self.messages = messages or MessageLimits()
-        # A chunk and its head must fit in a frame of ours (a peer's limit may be lower:
-        # it then refuses the announcement, naming its --max-frame-mb).
-        self.chunk_bytes = min(self.messages.chunk_bytes,
-                               max_frame_bytes - chunks.DATA_HEAD_BYTES)
+        # A chunk and its head must fit in a frame of ours; a peer may take smaller ones
+        # (it says so when it accepts a message). Bigger messages are announced.
+        self.chunk_bytes = self._chunk_room(self.messages.chunk_bytes)
+        self.one_frame_bytes = min(self.chunk_bytes, chunks.ONE_FRAME_BYTES)
         self.peer = peer or _describe_peer(sock)
         self.peer_host = peer_host  # the peer's address: its share of the frame budget
         self._header = bytearray(_HEADER.size)
@@ -363,8 +368,9 @@ class FramedSocketTransport(TTransportBase):
             raise MessageRefused(f"refused a message of {chunks.size_text(total)} from "
                                  f"{self.peer}: "
                                  + refused.format(it="this process", there="here"))
-        message = memoryview(_message_buffer(total))[:total]
-        self._answer(chunks.ACCEPT_FRAME)
+        chunk = self._chunk_room(chunk)
+        message = MESSAGE_BUFFERS.take(total)
+        self._answer(chunks.acceptance(chunk))
         receipt = chunks.Receipt(total, chunk, self.peer)
         wire, frames = _HEADER.size + body_size, 1
         try:
@@ -413,15 +419,14 @@ class FramedSocketTransport(TTransportBase):
             return (f"{{it}} takes messages of at most {chunks.limit_text(limit)} MiB "
                     f"(--max-message-mb {chunks.limit_text(limit)}): raise --max-message-mb "
                     "{there}")
-        if chunk < chunks.MIN_CHUNK_BYTES:
+        if chunk < min(chunks.MIN_CHUNK_BYTES, total):
             return (f"chunks of {chunk} bytes are under the smallest taken, "
                     f"{chunks.MIN_CHUNK_BYTES} bytes")
-        if chunk + chunks.DATA_HEAD_BYTES > self.max_frame_bytes:
-            return (f"chunks of {chunks.size_text(chunk)} do not fit the frame limit "
-                    f"{{there}}, {chunks.limit_text(self.max_frame_bytes)} MiB (--max-frame-mb "
-                    f"{chunks.limit_text(self.max_frame_bytes)}): raise --max-frame-mb {{there}} "
-                    "or lower --chunk-mb on the sender")
         return None
+
+    def _chunk_room(self, chunk: int) -> int:
+        """`chunk`, or less where a chunk and its head would not fit our frames."""
+        return max(1, min(chunk, self.max_frame_bytes - chunks.DATA_HEAD_BYTES))
 
     def _chunk_deadline(self, deadline: float | None) -> float | None:
         """A server's deadline for the next chunk: each within the frame timeout."""
@@ -535,7 +540,7 @@ class FramedSocketTransport(TTransportBase):
         bigger than a chunk and the peer reads chunks (wire.chunks)."""
         pieces, size = [*self._pieces, self._small], self._size
         self._reset_writes()
-        if size > self.chunk_bytes and self.peer_reads_chunks:
+        if size > self.one_frame_bytes and self.peer_reads_chunks:
             views = [memoryview(p).cast("B") for p in pieces]
             views[0] = views[0][_HEADER.size:]  # the room kept for a frame's length
             self._send_chunked(views, size)
@@ -562,10 +567,10 @@ class FramedSocketTransport(TTransportBase):
         each a frame of its header and slices of the caller's buffers (no copy)."""
         announcement = chunks.announce(size, self.chunk_bytes, self._token)
         self._send_raw(announcement)
-        self._await_acceptance(size)
+        chunk = self._await_acceptance(size)
         wire, frames = len(announcement), 1
         try:
-            for parts in chunks.split(views, size, self.chunk_bytes):
+            for parts in chunks.split(views, size, chunk):
                 frame = [memoryview(part) for part in parts]
                 self._send_pieces(frame)
                 wire += sum(part.nbytes for part in frame)
@@ -574,9 +579,9 @@ class FramedSocketTransport(TTransportBase):
             raise self._failure(exc, "sending to") from exc
         self._count(wire_stats.SENT, wire, views[0], frames)
 
-    def _await_acceptance(self, size: int) -> None:
-        """The peer's answer to an announcement; PeerRefusedMessage (and the connection
-        closed) when it refuses the message."""
+    def _await_acceptance(self, size: int) -> int:
+        """The chunk size the peer takes, from its answer to an announcement;
+        PeerRefusedMessage (and the connection closed) when it refuses the message."""
         header = memoryview(self._header)
         self._recv_exactly(header)
         (word,) = _HEADER.unpack(header)
@@ -588,10 +593,15 @@ class FramedSocketTransport(TTransportBase):
         body = bytearray(body_size)
         self._recv_exactly(memoryview(body))
         self._count(wire_stats.RECEIVED, _HEADER.size + body_size, _EMPTY)
-        reason = chunks.parse_answer(body, self.peer)
-        if reason is not None:
+        try:
+            answer = chunks.parse_answer(body, self.peer, self.chunk_bytes)
+        except chunks.ChunkSequenceError:
             self.close()
-            raise PeerRefusedMessage(self.peer, size, reason)
+            raise
+        if answer.refused is not None:
+            self.close()
+            raise PeerRefusedMessage(self.peer, size, answer.refused)
+        return answer.chunk
 
     def _send_raw(self, data: bytes) -> None:
         """One small frame of the chunk protocol, sent at once (not queued: it may be sent
@@ -658,11 +668,30 @@ class WireProtocol(TBinaryProtocol):
     """The pure-Python binary protocol, reading strings from memoryviews.
 
     Binary fields come back as memoryviews of the received frame (zero copy);
-    strings are decoded to `str` as usual.
+    strings are decoded to `str` as usual. A binary of 2 GiB or more, whose length the
+    protocol's i32 cannot hold (a tensor of a big model), has the length word
+    `BIG_BINARY` followed by an i64 length: stock peers, which could not take such a value
+    anyway, never see it otherwise.
     """
 
     def readString(self) -> str:
         return str(self.readBinary(), "utf-8")
+
+    def readBinary(self) -> memoryview:
+        size = self.readI32()
+        if size == BIG_BINARY:
+            size = self.readI64()
+        self._check_string_length(size)
+        return self.trans.readAll(size)
+
+    def writeBinary(self, buf: BytesLike) -> None:
+        size = memoryview(buf).nbytes
+        if size > _MAX_I32:
+            self.writeI32(BIG_BINARY)
+            self.writeI64(size)
+            self.trans.write(buf)
+            return
+        super().writeBinary(buf)
 
     def writeMessageBegin(self, name: str, ttype: int, seqid: int) -> None:
         """As the binary protocol writes it; a call also says that its caller reads
@@ -719,10 +748,41 @@ def _huge_page_buffer(size: int) -> mmap.mmap:
     return buf
 
 
-def _message_buffer(size: int) -> bytearray | mmap.mmap:
-    """A fresh buffer for a chunked message: never a kept one, so that no connection holds
-    a second copy of a model once the tensors that view it are gone."""
-    return bytearray(size) if size < _MMAP_FRAME_BYTES else _huge_page_buffer(size)
+class MessageBuffers:
+    """Where chunked messages are received: buffers shared by the process's connections,
+    each reused once no tensor views it any more.
+
+    Fresh memory costs page faults (the kernel zeroes each page) about as long as the
+    transfer itself, so buffers are kept for reuse, but only up to `capacity` bytes in
+    all, in use or not: beyond the tensors it holds, a process keeps at most that much,
+    whatever its connections and the size of its models (bigger messages get fresh memory,
+    given back when their tensors go).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._kept: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> memoryview:
+        """A view of `size` bytes of a buffer no one else uses."""
+        with self._lock:  # the view is made before another thread can test the buffer
+            for buffer in sorted(self._kept, key=len):
+                if len(buffer) >= size and _unreferenced(buffer):
+                    return memoryview(buffer)[:size]
+        fresh = _huge_page_buffer(size)
+        with self._lock:
+            if sum(len(b) for b in self._kept) + len(fresh) <= self.capacity:
+                self._kept.append(fresh)
+        return memoryview(fresh)[:size]
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(len(b) for b in self._kept)
+
+
+MESSAGE_BUFFERS = MessageBuffers(KEPT_MESSAGE_BYTES)
 
 
 def _unreferenced(buf: mmap.mmap) -> bool:

@@ -270,7 +270,7 @@ def test_the_node_and_the_coordinator_drop_broken_chunk_sequences_and_keep_servi
             announcement, frames = message(chunk)
             with socket.create_connection((HOST, server.port), timeout=WAIT) as sock:
                 sock.sendall(announcement)
-                assert answer_to_announcement(sock) is None, case
+                assert answer_to_announcement(sock, chunk) is None, case
                 sock.sendall(broken(frames))
                 if case == "cut mid-chunk":
                     sock.shutdown(socket.SHUT_WR)

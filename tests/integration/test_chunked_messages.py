@@ -209,15 +209,18 @@ def test_a_reply_over_the_callers_limit_is_refused_by_the_caller(serve: Callable
     assert_serving(srv)
 
 
-def test_chunks_bigger_than_the_receivers_frames_are_refused_naming_both_flags(
+def test_chunks_shrink_to_the_receivers_frames_whatever_the_senders_settings(
     serve: Callable,
 ) -> None:
-    srv = serve(max_frame_bytes=1 * MIB)
-    with pytest.raises(PeerRefusedMessage, match=r"chunks of 2\.0 MiB .* do not fit the frame "
-                       r"limit there, 1 MiB \(--max-frame-mb 1\): raise --max-frame-mb there "
-                       "or lower --chunk-mb on the sender"):
-        call(srv, work(w=weights(3)), max_frame_bytes=4 * MIB,
-             messages=MessageLimits(chunk_bytes=2 * MIB))
+    """The receiver takes smaller frames than the sender's chunks (--max-frame-mb 1 against
+    --chunk-mb 2): it accepts the message in chunks that fit, both ways."""
+    srv = serve(max_frame_bytes=1 * MIB, messages=MessageLimits(chunk_bytes=2 * MIB))
+    sent = weights(3)
+    result, transport = call(srv, work(w=sent), max_frame_bytes=4 * MIB,
+                             messages=MessageLimits(chunk_bytes=2 * MIB))
+    assert from_wire(result.update[0]).tobytes() == sent.tobytes()
+    assert transport.frames_sent >= 1 + 3  # the announcement and chunks under 1 MiB
+    assert transport.frames_received >= 2 + 2  # the reply in chunks of 2 MiB
 
 
 # --------------------------------------------------------------- the token
@@ -236,7 +239,7 @@ def test_an_announcement_without_the_token_is_refused_before_any_payload(
                                    CHUNK, token)
     with socket.create_connection((HOST, srv.port), timeout=WAIT) as sock:
         sock.sendall(announcement)
-        assert why in answer_to_announcement(sock)
+        assert why in answer_to_announcement(sock, CHUNK)
         assert hangs_up_within(sock, WAIT)
     assert srv.frame_budget.claimed == 0
     assert node.calls == 0
@@ -262,7 +265,7 @@ def test_without_a_token_unfinished_chunks_claim_the_budget_while_they_arrive(
         ComputeNode.train_with_weights_args(request=work(w=weights(0.5))), CHUNK)
     with socket.create_connection((HOST, srv.port), timeout=WAIT) as sock:
         sock.sendall(announcement)
-        assert answer_to_announcement(sock) is None
+        assert answer_to_announcement(sock, CHUNK) is None
         sock.sendall(frames[0] + frames[1][:1000])  # chunk 2 started, not finished
         assert waiting.wait_until(lambda: srv.frame_budget.claimed == CHUNK, WAIT)
     assert waiting.wait_until(lambda: srv.frame_budget.claimed == 0, WAIT)
@@ -282,7 +285,7 @@ def test_a_broken_or_cut_chunk_sequence_is_dropped_whole_and_the_server_keeps_se
     with caplog.at_level(logging.WARNING, logger="wire.rpc"), \
             socket.create_connection((HOST, srv.port), timeout=WAIT) as sock:
         sock.sendall(announcement)
-        assert answer_to_announcement(sock) is None
+        assert answer_to_announcement(sock, CHUNK) is None
         sock.sendall(BROKEN_SEQUENCES[case](frames))
         if case == "cut mid-chunk":
             sock.shutdown(socket.SHUT_WR)
@@ -308,7 +311,7 @@ def test_a_broken_chunked_reply_fails_the_call_and_closes_the_connection() -> No
                     PROTOCOL_VERSION, "x" * 300_000, 0.0, 0, 0, 0, 1.0))
                 announcement, frames = chunked_call("ping", reply, CHUNK)
                 conn.sendall(announcement)
-                conn.recv(5, socket.MSG_WAITALL)  # the caller's acceptance
+                conn.recv(9, socket.MSG_WAITALL)  # the caller's acceptance
                 conn.sendall(frames[1] + frames[0])
                 with contextlib.suppress(OSError):
                     conn.recv(1)  # until the caller hangs up

@@ -32,16 +32,19 @@ def test_an_announcement_round_trips_total_chunk_and_token() -> None:
     assert chunks.parse_announce(frame[4:], PEER) == (5 * 2**30, 4 * 2**20, b"s3cret")
 
 
-def test_an_answer_is_acceptance_or_the_refusal_s_reason() -> None:
-    assert chunks.parse_answer(chunks.ACCEPT_FRAME[4:], PEER) is None
-    assert chunks.parse_answer(chunks.refusal("too big")[4:], PEER) == "too big"
+def test_an_answer_is_the_chunk_size_taken_or_the_refusal_s_reason() -> None:
+    assert chunks.parse_answer(chunks.acceptance(4096)[4:], PEER, 8192).chunk == 4096
+    assert chunks.parse_answer(chunks.refusal("too big")[4:], PEER, 8192).refused == "too big"
     with pytest.raises(ChunkSequenceError, match="answered an announcement with a chunk"):
-        chunks.parse_answer(chunks.data_header(1, 10, 10)[4:], PEER)
+        chunks.parse_answer(chunks.data_header(1, 10, 10)[4:], PEER, 8192)
+    with pytest.raises(ChunkSequenceError, match="accepted chunks of 9000 bytes where chunks "
+                                                 "of at most 8192 were announced"):
+        chunks.parse_answer(chunks.acceptance(9000)[4:], PEER, 8192)
 
 
 def test_a_frame_that_is_no_announcement_is_refused() -> None:
     with pytest.raises(ChunkSequenceError, match="sent an acceptance frame where a message"):
-        chunks.parse_announce(chunks.ACCEPT_FRAME[4:], PEER)
+        chunks.parse_announce(chunks.acceptance(4096)[4:], PEER)
     truncated = chunks.announce(100, 64, "token")[4:-2]
     with pytest.raises(ChunkSequenceError, match="token length"):
         chunks.parse_announce(truncated, PEER)
