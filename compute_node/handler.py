@@ -239,7 +239,8 @@ class ComputeNodeHandler(SessionService):
             share = share_of(request)
             expected = None if request.expected_update is None \
                 else specs_from_wire(request.expected_update)
-            weights = self._weights_of(request, spec.compression)
+            weights = self._weights_of(request, spec.compression,
+                                       algorithm.writes_weights(request.model))
         except RunUnfit:
             raise
         except REQUEST_ERRORS as exc:
@@ -282,19 +283,22 @@ class ComputeNodeHandler(SessionService):
         if not unit_file.is_file():
             raise DataPathError(f"unit file {unit_file} does not exist on node {self.node_id}")
 
-    def _weights_of(self, request: ttypes.WorkRequest, compression: CompressionSettings
-                    ) -> tuple[Tensors, Tensors | None] | None:
-        """(the unit's own writable copy of its weights, the weights as sent): decoded from
-        the request, whose codec must be the run's (checked before anything is decoded), or,
-        for a request that says `weights_cached` and carries none, the kept ones, with None
-        as sent. None when those are not held."""
+    def _weights_of(self, request: ttypes.WorkRequest, compression: CompressionSettings,
+                    writable: bool) -> tuple[Tensors, Tensors | None] | None:
+        """(the unit's weights, the weights as sent): decoded from the request, whose codec
+        must be the run's (checked before anything is decoded), or, for a request that says
+        `weights_cached` and carries none, the kept ones, with None as sent; the unit's
+        are its own copies when it may change them (`writable`), else read-only views. None
+        when kept weights are asked for and not held."""
         if request.weights_cached and not request.weights:
-            kept = self.weights.get(request.run_id, request_version(request), compression.down)
+            kept = self.weights.get(request.run_id, request_version(request),
+                                    compression.down, writable)
             return None if kept is None else (kept, None)
         payload = wire_to_dict(request.weights)
         check_payload(payload, PayloadForm(compression.down))
         sent = decompress(payload)
-        # Copies: the received frame's memory is reused once this call returns.
+        if not writable:
+            return sent, sent
         return {name: value.copy() for name, value in sent.items()}, sent
 
     def _admit(self, policy: int):

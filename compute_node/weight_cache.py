@@ -15,8 +15,8 @@ weights that do not fit the model are never kept). Memory is bounded: the newest
 ``versions_per_run`` versions of each run (older ones are dropped as newer ones arrive), the
 ``max_runs`` runs used last, and ``max_bytes`` in all (the oldest versions of the runs used
 least recently go first; weights larger than that are not kept); a run's entries also go
-when the coordinator drops the run's sessions. Kept arrays are read-only; a unit gets its
-own copies (some algorithms change their weights in place).
+when the coordinator drops the run's sessions. Kept arrays are read-only; a unit that may
+change its weights in place (`Algorithm.writes_weights`) gets its own copies.
 """
 
 from __future__ import annotations
@@ -98,13 +98,17 @@ class WeightCache:
         self._bytes -= sum(_nbytes(kept) for kept in entries.values())
         return len(entries)
 
-    def get(self, run_id: str, version: int, codec: str) -> Tensors | None:
-        """Writable copies of the kept weights, or None when they are not held."""
+    def get(self, run_id: str, version: int, codec: str,
+            writable: bool = True) -> Tensors | None:
+        """The kept weights, as writable copies or (not `writable`) the read-only arrays
+        themselves; None when they are not held."""
         with self._lock:
             kept = self._runs.get(run_id, {}).get((version, codec))
             if kept is None:
                 return None
             self._runs.move_to_end(run_id)
+        if not writable:
+            return dict(kept)
         return {name: value.copy() for name, value in kept.items()}
 
     def drop_run(self, run_id: str) -> int:

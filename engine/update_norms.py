@@ -146,9 +146,16 @@ class NormGuard:
                         "a lower learning rate may help", norm, norm / typical)
 
 
+NORM_BLOCK = 1 << 20  # elements converted to float64 at a time
+
+
 def update_norm(update: Mapping[str, np.ndarray]) -> float:
+    """The update's L2 norm over all its tensors, summed in float64 a block at a time (no
+    float64 copy of a big tensor)."""
     total = 0.0
     for value in update.values():
-        flat = np.asarray(value, dtype=np.float64).ravel()
-        total += float(np.dot(flat, flat))
+        flat = np.asarray(value).reshape(-1)
+        for start in range(0, flat.size, NORM_BLOCK):
+            block = flat[start:start + NORM_BLOCK].astype(np.float64)
+            total += float(np.dot(block, block))
     return float(np.sqrt(total))

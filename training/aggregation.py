@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {"rule": "mean", "trim_fraction": 0.2, "byzantine": 1
                             "krum_keep": 1}
 
 
+BLOCK_ELEMENTS = 1 << 20  # elements combined at a time: 8 MiB of float64 per update
+
+
 class AggregationError(ValueError):
     """Settings no rule can use; the message names the key (aggregation.<key>)."""
 
@@ -44,11 +47,20 @@ class AggregationError(ValueError):
 # ------------------------------------------------------------------------ the rules
 def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]],
                   samples: Sequence[int]) -> Weights:
-    """The sample-weighted mean of every update, in float64."""
+    """The sample-weighted mean of every update, in float64. Computed a block of elements
+    at a time, each element by the same operations in the same order as a whole-array
+    sum would: the same numbers, without float64 copies of every update of a big model."""
     total = float(sum(samples))
-    return {name: sum(np.asarray(u[name], dtype=np.float64) * n
-                      for u, n in zip(updates, samples, strict=True)) / total
-            for name in updates[0]}
+    mean = {}
+    for name in updates[0]:
+        parts = [np.asarray(u[name]).reshape(-1) for u in updates]
+        out = np.empty(parts[0].size, dtype=np.float64)
+        for start in range(0, out.size, BLOCK_ELEMENTS):
+            block = slice(start, start + BLOCK_ELEMENTS)
+            out[block] = sum(part[block].astype(np.float64) * n
+                             for part, n in zip(parts, samples, strict=True)) / total
+        mean[name] = out.reshape(np.shape(updates[0][name]))
+    return mean
 
 
 def coordinate_median(updates: Sequence[Mapping[str, np.ndarray]],

@@ -62,11 +62,10 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
         if not is_module_model(spec.model):
             return RunFacts(plugins.versions())
         from training.algorithms import torch_model  # torch only for torch models
-        from training.models import modules
 
         setup = torch_model.setup_of(spec.model, config, spec.dataset, Path(location))
-        return RunFacts(plugins.versions(), modules.fingerprint(setup.build()),
-                        setup.data.fingerprint, len(setup.data.train))
+        return RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,
+                        len(setup.data.train))
     except (plugins.PluginError, ValueError) as exc:  # ConfigError and DataError too
         text = str(exc)
         raise RunUnfit(text if text.startswith("lacks ") else

@@ -572,9 +572,9 @@ class FramedSocketTransport(TTransportBase):
         try:
             for parts in chunks.split(views, size, chunk):
                 frame = [memoryview(part) for part in parts]
-                self._send_pieces(frame)
-                wire += sum(part.nbytes for part in frame)
+                wire += sum(part.nbytes for part in frame)  # before: sending trims the views
                 frames += 1
+                self._send_pieces(frame)
         except OSError as exc:
             raise self._failure(exc, "sending to") from exc
         self._count(wire_stats.SENT, wire, views[0], frames)

@@ -34,7 +34,7 @@ from wire.chunks import ChunkSequenceError, MessageLimits, MessageRefused, PeerR
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.limits import ServerLimits
 from wire.rpc import ThriftServer, connect, transport_of
-from wire.tensor_codec import from_wire
+from wire.tensor_codec import from_wire, to_wire
 from wire.transport import FramedSocketTransport, WireProtocolFactory
 
 WAIT = 10.0  # upper bound of every wait in this file
@@ -111,6 +111,29 @@ def test_a_model_bigger_than_a_frame_travels_in_chunks(serve: Callable) -> None:
     result, _ = call(srv, work(w=sent), max_frame_bytes=1 * MIB,
                      messages=MessageLimits(chunk_bytes=256 * KIB))
     assert from_wire(result.update[0]).tobytes() == sent.tobytes()
+
+
+def test_both_sides_count_the_same_bytes_and_frames_of_a_chunked_message() -> None:
+    """A chunk the socket takes in several sends is counted whole, once."""
+    left, right = socket.socketpair()
+    with left, right:
+        left.settimeout(WAIT)
+        right.settimeout(WAIT)
+        sender = FramedSocketTransport(left, peer="left",
+                                       messages=MessageLimits(chunk_bytes=256 * KIB))
+        receiver = FramedSocketTransport(right, peer="right")
+        arr = weights(2)
+        sent = threading.Thread(target=lambda: (
+            to_wire("w", arr).write(WireProtocolFactory().getProtocol(sender)), sender.flush()),
+            daemon=True)
+        sent.start()
+        tensor = ttypes.Tensor()
+        tensor.read(WireProtocolFactory().getProtocol(receiver))
+        sent.join(WAIT)
+    assert from_wire(tensor).tobytes() == arr.tobytes()
+    assert sender.frames_sent == receiver.frames_received >= 1 + 8
+    assert sender.bytes_sent == receiver.bytes_received > arr.nbytes
+    assert receiver.bytes_sent == sender.bytes_received > 0  # the acceptance
 
 
 def test_tensors_of_a_chunked_message_stay_valid_after_later_calls(serve: Callable) -> None:

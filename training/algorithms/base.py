@@ -349,6 +349,13 @@ class Algorithm(ABC):
         raise NotImplementedError(f"{cls.name} does not split units")
 
     @classmethod
+    def writes_weights(cls, model: str) -> bool:
+        """Whether a unit of ``model`` may change its job's weights in place. A node gives
+        such a unit its own copy of them; any other gets read-only views of the tensors
+        received (a model of a gigabyte is not copied once more for every unit)."""
+        return True
+
+    @classmethod
     def trains(cls, model: str) -> bool:
         """Whether the algorithm can train the model of this name."""
         return model in cls.models

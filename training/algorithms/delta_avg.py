@@ -80,6 +80,10 @@ class DeltaAveraging(AveragingAlgorithm):
         return self.model != "mlp"
 
     @classmethod
+    def writes_weights(cls, model: str) -> bool:
+        return not is_module_model(model)  # a torch model only loads them into its module
+
+    @classmethod
     def trains(cls, model: str) -> bool:
         return model in cls.models or is_module_model(model)
 

@@ -91,6 +91,7 @@ from training.cancel import no_step
 from training.data import image_folder, mnist
 from training.data.letters import load_letters
 from training.models import gan_models, mlp
+from training.models.modules import copy_into
 from training.models.names import GAN_MODELS, is_module_model
 from training.models.pool import ModulePool
 from training.outputs import gan_metrics
@@ -368,6 +369,10 @@ class SyncSGD(AveragingAlgorithm):
     asynchronous = True  # gradients can be applied one by one as they arrive
     rounds_from_passes = True  # units cut by K-of-N are trained on later in the pass
     splits_units = True
+
+    @classmethod
+    def writes_weights(cls, model: str) -> bool:
+        return not is_module_model(model)  # a torch model only loads them into its module
 
     @classmethod
     def trains(cls, model: str) -> bool:
@@ -729,9 +734,8 @@ class _GanState:
 
 def _set_buffers(module: nn.Module, average: Mapping[str, np.ndarray], prefix: str) -> None:
     """Install averaged buffers; integer ones (BN's batch counter) are rounded."""
-    with torch.no_grad():
-        for name, buffer in module.named_buffers():
-            value = np.asarray(average[prefix + name])
-            if not buffer.is_floating_point():
-                value = np.rint(value)
-            buffer.copy_(torch.from_numpy(np.array(value, copy=True)).to(buffer.dtype))
+    for name, buffer in module.named_buffers():
+        value = np.asarray(average[prefix + name])
+        if not buffer.is_floating_point():
+            value = np.rint(value)
+        copy_into(buffer, value)

@@ -109,12 +109,26 @@ class CoordinatorModel:
         self.module = built(setup, seed)
         check_model_runs(setup, self.module, batch_size)
         self.module.eval()
+        self._holds: Weights | None = None  # the weights dict the module holds, if known
 
     def weights(self) -> Weights:
-        return modules.state_arrays(self.module)
+        """Copies of the module's state, which it then holds."""
+        self._holds = modules.state_arrays(self.module)
+        return self._holds
+
+    def load(self, weights: Weights) -> None:
+        """Into the module, unless it holds these very weights already (a round's step
+        and its evaluation would otherwise copy a big model in twice)."""
+        if weights is not self._holds:
+            self._holds = None
+            load_weights(self.module, weights, self.setup.model)
+            self._holds = weights
 
     def evaluate(self, weights: Weights) -> RoundEval:
-        return evaluate_weights(self.setup, self.module, weights)
+        self.load(weights)
+        metric, loss = evaluate(self.setup, self.module)
+        self.module.eval()
+        return RoundEval(validation_error=float(metric), validation_loss=float(loss))
 
     def description(self) -> dict[str, Any]:
         return describe(self.setup, self.module)
@@ -131,7 +145,8 @@ class SyncState(CoordinatorModel):
         return modules.parameter_names(self.module)
 
     def step(self, weights: Weights, average: Weights) -> Weights:
-        load_weights(self.module, weights, self.setup.model)
+        self.load(weights)
+        self._holds = None  # changed below
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 param.grad = torch.from_numpy(
@@ -187,7 +202,8 @@ class LocalState(CoordinatorModel):
         stepped = self.optimizer.step({n: weights[n] for n in self.params},
                                       {n: combined[n] for n in self.params})
         new = {name: value.astype(weights[name].dtype) for name, value in stepped.items()}
-        load_weights(self.module, {**weights, **new}, self.setup.model)
+        self.load({**weights, **new})
+        self._holds = None  # changed below
         install_buffers(self.module, combined)
         return self.weights()
 
@@ -215,13 +231,6 @@ def expected_update(module: nn.Module, weights: Weights, gradients: bool) -> dic
 def staleness_scaled(name: str) -> bool:
     """Changes and gradients are scaled by staleness; buffers are states."""
     return not name.startswith(BUFFER)
-
-
-def evaluate_weights(setup: ModelSetup, module: nn.Module, weights: Weights) -> RoundEval:
-    load_weights(module, weights, setup.model)
-    metric, loss = evaluate(setup, module)
-    module.eval()
-    return RoundEval(validation_error=float(metric), validation_loss=float(loss))
 
 
 def describe(setup: ModelSetup, module: nn.Module) -> dict[str, Any]:

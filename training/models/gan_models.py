@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.models.modules import copy_into
+
 ARCHITECTURES = ("dcgan28", "dcgan64", "mlp28")
 IMAGE_SHAPES = {"dcgan28": (1, 28, 28), "dcgan64": (3, 64, 64), "mlp28": (1, 28, 28)}
 # Architectures whose images are 28x28 greyscale: they train on MNIST and are scored by
@@ -305,19 +307,9 @@ def numpy_to_state(module: nn.Module, arrays: Mapping[str, np.ndarray], prefix: 
     everything is checked before anything is copied, so a bad dict changes nothing."""
     state = module.state_dict()
     given = _matching_arrays(state, arrays, prefix)
-    with torch.no_grad():
-        for name, target in state.items():
-            value = given[name] if target.is_floating_point() else np.rint(given[name])
-            # copy_ reads the array where it is and converts its dtype as it copies: no
-            # intermediate copies.
-            target.copy_(_readable(value))
-
-
-def _readable(value: np.ndarray) -> torch.Tensor:
-    """A tensor to copy from: over the array's own memory when it is writable, else over
-    a copy (torch warns about read-only memory, which it cannot protect)."""
-    array = np.asarray(value, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
+    for name, target in state.items():
+        value = given[name] if target.is_floating_point() else np.rint(given[name])
+        copy_into(target, value)
 
 
 def gradients_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.ndarray]:

@@ -62,6 +62,9 @@ class ModelSetup:
     def build(self, seed: int | None = None) -> nn.Module:
         return modules.build(self.model, self.settings.args, self.data.shape, seed)
 
+    def fingerprint(self) -> str:
+        return modules.fingerprint_of(self.model, self.settings.args, self.data.shape)
+
     @contextlib.contextmanager
     def borrowed(self, device: str = "cpu") -> Iterator[nn.Module]:
         """A built module of this model from the process's pool (building one costs more
@@ -102,7 +105,9 @@ def mean_gradients(setup: ModelSetup, module: nn.Module, start: int, stop: int,
                 total += grad
         loss_sum += float(loss.detach()) * share
     names = [name for name, p in module.named_parameters() if p.requires_grad]
-    update = {GRAD + name: _array(total) for name, total in zip(names, totals, strict=True)}
+    # the sums are this call's own tensors: their memory becomes the update, uncopied
+    update = {GRAD + name: total.detach().cpu().numpy()
+              for name, total in zip(names, totals, strict=True)}
     update.update(buffers_of(module))
     return update, loss_sum
 
@@ -199,12 +204,11 @@ def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
 def install_buffers(module: nn.Module, average: Mapping[str, np.ndarray]) -> None:
     """Averaged ``buffer.<name>`` values into the module; integer buffers are rounded."""
     state = module.state_dict()
-    with torch.no_grad():
-        for name in modules.buffer_names(module):
-            value = np.asarray(average[BUFFER + name])
-            if not state[name].is_floating_point():
-                value = np.rint(value)
-            state[name].copy_(torch.from_numpy(np.array(value, copy=True)).to(state[name].dtype))
+    for name in modules.buffer_names(module):
+        value = np.asarray(average[BUFFER + name])
+        if not state[name].is_floating_point():
+            value = np.rint(value)
+        modules.copy_into(state[name], value)
 
 
 def check_model_runs(setup: ModelSetup, module: nn.Module, batch_size: int) -> None:

@@ -30,6 +30,9 @@ from training.plugins import PluginError
 
 Weights = dict[str, np.ndarray]
 DATA_ARGUMENTS = ("in_features", "num_classes", "input_shape")
+# dtypes whose tensors numpy can view (not bfloat16, say)
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8,
+                           torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
 
 def mlp_classifier(in_features: int, num_classes: int, hidden: list[int] | None = None,
@@ -128,13 +131,25 @@ def load_arrays(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
         unexpected = sorted(set(weights) - set(state))[:3]
         raise ValueError(f"weights do not fit the model: missing {missing}, "
                          f"unexpected {unexpected}")
+    for name, target in state.items():
+        value = np.asarray(weights[name])
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"tensor {name!r} has shape {value.shape}, the model "
+                             f"needs {tuple(target.shape)}")
+        copy_into(target, value)
+
+
+def copy_into(target: torch.Tensor, value: np.ndarray) -> None:
+    """Copy ``value`` into ``target`` in place, converting its dtype as it goes (rounding
+    to nearest, as torch does). A tensor in memory takes it with no intermediate copy,
+    read-only arrays too (the tensors a node receives are views of the message): a model
+    of a gigabyte is not copied twice to be loaded."""
+    if target.device.type == "cpu" and target.dtype in _NUMPY_DTYPES:
+        target.detach().numpy()[...] = value
+        return
+    array = np.asarray(value)  # torch cannot view read-only memory: copy that first
     with torch.no_grad():
-        for name, target in state.items():
-            value = np.asarray(weights[name])
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"tensor {name!r} has shape {value.shape}, the model "
-                                 f"needs {tuple(target.shape)}")
-            target.copy_(torch.from_numpy(np.array(value, copy=True)).to(target.dtype))
+        target.copy_(torch.from_numpy(array if array.flags.writeable else array.copy()))
 
 
 def parameter_names(module: nn.Module) -> list[str]:
@@ -145,6 +160,18 @@ def buffer_names(module: nn.Module) -> list[str]:
     """Buffers in the state (BatchNorm's running statistics and batch count)."""
     params = set(parameter_names(module))
     return [name for name in module.state_dict() if name not in params]
+
+
+def fingerprint_of(name: str, args: Mapping[str, Any], shape: DataShape | None = None) -> str:
+    """The `fingerprint` of model ``name``, built on torch's meta device: shapes and dtypes
+    without memory or initialisation (seconds and a gigabyte for a big model). A model
+    that cannot be built there is built for real."""
+    try:
+        with torch.device("meta"):
+            module = build(name, args, shape)
+    except PluginError:
+        module = build(name, args, shape)  # its own error, if it has one
+    return fingerprint(module)
 
 
 def fingerprint(module: nn.Module) -> str:
