@@ -34,4 +34,7 @@ command -v thrift >/dev/null 2>&1 ||
   apt_install "by the dashboard's browser test" chromium chromium-driver
 { command -v node && command -v npm; } >/dev/null 2>&1 ||
   apt_install "by the tests of the Node.js client example" nodejs npm
+# matplotlib builds its font cache (running fc-list) the first time it is imported: once
+# here, not inside the first test that plots, which must start no process.
+.venv/bin/python -c "import matplotlib.font_manager" 2>/dev/null || true
 echo "set up: activate with 'source .venv/bin/activate'"

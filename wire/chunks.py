@@ -1,9 +1,10 @@
 """Messages bigger than a chunk travel as a sequence of frames: the chunk protocol.
 
-A Thrift message up to the sender's chunk size travels as one frame (a 4-byte big-endian
-length, then the message), as stock framed Thrift sends it. A bigger one is announced and
-then sent in chunks, so that a model of any size moves while every frame stays within
-the receiver's frame limit, which remains a per-frame security bound:
+A Thrift message of up to `ONE_FRAME_BYTES` (1 MiB, or the sender's chunk size if that is
+smaller) travels as one frame (a 4-byte big-endian length, then the message), as stock
+framed Thrift sends it. A bigger one is announced and then sent in chunks, so that a model
+of any size moves while every frame stays within the receiver's frame limit, which remains
+a per-frame security bound:
 
     sender                                     receiver
     ANNOUNCE  total bytes, chunk size, token ->

@@ -361,10 +361,14 @@ class FramedSocketTransport(TTransportBase):
         buffer, each in place. A broken sequence closes the connection."""
         body = self._control_body(body_size, deadline)
         total, chunk, token = chunks.parse_announce(body, self.peer)
-        refused = self._refusal_of(total, chunk, token)
+        unauthorized = self._token_refusal(token)
+        if unauthorized is not None:
+            self._refuse(unauthorized)
+            raise TTransportException(TTransportException.UNKNOWN,
+                                      f"refused a message from {self.peer}: {unauthorized}")
+        refused = self._size_refusal(total, chunk)
         if refused is not None:
-            self._answer(chunks.refusal(refused.format(it="it", there="there")))
-            self.close()
+            self._refuse(refused.format(it="it", there="there"))
             raise MessageRefused(f"refused a message of {chunks.size_text(total)} from "
                                  f"{self.peer}: "
                                  + refused.format(it="this process", there="here"))
@@ -402,16 +406,29 @@ class FramedSocketTransport(TTransportBase):
         self._receive(memoryview(body), deadline)
         return body
 
-    def _refusal_of(self, total: int, chunk: int, token: bytes) -> str | None:
-        """Why an announced message is refused, or None: words with `{it}` and `{there}`
-        for the receiver, so that the sender and the receiver each say it their way."""
-        if self._required_token is not None and not self.authenticated:
-            if not token:
-                return ("this server requires a token and the message's announcement "
-                        f"carried none; {_TOKEN_FIX}")
-            if not hmac.compare_digest(token, self._required_token):
-                return f"the announcement's token does not match this server's; {_TOKEN_FIX}"
-            self.authenticated = True
+    def _refuse(self, reason: str) -> None:
+        """Answer an announcement with REFUSE and close: the sender reads the reason (it
+        sent no payload, so nothing unread makes the close a reset)."""
+        self._answer(chunks.refusal(reason))
+        self.close()
+
+    def _token_refusal(self, token: bytes) -> str | None:
+        """Why a server with a token refuses an announcement on a connection not yet
+        authenticated, or None (the connection is authenticated by it)."""
+        if self._required_token is None or self.authenticated:
+            return None
+        if not token:
+            return ("this server requires a token and the message's announcement carried "
+                    f"none; {_TOKEN_FIX}")
+        if not hmac.compare_digest(token, self._required_token):
+            return f"the announcement's token does not match this server's; {_TOKEN_FIX}"
+        self.authenticated = True
+        return None
+
+    def _size_refusal(self, total: int, chunk: int) -> str | None:
+        """Why a message of `total` bytes in chunks of `chunk` is refused, or None: words
+        with `{it}` and `{there}` for the receiver, so that the sender and the receiver
+        each say it their way."""
         if total == 0:
             return "the announcement is of an empty message"
         limit = self.messages.max_message_bytes
@@ -537,7 +554,7 @@ class FramedSocketTransport(TTransportBase):
 
     def flush(self) -> None:
         """Send the queued message: as one frame, or announced and in chunks when it is
-        bigger than a chunk and the peer reads chunks (wire.chunks)."""
+        bigger than `one_frame_bytes` and the peer reads chunks (wire.chunks)."""
         pieces, size = [*self._pieces, self._small], self._size
         self._reset_writes()
         if size > self.one_frame_bytes and self.peer_reads_chunks:
