@@ -21,7 +21,8 @@ the flag, without a byte of payload wasted and without a reset connection swallo
 answer. The chunk size it accepts is the sender's or less, so that every chunk fits the
 receiver's frames whatever either side's ``--max-frame-mb``; and since no process takes
 frames under `ONE_FRAME_BYTES`, a message is sent as one frame only up to that size (and
-up to the sender's chunk size): any bigger one is announced first.
+up to the sender's chunk size), or up to the chunk size the peer accepted earlier on the
+same connection: any bigger one is announced first.
 
 Frames of this protocol have the top bit of their length word set; the other 31 bits
 are the body's length, and the body starts with a kind byte. Every DATA frame carries its

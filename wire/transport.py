@@ -158,6 +158,8 @@ class FramedSocketTransport(TTransportBase):
         # A chunk and its head must fit in a frame of ours; a peer may take smaller ones
         # (it says so when it accepts a message). Bigger messages are announced.
         self.chunk_bytes = self._chunk_room(self.messages.chunk_bytes)
+        # Messages up to this size go as one frame: any peer takes 1 MiB; a peer that
+        # accepted chunks of N bytes on this connection takes frames of N.
         self.one_frame_bytes = min(self.chunk_bytes, chunks.ONE_FRAME_BYTES)
         self.peer = peer or _describe_peer(sock)
         self.peer_host = peer_host  # the peer's address: its share of the frame budget
@@ -238,7 +240,7 @@ class FramedSocketTransport(TTransportBase):
             self._next_frame()
         start = self._pos
         self._pos = min(start + sz, len(self._frame))
-        return self._frame[start : self._pos]
+        return self._taken(start, self._pos)
 
     def readAll(self, sz: int) -> memoryview:
         """Exactly `sz` bytes as a zero-copy view of the received frame.
@@ -256,7 +258,16 @@ class FramedSocketTransport(TTransportBase):
                 f"{len(self._frame) - start} left; the peer sent a malformed message",
             )
         self._pos = end
-        return self._frame[start:end]
+        return self._taken(start, end)
+
+    def _taken(self, start: int, end: int) -> memoryview:
+        """Bytes `start:end` of the current frame; once its last byte is taken, the frame
+        itself is let go, so that what a connection received is held only by what was
+        decoded from it (a model's tensors), not until the connection's next message."""
+        view = self._frame[start:end]
+        if end >= len(self._frame):
+            self._frame, self._pos = _EMPTY, 0
+        return view
 
     def current_frame(self) -> memoryview:
         """The unread rest of the current frame, receiving the next one if it is used up."""
@@ -266,7 +277,7 @@ class FramedSocketTransport(TTransportBase):
 
     def skip_frame(self) -> None:
         """Drop the unread rest of the current frame."""
-        self._pos = len(self._frame)
+        self._frame, self._pos = _EMPTY, 0
 
     def _next_frame(self) -> None:
         self._frame, self._pos = _EMPTY, 0  # our own view must not pin the old buffer
@@ -618,6 +629,9 @@ class FramedSocketTransport(TTransportBase):
         if answer.refused is not None:
             self.close()
             raise PeerRefusedMessage(self.peer, size, answer.refused)
+        # Its frames take a chunk and its head: later messages of up to a chunk go whole,
+        # without announcing them (a model of a few MiB costs no round trip per message).
+        self.one_frame_bytes = max(self.one_frame_bytes, answer.chunk)
         return answer.chunk
 
     def _send_raw(self, data: bytes) -> None:

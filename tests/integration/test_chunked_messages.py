@@ -136,6 +136,22 @@ def test_both_sides_count_the_same_bytes_and_frames_of_a_chunked_message() -> No
     assert receiver.bytes_sent == sender.bytes_received > 0  # the acceptance
 
 
+def test_once_a_peer_accepted_chunks_messages_up_to_one_go_whole(serve: Callable) -> None:
+    """The first 2 MiB message each way is announced (any peer takes 1 MiB frames, not
+    surely 2); the acceptances say 4 MiB chunks are taken, so the next go as one frame."""
+    four = MessageLimits(chunk_bytes=4 * MIB)
+    srv = serve(messages=four)
+    sent = weights(2)
+    with connect(ComputeNode.Client, HOST, srv.port, read_timeout=WAIT, messages=four) as c:
+        frames = transport_of(c)
+        c.train_with_weights(work(w=sent))
+        # the announcement, one chunk, and the acceptance of the reply's announcement
+        assert (frames.frames_sent, frames.frames_received) == (3, 3)
+        (echo,) = c.train_with_weights(work(w=sent)).update
+        assert (frames.frames_sent, frames.frames_received) == (4, 4)
+    assert from_wire(echo).tobytes() == sent.tobytes()
+
+
 def test_tensors_of_a_chunked_message_stay_valid_after_later_calls(serve: Callable) -> None:
     srv = serve()
     first, second = weights(0.5, seed=1), weights(0.5, seed=2)
