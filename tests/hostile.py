@@ -101,15 +101,16 @@ def chunked_call(method: str, args: Any, chunk: int, token: str | None = None
 def answer_to_announcement(sock: socket.socket, chunk: int) -> str | None:
     """None if the server accepted the announcement just sent on `sock` with chunks of
     `chunk` bytes (as announced), else the reason it gave."""
-    (word,) = struct.unpack("!I", _recv_exactly(sock, 4))
+    (word,) = struct.unpack("!I", recv_exactly(sock, 4))
     assert word & chunks.CHUNK_FLAG, "the answer is not a frame of the chunk protocol"
-    answer = chunks.parse_answer(_recv_exactly(sock, word & chunks.LENGTH_MASK), "the server",
+    answer = chunks.parse_answer(recv_exactly(sock, word & chunks.LENGTH_MASK), "the server",
                                  chunk)
     assert answer.refused is not None or answer.chunk == chunk, answer
     return answer.refused
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from `sock`; the test fails if the server hangs up first."""
     data = b""
     while len(data) < size:
         part = sock.recv(size - len(data))

@@ -22,6 +22,7 @@ from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
 
 from tests import waiting
+from tests.hostile import recv_exactly
 from tests.integration.test_wire_rpc import EchoNode, framed, hangs_up, work
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from wire.limits import ServerLimits
@@ -78,15 +79,6 @@ def reply_to(sock: socket.socket, result: Any) -> Any:
     assert kind == TMessageType.REPLY
     result.read(protocol)
     return result
-
-
-def recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "the server hung up instead of answering"
-        data += chunk
-    return data
 
 
 # ------------------------------------------------ idle and slow connections
