@@ -160,17 +160,17 @@ def add_arguments(parser: argparse.ArgumentParser, *, serves: bool) -> None:
     group.add_argument(
         "--max-frame-mb", type=arg_types.int_range(1, MAX_FRAME_MB_LIMIT),
         default=DEFAULT_MAX_FRAME_BYTES // MIB, metavar="MB",
-        help="largest message this process accepts or sends, in MiB (default %(default)s); "
-             "a bigger frame from a peer is refused before memory is allocated, its connection "
-             "closed and an error logged. Messages bigger than --chunk-mb travel as several "
-             "frames, so this bounds one frame, not a model")
+        help="largest frame this process accepts or sends, in MiB (default %(default)s); "
+             "a bigger frame from a peer is refused before memory is allocated, its "
+             "connection closed and an error logged. Messages over 1 MiB travel in chunks "
+             "that fit the receiver's frames, so this bounds one frame, not a model")
     group.add_argument(
         "--chunk-mb", type=arg_types.chunk_mb, default=None, metavar="MB",
-        help="messages bigger than this (weights, updates, results) are sent as a sequence "
-             "of chunks of this many MiB, each its own frame (default "
+        help="messages over 1 MiB (weights, updates, results) are announced and sent in "
+             "chunks of at most this many MiB, each its own frame; a receiver with smaller "
+             "frames takes smaller ones (default "
              f"{chunks.DEFAULT_CHUNK_BYTES / MIB:g}, or just under --max-frame-mb if that is "
-             f"smaller; from {chunks.MIN_CHUNK_BYTES // 1024} KiB; under the peers' "
-             "--max-frame-mb)")
+             f"smaller; at least {chunks.MIN_CHUNK_BYTES // 1024} KiB, i.e. 0.0625)")
     group.add_argument(
         "--max-message-mb", type=arg_types.positive_float,
         default=chunks.DEFAULT_MAX_MESSAGE_BYTES / MIB, metavar="MB",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.tls_certs import Certs, make_certs
-from wire import security
+from wire import chunks, security
 from wire.limits import ServerLimits
 from wire.security import MIB, SecurityError, from_args, read_token_file, token_from
 
@@ -153,3 +153,28 @@ def test_bad_server_limits_are_usage_errors(flag, value, capsys):
 def test_a_client_has_no_server_limit_flags():
     with pytest.raises(SystemExit):
         parse(["--max-connections", "3"], serves=False)
+
+
+# ------------------------------------------------------------- big messages
+def test_chunks_default_to_4_mib_or_just_under_a_smaller_frame_limit(monkeypatch):
+    monkeypatch.delenv(security.TOKEN_ENV, raising=False)
+    assert from_args(parse([]), serves=True).messages.chunk_bytes == 4 * MIB
+    small = from_args(parse(["--max-frame-mb", "1"]), serves=True).messages
+    assert small.chunk_bytes == MIB - chunks.DATA_HEAD_BYTES  # a chunk and its head: a frame
+    chosen = from_args(parse(["--chunk-mb", "0.5", "--max-message-mb", "100"]), serves=False)
+    assert (chosen.messages.chunk_bytes, chosen.messages.max_message_bytes) == (MIB // 2,
+                                                                                100 * MIB)
+
+
+def test_chunks_that_do_not_fit_this_processs_frames_are_an_error(monkeypatch):
+    monkeypatch.delenv(security.TOKEN_ENV, raising=False)
+    with pytest.raises(SecurityError, match=r"--chunk-mb \(8\) must be under --max-frame-mb "
+                                            r"\(4\): every chunk is a frame"):
+        from_args(parse(["--chunk-mb", "8", "--max-frame-mb", "4"]), serves=True)
+
+
+@pytest.mark.parametrize("value", ["0.01", "0", "x"])
+def test_chunks_under_64_kib_are_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit):
+        parse(["--chunk-mb", value])
+    assert "--chunk-mb" in capsys.readouterr().err
