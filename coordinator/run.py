@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +25,7 @@ from coordinator.run_folder import RunFolder
 from coordinator.run_setup import RUN_ID, check_run_id, prepare
 from coordinator.run_setup import describe as describe_run
 from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
+from engine import runtime
 from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from engine.ledger import UnitLedger
 from engine.node_checks import check_nodes
@@ -112,10 +111,10 @@ class Run:
             self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
             connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
             dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership)
-        self.cancelled = threading.Event()
+        self.cancelled = runtime.Event()
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
-        self.finished = threading.Event()  # set once execute() has returned or raised
+        self.finished = runtime.Event()  # set once execute() has returned or raised
         planned = setup.units_per_round
         # asynchronous modes: versions per round; by default as many as make a sync round's
         # number of units (one per result in async mode)
@@ -367,7 +366,7 @@ class Run:
                weights: Weights) -> tuple[Weights, RoundMetrics]:
         if self._nodes.refresh():  # nodes joined or left since the last round
             engine.set_nodes(self.nodes)
-        started = time.monotonic()
+        started = runtime.monotonic()
         bytes_before = self.payload_totals()
         clock = PhaseClock()
         with clock.phase("plan"):
@@ -390,7 +389,7 @@ class Run:
                 round_index, units, self.algorithm.quorum(len(units)), build,
                 round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
                 earlier_attempts=earlier)
-        update_started = time.monotonic()
+        update_started = runtime.monotonic()
         with clock.phase("aggregate"):
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]
@@ -422,7 +421,7 @@ class Run:
         clock = clock or PhaseClock()
         with clock.phase("evaluate"):
             evaluation = self._evaluate(round_index, weights)
-        now = time.monotonic()
+        now = runtime.monotonic()
         metrics = RoundMetrics(
             round=round_index, validation_error=evaluation.validation_error,
             validation_loss=evaluation.validation_loss, train_loss=end.train_loss,
@@ -473,7 +472,7 @@ class Run:
         self.progress.stream_counts = state.counts
         self._warn_of_staleness()
         encoded = _VersionCache(lambda w: encode_weights(w, self.compression))
-        clock = {"started": time.monotonic(), "bytes": self.payload_totals()}
+        clock = {"started": runtime.monotonic(), "bytes": self.payload_totals()}
 
         def build(unit: UnitSpec, attempt: int) -> Task:
             round_index, version, current = state.newest()
@@ -482,7 +481,7 @@ class Run:
 
         def written(end: RoundEnd) -> None:
             history.append(self._round_written(end, clock["started"], clock["bytes"]))
-            clock.update(started=time.monotonic(), bytes=self.payload_totals())
+            clock.update(started=runtime.monotonic(), bytes=self.payload_totals())
             if self._nodes.refresh():  # nodes joined or left during the round
                 engine.set_nodes(self.nodes)
 
@@ -546,7 +545,7 @@ class _VersionCache:
 
     def __init__(self, encode: Callable[[Weights], Tensors]) -> None:
         self._encode = encode
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._version: int | None = None
         self._payload: Tensors = {}
 

@@ -13,10 +13,10 @@ frees the node must still go out when that unit was the run's last.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
+from collections import deque
 from typing import Protocol
+
+from engine import runtime
 
 log = logging.getLogger("engine.cancels")
 
@@ -36,30 +36,30 @@ class CancelSender:
     """A queue of cancels served by `threads` daemon threads."""
 
     def __init__(self, threads: int = CANCEL_THREADS) -> None:
-        self._queue: queue.SimpleQueue[tuple[Cancellable, str, str, int | None]] = (
-            queue.SimpleQueue())
-        self._counts = threading.Condition()
+        self._queue: deque[tuple[Cancellable, str, str, int | None]] = deque()
+        self._counts = runtime.Condition()  # guards the queue and the counts
         self._queued = 0
         self._served = 0  # sent, failed or skipped
         for i in range(threads):
-            threading.Thread(target=self._serve, name=f"cancel-{i}", daemon=True).start()
+            runtime.start_thread(self._serve, f"cancel-{i}")
 
     def send(self, node: Cancellable, run_id: str, unit_id: str,
              attempt: int | None = None) -> None:
         """Queue a cancel of the unit's attempts on `node` (one attempt when given)."""
         with self._counts:
             self._queued += 1
-        self._queue.put((node, run_id, unit_id, attempt))
+            self._queue.append((node, run_id, unit_id, attempt))
+            self._counts.notify_all()
 
     def wait_sent(self, timeout: float) -> bool:
         """Wait until every cancel queued so far has been taken up (FIFO: as many have
         been served, i.e. sent, failed or skipped), at most ``timeout`` seconds; whether
         they all were."""
-        deadline = time.monotonic() + timeout
+        deadline = runtime.monotonic() + timeout
         with self._counts:
             target = self._queued
             while self._served < target:
-                left = deadline - time.monotonic()
+                left = deadline - runtime.monotonic()
                 if left <= 0:
                     return False
                 self._counts.wait(left)
@@ -67,7 +67,10 @@ class CancelSender:
 
     def _serve(self) -> None:
         while True:
-            node, run_id, unit_id, attempt = self._queue.get()
+            with self._counts:
+                while not self._queue:
+                    self._counts.wait()
+                node, run_id, unit_id, attempt = self._queue.popleft()
             try:
                 self._deliver(node, run_id, unit_id, attempt)
             finally:
@@ -88,7 +91,7 @@ class CancelSender:
 
 
 _shared: CancelSender | None = None
-_shared_lock = threading.Lock()
+_shared_lock = runtime.Lock()
 
 
 def shared_sender() -> CancelSender:

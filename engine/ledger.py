@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from engine import runtime
 from engine.records import RoundMetrics
 
 log = logging.getLogger("engine.ledger")
@@ -85,7 +85,7 @@ class UnitLedger:
         self.run_id = run_id
         self.on_failure = on_failure
         self.failure: StoreUnavailable | None = None  # the first write the store could not make
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
 
     def check(self) -> None:
         """Raise the first store failure of this run, if there was one."""

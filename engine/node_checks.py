@@ -12,9 +12,8 @@ relays' members check themselves with their first unit (the units carry the fing
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
+from engine import runtime
 from engine.nodes.client import RunQuery
 from engine.nodes.errors import NodeError
 from engine.nodes.pool import NodeHandle
@@ -26,7 +25,7 @@ log = logging.getLogger("coordinator")
 
 
 def check_nodes(nodes: list[NodeHandle], query: RunQuery, facts: RunFacts, spec: RunSpec,
-                progress: RunProgress, stop: threading.Event) -> list[NodeHandle]:
+                progress: RunProgress, stop: runtime.EventLike) -> list[NodeHandle]:
     """Ask the pushed nodes; returns those that cannot serve the run, each marked
     `left_out` with its reason."""
     if stop.is_set() or not any(n.accepts_connections for n in nodes):
@@ -51,8 +50,8 @@ def node_problems(nodes: list[NodeHandle], query: RunQuery, expected: RunFacts |
     pushed = [n for n in nodes if n.accepts_connections]
     if not pushed:
         return {}
-    with ThreadPoolExecutor(min(len(pushed), 16), thread_name_prefix="check") as pool:
-        reasons = list(pool.map(lambda node: _reason(node, query, expected, spec), pushed))
+    reasons = runtime.parallel_map(lambda node: _reason(node, query, expected, spec), pushed,
+                                   threads=16, name="check")
     return {node: reason for node, reason in zip(pushed, reasons, strict=True)
             if reason is not None}
 

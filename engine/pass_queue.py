@@ -12,10 +12,10 @@ resumed run draws the same units.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from engine import runtime
 from engine.stream_state import StreamPosition, position_of, reopened
 from training.algorithms.base import UnitSpec
 
@@ -26,7 +26,7 @@ class PassQueue:
     def __init__(self, plan_pass: Callable[[int], list[UnitSpec]],
                  position: StreamPosition | None = None) -> None:
         self._plan_pass = plan_pass
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._todo: deque[tuple[int, UnitSpec]] = deque()
         self._pass = 0
         self._done_in_pass = 0

@@ -14,9 +14,10 @@ their rows time evaluate, score, ledger and samples only.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from engine import runtime
 
 PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
 
@@ -24,7 +25,7 @@ PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
 class PhaseClock:
     """Seconds per phase, in the order the phases first ran; a phase run twice adds up."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = runtime.monotonic) -> None:
         self.seconds: dict[str, float] = {}
         self._clock = clock
 

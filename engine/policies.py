@@ -7,11 +7,11 @@ tries the nodes in the returned order until one accepts.
 
 from __future__ import annotations
 
-import random
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from engine import runtime
 
 RANDOM = 1
 LOAD_BALANCING = 2
@@ -42,8 +42,8 @@ class Policy:
     rerank_after_rejection = False  # True: ask for a new order after every rejection
 
     def __init__(self, seed: int | None = None) -> None:
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
+        self._rng = runtime.Random(seed)
+        self._lock = runtime.Lock()
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
         raise NotImplementedError

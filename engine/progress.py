@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import threading
-import time
 from collections.abc import Callable
 
+from engine import runtime
 from engine.records import NodeSummary, RunSnapshot
 
 RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
@@ -21,8 +20,8 @@ class RunProgress:
         self.rounds = rounds
         self.units_total = rounds * units_per_round
         self._node_summaries = node_summaries
-        self._lock = threading.Lock()
-        self._started = time.monotonic()
+        self._lock = runtime.Lock()
+        self._started = runtime.monotonic()
         self._ended: float | None = None
         self.state = RUNNING
         self.message: str | None = None
@@ -80,11 +79,11 @@ class RunProgress:
             self.message = message
             self.cancelled += self.in_flight
             self.in_flight = 0
-            self._ended = time.monotonic()
+            self._ended = runtime.monotonic()
 
     def elapsed(self) -> float:
         with self._lock:
-            return (self._ended or time.monotonic()) - self._started
+            return (self._ended or runtime.monotonic()) - self._started
 
     def snapshot(self) -> RunSnapshot:
         frozen = self._final_nodes

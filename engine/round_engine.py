@@ -18,12 +18,11 @@ from __future__ import annotations
 import functools
 import logging
 import statistics
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from engine import runtime
 from engine.attempt_log import AttemptEnd, AttemptLog
 from engine.cancels import CancelSender, shared_sender
 from engine.ledger import UnitLedger
@@ -130,7 +129,7 @@ class RoundEngine:
 
     def __init__(self, run_id: str, nodes: list[NodeHandle], policy: Policy,
                  settings: EngineSettings, progress: RunProgress,
-                 cancelled: threading.Event, ledger: UnitLedger | None = None,
+                 cancelled: runtime.EventLike, ledger: UnitLedger | None = None,
                  cancels: CancelSender | None = None) -> None:
         self.run_id = run_id
         self.cancels = cancels or shared_sender()
@@ -143,8 +142,8 @@ class RoundEngine:
         self.progress = progress
         self.cancelled = cancelled
         self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
-        self._durations_lock = threading.Lock()
-        self._last_contact = time.monotonic()
+        self._durations_lock = runtime.Lock()
+        self._last_contact = runtime.monotonic()
         self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
                                          settings.max_pause, settings.grace_seconds), progress)
         # While paused, called to take in nodes that joined (file, registrations).
@@ -200,7 +199,7 @@ class RoundEngine:
                             self.settings.threads or state.max_in_flight + 2, backup_threads)
         try:
             while True:
-                next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+                next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
                 while state.round_end is None and not state.over:
                     state.wait_event(WAIT_STEP_SECONDS)
                     next_check = self._tick(state, next_check)
@@ -232,8 +231,8 @@ class RoundEngine:
     def _start_workers(self, state: WorkState, build_task: TaskBuilder,
                        name: str, threads: int, backup_threads: int) -> None:
         for i in range(threads + backup_threads):
-            threading.Thread(target=self._worker, args=(state, build_task, i >= threads),
-                             name=f"{name}-worker{i}", daemon=True).start()
+            runtime.start_thread(self._worker, f"{name}-worker{i}",
+                                 args=(state, build_task, i >= threads))
 
     def _stop(self, state: WorkState) -> None:
         for update_filter in self._filters:
@@ -246,7 +245,7 @@ class RoundEngine:
 
     # -------------------------------------------------------------- main wait
     def _wait(self, state: RoundState) -> None:
-        next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
+        next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
         while not state.wait_finished(WAIT_STEP_SECONDS):
             next_check = self._tick(state, next_check)
         if state.completed == 0:
@@ -261,11 +260,11 @@ class RoundEngine:
             raise RunCancelledError("run cancelled")
         if state.fatal:
             raise state.fatal
-        if time.monotonic() >= next_check:
+        if runtime.monotonic() >= next_check:
             self._reclaim_overdue(state)
             self._watch_nodes()
-            next_check = time.monotonic() + RECLAIM_CHECK_SECONDS
-        silent = time.monotonic() - self._last_contact
+            next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
+        silent = runtime.monotonic() - self._last_contact
         if silent > self.settings.grace_seconds and not state.has_live_attempts():
             names = [n.name for n in self.nodes]
             raise RoundFailed(
@@ -280,9 +279,9 @@ class RoundEngine:
             joined = self.refresh_nodes()
             if joined is not None:
                 self.set_nodes(joined)
-        self.gate.watch(self.nodes, time.monotonic())
+        self.gate.watch(self.nodes, runtime.monotonic())
         if self.gate.paused:
-            self._last_contact = time.monotonic()
+            self._last_contact = runtime.monotonic()
 
     # -------------------------------------------------------------- deadlines
     def unit_deadline(self, node: NodeHandle | None = None) -> float:
@@ -302,7 +301,7 @@ class RoundEngine:
         and the unit goes to another node (a unit waiting in its load delay or reporting
         progress is working). The node is told to drop the attempt, so its maths stops
         instead of adding load while the unit runs again elsewhere."""
-        now = time.monotonic()
+        now = runtime.monotonic()
         for unit, attempt, node, started in state.live_attempts():
             key = (self.run_id, unit.spec.unit_id, attempt)
             reason = overdue_reason(node, key, started, now, self.unit_deadline(node))
@@ -345,7 +344,7 @@ class RoundEngine:
             return
         order = self._order(state, unit)
         if not order:
-            state.requeue(unit, wait_seconds=self._until_unbenched(time.monotonic()))
+            state.requeue(unit, wait_seconds=self._until_unbenched(runtime.monotonic()))
             return
         for index in self._candidates(state, unit, order):
             if state.is_over(unit):
@@ -362,7 +361,7 @@ class RoundEngine:
         When every node holds an attempt (each one sitting in a load delay, say), all
         nodes are candidates again: a new attempt is a fresh draw of the node's load.
         """
-        now = time.monotonic()
+        now = runtime.monotonic()
         busy = state.nodes_of(unit)
         views = [n.view(now) for n in self.nodes]
         free = [v for v in views if v.index not in busy]
@@ -410,7 +409,7 @@ class RoundEngine:
             return "completed"  # settled by another attempt just now: nothing to do
         log.debug("round %d: unit %s attempt %d to %s", state.round_index, unit.spec.unit_id,
                   attempt, node.name)
-        began = time.monotonic()
+        began = runtime.monotonic()
         try:
             result = node.train(build_task(unit.spec, attempt))
         except NodeIncompatible as exc:
@@ -436,7 +435,7 @@ class RoundEngine:
         except NodeError as exc:  # timed out, reset, a remote error, an undecodable result
             self._failed(state, unit, attempt, node, began, bench=True, reason=str(exc))
             return "failed"
-        self._last_contact = time.monotonic()
+        self._last_contact = runtime.monotonic()
         update: Weights = {}
         if result.status == TaskStatus.COMPLETED:
             try:
@@ -451,7 +450,7 @@ class RoundEngine:
                              reason=f"invalid result: {exc}")
                 return "failed"
         return self._answered(state, unit, attempt, node, result, update,
-                              time.monotonic() - began)
+                              runtime.monotonic() - began)
 
     def _answered(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                   result: TaskResult, update: Weights, seconds: float) -> str:
@@ -494,7 +493,7 @@ class RoundEngine:
                 began: float, bench: bool, reason: str,
                 end: AttemptEnd = AttemptEnd.FAILED) -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
-        self.log.failed_call(node, time.monotonic() - began, bench, reason)
+        self.log.failed_call(node, runtime.monotonic() - began, bench, reason)
         state.end_attempt(unit, attempt)
         with state.recording():  # the unit's ledger round must not move in between
             discarded = state.record_failure(unit, f"{node.name}: {reason}",
@@ -507,7 +506,7 @@ class RoundEngine:
     def _unreachable(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
                      began: float, reason: str) -> None:
         log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
-        self.log.failed_call(node, time.monotonic() - began, True, reason)
+        self.log.failed_call(node, runtime.monotonic() - began, True, reason)
         state.end_attempt(unit, attempt)
         self._ended(state, unit, attempt, node, AttemptEnd.UNREACHABLE,
                     f"node unreachable: {reason}")

@@ -7,13 +7,13 @@ decides what is queued, what is a backup candidate, and when the round is over.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
+from engine import runtime
 from engine.nodes.pool import NodeHandle
 from engine.tasks import TaskResult
 from training.algorithms.base import UnitFailure, UnitResult, UnitSpec, Weights
@@ -65,12 +65,12 @@ class AttemptBook:
     add their queue and what a result does."""
 
     def __init__(self, units: list[Unit], max_attempts: int,
-                 lock: threading.Lock | threading.RLock | None = None) -> None:
+                 lock: Any = None) -> None:
         self.units = units
         self.max_attempts = max_attempts  # live attempts of one unit at once
         self.fatal: Exception | None = None
         self.last_error = ""
-        self._cond = threading.Condition(lock)
+        self._cond = runtime.Condition(lock)
         self._over = False
         self._queue: deque[Unit] = deque()  # units waiting for a worker
 
@@ -97,7 +97,7 @@ class AttemptBook:
         """
         if backup_after is None:
             return None
-        now = time.monotonic()
+        now = runtime.monotonic()
         slow = [u for u in self.units
                 if not u.done and not u.discarded and u.started
                 and u.reserved == len(u.started) < self.max_attempts
@@ -135,7 +135,7 @@ class AttemptBook:
             if self._over or unit.done or unit.discarded:
                 return None
             unit.attempts += 1
-            unit.started[unit.attempts] = (node, time.monotonic())
+            unit.started[unit.attempts] = (node, runtime.monotonic())
             if on_started is not None:
                 on_started(unit.attempts)
             return unit.attempts

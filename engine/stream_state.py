@@ -28,11 +28,11 @@ One re-entrant lock guards it all, and the engine writes the ledger under it
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from engine import runtime
 from engine.ledger import UnitLedger
 from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Unit
 from engine.tasks import TaskResult
@@ -118,7 +118,7 @@ class StreamState(AttemptBook):
                  plan_pass: Callable[[int], list[UnitSpec]], apply: ApplyResults,
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
                  position: StreamPosition | None = None) -> None:
-        self._lock = threading.RLock()  # re-entrant: ledger writes nest (see `recording`)
+        self._lock = runtime.RLock()  # re-entrant: ledger writes nest (see `recording`)
         super().__init__([], max_attempts, self._lock)
         self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
         self.weights = weights

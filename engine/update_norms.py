@@ -20,12 +20,12 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
+
+from engine import runtime
 
 log = logging.getLogger("coordinator.engine")
 
@@ -38,7 +38,7 @@ class RecentNorms:
 
     def __init__(self) -> None:
         self._norms: deque[float] = deque(maxlen=RECENT)
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
 
     def add(self, norm: float) -> None:
         with self._lock:
@@ -67,7 +67,7 @@ class NormGuard:
         self._round_over = False
         self._warned_unstable = False
         self._anonymous = itertools.count()
-        self._cond = threading.Condition()
+        self._cond = runtime.Condition()
 
     def start_round(self, units: int, nodes: int) -> None:
         """A new round of `units` results over `nodes` nodes: forget the last round's."""
@@ -96,7 +96,7 @@ class NormGuard:
             if typical is None or norm <= self.factor * typical:
                 self._recent.add(norm)
                 return norm
-            peers = self._wait_for_peers(key, node, norm, time.monotonic() + wait_seconds,
+            peers = self._wait_for_peers(key, node, norm, runtime.monotonic() + wait_seconds,
                                          should_stop)
             self._judge(norm, typical, peers)
             self._recent.add(norm)
@@ -120,7 +120,7 @@ class NormGuard:
             peers = self._peers(key, node)
             if peers and norm <= self.factor * max(peers):
                 return peers
-            remaining = deadline - time.monotonic()
+            remaining = deadline - runtime.monotonic()
             if (len(peers) >= self._peers_needed or self._round_over or remaining <= 0
                     or should_stop()):
                 return peers

@@ -10,10 +10,8 @@ silent nodes anyway; pull nodes (which take no pings) warm up with their first u
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
+from engine import runtime
 from engine.nodes.pool import NodeHandle
 from engine.progress import RunProgress
 
@@ -23,29 +21,29 @@ POLL_SECONDS = 0.5
 
 
 def warm_up_nodes(nodes: list[NodeHandle], model: str, progress: RunProgress,
-                  stop: threading.Event, max_seconds: float = WARM_UP_MAX_SECONDS,
+                  stop: runtime.EventLike, max_seconds: float = WARM_UP_MAX_SECONDS,
                   poll_seconds: float = POLL_SECONDS) -> float:
     """Ask the nodes to warm up for `model`, wait while any is warming; returns the
     seconds waited."""
     pushed = [n for n in nodes if n.accepts_connections]
-    began = time.monotonic()
+    began = runtime.monotonic()
     if not pushed:
         return 0.0
-    with ThreadPoolExecutor(min(len(pushed), 16), thread_name_prefix="warm-up") as pool:
-        while not stop.is_set():
-            warming = sum(pool.map(lambda node: _warming(node, model), pushed))
-            waited = time.monotonic() - began
-            if warming == 0:
-                break
-            if waited > max_seconds:
-                log.warning("%d node(s) still warming up after %.0fs; round 1 starts", warming,
-                            waited)
-                break
-            progress.waiting(f"nodes warming up: {len(pushed) - warming} of {len(pushed)} "
-                             "ready")
-            stop.wait(poll_seconds)
+    while not stop.is_set():
+        warming = sum(runtime.parallel_map(lambda node: _warming(node, model), pushed,
+                                           threads=16, name="warm-up"))
+        waited = runtime.monotonic() - began
+        if warming == 0:
+            break
+        if waited > max_seconds:
+            log.warning("%d node(s) still warming up after %.0fs; round 1 starts", warming,
+                        waited)
+            break
+        progress.waiting(f"nodes warming up: {len(pushed) - warming} of {len(pushed)} "
+                         "ready")
+        stop.wait(poll_seconds)
     progress.waiting(None)
-    waited = time.monotonic() - began
+    waited = runtime.monotonic() - began
     if waited >= poll_seconds:
         log.info("nodes warmed up for %s in %.1fs", model, waited)
     return waited

@@ -15,11 +15,10 @@ frozen process keeps its socket open) cannot hold up the others' heartbeats.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
+
+from engine import runtime
 
 HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
 SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...
@@ -38,15 +37,15 @@ class Liveness:
 
     def __init__(self, suspect: float = SUSPECT_SECONDS, dead: float = DEAD_SECONDS) -> None:
         self.suspect_after, self.dead_after = suspect, dead
-        self._lock = threading.Lock()
-        self._heard = time.monotonic()
+        self._lock = runtime.Lock()
+        self._heard = runtime.monotonic()
         self.ever_heard = False  # until the node's first answer, `_heard` is its creation
         self._delaying: dict[str, float] = {}  # "run/unit/attempt" -> when last seen delaying
         self._progress: dict[str, tuple[int, float]] = {}  # key -> (batches, when it grew)
 
     def heard(self, delaying: list[str] | None = None,
               progress: dict[str, int] | None = None) -> None:
-        now = time.monotonic()
+        now = runtime.monotonic()
         with self._lock:
             self._heard = now
             self.ever_heard = True
@@ -61,7 +60,7 @@ class Liveness:
 
     def silent_seconds(self, now: float | None = None) -> float:
         with self._lock:
-            return max(0.0, (now or time.monotonic()) - self._heard)
+            return max(0.0, (now or runtime.monotonic()) - self._heard)
 
     def state(self, now: float | None = None) -> str:
         silent = self.silent_seconds(now)
@@ -113,35 +112,37 @@ class HeartbeatMonitor:
         self._interval = interval
         self._record = record
         self._recorded: dict[str, float] = {}
-        self._stopped = threading.Event()
-        self._pool = ThreadPoolExecutor(PING_THREADS, thread_name_prefix="heartbeat")
-        self._in_flight: dict[str, Future] = {}
-        self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
+        self._stopped = runtime.Event()
+        self._ended = runtime.Event()
+        self._in_flight: dict[str, runtime.Task] = {}
 
     def start(self) -> HeartbeatMonitor:
-        self._thread.start()
+        runtime.start_thread(self._loop, "heartbeats")
         return self
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=self._interval + 1.0)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ended.wait(self._interval + 1.0)
 
     def _loop(self) -> None:
-        while not self._stopped.wait(self._interval):
-            nodes = self._nodes()
-            for node in nodes:
-                if not node.accepts_connections:
-                    continue  # pull nodes heartbeat in
-                previous = self._in_flight.get(node.name)
-                if previous is None or previous.done():
-                    self._in_flight[node.name] = self._pool.submit(node.heartbeat)
-            self._record_heard(nodes)
+        try:
+            while not self._stopped.wait(self._interval):
+                nodes = self._nodes()
+                for node in nodes:
+                    if not node.accepts_connections:
+                        continue  # pull nodes heartbeat in
+                    previous = self._in_flight.get(node.name)
+                    if previous is None or previous.done():  # one ping a node at a time
+                        self._in_flight[node.name] = runtime.submit(
+                            node.heartbeat, name=f"heartbeat-{node.name}")
+                self._record_heard(nodes)
+        finally:
+            self._ended.set()
 
     def _record_heard(self, nodes: Sequence[Pingable]) -> None:
         if self._record is None:
             return
-        now = time.time()
+        now = runtime.wall()
         heard = {}
         for node in nodes:
             when = round(now - node.liveness.silent_seconds(), 3)

@@ -20,13 +20,11 @@ from __future__ import annotations
 import hmac
 import logging
 import re
-import secrets
-import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import runtime
 from engine.nodes.errors import AttemptAborted
 from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, Liveness
 from engine.nodes.nodes_file import NodeAddress
@@ -55,7 +53,7 @@ class Pending:
 
     request: ttypes.WorkRequest | None = None
     call: ttypes.NodeCall | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: runtime.EventLike = field(default_factory=runtime.Event)
     result: Any = None  # a TrainResult, or a call's encoded answer
     error: str | None = None  # the node could not run it (InvalidRequest)
     failure: str | None = None  # given up: lease expired, node left or dead
@@ -66,7 +64,7 @@ class Mailbox:
     """A pull node's units: queued for a lease, then leased until submitted."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = runtime.Condition()
         self._queue: deque[Pending] = deque()
         self._leased: dict[UnitKey, Pending] = {}
         self._cancel: list[UnitKey] = []
@@ -85,10 +83,10 @@ class Mailbox:
     def lease(self, wait_seconds: float, max_bytes: int | None = None) -> Pending | None:
         """The next unit or call, leased; a unit whose request is over `max_bytes` (the
         largest message the node takes) is not leased but ends as unfit for the node."""
-        deadline = time.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
+        deadline = runtime.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
         with self._cond:
             while not self._queue and not self.closed:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - runtime.monotonic()
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
@@ -168,7 +166,7 @@ class Member:
     address: NodeAddress | None  # where a push node listens
     liveness: Liveness
     mailbox: Mailbox | None
-    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    secret: str = field(default_factory=lambda: runtime.token_hex(16))
 
     def holds(self, secret: str | None) -> bool:
         """Whether a call carrying ``secret`` comes from this registration."""
@@ -183,7 +181,7 @@ class Membership:
                  dead_seconds: float = DEAD_SECONDS) -> None:
         self.heartbeat_seconds = heartbeat_seconds
         self.suspect_seconds, self.dead_seconds = suspect_seconds, dead_seconds
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._members: dict[str, Member] = {}
 
     def register(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
@@ -206,15 +204,15 @@ class Membership:
     def _wait_until_free(self, name: str) -> None:
         """Wait, up to the suspect time, until no live node holds ``name``; MemberError
         if one still does (two nodes with one id, or another node posing as it)."""
-        deadline = time.monotonic() + self.suspect_seconds
+        deadline = runtime.monotonic() + self.suspect_seconds
         while True:
             old = self.get(name)
             if old is None or old.liveness.state() != "alive":
                 return
-            left = deadline - time.monotonic()
+            left = deadline - runtime.monotonic()
             if left <= 0:
                 raise MemberError(self._held(old))
-            time.sleep(min(left, REGISTER_POLL_SECONDS))  # silence comes with time alone
+            runtime.sleep(min(left, REGISTER_POLL_SECONDS))  # silence comes with time alone
 
     def _held(self, old: Member) -> str:
         return (f"node {old.name} is registered by a node still alive (heard "

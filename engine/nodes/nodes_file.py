@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import runtime
 from engine.nodes.local_host import LOCAL, WILDCARDS, canonical_host
 
 log = logging.getLogger("coordinator.nodes")
@@ -99,7 +99,7 @@ class NodesFile:
         self.path = Path(path)
         self.role = role
         self._own: tuple[str, int] | None = None
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._signature: tuple[int, ...] | None = None
         self._nodes: list[NodeAddress] = []
         self._error: NodesFileError | None = None

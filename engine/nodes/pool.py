@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
+from engine import runtime
 from engine.nodes.client import NodeClient, NodePing
 from engine.nodes.errors import NodeError
 from engine.nodes.liveness import Liveness
@@ -35,7 +34,7 @@ class NodeHandle:
         self.role: str | None = None  # from its pings: a relay, local workers (NodeInfo)
         self.members: list[NodeSummary] = []  # a relay's group, from its pings
         self.liveness = Liveness()
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._compute_seconds: float | None = None  # moving averages for the policy
         self._delay_seconds: float | None = None
         self._benched_until = 0.0
@@ -142,7 +141,7 @@ class NodeHandle:
             if bench:
                 self._bench_seconds = min(BENCH_MAX_SECONDS,
                                           max(BENCH_FIRST_SECONDS, self._bench_seconds * 2))
-                self._benched_until = time.monotonic() + self._bench_seconds
+                self._benched_until = runtime.monotonic() + self._bench_seconds
         if bench:  # the node may have restarted: its idle connections are dead
             self.client.forget_connections()
 

@@ -8,10 +8,9 @@ cancelled lease with its next heartbeat.
 
 from __future__ import annotations
 
-import threading
-import uuid
 from typing import Any
 
+from engine import runtime
 from engine.nodes.client import NodePing, RunQuery
 from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable, NodeUnfit
 from engine.nodes.membership import Member, Pending, UnitKey, key_of
@@ -35,7 +34,7 @@ class PullNodeClient(SessionRequests):
         self.member = member
         self.payload = PayloadBytes()  # encoded requests and results: they travel in leases
         self._rpc_timeout = rpc_timeout
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._pending: dict[UnitKey, Pending] = {}
 
     def train(self, task: Task) -> TaskResult:
@@ -63,7 +62,7 @@ class PullNodeClient(SessionRequests):
         leases it, runs it and submits the answer."""
         mailbox = self.member.mailbox
         assert mailbox is not None
-        call = ttypes.NodeCall(call_id=uuid.uuid4().hex, method=method,
+        call = ttypes.NodeCall(call_id=runtime.token_hex(16), method=method,
                                request=node_calls.encode(request))
         pending = mailbox.put(call=call)
         timeout = QUICK_CALL_SECONDS if quick else self._rpc_timeout

@@ -11,11 +11,10 @@ without it, the run fails once too few nodes have answered for `--grace` seconds
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine import runtime
 from engine.nodes.pool import NodeHandle
 from engine.progress import RunProgress
 
@@ -57,7 +56,7 @@ class NodeGate:
     def __init__(self, minimum: NodeMinimum, progress: RunProgress) -> None:
         self.minimum = minimum
         self.progress = progress
-        self._open = threading.Event()
+        self._open = runtime.Event()
         self._open.set()
         self._below_since: float | None = None
 
@@ -97,7 +96,7 @@ class NodeGate:
 
     def _resume(self, live: int) -> None:
         log.info("%d nodes answer again: run continues after %.0fs", live,
-                 time.monotonic() - (self._below_since or time.monotonic()))
+                 runtime.monotonic() - (self._below_since or runtime.monotonic()))
         self._below_since = None
         self.progress.waiting(None)
         self._open.set()
@@ -110,14 +109,14 @@ def waiting_message(live: int, needed: int, waited: float, limit: float) -> str:
 
 def wait_for_nodes(count: int, nodes: Callable[[], list[NodeHandle]],
                    refresh: Callable[[], object], progress: RunProgress,
-                   stop: threading.Event, max_wait: float, step: float) -> None:
+                   stop: runtime.EventLike, max_wait: float, step: float) -> None:
     """Block until `count` nodes have answered (refreshing the node list every `step`
     seconds) or `stop` is set; TooFewNodes after `max_wait` seconds."""
-    started = time.monotonic()
+    started = runtime.monotonic()
     while not stop.is_set():
         refresh()
-        waited = time.monotonic() - started
-        live = answering(nodes(), time.monotonic(), heard_only=True)
+        waited = runtime.monotonic() - started
+        live = answering(nodes(), runtime.monotonic(), heard_only=True)
         if live >= count:
             progress.waiting(None)
             return

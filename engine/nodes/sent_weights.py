@@ -18,10 +18,10 @@ all carry the weights.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine import runtime
 from engine.tasks import Task
 
 VERSIONS_PER_RUN = 2  # as many as a node keeps (compute_node/weight_cache.py)
@@ -43,7 +43,7 @@ class SentWeights:
         self.versions_per_run = versions_per_run
         self.max_runs = max_runs
         self._runs: dict[str, dict[int, _Sent]] = {}
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
 
     def refers(self, task: Task) -> bool:
         """Whether ``task`` may go without its weights: the node holds these very ones."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
 from thrift.transport.TTransport import TTransportException
 
+from engine import runtime
 from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
 from engine.nodes.errors import (
     AnswerTooLarge,
@@ -85,7 +85,7 @@ class _LastEncoded:
     view the arrays' memory (no copy) and are only read while requests are written."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._weights: Tensors | None = None  # kept alive, so its id is never reused
         self._tensors: list[ttypes.Tensor] = []
 
@@ -197,7 +197,7 @@ class ThriftNodeClient(SessionRequests):
         self.address: NodeAddress | None = address
         self.payload = PayloadBytes()
         self.sent_weights = SentWeights()  # what the node holds: later units may refer to it
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
         self._calls: dict[AttemptKey, Any] = {}  # attempt -> its transport
         self._aborted: dict[AttemptKey, str] = {}
         self._work = ConnectionPool(ComputeNode.Client, address.host, address.port,
