@@ -204,7 +204,7 @@ def parallel_map(function: Callable[[Any], Any], items: list[Any], threads: int,
                     return
                 try:
                     results[index] = function(items[index])
-                except BaseException as exc:  # noqa: BLE001 - raised again by the caller
+                except Exception as exc:  # noqa: BLE001 - raised again by the caller
                     errors.append(exc)
         finally:
             with finished:
