@@ -35,7 +35,7 @@ from engine.nodes.membership import Membership
 from engine.nodes.nodes_file import NodeAddress
 from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import TooFewNodes, wait_for_nodes
-from engine.nodes.run_nodes import RunNodes
+from engine.nodes.run_nodes import Dial, RunNodes
 from engine.pass_queue import PassQueue
 from engine.phase_clock import PhaseClock
 from engine.policies import make_policy
@@ -90,7 +90,8 @@ class Run:
                  settings: CoordinatorSettings, store: RunStore | None = None,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
                  resume_from: Checkpoint | None = None,
-                 membership: Membership | None = None, resumed: bool = False) -> None:
+                 membership: Membership | None = None, resumed: bool = False,
+                 dial: Dial | None = None) -> None:
         self.request = request
         self.membership = membership
         self.resume_from = resume_from
@@ -110,7 +111,8 @@ class Run:
         self._nodes = RunNodes(
             self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
             connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
-            dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership)
+            dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership,
+            dial=dial)
         self.cancelled = runtime.Event()
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
@@ -149,7 +151,8 @@ class Run:
     def resume(cls, run_id: str, nodes: list[NodeAddress], settings: CoordinatorSettings,
                store: RunStore | None = None,
                nodes_source: Callable[[], list[NodeAddress]] | None = None,
-               membership: Membership | None = None, rounds: int | None = None) -> Run:
+               membership: Membership | None = None, rounds: int | None = None,
+               dial: Dial | None = None) -> Run:
         """The run `run_id` of `settings.run_root`, to continue after its last checkpoint:
         from round 1 with its stored request if it died before its first checkpoint, and
         only the end-of-run writes if it died after its last. The store refuses a run
@@ -165,7 +168,7 @@ class Run:
                                  f"{request.rounds} rounds it was asked for, got {rounds}")
             request = replace(request, rounds=rounds)
         run = cls(request, nodes, settings, store, nodes_source, resume_from=checkpoint,
-                  membership=membership, resumed=True)
+                  membership=membership, resumed=True, dial=dial)
         run.extended = rounds is not None
         return run
 

@@ -55,8 +55,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -64,6 +62,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
 from engine.records import NodeCounts
 
@@ -298,10 +297,10 @@ class RunStore:
     """The run store; see the module docstring. Safe to share between threads."""
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = runtime.wall) -> None:
         self.path = os.fspath(path)
         self._clock = clock
-        self._lock = threading.RLock()
+        self._lock = runtime.RLock()
         self._depth = 0  # transactions opened by the thread holding the lock
         self._db: sqlite3.Connection | None = _connect(self.path)
         try:

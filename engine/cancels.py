@@ -13,8 +13,9 @@ frees the node must still go out when that unit was the run's last.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine import runtime
 
@@ -90,14 +91,16 @@ class CancelSender:
             log.exception("cancel of %s on %s failed", unit_id, node.name)
 
 
-_shared: CancelSender | None = None
+_shared: weakref.WeakKeyDictionary[Any, CancelSender] = weakref.WeakKeyDictionary()
 _shared_lock = runtime.Lock()
 
 
 def shared_sender() -> CancelSender:
-    """The process's cancel sender, started on first use."""
-    global _shared
+    """The process's cancel sender (its runtime's: a simulation has its own), started on
+    first use."""
     with _shared_lock:
-        if _shared is None:
-            _shared = CancelSender()
-        return _shared
+        owner = runtime.current()
+        sender = _shared.get(owner)
+        if sender is None:
+            sender = _shared[owner] = CancelSender()
+        return sender

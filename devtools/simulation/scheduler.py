@@ -277,6 +277,8 @@ class SimLock:
 
     def release(self) -> None:
         if self._owner is not self._sim.current():
+            if self._sim._stopping:  # a thread unwinding past a lock a frozen one holds
+                return
             raise RuntimeError("a simulated lock released by a thread that does not hold it")
         self._count -= 1
         if self._count:
@@ -336,7 +338,9 @@ class SimCondition:
         finally:
             if me in self._waiters:
                 self._waiters.remove(me)
-            if not sim._stopping:
+            if sim._stopping:  # unwinding, alone: hold it again without waiting
+                self._lock._owner, self._lock._count = me, count
+            else:
                 self._lock._take_again(count)
         return woken
 

@@ -23,6 +23,10 @@ from wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.run")
 
+# The handle of a node the run dials at an address (index: its place in the run): over
+# Thrift by default; a simulation's in-process nodes otherwise.
+Dial = Callable[[int, NodeAddress], NodeHandle]
+
 
 class RunNodes:
     """The node handles of one run; `refresh()` before each round."""
@@ -30,15 +34,17 @@ class RunNodes:
     def __init__(self, run_id: str, addresses: list[NodeAddress], *, rpc_timeout: float,
                  connect_timeout: float, suspect_seconds: float, dead_seconds: float,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
-                 membership: Membership | None = None) -> None:
+                 membership: Membership | None = None, dial: Dial | None = None) -> None:
         self.run_id = run_id
         self.nodes: list[NodeHandle] = []
         self.left_out: list[NodeHandle] = []  # nodes that cannot serve the run (kept out)
         self.payload = PayloadBytes()  # the run's training-call bytes, nodes that left included
-        self._rpc_timeout, self._connect_timeout = rpc_timeout, connect_timeout
+        self._rpc_timeout = rpc_timeout
         self._suspect_seconds, self._dead_seconds = suspect_seconds, dead_seconds
         self._nodes_source = nodes_source
         self._membership = membership
+        self._dial = dial or (lambda index, address: pushed_node(
+            index, address, rpc_timeout, connect_timeout))
         self._next_index = 0
         self._registered_push: set[str] = set()  # push nodes that came by registering
         self._add_addresses(addresses)
@@ -84,8 +90,7 @@ class RunNodes:
         for address in addresses:
             if _identity(address) not in known:
                 new.setdefault(_identity(address), address)
-        added = [pushed_node(self._index(), address, self._rpc_timeout, self._connect_timeout)
-                 for address in new.values()]
+        added = [self._dial(self._index(), address) for address in new.values()]
         for node in added:
             node.liveness = Liveness(self._suspect_seconds, self._dead_seconds)
             node.payload = self.payload

@@ -14,8 +14,9 @@ import pytest
 from engine import runtime
 
 REPO = Path(__file__).resolve().parents[2]
-# The engine, and the coordinator's run loop that the simulator runs with it.
-SOURCES = sorted((REPO / "engine").rglob("*.py")) + [REPO / "coordinator" / "run.py"]
+# The engine, and the coordinator's run loop and run store that the simulator runs with it.
+SOURCES = sorted((REPO / "engine").rglob("*.py")) + [REPO / "coordinator" / "run.py",
+                                                    REPO / "coordinator" / "run_store.py"]
 SEAM = REPO / "engine" / "runtime.py"
 # Modules whose clocks, threads, waits or random numbers would escape the runtime.
 FORBIDDEN = {"time", "threading", "random", "secrets", "uuid", "concurrent", "asyncio",

@@ -1,0 +1,308 @@
+"""Compute nodes of a simulation: in process, on the virtual clock, with faults to switch.
+
+A `SimNode` computes a unit with the real algorithm (the letters MLP's numpy maths on the
+shipped data, say), but its time is virtual: a unit takes `UNIT_SECONDS` times its
+slowdown, waited on the runtime's clock, so that deadlines, heartbeats and backups meet it
+as they would a real node. One unit at a time, as a node. What it does wrong is its
+`faults`, which the plan's events switch as virtual time passes (devtools/simulation/
+plans.py): crashed, hung, slow, rejecting, corrupting, partitioned from the coordinator,
+losing or repeating its replies.
+
+A pushed node is called through `SimNodeClient`, the engine's NodeClient seam
+(engine/nodes/client.py): an abort (a deadline, a dead node) ends the call at once, as an
+interrupted socket does. A pull node runs `pull_worker` in threads of its own against the
+coordinator's real Membership, registering, heartbeating, leasing and submitting as a pull
+node does over Thrift.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine import runtime
+from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
+from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable
+from engine.nodes.membership import Membership
+from engine.nodes.nodes_file import NodeAddress
+from engine.nodes.pool import NodeHandle
+from engine.nodes.thrift_client import task_result, work_request
+from engine.tasks import Task, TaskResult
+from training.algorithms import get_algorithm
+from training.algorithms.base import UnitJob, UnitSpec
+from training.cancel import UnitCancelled, UnitControl
+from training.compression import compress_update, decompress
+from training.data.paths import data_location
+from training.payload_checks import PayloadForm, check_payload
+from training.spec import RunSpec
+from wire.generated import PROTOCOL_VERSION, ttypes
+from wire.stats import PayloadBytes
+from wire.tensor_codec import dict_to_wire, wire_to_dict
+
+log = logging.getLogger("simulation.nodes")
+
+UNIT_SECONDS = 1.0  # virtual seconds a unit takes on a healthy node
+POLL_SECONDS = 1.0  # how often a hung node looks whether it was released
+HOST = "sim"
+
+
+@dataclass
+class Faults:
+    """What a node does wrong right now; the plan's events change these as time passes."""
+
+    crashed: bool = False  # refuses every connection (a dead process)
+    hung: bool = False  # takes calls and never answers (SIGSTOP)
+    partitioned: bool = False  # the coordinator cannot reach it, nor it the coordinator
+    slowdown: float = 1.0  # a unit takes this many times its time
+    reject: float = 0.0  # chance of rejecting a unit (simulated load)
+    corrupt: int = 0  # the next this many results carry a NaN (the filters refuse them)
+    lose_replies: int = 0  # the next this many replies never arrive (computed, then lost)
+    duplicate_replies: int = 0  # a pull node submits the next this many results twice
+
+
+class Call:
+    """One call in progress on a node: the coordinator may abort it."""
+
+    def __init__(self) -> None:
+        self.aborted = runtime.Event()
+        self.reason = ""
+
+    def wait(self, seconds: float) -> None:
+        """Spend ``seconds`` of virtual time; AttemptAborted if aborted meanwhile."""
+        if self.aborted.wait(seconds):
+            raise AttemptAborted(self.reason)
+
+
+NEVER_ABORTED = None  # a pull node's calls: the coordinator withdraws a lease instead
+
+
+@dataclass
+class SimNode:
+    """One simulated compute node: its faults, its counters, its calls in progress."""
+
+    name: str
+    index: int
+    data_root: Path
+    sim: Any  # the SimRuntime, whose trace the node writes to
+    pull: bool = False
+    faults: Faults = field(default_factory=Faults)
+    units_done: int = 0
+
+    def __post_init__(self) -> None:
+        self._busy = runtime.Lock()  # one unit at a time, as a node computes them
+        self._rng = runtime.Random()
+        self._calls: dict[AttemptKey, Call] = {}
+        self._cancelled: set[AttemptKey] = set()
+
+    def reachable(self) -> bool:
+        return not (self.faults.crashed or self.faults.partitioned)
+
+    # -------------------------------------------------------------- the maths
+    def compute(self, request: ttypes.WorkRequest, call: Call) -> ttypes.TrainResult:
+        """The node's answer to a work request, its virtual time spent first."""
+        key = (request.run_id, request.unit_id, request.attempt)
+        self.sim.note("unit", self.name, *key)
+        while self.faults.hung:  # took the call, answers nothing until released
+            call.wait(POLL_SECONDS)
+        if self._rng.random() < self.faults.reject:
+            return _answer(ttypes.UnitOutcome.REJECTED, self.name, "node busy")
+        with self._busy:
+            call.wait(UNIT_SECONDS * self.faults.slowdown)
+            if key in self._cancelled:
+                return _answer(ttypes.UnitOutcome.CANCELLED, self.name,
+                               "cancelled by the coordinator")
+            try:
+                update, output = self._run_unit(request)
+            except UnitCancelled:
+                return _answer(ttypes.UnitOutcome.CANCELLED, self.name,
+                               "cancelled by the coordinator")
+        if self.faults.corrupt:
+            self.faults.corrupt -= 1
+            name = next(iter(update))
+            update[name] = np.full(np.shape(update[name]), math.nan)
+            self.sim.note("corrupted", self.name, *key)
+        self.units_done += 1
+        return ttypes.TrainResult(
+            accepted=True, outcome=ttypes.UnitOutcome.COMPLETED, update=dict_to_wire(update),
+            num_samples=output.num_samples, loss=output.loss, error=output.error,
+            compute_seconds=UNIT_SECONDS * self.faults.slowdown, delay_seconds=0.0,
+            node_id=self.name, model_version=request.model_version)
+
+    def _run_unit(self, request: ttypes.WorkRequest) -> tuple[dict[str, np.ndarray], Any]:
+        """The unit's update as the node would send it (compressed as the run says)."""
+        spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                             request.config_json)
+        algorithm = get_algorithm(spec.algorithm)
+        config = spec.algorithm_config()
+        algorithm.check_config(request.model, config)
+        payload = wire_to_dict(request.weights)
+        check_payload(payload, PayloadForm(spec.compression.down))
+        weights = {name: value.copy() for name, value in decompress(payload).items()}
+        unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
+                        request.index_stop)
+        job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
+                      control=UnitControl(), algorithm=request.algorithm,
+                      dataset=request.dataset, config_json=request.config_json or "",
+                      model_version=request.model_version)
+        output = algorithm.run_unit(job, data_location(self.data_root, request.dataset))
+        update = compress_update(output.update, spec.compression, None, job.run_id,
+                                 algorithm.unit_slot(unit, config), job.round)
+        return dict(update), output
+
+    # --------------------------------------------------------------- calls
+    def begin(self, key: AttemptKey) -> Call:
+        call = self._calls[key] = Call()
+        return call
+
+    def end(self, key: AttemptKey) -> None:
+        self._calls.pop(key, None)
+
+    def abort(self, key: AttemptKey, reason: str) -> bool:
+        call = self._calls.get(key)
+        if call is None:
+            return False
+        call.reason = reason
+        call.aborted.set()
+        return True
+
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None) -> None:
+        held = [k for k in self._calls if k[:2] == (run_id, unit_id)]
+        self._cancelled.update(k for k in held if attempt in (None, k[2]))
+        if attempt is not None:
+            self._cancelled.add((run_id, unit_id, attempt))
+
+
+class SimNodeClient:
+    """A pushed SimNode as the engine calls it (engine.nodes.client.NodeClient)."""
+
+    accepts_connections = True
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.address: NodeAddress | None = NodeAddress(HOST, 10000 + node.index)
+        self.payload = PayloadBytes()
+
+    def _reach(self) -> None:
+        if not self.node.reachable():
+            raise NodeUnavailable(f"cannot connect to {self.address}: connection refused")
+
+    def train(self, task: Task) -> TaskResult:
+        self._reach()
+        node, key = self.node, task.key
+        call = node.begin(key)
+        try:
+            result = node.compute(work_request(task), call)
+            if node.faults.lose_replies:
+                node.faults.lose_replies -= 1
+                node.sim.note("lost reply", node.name, *key)
+                while True:  # the caller waits for an answer that never comes
+                    call.wait(POLL_SECONDS * 60)
+            if not node.reachable():  # crashed or cut off while it computed
+                raise AttemptAborted(f"{self.address} closed the connection")
+            return task_result(result, task)
+        finally:
+            node.end(key)
+
+    def abort(self, key: AttemptKey, reason: str) -> bool:
+        return self.node.abort(key, reason)
+
+    def cancel(self, run_id: str, unit_id: str, attempt: int | None = None) -> None:
+        self._reach()
+        self.node.cancel(run_id, unit_id, attempt)
+
+    def ping(self, warm_up: str | None = None) -> NodePing:
+        self._reach()
+        if self.node.faults.hung:
+            raise NodeUnavailable(f"{self.address} did not answer a ping in time")
+        return NodePing()
+
+    def check_run(self, query: RunQuery) -> RunAnswer:
+        self._reach()
+        return RunAnswer()
+
+    def send_session(self, *args: Any) -> int:
+        raise NodeRefused("simulated nodes keep no sessions")
+
+    export_session = import_session = send_session
+
+    def drop_sessions(self, run_id: str) -> None:
+        """No sessions."""
+
+    def forget_connections(self) -> None:
+        """No connections."""
+
+    def close(self) -> None:
+        """No connections."""
+
+
+def pushed_handle(node: SimNode) -> NodeHandle:
+    return NodeHandle(node.index, f"{HOST}:{10000 + node.index}", SimNodeClient(node))
+
+
+# ------------------------------------------------------------------ pull nodes
+def pull_worker(node: SimNode, membership: Membership, heartbeat_seconds: float) -> None:
+    """A pull node's life: register, then lease, compute and submit, with heartbeats in a
+    thread of its own; cut off (crashed, partitioned), it falls silent, and registers again
+    once it is back, as a restarted node does."""
+    while True:
+        if not node.reachable():
+            runtime.sleep(POLL_SECONDS)
+            continue
+        registered = membership.register(ttypes.RegisterRequest(
+            protocol_version=PROTOCOL_VERSION, node_id=node.name, pull=True))
+        name, secret = registered.node, registered.secret
+        node.sim.note("registered", name)
+        silent = runtime.Event()
+        runtime.start_thread(_heartbeats, f"{name}-heartbeats",
+                             args=(node, membership, name, secret, heartbeat_seconds, silent))
+        try:
+            _lease_until_cut_off(node, membership, name, secret)
+        finally:
+            silent.set()
+
+
+def _lease_until_cut_off(node: SimNode, membership: Membership, name: str,
+                         secret: str) -> None:
+    while node.reachable():
+        lease = membership.lease(ttypes.LeaseRequest(
+            protocol_version=PROTOCOL_VERSION, node=name, secret=secret, wait_seconds=2.0))
+        if not lease.known:
+            return
+        if lease.work is None:
+            continue
+        work = lease.work
+        key = (work.run_id, work.unit_id, work.attempt)
+        result = node.compute(work, Call())
+        if not node.reachable():
+            return  # the result is lost with the connection
+        if node.faults.lose_replies:
+            node.faults.lose_replies -= 1
+            node.sim.note("lost reply", name, *key)
+            continue
+        submit = ttypes.SubmitRequest(protocol_version=PROTOCOL_VERSION, node=name,
+                                      secret=secret, run_id=work.run_id, unit_id=work.unit_id,
+                                      attempt=work.attempt, result=result)
+        answers = [membership.submit(submit).accepted]
+        if node.faults.duplicate_replies:
+            node.faults.duplicate_replies -= 1
+            answers.append(membership.submit(submit).accepted)
+        node.sim.note("submitted", name, *key, *answers)
+
+
+def _heartbeats(node: SimNode, membership: Membership, name: str, secret: str,
+                seconds: float, silent: Any) -> None:
+    while not silent.wait(seconds):
+        if node.reachable() and not node.faults.hung:
+            membership.heartbeat(ttypes.HeartbeatRequest(
+                protocol_version=PROTOCOL_VERSION, node=name, secret=secret, units_running=0))
+
+
+def _answer(outcome: int, node: str, message: str) -> ttypes.TrainResult:
+    return ttypes.TrainResult(accepted=False, outcome=outcome, update=[], num_samples=0,
+                              loss=0.0, error=0.0, compute_seconds=0.0, delay_seconds=0.0,
+                              message=message, node_id=node)
