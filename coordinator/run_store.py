@@ -310,6 +310,14 @@ class RunStore:
             raise
 
     # --------------------------------------------------------------- plumbing
+    def abandon(self) -> None:
+        """Drop the connection as a process that dies does, without waiting for the threads
+        that use it: what no transaction committed is rolled back by SQLite, and the file
+        is free for the next process (a simulated coordinator killed mid-run)."""
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
     def close(self) -> None:
         """Close the connection; later calls raise RunStoreError. Idempotent."""
         with self._lock:
@@ -419,7 +427,7 @@ class RunStore:
         The run is running again; rounds after `from_round` lose their metrics and their
         units go back to pending (an event says why): results of those rounds died with
         the coordinator and were never applied to the checkpoint's weights, so they are
-        done again, once. This is the one move out of a settled status. ``rounds``: the
+        done again, once, and the attempts that had brought them are stale. This is the one move out of a settled status. ``rounds``: the
         run's new length when it is extended, the only way to take up a completed run.
         Returns how many units were reopened."""
         now = self._clock()
@@ -435,6 +443,11 @@ class RunStore:
             db.execute("UPDATE runs SET state = 'running', message = NULL, ended = NULL "
                        "WHERE id = ?", (run_id,))
             _close_attempts(db, run_id, "the coordinator stopped before it answered", now)
+            # the results those attempts brought died with the coordinator: never applied
+            db.execute("UPDATE attempts SET status = 'stale', reason = ? WHERE run_id = ? AND "
+                       "round > ? AND status = 'completed'",
+                       (f"its result was lost with the coordinator ({reason})", run_id,
+                        from_round))
             db.execute("DELETE FROM rounds WHERE run_id = ? AND round > ?", (run_id, from_round))
             rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? AND "
                               "round > ?", (run_id, from_round)).fetchall()

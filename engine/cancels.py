@@ -13,9 +13,8 @@ frees the node must still go out when that unit was the run's last.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections import deque
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine import runtime
 
@@ -91,16 +90,6 @@ class CancelSender:
             log.exception("cancel of %s on %s failed", unit_id, node.name)
 
 
-_shared: weakref.WeakKeyDictionary[Any, CancelSender] = weakref.WeakKeyDictionary()
-_shared_lock = runtime.Lock()
-
-
 def shared_sender() -> CancelSender:
-    """The process's cancel sender (its runtime's: a simulation has its own), started on
-    first use."""
-    with _shared_lock:
-        owner = runtime.current()
-        sender = _shared.get(owner)
-        if sender is None:
-            sender = _shared[owner] = CancelSender()
-        return sender
+    """The process's cancel sender, started on first use."""
+    return runtime.process_singleton("cancel-sender", CancelSender)

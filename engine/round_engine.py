@@ -343,8 +343,11 @@ class RoundEngine:
             state.requeue(unit, wait_seconds=0)
             return
         order = self._order(state, unit)
-        if not order:
-            state.requeue(unit, wait_seconds=self._until_unbenched(runtime.monotonic()))
+        if not order:  # every node it could go to is benched: wait, at least a step (the
+            # soonest node back may be one that already holds the unit, which it cannot go
+            # to, and waiting no time would spin a core)
+            state.requeue(unit, wait_seconds=max(WAIT_STEP_SECONDS, self._until_unbenched(
+                runtime.monotonic())))
             return
         for index in self._candidates(state, unit, order):
             if state.is_over(unit):

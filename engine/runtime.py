@@ -52,10 +52,15 @@ class Runtime(Protocol):
     def event(self) -> Any: ...
     def random(self, seed: Any = None) -> random.Random: ...
     def token_hex(self, nbytes: int) -> str: ...
+    def process_singleton(self, name: str, make: Callable[[], Any]) -> Any: ...
 
 
 class SystemRuntime:
     """The standard library's clocks, threads and locks: what runs in production."""
+
+    def __init__(self) -> None:
+        self._singletons: dict[str, Any] = {}
+        self._singletons_lock = threading.Lock()
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -87,6 +92,12 @@ class SystemRuntime:
 
     def token_hex(self, nbytes: int) -> str:
         return secrets.token_hex(nbytes)
+
+    def process_singleton(self, name: str, make: Callable[[], Any]) -> Any:
+        with self._singletons_lock:
+            if name not in self._singletons:
+                self._singletons[name] = make()
+            return self._singletons[name]
 
 
 SYSTEM = SystemRuntime()
@@ -153,6 +164,12 @@ def Random(seed: Any = None) -> random.Random:  # noqa: N802
 def token_hex(nbytes: int) -> str:
     """A secret of ``nbytes`` random bytes in hex (the simulation's: from its seed)."""
     return _current.token_hex(nbytes)
+
+
+def process_singleton(name: str, make: Callable[[], Any]) -> Any:
+    """The process's one ``name``, made by ``make`` on first use (a simulation keeps one
+    per simulated process)."""
+    return _current.process_singleton(name, make)
 
 
 class Task:

@@ -94,7 +94,11 @@ class SimNode:
     units_done: int = 0
 
     def __post_init__(self) -> None:
-        self._busy = runtime.Lock()  # one unit at a time, as a node computes them
+        # One unit at a time, as a node computes them. Not a lock: a call whose caller's
+        # process was killed mid-unit must not hold the node forever (the node finishes
+        # the unit; its answer goes nowhere), so the holder is checked for being alive.
+        self._holder: Any = None
+        self._turn = runtime.Condition()
         self._rng = runtime.Random()
         self._calls: dict[AttemptKey, Call] = {}
         self._cancelled: set[AttemptKey] = set()
@@ -111,7 +115,8 @@ class SimNode:
             call.wait(POLL_SECONDS)
         if self._rng.random() < self.faults.reject:
             return _answer(ttypes.UnitOutcome.REJECTED, self.name, "node busy")
-        with self._busy:
+        self._take_turn()
+        try:
             call.wait(UNIT_SECONDS * self.faults.slowdown)
             if key in self._cancelled:
                 return _answer(ttypes.UnitOutcome.CANCELLED, self.name,
@@ -121,6 +126,8 @@ class SimNode:
             except UnitCancelled:
                 return _answer(ttypes.UnitOutcome.CANCELLED, self.name,
                                "cancelled by the coordinator")
+        finally:
+            self._end_turn()
         if self.faults.corrupt:
             self.faults.corrupt -= 1
             name = next(iter(update))
@@ -132,6 +139,18 @@ class SimNode:
             num_samples=output.num_samples, loss=output.loss, error=output.error,
             compute_seconds=UNIT_SECONDS * self.faults.slowdown, delay_seconds=0.0,
             node_id=self.name, model_version=request.model_version)
+
+    def _take_turn(self) -> None:
+        me = self.sim.current()
+        with self._turn:
+            while self._holder is not None and not self._holder.frozen:
+                self._turn.wait(POLL_SECONDS)
+            self._holder = me
+
+    def _end_turn(self) -> None:
+        with self._turn:
+            self._holder = None
+            self._turn.notify_all()
 
     def _run_unit(self, request: ttypes.WorkRequest) -> tuple[dict[str, np.ndarray], Any]:
         """The unit's update as the node would send it (compressed as the run says)."""

@@ -1,28 +1,59 @@
-"""Fault plans: a run's shape and the faults that befall it, as a readable list of timed
-events, drawn from a seed (`Plan.from_seed`) and written as JSON."""
+"""Fault plans: a run's shape and what befalls it, as a readable list of timed events.
+
+`Plan.from_seed(seed)` draws one: the schedule (sync, async or buffered), pushed and pull
+nodes, and up to `MAX_EVENTS` events at virtual seconds within the run's expected span.
+Each event happens to one node, or to the coordinator or its store:
+
+    crash / restart         a node's process dies (refuses connections) / comes back
+    hang / release          it takes calls and answers nothing (SIGSTOP) / goes on
+    slow                    its units take `value` times as long (1: normal again)
+    reject                  it rejects units with chance `value` (simulated load)
+    corrupt                 its next `value` results carry a NaN (the filters refuse them)
+    lose                    its next `value` replies never arrive
+    duplicate               a pull node submits its next `value` results twice
+    partition / heal        the coordinator and the node cannot reach each other / can
+    leave / join            a pull node says goodbye and stops / registers again (a pushed
+                            node's process stops / starts again, as crash and restart)
+    kill                    the coordinator is SIGKILLed, and restarted with --resume
+    store_fail              the store's next write fails (a full disk); the run fails
+                            loudly and is resumed once the disk has room again
+
+A node that goes down comes back: every fault of a node ends by `span` (so a run can
+always finish), and a plan is JSON both ways (`to_json`, `from_json`).
+"""
 
 from __future__ import annotations
 
 import json
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 MODES = ("sync", "async", "buffered")
+MAX_EVENTS = 6
+NODE_FAULTS = ("crash", "hang", "slow", "reject", "corrupt", "lose", "partition", "leave")
+ENDS = {"crash": "restart", "hang": "release", "partition": "heal", "leave": "join"}
+COORDINATOR_FAULTS = ("kill", "store_fail")
 
 
 @dataclass
 class Event:
-    """At virtual second ``at``, ``kind`` happens to node ``node`` (if it names one)."""
+    """At virtual second ``at``, ``kind`` happens (to node ``node``, if it names one)."""
 
     at: float
     kind: str
     node: int | None = None
-    value: float | None = None  # a slowdown's factor, a reject chance, a count
+    value: float | None = None  # a slowdown's factor, a chance, a count
+
+    def __str__(self) -> str:
+        who = "" if self.node is None else f" n{self.node}"
+        what = "" if self.value is None else f" {self.value:g}"
+        return f"{self.at:g}s {self.kind}{who}{what}"
 
 
 @dataclass
 class Plan:
+    """One simulated run: its shape and its events (see the module docstring)."""
+
     seed: int
     mode: str = "sync"
     pushed: int = 3
@@ -30,19 +61,32 @@ class Plan:
     rounds: int = 3
     epochs: int = 1
     policy: int = 2
-    deterministic: bool = True
     events: list[Event] = field(default_factory=list)
+
+    @property
+    def deterministic(self) -> bool:
+        """A sync run is deterministic: its weights do not depend on the faults."""
+        return self.mode == "sync"
+
+    @property
+    def nodes(self) -> int:
+        return self.pushed + self.pulled
 
     def settings(self) -> list[str]:
         """The run's configuration as the client's --set overrides: the letters MLP under
-        delta averaging, small rounds."""
+        delta averaging, in small rounds (one epoch a unit)."""
         sets = ["run.algorithm=delta_avg", "run.model=mlp", "run.dataset=letters",
                 f"run.rounds={self.rounds}", f"delta_avg.epochs={self.epochs}",
-                "delta_avg.hidden=[20]", "delta_avg.eta=0.001",
+                "delta_avg.hidden=[20]", "delta_avg.eta=0.001", f"run.seed={self.seed}",
                 f"schedule.mode={self.mode}", "outputs.checkpoint_every=1"]
         if self.mode == "buffered":
             sets.append("schedule.buffer_size=2")
         return sets
+
+    def without_events(self) -> Plan:
+        """The same run with nothing going wrong (its weights are the reference)."""
+        return Plan(self.seed, self.mode, self.pushed, self.pulled, self.rounds, self.epochs,
+                    self.policy, [])
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -53,13 +97,47 @@ class Plan:
         raw["events"] = [Event(**event) for event in raw.get("events", [])]
         return cls(**raw)
 
+    def __str__(self) -> str:
+        nodes = f"{self.pushed} pushed + {self.pulled} pull nodes"
+        events = "; ".join(str(e) for e in self.events) or "no faults"
+        return f"seed {self.seed}: {self.mode}, {nodes}, {self.rounds} rounds; {events}"
+
     @classmethod
-    def from_seed(cls, seed: int) -> Plan:
+    def from_seed(cls, seed: int, span: float = 30.0) -> Plan:
+        """A plan drawn from ``seed``: faults within the first ``span`` virtual seconds,
+        each node's ending by then."""
         rng = random.Random(seed)
-        mode = rng.choice(MODES)
-        plan = cls(seed=seed, mode=mode, pushed=rng.randint(1, 3), pulled=rng.randint(0, 2),
-                   deterministic=mode == "sync")
+        plan = cls(seed=seed, mode=rng.choice(MODES), pushed=rng.randint(1, 3),
+                   pulled=rng.randint(0, 2), policy=rng.choice((1, 2, 3)))
+        if plan.nodes < 2:
+            plan.pushed += 1
+        for _ in range(rng.randint(0, MAX_EVENTS)):
+            at = round(rng.uniform(0.0, span * 0.7), 1)
+            if rng.random() < 0.15:
+                plan.events.append(Event(at, rng.choice(COORDINATOR_FAULTS)))
+                continue
+            node = rng.randrange(plan.nodes)
+            kind = rng.choice(NODE_FAULTS)
+            value = _value(kind, rng, pull=node >= plan.pushed)
+            if kind == "lose" and rng.random() < 0.3 and node >= plan.pushed:
+                kind = "duplicate"
+            plan.events.append(Event(at, kind, node, value))
+            if kind in ENDS:
+                plan.events.append(Event(round(rng.uniform(at + 1.0, span), 1), ENDS[kind],
+                                         node))
+            elif kind in ("slow", "reject"):
+                reset = 1.0 if kind == "slow" else 0.0
+                plan.events.append(Event(round(rng.uniform(at + 1.0, span), 1), kind, node,
+                                         reset))
+        plan.events.sort(key=lambda e: e.at)
         return plan
 
-    def describe(self) -> dict[str, Any]:
-        return asdict(self)
+
+def _value(kind: str, rng: random.Random, pull: bool) -> float | None:
+    if kind == "slow":
+        return rng.choice((2.0, 5.0, 20.0))
+    if kind == "reject":
+        return rng.choice((0.3, 0.7, 1.0))
+    if kind in ("corrupt", "lose"):
+        return float(rng.randint(1, 3))
+    return None

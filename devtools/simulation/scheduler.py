@@ -31,6 +31,7 @@ from typing import Any
 
 EPOCH = 1_800_000_000.0  # the wall clock's reading at virtual time 0 (2027-01-15)
 PREEMPT = 0.25  # chance that taking a lock, notifying or setting an event lets another run
+MAX_SWITCHES_AT_ONE_TIME = 100_000  # more while virtual time stands still: a livelock
 
 
 class SimHang(Exception):
@@ -44,11 +45,12 @@ class SimStopped(BaseException):
 class _Thread:
     """A simulated thread: a real one that runs only while it holds its baton."""
 
-    def __init__(self, sim: SimRuntime, name: str, index: int) -> None:
-        self.sim, self.name, self.index = sim, name, index
+    def __init__(self, sim: SimRuntime, name: str, index: int, owner: str) -> None:
+        self.sim, self.name, self.index, self.owner = sim, name, index, owner
         self.baton = threading.Semaphore(0)
         self.runnable = True
         self.done = False
+        self.frozen = False  # its process was killed: it never runs again
         self.deadline: float | None = None  # virtual time it waits until, if it does
         self.woken = False  # why it last stopped waiting: woken (True) or timed out
         self.waiting_on: Any = None
@@ -71,6 +73,8 @@ class SimRuntime:
         self.errors: list[tuple[str, BaseException]] = []  # what threads raised, unhandled
         self._trace = hashlib.sha256()
         self.events = 0
+        self._singletons: dict[tuple[str, str], Any] = {}
+        self._stalled_at, self._stalled = 0.0, 0
 
     # ------------------------------------------------------------ running
     def run(self, main: Callable[[], Any], max_time: float) -> Any:
@@ -78,7 +82,7 @@ class SimRuntime:
         the other threads. SimHang when the simulation hangs, or when its virtual clock
         passes ``max_time`` (a run that never ends)."""
         self._max_time = max_time
-        driver = self._register("main")
+        driver = self._register("main", "world")
         self._driver = driver
         self._local.thread = driver
         try:
@@ -107,11 +111,12 @@ class SimRuntime:
         self._wait(None, self.now + max(0.0, seconds))
 
     def start_thread(self, target: Callable[..., Any], name: str,
-                     args: tuple[Any, ...] = ()) -> None:
+                     args: tuple[Any, ...] = (), owner: str | None = None) -> None:
+        """A thread of the simulation, of ``owner``'s process (by default its creator's)."""
         if self._stopping:
             raise SimStopped()
-        thread = self._register(name)
-        self.note("start", name, thread.index)
+        thread = self._register(name, owner or self.current().owner)
+        self.note("start", name, thread.index, thread.owner)
 
         def body() -> None:
             thread.baton.acquire()
@@ -122,7 +127,8 @@ class SimRuntime:
             except SimStopped:
                 pass
             except BaseException as exc:  # noqa: BLE001 - a check reports it
-                self.errors.append((name, exc))
+                if not thread.frozen:  # what a killed process does unwinding is moot
+                    self.errors.append((name, exc))
             finally:
                 thread.done = True
                 thread.runnable = False
@@ -149,6 +155,21 @@ class SimRuntime:
     def token_hex(self, nbytes: int) -> str:
         return self._rng.getrandbits(8 * nbytes).to_bytes(nbytes, "big").hex()
 
+    def process_singleton(self, name: str, make: Callable[[], Any]) -> Any:
+        """One ``name`` per simulated process (the current thread's owner)."""
+        key = (self.current().owner, name)
+        if key not in self._singletons:
+            self._singletons[key] = make()
+        return self._singletons[key]
+
+    def kill(self, owner: str) -> int:
+        """Kill ``owner``'s process: its threads never run again (a SIGKILL). Returns how
+        many there were."""
+        victims = [t for t in self._threads if t.owner == owner and not t.done]
+        for thread in victims:
+            thread.frozen, thread.runnable, thread.deadline = True, False, None
+        self.note("kill", owner, len(victims))
+        return len(victims)
     # ------------------------------------------------------------ scheduling
     def current(self) -> _Thread:
         thread = getattr(self._local, "thread", None)
@@ -163,8 +184,9 @@ class SimRuntime:
         thread = self.current()
         self._switch(thread)
 
-    def _register(self, name: str) -> _Thread:
-        thread = _Thread(self, name, len(self._threads))
+    def _register(self, name: str, owner: str) -> _Thread:
+        self._started = getattr(self, "_started", 0) + 1
+        thread = _Thread(self, name, self._started, owner)
         self._threads.append(thread)
         return thread
 
@@ -184,7 +206,7 @@ class SimRuntime:
         return thread.woken
 
     def _wake(self, thread: _Thread) -> None:
-        if not thread.runnable and not thread.done:
+        if not thread.runnable and not thread.done and not thread.frozen:
             thread.runnable, thread.woken, thread.deadline = True, True, None
 
     def _switch(self, thread: _Thread, finished: bool = False) -> None:
@@ -195,12 +217,25 @@ class SimRuntime:
             self._driver.baton.release()
             return
         chosen = self._next()
+        if self._livelocked():
+            chosen = self._hang(f"livelock: {self._stalled} switches without virtual time "
+                                "passing")
         self.note("run", chosen.index, round(self.now, 9))
         if chosen is thread:
             return
         chosen.baton.release()
         if not finished:
             thread.baton.acquire()
+
+    def _livelocked(self) -> bool:
+        """Threads that switch on and on while virtual time stands still busy-wait (a wait
+        of no time in a loop): on a real machine they burn a core until real time moves;
+        here time never would. Such a run hangs, saying so."""
+        if self.now != self._stalled_at:
+            self._stalled_at, self._stalled = self.now, 0
+            return False
+        self._stalled += 1
+        return self._stalled > MAX_SWITCHES_AT_ONE_TIME and not self._stopping
 
     def _next(self) -> _Thread:
         """The thread to run next: a runnable one, drawn; else the clock jumps to the
@@ -224,7 +259,8 @@ class SimRuntime:
     def _hang(self, why: str) -> _Thread:
         """Stop the simulation: the driver, woken, raises SimHang(why)."""
         waits = ", ".join(f"{t.name} on {type(t.waiting_on).__name__}"
-                          for t in self._threads if not t.done and not t.runnable)
+                          for t in self._threads
+                          if not t.done and not t.runnable and not t.frozen)
         self.hang = f"{why} (at {self.now:g}s; waiting: {waits})"
         self._stopping = True
         return self._driver

@@ -2,20 +2,33 @@
 node pool, policies, deadlines, heartbeats, backups, algorithm, aggregation and update
 filters) against simulated nodes, in one process, on a virtual clock (`simulate`).
 
-Nothing here is a copy of the coordinator's logic: `coordinator.run.Run` executes as it
-does in production, with `engine.runtime` replaced by a `SimRuntime` and node handles
-dialled in process (devtools/simulation/nodes.py). The plan (devtools/simulation/plans.py)
-says the run's shape (mode, nodes pushed and pulling) and its faults, which a thread of
-the simulation applies when their virtual time comes. The coordinator may be killed at
-an event and resumed from its store, as `coordinator_node.py --resume` does.
+Nothing here copies the coordinator's logic: `coordinator.run.Run` executes as it does in
+production, with `engine.runtime` replaced by a `SimRuntime` and its nodes dialled in
+process (devtools/simulation/nodes.py). The plan (devtools/simulation/plans.py) says the
+run's shape and its events, which a thread of the simulation applies when their virtual
+time comes. The coordinator is a process of its own in the simulation: a `kill` freezes
+its threads for good and drops its store connection as a dying process does, and the run
+goes on in a new one, resumed from the store as `coordinator_node.py --resume` does; a
+store write that fails stops the run loudly, and it is resumed the same way.
+
+Then the checks (`check`): the run completed (or failed with a reason that says so,
+resumed); the ledger audit of the store (devtools/ledger_audit.py: no unit lost, none
+applied twice, counts that add up); no write the store refused (strict ledger: every
+transition legal); no thread raised what it did not handle; in a deterministic run, the
+final weights equal those of the same plan without its events; and each node's counters
+in the engine equal its row in the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
+import sqlite3
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,109 +38,258 @@ import numpy as np
 from coordinator.records import RunRequest
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunStore
+from devtools.ledger_audit import RunShape, audit
 from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
-from devtools.simulation.plans import Plan
+from devtools.simulation.plans import Event, Plan
 from devtools.simulation.scheduler import SimHang, SimRuntime
 from engine import runtime
+from engine.ledger import STRICT_ENV, StoreUnavailable
 from engine.nodes.membership import Membership
 from engine.nodes.nodes_file import NodeAddress
 from engine.nodes.pool import NodeHandle
 from engine.round_engine import EngineSettings
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.run_config import load_run_config
+from wire.generated import PROTOCOL_VERSION, ttypes
 
 log = logging.getLogger("simulation")
 
-HEARTBEAT_SECONDS = 1.0  # the coordinator's and pull nodes', as in production
-MAX_VIRTUAL_SECONDS = 3600.0  # a plan that has not ended by then hangs
+HEARTBEAT_SECONDS = 1.0  # the coordinator's and the pull nodes', as in production
+MAX_VIRTUAL_SECONDS = 3600.0  # a plan that has not ended by then has hung
+MAX_INCARNATIONS = 8  # coordinator processes a run may take (kills and store failures)
+LETTERS_UNITS = 11  # the letters data set's training files: units of a round
 
 
 @dataclass
 class Outcome:
-    """What one plan did: how the run ended, the trace and weights, and the checks' verdicts."""
+    """What one plan did: how its run ended, the trace and weights, what the checks found."""
 
     plan: Plan
-    state: str  # completed | failed | hung
+    state: str = "failed"  # completed | failed | hung
     reason: str = ""
     trace: str = ""
-    weights: str = ""  # SHA-256 of the final weights, "" without them
-    problems: list[str] = field(default_factory=list)  # what the checks found
+    weights: str = ""  # SHA-256 of the final weights; "" without them
+    problems: list[str] = field(default_factory=list)
     virtual_seconds: float = 0.0
     events: int = 0
+    incarnations: int = 0  # coordinator processes the run took
 
     @property
     def failed(self) -> bool:
         return bool(self.problems)
 
 
-def simulate(plan: Plan, workdir: Path | None = None) -> Outcome:
-    """Run ``plan`` and check it; a fresh folder for its store and run unless given."""
+def simulate(plan: Plan, reference: str | None = None, workdir: Path | None = None) -> Outcome:
+    """Run ``plan`` and check it. ``reference``: the weights digest of the same plan without
+    events, which a deterministic run must end with (computed here when None)."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="sim-") as tmp:
-            return simulate(plan, Path(tmp))
+            return simulate(plan, reference, Path(tmp))
+    if reference is None and plan.deterministic and plan.events:
+        reference = simulate(plan.without_events(), "").weights
+    outcome = Outcome(plan)
     sim = SimRuntime(plan.seed)
     world = World(plan, sim, workdir)
-    outcome = Outcome(plan, "failed")
-    with runtime.installed(sim):
+    with strict_ledger(), runtime.installed(sim):
         try:
             sim.run(lambda: world.drive(outcome), MAX_VIRTUAL_SECONDS)
         except SimHang as exc:
             outcome.state, outcome.reason = "hung", str(exc)
     outcome.trace, outcome.events = sim.trace_digest(), sim.events
     outcome.virtual_seconds = sim.now
-    outcome.problems += [f"thread {name} raised {exc!r}" for name, exc in sim.errors]
-    if outcome.state == "hung":
-        outcome.problems.append(f"the run hung: {outcome.reason}")
+    outcome.problems += check(outcome, world, sim, reference)
     return outcome
 
 
+@contextlib.contextmanager
+def strict_ledger() -> Iterator[None]:
+    """A write the store refuses raises (an illegal transition is a bug to find)."""
+    before = os.environ.get(STRICT_ENV)
+    os.environ[STRICT_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STRICT_ENV, None)
+        else:
+            os.environ[STRICT_ENV] = before
+
+
+class FailingStore(RunStore):
+    """The SQLite run store, whose writes fail while `full` (a full disk)."""
+
+    full = False
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        if write and self.full:
+            raise StoreUnavailable(f"run store {self.path}: database or disk is full "
+                                   "(simulated)")
+        with super()._tx(write) as db:
+            yield db
+
+
 class World:
-    """The coordinator's process and its nodes, as one plan builds them."""
+    """The coordinator's processes, its store and its nodes, as one plan builds them."""
 
     def __init__(self, plan: Plan, sim: SimRuntime, workdir: Path) -> None:
         self.plan, self.sim, self.workdir = plan, sim, workdir
         self.nodes: list[SimNode] = []
         self.membership: Membership | None = None
+        self.run: Run | None = None
+        self.store: FailingStore | None = None
+        self.incarnation = 0
+        self.result: Any = None
+        self.run_ended: Any = None  # set when the current coordinator's run ends or dies
+        self.error: BaseException | None = None
+        self.killed = False
 
+    # ------------------------------------------------------------- the run
     def drive(self, outcome: Outcome) -> None:
-        self._build()
-        run = self._run()
-        run.register()
-        try:
-            result = run.execute()
-        except Exception as exc:  # noqa: BLE001 - a failed run is an outcome
-            outcome.state, outcome.reason = "failed", str(exc)
-            return
-        outcome.state = "completed"
-        outcome.weights = weights_digest(result.weights)
+        self._build_nodes()
+        self.sim.start_thread(self._chaos, "chaos")
+        while True:
+            self._start_coordinator()
+            self.run_ended.wait()
+            outcome.incarnations = self.incarnation
+            if self.result is not None:
+                outcome.state = "completed"
+                outcome.weights = weights_digest(self.result.weights)
+                return
+            if self.incarnation >= MAX_INCARNATIONS or not (self.killed or
+                                                            self._store_failed()):
+                outcome.state, outcome.reason = "failed", str(self.error)
+                return
+            self._end_coordinator()  # gone for good; the run resumes in a new process
 
-    def _build(self) -> None:
+    @property
+    def _owner(self) -> str:
+        return f"coordinator{self.incarnation}"
+
+    def _store_failed(self) -> bool:
+        """Whether the run stopped because its store could not write; if so, the disk
+        has room again for the next process."""
+        if self.store is None or not self.store.full:
+            return False
+        self.store.full = False
+        return True
+
+    def _start_coordinator(self) -> None:
+        self.incarnation += 1
+        self.result, self.error, self.killed = None, None, False
+        self.run_ended = runtime.Event()
+        self.sim.start_thread(self._coordinator, self._owner, owner=self._owner)
+
+    def _coordinator(self) -> None:
+        """The coordinator's process: open the store, build or resume the run, train."""
+        ended = self.run_ended
+        try:
+            settings = self._settings()
+            self.store = FailingStore(settings.store_path)
+            addresses = [NodeAddress(HOST, 10000 + n.index) for n in self.nodes
+                         if not n.pull]
+            if self.incarnation == 1:
+                self.run = Run(self._request(), addresses, settings, self.store,
+                               membership=self.membership, dial=self._dial)
+            else:  # as coordinator_node.py does at start, then with --resume
+                self.store.fail_unfinished_runs("the coordinator stopped during the run")
+                self.run = Run.resume(self._request().run_id, addresses, settings, self.store,
+                                      membership=self.membership, dial=self._dial)
+            self.run.register()
+            self.result = self.run.execute()
+        except Exception as exc:  # noqa: BLE001 - a failed run is an outcome
+            self.error = exc
+        finally:
+            ended.set()
+
+    def _end_coordinator(self) -> None:
+        """The coordinator's process is gone: its threads never run again, its store
+        connection is dropped (what it had not committed is rolled back)."""
+        self.sim.kill(self._owner)
+        if self.store is not None:
+            self.store.abandon()
+
+    def _kill(self) -> None:
+        """A SIGKILL of the coordinator: the driver sees its run end, and resumes it."""
+        self.killed = True
+        self._end_coordinator()
+        self.run_ended.set()
+
+    # ------------------------------------------------------------- the world
+    def _build_nodes(self) -> None:
         plan = self.plan
-        for index in range(plan.pushed + plan.pulled):
-            pull = index >= plan.pushed
-            node = SimNode(f"n{index}", index, DEFAULT_DATA_ROOT, self.sim, pull=pull)
-            self.nodes.append(node)
+        for index in range(plan.nodes):
+            self.nodes.append(SimNode(f"n{index}", index, DEFAULT_DATA_ROOT, self.sim,
+                                      pull=index >= plan.pushed))
         if plan.pulled:
             self.membership = Membership(heartbeat_seconds=HEARTBEAT_SECONDS)
             for node in self.nodes:
                 if node.pull:
-                    runtime.start_thread(pull_worker, f"pull-{node.name}",
-                                         args=(node, self.membership, HEARTBEAT_SECONDS))
+                    self._start_pull(node)
 
+    def _start_pull(self, node: SimNode) -> None:
+        self.sim.start_thread(pull_worker, f"pull-{node.name}",
+                              args=(node, self.membership, HEARTBEAT_SECONDS),
+                              owner=f"node-{node.name}")
+
+    def _chaos(self) -> None:
+        for event in self.plan.events:
+            runtime.sleep(max(0.0, event.at - runtime.monotonic()))
+            self.sim.note("event", str(event))
+            self._apply(event)
+
+    def _apply(self, event: Event) -> None:
+        if event.kind == "kill":
+            if self.run_ended is not None and not self.run_ended.is_set():
+                self._kill()
+            return
+        if event.kind == "store_fail":
+            if self.store is not None:
+                self.store.full = True
+            return
+        node = self.nodes[event.node]
+        faults = node.faults
+        if event.kind in ("crash", "restart"):
+            faults.crashed = event.kind == "crash"
+        elif event.kind in ("hang", "release"):
+            faults.hung = event.kind == "hang"
+        elif event.kind in ("partition", "heal"):
+            faults.partitioned = event.kind == "partition"
+        elif event.kind == "slow":
+            faults.slowdown = event.value
+        elif event.kind == "reject":
+            faults.reject = event.value
+        elif event.kind == "corrupt":
+            faults.corrupt += int(event.value)
+        elif event.kind == "lose":
+            faults.lose_replies += int(event.value)
+        elif event.kind == "duplicate":
+            faults.duplicate_replies += int(event.value)
+        elif event.kind in ("leave", "join"):
+            self._leave_or_join(node, event.kind)
+
+    def _leave_or_join(self, node: SimNode, kind: str) -> None:
+        if not node.pull:  # a pushed node's process stops, or starts again
+            node.faults.crashed = kind == "leave"
+            return
+        if kind == "leave":
+            node.faults.crashed = True  # its worker stops leasing
+            for member in self.membership.members():
+                if member.name == f"pull:{node.name}":
+                    self.membership.leave(ttypes.LeaveRequest(
+                        protocol_version=PROTOCOL_VERSION, node=member.name,
+                        secret=member.secret))
+        else:
+            node.faults.crashed = False  # it registers again
+
+    # ------------------------------------------------------------- settings
     def _settings(self) -> CoordinatorSettings:
         plan = self.plan
         return CoordinatorSettings(
             data_root=DEFAULT_DATA_ROOT, run_root=self.workdir / "runs", policy=plan.policy,
             seed=plan.seed, store_path=self.workdir / "runs.db",
             heartbeat_seconds=HEARTBEAT_SECONDS,
-            engine=EngineSettings(deterministic=plan.deterministic, grace_seconds=120.0))
-
-    def _run(self) -> Run:
-        settings = self._settings()
-        store = RunStore(settings.store_path)
-        addresses = [NodeAddress(HOST, 10000 + n.index) for n in self.nodes if not n.pull]
-        return Run(self._request(), addresses, settings, store, membership=self.membership,
-                   dial=self._dial)
+            engine=EngineSettings(deterministic=plan.deterministic, grace_seconds=300.0))
 
     def _dial(self, index: int, address: NodeAddress) -> NodeHandle:
         node = self.nodes[address.port - 10000]
@@ -139,6 +301,51 @@ class World:
                           model=config.model, dataset=config.dataset, rounds=config.rounds,
                           config_json=json.dumps(config.algorithm_config()),
                           outputs_json=json.dumps(dict(config.outputs)))
+
+
+# ------------------------------------------------------------------ checks
+def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None) -> list[str]:
+    """What is wrong with the run the plan made (nothing: an empty list)."""
+    problems = [f"thread {name} raised {exc!r}" for name, exc in sim.errors]
+    if outcome.state == "hung":
+        problems.append(f"the run hung: {outcome.reason}")
+        return problems
+    if outcome.state != "completed":
+        problems.append(f"the run did not complete: {outcome.reason}")
+        return problems
+    plan = outcome.plan
+    shape = RunShape(plan.rounds, LETTERS_UNITS, plan.mode,
+                     LETTERS_UNITS if plan.mode != "buffered" else -(-LETTERS_UNITS // 2) * 2)
+    ledger = audit(world.workdir / "runs.db", f"sim{plan.seed}", shape)
+    problems += [f"ledger: {c.name}: {c.detail}" for c in ledger.checks if not c.ok]
+    if reference and plan.deterministic and outcome.weights != reference:
+        problems.append(f"the final weights {outcome.weights[:12]} differ from the run "
+                        f"without faults ({reference[:12]})")
+    if outcome.incarnations == 1:  # a resumed run's engine counted only its own part
+        problems += node_counts(world, f"sim{plan.seed}")
+    return problems
+
+
+def node_counts(world: World, run_id: str) -> list[str]:
+    """Each node's counters in the engine (the run's result) against its row in the store."""
+    counted = {n.node: n for n in world.result.nodes}
+    db = sqlite3.connect(world.workdir / "runs.db")
+    try:
+        rows = db.execute("SELECT node, accepted, rejected, failed, cancelled, samples "
+                          "FROM nodes WHERE run_id = ?", (run_id,)).fetchall()
+    finally:
+        db.close()
+    problems = []
+    for node, *stored in rows:
+        summary = counted.get(node)
+        if summary is None:
+            continue
+        engine = [summary.accepted, summary.rejected, summary.failed, summary.cancelled,
+                  summary.samples]
+        if engine != stored:
+            problems.append(f"node {node}: the engine counted accepted, rejected, failed, "
+                            f"cancelled, samples {engine}, the store {stored}")
+    return problems
 
 
 def weights_digest(weights: dict[str, Any]) -> str:
