@@ -427,8 +427,9 @@ class RunStore:
         The run is running again; rounds after `from_round` lose their metrics and their
         units go back to pending (an event says why): results of those rounds died with
         the coordinator and were never applied to the checkpoint's weights, so they are
-        done again, once, and the attempts that had brought them are stale. This is the one move out of a settled status. ``rounds``: the
-        run's new length when it is extended, the only way to take up a completed run.
+        done again, once, and the attempts that had brought them are stale. This is the
+        one move out of a settled status. ``rounds``: the run's new length when it is
+        extended, the only way to take up a completed run.
         Returns how many units were reopened."""
         now = self._clock()
         reason = f"reopened: the run resumed from its checkpoint of round {from_round}"

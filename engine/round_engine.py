@@ -39,7 +39,7 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import NodeGate, NodeMinimum
 from engine.policies import Policy
 from engine.progress import RunProgress
-from engine.round_state import WAIT_STEP_SECONDS, RoundOutcome, RoundState, Unit
+from engine.round_state import WAIT_STEP_SECONDS, RoundFailed, RoundOutcome, RoundState, Unit
 from engine.stream_state import RoundEnd, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import (
@@ -75,14 +75,6 @@ class EngineSettings:
     min_nodes: int = 1  # fewer answering nodes: pause (pause_below_min) or fail after grace
     pause_below_min: bool = False
     max_pause: float = 600.0  # longest pause before the run fails
-
-
-class RoundFailed(Exception):
-    """The round cannot finish: no node reachable, or every unit failed."""
-
-    def __init__(self, message: str, nodes_tried: list[str]) -> None:
-        super().__init__(message)
-        self.nodes_tried = nodes_tried
 
 
 class RunCancelledError(Exception):

@@ -23,6 +23,15 @@ log = logging.getLogger("coordinator.engine")
 WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
 
 
+class RoundFailed(Exception):
+    """The round (or an asynchronous run's stream) cannot finish: no node reachable, or
+    every unit failed."""
+
+    def __init__(self, message: str, nodes_tried: list[str]) -> None:
+        super().__init__(message)
+        self.nodes_tried = nodes_tried
+
+
 @dataclass
 class RoundOutcome:
     """What a round produced: its accepted results in unit order, and its failed units."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from engine import runtime
 from engine.ledger import UnitLedger
-from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Unit
+from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, RoundFailed, Unit
 from engine.tasks import TaskResult
 from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
@@ -133,6 +133,8 @@ class StreamState(AttemptBook):
         self._buffer: list[tuple[UnitResult, float]] = []
         self._tally = _RoundTally()
         self._done_in_pass = 0
+        self._pass_size = 1  # units a pass plans (known once one starts)
+        self._discarded_in_a_row = 0  # units discarded since a result was last kept
         self.round_end: RoundEnd | None = None  # written by the run, then round_written()
         self.pass_index = 0
         if position is not None:
@@ -148,7 +150,9 @@ class StreamState(AttemptBook):
     def _start_pass(self) -> None:
         self.pass_index += 1
         self._done_in_pass = 0
-        self._enqueue(self.pass_index, self._plan_pass(self.pass_index))
+        specs = self._plan_pass(self.pass_index)
+        self._pass_size = max(1, len(specs))
+        self._enqueue(self.pass_index, specs)
 
     def _enqueue(self, pass_index: int, specs: list[UnitSpec]) -> None:
         for spec in specs:
@@ -224,10 +228,19 @@ class StreamState(AttemptBook):
 
     # --------------------------------------------------------------- attempts
     def _after_failure(self, unit: Unit) -> None:
-        """A unit discarded after its failures is done with for this pass."""
-        if unit.discarded:
+        """A unit discarded after its failures is done with for this pass. A pass's worth
+        of units discarded one after another with no result kept between them means that
+        no result will ever be kept (every node's is refused, say): the stream fails then,
+        as a round whose every unit failed does, instead of passing over the data for
+        ever."""
+        if unit.discarded and unit in self.units:  # (once: a unit fails no more after)
             self._settle(unit)
             self._tally.discarded.append(unit.spec.unit_id)
+            self._discarded_in_a_row += 1
+            if self._discarded_in_a_row >= self._pass_size and self.fatal is None:
+                self.fail(RoundFailed(
+                    f"the last {self._discarded_in_a_row} units (a pass over the data) all "
+                    f"failed and no result was kept; last error: {self.last_error}", []))
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
                  node: str | None = None, on_kept: Callable[[], None] | None = None,
@@ -253,6 +266,7 @@ class StreamState(AttemptBook):
                 return False
             unit.done = True
             self._settle(unit)
+            self._discarded_in_a_row = 0
             if on_kept is not None:
                 on_kept()
             if isinstance(unit, StreamUnit) and unit.pass_index == self.pass_index:

@@ -29,6 +29,9 @@ import random
 from dataclasses import asdict, dataclass, field
 
 MODES = ("sync", "async", "buffered")
+# The model's seed, the same in every plan: a deterministic run's weights then depend on
+# its settings alone, so one run without faults is the reference of every such plan.
+RUN_SEED = 1
 MAX_EVENTS = 6
 NODE_FAULTS = ("crash", "hang", "slow", "reject", "corrupt", "lose", "partition", "leave")
 ENDS = {"crash": "restart", "hang": "release", "partition": "heal", "leave": "join"}
@@ -77,11 +80,16 @@ class Plan:
         delta averaging, in small rounds (one epoch a unit)."""
         sets = ["run.algorithm=delta_avg", "run.model=mlp", "run.dataset=letters",
                 f"run.rounds={self.rounds}", f"delta_avg.epochs={self.epochs}",
-                "delta_avg.hidden=[20]", "delta_avg.eta=0.001", f"run.seed={self.seed}",
+                "delta_avg.hidden=[20]", "delta_avg.eta=0.0001", f"run.seed={RUN_SEED}",
                 f"schedule.mode={self.mode}", "outputs.checkpoint_every=1"]
         if self.mode == "buffered":
             sets.append("schedule.buffer_size=2")
         return sets
+
+    def reference_key(self) -> tuple[str, ...]:
+        """What a deterministic run's final weights depend on: its settings (not its nodes,
+        policy, schedule of events or the seed of its scheduler)."""
+        return tuple(self.settings())
 
     def without_events(self) -> Plan:
         """The same run with nothing going wrong (its weights are the reference)."""

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator import run_folder
 from coordinator.records import RunRequest
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunStore
@@ -86,11 +87,11 @@ def simulate(plan: Plan, reference: str | None = None, workdir: Path | None = No
         with tempfile.TemporaryDirectory(prefix="sim-") as tmp:
             return simulate(plan, reference, Path(tmp))
     if reference is None and plan.deterministic and plan.events:
-        reference = simulate(plan.without_events(), "").weights
+        reference = reference_weights(plan)
     outcome = Outcome(plan)
     sim = SimRuntime(plan.seed)
     world = World(plan, sim, workdir)
-    with strict_ledger(), runtime.installed(sim):
+    with strict_ledger(), no_curves(), runtime.installed(sim):
         try:
             sim.run(lambda: world.drive(outcome), MAX_VIRTUAL_SECONDS)
         except SimHang as exc:
@@ -99,6 +100,20 @@ def simulate(plan: Plan, reference: str | None = None, workdir: Path | None = No
     outcome.virtual_seconds = sim.now
     outcome.problems += check(outcome, world, sim, reference)
     return outcome
+
+
+_REFERENCES: dict[tuple[str, ...], str] = {}
+
+
+def reference_weights(plan: Plan) -> str:
+    """The final weights of the plan's run without events (once per process and settings)."""
+    key = plan.reference_key()
+    if key not in _REFERENCES:
+        clean = simulate(plan.without_events(), "")
+        if clean.failed:
+            raise RuntimeError(f"the run without faults failed: {clean.problems}")
+        _REFERENCES[key] = clean.weights
+    return _REFERENCES[key]
 
 
 @contextlib.contextmanager
@@ -113,6 +128,18 @@ def strict_ledger() -> Iterator[None]:
             os.environ.pop(STRICT_ENV, None)
         else:
             os.environ[STRICT_ENV] = before
+
+
+@contextlib.contextmanager
+def no_curves() -> Iterator[None]:
+    """The run folder's curves are not drawn: the simulator checks the training and its
+    ledger, not pictures, and drawing them is most of a small run's time."""
+    drawn = run_folder.save_curves
+    run_folder.save_curves = lambda rows, path: None
+    try:
+        yield
+    finally:
+        run_folder.save_curves = drawn
 
 
 class FailingStore(RunStore):

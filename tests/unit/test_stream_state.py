@@ -14,7 +14,7 @@ from engine.ledger import UnitLedger
 from engine.policies import RoundRobinPolicy
 from engine.progress import RunProgress
 from engine.records import RoundMetrics
-from engine.round_engine import EngineSettings, RoundEngine
+from engine.round_engine import EngineSettings, RoundEngine, RoundFailed
 from engine.stream_state import StreamPosition, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import DEFAULT_FILTERS
@@ -170,6 +170,31 @@ def test_a_unit_is_discarded_for_its_pass_after_its_failures():
         state.end_attempt(unit, attempt)
         assert state.record_failure(unit, "boom", max_failures=2) == (attempt == 2)
     assert unit not in state.units and unit.discarded
+
+
+def discard(state: StreamState, unit, why: str = "refused: update norm 10.85 is 84x") -> None:
+    attempt = state.start_attempt(unit, NODE)
+    state.end_attempt(unit, attempt)
+    assert state.record_failure(unit, why, max_failures=1)
+    state.release(unit)
+
+
+def test_a_pass_worth_of_units_discarded_in_a_row_fails_the_stream_saying_why():
+    """Every result refused (a model that diverged, say): the run ends with a reason
+    instead of passing over the data for ever."""
+    state = stream(ScheduleSettings(mode="async"), updates_per_round=100)
+    for _ in range(2):
+        discard(state, take(state))
+    assert state.fatal is None
+    finish(state, take(state), result(0))  # a result kept: the count starts again
+    discard(state, take(state))  # pass 2's first unit
+    discard(state, take(state))
+    assert state.fatal is None
+    discard(state, take(state))  # three in a row: a pass's worth
+    assert isinstance(state.fatal, RoundFailed)
+    assert str(state.fatal) == ("the last 3 units (a pass over the data) all failed and no "
+                                "result was kept; last error: refused: update norm 10.85 is "
+                                "84x")
 
 
 def test_no_more_units_go_out_than_max_in_flight():

@@ -8,6 +8,7 @@ without any visible symptom.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -33,8 +34,18 @@ def load_letters(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     Blank lines are skipped and a last row without a newline is kept. Features may be any
     finite number (the shipped data holds integers 0..15, but nothing in the maths needs
-    that); labels must be integers 0..25.
+    that); labels must be integers 0..25. A file read before and unchanged since (same
+    size and modification time) is not parsed again: a node reads its units' files every
+    round. The arrays are the caller's own.
     """
+    stat = os.stat(path)
+    features, labels = _parsed(os.fspath(path), stat.st_size, stat.st_mtime_ns)
+    return features.copy(), labels.copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, size: int, mtime_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """The parsed file (size and time are the cache's key: a changed file is read again)."""
     rows = _data_lines(path)
     if not rows:
         raise DataFormatError(path, 1, "no data rows")
