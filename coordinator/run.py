@@ -125,7 +125,7 @@ class Run:
         units_per_round = (self._updates_per_round * self.schedule.results_per_version
                            if self.schedule.asynchronous else self.algorithm.quorum(planned))
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
-                                    lambda: [n.summary() for n in self.nodes + self.left_out])
+                                    self._nodes.summaries)
         self.progress.mode = self.schedule.mode
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
@@ -278,6 +278,7 @@ class Run:
                     history.append(metrics)
         finally:
             heartbeats.stop()
+        engine.log.stop_counting()  # the node table below is the run's final one
         for node in self.nodes:  # relays' members as they end the run, not a ping ago
             node.refresh_group()
         model_path = self.folder.finish(weights, json.loads(self._config_json))
@@ -286,7 +287,7 @@ class Run:
         return RunOutcome(
             run_id=self.run_id, validation_error=history[-1].validation_error,
             rounds=len(history), wall_seconds=self.progress.elapsed(), history=history,
-            nodes=[n.summary() for n in self.nodes + self.left_out], weights=weights,
+            nodes=self._nodes.summaries(), weights=weights,
             model_json=json.dumps(self.algorithm.model_description()),
             run_dir=str(self.run_dir.resolve()),
             **self._payload_summary(),

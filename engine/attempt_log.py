@@ -5,13 +5,16 @@ unit and attempt status: what a resume, `client.py status` after a restart and t
 check read), the run's live counters (`RunProgress`: the status call and the final
 summary) and the node's counters (`NodeCounts`: the node tables). The engine reports each
 event once, here, as an `AttemptEnd`; the ledger status and the counter it moves both
-follow from it, so the three cannot drift apart.
+follow from it, so the three cannot drift apart. Node answers count until the run has
+ended (`stop_counting`): a straggler's answer after that is in neither the run's final
+node table nor the store's, which then agree.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
+from engine import runtime
 from engine.ledger import UnitLedger
 from engine.nodes.pool import NodeHandle
 from engine.progress import RunProgress
@@ -43,6 +46,8 @@ class AttemptLog:
     def __init__(self, ledger: UnitLedger, progress: RunProgress) -> None:
         self.ledger = ledger
         self.progress = progress
+        self._counting = True
+        self._count_lock = runtime.Lock()  # a node's counters and the store's move together
 
     def started(self, round_index: int, unit_id: str, attempt: int, node: NodeHandle) -> None:
         """An attempt is out on ``node``."""
@@ -52,14 +57,24 @@ class AttemptLog:
 
     def answered(self, node: NodeHandle, result: TaskResult, seconds: float) -> None:
         """``node`` answered (any status): its counters and the ledger's node table."""
-        node.finished(result, seconds)
-        self.ledger.node_answer(node.name, result.status.value, result.delay_seconds > 0,
-                                result.num_samples)
+        with self._count_lock:
+            node.finished(result, seconds, counted=self._counting)
+            if self._counting:
+                self.ledger.node_answer(node.name, result.status.value,
+                                        result.delay_seconds > 0, result.num_samples)
 
     def failed_call(self, node: NodeHandle, seconds: float, bench: bool, reason: str) -> None:
         """A call to ``node`` failed (no answer, or one refused as wrong)."""
-        node.failed(seconds, bench=bench)
-        self.ledger.node_failure(node.name, reason)
+        with self._count_lock:
+            node.failed(seconds, bench=bench, counted=self._counting)
+            if self._counting:
+                self.ledger.node_failure(node.name, reason)
+
+    def stop_counting(self) -> None:
+        """The run has ended: answers from now on are not counted (see the module's
+        docstring); the node table read after this is final."""
+        with self._count_lock:
+            self._counting = False
 
     def ended(self, round_index: int, unit_id: str, attempt: int, node: NodeHandle,
               end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:

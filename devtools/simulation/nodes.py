@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class SimNode:
     pull: bool = False
     faults: Faults = field(default_factory=Faults)
     units_done: int = 0
+    lives: int = 0  # how many times its process died: a new life is a new process
 
     def __post_init__(self) -> None:
         # One unit at a time, as a node computes them. Not a lock: a call whose caller's
@@ -105,6 +107,12 @@ class SimNode:
 
     def reachable(self) -> bool:
         return not (self.faults.crashed or self.faults.partitioned)
+
+    def die(self) -> None:
+        """Its process ends (a crash, or it left): it refuses connections until it
+        starts again as a new process."""
+        self.faults.crashed = True
+        self.lives += 1
 
     # -------------------------------------------------------------- the maths
     def compute(self, request: ttypes.WorkRequest, call: Call) -> ttypes.TrainResult:
@@ -264,41 +272,63 @@ def pushed_handle(node: SimNode) -> NodeHandle:
 
 
 # ------------------------------------------------------------------ pull nodes
-def pull_worker(node: SimNode, membership: Membership, heartbeat_seconds: float) -> None:
+@dataclass
+class Registration:
+    """A pull node process's registration: the name and secret its calls carry."""
+
+    name: str
+    secret: str
+    life: int  # the node's process that registered (SimNode.lives)
+    silent: Any  # an event: set when this registration's heartbeats must stop
+
+
+def pull_worker(node: SimNode, coordinator: Callable[[], Membership],
+                heartbeat_seconds: float) -> None:
     """A pull node's life: register, then lease, compute and submit, with heartbeats in a
-    thread of its own; cut off (crashed, partitioned), it falls silent, and registers again
-    once it is back, as a restarted node does."""
+    thread of its own. As the node's process does, it keeps its registration while cut
+    off (a partition), registers anew once restarted (a new process) and registers again
+    when the coordinator does not know it (the coordinator restarted, or the node left).
+    ``coordinator`` gives the current coordinator process's membership."""
+    registration: Registration | None = None
     while True:
-        if not node.reachable():
+        if not node.reachable() or node.faults.hung:
             runtime.sleep(POLL_SECONDS)
             continue
-        registered = membership.register(ttypes.RegisterRequest(
-            protocol_version=PROTOCOL_VERSION, node_id=node.name, pull=True))
-        name, secret = registered.node, registered.secret
-        node.sim.note("registered", name)
-        silent = runtime.Event()
-        runtime.start_thread(_heartbeats, f"{name}-heartbeats",
-                             args=(node, membership, name, secret, heartbeat_seconds, silent))
-        try:
-            _lease_until_cut_off(node, membership, name, secret)
-        finally:
-            silent.set()
+        if registration is None or registration.life != node.lives:
+            registration = _register(node, coordinator(), heartbeat_seconds)
+        if not _lease_until_cut_off(node, coordinator(), registration):
+            registration.silent.set()  # not known: its next lease registers again
+            registration = None
 
 
-def _lease_until_cut_off(node: SimNode, membership: Membership, name: str,
-                         secret: str) -> None:
-    while node.reachable():
+def _register(node: SimNode, membership: Membership, heartbeat_seconds: float) -> Registration:
+    registered = membership.register(ttypes.RegisterRequest(
+        protocol_version=PROTOCOL_VERSION, node_id=node.name, pull=True))
+    node.sim.note("registered", registered.node, node.lives)
+    registration = Registration(registered.node, registered.secret, node.lives,
+                                runtime.Event())
+    runtime.start_thread(_heartbeats, f"{registered.node}-heartbeats",
+                         args=(node, membership, registration, heartbeat_seconds))
+    return registration
+
+
+def _lease_until_cut_off(node: SimNode, membership: Membership,
+                         registration: Registration) -> bool:
+    """Lease, compute and submit while the node's process lives and reaches the
+    coordinator; False once the coordinator does not know the registration."""
+    name, secret = registration.name, registration.secret
+    while node.reachable() and not node.faults.hung and registration.life == node.lives:
         lease = membership.lease(ttypes.LeaseRequest(
             protocol_version=PROTOCOL_VERSION, node=name, secret=secret, wait_seconds=2.0))
         if not lease.known:
-            return
+            return False
         if lease.work is None:
             continue
         work = lease.work
         key = (work.run_id, work.unit_id, work.attempt)
         result = node.compute(work, Call())
-        if not node.reachable():
-            return  # the result is lost with the connection
+        if not node.reachable() or registration.life != node.lives:
+            return True  # the result is lost with the connection (or the process)
         if node.faults.lose_replies:
             node.faults.lose_replies -= 1
             node.sim.note("lost reply", name, *key)
@@ -311,14 +341,17 @@ def _lease_until_cut_off(node: SimNode, membership: Membership, name: str,
             node.faults.duplicate_replies -= 1
             answers.append(membership.submit(submit).accepted)
         node.sim.note("submitted", name, *key, *answers)
+    return True
 
 
-def _heartbeats(node: SimNode, membership: Membership, name: str, secret: str,
-                seconds: float, silent: Any) -> None:
-    while not silent.wait(seconds):
+def _heartbeats(node: SimNode, membership: Membership, registration: Registration,
+                seconds: float) -> None:
+    """Until the registration ends or its process dies; none while cut off or hung."""
+    while not registration.silent.wait(seconds) and registration.life == node.lives:
         if node.reachable() and not node.faults.hung:
             membership.heartbeat(ttypes.HeartbeatRequest(
-                protocol_version=PROTOCOL_VERSION, node=name, secret=secret, units_running=0))
+                protocol_version=PROTOCOL_VERSION, node=registration.name,
+                secret=registration.secret, units_running=0))
 
 
 def _answer(outcome: int, node: str, message: str) -> ttypes.TrainResult:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 MODES = ("sync", "async", "buffered")
 # The model's seed, the same in every plan: a deterministic run's weights then depend on
@@ -65,6 +65,9 @@ class Plan:
     epochs: int = 1
     policy: int = 2
     events: list[Event] = field(default_factory=list)
+    eta: float = 0.0001  # the learning rate: a stable one (a kept plan may raise it)
+    # A kept plan whose run must fail: what the reason says (empty: it must complete)
+    expect_failure: str = ""
 
     @property
     def deterministic(self) -> bool:
@@ -80,7 +83,7 @@ class Plan:
         delta averaging, in small rounds (one epoch a unit)."""
         sets = ["run.algorithm=delta_avg", "run.model=mlp", "run.dataset=letters",
                 f"run.rounds={self.rounds}", f"delta_avg.epochs={self.epochs}",
-                "delta_avg.hidden=[20]", "delta_avg.eta=0.0001", f"run.seed={RUN_SEED}",
+                "delta_avg.hidden=[20]", f"delta_avg.eta={self.eta:g}", f"run.seed={RUN_SEED}",
                 f"schedule.mode={self.mode}", "outputs.checkpoint_every=1"]
         if self.mode == "buffered":
             sets.append("schedule.buffer_size=2")
@@ -93,15 +96,22 @@ class Plan:
 
     def without_events(self) -> Plan:
         """The same run with nothing going wrong (its weights are the reference)."""
-        return Plan(self.seed, self.mode, self.pushed, self.pulled, self.rounds, self.epochs,
-                    self.policy, [])
+        return replace(self, events=[])
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+    def to_json(self, found: str | None = None) -> str:
+        """The plan as JSON; ``found``: what it made fail, kept with a regression plan."""
+        raw = asdict(self)
+        if found is not None:
+            raw = {"found": found, **raw}
+        return json.dumps(raw, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """A plan from `to_json`'s text (what it once made fail, if kept, is ignored)."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("a plan is a JSON object")
+        raw.pop("found", None)
         raw["events"] = [Event(**event) for event in raw.get("events", [])]
         return cls(**raw)
 

@@ -174,9 +174,11 @@ class World:
     # ------------------------------------------------------------- the run
     def drive(self, outcome: Outcome) -> None:
         self._build_nodes()
-        self.sim.start_thread(self._chaos, "chaos")
         while True:
             self._start_coordinator()
+            if self.incarnation == 1:  # the nodes start once the coordinator is up
+                self._start_pull_nodes()
+                self.sim.start_thread(self._chaos, "chaos")
             self.run_ended.wait()
             outcome.incarnations = self.incarnation
             if self.result is not None:
@@ -205,6 +207,8 @@ class World:
         self.incarnation += 1
         self.result, self.error, self.killed = None, None, False
         self.run_ended = runtime.Event()
+        if self.plan.pulled:  # registrations live in the coordinator's process
+            self.membership = Membership(heartbeat_seconds=HEARTBEAT_SECONDS)
         self.sim.start_thread(self._coordinator, self._owner, owner=self._owner)
 
     def _coordinator(self) -> None:
@@ -248,16 +252,13 @@ class World:
         for index in range(plan.nodes):
             self.nodes.append(SimNode(f"n{index}", index, DEFAULT_DATA_ROOT, self.sim,
                                       pull=index >= plan.pushed))
-        if plan.pulled:
-            self.membership = Membership(heartbeat_seconds=HEARTBEAT_SECONDS)
-            for node in self.nodes:
-                if node.pull:
-                    self._start_pull(node)
 
-    def _start_pull(self, node: SimNode) -> None:
-        self.sim.start_thread(pull_worker, f"pull-{node.name}",
-                              args=(node, self.membership, HEARTBEAT_SECONDS),
-                              owner=f"node-{node.name}")
+    def _start_pull_nodes(self) -> None:
+        for node in self.nodes:
+            if node.pull:
+                self.sim.start_thread(pull_worker, f"pull-{node.name}",
+                                      args=(node, lambda: self.membership, HEARTBEAT_SECONDS),
+                                      owner=f"node-{node.name}")
 
     def _chaos(self) -> None:
         for event in self.plan.events:
@@ -276,8 +277,10 @@ class World:
             return
         node = self.nodes[event.node]
         faults = node.faults
-        if event.kind in ("crash", "restart"):
-            faults.crashed = event.kind == "crash"
+        if event.kind == "crash":
+            node.die()
+        elif event.kind == "restart":
+            faults.crashed = False
         elif event.kind in ("hang", "release"):
             faults.hung = event.kind == "hang"
         elif event.kind in ("partition", "heal"):
@@ -296,18 +299,16 @@ class World:
             self._leave_or_join(node, event.kind)
 
     def _leave_or_join(self, node: SimNode, kind: str) -> None:
-        if not node.pull:  # a pushed node's process stops, or starts again
-            node.faults.crashed = kind == "leave"
+        if kind == "join":
+            node.faults.crashed = False  # its process starts again (a pull node registers)
             return
-        if kind == "leave":
-            node.faults.crashed = True  # its worker stops leasing
+        node.die()
+        if node.pull:  # it says goodbye first
             for member in self.membership.members():
                 if member.name == f"pull:{node.name}":
                     self.membership.leave(ttypes.LeaveRequest(
                         protocol_version=PROTOCOL_VERSION, node=member.name,
                         secret=member.secret))
-        else:
-            node.faults.crashed = False  # it registers again
 
     # ------------------------------------------------------------- settings
     def _settings(self) -> CoordinatorSettings:
@@ -336,6 +337,12 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
     problems = [f"thread {name} raised {exc!r}" for name, exc in sim.errors]
     if outcome.state == "hung":
         problems.append(f"the run hung: {outcome.reason}")
+        return problems
+    expected = outcome.plan.expect_failure
+    if expected:
+        if outcome.state != "failed" or expected not in outcome.reason:
+            problems.append(f"the run should have failed saying {expected!r}; it "
+                            f"{outcome.state}: {outcome.reason}")
         return problems
     if outcome.state != "completed":
         problems.append(f"the run did not complete: {outcome.reason}")

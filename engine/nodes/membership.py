@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import runtime
-from engine.nodes.errors import AttemptAborted
+from engine.nodes.errors import NodeUnavailable
 from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, Liveness
 from engine.nodes.nodes_file import NodeAddress
 from wire.chunks import limit_text, size_text
@@ -56,7 +56,9 @@ class Pending:
     done: runtime.EventLike = field(default_factory=runtime.Event)
     result: Any = None  # a TrainResult, or a call's encoded answer
     error: str | None = None  # the node could not run it (InvalidRequest)
-    failure: str | None = None  # given up: lease expired, node left or dead
+    failure: str | None = None  # given up once leased: lease expired, node left or dead
+    # given up before the node leased it (it left, or never asked): not the unit's failure
+    unreached: str | None = None
     unfit: str | None = None  # the node cannot take it (too big for it): leave it out
 
 
@@ -75,7 +77,7 @@ class Mailbox:
         pending = Pending(request, call)
         with self._cond:
             if self.closed:
-                raise AttemptAborted("the pull node left")
+                raise NodeUnavailable("the pull node left")
             self._queue.append(pending)
             self._cond.notify_all()
         return pending
@@ -83,7 +85,7 @@ class Mailbox:
     def lease(self, wait_seconds: float, max_bytes: int | None = None) -> Pending | None:
         """The next unit or call, leased; a unit whose request is over `max_bytes` (the
         largest message the node takes) is not leased but ends as unfit for the node."""
-        deadline = runtime.monotonic() + max(0.0, min(wait_seconds, MAX_LEASE_WAIT_SECONDS))
+        deadline = runtime.monotonic() + _lease_wait(wait_seconds)
         with self._cond:
             while not self._queue and not self.closed:
                 remaining = deadline - runtime.monotonic()
@@ -115,11 +117,15 @@ class Mailbox:
         With a reason it is a failure; without, the unit ends with the result it has."""
         key = key_of(pending)
         with self._cond:
-            if pending in self._queue:
+            queued = pending in self._queue
+            if queued:
                 self._queue.remove(pending)
             elif self._leased.pop(key, None) is not None and pending.request is not None:
                 self._cancel.append(key)
-        pending.failure = pending.failure or reason
+        if queued and reason:
+            pending.unreached = pending.unreached or reason
+        else:
+            pending.failure = pending.failure or reason
         pending.done.set()
 
     def cancels(self) -> list[str]:
@@ -130,13 +136,21 @@ class Mailbox:
     def close(self, reason: str) -> None:
         with self._cond:
             self.closed = True
-            pendings = list(self._queue) + list(self._leased.values())
+            queued, leased = list(self._queue), list(self._leased.values())
             self._queue.clear()
             self._leased.clear()
             self._cond.notify_all()
-        for pending in pendings:
+        for pending in queued:
+            pending.unreached = reason
+            pending.done.set()
+        for pending in leased:
             pending.failure = reason
             pending.done.set()
+
+
+def _lease_wait(asked: float) -> float:
+    """How long a lease call waits for work: as asked, within the coordinator's bound."""
+    return max(0.0, min(asked, MAX_LEASE_WAIT_SECONDS))
 
 
 def _too_big(pending: Pending, max_bytes: int | None) -> str | None:
@@ -167,6 +181,9 @@ class Member:
     liveness: Liveness
     mailbox: Mailbox | None
     secret: str = field(default_factory=lambda: runtime.token_hex(16))
+    # When its lease call in progress ends at the latest: that call's end counts as hearing
+    # from the node, even one that died during it.
+    polling_until: float = 0.0
 
     def holds(self, secret: str | None) -> bool:
         """Whether a call carrying ``secret`` comes from this registration."""
@@ -204,7 +221,13 @@ class Membership:
     def _wait_until_free(self, name: str) -> None:
         """Wait, up to the suspect time, until no live node holds ``name``; MemberError
         if one still does (two nodes with one id, or another node posing as it)."""
-        deadline = runtime.monotonic() + self.suspect_seconds
+        now, old = runtime.monotonic(), self.get(name)
+        # A node that died in a lease call is heard once more as the call ends: a restart
+        # that registers sooner waits that call out too (at most MAX_LEASE_WAIT_SECONDS).
+        polling = max(0.0, old.polling_until - now) if old is not None else 0.0
+        if polling:
+            polling += REGISTER_POLL_SECONDS  # the call ends a moment after its wait
+        deadline = now + self.suspect_seconds + polling
         while True:
             old = self.get(name)
             if old is None or old.liveness.state() != "alive":
@@ -245,6 +268,7 @@ class Membership:
         if member is None or member.mailbox is None:
             return ttypes.LeaseResult(known=False)
         member.liveness.heard()
+        member.polling_until = runtime.monotonic() + _lease_wait(request.wait_seconds)
         pending = member.mailbox.lease(request.wait_seconds, request.max_message_bytes)
         member.liveness.heard()
         if pending is None:

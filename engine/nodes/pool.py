@@ -107,11 +107,14 @@ class NodeHandle:
         with self._lock:
             self.in_flight += 1
 
-    def finished(self, result: TaskResult, seconds: float) -> None:
-        """Record an answer (any outcome): the node is alive, so it leaves the bench."""
+    def finished(self, result: TaskResult, seconds: float, counted: bool = True) -> None:
+        """Record an answer (any outcome): the node is alive, so it leaves the bench.
+        Not `counted`: an answer after the run's end, which its counters leave out."""
         with self._lock:
             self.in_flight -= 1
             self._bench_seconds = 0.0
+            if not counted:
+                return
             self.stats.busy_seconds += seconds
             self.stats.compute_seconds += result.compute_seconds
             self.stats.delay_seconds += result.delay_seconds
@@ -132,12 +135,13 @@ class NodeHandle:
                 self.stats.accepted += 1
                 self.stats.samples += result.num_samples
 
-    def failed(self, seconds: float, bench: bool) -> None:
+    def failed(self, seconds: float, bench: bool, counted: bool = True) -> None:
         """Record a failed call; a node that did not answer is benched with growing back-off."""
         with self._lock:
             self.in_flight -= 1
-            self.stats.failed += 1
-            self.stats.busy_seconds += seconds
+            if counted:
+                self.stats.failed += 1
+                self.stats.busy_seconds += seconds
             if bench:
                 self._bench_seconds = min(BENCH_MAX_SECONDS,
                                           max(BENCH_FIRST_SECONDS, self._bench_seconds * 2))

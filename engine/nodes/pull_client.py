@@ -111,6 +111,8 @@ class PullNodeClient(SessionRequests):
 def _raise_failure(pending: Pending) -> None:
     if pending.unfit:
         raise NodeUnfit(pending.unfit)
+    if pending.unreached:
+        raise NodeUnavailable(pending.unreached)
     if pending.failure:
         raise AttemptAborted(pending.failure)
     if pending.error:
@@ -125,6 +127,11 @@ class PullNodeHandle(NodeHandle):
         super().__init__(index, member.name, PullNodeClient(member, rpc_timeout))
         self.member = member
         self.liveness = member.liveness
+
+    def train(self, task: Task) -> TaskResult:
+        """The unit through the node's mailbox. The node is heard when it leases and
+        submits, not here: a unit the coordinator withdrew ends without a word from it."""
+        return self.client.train(task)
 
     def can_be_told(self) -> bool:
         """Its cancels go to its mailbox, which never blocks."""

@@ -19,6 +19,7 @@ from engine.nodes.nodes_file import NodeAddress, NodesFileError
 from engine.nodes.pool import NodeHandle
 from engine.nodes.pull_client import PullNodeHandle
 from engine.nodes.thrift_client import pushed_node
+from engine.records import NodeCounts, NodeSummary
 from wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.run")
@@ -47,6 +48,9 @@ class RunNodes:
             index, address, rpc_timeout, connect_timeout))
         self._next_index = 0
         self._registered_push: set[str] = set()  # push nodes that came by registering
+        # Handles of nodes that left the run (or registered again): what they did still
+        # counts for the node, by name, as the run store counts it.
+        self._departed: list[NodeHandle] = []
         self._add_addresses(addresses)
         self._add_members()
 
@@ -73,8 +77,20 @@ class RunNodes:
             self.nodes.remove(node)
             self.left_out.append(node)
 
+    def summaries(self) -> list[NodeSummary]:
+        """One summary per node that served the run: a node that left and came back (a
+        restarted pull node registers again and gets a new handle) shows all its units."""
+        by_name = {n.name: n.summary() for n in self.nodes + self.left_out}
+        for gone in self._departed:
+            summary = gone.summary()
+            if summary.node in by_name:
+                _add_counts(by_name[summary.node], summary)
+            else:
+                by_name[summary.node] = summary
+        return list(by_name.values())
+
     def close(self) -> None:
-        for node in self.nodes + self.left_out:
+        for node in self.nodes + self.left_out + self._departed:
             node.close()
 
     def _index(self) -> int:
@@ -102,7 +118,9 @@ class RunNodes:
         if self._membership is None:
             return
         current = {m.name: m for m in self._membership.members()}
-        self.nodes = [n for n in self.nodes if self._still_member(n, current)]
+        staying = [n for n in self.nodes if self._still_member(n, current)]
+        self._departed.extend(n for n in self.nodes if n not in staying)
+        self.nodes = staying
         known = {n.name for n in self.nodes + self.left_out}
         pulled = [PullNodeHandle(self._index(), m, self._rpc_timeout)
                   for m in current.values() if m.pull and m.name not in known]
@@ -120,6 +138,11 @@ class RunNodes:
             self._registered_push.discard(node.name)
             return False
         return True
+
+
+def _add_counts(total: NodeCounts, more: NodeCounts) -> None:
+    for name, value in more.count_fields().items():
+        setattr(total, name, getattr(total, name) + value)
 
 
 def _identity(address: NodeAddress) -> tuple[str, int]:

@@ -106,3 +106,22 @@ def test_attempts_out_when_the_run_ends_are_cancelled_with_it(recorded: Recorded
     assert (snapshot.in_flight, snapshot.cancelled) == (0, 2)
     statuses = [e.attempt_status for e in recorded.store.unit_history("r1", 1, "u1")]
     assert statuses.count("cancelled") == 2
+
+
+def test_answers_after_the_run_ended_are_in_neither_node_table(recorded: Recorded) -> None:
+    """A straggler answering after the run's final node table was taken would make the
+    store's table differ from it; neither counts it, and the node is not left in flight."""
+    attempts, node = recorded.attempts, recorded.node
+    for attempt in (1, 2, 3):
+        attempts.started(1, "u1", attempt, node)
+    done = TaskResult(status=TaskStatus.COMPLETED, update={}, num_samples=7, model_version=1)
+    attempts.answered(node, done, 0.1)
+    attempts.stop_counting()
+    attempts.answered(node, TaskResult(status=TaskStatus.CANCELLED, update={}, num_samples=0,
+                                       model_version=1), 0.1)
+    attempts.failed_call(node, 0.2, bench=False, reason="too late")
+    stored = {r.node: r for r in recorded.store.node_stats("r1")}[node.name]
+    counted = node.summary()
+    assert (counted.accepted, counted.cancelled, counted.failed, counted.samples) == (1, 0, 0, 7)
+    assert (stored.accepted, stored.cancelled, stored.failed, stored.samples) == (1, 0, 0, 7)
+    assert node.in_flight == 0

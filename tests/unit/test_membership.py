@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engine.nodes.errors import AttemptAborted
+from engine.nodes.errors import AttemptAborted, NodeUnavailable
 from engine.nodes.membership import Mailbox, MemberError, Membership
 from engine.nodes.pull_client import PullNodeHandle
 from engine.tasks import Task
@@ -89,6 +89,35 @@ def test_an_aborted_lease_fails_the_call_and_the_node_hears_to_stop() -> None:
         result=done(), secret=member.secret)).accepted  # too late: the unit went elsewhere
 
 
+def test_a_unit_the_coordinator_cancels_is_not_a_word_from_the_node() -> None:
+    membership = Membership()
+    name, member = pull_member(membership)
+    handle = PullNodeHandle(0, member, rpc_timeout=5.0)
+    began = member.liveness.silent_seconds()
+    threading.Timer(0.3, lambda: handle.cancel("r1", "u1")).start()
+    assert handle.train(task()).status.name == "CANCELLED"
+    # a dead node's registration must not look alive because its units were cancelled
+    assert member.liveness.silent_seconds() >= began + 0.25
+
+
+def test_a_node_that_died_in_a_lease_call_can_register_again_at_once() -> None:
+    membership = Membership(suspect_seconds=0.2, dead_seconds=1.0)
+    name, member = pull_member(membership)
+    polling = threading.Thread(target=membership.lease, daemon=True, args=(
+        ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=0.4,
+                            secret=member.secret),))
+    polling.start()
+    threading.Event().wait(0.25)
+    membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
+                                                 units_running=0, secret=member.secret))
+    # ... and the node dies: its lease call ends (heard) with no one to answer it
+    threading.Event().wait(0.05)
+    # the restarted process, before that end: the end must not make the old one alive
+    again, restarted = pull_member(membership)
+    assert again == name and restarted.secret != member.secret
+    polling.join(5.0)
+
+
 def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
     membership = Membership()
     name, member = pull_member(membership)
@@ -100,17 +129,27 @@ def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
 
 
 def test_leaving_fails_what_the_node_held_and_forgets_it() -> None:
+    """The unit it leased fails; those still queued never reached it, which is the
+    node's doing, not theirs (they do not count towards discarding them), and so is a
+    unit sent after it left."""
     membership = Membership()
     name, member = pull_member(membership)
-    pending = member.mailbox.put(work())
+    held, queued = member.mailbox.put(work("u1")), member.mailbox.put(work("u2"))
+    membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=1.0,
+                                         secret=member.secret))
     assert membership.leave(ttypes.LeaveRequest(protocol_version=V, node=name,
                                                 secret=member.secret)).known
-    assert pending.done.is_set() and pending.failure == "the node left"
+    assert held.done.is_set() and held.failure == "the node left" and not held.unreached
+    assert queued.done.is_set() and queued.unreached == "the node left"
+    assert not queued.failure
     assert not membership.heartbeat(ttypes.HeartbeatRequest(
         protocol_version=V, node=name, units_running=0,
         secret=member.secret)).known  # register again
-    with pytest.raises(AttemptAborted):
-        member.mailbox.put(work("u2"))
+    with pytest.raises(NodeUnavailable, match="left"):
+        member.mailbox.put(work("u3"))
+    handle = PullNodeHandle(0, member, rpc_timeout=5.0)
+    with pytest.raises(NodeUnavailable, match="left"):
+        handle.train(task("u4"))
 
 
 def test_registrations_are_checked_and_push_nodes_give_an_address() -> None:
@@ -170,4 +209,4 @@ def test_a_live_nodes_id_cannot_be_registered_again_but_a_silent_ones_can() -> N
         beating.join(5.0)
     again, restarted = pull_member(membership)  # silent now: as a node that restarted
     assert again == name and restarted.secret != member.secret
-    assert pending.done.is_set() and "registered again" in pending.failure
+    assert pending.done.is_set() and "registered again" in pending.unreached
