@@ -96,7 +96,8 @@ def replay(plan: Plan) -> Outcome:
     print(f"trace {outcome.trace}")
     print(f"weights {outcome.weights or '-'}")
     print(f"{outcome.state} after {outcome.virtual_seconds:.1f} virtual seconds, "
-          f"{outcome.events} events, {outcome.incarnations} coordinator process(es)")
+          f"{outcome.events} events, {outcome.incarnations} coordinator process(es)"
+          + (f": {outcome.reason}" if outcome.state != "completed" else ""))
     for problem in outcome.problems:
         print(f"FAILED: {problem}")
     return outcome

@@ -7,7 +7,7 @@ the sources and holds them to it). In production the runtime is `SystemRuntime`:
 functions below are the standard library's, at the cost of one indirection. A simulation
 installs its own (`installed`): a virtual clock and a seeded scheduler that runs one
 thread at a time, so that one seed gives one exact sequence of events (see
-`engine/simulation/`).
+`devtools/simulation/`).
 
 Use it like the standard library::
 

@@ -113,7 +113,27 @@ class Plan:
             raise ValueError("a plan is a JSON object")
         raw.pop("found", None)
         raw["events"] = [Event(**event) for event in raw.get("events", [])]
-        return cls(**raw)
+        plan = cls(**raw)
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """ValueError naming what a plan (a hand-written one, say) gets wrong."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.pushed < 0 or self.pulled < 0 or self.nodes < 1:
+            raise ValueError("a plan needs at least one node (pushed + pulled)")
+        if self.rounds < 1 or self.epochs < 1:
+            raise ValueError("rounds and epochs must be at least 1")
+        kinds = set(NODE_FAULTS) | set(ENDS.values()) | set(COORDINATOR_FAULTS) | {"duplicate"}
+        for event in self.events:
+            if event.kind not in kinds:
+                raise ValueError(f"event {event}: no such kind; kinds: {', '.join(sorted(kinds))}")
+            if (event.node is None) != (event.kind in COORDINATOR_FAULTS):
+                raise ValueError(f"event {event}: node faults name a node, the coordinator's "
+                                 "do not")
+            if event.node is not None and not 0 <= event.node < self.nodes:
+                raise ValueError(f"event {event}: the plan has nodes n0..n{self.nodes - 1}")
 
     def __str__(self) -> str:
         nodes = f"{self.pushed} pushed + {self.pulled} pull nodes"

@@ -115,3 +115,23 @@ def test_a_kept_plan_whose_run_must_fail_checks_the_reason() -> None:
     assert diverging.expect_failure
     wrong = replace(diverging, expect_failure="some other reason")
     assert simulate(wrong).problems[0].startswith("the run should have failed saying")
+
+
+def test_the_script_explores_seeds_and_reports_plans_per_hour(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--plans",
+                          "4", "--start", "3", "--jobs", "2", "--save", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"plans 4 failed 0 plans/hour \d+", last), out.stdout
+    assert int(last.split()[-1]) > 0
+    assert not list(tmp_path.iterdir())  # nothing failed, nothing saved
+
+
+def test_the_script_says_what_is_wrong_with_a_plan_file(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"seed": 1, "mode": "sync", "events": [{"when": 3}]}')
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--plan",
+                          str(bad)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode != 0
+    assert f"cannot read the plan {bad}" in out.stderr
