@@ -129,7 +129,11 @@ class AttemptBook:
 
     def has_live_attempts(self) -> bool:
         with self._cond:
-            return any(u.started for u in self.units)
+            return any(u.started for u in self._attempt_holders())
+
+    def _attempt_holders(self) -> list[Unit]:
+        """The units whose attempts may be out (under the lock): all of a round's."""
+        return self.units
 
     def is_over(self, unit: Unit) -> bool:
         with self._cond:
@@ -152,7 +156,7 @@ class AttemptBook:
     def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
         """(unit, attempt, node, started) of every attempt out on a node."""
         with self._cond:
-            return [(unit, attempt, node, started) for unit in self.units
+            return [(unit, attempt, node, started) for unit in self._attempt_holders()
                     for attempt, (node, started) in unit.started.items()]
 
     def end_attempt(self, unit: Unit, attempt: int) -> None:
@@ -165,6 +169,9 @@ class AttemptBook:
         with self._cond:
             unit.failures += 1
             unit.last_error = self.last_error = reason
+            if unit.done:  # a leftover attempt of a unit already kept: nothing to redo
+                self._cond.notify_all()
+                return False
             used_up = unit.failures >= max_failures
             if used_up and not unit.started:
                 unit.discarded = True

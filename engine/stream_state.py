@@ -135,6 +135,7 @@ class StreamState(AttemptBook):
         self._done_in_pass = 0
         self._pass_size = 1  # units a pass plans (known once one starts)
         self._discarded_in_a_row = 0  # units discarded since a result was last kept
+        self._leftovers: list[StreamUnit] = []  # settled, with attempts still out
         self.round_end: RoundEnd | None = None  # written by the run, then round_written()
         self.pass_index = 0
         if position is not None:
@@ -144,6 +145,7 @@ class StreamState(AttemptBook):
     def _reopen(self, position: StreamPosition) -> None:
         """The units a checkpoint did not hold, queued again in pass order."""
         self.pass_index = position.pass_index
+        self._pass_size = max(1, len(self._plan_pass(self.pass_index)))  # a whole pass's
         for pass_index, spec in reopened(position, self._plan_pass):
             self._enqueue(pass_index, [spec])
 
@@ -281,6 +283,14 @@ class StreamState(AttemptBook):
     def _settle(self, unit: Unit) -> None:
         if unit in self.units:
             self.units.remove(unit)
+            if unit.started:  # attempts still out: reclaimed past their deadline as any
+                self._leftovers.append(unit)
+
+    def _attempt_holders(self) -> list[Unit]:
+        """Open units, and settled ones with attempts still out (a backup's loser whose
+        node hangs, say): an attempt that never ends would hold a worker for good."""
+        self._leftovers = [u for u in self._leftovers if u.started]
+        return self.units + self._leftovers
 
     # --------------------------------------------------------------- versions
     def _wait_for_round_written(self) -> None:

@@ -197,6 +197,33 @@ def test_a_pass_worth_of_units_discarded_in_a_row_fails_the_stream_saying_why():
                                 "84x")
 
 
+def test_a_resumed_stream_counts_a_whole_pass_not_what_was_left_of_it():
+    position = StreamPosition(2, {2: ("u2.p2",)})  # one unit of pass 2 left to do
+    state = stream(ScheduleSettings(mode="async"), position=position, updates_per_round=100)
+    discard(state, take(state))
+    discard(state, take(state))
+    assert state.fatal is None  # two failures: not yet a pass's worth (three)
+    discard(state, take(state))
+    assert isinstance(state.fatal, RoundFailed)
+
+
+def test_a_settled_units_leftover_attempt_stays_in_sight_until_it_ends():
+    """A unit kept from one attempt while another is still out (its node hung, or its
+    answer lost): the engine's reclaim must still see that attempt, or it would hold its
+    worker for good and, all workers held so, stall the stream."""
+    state = stream(ScheduleSettings(mode="async"))
+    unit = take(state)
+    leftover = state.start_attempt(unit, NODE)  # out, and never answers
+    assert finish(state, unit, result(0))  # another attempt's result is kept
+    assert unit not in state.units  # settled ...
+    assert [(u, a) for u, a, _, _ in state.live_attempts()] == [(unit, leftover)]  # ... seen
+    assert state.has_live_attempts()
+    assert state.record_failure(unit, "reclaimed", max_failures=1) is False  # kept: stays
+    assert not unit.discarded
+    state.end_attempt(unit, leftover)
+    assert state.live_attempts() == [] and not state.has_live_attempts()
+
+
 def test_no_more_units_go_out_than_max_in_flight():
     state = stream(ScheduleSettings(mode="async"), max_in_flight=2)
     take(state), take(state)
