@@ -66,6 +66,12 @@ class Plan:
     policy: int = 2
     events: list[Event] = field(default_factory=list)
     eta: float = 0.0001  # the learning rate: a stable one (a kept plan may raise it)
+    # A unit is discarded after this many failures (the engine's default is 3). A plan's
+    # faults can fail one unit three times by chance (its node dies mid-unit, then the
+    # next, then a corrupt result): discarding it is then the policy, not a defect, but it
+    # changes a sync run's weights. At 10, a discard means units failed far more often
+    # than a plan's faults explain (a kept plan may set the default).
+    max_unit_failures: int = 10
     # A kept plan whose run must fail: what the reason says (empty: it must complete)
     expect_failure: str = ""
 

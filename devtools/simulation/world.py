@@ -57,12 +57,6 @@ log = logging.getLogger("simulation")
 
 HEARTBEAT_SECONDS = 1.0  # the coordinator's and the pull nodes', as in production
 MAX_VIRTUAL_SECONDS = 3600.0  # a plan that has not ended by then has hung
-# A unit is discarded after this many failures (the engine's default is 3). A plan's faults
-# can fail one unit three times by chance (its node dies mid-unit, then the next, then a
-# corrupt result): discarding it then is the policy, not a defect, but it changes a sync
-# run's weights. Plans check that the engine loses and repeats nothing; at this bound a
-# discard means units failed far more often than a plan's faults can explain.
-MAX_UNIT_FAILURES = 10
 MAX_INCARNATIONS = 8  # coordinator processes a run may take (kills and store failures)
 LETTERS_UNITS = 11  # the letters data set's training files: units of a round
 
@@ -324,7 +318,7 @@ class World:
             seed=plan.seed, store_path=self.workdir / "runs.db",
             heartbeat_seconds=HEARTBEAT_SECONDS,
             engine=EngineSettings(deterministic=plan.deterministic, grace_seconds=300.0,
-                                  max_unit_failures=MAX_UNIT_FAILURES))
+                                  max_unit_failures=plan.max_unit_failures))
 
     def _dial(self, index: int, address: NodeAddress) -> NodeHandle:
         node = self.nodes[address.port - 10000]
