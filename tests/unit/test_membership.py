@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
+from engine import runtime
 from engine.nodes.errors import AttemptAborted, NodeUnavailable
 from engine.nodes.membership import Mailbox, MemberError, Membership
 from engine.nodes.pull_client import PullNodeHandle
@@ -13,6 +15,7 @@ from engine.tasks import Task
 from wire.generated import PROTOCOL_VERSION, ttypes
 
 V = PROTOCOL_VERSION
+FAR = 1e9  # a time to read silences at: equal readings mean no word in between
 
 
 def work(unit: str = "u1", attempt: int = 1) -> ttypes.WorkRequest:
@@ -93,29 +96,60 @@ def test_a_unit_the_coordinator_cancels_is_not_a_word_from_the_node() -> None:
     membership = Membership()
     name, member = pull_member(membership)
     handle = PullNodeHandle(0, member, rpc_timeout=5.0)
-    began = member.liveness.silent_seconds()
-    threading.Timer(0.3, lambda: handle.cancel("r1", "u1")).start()
+    last_word: list[float] = []
+
+    def node() -> None:  # leases the unit (a word from it), then the coordinator cancels
+        membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=5.0,
+                                             secret=member.secret))
+        last_word.append(member.liveness.silent_seconds(now=FAR))
+        handle.cancel("r1", "u1")
+
+    threading.Thread(target=node, daemon=True).start()
     assert handle.train(task()).status.name == "CANCELLED"
     # a dead node's registration must not look alive because its units were cancelled
-    assert member.liveness.silent_seconds() >= began + 0.25
+    assert member.liveness.silent_seconds(now=FAR) == last_word[0]
+
+
+class ManualClock(runtime.SystemRuntime):
+    """A clock that moves only when the code under test sleeps; `at` runs something when
+    it passes a time (what another thread would do then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self._due: list[tuple[float, Callable[[], None]]] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        self._due = sorted([*self._due, (when, action)], key=lambda due: due[0])
+
+    def sleep(self, seconds: float) -> None:
+        until = self.now + seconds
+        while self._due and self._due[0][0] <= until:
+            self.now, action = self._due.pop(0)
+            action()
+        self.now = until
 
 
 def test_a_node_that_died_in_a_lease_call_can_register_again_at_once() -> None:
-    membership = Membership(suspect_seconds=0.2, dead_seconds=1.0)
-    name, member = pull_member(membership)
-    polling = threading.Thread(target=membership.lease, daemon=True, args=(
-        ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=0.4,
-                            secret=member.secret),))
-    polling.start()
-    threading.Event().wait(0.25)
-    membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
-                                                 units_running=0, secret=member.secret))
-    # ... and the node dies: its lease call ends (heard) with no one to answer it
-    threading.Event().wait(0.05)
-    # the restarted process, before that end: the end must not make the old one alive
-    again, restarted = pull_member(membership)
+    clock = ManualClock()
+    with runtime.installed(clock):
+        membership = Membership(suspect_seconds=0.2, dead_seconds=1.0)
+        name, member = pull_member(membership)
+        member.mailbox.put(work())
+        membership.lease(ttypes.LeaseRequest(protocol_version=V, node=name, wait_seconds=0.4,
+                                             secret=member.secret))  # its call: to 0.4 s
+        clock.now = 0.3
+        membership.heartbeat(ttypes.HeartbeatRequest(protocol_version=V, node=name,
+                                                     units_running=0, secret=member.secret))
+        # ... and the node dies: its lease call ends (heard) with no one to answer it
+        clock.at(0.4, member.liveness.heard)
+        # the restarted process, before that end: the end must not make the old one alive
+        again, restarted = pull_member(membership)
     assert again == name and restarted.secret != member.secret
-    polling.join(5.0)
+    assert 0.4 < clock.now < 0.2 + 0.4 + 0.25 + 0.25  # waited the call out, and no more
 
 
 def test_a_pull_nodes_heartbeat_carries_the_progress_of_its_units() -> None:
