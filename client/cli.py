@@ -35,7 +35,7 @@ from client.model_commands import (
     is_generator,
     predict,
 )
-from client.session import Endpoint, attach, call, follow_training
+from client.session import Coordinators, Endpoint, attach, call, follow_training
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models.names import GAN_MODELS
 from training.outputs.model_file import save_model
@@ -213,8 +213,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_endpoint(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("coordinator_ip", help="host name or address of the coordinator")
-    parser.add_argument("port", type=arg_types.port, help="port of the coordinator")
+    parser.add_argument("coordinator_ip",
+                        help="host name or address of the coordinator; a leader and its "
+                             "standbys as a comma-separated list (h1,h2): the client follows "
+                             "whichever leads")
+    parser.add_argument("port", type=arg_types.ports,
+                        help="port of the coordinator; with several hosts, one port for all "
+                             "or a comma-separated list, one per host")
     parser.add_argument("--connect-timeout", type=arg_types.seconds, default=5.0,
                         metavar="SECONDS",
                         help="longest wait for a connection to the coordinator before giving "
@@ -222,12 +227,22 @@ def add_endpoint(parser: argparse.ArgumentParser) -> None:
     security.add_arguments(parser, serves=False)
 
 
-def endpoint_of(args: argparse.Namespace) -> Endpoint:
-    """The coordinator to call, with the token and TLS of the flags in force for every call."""
+def coordinators_of(args: argparse.Namespace) -> Coordinators:
+    """The coordinators to call, with the token and TLS of the flags in force for every
+    call. Hosts and ports pair up as libpq's do: one port serves every host."""
     problem = security.configure_from_args(args, serves=False)
     if problem:
         raise ClientError(problem, exit_code=2)
-    return Endpoint(args.coordinator_ip, args.port, args.connect_timeout)
+    hosts = [h.strip() for h in args.coordinator_ip.split(",")]
+    if not all(hosts):
+        raise ClientError(f"coordinator_ip: an empty host in {args.coordinator_ip!r}",
+                          exit_code=2)
+    ports = args.port * len(hosts) if len(args.port) == 1 else args.port
+    if len(ports) != len(hosts):
+        raise ClientError(f"{len(hosts)} hosts but {len(ports)} ports: give one port for "
+                          "all, or one per host", exit_code=2)
+    return Coordinators([Endpoint(h, p, args.connect_timeout) for h, p in zip(hosts, ports,
+                                                                              strict=True)])
 
 
 def add_output_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -352,9 +367,9 @@ def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
 def run_train(args: argparse.Namespace) -> int:
     run_id = args.run_id or uuid.uuid4().hex[:12]
     request = train_request(args, run_id)
-    endpoint = endpoint_of(args)
+    coordinators = coordinators_of(args)
     with display.ProgressView(quiet=args.quiet or args.json) as view:
-        result = follow_training(endpoint, request, view, args.poll, args.dead_after)
+        result = follow_training(coordinators, request, view, args.poll, args.dead_after)
     model_path = save_model(Path(args.out) / f"{run_id}.npz", wire_to_dict(result.weights),
                             json.loads(result.model_json))
     display.print_result(display.result_dict(result, str(model_path)), args.json)
@@ -370,7 +385,13 @@ def run_subcommand(args: argparse.Namespace) -> int:
     if args.command == "export":
         print(f"wrote {export(args.model, args.out)}")
         return 0
-    endpoint = endpoint_of(args)
+    coordinators = coordinators_of(args)
+    if args.command == "attach":
+        with display.ProgressView(quiet=args.quiet or args.json) as view:
+            status = attach(coordinators, args.run_id, view, args.poll, args.dead_after)
+        display.print_status(status, args.json)
+        return {"completed": 0, "cancelled": EXIT_CANCELLED}.get(status.state, EXIT_FAILURE)
+    endpoint = coordinators.leader(args.connect_timeout)
     if args.command == "status":
         status = call(endpoint, "status", ttypes.StatusRequest(run_id=args.run_id))
         display.print_status(status, args.json)
@@ -383,11 +404,6 @@ def run_subcommand(args: argparse.Namespace) -> int:
                 display.print_status(status, as_json=False)
         else:
             display.print_runs(runs)
-    elif args.command == "attach":
-        with display.ProgressView(quiet=args.quiet or args.json) as view:
-            status = attach(endpoint, args.run_id, view, args.poll, args.dead_after)
-        display.print_status(status, args.json)
-        return {"completed": 0, "cancelled": EXIT_CANCELLED}.get(status.state, EXIT_FAILURE)
     elif args.command == "cancel":
         done = call(endpoint, "cancel", ttypes.CancelRunRequest(run_id=args.run_id))
         print("cancelled" if done.cancelled else "the run had already ended")

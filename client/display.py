@@ -333,6 +333,7 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
             "in_flight": s.in_flight, "elapsed_seconds": round(s.elapsed_seconds, 3),
             "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
             "train_loss": s.train_loss, "mode": s.mode or "sync", **stream_dict(s),
+            **({"leader": s.leader} if s.leader is not None else {}),
             "message": s.message, "nodes": [node_dict(n) for n in s.nodes],
             "ledger": dict(s.ledger or {}),
             "unfinished": [{"round": u.round, "unit": u.unit_id, "status": u.status,
@@ -360,6 +361,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                   f"{s.elapsed_seconds:.1f} s; " + ", ".join(p for p in _progress_parts(s) if p))
     if s.message and s.state != "running":  # a running run's message is in the line above
         console.print(f"  {s.message}")
+    if s.leader is not None:  # coordinators sharing a PostgreSQL store
+        console.print(f"  leader: {s.leader or 'none yet'}")
     if s.pass_index is not None:
         console.print(f"  {s.mode}: model version {s.model_version}, pass {s.pass_index}: "
                       f"todo {s.todo}, pending {s.pending}, done {s.done}")

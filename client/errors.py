@@ -78,6 +78,15 @@ class TrainingFailed(CoordinatorError):
     """The run failed on the coordinator."""
 
 
+class NotLeader(CoordinatorError):
+    """The coordinator stands by for another that shares its run store (or lost the lead
+    mid-run); ``leader``: "host:port" of the one that leads, "" when unknown."""
+
+    def __init__(self, message: str, reason: str, leader: str) -> None:
+        super().__init__(message, reason)
+        self.leader = leader
+
+
 class RunCancelled(CoordinatorError):
     """The run was cancelled on the coordinator (not by this client's Ctrl-C)."""
 
@@ -107,6 +116,8 @@ def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
     if isinstance(exc, TApplicationException) \
             and exc.type == TApplicationException.UNKNOWN_METHOD:
         return not_a_coordinator(where)  # of the trainer's servers, only compute nodes
+    if isinstance(exc, ttypes.TrainingFailed) and exc.leader is not None:
+        return NotLeader(f"the coordinator at {where}: {exc.message}", exc.message, exc.leader)
     if isinstance(exc, ttypes.TrainingFailed):
         tried = f" (nodes tried: {', '.join(exc.nodes_tried)})" if exc.nodes_tried else ""
         return TrainingFailed(f"training failed: {exc.message}{tried}", exc.message)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
+from coordinator.leadership import LEASE_SECONDS
+from coordinator.postgres_store import is_postgres_url
 from coordinator.records import InvalidRun
 from coordinator.request_checks import RequestLimits
 from coordinator.run import CoordinatorSettings
@@ -89,9 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", default="runs",
                         help="folder for each run's metrics, checkpoint and model "
                              "(default: ./runs)")
-    parser.add_argument("--store", default=None, metavar="PATH",
-                        help="SQLite run store: runs, rounds, every unit's status changes, node "
-                             "statistics (default: <run-dir>/runs.db)")
+    parser.add_argument("--store", default=None, metavar="PATH_OR_URL",
+                        help="run store: runs, rounds, every unit's status changes, node "
+                             "statistics. A file path is an SQLite store for this coordinator "
+                             "alone (default: <run-dir>/runs.db); postgresql://USER@HOST:PORT/DB "
+                             "is a PostgreSQL store that several coordinators share: one leads, "
+                             "the others stand by and take over its runs if it dies")
+    parser.add_argument("--lease", type=arg_types.seconds, default=LEASE_SECONDS,
+                        metavar="SECONDS",
+                        help="with a PostgreSQL store: the leader's lease, renewed every third "
+                             "of it; a standby takes over this long after the leader stops "
+                             f"renewing (default {LEASE_SECONDS:g})")
+    parser.add_argument("--advertise", default=None, metavar="HOST",
+                        help="with a PostgreSQL store: the host name clients and the other "
+                             "coordinators are told to reach this one at (default: --host, "
+                             "or this machine's name when --host is 0.0.0.0)")
     parser.add_argument("--threads", type=arg_types.int_range(1, MAX_THREADS), default=None,
                         help="worker threads per round (default: number of nodes + 2)")
     parser.add_argument("--no-speculation", action="store_true",
@@ -179,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
+    uses_postgres = args.store is not None and is_postgres_url(args.store)
     engine = EngineSettings(threads=args.threads, speculation=not args.no_speculation,
                             speculate_after=args.speculate_after,
                             max_unit_failures=args.max_unit_failures, grace_seconds=args.grace,
@@ -196,7 +212,10 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                                suspect_seconds=args.suspect_after,
                                dead_seconds=args.dead_after,
                                wait_for_nodes=args.wait_for_nodes,
-                               store_path=Path(args.store) if args.store else None,
+                               store_path=(Path(args.store) if args.store and not uses_postgres
+                                           else None),
+                               store_url=args.store if uses_postgres else None,
+                               lease_seconds=args.lease,
                                limits=limits_from(args))
 
 
@@ -248,9 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     handler.nodes_file.serve_at(args.host, server.port)
+    if handler.settings.store_url is not None:
+        handler.lead_when_elected(f"{advertised_host(args)}:{server.port}")
     # again: a line naming our own port is refused; no listed node is said once, here
     nodes = _read_nodes(handler.nodes_file, tell_if_none=True)
     if nodes is None:
+        server.stop()
+        return 1
+    if args.resume and not handler.leading:
+        print(f"error: cannot resume run {args.resume}: this coordinator stands by "
+              f"({handler.leader_line()}); the leader takes up interrupted runs by itself",
+              file=sys.stderr)
         server.stop()
         return 1
     if args.resume:
@@ -269,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         [(args.dashboard_host, dashboard.port)] if dashboard is not None else []))
     print(f"coordinator listening on {args.host}:{server.port}, policy {args.policy} "
           f"({POLICY_NAMES[args.policy]}), {len(nodes)} nodes in {args.nodes_file}", flush=True)
+    if handler.keeper is not None:
+        print(f"{'leading' if handler.leading else 'standing by'}: {handler.leader_line()}",
+              flush=True)
     if dashboard is not None:
         dashboard.start()
         print(f"dashboard at {dashboard.url}", flush=True)
@@ -277,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         dashboard.stop()
     print("coordinator stopped", flush=True)
     return 0
+
+
+def advertised_host(args: argparse.Namespace) -> str:
+    if args.advertise:
+        return args.advertise
+    return socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
 
 
 def _dashboard(args: argparse.Namespace, handler: CoordinatorHandler) -> Dashboard | None:

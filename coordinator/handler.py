@@ -6,9 +6,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from coordinator.records import InvalidRun, RunFailed, RunStopped
+from coordinator.checkpoint import CheckpointError
+from coordinator.leadership import Leader, LeaseKeeper
+from coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunStopped
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
 from coordinator.status_wire import run_request, run_result, run_status, service_errors
@@ -19,7 +23,7 @@ from engine.nodes.membership_service import MembershipService
 from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNodesListed
 from engine.records import RunSnapshot
 from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.version import COORDINATOR_ID, check_protocol_version
+from wire.version import COORDINATOR_ID, STANDBY_ROLE, check_protocol_version
 
 log = logging.getLogger("coordinator")
 SHUTDOWN_SECONDS = 10.0  # how long a shutdown waits for cancelled runs to answer
@@ -33,17 +37,91 @@ class CoordinatorHandler(MembershipService):
         self.nodes_file = NodesFile(nodes_file)
         self.settings = settings
         self.lock, self.store = open_store(settings)
-        interrupted = self.store.fail_unfinished_runs("the coordinator stopped during the run")
-        if interrupted:
-            log.warning("runs interrupted by an earlier stop: %s", ", ".join(interrupted))
+        # Coordinators sharing a PostgreSQL store: the leader takes interrupted runs up
+        self.keeper: LeaseKeeper | None = None  # set by lead_when_elected
+        self._leading = self.lock is not None  # on SQLite, this process alone uses the store
+        if self._leading:
+            interrupted = self.store.fail_unfinished_runs(
+                "the coordinator stopped during the run")
+            if interrupted:
+                log.warning("runs interrupted by an earlier stop: %s", ", ".join(interrupted))
         self.membership = Membership(settings.heartbeat_seconds, settings.suspect_seconds,
                                      settings.dead_seconds)
         self._runs: dict[str, Run] = {}
         self._order: list[str] = []
+        # resumed runs: the thread of each, and how it ended
+        self._resumed: dict[str, threading.Thread] = {}
+        self._ends: dict[str, RunOutcome | RunFailed | RunStopped] = {}
         self._lock = threading.Lock()
 
+    # ------------------------------------------------------------ leadership
+    def lead_when_elected(self, address: str) -> None:
+        """Take part in electing the leader of the PostgreSQL store as ``address`` (what
+        clients and the other coordinators are told): lead at once when nobody does, else
+        stand by until the lease is free."""
+        self.keeper = LeaseKeeper(self.store, address, self._took_lead, self._lost_lead,
+                                  self.settings.lease_seconds)
+        self.keeper.step()
+        self.keeper.start()
+
+    def _took_lead(self, epoch: int) -> None:
+        """Carry on every run the store has as running: its leader died or lost the lease.
+        Each resumes from its last checkpoint as --resume does."""
+        interrupted = self.store.fail_unfinished_runs(f"the leader changed (epoch {epoch})")
+        for run_id in interrupted:
+            try:
+                self.resume(run_id, taken_over=True)
+                log.warning("run %s taken over from the previous leader", run_id)
+            except (CheckpointError, InvalidRun, NodesFileError, RunStoreError) as exc:
+                log.error("run %s cannot be taken over: %s", run_id, exc)
+        self._leading = True
+
+    def _lost_lead(self, leader: Leader) -> None:
+        """Stop this process's runs without a write (the store refuses them now); their
+        clients are told to follow the new leader."""
+        self._leading = False
+        for run in self.live_runs():
+            run.cancel(f"this coordinator lost the lead to {leader.address or 'another'}")
+
+    @property
+    def leading(self) -> bool:
+        """Whether this coordinator runs training (always, on SQLite)."""
+        return self._leading
+
+    def leader_line(self) -> str:
+        """Who leads the shared store, in words."""
+        leader = self._leader_address()
+        epoch = self.keeper.epoch if self.keeper is not None else None
+        if self._leading:
+            return f"this coordinator leads the run store (epoch {epoch})"
+        return f"{leader} leads" if leader else "no coordinator leads yet"
+
+    def _moved(self, run: Run) -> bool:
+        """Whether ``run`` stopped because this coordinator lost the lead (a write refused
+        for its epoch may come before the lease keeper's next renewal says so)."""
+        return not self._leading or isinstance(run.ledger.failure, LeadershipLost)
+
+    def _leader_address(self) -> str | None:
+        if self.keeper is None:
+            return None
+        if self._leading:
+            return self.keeper.address
+        leader = self.keeper.leader()
+        return leader.address if leader is not None and leader.live else ""
+
+    def _not_leading(self, what: str) -> ttypes.TrainingFailed:
+        return ttypes.TrainingFailed(
+            message=f"{what}: this coordinator stands by ({self.leader_line()})",
+            nodes_tried=[], leader=self._leader_address() or "")
+
+    # ---------------------------------------------------------------- service
     def train(self, request: ttypes.TrainRequest) -> ttypes.RunResult:
         check_protocol_version(request.protocol_version, "coordinator")
+        if not self._leading:
+            raise self._not_leading(f"run {request.run_id} was not started")
+        resumed = self._live(request.run_id) if request.run_id else None
+        if resumed is not None and resumed.resumed:
+            return self._join(resumed, request)
         try:
             nodes = self.file_nodes()
         except NodesFileError as exc:
@@ -52,9 +130,35 @@ class CoordinatorHandler(MembershipService):
             run = Run(run_request(request), nodes, self.settings, self.store,
                       nodes_source=self.file_nodes, membership=self.membership)
             self._add(run)
-            result = run_result(run.execute())
+        try:
+            outcome: RunOutcome | RunFailed | RunStopped = run.execute()
+        except (RunFailed, RunStopped) as exc:
+            outcome = exc
+        return self._answer(run, outcome)
+
+    def _answer(self, run: Run, outcome: RunOutcome | RunFailed | RunStopped
+                ) -> ttypes.RunResult:
+        """train()'s answer: the result, the run's error, or, when this coordinator lost
+        the lead meanwhile, where the run goes on. (Thrift's exceptions are raised
+        outside service_errors: a context manager cannot re-raise them.)"""
+        if not isinstance(outcome, RunOutcome) and self._moved(run):
+            raise self._not_leading(f"run {run.run_id} moved")
+        with service_errors():
+            if not isinstance(outcome, RunOutcome):
+                raise outcome
+            result = run_result(outcome)
         result.final_status = self._with_ledger(run_status(run.progress.snapshot()))
         return result
+
+    def _join(self, run: Run, request: ttypes.TrainRequest) -> ttypes.RunResult:
+        """The caller of a resumed run (one this coordinator took over, back after its
+        leader died): the same request gets the run's result once it ends, as if nothing
+        happened."""
+        if run_request(request) != replace(run.request, rounds=request.rounds):
+            raise ttypes.InvalidRequest(message=f"run id {run.run_id!r} is used by another "
+                                                "run (its request differs)")
+        self._resumed[run.run_id].join()
+        return self._answer(run, self._ends[run.run_id])
 
     def file_nodes(self) -> list[NodeAddress]:
         """The nodes file, read on every run and round so edits apply without a restart.
@@ -69,21 +173,41 @@ class CoordinatorHandler(MembershipService):
                 return []
             raise
 
-    def resume(self, run_id: str, rounds: int | None = None) -> Run:
+    def resume(self, run_id: str, rounds: int | None = None, taken_over: bool = False) -> Run:
         """Continue run `run_id` from its last checkpoint (to ``rounds`` in all when that
-        extends it), in a thread of its own; clients follow it with status. Raises
-        CheckpointError, NodesFileError or InvalidRun."""
+        extends it), in a thread of its own; clients follow it with status, or call train
+        again with the same request (``taken_over``: from a leader that died). Raises
+        CheckpointError, NodesFileError, InvalidRun or RunStoreError."""
+        if self.store.keeps_files:  # the files may be on another machine's disk only
+            self.store.restore_files(run_id, self.settings.run_root / run_id)
         run = Run.resume(run_id, self.file_nodes(), self.settings, self.store,
                          nodes_source=self.file_nodes, membership=self.membership,
                          rounds=rounds)
-        self._add(run)
-        threading.Thread(target=_execute_quietly, args=(run,), name=f"resumed-{run_id}",
-                         daemon=True).start()
+        self._add(run, replaces_ended=taken_over)
+        thread = threading.Thread(target=self._execute_resumed, args=(run,),
+                                  name=f"resumed-{run_id}", daemon=True)
+        self._resumed[run_id] = thread
+        thread.start()
         return run
 
-    def _add(self, run: Run) -> None:
+    def _execute_resumed(self, run: Run) -> None:
+        """A resumed run has no train() caller to raise to: its end goes to the log and
+        the store, where status and runs show it, and to a caller that joins it."""
+        try:
+            self._ends[run.run_id] = run.execute()
+        except (RunFailed, RunStopped) as exc:
+            self._ends[run.run_id] = exc
+            log.warning("resumed run %s ended: %s", run.run_id, exc)
+
+    def _add(self, run: Run, replaces_ended: bool = False) -> None:
+        """``replaces_ended``: a run this process ran before it lost the lead, now taken
+        up again, replaces its ended self."""
         with self._lock:
-            if run.run_id in self._runs:
+            earlier = self._runs.get(run.run_id)
+            if earlier is not None and replaces_ended and earlier.finished.is_set():
+                self._order.remove(run.run_id)
+                del self._runs[run.run_id]
+            elif earlier is not None:
                 raise InvalidRun(f"run id {run.run_id!r} is already used")
             run.register()
             self._runs[run.run_id] = run
@@ -99,7 +223,9 @@ class CoordinatorHandler(MembershipService):
         without a run id, the latest run."""
         run = self._live(request.run_id)
         snapshot = run.progress.snapshot() if run is not None else self._stored(request.run_id)
-        return self._with_ledger(run_status(snapshot))
+        status = self._with_ledger(run_status(snapshot))
+        status.leader = self._leader_address()
+        return status
 
     def _with_ledger(self, status: ttypes.RunStatus) -> ttypes.RunStatus:
         """``status`` with the store's unit ledger and unfinished units: what `status` and
@@ -138,7 +264,8 @@ class CoordinatorHandler(MembershipService):
             running = sum(1 for r in self._runs.values() if r.progress.state == "running")
         return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id=COORDINATOR_ID,
                                load_prob=0.0, units_running=running, units_completed=0,
-                               units_rejected=0, uptime_seconds=0.0)
+                               units_rejected=0, uptime_seconds=0.0,
+                               role=None if self._leading else STANDBY_ROLE)
 
     def shutdown(self, then: Callable[[], None], timeout: float = SHUTDOWN_SECONDS) -> None:
         """Cancel every running run, give them `timeout` seconds to tell their clients,
@@ -158,9 +285,12 @@ class CoordinatorHandler(MembershipService):
         threading.Thread(target=wait_then_stop, name="shutdown", daemon=True).start()
 
     def close(self) -> None:
-        """Close the store and give up its lock, for another coordinator to take."""
+        """Close the store and give up its lock (or its lease), for another coordinator."""
+        if self.keeper is not None:
+            self.keeper.stop(release=True)
         self.store.close()
-        self.lock.release()
+        if self.lock is not None:
+            self.lock.release()
 
     def _live(self, run_id: str) -> Run | None:
         """The run of this process with that id (without one: its latest), or None."""
@@ -190,19 +320,13 @@ class CoordinatorHandler(MembershipService):
         raise ttypes.UnknownRun(message=f"no run {run_id!r} on this coordinator")
 
 
-def _execute_quietly(run: Run) -> None:
-    """A resumed run has no train() caller to raise to: its end goes to the log and the
-    store, where status and runs show it."""
-    try:
-        run.execute()
-    except (RunFailed, RunStopped) as exc:
-        log.warning("resumed run %s ended: %s", run.run_id, exc)
-
-
-def open_store(settings: CoordinatorSettings) -> tuple[StoreLock, RunStore]:
-    """The run store of these settings, its folder created if needed, locked for this
-    process first: a second coordinator on the same store is refused with StoreInUse
-    before it can touch the first one's runs."""
+def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, RunStore]:
+    """The run store of these settings. SQLite: its folder created if needed, locked for
+    this process first (a second coordinator on the same file is refused with StoreInUse
+    before it can touch the first one's runs). PostgreSQL: no lock; the coordinators
+    sharing it elect a leader (lead_when_elected)."""
+    if settings.store_url is not None:
+        return None, PostgresRunStore(settings.store_url)
     path = settings.store_path or settings.run_root / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = StoreLock(path)

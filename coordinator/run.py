@@ -19,6 +19,7 @@ from coordinator.checkpoint import (
     load_request,
     metrics_of,
 )
+from coordinator.leadership import LEASE_SECONDS
 from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
 from coordinator.request_checks import RequestLimits
 from coordinator.run_folder import RunFolder
@@ -75,6 +76,8 @@ class CoordinatorSettings:
     seed: int | None = None
     engine: EngineSettings = field(default_factory=EngineSettings)
     store_path: Path | None = None  # SQLite run store; None: <run_root>/runs.db
+    store_url: str | None = None  # a PostgreSQL run store instead, shared with standbys
+    lease_seconds: float = LEASE_SECONDS  # with store_url: the leader's lease
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     suspect_seconds: float = SUSPECT_SECONDS
     dead_seconds: float = DEAD_SECONDS
@@ -107,12 +110,16 @@ class Run:
         self.compression, self.schedule = setup.spec.compression, setup.spec.schedule
         self.outputs = setup.outputs
         self.run_dir = settings.run_root / self.run_id
-        self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds)
+        keep = (lambda name, path: store.store_file(self.run_id, name, path)) \
+            if store is not None and store.keeps_files else None
+        self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds,
+                                keep)
         self._nodes = RunNodes(
             self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
             connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
             dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership,
             dial=dial)
+        self._folder_started = False
         self.cancelled = runtime.Event()
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
@@ -196,9 +203,13 @@ class Run:
                      done, reopened)
             return
         try:
-            self.store.create_run(self.run_id, algorithm=r.algorithm, model=r.model,
-                                  dataset=r.dataset, rounds=r.rounds, config=self.algorithm.config,
-                                  policy=self.settings.policy)
+            # one transaction: a coordinator taking over finds every run it has with the
+            # request it needs (a store that keeps files keeps request.json)
+            with self.store.batch():
+                self.store.create_run(self.run_id, algorithm=r.algorithm, model=r.model,
+                                      dataset=r.dataset, rounds=r.rounds,
+                                      config=self.algorithm.config, policy=self.settings.policy)
+                self._start_folder()
         except StoreUnavailable as exc:
             raise RunFailed(str(exc), nodes_tried=[]) from None
         except (RunStoreError, ValueError) as exc:
@@ -251,9 +262,14 @@ class Run:
         return RunFailed(str(exc), nodes_tried=[])
 
     # ---------------------------------------------------------------- rounds
-    def _train(self) -> RunOutcome:
+    def _start_folder(self) -> None:
         self.folder.start(describe_run(self.setup, self.settings.policy,
                                        [n.name for n in self.nodes]), self.request)
+        self._folder_started = True
+
+    def _train(self) -> RunOutcome:
+        if not self._folder_started:  # a resumed run, or one without a store
+            self._start_folder()
         weights, done = self._starting_point()
         # what results must hold, sent with each unit so that relays check their members'
         self._expected_update = self.algorithm.expected_update(weights)

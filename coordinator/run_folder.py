@@ -5,16 +5,23 @@ needs); after every round a row of ``metrics.jsonl``, the sample grid when one i
 last, ``checkpoint.npz``, the commit point a resume starts from (so the metrics and the
 ledger already hold every round it covers); at the end ``model.npz``, ``model.safetensors``
 (for plain torch: training/outputs/torch_files.py) and ``curves.png``.
+
+With a run store that keeps files (PostgreSQL's), request.json, metrics.jsonl and the
+checkpoint are also written there as they change (``keep``), so a coordinator on another
+machine can carry the run on from the database alone.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
+    METRICS_FILE,
+    REQUEST_FILE,
     Checkpoint,
     metrics_until,
     save_checkpoint,
@@ -37,18 +44,25 @@ class RunFolder:
     """The files of one run; `rows` are its metrics so far, for the curves."""
 
     def __init__(self, run_dir: Path, algorithm: Algorithm, outputs: dict[str, int],
-                 rounds: int) -> None:
+                 rounds: int, keep: Callable[[str, Path], None] | None = None) -> None:
+        """``keep(name, path)``: copy a file the resume needs into the run store."""
         self.path = run_dir
         self.algorithm = algorithm
         self.outputs = outputs
         self.rounds = rounds
         self.rows: list[dict[str, Any]] = []
+        self._keep = keep
+
+    def _kept(self, name: str) -> None:
+        if self._keep is not None:
+            self._keep(name, self.path / name)
 
     def start(self, description: dict[str, Any], request: RunRequest) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "run.json").write_text(json.dumps(description, indent=2) + "\n",
                                             encoding="utf-8")
         save_request(self.path, request)
+        self._kept(REQUEST_FILE)
 
     def restore(self, last_round: int) -> None:
         """The rows of rounds up to ``last_round`` (a resume's checkpoint): later rows, of
@@ -65,8 +79,9 @@ class RunFolder:
                "seconds": metrics.seconds, **(metrics.scores or {}), **traffic,
                "discarded": discarded, PHASES_KEY: phases}
         self.rows.append({k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)})
-        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        with open(self.path / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(metrics_line(row))
+        self._kept(METRICS_FILE)
 
     def write_samples(self, round_index: int, weights: Weights) -> None:
         """This round's sample grid, when it is due (and the algorithm makes images)."""
@@ -79,6 +94,7 @@ class RunFolder:
         """The round's checkpoint, when it is due."""
         if due(self.outputs["checkpoint_every"], checkpoint.round, self.rounds):
             save_checkpoint(self.path, checkpoint, self.algorithm.model_description())
+            self._kept(CHECKPOINT_FILE)
 
     def finish(self, weights: Weights, config: dict[str, Any]) -> Path:
         """The final model, in this project's .npz and as safetensors, and the curves."""

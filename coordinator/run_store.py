@@ -48,11 +48,15 @@ happened, and callers must not carry on as if it did.
 
 Timestamps are UNIX seconds (float). NaN metrics are stored as NULL and read back as
 None (SQLite has no NaN).
+
+The same ledger runs on PostgreSQL (coordinator/postgres_store.py), shared by coordinators
+on several machines; this module's statements are written to run on both.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from collections import Counter
@@ -60,7 +64,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
@@ -197,14 +201,28 @@ _NODE_UPSERT = """INSERT INTO nodes (run_id, node, accepted, rejected, delayed, 
         cancelled, samples, last_answer, last_failure, last_reason)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (run_id, node) DO UPDATE SET
-        accepted = accepted + excluded.accepted, rejected = rejected + excluded.rejected,
-        delayed = delayed + excluded.delayed, failed = failed + excluded.failed,
-        cancelled = cancelled + excluded.cancelled, samples = samples + excluded.samples,
-        last_answer = COALESCE(excluded.last_answer, last_answer),
-        last_failure = COALESCE(excluded.last_failure, last_failure),
-        last_reason = COALESCE(excluded.last_reason, last_reason)"""
+        accepted = nodes.accepted + excluded.accepted,
+        rejected = nodes.rejected + excluded.rejected,
+        delayed = nodes.delayed + excluded.delayed, failed = nodes.failed + excluded.failed,
+        cancelled = nodes.cancelled + excluded.cancelled,
+        samples = nodes.samples + excluded.samples,
+        last_answer = COALESCE(excluded.last_answer, nodes.last_answer),
+        last_failure = COALESCE(excluded.last_failure, nodes.last_failure),
+        last_reason = COALESCE(excluded.last_reason, nodes.last_reason)"""
 _NODE_RECORD_COLUMNS = ("node", "accepted", "rejected", "delayed", "failed", "cancelled", "samples",
                         "last_answer", "last_failure", "last_reason", "last_heartbeat")
+
+
+class Database(Protocol):
+    """What the store's SQL runs on: an sqlite3 connection, or coordinator/postgres_store.py's
+    session, which takes the same statements."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any: ...
 
 
 class SchemaError(RunStoreError):
@@ -294,20 +312,33 @@ class NodeRecord(NodeCounts):
 
 
 class RunStore:
-    """The run store; see the module docstring. Safe to share between threads."""
+    """The run store; see the module docstring. Safe to share between threads.
+    coordinator/postgres_store.py's PostgresRunStore is this with another database under it:
+    it overrides the plumbing (connecting, beginning a transaction, the schema check) and
+    the driver's error classes below."""
+
+    _DriverError: type[Exception] = sqlite3.Error
+    _IntegrityError: type[Exception] = sqlite3.IntegrityError
+    keeps_files = False  # a run's files are in its folder only (PostgreSQL keeps them too)
 
     def __init__(self, path: str | os.PathLike[str], *,
                  clock: Callable[[], float] = runtime.wall) -> None:
-        self.path = os.fspath(path)
+        self.path = os.fspath(path)  # what messages name the store by
+        self._start(clock)
+
+    def _start(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._lock = runtime.RLock()
         self._depth = 0  # transactions opened by the thread holding the lock
-        self._db: sqlite3.Connection | None = _connect(self.path)
+        self._db: Database | None = self._open()
         try:
             self._check_schema()
         except BaseException:
             self.close()
             raise
+
+    def _open(self) -> Database:
+        return _connect(self.path)
 
     # --------------------------------------------------------------- plumbing
     def abandon(self) -> None:
@@ -339,15 +370,17 @@ class RunStore:
             yield
 
     @contextmanager
-    def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+    def _tx(self, write: bool = True) -> Iterator[Database]:
         """One transaction under the lock; nested calls become savepoints, so a failing
         call inside batch() undoes only itself. Writers take SQLite's write lock up
         front (no lock upgrade to fail halfway); readers only read a snapshot."""
         with self._lock, self._unavailable_on_error():
             db = self._connection()
             outer = self._depth == 0
-            begin = "BEGIN IMMEDIATE" if write else "BEGIN"
-            db.execute(begin if outer else "SAVEPOINT nested")
+            if outer:
+                self._begin(db, write)
+            else:
+                db.execute("SAVEPOINT nested")
             self._depth += 1
             try:
                 yield db
@@ -365,10 +398,13 @@ class RunStore:
         that gets here is not a refusal either: every expected one is caught inside."""
         try:
             yield
-        except sqlite3.Error as exc:
+        except self._DriverError as exc:
             raise StoreUnavailable(f"run store {self.path}: {exc}") from exc
 
-    def _connection(self) -> sqlite3.Connection:
+    def _begin(self, db: Database, write: bool) -> None:
+        db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def _connection(self) -> Database:
         if self._db is None:
             raise RunStoreError(f"the run store {self.path} is closed")
         return self._db
@@ -399,7 +435,7 @@ class RunStore:
                            "rounds, config, policy) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?)",
                            (run_id, self._clock(), algorithm, model, dataset, rounds,
                             config_json, policy))
-            except sqlite3.IntegrityError:
+            except self._IntegrityError:
                 raise ValueError(f"run {run_id!r} already exists") from None
 
     def end_run(self, run_id: str, state: str, message: str | None = None) -> int:
@@ -487,7 +523,7 @@ class RunStore:
             return dict(db.execute("SELECT unit_id, attempts FROM units WHERE run_id = ? AND "
                                    "round = ? AND attempts > 0", (run_id, round_index)))
 
-    def _end_run(self, db: sqlite3.Connection, run_id: str, state: str,
+    def _end_run(self, db: Database, run_id: str, state: str,
                  message: str | None, now: float) -> int:
         current = _run_state(db, run_id)
         if current != "running":
@@ -510,9 +546,10 @@ class RunStore:
                 db.execute("INSERT INTO rounds (run_id, round, validation_error, validation_loss, "
                            "train_loss, seconds, completed_units, discarded_units, ended) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (run_id, round_index, validation_error, validation_loss,
-                            train_loss, seconds, completed_units, discarded_units, now))
-            except sqlite3.IntegrityError:
+                           (run_id, round_index, *map(_null_if_nan, (
+                               validation_error, validation_loss, train_loss, seconds)),
+                            completed_units, discarded_units, now))
+            except self._IntegrityError:
                 raise ValueError(f"round {round_index} of run {run_id} is already "
                                  "recorded") from None
             return _settle(db, run_id, round_index, "round ended", now)
@@ -556,7 +593,7 @@ class RunStore:
                 db.execute("INSERT INTO attempts (run_id, round, unit_id, attempt, node, status, "
                            "started) VALUES (?, ?, ?, ?, ?, 'in_progress', ?)",
                            (*key, attempt, node, now))
-            except sqlite3.IntegrityError:
+            except self._IntegrityError:
                 raise ValueError(f"{_name(key)}: attempt {attempt} was already "
                                  "started") from None
             db.execute(f"UPDATE units SET status = 'in_progress', node = ?, "
@@ -639,7 +676,7 @@ class RunStore:
         with self._tx() as db:
             try:
                 db.execute(_NODE_UPSERT, (run_id, node, *counts, *times))
-            except sqlite3.IntegrityError:
+            except self._IntegrityError:
                 raise UnknownRecord(f"no run {run_id!r}") from None
 
     # ---------------------------------------------------------------- queries
@@ -763,13 +800,13 @@ def _opening(path: str) -> Iterator[None]:
         raise SchemaError(f"{path} is not a run store: {exc}") from None
 
 
-def _create_schema(db: sqlite3.Connection) -> None:
+def _create_schema(db: Database) -> None:
     for statement in _SCHEMA:
         db.execute(statement)
     db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
 
-def _check_version(path: str, db: sqlite3.Connection, tables: set[str]) -> None:
+def _check_version(path: str, db: Database, tables: set[str]) -> None:
     if "schema_version" not in tables:
         raise SchemaError(f"{path} is an SQLite database but not a run store (no "
                           f"schema_version table; it holds {', '.join(sorted(tables))})")
@@ -790,7 +827,7 @@ def _check_version(path: str, db: sqlite3.Connection, tables: set[str]) -> None:
                       f"{[r[0] for r in rows]!r} (expected {SCHEMA_VERSION})")
 
 
-def _undo(db: sqlite3.Connection, outer: bool) -> None:
+def _undo(db: Database, outer: bool) -> None:
     if not db.in_transaction:  # SQLite rolled back by itself (disk full, I/O error)
         return
     if outer:
@@ -800,13 +837,18 @@ def _undo(db: sqlite3.Connection, outer: bool) -> None:
         db.execute("RELEASE nested")
 
 
-def _commit(db: sqlite3.Connection, outer: bool) -> None:
+def _commit(db: Database, outer: bool) -> None:
     try:
         db.execute("COMMIT" if outer else "RELEASE nested")
     except BaseException:
         if outer and db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+def _null_if_nan(value: float) -> float | None:
+    """NaN is stored as NULL: SQLite does so by itself, PostgreSQL would keep the NaN."""
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _check_text(what: str, value: str) -> None:
@@ -826,7 +868,7 @@ def _check_unit_ids(unit_ids: Iterable[str]) -> list[str]:
     return ids
 
 
-def _check_new_units(db: sqlite3.Connection, run_id: str, round_index: int,
+def _check_new_units(db: Database, run_id: str, round_index: int,
                      ids: list[str], adopt: bool = False) -> list[str]:
     """The ids to insert: a reopened round (see resume_run) plans again exactly the
     units it has, all pending; with ``adopt``, units the round holds unsettled are
@@ -844,7 +886,7 @@ def _check_new_units(db: sqlite3.Connection, run_id: str, round_index: int,
     return ids
 
 
-def _move_unit_row(db: sqlite3.Connection, key: UnitKey, into_round: int) -> None:
+def _move_unit_row(db: Database, key: UnitKey, into_round: int) -> None:
     """Re-key a unit row, its attempts and events to ``into_round``: the new row first,
     its children next, the old row last, so no foreign key ever points nowhere."""
     db.execute("INSERT INTO units (run_id, round, unit_id, status, node, attempts, failures, "
@@ -860,21 +902,21 @@ def _name(key: UnitKey) -> str:
     return f"unit {key[2]} (run {key[0]}, round {key[1]})"
 
 
-def _run_state(db: sqlite3.Connection, run_id: str) -> str:
+def _run_state(db: Database, run_id: str) -> str:
     row = db.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
         raise UnknownRecord(f"no run {run_id!r}")
     return row[0]
 
 
-def _unit_status(db: sqlite3.Connection, key: UnitKey) -> str:
+def _unit_status(db: Database, key: UnitKey) -> str:
     row = db.execute(f"SELECT status FROM units WHERE {_UNIT_WHERE}", key).fetchone()
     if row is None:
         raise UnknownRecord(f"no {_name(key)}")
     return row[0]
 
 
-def _check_live_attempt(db: sqlite3.Connection, key: UnitKey, attempt: int, node: str,
+def _check_live_attempt(db: Database, key: UnitKey, attempt: int, node: str,
                         status: str) -> tuple[str, bool] | None:
     """Check that `attempt` is live on `node`; returns the unit's status and whether
     other attempts of the unit are live (one query: this runs for every answer), or
@@ -914,7 +956,7 @@ def _after_attempt(key: UnitKey, current: str, outcome: str, others_live: bool) 
     return current
 
 
-def _update_unit(db: sqlite3.Connection, key: UnitKey, new: str, outcome: str, node: str,
+def _update_unit(db: Database, key: UnitKey, new: str, outcome: str, node: str,
                  reason: str | None, now: float) -> None:
     """The unit row after an attempt ended; while the unit stays in_progress it keeps
     the node of its newest attempt."""
@@ -924,7 +966,7 @@ def _update_unit(db: sqlite3.Connection, key: UnitKey, new: str, outcome: str, n
                 None if new == "in_progress" else node, reason, now, *key))
 
 
-def _settle(db: sqlite3.Connection, run_id: str, round_index: int | None, reason: str,
+def _settle(db: Database, run_id: str, round_index: int | None, reason: str,
             now: float) -> int:
     """Cancel every unsettled unit of a run (or one round); live attempts stay open."""
     rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? "
@@ -937,7 +979,7 @@ def _settle(db: sqlite3.Connection, run_id: str, round_index: int | None, reason
     return len(rows)
 
 
-def _close_attempts(db: sqlite3.Connection, run_id: str, reason: str, now: float) -> int:
+def _close_attempts(db: Database, run_id: str, reason: str, now: float) -> int:
     """Close every live attempt of a run as cancelled, its unit left as it is: once the
     run has ended (or its coordinator died) nobody waits for those answers, and an
     attempt left in_progress would look like work still out. Returns how many."""

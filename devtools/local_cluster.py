@@ -135,12 +135,13 @@ def write_nodes_file(path: Path, nodes: list[Proc]) -> Path:
 
 
 def start_coordinator(workdir: Path, nodes_file: Path, policy: int = 2, *extra: str,
-                      run_dir: Path | None = None) -> Proc:
-    """A coordinator keeping its runs in ``run_dir`` (default: ``workdir``/runs)."""
+                      run_dir: Path | None = None, name: str = "coordinator") -> Proc:
+    """A coordinator keeping its runs in ``run_dir`` (default: ``workdir``/runs); ``name``
+    names its log (several coordinators: a leader and its standbys)."""
     runs = run_dir if run_dir is not None else workdir / "runs"
     return start("coordinator_node.py",
                  ["0", str(policy), "--host", "127.0.0.1", "--nodes-file", str(nodes_file),
-                  "--run-dir", str(runs), *extra], workdir, "coordinator")
+                  "--run-dir", str(runs), *extra], workdir, name)
 
 
 def run_client(args: list[str], workdir: Path, timeout: float = 120.0

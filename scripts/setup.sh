@@ -2,7 +2,8 @@
 # Sets up a fresh machine: a virtual environment in .venv with the Python requirements,
 # the Thrift compiler (needed only to regenerate gen-py/ and by its test), headless
 # Chromium with its driver (needed only by the dashboard's browser test) and Node.js with
-# npm (needed only by the Node.js client example's tests).
+# npm (needed only by the Node.js client example's tests) and PostgreSQL's server programs
+# (needed only by the tests of the PostgreSQL run store, which start their own server).
 # Usage: scripts/setup.sh            (idempotent; re-run after pulling)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +35,9 @@ command -v thrift >/dev/null 2>&1 ||
   apt_install "by the dashboard's browser test" chromium chromium-driver
 { command -v node && command -v npm; } >/dev/null 2>&1 ||
   apt_install "by the tests of the Node.js client example" nodejs npm
+# The PostgreSQL tests start their own throwaway server (devtools/postgres_cluster.py).
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null ||
+  apt_install "by the tests of the PostgreSQL run store" postgresql
 # matplotlib builds its font cache (running fc-list) the first time it is imported: once
 # here, not inside the first test that plots, which must start no process.
 .venv/bin/python -c "import matplotlib.font_manager" 2>/dev/null || true

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from devtools import local_cluster as procs
+from devtools.postgres_cluster import PostgresCluster
 
 # A write the run store refuses is a bug: in tests it raises, here and in the coordinator
 # processes the tests start (they inherit the environment), instead of a log line.
@@ -125,3 +126,31 @@ def _take_ctrl_c() -> None:
     """In the child before exec: SIGINT back to its default, so Python turns it into
     KeyboardInterrupt (it leaves an inherited "ignore" alone)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresCluster]:
+    """One throwaway PostgreSQL server for the session (devtools/postgres_cluster.py), in a
+    folder of its own under the system's temporary folder, which its account can reach
+    (pytest's are private to root)."""
+    server = PostgresCluster()
+    try:
+        yield server.start()
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresCluster) -> str:
+    """A fresh, empty database on the session's server: its URL."""
+    import psycopg  # only where a test uses PostgreSQL
+
+    global _databases
+    _databases += 1
+    name = f"test_{os.getpid()}_{_databases}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+_databases = 0

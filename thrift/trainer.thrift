@@ -36,10 +36,13 @@ exception VersionMismatch {
   3: required i32 received,
 }
 
-/* The run could not finish; nodes_tried lists "host:port" of every node tried. */
+/* The run could not finish; nodes_tried lists "host:port" of every node tried. With
+   `leader` set, this coordinator does not lead its run store (it stands by, or lost the
+   lead mid-run): the run goes on at the leader, "host:port" when known (else ""). */
 exception TrainingFailed {
   1: required string message,
   2: optional list<string> nodes_tried,
+  3: optional string leader,
 }
 
 /* The run was cancelled before it finished. */
@@ -341,6 +344,8 @@ struct RunStatus {
   23: optional i64 todo,               // its units waiting to be sent
   24: optional i64 pending,            // units out on nodes (of any pass)
   25: optional i64 done,               // units of the newest pass whose result was kept
+  26: optional string leader,          // coordinators sharing a PostgreSQL store: "host:port"
+                                       // of the one that leads (this one's when it leads)
 }
 
 struct CancelRunRequest {

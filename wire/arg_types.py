@@ -75,6 +75,11 @@ NUMERIC_TYPES = (listen_port, port, positive_int, non_negative_int, seed, second
                  chunk_mb)
 
 
+def ports(text: str) -> list[int]:
+    """One port, or a comma-separated list of them (one per host of a list of hosts)."""
+    return [port(part.strip()) for part in text.split(",")]
+
+
 def command_name(script: str) -> str:
     """The name a command is run by, for its usage lines: an installed console script's
     (``trainer-client``), else the repository's script (``client.py``)."""

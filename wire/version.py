@@ -4,6 +4,8 @@ from wire.generated import PROTOCOL_VERSION, ttypes
 
 # What a coordinator's ping answers as its node_id: a client checks that it reached one.
 COORDINATOR_ID = "coordinator"
+# NodeInfo.role of a coordinator that stands by (one of several sharing a PostgreSQL store)
+STANDBY_ROLE = "coordinator standby"
 # how a relay's members port names itself in its pings (NodeInfo.role)
 MEMBERS_PORT = "the members port of relay"
 

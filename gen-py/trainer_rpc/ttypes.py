@@ -331,13 +331,15 @@ class TrainingFailed(TException):
     Attributes:
      - message
      - nodes_tried
+     - leader
 
     """
 
 
-    def __init__(self, message=None, nodes_tried=None,):
+    def __init__(self, message=None, nodes_tried=None, leader=None,):
         super(TrainingFailed, self).__setattr__('message', message)
         super(TrainingFailed, self).__setattr__('nodes_tried', nodes_tried)
+        super(TrainingFailed, self).__setattr__('leader', leader)
 
     def __setattr__(self, *args):
         raise TypeError("can't modify immutable instance")
@@ -346,7 +348,7 @@ class TrainingFailed(TException):
         raise TypeError("can't modify immutable instance")
 
     def __hash__(self):
-        return hash(self.__class__) ^ hash((self.message, self.nodes_tried, ))
+        return hash(self.__class__) ^ hash((self.message, self.nodes_tried, self.leader, ))
 
     @classmethod
     def read(cls, iprot):
@@ -355,6 +357,7 @@ class TrainingFailed(TException):
         iprot.readStructBegin()
         message = None
         nodes_tried = None
+        leader = None
         while True:
             (fname, ftype, fid) = iprot.readFieldBegin()
             if ftype == TType.STOP:
@@ -374,6 +377,11 @@ class TrainingFailed(TException):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    leader = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -381,6 +389,7 @@ class TrainingFailed(TException):
         return cls(
             message=message,
             nodes_tried=nodes_tried,
+            leader=leader,
         )
 
     def write(self, oprot):
@@ -398,6 +407,10 @@ class TrainingFailed(TException):
             for iter13 in self.nodes_tried:
                 oprot.writeString(iter13.encode('utf-8') if sys.version_info[0] == 2 else iter13)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.leader is not None:
+            oprot.writeFieldBegin('leader', TType.STRING, 3)
+            oprot.writeString(self.leader.encode('utf-8') if sys.version_info[0] == 2 else self.leader)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3555,11 +3568,12 @@ class RunStatus(object):
      - todo
      - pending
      - done
+     - leader
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3585,6 +3599,7 @@ class RunStatus(object):
         self.todo = todo
         self.pending = pending
         self.done = done
+        self.leader = leader
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3738,6 +3753,11 @@ class RunStatus(object):
                     self.done = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 26:
+                if ftype == TType.STRING:
+                    self.leader = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3857,6 +3877,10 @@ class RunStatus(object):
         if self.done is not None:
             oprot.writeFieldBegin('done', TType.I64, 25)
             oprot.writeI64(self.done)
+            oprot.writeFieldEnd()
+        if self.leader is not None:
+            oprot.writeFieldBegin('leader', TType.STRING, 26)
+            oprot.writeString(self.leader.encode('utf-8') if sys.version_info[0] == 2 else self.leader)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5469,6 +5493,7 @@ TrainingFailed.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'message', 'UTF8', None, ),  # 1
     (2, TType.LIST, 'nodes_tried', (TType.STRING, 'UTF8', False), None, ),  # 2
+    (3, TType.STRING, 'leader', 'UTF8', None, ),  # 3
 )
 all_structs.append(RunCancelled)
 RunCancelled.thrift_spec = (
@@ -6676,6 +6701,7 @@ RunStatus.thrift_spec = (
     (23, TType.I64, 'todo', None, None, ),  # 23
     (24, TType.I64, 'pending', None, None, ),  # 24
     (25, TType.I64, 'done', None, None, ),  # 25
+    (26, TType.STRING, 'leader', 'UTF8', None, ),  # 26
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

@@ -111,6 +111,31 @@ def test_a_train_call_that_ended_without_dropping_the_run_says_why(error, line,
     assert (str(info.value), info.value.exit_code) == (line, exit_code)
 
 
+@pytest.mark.parametrize(("error", "follows"), [
+    (ttypes.TrainingFailed(message="stands by", leader="h2:9096"), True),
+    (ttypes.TrainingFailed(message="stands by", leader=""), True),  # nobody leads yet
+    (ConnectionFailed(REFUSED), True),
+    (TTransportException(TTransportException.END_OF_FILE, "h:9095 closed"), True),
+    (TApplicationException(6, "Internal error"), False),  # it answered: it is up
+    (ttypes.TrainingFailed(message="no node answered"), False),  # the run's own end
+])
+def test_with_other_coordinators_a_lost_or_standby_leader_is_followed(error, follows) -> None:
+    call = train_call(error)
+    with pytest.raises(session.LeaderChanged if follows else ClientError):
+        session._train_outcome(call, call.endpoint, "r1", others=True)
+    if follows:  # alone, the same error ends the client with its line
+        with pytest.raises(ClientError):
+            session._train_outcome(call, call.endpoint, "r1", others=False)
+
+
+def test_a_standby_s_refusal_says_who_leads() -> None:
+    error = coordinator_error(ttypes.TrainingFailed(message="run r1 was not started: this "
+                                                    "coordinator stands by (h2:9096 leads)",
+                                                    leader="h2:9096"), WHERE)
+    assert (type(error).__name__, error.leader) == ("NotLeader", "h2:9096")
+    assert "stands by (h2:9096 leads)" in str(error)
+
+
 def test_a_dropped_run_is_resumable_only_where_the_coordinator_may_have_stored_it(
         monkeypatch) -> None:
     monkeypatch.setattr(session, "_is_stored", lambda endpoint, run_id: None)  # it is down

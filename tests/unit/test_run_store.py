@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
+from collections.abc import Callable
 from contextlib import closing
 from itertools import pairwise
 from pathlib import Path
@@ -44,8 +46,14 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: FakeClock):
-    with RunStore(tmp_path / "runs.db", clock=clock) as s:
+def new_store(tmp_path: Path) -> Callable[..., RunStore]:
+    """Opens the store the tests of both databases share (the PostgreSQL tests override it)."""
+    return lambda clock=time.time: RunStore(tmp_path / "runs.db", clock=clock)
+
+
+@pytest.fixture
+def store(new_store: Callable[..., RunStore], clock: FakeClock):
+    with new_store(clock) as s:
         s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2,
                      config={"epochs": 5}, policy=2)
         s.plan_units("r1", 1, UNITS)
@@ -56,6 +64,19 @@ def raw_sql(path: Path | str, sql: str, params: tuple = ()) -> list[tuple[Any, .
     """Read or change the file behind the store's back, as another tool would."""
     with closing(sqlite3.connect(path)) as db, db:
         return db.execute(sql, params).fetchall()
+
+
+def store_sql(store: RunStore, sql: str, params: tuple = ()) -> list[tuple[Any, ...]]:
+    """raw_sql on the database behind ``store``: its file, or its PostgreSQL server (the
+    tests of tests/integration/test_postgres_store.py run these tests there too)."""
+    url = getattr(store, "url", None)
+    if url is None:
+        return raw_sql(store.path, sql, params)
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        cursor = db.execute(sql.replace("?", "%s"), params)
+        return cursor.fetchall() if cursor.description else []
 
 
 def history(store: RunStore, unit_id: str, round_index: int = 1) -> list[tuple]:
@@ -135,8 +156,9 @@ def test_another_sqlite_database_is_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------- runs
-def test_list_runs_newest_first_with_a_limit(tmp_path: Path, clock: FakeClock) -> None:
-    with RunStore(tmp_path / "runs.db", clock=clock) as s:
+def test_list_runs_newest_first_with_a_limit(new_store: Callable[..., RunStore],
+                                             clock: FakeClock) -> None:
+    with new_store(clock) as s:
         for i, step in enumerate([0, 10, 0, 5]):  # run-2 ties with run-1: insertion decides
             clock.now += step
             s.create_run(f"run-{i}", algorithm="a", model="m", dataset="d", rounds=1)
@@ -176,7 +198,7 @@ def test_a_run_that_ends_closes_its_live_attempts_and_ignores_their_answers(
     store.unit_started("r1", 1, UNITS[0], 1, A)
     store.unit_started("r1", 1, UNITS[1], 1, B)
     assert store.fail_unfinished_runs("the coordinator stopped") == ["r1"]
-    attempts = raw_sql(store.path, "SELECT unit_id, status, reason, ended IS NOT NULL "
+    attempts = store_sql(store, "SELECT unit_id, status, reason, ended IS NOT NULL "
                                    "FROM attempts ORDER BY unit_id")
     assert attempts == [(UNITS[0], "cancelled", "the coordinator stopped", 1),
                         (UNITS[1], "cancelled", "the coordinator stopped", 1)]
@@ -191,9 +213,9 @@ def test_a_run_that_ends_closes_its_live_attempts_and_ignores_their_answers(
 def test_a_resumed_run_has_no_attempt_left_in_progress(store: RunStore) -> None:
     store.unit_started("r1", 1, UNITS[0], 1, A)
     store.end_run("r1", "failed", "crashed")
-    raw_sql(store.path, "UPDATE attempts SET status = 'in_progress'")  # as older code left it
+    store_sql(store, "UPDATE attempts SET status = 'in_progress'")  # as older code left it
     store.resume_run("r1", 0)
-    assert raw_sql(store.path, "SELECT status FROM attempts") == [("cancelled",)]
+    assert store_sql(store, "SELECT status FROM attempts") == [("cancelled",)]
     assert store.attempts_so_far("r1", 1) == {UNITS[0]: 1}  # numbering goes on after it
 
 
@@ -274,7 +296,7 @@ def test_attempt_paths(store: RunStore, ends: list[str], final: str, failures: i
     assert [e[3] for e in events] == ["pending"] + [s for end in ends
                                                     for s in ("in_progress", end)]
     assert all(e[2] == prev[3] for prev, e in pairwise(events))  # a replayable chain
-    assert raw_sql(store.path, "SELECT status, attempts, failures, last_reason FROM units "
+    assert store_sql(store, "SELECT status, attempts, failures, last_reason FROM units "
                    "WHERE unit_id = ?", (unit,)) == [(final, len(ends), failures,
                                                       f"#{len(ends)}")]
     assert store.ledger_counts("r1", 1)[final] == 1
@@ -328,7 +350,7 @@ def test_unit_level_moves(store: RunStore, path: list[str], final: str) -> None:
             store.move_unit("r1", 1, unit, "stale", "no answer for 60 s")
         else:
             store.move_unit("r1", 1, unit, step)
-    assert raw_sql(store.path, "SELECT status FROM units WHERE unit_id = ?", (unit,)) == [
+    assert store_sql(store, "SELECT status FROM units WHERE unit_id = ?", (unit,)) == [
         (final,)]
     assert [e.to_status for e in store.unit_history("r1", 1, unit)][-1] == final
 
@@ -525,8 +547,9 @@ def test_a_version_2_file_gains_the_pass_column_and_keeps_its_units(tmp_path: Pa
         assert s.ledger_counts("r1")["pending"] == 3
 
 
-def test_gathered_units_keep_their_attempts_events_and_pass(tmp_path: Path) -> None:
-    with RunStore(tmp_path / "runs.db") as s:
+def test_gathered_units_keep_their_attempts_events_and_pass(
+        new_store: Callable[..., RunStore]) -> None:
+    with new_store() as s:
         s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3)
         s.plan_units("r1", 1, ["a.p1", "b.p1"], pass_index=1)
         s.unit_started("r1", 1, "a.p1", 1, A)

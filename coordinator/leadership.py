@@ -1,0 +1,132 @@
+"""Which of the coordinators sharing a PostgreSQL run store leads: a lease with a fencing
+epoch, in the store's one-row `leader` table.
+
+Every coordinator started on the store runs a LeaseKeeper. One that does not lead tries,
+every `lease/3` seconds, to take the lease in one UPDATE that succeeds only when nobody
+holds it or its holder let it expire; taking it adds one to the epoch. The leader renews
+it as often, in an UPDATE that succeeds only while the epoch is still its own. Expiry is
+judged by the database's clock, so the coordinators' clocks need not agree.
+
+The epoch fences the store (coordinator/postgres_store.py): a leader that missed its
+renewals (paused, cut off) and was replaced can write nothing once the next one holds
+the lease, and steps down at its next renewal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+
+from coordinator.postgres_store import PostgresRunStore
+
+log = logging.getLogger("coordinator.leadership")
+LEASE_SECONDS = 6.0
+LOCK_TIMEOUT_MS = 1000  # a takeover waits this long for the old leader's write in progress
+
+_TAKE = """UPDATE leader SET epoch = epoch + 1, holder = %s, address = %s,
+    expires = clock_timestamp() + make_interval(secs => %s)
+    WHERE id = 1 AND (holder IS NULL OR expires < clock_timestamp()) RETURNING epoch"""
+_RENEW = """UPDATE leader SET expires = clock_timestamp() + make_interval(secs => %s)
+    WHERE id = 1 AND epoch = %s AND holder = %s RETURNING epoch"""
+_READ = """SELECT address, epoch, holder IS NOT NULL AND expires >= clock_timestamp()
+    FROM leader WHERE id = 1"""
+_RELEASE = "UPDATE leader SET holder = NULL, expires = NULL WHERE id = 1 AND epoch = %s"
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads, as the store says: ``live`` is False when the lease has expired."""
+
+    address: str | None
+    epoch: int
+    live: bool
+
+
+class LeaseKeeper:
+    """Takes, renews and gives up the lease for one coordinator; see the module docstring.
+    ``on_lead(epoch)`` runs in the keeper's thread once the lease is taken (and the store
+    fenced with it), before the next renewal; ``on_lose(leader)`` once a renewal finds
+    another epoch."""
+
+    def __init__(self, store: PostgresRunStore, address: str, on_lead: Callable[[int], None],
+                 on_lose: Callable[[Leader], None], lease_seconds: float = LEASE_SECONDS) -> None:
+        self.store = store
+        self.address = address
+        self.holder = f"{address} pid {os.getpid()} on {socket.gethostname()}"
+        self.lease_seconds = lease_seconds
+        self.epoch: int | None = None  # set while leading
+        self._on_lead, self._on_lose = on_lead, on_lose
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="lease-keeper", daemon=True)
+        self._unreachable = False  # said once per outage
+        store.fence(None)  # until it leads, this coordinator writes nothing
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, release: bool = True) -> None:
+        """Stop keeping the lease; ``release`` hands it back at once (a clean shutdown), so
+        a standby need not wait for it to expire."""
+        self._stopped.set()
+        self._thread.join(self.lease_seconds)
+        if release and self.epoch is not None:
+            self._run(_RELEASE, (self.epoch,))
+
+    @property
+    def leading(self) -> bool:
+        return self.epoch is not None
+
+    def leader(self) -> Leader | None:
+        """The leader the store names, or None if it cannot be read."""
+        row = self._run(_READ, ())
+        return None if row is None else Leader(*row)
+
+    def step(self) -> None:
+        """One try to take the lease, or one renewal (the keeper's thread calls it every
+        lease/3 seconds; tests call it directly)."""
+        if self.epoch is None:
+            row = self._run(_TAKE, (self.holder, self.address, self.lease_seconds))
+            if row is not None:
+                self.epoch = row[0]
+                self.store.fence(self.epoch)
+                log.warning("leading the run store %s (epoch %d)", self.store.path, self.epoch)
+                self._on_lead(self.epoch)
+            return
+        renewed = self._run(_RENEW, (self.lease_seconds, self.epoch, self.holder),
+                            failed=False)
+        if renewed is None:
+            lost, self.epoch = self.epoch, None
+            leader = self.leader() or Leader(None, lost + 1, False)
+            log.warning("stepped down: the lease of epoch %d is lost, %s leads now (epoch %d)",
+                        lost, leader.address or "another coordinator", leader.epoch)
+            self._on_lose(leader)
+
+    def _keep(self) -> None:
+        while not self._stopped.wait(self.lease_seconds / 3):
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - the keeper must go on; the log says what
+                log.exception("lease keeper")
+
+    def _run(self, sql: str, parameters: tuple, failed: object = None) -> tuple | None:
+        """One statement in a transaction of its own; its row, None when it matched none.
+        When the database cannot be reached the answer is ``failed`` (None: as if no row
+        matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
+        try:
+            with self.store.connection() as db, db.transaction():
+                db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                row = db.execute(sql, parameters).fetchone()
+        except (psycopg.Error, OSError) as exc:
+            if not self._unreachable:
+                log.warning("lease: the run store %s cannot be reached: %s", self.store.path,
+                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+            self._unreachable = True
+            return failed  # type: ignore[return-value]
+        self._unreachable = False
+        return row

@@ -1,0 +1,363 @@
+"""The run store on PostgreSQL: `coordinator_node.py PORT POLICY --store postgresql://...`.
+
+The ledger is coordinator/run_store.py's, statement for statement: PostgresSession runs
+them on a psycopg 3 connection (client-side binding, so `?` becomes `%s` and a NULL needs
+no declared type; SQLite's INDEXED BY hints are dropped). What PostgreSQL adds is what lets
+a coordinator on another machine carry on without the first one's disk:
+
+- run_files: each run's request.json, metrics.jsonl and checkpoint.npz (weights, optimizer
+  and policy state), in bytea parts of FILE_PART_BYTES, so a model of any size fits;
+- leader: one row, the lease of the coordinator that leads and its fencing epoch
+  (coordinator/leadership.py takes and renews it).
+
+Fencing. A store told its epoch (`fence(epoch)`) begins every write transaction with a
+share lock on the leader row and a check of the epoch there: a takeover's UPDATE of that
+row waits for the write in progress to commit, and every write after it finds the newer
+epoch and raises LeadershipLost, so a leader that was paused (SIGSTOP, a long GC, a cut
+network) never writes after losing the lease. A store with no epoch (a standby, a
+read-only command) refuses every write with NotLeading. A session left idle inside a
+transaction for IDLE_IN_TRANSACTION_MS (a process stopped mid-transaction) is ended by the
+server, so its lock cannot hold up a takeover.
+
+Connections come from a psycopg_pool pool (the ledger's, the lease keeper's): one that
+broke (the server restarted) is replaced on the next transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from coordinator.run_store import RunStore, SchemaError
+from engine import runtime
+from engine.ledger import RunStoreError, StoreUnavailable
+
+SCHEMA_VERSION = 1
+FILE_PART_BYTES = 16 * 2**20
+CONNECT_SECONDS = 10.0
+IDLE_IN_TRANSACTION_MS = 5000
+SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
+_SCHEMES = ("postgresql://", "postgres://")
+
+_SCHEMA = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    # rowid: the order of insertion, as SQLite's rowid (runs created in the same second)
+    """CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+        created DOUBLE PRECISION NOT NULL,
+        state TEXT NOT NULL
+            CHECK (state IN ('running', 'completed', 'failed', 'cancelled')),
+        algorithm TEXT NOT NULL,
+        model TEXT NOT NULL,
+        dataset TEXT NOT NULL,
+        rounds INTEGER NOT NULL,
+        config TEXT NOT NULL,
+        policy INTEGER,
+        message TEXT,
+        ended DOUBLE PRECISION)""",
+    "CREATE INDEX runs_by_created ON runs (created)",
+    """CREATE TABLE rounds (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        round INTEGER NOT NULL,
+        validation_error DOUBLE PRECISION,
+        validation_loss DOUBLE PRECISION,
+        train_loss DOUBLE PRECISION,
+        seconds DOUBLE PRECISION,
+        completed_units INTEGER NOT NULL,
+        discarded_units INTEGER NOT NULL,
+        ended DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run_id, round))""",
+    """CREATE TABLE units (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        round INTEGER NOT NULL,
+        unit_id TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'in_progress', 'completed',
+            'failed', 'stale', 'cancelled', 'discarded')),
+        node TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        last_reason TEXT,
+        created DOUBLE PRECISION NOT NULL,
+        updated DOUBLE PRECISION NOT NULL,
+        pass INTEGER,
+        PRIMARY KEY (run_id, round, unit_id))""",
+    "CREATE INDEX units_by_status ON units (run_id, status)",
+    """CREATE TABLE attempts (
+        run_id TEXT NOT NULL,
+        round INTEGER NOT NULL,
+        unit_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL CHECK (attempt >= 1),
+        node TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed',
+            'stale', 'pending', 'discarded', 'cancelled')),
+        started DOUBLE PRECISION NOT NULL,
+        ended DOUBLE PRECISION,
+        reason TEXT,
+        PRIMARY KEY (run_id, round, unit_id, attempt),
+        FOREIGN KEY (run_id, round, unit_id) REFERENCES units ON DELETE CASCADE)""",
+    "CREATE INDEX attempts_by_status ON attempts (run_id, status)",
+    """CREATE TABLE unit_events (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        round INTEGER NOT NULL,
+        unit_id TEXT NOT NULL,
+        attempt INTEGER,
+        node TEXT,
+        from_status TEXT,
+        to_status TEXT NOT NULL,
+        attempt_status TEXT,
+        reason TEXT,
+        time DOUBLE PRECISION NOT NULL,
+        FOREIGN KEY (run_id, round, unit_id) REFERENCES units ON DELETE CASCADE)""",
+    "CREATE INDEX unit_events_by_unit ON unit_events (run_id, round, unit_id, id)",
+    """CREATE TABLE nodes (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        node TEXT NOT NULL,
+        accepted INTEGER NOT NULL DEFAULT 0,
+        rejected INTEGER NOT NULL DEFAULT 0,
+        delayed INTEGER NOT NULL DEFAULT 0,
+        failed INTEGER NOT NULL DEFAULT 0,
+        cancelled INTEGER NOT NULL DEFAULT 0,
+        samples BIGINT NOT NULL DEFAULT 0,
+        last_answer DOUBLE PRECISION,
+        last_failure DOUBLE PRECISION,
+        last_reason TEXT,
+        last_heartbeat DOUBLE PRECISION,
+        PRIMARY KEY (run_id, node))""",
+    """CREATE TABLE run_files (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        part INTEGER NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (run_id, name, part))""",
+    """CREATE TABLE leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch BIGINT NOT NULL,
+        holder TEXT,
+        address TEXT,
+        expires TIMESTAMPTZ)""",
+    "INSERT INTO leader (id, epoch) VALUES (1, 0)",
+)
+
+
+class NotLeading(RunStoreError):
+    """A write on a store whose coordinator does not lead (a standby): it only reads."""
+
+
+class LeadershipLost(StoreUnavailable):
+    """A newer leader holds the store: this coordinator's writes are refused from now on.
+    A StoreUnavailable, so a run stops at its next write as it does on a full disk, and
+    writes nothing more."""
+
+
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(_SCHEMES)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@functools.lru_cache(maxsize=512)
+def _postgres_sql(statement: str) -> str:
+    """A statement of the SQLite store as psycopg takes it."""
+    statement = re.sub(r"\s+INDEXED BY \w+", "", statement)
+    return statement.replace("%", "%%").replace("?", "%s")
+
+
+class PostgresSession:
+    """A psycopg connection that takes the SQLite store's statements (the Database
+    protocol of coordinator/run_store.py)."""
+
+    def __init__(self, connection: psycopg.Connection) -> None:
+        self.connection = connection
+
+    @property
+    def in_transaction(self) -> bool:
+        status = self.connection.info.transaction_status
+        return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+    def execute(self, sql: str, parameters: Any = None) -> psycopg.Cursor:
+        return self.connection.execute(_postgres_sql(sql), parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any]) -> None:
+        rows = list(parameters)
+        if rows:
+            with self.connection.cursor() as cursor:
+                cursor.executemany(_postgres_sql(sql), rows)
+
+
+class PostgresRunStore(RunStore):
+    """The run store in a PostgreSQL database; see the module docstring."""
+
+    _DriverError = psycopg.Error
+    _IntegrityError = psycopg.IntegrityError
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = runtime.wall,
+                 connect_seconds: float = CONNECT_SECONDS) -> None:
+        self.url = url
+        self.path = redacted(url)
+        self.epoch: int | None = None  # the leader's fencing epoch; None: no writes checked
+        self.writes_need_epoch = False  # a coordinator's store: writes only while leading
+        self._session: PostgresSession | None = None
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=4, open=False, name="run-store",
+            kwargs={"autocommit": True, "cursor_factory": psycopg.ClientCursor,
+                    "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"})
+        try:
+            self._pool.open(wait=True, timeout=connect_seconds)
+        except PoolTimeout:
+            problem = _first_connect_problem(url)
+            self._pool.close()
+            raise RunStoreError(f"cannot connect to the run store {self.path}: "
+                                f"{problem}") from None
+        self._start(clock)
+
+    # --------------------------------------------------------------- plumbing
+    def _open(self) -> PostgresSession:
+        return self._take_session()
+
+    def _take_session(self) -> PostgresSession:
+        self._session = PostgresSession(self._pool.getconn(timeout=CONNECT_SECONDS))
+        return self._session
+
+    def _connection(self) -> PostgresSession:
+        if self._db is None:
+            raise RunStoreError(f"the run store {self.path} is closed")
+        session = self._session
+        if session is None or session.connection.closed or session.connection.broken:
+            if session is not None:  # the pool drops a broken connection
+                self._pool.putconn(session.connection)
+            try:
+                self._db = self._take_session()
+            except PoolTimeout:
+                raise StoreUnavailable(f"run store {self.path}: no connection to the "
+                                       "database") from None
+        return self._db
+
+    def _begin(self, db: PostgresSession, write: bool) -> None:  # type: ignore[override]
+        db.execute("BEGIN" if write else "BEGIN READ ONLY")
+        if write:
+            self._check_epoch(db)
+
+    def _check_epoch(self, db: PostgresSession) -> None:
+        if self.epoch is None:
+            if self.writes_need_epoch:
+                raise NotLeading(f"run store {self.path}: this coordinator stands by; "
+                                 "only the leader writes")
+            return
+        (current,) = db.execute("SELECT epoch FROM leader WHERE id = 1 FOR SHARE").fetchone()
+        if current != self.epoch:
+            raise LeadershipLost(f"run store {self.path}: a newer leader holds it (epoch "
+                                 f"{current}, this coordinator's {self.epoch})")
+
+    def fence(self, epoch: int | None) -> None:
+        """Write as the leader of ``epoch`` (None: write nothing, as a standby)."""
+        with self._lock:
+            self.epoch = epoch
+            self.writes_need_epoch = True
+
+    def abandon(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            self._pool.close(timeout=0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db = None
+                if self._session is not None:
+                    self._pool.putconn(self._session.connection)
+                    self._session = None
+                self._pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A connection of the pool apart from the ledger's (the lease keeper's)."""
+        with self._pool.connection(timeout=CONNECT_SECONDS) as connection:
+            yield connection
+
+    def _check_schema(self) -> None:
+        with self._tx() as db:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+            if db.execute("SELECT to_regclass('schema_version')").fetchone()[0] is not None:
+                self._check_version(db)
+                return
+            tables = db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = "
+                                "current_schema()").fetchone()[0]
+            if tables:
+                raise SchemaError(f"{self.path} holds {tables} tables but no run store (no "
+                                  "schema_version table): use another database")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    def _check_version(self, db: PostgresSession) -> None:
+        rows = db.execute("SELECT version FROM schema_version LIMIT 2").fetchall()
+        version = rows[0][0] if len(rows) == 1 else None
+        if version == SCHEMA_VERSION:
+            return
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise SchemaError(f"{self.path} has run store schema version {version}, newer "
+                              f"than this coordinator understands ({SCHEMA_VERSION}): use a "
+                              "newer coordinator or another database")
+        raise SchemaError(f"{self.path} has an unknown run store schema version "
+                          f"{[r[0] for r in rows]!r} (expected {SCHEMA_VERSION})")
+
+    # ------------------------------------------------------------- run files
+    keeps_files = True  # a run's files live here too, for a coordinator on another machine
+
+    def store_file(self, run_id: str, name: str, path: Path) -> None:
+        """Keep the file at ``path`` as the run's ``name``, replacing what was there, in one
+        transaction read part by part (a checkpoint never shows half old, half new)."""
+        with self._tx() as db, open(path, "rb") as f:
+            db.execute("DELETE FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
+            part = 0
+            while chunk := f.read(FILE_PART_BYTES):
+                db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
+                           "(?, ?, ?, ?)", (run_id, name, part, chunk))
+                part += 1
+            if part == 0:
+                db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
+                           "(?, ?, 0, ?)", (run_id, name, b""))
+
+    def restore_files(self, run_id: str, folder: Path) -> list[str]:
+        """Write the run's kept files into ``folder`` (created if needed), each atomically;
+        returns their names."""
+        with self._tx(write=False) as db:
+            names = [n for (n,) in db.execute("SELECT DISTINCT name FROM run_files WHERE "
+                                              "run_id = ? ORDER BY name", (run_id,))]
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            partial = folder / f".{name}.restoring"
+            with self._tx(write=False) as db, open(partial, "wb") as f:
+                for (data,) in db.execute("SELECT data FROM run_files WHERE run_id = ? AND "
+                                          "name = ? ORDER BY part", (run_id, name)):
+                    f.write(data)
+            partial.replace(folder / name)
+        return names
+
+
+def _first_connect_problem(url: str) -> str:
+    """Why the pool could not connect: one direct attempt says it in the server's words."""
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return "timed out"

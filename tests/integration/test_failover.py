@@ -1,0 +1,169 @@
+"""Coordinators sharing a PostgreSQL run store: one leads, the others stand by and take
+its runs over when it dies; a paused leader is fenced; clients follow the leader.
+Real coordinator, node and client processes, and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from devtools import local_cluster as procs
+from training.outputs.model_file import load_model
+
+ROUNDS = 6
+# Server momentum keeps state between rounds: a takeover that lost it would change the bits.
+TRAIN = ["letters", str(ROUNDS), "2", "16", "0.01", "--local-optimizer", "sgd",
+         "--server-optimizer", "momentum"]
+LEASE = "2"  # seconds: takeovers within a few seconds keep the tests short
+
+
+class Pair:
+    """Two nodes and two coordinators (a and b, a started first, so it leads) on one
+    PostgreSQL database, each coordinator with a run folder of its own, as on two
+    machines."""
+
+    def __init__(self, workdir: Path, url: str, *node_flags: str) -> None:
+        self.workdir, self.url = workdir, url
+        self.nodes = [procs.start_node(workdir, f"node{i}", 0.0, "--seed", str(i), *node_flags)
+                      for i in (1, 2)]
+        self.nodes_file = procs.write_nodes_file(workdir / "compute_nodes.txt", self.nodes)
+        self.a = self.coordinator("a")
+        self.a.wait_for("leading: this coordinator leads")
+        self.b = self.coordinator("b")
+        self.b.wait_for(f"standing by: 127.0.0.1:{self.a.port} leads")
+
+    def coordinator(self, name: str) -> procs.Proc:
+        return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", self.url,
+                                       "--deterministic", "--lease", LEASE,
+                                       run_dir=self.workdir / f"runs-{name}",
+                                       name=f"coordinator-{name}")
+
+    def hosts_and_ports(self) -> list[str]:
+        return ["127.0.0.1,127.0.0.1", f"{self.a.port},{self.b.port}"]
+
+    def start_client(self, run_id: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(procs.REPO / "client.py"), *self.hosts_and_ports(), *TRAIN,
+             "--run-id", run_id, "--json", "--poll", "0.2"], cwd=self.workdir,
+            env=procs.python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.log()}" for p in [*self.nodes, self.a,
+                                                                       self.b])
+
+    def stop(self) -> None:
+        for proc in [self.a, self.b, *self.nodes]:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGCONT)  # a paused one must hear the SIGTERM
+            proc.stop()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, postgres_url: str):
+    made = Pair(tmp_path, postgres_url)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The same run, on one coordinator with the SQLite store, never interrupted."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    nodes = [procs.start_node(workdir, f"node{i}", 0.0, "--seed", str(i)) for i in (1, 2)]
+    coordinator = procs.start_coordinator(
+        workdir, procs.write_nodes_file(workdir / "compute_nodes.txt", nodes), 2,
+        "--deterministic")
+    try:
+        done = procs.run_client(["127.0.0.1", str(coordinator.port), *TRAIN, "--run-id",
+                                 "same", "--json"], workdir)
+        assert done.returncode == 0, done.stderr
+    finally:
+        for proc in [coordinator, *nodes]:
+            proc.stop()
+    return load_model(workdir / "models" / "same.npz")[0]
+
+
+def _finish(pair: Pair, client: subprocess.Popen) -> tuple[dict, str]:
+    try:
+        out, err = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + pair.logs()
+    return json.loads(out), err
+
+
+def _same_weights(pair: Pair, run_id: str, expected: dict[str, np.ndarray]) -> bool:
+    weights = load_model(pair.workdir / "models" / f"{run_id}.npz")[0]
+    return weights.keys() == expected.keys() and all(
+        np.array_equal(weights[k], expected[k]) for k in expected)
+
+
+@pytest.mark.parametrize("moment", [
+    r"run same: delta_avg",  # before the first checkpoint
+    r"round 3/6",  # mid-run, after a checkpoint
+])
+def test_a_killed_leader_s_run_ends_at_the_standby_with_the_same_bits(
+        pair: Pair, uninterrupted: dict[str, np.ndarray], moment: str) -> None:
+    client = pair.start_client("same")
+    pair.a.wait_for(moment, timeout=60)
+    pair.a.popen.kill()
+    result, err = _finish(pair, client)
+    assert result["rounds"] == ROUNDS
+    assert result["coordinator_run_dir"].startswith(str(pair.workdir / "runs-b"))
+    pair.b.wait_for(r"leading the run store .* \(epoch 2\)")
+    pair.b.wait_for("run same taken over from the previous leader")
+    assert _same_weights(pair, "same", uninterrupted)
+    with psycopg.connect(pair.url) as db:  # every unit accounted for, none open
+        open_attempts = db.execute("SELECT count(*) FROM attempts WHERE status = "
+                                   "'in_progress'").fetchone()[0]
+        completed = db.execute("SELECT count(*) FROM (SELECT 1 FROM attempts WHERE status = "
+                               "'completed' GROUP BY round, unit_id HAVING count(*) > 1) t"
+                               ).fetchone()[0]
+    assert (open_attempts, completed) == (0, 0)
+
+
+def test_a_paused_leader_is_fenced_and_steps_down(
+        tmp_path: Path, postgres_url: str, uninterrupted: dict[str, np.ndarray]) -> None:
+    pair = Pair(tmp_path, postgres_url, "--load-delay", "0.3")  # rounds of a few seconds
+    try:
+        client = pair.start_client("same")
+        pair.a.wait_for(r"round 2/6", timeout=60)
+        pair.a.popen.send_signal(signal.SIGSTOP)
+        pair.b.wait_for("run same taken over", timeout=30)
+        pair.a.popen.send_signal(signal.SIGCONT)  # it wakes believing it leads
+        pair.a.wait_for(r"stepped down: the lease of epoch 1 is lost, "
+                        rf"127.0.0.1:{pair.b.port} leads now \(epoch 2\)", timeout=30)
+        result, _ = _finish(pair, client)
+        assert result["coordinator_run_dir"].startswith(str(pair.workdir / "runs-b"))
+        assert _same_weights(pair, "same", uninterrupted)
+        status = procs.run_client(["status", "127.0.0.1", str(pair.a.port), "same", "--json"],
+                                  tmp_path)
+        assert json.loads(status.stdout)["leader"] == f"127.0.0.1:{pair.b.port}"
+    finally:
+        pair.stop()
+
+
+def test_a_standby_serves_status_and_refuses_training(pair: Pair) -> None:
+    runs = procs.run_client(["runs", "127.0.0.1", str(pair.b.port)], pair.workdir)
+    assert runs.returncode == 0, runs.stderr
+    train = procs.run_client(["127.0.0.1", str(pair.b.port), *TRAIN, "--run-id", "r"],
+                             pair.workdir)
+    assert train.returncode == 1
+    assert f"this coordinator stands by (127.0.0.1:{pair.a.port} leads)" in train.stderr
+    both = procs.run_client([*pair.hosts_and_ports(), *TRAIN, "--run-id", "r", "--json"],
+                            pair.workdir)  # given both, the client finds the leader
+    assert both.returncode == 0, both.stderr
+    status = procs.run_client(["status", "127.0.0.1", str(pair.b.port), "r", "--json"],
+                              pair.workdir)
+    shown = json.loads(status.stdout)
+    assert (shown["state"], shown["leader"]) == ("completed", f"127.0.0.1:{pair.a.port}")
