@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from coordinator.checkpoint import CheckpointError
 from coordinator.handler import CoordinatorHandler
 from coordinator.leadership import LEASE_SECONDS
-from coordinator.postgres_store import is_postgres_url
+from coordinator.postgres_store import OUTAGE_SECONDS, is_postgres_url
 from coordinator.records import InvalidRun
 from coordinator.request_checks import RequestLimits
 from coordinator.run import CoordinatorSettings
@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with a PostgreSQL store: the leader's lease, renewed every third "
                              "of it; a standby takes over this long after the leader stops "
                              f"renewing (default {LEASE_SECONDS:g})")
+    parser.add_argument("--store-outage", type=arg_types.seconds, default=OUTAGE_SECONDS,
+                        metavar="SECONDS",
+                        help="with a PostgreSQL store: while its database cannot be reached, "
+                             "training pauses (status says so) and carries on when it is back; "
+                             "a run fails after this long, and is resumed once it is back "
+                             f"(default {OUTAGE_SECONDS:g})")
     parser.add_argument("--advertise", default=None, metavar="HOST",
                         help="with a PostgreSQL store: the host name clients and the other "
                              "coordinators are told to reach this one at (default: --host, "
@@ -215,7 +221,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                                store_path=(Path(args.store) if args.store and not uses_postgres
                                            else None),
                                store_url=args.store if uses_postgres else None,
-                               lease_seconds=args.lease,
+                               lease_seconds=args.lease, store_outage=args.store_outage,
                                limits=limits_from(args))
 
 

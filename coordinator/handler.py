@@ -229,7 +229,16 @@ class CoordinatorHandler(MembershipService):
 
     def _with_ledger(self, status: ttypes.RunStatus) -> ttypes.RunStatus:
         """``status`` with the store's unit ledger and unfinished units: what `status` and
-        the final summary report, from the same records."""
+        the final summary report, from the same records. While the store's database is
+        away, without them, and a running run says it is paused."""
+        away = getattr(self.store, "unreachable_since", None)
+        if away is not None:
+            if status.state == "running":
+                status.message = (f"paused: the run store cannot be reached (for "
+                                  f"{time.monotonic() - away:.0f} s); training goes on when "
+                                  f"it is back (the run fails after --store-outage "
+                                  f"{self.settings.store_outage:g} s)")
+            return status
         try:
             status.unfinished = [_unit_info(u)
                                  for u in self.store.unfinished_units(status.run_id)]
@@ -326,7 +335,7 @@ def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, RunStor
     before it can touch the first one's runs). PostgreSQL: no lock; the coordinators
     sharing it elect a leader (lead_when_elected)."""
     if settings.store_url is not None:
-        return None, PostgresRunStore(settings.store_url)
+        return None, PostgresRunStore(settings.store_url, outage_seconds=settings.store_outage)
     path = settings.store_path or settings.run_root / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = StoreLock(path)

@@ -21,12 +21,22 @@ server, so its lock cannot hold up a takeover.
 
 Connections come from a psycopg_pool pool (the ledger's, the lease keeper's): one that
 broke (the server restarted) is replaced on the next transaction.
+
+The database away (restarted, down, cut off): a call the engine makes while it trains is
+made again, whole, every RETRY_SECONDS until the database answers, so training pauses and
+then carries on, losing nothing; `unreachable_since` says since when, for `status`. A
+transaction that failed before its COMMIT was sent did nothing and is safe to make again;
+one cut off during its COMMIT may or may not have committed, so it is not retried: the run
+fails, as it does when the database stays away past `outage_seconds` (--store-outage), and
+is carried on (resumed) once the database is back.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,13 +47,17 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from coordinator.run_store import RunStore, SchemaError
+from coordinator.run_store import RunStore, SchemaError, rides_out_outages
 from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
 
+log = logging.getLogger("coordinator.store")
 SCHEMA_VERSION = 1
 FILE_PART_BYTES = 16 * 2**20
 CONNECT_SECONDS = 10.0
+RECONNECT_SECONDS = 2.0  # one try for a connection while the database is away
+RETRY_SECONDS = 0.5
+OUTAGE_SECONDS = 60.0
 IDLE_IN_TRANSACTION_MS = 5000
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 _SCHEMES = ("postgresql://", "postgres://")
@@ -154,6 +168,15 @@ class NotLeading(RunStoreError):
     """A write on a store whose coordinator does not lead (a standby): it only reads."""
 
 
+class ConnectionLost(StoreUnavailable):
+    """The database could not be reached; ``commit_unknown``: the connection broke while
+    a COMMIT was on its way, so whether the transaction took effect is unknown."""
+
+    def __init__(self, message: str, commit_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.commit_unknown = commit_unknown
+
+
 class LeadershipLost(StoreUnavailable):
     """A newer leader holds the store: this coordinator's writes are refused from now on.
     A StoreUnavailable, so a run stops at its next write as it does on a full disk, and
@@ -187,14 +210,19 @@ class PostgresSession:
 
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
-
+        self.committing = False  # the last statement sent was a COMMIT
     @property
     def in_transaction(self) -> bool:
         status = self.connection.info.transaction_status
         return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
     def execute(self, sql: str, parameters: Any = None) -> psycopg.Cursor:
+        self.committing = sql == "COMMIT"
         return self.connection.execute(_postgres_sql(sql), parameters)
+
+    @property
+    def lost(self) -> bool:
+        return self.connection.closed or self.connection.broken
 
     def executemany(self, sql: str, parameters: Iterable[Any]) -> None:
         rows = list(parameters)
@@ -210,9 +238,14 @@ class PostgresRunStore(RunStore):
     _IntegrityError = psycopg.IntegrityError
 
     def __init__(self, url: str, *, clock: Callable[[], float] = runtime.wall,
-                 connect_seconds: float = CONNECT_SECONDS) -> None:
+                 connect_seconds: float = CONNECT_SECONDS,
+                 outage_seconds: float = OUTAGE_SECONDS) -> None:
         self.url = url
         self.path = redacted(url)
+        self.outage_seconds = outage_seconds
+        self.unreachable_since: float | None = None  # runtime.monotonic() of the outage
+        self._batches = threading.local()  # this thread's depth of batch() blocks
+        self._lock_for_outage = threading.Lock()
         self.epoch: int | None = None  # the leader's fencing epoch; None: no writes checked
         self.writes_need_epoch = False  # a coordinator's store: writes only while leading
         self._session: PostgresSession | None = None
@@ -231,9 +264,6 @@ class PostgresRunStore(RunStore):
 
     # --------------------------------------------------------------- plumbing
     def _open(self) -> PostgresSession:
-        return self._take_session()
-
-    def _take_session(self) -> PostgresSession:
         self._session = PostgresSession(self._pool.getconn(timeout=CONNECT_SECONDS))
         return self._session
 
@@ -241,15 +271,76 @@ class PostgresRunStore(RunStore):
         if self._db is None:
             raise RunStoreError(f"the run store {self.path} is closed")
         session = self._session
-        if session is None or session.connection.closed or session.connection.broken:
+        if session is None or session.lost:
             if session is not None:  # the pool drops a broken connection
                 self._pool.putconn(session.connection)
+                self._session = None
             try:
-                self._db = self._take_session()
+                self._db = PostgresSession(self._pool.getconn(timeout=RECONNECT_SECONDS))
             except PoolTimeout:
-                raise StoreUnavailable(f"run store {self.path}: no connection to the "
-                                       "database") from None
+                raise ConnectionLost(f"run store {self.path}: the database cannot be "
+                                     "reached") from None
+            self._session = self._db
         return self._db
+
+    @contextmanager
+    def _unavailable_on_error(self) -> Iterator[None]:
+        """psycopg's errors as StoreUnavailable; a lost connection as ConnectionLost."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            session = self._session
+            text = f"run store {self.path}: {_first_line(exc)}"
+            if session is None or session.lost:
+                raise ConnectionLost(text, commit_unknown=session is not None and
+                                     session.committing) from exc
+            raise StoreUnavailable(text) from exc
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        self._batches.depth = getattr(self._batches, "depth", 0) + 1
+        try:
+            with super().batch():
+                yield
+        finally:
+            self._batches.depth -= 1
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Make the call again, whole, while the database is away (see the module
+        docstring); not inside a batch, which only its caller can make again."""
+        started = None
+        while True:
+            try:
+                result = method(self, *args, **kwargs)
+            except ConnectionLost as exc:
+                if exc.commit_unknown or getattr(self._batches, "depth", 0):
+                    raise
+                now = runtime.monotonic()
+                started = now if started is None else started
+                self._away(now)
+                if now - started >= self.outage_seconds:
+                    raise ConnectionLost(f"{exc} for {self.outage_seconds:g} s (--store-"
+                                         "outage): the run can be resumed once it is back"
+                                         ) from exc
+                runtime.sleep(RETRY_SECONDS)
+                continue
+            if self.unreachable_since is not None:
+                self._back()
+            return result
+
+    def _away(self, now: float) -> None:
+        with self._lock_for_outage:
+            if self.unreachable_since is None:
+                self.unreachable_since = now
+                log.warning("the run store %s cannot be reached: training pauses until it "
+                            "is back (at most %g s)", self.path, self.outage_seconds)
+
+    def _back(self) -> None:
+        with self._lock_for_outage:
+            if self.unreachable_since is not None:
+                log.warning("the run store %s is back after %.1f s: training goes on",
+                            self.path, runtime.monotonic() - self.unreachable_since)
+                self.unreachable_since = None
 
     def _begin(self, db: PostgresSession, write: bool) -> None:  # type: ignore[override]
         db.execute("BEGIN" if write else "BEGIN READ ONLY")
@@ -323,6 +414,7 @@ class PostgresRunStore(RunStore):
     # ------------------------------------------------------------- run files
     keeps_files = True  # a run's files live here too, for a coordinator on another machine
 
+    @rides_out_outages
     def store_file(self, run_id: str, name: str, path: Path) -> None:
         """Keep the file at ``path`` as the run's ``name``, replacing what was there, in one
         transaction read part by part (a checkpoint never shows half old, half new)."""
@@ -354,10 +446,15 @@ class PostgresRunStore(RunStore):
         return names
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _first_connect_problem(url: str) -> str:
     """Why the pool could not connect: one direct attempt says it in the server's words."""
     try:
         psycopg.connect(url, connect_timeout=3).close()
     except psycopg.Error as exc:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _first_line(exc)
     return "timed out"

@@ -20,6 +20,7 @@ from coordinator.checkpoint import (
     metrics_of,
 )
 from coordinator.leadership import LEASE_SECONDS
+from coordinator.postgres_store import OUTAGE_SECONDS
 from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
 from coordinator.request_checks import RequestLimits
 from coordinator.run_folder import RunFolder
@@ -78,6 +79,7 @@ class CoordinatorSettings:
     store_path: Path | None = None  # SQLite run store; None: <run_root>/runs.db
     store_url: str | None = None  # a PostgreSQL run store instead, shared with standbys
     lease_seconds: float = LEASE_SECONDS  # with store_url: the leader's lease
+    store_outage: float = OUTAGE_SECONDS  # with store_url: longest pause without the database
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     suspect_seconds: float = SUSPECT_SECONDS
     dead_seconds: float = DEAD_SECONDS

@@ -55,6 +55,7 @@ on several machines; this module's statements are written to run on both.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -311,6 +312,16 @@ class NodeRecord(NodeCounts):
     last_heartbeat: float | None = None
 
 
+def rides_out_outages(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A call the engine makes while it trains: a store whose database can be away for a
+    while (PostgreSQL restarted) makes it again, whole, once the database is back (see
+    PostgresRunStore._call); the SQLite store just makes it."""
+    @functools.wraps(method)
+    def call(self: RunStore, *args: Any, **kwargs: Any) -> Any:
+        return self._call(method, *args, **kwargs)
+    return call
+
+
 class RunStore:
     """The run store; see the module docstring. Safe to share between threads.
     coordinator/postgres_store.py's PostgresRunStore is this with another database under it:
@@ -339,6 +350,9 @@ class RunStore:
 
     def _open(self) -> Database:
         return _connect(self.path)
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return method(self, *args, **kwargs)
 
     # --------------------------------------------------------------- plumbing
     def abandon(self) -> None:
@@ -421,6 +435,7 @@ class RunStore:
                 db.execute(statement)
 
     # ------------------------------------------------------------------- runs
+    @rides_out_outages
     def create_run(self, run_id: str, *, algorithm: str, model: str, dataset: str,
                    rounds: int, config: Mapping[str, Any] | None = None,
                    policy: int | None = None) -> None:
@@ -438,6 +453,7 @@ class RunStore:
             except self._IntegrityError:
                 raise ValueError(f"run {run_id!r} already exists") from None
 
+    @rides_out_outages
     def end_run(self, run_id: str, state: str, message: str | None = None) -> int:
         """End a running run; its unsettled units become cancelled (returns how many),
         so that every planned unit of an ended run is accounted for."""
@@ -446,6 +462,7 @@ class RunStore:
         with self._tx() as db:
             return self._end_run(db, run_id, state, message, self._clock())
 
+    @rides_out_outages
     def fail_unfinished_runs(self, message: str = "the coordinator restarted") -> list[str]:
         """At start-up: runs still `running` in the file were cut off by a crash or a
         restart; mark them failed so no reader waits on them. Returns their ids."""
@@ -457,6 +474,7 @@ class RunStore:
                 self._end_run(db, run_id, "failed", message, now)
         return ids
 
+    @rides_out_outages
     def resume_run(self, run_id: str, from_round: int, rounds: int | None = None) -> int:
         """Take an ended run up again after its round `from_round` (its checkpoint).
 
@@ -495,6 +513,7 @@ class RunStore:
                                             now) for r, u, s in rows])
             return len(rows)
 
+    @rides_out_outages
     def gather_units(self, run_id: str, after_round: int, into_round: int,
                      reason: str) -> int:
         """Move every unsettled unit of the rounds after ``after_round`` (with its attempts
@@ -516,6 +535,7 @@ class RunStore:
                                            status, None, reason, now))
             return len(rows)
 
+    @rides_out_outages
     def attempts_so_far(self, run_id: str, round_index: int) -> dict[str, int]:
         """Attempts already numbered per unit of a round (a reopened round has some), so
         new attempts continue the numbering."""
@@ -534,6 +554,7 @@ class RunStore:
                    (state, message, now, run_id))
         return withdrawn
 
+    @rides_out_outages
     def record_round(self, run_id: str, round_index: int, *, validation_error: float,
                      validation_loss: float, train_loss: float, seconds: float,
                      completed_units: int, discarded_units: int) -> int:
@@ -555,6 +576,7 @@ class RunStore:
             return _settle(db, run_id, round_index, "round ended", now)
 
     # ------------------------------------------------------------------ units
+    @rides_out_outages
     def plan_units(self, run_id: str, round_index: int, unit_ids: Iterable[str],
                    adopt: bool = False, pass_index: int | None = None) -> int:
         """Add a round's units as pending, all in one transaction; returns how many.
@@ -577,6 +599,7 @@ class RunStore:
                                             None, None, now) for u in ids])
         return len(ids)
 
+    @rides_out_outages
     def unit_started(self, run_id: str, round_index: int, unit_id: str, attempt: int,
                      node: str) -> None:
         """Open attempt `attempt` of a unit on `node`; the unit becomes in_progress."""
@@ -602,6 +625,7 @@ class RunStore:
             db.execute(_EVENT_INSERT, (*key, attempt, node, current, "in_progress",
                                        "in_progress", None, now))
 
+    @rides_out_outages
     def unit_finished(self, run_id: str, round_index: int, unit_id: str, attempt: int,
                       node: str, status: str, reason: str | None = None) -> str:
         """Close a live attempt with `status` (see the module docstring); returns the
@@ -624,6 +648,7 @@ class RunStore:
             db.execute(_EVENT_INSERT, (*key, attempt, node, current, new, status, reason, now))
         return new
 
+    @rides_out_outages
     def move_unit(self, run_id: str, round_index: int, unit_id: str, status: str,
                   reason: str | None = None) -> None:
         """A move that involves no attempt: requeue, discard, time out or cancel a unit
@@ -643,6 +668,7 @@ class RunStore:
             db.execute(_EVENT_INSERT, (*key, None, None, current, status, None, reason, now))
 
     # ------------------------------------------------------------------ nodes
+    @rides_out_outages
     def node_answer(self, run_id: str, node: str, outcome: str, delayed: bool,
                     samples: int = 0) -> None:
         """Count a node's answer as NodeHandle.finished does: a rejection is only a
@@ -657,10 +683,12 @@ class RunStore:
                   samples if outcome == "completed" else 0)
         self._node_upsert(run_id, node, counts, (self._clock(), None, None))
 
+    @rides_out_outages
     def node_failure(self, run_id: str, node: str, reason: str | None = None) -> None:
         """Count a call that failed (no answer, transport error, invalid request)."""
         self._node_upsert(run_id, node, (0, 0, 0, 1, 0, 0), (None, self._clock(), reason))
 
+    @rides_out_outages
     def node_heartbeats(self, run_id: str, heard: Mapping[str, float]) -> None:
         """When each node was last heard from (UNIX seconds), in one transaction."""
         with self._tx() as db:

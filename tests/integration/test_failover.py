@@ -167,3 +167,37 @@ def test_a_standby_serves_status_and_refuses_training(pair: Pair) -> None:
                               pair.workdir)
     shown = json.loads(status.stdout)
     assert (shown["state"], shown["leader"]) == ("completed", f"127.0.0.1:{pair.a.port}")
+
+
+def test_a_restarted_database_pauses_the_run_which_then_ends_with_the_same_bits(
+        tmp_path: Path, postgres_server, postgres_url: str,
+        uninterrupted: dict[str, np.ndarray]) -> None:
+    nodes = [procs.start_node(tmp_path, f"node{i}", 0.0, "--seed", str(i), "--load-delay",
+                              "0.3") for i in (1, 2)]
+    coordinator = procs.start_coordinator(
+        tmp_path, procs.write_nodes_file(tmp_path / "compute_nodes.txt", nodes), 2,
+        "--store", postgres_url, "--deterministic")
+    try:
+        client = subprocess.Popen(
+            [sys.executable, str(procs.REPO / "client.py"), "127.0.0.1", str(coordinator.port),
+             *TRAIN, "--run-id", "same", "--json", "--poll", "0.2"], cwd=tmp_path,
+            env=procs.python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        coordinator.wait_for(r"round 2/6", timeout=60)
+        postgres_server.stop()
+        try:
+            coordinator.wait_for("cannot be reached: training pauses", timeout=30)
+            status = procs.run_client(["status", "127.0.0.1", str(coordinator.port), "same",
+                                       "--json"], tmp_path)
+            assert json.loads(status.stdout)["message"].startswith(
+                "paused: the run store cannot be reached"), status.stderr
+        finally:
+            postgres_server.start()
+        coordinator.wait_for(r"is back after [\d.]+ s: training goes on", timeout=30)
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err + coordinator.log()
+        assert json.loads(out)["rounds"] == ROUNDS
+        weights = load_model(tmp_path / "models" / "same.npz")[0]
+        assert all(np.array_equal(weights[k], uninterrupted[k]) for k in uninterrupted)
+    finally:
+        for proc in [coordinator, *nodes]:
+            proc.stop()

@@ -15,6 +15,7 @@ import pytest
 from coordinator.postgres_store import (
     FILE_PART_BYTES,
     SCHEMA_VERSION,
+    ConnectionLost,
     LeadershipLost,
     NotLeading,
     PostgresRunStore,
@@ -167,12 +168,20 @@ def test_a_takeover_waits_for_the_write_in_progress(pg: PostgresRunStore,
     assert pg.ledger_counts("r1")["pending"] == 1
 
 
-def test_the_store_carries_on_after_the_server_restarts(postgres_server, postgres_url: str,
-                                                        ) -> None:
-    with PostgresRunStore(postgres_url) as opened:
+def test_a_call_rides_out_a_restart_and_fails_past_the_bound(postgres_server,
+                                                            postgres_url: str) -> None:
+    with PostgresRunStore(postgres_url, outage_seconds=1.0) as opened:
         opened.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
         postgres_server.restart()
-        with pytest.raises(StoreUnavailable):  # the connection the restart cut
-            opened.plan_units("r1", 1, ["a"])
-        opened.plan_units("r1", 1, ["a"])  # a new one
-        assert opened.ledger_counts("r1")["pending"] == 1
+        opened.plan_units("r1", 1, ["a"])  # made again on a new connection
+        postgres_server.stop()
+        try:
+            with pytest.raises(ConnectionLost, match=r"for 1 s \(--store-outage\): the run "
+                                                     "can be resumed once it is back"):
+                opened.plan_units("r1", 1, ["b"])
+            assert opened.unreachable_since is not None
+        finally:
+            postgres_server.start()
+        opened.plan_units("r1", 1, ["b"])
+        assert opened.unreachable_since is None
+        assert opened.ledger_counts("r1")["pending"] == 2
