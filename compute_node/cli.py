@@ -39,12 +39,15 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
         epilog="Examples: python compute_node.py 9091 0.2   (port 9091, load probability 0.2); "
                "python compute_node.py --pull coord.example.org:9095 0.2",
     )
-    parser.add_argument("--pull", default=None, metavar="HOST:PORT", type=_host_port,
+    parser.add_argument("--pull", default=None, metavar="HOST:PORT", type=_host_ports,
                         help="pull mode: register with the coordinator at HOST:PORT, lease "
-                             "units from it and heartbeat; no port is opened")
-    parser.add_argument("--register", default=None, metavar="HOST:PORT", type=_host_port,
+                             "units from it and heartbeat; no port is opened. A leader and "
+                             "its standbys as a comma-separated list (h1:9095,h2:9095): the "
+                             "node works for whichever leads")
+    parser.add_argument("--register", default=None, metavar="HOST:PORT", type=_host_ports,
                         help="announce this node to the coordinator at HOST:PORT (no line in "
-                             "its compute_nodes.txt needed), heartbeat, and leave on stop")
+                             "its compute_nodes.txt needed), heartbeat, and leave on stop; a "
+                             "comma-separated list as for --pull")
     parser.add_argument("--advertise", default=None, metavar="HOST",
                         help="with --register: the address the coordinator should call "
                              "(default: --host, or this machine's name when binding 0.0.0.0)")
@@ -143,11 +146,15 @@ def apply_threads(threads: int | None) -> str:
     return f"{count} thread{'s' if count > 1 else ''}"
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+def _host_ports(text: str) -> list[tuple[str, int]]:
+    """HOST:PORT, or several of them separated by commas."""
+    addresses = []
+    for part in text.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+        addresses.append((host, int(port)))
+    return addresses
 
 
 def check_device(device: str) -> str | None:
@@ -310,12 +317,12 @@ def _members_server(handler: Any, host: str, port: int) -> ThriftServer | None:
 def _register(handler: ComputeNodeHandler, args: argparse.Namespace,
               port: int) -> CoordinatorLink | None:
     """Announce this push node to the coordinator; None (after saying why) if refused."""
-    host, coordinator_port = args.register
+    (host, coordinator_port), *more = args.register
     advertise = args.advertise or (args.host if args.host not in ("0.0.0.0", "::", "")
                                    else socket.gethostname())
     link = CoordinatorLink(handler, PullSettings(
         host, coordinator_port, handler.node_id, args.load_prob, args.device,
-        retry_for=args.retry_for, listen_host=advertise, listen_port=port))
+        retry_for=args.retry_for, listen_host=advertise, listen_port=port, more=tuple(more)))
     try:
         link.start()
     except PullStopped as exc:
@@ -326,10 +333,11 @@ def _register(handler: ComputeNodeHandler, args: argparse.Namespace,
 
 def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace, threads: str) -> int:
     """Pull mode: lease units from the coordinator until a signal or a refusal."""
-    host, port = args.pull
+    (host, port), *more = args.pull
     handler.node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     worker = PullWorker(handler, PullSettings(host, port, handler.node_id, args.load_prob,
-                                              args.device, retry_for=args.retry_for))
+                                              args.device, retry_for=args.retry_for,
+                                              more=tuple(more)))
 
     def shutdown() -> None:
         handler.cancel_all()

@@ -7,6 +7,9 @@ registers, then leases one unit at a time, computes it with the same handler as 
 push node (load simulation included) and submits the result; heartbeats give up
 leases the coordinator cancels. An unreachable coordinator is retried with growing
 back-off, for `retry_for` seconds at most, so a dead one cannot keep a node waiting.
+Given several coordinators (a leader and its standbys), a node works for the one that
+leads: an unreachable one sends it to the next, and a standby's answer to its
+registration names the leader.
 Every call after registering carries the registration's secret, without which the
 coordinator answers as for a node it does not know.
 """
@@ -47,6 +50,7 @@ class PullSettings:
     connect_timeout: float = 5.0
     listen_host: str | None = None  # a push node registering itself: where it listens
     listen_port: int | None = None
+    more: tuple[tuple[str, int], ...] = ()  # further coordinators: a leader's standbys
 
 
 class CoordinatorLink:
@@ -59,6 +63,13 @@ class CoordinatorLink:
         self.name = ""
         self.secret: str | None = None  # the registration's: every later call carries it
         self._heartbeat_seconds = 1.0
+        self._addresses = [(settings.host, settings.port), *settings.more]
+        self._at = 0  # the coordinator called now
+
+    @property
+    def coordinator(self) -> str:
+        host, port = self._addresses[self._at]
+        return f"{host}:{port}"
 
     def start(self) -> None:
         """Register, then heartbeat in a thread until `stop()`."""
@@ -72,12 +83,36 @@ class CoordinatorLink:
     def _register(self) -> None:
         s = self.settings
         pull = s.listen_port is None
-        result = self._call("register_node", lambda: ttypes.RegisterRequest(
-            protocol_version=PROTOCOL_VERSION, node_id=s.node_id, pull=pull,
-            host=s.listen_host, port=s.listen_port, load_prob=s.load_prob, device=s.device))
+        began = time.monotonic()
+        while True:
+            result = self._call("register_node", lambda: ttypes.RegisterRequest(
+                protocol_version=PROTOCOL_VERSION, node_id=s.node_id, pull=pull,
+                host=s.listen_host, port=s.listen_port, load_prob=s.load_prob,
+                device=s.device))
+            if result.leader is None:
+                break
+            standby = self.coordinator
+            self._follow(result.leader)
+            log.info("coordinator %s stands by; registering with %s", standby, self.coordinator)
+            if time.monotonic() - began > s.retry_for:
+                raise PullStopped(f"no coordinator led within {s.retry_for:.0f}s "
+                                  f"({standby} stands by)")
+            if self.stopped.wait(RETRY_FIRST_SECONDS):
+                raise PullStopped("stopped")
         self.name, self._heartbeat_seconds = result.node, result.heartbeat_seconds
         self.secret = result.secret
-        log.info("registered with %s:%d as %s", s.host, s.port, self.name)
+        log.info("registered with %s as %s", self.coordinator, self.name)
+
+    def _follow(self, leader: str) -> None:
+        """Call the leader a standby named next (added to the list if new), or, when it
+        named none, the next coordinator of the list."""
+        host, _, port = leader.rpartition(":")
+        if host and port.isdigit():
+            if (host, int(port)) not in self._addresses:
+                self._addresses.append((host, int(port)))
+            self._at = self._addresses.index((host, int(port)))
+        else:
+            self._at = (self._at + 1) % len(self._addresses)
 
     def _heartbeats(self) -> None:
         while not self.stopped.wait(self._heartbeat_seconds):
@@ -90,10 +125,19 @@ class CoordinatorLink:
             except (PullStopped, CallError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 continue
+            if not answer.known and self.settings.listen_port is not None:
+                self._register_again()  # a push node the coordinator forgot (a new leader)
+                continue
             for key in answer.cancel or []:
                 run_id, unit_id, attempt = key.rsplit("/", 2)
                 self.handler.cancel_unit(ttypes.CancelUnitRequest(
                     run_id=run_id, unit_id=unit_id, attempt=int(attempt)))
+
+    def _register_again(self) -> None:
+        try:
+            self._register()
+        except PullStopped as exc:
+            log.warning("could not register again: %s", exc)
 
     def _leave(self) -> None:
         if not self.name:
@@ -113,9 +157,10 @@ class CoordinatorLink:
         s = self.settings
         began, wait = time.monotonic(), RETRY_FIRST_SECONDS
         while True:
+            host, port = self._addresses[self._at]
             try:
                 with (mapped_errors(),
-                      connect(Coordinator.Client, s.host, s.port, connect_timeout=s.connect_timeout,
+                      connect(Coordinator.Client, host, port, connect_timeout=s.connect_timeout,
                               read_timeout=read_timeout) as client):
                     return getattr(client, method)(build())
             except PeerRefused as exc:
@@ -127,10 +172,13 @@ class CoordinatorLink:
                     raise PullStopped("stopped") from None
                 failing = time.monotonic() - began
                 if failing > s.retry_for:
-                    raise PullStopped(f"coordinator {s.host}:{s.port} unreachable for "
+                    raise PullStopped(f"coordinator {host}:{port} unreachable for "
                                       f"{failing:.0f}s: {exc}") from None
-                log.warning("coordinator %s:%d unreachable (%s); retrying in %.1fs",
-                            s.host, s.port, exc, wait)
+                if len(self._addresses) > 1:  # the next one may lead now
+                    self._at = (self._at + 1) % len(self._addresses)
+                    wait = RETRY_FIRST_SECONDS
+                log.warning("coordinator %s:%d unreachable (%s); trying %s in %.1fs",
+                            host, port, exc, self.coordinator, wait)
                 if self.stopped.wait(wait):
                     raise PullStopped("stopped") from None
                 wait = min(RETRY_MAX_SECONDS, wait * 2)

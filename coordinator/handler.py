@@ -78,10 +78,23 @@ class CoordinatorHandler(MembershipService):
 
     def _lost_lead(self, leader: Leader) -> None:
         """Stop this process's runs without a write (the store refuses them now); their
-        clients are told to follow the new leader."""
+        clients are told to follow the new leader, and registered nodes re-register there."""
         self._leading = False
+        reason = f"this coordinator lost the lead to {leader.address or 'another'}"
         for run in self.live_runs():
-            run.cancel(f"this coordinator lost the lead to {leader.address or 'another'}")
+            run.cancel(reason)
+        self.membership.forget_all(reason)
+
+    def register_node(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
+        """A standby registers nobody: it names the leader (RegisterResult.leader)."""
+        if self._leading:
+            return super().register_node(request)
+        check_protocol_version(request.protocol_version, self.service_name)
+        m = self.membership
+        return ttypes.RegisterResult(node="", heartbeat_seconds=m.heartbeat_seconds,
+                                     suspect_seconds=m.suspect_seconds,
+                                     dead_seconds=m.dead_seconds,
+                                     leader=self._leader_address() or "")
 
     @property
     def leading(self) -> bool:

@@ -2,10 +2,14 @@
 epoch, in the store's one-row `leader` table.
 
 Every coordinator started on the store runs a LeaseKeeper. One that does not lead tries,
-every `lease/3` seconds, to take the lease in one UPDATE that succeeds only when nobody
-holds it or its holder let it expire; taking it adds one to the epoch. The leader renews
+every `lease/3` seconds, to take the lease in one transaction that succeeds only when
+nobody holds it or its holder let it expire; taking it adds one to the epoch. The leader renews
 it as often, in an UPDATE that succeeds only while the epoch is still its own. Expiry is
 judged by the database's clock, so the coordinators' clocks need not agree.
+
+The lease's expiry is a row of its own (table lease), apart from the epoch (table leader):
+the leader's writes share-lock the leader row to check the epoch, and a renewal that had
+to wait for them could starve behind a busy leader's back-to-back transactions.
 
 The epoch fences the store (coordinator/postgres_store.py): a leader that missed its
 renewals (paused, cut off) and was replaced can write nothing once the next one holds
@@ -29,14 +33,20 @@ log = logging.getLogger("coordinator.leadership")
 LEASE_SECONDS = 6.0
 LOCK_TIMEOUT_MS = 1000  # a takeover waits this long for the old leader's write in progress
 
-_TAKE = """UPDATE leader SET epoch = epoch + 1, holder = %s, address = %s,
-    expires = clock_timestamp() + make_interval(secs => %s)
-    WHERE id = 1 AND (holder IS NULL OR expires < clock_timestamp()) RETURNING epoch"""
-_RENEW = """UPDATE leader SET expires = clock_timestamp() + make_interval(secs => %s)
-    WHERE id = 1 AND epoch = %s AND holder = %s RETURNING epoch"""
+# Taking the lease: the expired lease first (a second standby trying at once waits for
+# this one, then finds it live), then the epoch, which waits for the write in progress of
+# an old leader that still runs (its share lock on the leader row).
+_TAKE_LEASE = """UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s)
+    WHERE id = 1 AND (expires IS NULL OR expires < clock_timestamp()) RETURNING id"""
+_TAKE_EPOCH = """UPDATE leader SET epoch = epoch + 1, holder = %s, address = %s WHERE id = 1
+    RETURNING epoch"""
+_RENEW = """UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s)
+    WHERE id = 1 AND EXISTS (SELECT 1 FROM leader WHERE id = 1 AND epoch = %s AND holder = %s)
+    RETURNING id"""
 _READ = """SELECT address, epoch, holder IS NOT NULL AND expires >= clock_timestamp()
-    FROM leader WHERE id = 1"""
-_RELEASE = "UPDATE leader SET holder = NULL, expires = NULL WHERE id = 1 AND epoch = %s"
+    FROM leader, lease WHERE leader.id = 1 AND lease.id = 1"""
+_RELEASE = """UPDATE lease SET expires = NULL WHERE id = 1 AND EXISTS (SELECT 1 FROM leader
+    WHERE id = 1 AND epoch = %s) RETURNING id"""
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,8 @@ class LeaseKeeper:
         """Stop keeping the lease; ``release`` hands it back at once (a clean shutdown), so
         a standby need not wait for it to expire."""
         self._stopped.set()
-        self._thread.join(self.lease_seconds)
+        if self._thread.is_alive():
+            self._thread.join(self.lease_seconds)
         if release and self.epoch is not None:
             self._run(_RELEASE, (self.epoch,))
 
@@ -91,7 +102,8 @@ class LeaseKeeper:
         """One try to take the lease, or one renewal (the keeper's thread calls it every
         lease/3 seconds; tests call it directly)."""
         if self.epoch is None:
-            row = self._run(_TAKE, (self.holder, self.address, self.lease_seconds))
+            row = self._run(_TAKE_LEASE, (self.lease_seconds,), then=(
+                _TAKE_EPOCH, (self.holder, self.address)))
             if row is not None:
                 self.epoch = row[0]
                 self.store.fence(self.epoch)
@@ -114,14 +126,18 @@ class LeaseKeeper:
             except Exception:  # noqa: BLE001 - the keeper must go on; the log says what
                 log.exception("lease keeper")
 
-    def _run(self, sql: str, parameters: tuple, failed: object = None) -> tuple | None:
-        """One statement in a transaction of its own; its row, None when it matched none.
-        When the database cannot be reached the answer is ``failed`` (None: as if no row
-        matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
+    def _run(self, sql: str, parameters: tuple, failed: object = None,
+             then: tuple[str, tuple] | None = None) -> tuple | None:
+        """One statement in a transaction of its own (followed by ``then`` when it matched
+        a row); the last one's row, None when it matched none. When the database cannot be
+        reached the answer is ``failed`` (None: as if no row matched; a renewal passes
+        False, meaning: unknown, keep leading until fenced)."""
         try:
             with self.store.connection() as db, db.transaction():
                 db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
                 row = db.execute(sql, parameters).fetchone()
+                if row is not None and then is not None:
+                    row = db.execute(*then).fetchone()
         except (psycopg.Error, OSError) as exc:
             if not self._unreachable:
                 log.warning("lease: the run store %s cannot be reached: %s", self.store.path,

@@ -7,8 +7,8 @@ a coordinator on another machine carry on without the first one's disk:
 
 - run_files: each run's request.json, metrics.jsonl and checkpoint.npz (weights, optimizer
   and policy state), in bytea parts of FILE_PART_BYTES, so a model of any size fits;
-- leader: one row, the lease of the coordinator that leads and its fencing epoch
-  (coordinator/leadership.py takes and renews it).
+- leader and lease: the coordinator that leads, its fencing epoch and when its lease
+  expires (coordinator/leadership.py takes and renews it).
 
 Fencing. A store told its epoch (`fence(epoch)`) begins every write transaction with a
 share lock on the leader row and a check of the epoch there: a takeover's UPDATE of that
@@ -154,13 +154,18 @@ _SCHEMA = (
         part INTEGER NOT NULL,
         data BYTEA NOT NULL,
         PRIMARY KEY (run_id, name, part))""",
+    # The leader and its fencing epoch; the lease's expiry in a row of its own, so that
+    # renewing it never waits for the leader's writes, which share-lock the leader row.
     """CREATE TABLE leader (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         epoch BIGINT NOT NULL,
         holder TEXT,
-        address TEXT,
-        expires TIMESTAMPTZ)""",
+        address TEXT)""",
     "INSERT INTO leader (id, epoch) VALUES (1, 0)",
+    """CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        expires TIMESTAMPTZ)""",
+    "INSERT INTO lease (id) VALUES (1)",
 )
 
 

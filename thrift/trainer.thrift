@@ -388,6 +388,10 @@ struct RegisterResult {
   5: optional string secret,            // this registration's own: the node's later calls
                                         // (heartbeat, lease, submit, leave) carry it, so no
                                         // other node can act for it
+  6: optional string leader,            // set by a coordinator that stands by (coordinators
+                                        // sharing a PostgreSQL store): nothing was registered;
+                                        // register with the leader, "host:port" ("" while
+                                        // none leads)
 }
 
 struct HeartbeatRequest {

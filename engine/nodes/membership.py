@@ -306,6 +306,15 @@ class Membership:
         log.info("node %s left", member.name)
         return ttypes.LeaveResult(known=True)
 
+    def forget_all(self, reason: str) -> None:
+        """Drop every registration (this coordinator no longer leads): each node's next
+        call finds itself unknown and registers again, where the leader is."""
+        with self._lock:
+            members, self._members = list(self._members.values()), {}
+        for member in members:
+            if member.mailbox is not None:
+                member.mailbox.close(reason)
+
     def get(self, name: str) -> Member | None:
         with self._lock:
             return self._members.get(name)

@@ -4337,16 +4337,18 @@ class RegisterResult(object):
      - suspect_seconds
      - dead_seconds
      - secret
+     - leader
 
     """
 
 
-    def __init__(self, node=None, heartbeat_seconds=None, suspect_seconds=None, dead_seconds=None, secret=None,):
+    def __init__(self, node=None, heartbeat_seconds=None, suspect_seconds=None, dead_seconds=None, secret=None, leader=None,):
         self.node = node
         self.heartbeat_seconds = heartbeat_seconds
         self.suspect_seconds = suspect_seconds
         self.dead_seconds = dead_seconds
         self.secret = secret
+        self.leader = leader
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -4382,6 +4384,11 @@ class RegisterResult(object):
                     self.secret = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.STRING:
+                    self.leader = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4411,6 +4418,10 @@ class RegisterResult(object):
         if self.secret is not None:
             oprot.writeFieldBegin('secret', TType.STRING, 5)
             oprot.writeString(self.secret.encode('utf-8') if sys.version_info[0] == 2 else self.secret)
+            oprot.writeFieldEnd()
+        if self.leader is not None:
+            oprot.writeFieldBegin('leader', TType.STRING, 6)
+            oprot.writeString(self.leader.encode('utf-8') if sys.version_info[0] == 2 else self.leader)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -7033,6 +7044,7 @@ RegisterResult.thrift_spec = (
     (3, TType.DOUBLE, 'suspect_seconds', None, None, ),  # 3
     (4, TType.DOUBLE, 'dead_seconds', None, None, ),  # 4
     (5, TType.STRING, 'secret', 'UTF8', None, ),  # 5
+    (6, TType.STRING, 'leader', 'UTF8', None, ),  # 6
 )
 all_structs.append(HeartbeatRequest)
 HeartbeatRequest.thrift_spec = (

@@ -27,11 +27,15 @@ LEASE = "2"  # seconds: takeovers within a few seconds keep the tests short
 class Pair:
     """Two nodes and two coordinators (a and b, a started first, so it leads) on one
     PostgreSQL database, each coordinator with a run folder of its own, as on two
-    machines."""
+    machines. ``slow``: every unit waits 0.2 s first (policy 1, load 1), so that rounds
+    last a second or two."""
 
-    def __init__(self, workdir: Path, url: str, *node_flags: str) -> None:
+    def __init__(self, workdir: Path, url: str, slow: bool = False) -> None:
         self.workdir, self.url = workdir, url
-        self.nodes = [procs.start_node(workdir, f"node{i}", 0.0, "--seed", str(i), *node_flags)
+        self.policy = 1 if slow else 2
+        load = ["1.0", "--load-delay", "0.2"] if slow else ["0.0"]
+        self.nodes = [procs.start("compute_node.py", ["0", *load, "--host", "127.0.0.1",
+                                                      "--seed", str(i)], workdir, f"node{i}")
                       for i in (1, 2)]
         self.nodes_file = procs.write_nodes_file(workdir / "compute_nodes.txt", self.nodes)
         self.a = self.coordinator("a")
@@ -40,7 +44,8 @@ class Pair:
         self.b.wait_for(f"standing by: 127.0.0.1:{self.a.port} leads")
 
     def coordinator(self, name: str) -> procs.Proc:
-        return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", self.url,
+        return procs.start_coordinator(self.workdir, self.nodes_file, self.policy, "--store",
+                                       self.url,
                                        "--deterministic", "--lease", LEASE,
                                        run_dir=self.workdir / f"runs-{name}",
                                        name=f"coordinator-{name}")
@@ -134,7 +139,7 @@ def test_a_killed_leader_s_run_ends_at_the_standby_with_the_same_bits(
 
 def test_a_paused_leader_is_fenced_and_steps_down(
         tmp_path: Path, postgres_url: str, uninterrupted: dict[str, np.ndarray]) -> None:
-    pair = Pair(tmp_path, postgres_url, "--load-delay", "0.3")  # rounds of a few seconds
+    pair = Pair(tmp_path, postgres_url, slow=True)
     try:
         client = pair.start_client("same")
         pair.a.wait_for(r"round 2/6", timeout=60)
@@ -148,7 +153,7 @@ def test_a_paused_leader_is_fenced_and_steps_down(
         assert _same_weights(pair, "same", uninterrupted)
         status = procs.run_client(["status", "127.0.0.1", str(pair.a.port), "same", "--json"],
                                   tmp_path)
-        assert json.loads(status.stdout)["leader"] == f"127.0.0.1:{pair.b.port}"
+        assert json.loads(status.stdout)["leader"] == f"127.0.0.1:{pair.b.port}", pair.logs()
     finally:
         pair.stop()
 
@@ -201,3 +206,24 @@ def test_a_restarted_database_pauses_the_run_which_then_ends_with_the_same_bits(
     finally:
         for proc in [coordinator, *nodes]:
             proc.stop()
+
+
+def test_a_pull_node_works_for_whichever_coordinator_leads(tmp_path: Path,
+                                                          postgres_url: str) -> None:
+    pair = Pair(tmp_path, postgres_url, slow=True)
+    # the standby listed first: its answer to the registration names the leader
+    puller = procs.start("compute_node.py", [
+        "--pull", f"127.0.0.1:{pair.b.port},127.0.0.1:{pair.a.port}", "0", "--node-id",
+        "puller", "--load-delay", "0.2"], pair.workdir, "puller", ready=procs.PULLING)
+    try:
+        puller.wait_for(f"registered with 127.0.0.1:{pair.a.port} as pull:puller", timeout=30)
+        client = pair.start_client("pulled")
+        pair.a.wait_for(r"round 2/6", timeout=60)
+        pair.a.popen.kill()
+        result, _ = _finish(pair, client)
+        puller.wait_for(f"registered with 127.0.0.1:{pair.b.port} as pull:puller", timeout=30)
+        by_node = {n["node"]: n for n in result["nodes"]}
+        assert by_node.get("pull:puller", {}).get("accepted", 0) > 0, pair.logs() + puller.log()
+    finally:
+        puller.stop()
+        pair.stop()

@@ -1,0 +1,84 @@
+"""The lease and its fencing epoch (coordinator/leadership.py) on a real PostgreSQL: one
+keeper leads, another takes over once the lease expires, the old one steps down, and a
+busy leader's writes never hold up its own renewals."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator.leadership import Leader, LeaseKeeper
+from coordinator.postgres_store import LeadershipLost, PostgresRunStore
+
+LEASE = 0.5
+
+
+class Events:
+    def __init__(self) -> None:
+        self.led: list[int] = []
+        self.lost: list[Leader] = []
+
+
+def keeper(store: PostgresRunStore, address: str, events: Events) -> LeaseKeeper:
+    return LeaseKeeper(store, address, events.led.append, events.lost.append,
+                       lease_seconds=LEASE)
+
+
+@pytest.fixture
+def stores(postgres_url: str) -> Iterator[tuple[PostgresRunStore, PostgresRunStore]]:
+    first, second = PostgresRunStore(postgres_url), PostgresRunStore(postgres_url)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
+
+
+def test_one_leads_the_other_takes_over_once_the_lease_expires(stores) -> None:
+    first, second = stores
+    a, b = Events(), Events()
+    ka, kb = keeper(first, "h1:1", a), keeper(second, "h2:2", b)
+    ka.step()
+    kb.step()
+    assert (a.led, b.led) == ([1], [])
+    assert kb.leader() == Leader("h1:1", 1, True)
+    first.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)  # it writes
+    with pytest.raises(Exception, match="stands by"):
+        second.create_run("r2", algorithm="a", model="m", dataset="d", rounds=1)
+    time.sleep(LEASE * 1.5)  # the leader misses its renewals (paused)
+    kb.step()
+    assert b.led == [2] and kb.leader() == Leader("h2:2", 2, True)
+    with pytest.raises(LeadershipLost, match="epoch 2, this coordinator's 1"):
+        first.plan_units("r1", 1, ["u"])  # fenced before its keeper knows
+    ka.step()  # its renewal finds the newer epoch
+    assert a.lost == [Leader("h2:2", 2, True)] and not ka.leading
+    ka.step()  # and it does not take the live lease back
+    assert a.led == [1]
+
+
+def test_a_busy_leader_renews_while_it_writes(stores) -> None:
+    first, second = stores
+    a, b = Events(), Events()
+    ka, kb = keeper(first, "h1:1", a), keeper(second, "h2:2", b)
+    ka.step()
+    first.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+    with first.batch():  # a write in progress share-locks the leader row
+        first.plan_units("r1", 1, ["u"])
+        began = time.monotonic()
+        ka.step()  # the renewal
+        assert time.monotonic() - began < LEASE
+    time.sleep(LEASE * 0.6)
+    kb.step()
+    assert b.led == [] and ka.leading
+
+
+def test_a_clean_stop_hands_the_lease_over_at_once(stores) -> None:
+    first, second = stores
+    a, b = Events(), Events()
+    ka, kb = keeper(first, "h1:1", a), keeper(second, "h2:2", b)
+    ka.step()
+    ka.stop(release=True)
+    kb.step()
+    assert b.led == [2]
