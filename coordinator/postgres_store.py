@@ -225,6 +225,9 @@ class PostgresSession:
         self.committing = sql == "COMMIT"
         return self.connection.execute(_postgres_sql(sql), parameters)
 
+    def close(self) -> None:
+        self.connection.close()
+
     @property
     def lost(self) -> bool:
         return self.connection.closed or self.connection.broken

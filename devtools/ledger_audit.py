@@ -10,6 +10,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,16 @@ class Ledger:
         return all(c.ok for c in self.checks)
 
 
-def audit(store: Path, run_id: str, s: RunShape) -> Ledger:
+def audit(store: Path | str, run_id: str, s: RunShape) -> Ledger:
     """Read the run store directly (plain SQL, not the coordinator's code) and check that
-    every planned unit is accounted for."""
-    if not store.is_file():
+    every planned unit is accounted for. ``store``: an SQLite file, or a PostgreSQL URL."""
+    if isinstance(store, str) and store.startswith(("postgresql://", "postgres://")):
+        db = _postgres(store)
+    elif not Path(store).is_file():
         return Ledger([Check("run store written", False, f"no file {store}")], {}, {}, [], [],
                       [], 0.0, 0.0)
-    db = sqlite3.connect(store)
+    else:
+        db = sqlite3.connect(store)
     try:
         ledger = _audit(db, run_id, s.rounds, s.units, s.asynchronous)
         if s.asynchronous:
@@ -65,6 +69,16 @@ def audit(store: Path, run_id: str, s: RunShape) -> Ledger:
         return ledger
     finally:
         db.close()
+
+
+def _postgres(url: str) -> Any:
+    """A PostgreSQL connection that takes this module's SQLite statements."""
+    import psycopg
+
+    from coordinator.postgres_store import PostgresSession
+
+    return PostgresSession(psycopg.connect(url, autocommit=True,
+                                           cursor_factory=psycopg.ClientCursor))
 
 
 def _stream_checks(db: sqlite3.Connection, run_id: str, s: RunShape) -> list[Check]:
@@ -142,7 +156,8 @@ def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int,
         Check("one completed attempt per completed unit", one(
             "SELECT COUNT(*) FROM units u WHERE run_id = ? AND (SELECT COUNT(*) FROM attempts a "
             "WHERE a.run_id = u.run_id AND a.round = u.round AND a.unit_id = u.unit_id AND "
-            "a.status = 'completed') != (u.status = 'completed')") == 0,
+            "a.status = 'completed') != CASE WHEN u.status = 'completed' THEN 1 ELSE 0 END")
+        == 0,
             "units whose completed attempts are not 1 (completed) or 0 (discarded)"),
         Check("no attempt left open", attempts.get("in_progress", 0) == 0,
               f"{attempts.get('in_progress', 0)} attempts still in_progress"),
