@@ -9,9 +9,10 @@ MLP (`delta_avg`, numpy only) made tiny, on a derived data set of many small uni
 so rounds are short and the coordinator's own overheads dominate.
 
 The coordinator's CPU time, RSS, threads and open files are sampled from /proc every
-second. Afterwards its SQLite run store is audited: every unit of every round must be
-completed or discarded with a reason, with no unit pending or in progress, no attempt
-left open, and counts that add up. The exit status is 1 when the audit or the run fails.
+second. Afterwards its run store (SQLite, or PostgreSQL with --store-url) is audited:
+every unit of every round must be completed or discarded with a reason, with no unit
+pending or in progress, no attempt left open, and counts that add up. The exit status is
+1 when the audit or the run fails.
 
     python bench/soak.py --quick                      # 8 nodes, 40 rounds, under a minute
     python bench/soak.py --nodes 48 --rounds 1000 --kill-every 2 --seed 1 \\
@@ -78,6 +79,7 @@ class Settings:
     client_poll: float  # seconds between the client's status calls
     mode: str = "sync"  # schedule.mode of the run
     buffer_size: int = 3  # schedule.buffer_size of a buffered run
+    store_url: str | None = None  # a PostgreSQL run store instead of SQLite in the workdir
 
     @property
     def results_per_round(self) -> int:
@@ -125,6 +127,9 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
         help=f"give up after this long (default {DEFAULT_TIMEOUT})")
     add("--workdir", default=None, help="keep logs, data and the run store here (default: a "
                                         "temporary folder, removed at the end)")
+    add("--store-url", default=None, metavar="URL",
+        help="the coordinator's run store: this PostgreSQL database (postgresql://...) "
+             "instead of SQLite in the work folder; the audit reads it there")
     add("--json", default=None, metavar="PATH", help="write every figure and sample here")
     add("--plot", default=None, metavar="PATH",
         help="draw units/s, the coordinator's CPU and RSS and the load average to this PNG")
@@ -140,7 +145,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
         down=args.down or (0.5 if quick else 2.0), max_down=args.max_down, load=args.load,
         load_delay=args.load_delay, policy=args.policy, hidden=args.hidden, epochs=args.epochs,
         seed=args.seed, timeout=args.timeout or 120.0 + 3.0 * rounds,
-        client_poll=args.client_poll, mode=args.mode, buffer_size=args.buffer_size)
+        client_poll=args.client_poll, mode=args.mode, buffer_size=args.buffer_size,
+        store_url=args.store_url)
     problem = check_settings(settings)
     if problem:
         parser.error(problem)
@@ -341,7 +347,7 @@ class Cluster:
         self.coordinator = self.children.start(
             [str(REPO / "coordinator_node.py"), "0", str(self.s.policy), "--host", "127.0.0.1",
              "--nodes-file", str(nodes_file), "--data-root", str(self.data_root),
-             "--run-dir", str(self.workdir / "runs"), "--store", str(self.store_path),
+             "--run-dir", str(self.workdir / "runs"), "--store", self.store,
              "--port-file", str(port_file), "--seed", str(self.s.seed)],
             self.workdir / "coordinator.log")
         return int(wait_for_file(port_file, self.coordinator))
@@ -369,8 +375,9 @@ class Cluster:
                 *[arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]]
 
     @property
-    def store_path(self) -> Path:
-        return self.workdir / "runs.db"
+    def store(self) -> str:
+        """The run store: an SQLite file in the work folder, or --store-url."""
+        return self.s.store_url or str(self.workdir / "runs.db")
 
     def client_result(self) -> dict | None:
         """The client's --json result, if it printed one."""
@@ -725,7 +732,7 @@ def soak(s: Settings, workdir: Path) -> Outcome:
         cluster.stop()
     if killer.error is not None:
         problems.append(f"killer: {killer.error}")
-    ledger = audit_store(cluster.store_path, cluster.run_id,
+    ledger = audit_store(cluster.store, cluster.run_id,
                          RunShape(s.rounds, s.units, s.mode, s.results_per_round))
     notes, examples = log_notes(workdir / "coordinator.log")
     return Outcome(cluster.client.returncode, ledger, sampler.samples, killer.events,

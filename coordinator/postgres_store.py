@@ -47,7 +47,8 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from coordinator.run_store import RunStore, SchemaError, rides_out_outages
+from coordinator.run_store import RunStore, SchemaError, reads_what_was_written, rides_out_outages
+from coordinator.write_behind import DEFERRED, Call, WriteBehind
 from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
 
@@ -247,10 +248,14 @@ class PostgresRunStore(RunStore):
 
     def __init__(self, url: str, *, clock: Callable[[], float] = runtime.wall,
                  connect_seconds: float = CONNECT_SECONDS,
-                 outage_seconds: float = OUTAGE_SECONDS) -> None:
+                 outage_seconds: float = OUTAGE_SECONDS, defer_writes: bool = True) -> None:
+        """``defer_writes``: the engine's hot writes are made later, in batches
+        (coordinator/write_behind.py); without, every call is made when called, as in the
+        SQLite store (tests of the ledger's semantics)."""
         self.url = url
         self.path = redacted(url)
         self.outage_seconds = outage_seconds
+        self.defer_writes = defer_writes
         self.unreachable_since: float | None = None  # runtime.monotonic() of the outage
         self._batches = threading.local()  # this thread's depth of batch() blocks
         self._lock_for_outage = threading.Lock()
@@ -269,6 +274,7 @@ class PostgresRunStore(RunStore):
             raise RunStoreError(f"cannot connect to the run store {self.path}: "
                                 f"{problem}") from None
         self._start(clock)
+        self._writes = WriteBehind(self._apply)
 
     # --------------------------------------------------------------- plumbing
     def _open(self) -> PostgresSession:
@@ -314,14 +320,29 @@ class PostgresRunStore(RunStore):
             self._batches.depth -= 1
 
     def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Make the call again, whole, while the database is away (see the module
-        docstring); not inside a batch, which only its caller can make again."""
+        """A call the engine makes: deferred (coordinator/write_behind.py), or made after
+        every deferred one, again while the database is away; inside a batch, made at
+        once as part of it (only the batch's caller can make it again)."""
+        if getattr(self._batches, "depth", 0):
+            return method(self, *args, **kwargs)
+        if self.defer_writes and method.__name__ in DEFERRED:
+            self._writes.put((method, args, kwargs))
+            return None
+        self._writes.flush()
+        return self._ride_out(lambda: method(self, *args, **kwargs))
+
+    def _before_read(self) -> None:
+        if self.unreachable_since is None:  # while the database is away, status must answer
+            self._writes.flush(quiet=True)
+
+    def _ride_out(self, make: Callable[[], Any]) -> Any:
+        """``make()``, made again while the database is away (see the module docstring)."""
         started = None
         while True:
             try:
-                result = method(self, *args, **kwargs)
+                result = make()
             except ConnectionLost as exc:
-                if exc.commit_unknown or getattr(self._batches, "depth", 0):
+                if exc.commit_unknown:
                     raise
                 now = runtime.monotonic()
                 started = now if started is None else started
@@ -335,6 +356,34 @@ class PostgresRunStore(RunStore):
             if self.unreachable_since is not None:
                 self._back()
             return result
+
+    def _apply(self, calls: list[Call]) -> None:
+        """Make deferred calls in one transaction; when one of them fails, one by one."""
+        try:
+            self._ride_out(lambda: self._in_one_transaction(calls))
+            return
+        except (LeadershipLost, ConnectionLost):
+            raise
+        except (RunStoreError, ValueError):
+            pass  # a refusal somewhere in the batch: find it
+        for call in calls:
+            method, args, kwargs = call
+            try:
+                self._ride_out(lambda: method(self, *args, **kwargs))  # noqa: B023 - at once
+            except (LeadershipLost, ConnectionLost):
+                raise
+            except (RunStoreError, ValueError) as exc:
+                self._writes.refused(call, exc)
+
+    def _in_one_transaction(self, calls: list[Call]) -> None:
+        with self._lock:
+            self._savepoints = False  # a failing call fails the batch: see _apply
+            try:
+                with self._tx() as db, db.connection.pipeline():
+                    for method, args, kwargs in calls:
+                        method(self, *args, **kwargs)
+            finally:
+                self._savepoints = True
 
     def _away(self, now: float) -> None:
         with self._lock_for_outage:
@@ -373,11 +422,14 @@ class PostgresRunStore(RunStore):
             self.writes_need_epoch = True
 
     def abandon(self) -> None:
+        self._writes.close(flush=False)
         db, self._db = self._db, None
         if db is not None:
             self._pool.close(timeout=0)
 
     def close(self) -> None:
+        if hasattr(self, "_writes"):  # absent when the schema check failed
+            self._writes.close(flush=self._db is not None)
         with self._lock:
             if self._db is not None:
                 self._db = None
@@ -437,6 +489,7 @@ class PostgresRunStore(RunStore):
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
                            "(?, ?, 0, ?)", (run_id, name, b""))
 
+    @reads_what_was_written
     def restore_files(self, run_id: str, folder: Path) -> list[str]:
         """Write the run's kept files into ``folder`` (created if needed), each atomically;
         returns their names."""

@@ -322,6 +322,15 @@ def rides_out_outages(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def reads_what_was_written(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A query: a store that makes writes later (PostgreSQL's) makes them first."""
+    @functools.wraps(method)
+    def read(self: RunStore, *args: Any, **kwargs: Any) -> Any:
+        self._before_read()
+        return method(self, *args, **kwargs)
+    return read
+
+
 class RunStore:
     """The run store; see the module docstring. Safe to share between threads.
     coordinator/postgres_store.py's PostgresRunStore is this with another database under it:
@@ -341,6 +350,9 @@ class RunStore:
         self._clock = clock
         self._lock = runtime.RLock()
         self._depth = 0  # transactions opened by the thread holding the lock
+        # nested calls get savepoints; PostgreSQL's batched writes go without (one failing
+        # call fails the batch, whose calls are then made one by one)
+        self._savepoints = True
         self._db: Database | None = self._open()
         try:
             self._check_schema()
@@ -353,6 +365,9 @@ class RunStore:
 
     def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return method(self, *args, **kwargs)
+
+    def _before_read(self) -> None:
+        """Nothing: every write of this store is made when called."""
 
     # --------------------------------------------------------------- plumbing
     def abandon(self) -> None:
@@ -391,19 +406,22 @@ class RunStore:
         with self._lock, self._unavailable_on_error():
             db = self._connection()
             outer = self._depth == 0
+            own = outer or self._savepoints  # a transaction or savepoint of its own
             if outer:
                 self._begin(db, write)
-            else:
+            elif own:
                 db.execute("SAVEPOINT nested")
             self._depth += 1
             try:
                 yield db
             except BaseException:
                 self._depth -= 1
-                _undo(db, outer)
+                if own:
+                    _undo(db, outer)
                 raise
             self._depth -= 1
-            _commit(db, outer)
+            if own:
+                _commit(db, outer)
 
     @contextmanager
     def _unavailable_on_error(self) -> Iterator[None]:
@@ -708,6 +726,7 @@ class RunStore:
                 raise UnknownRecord(f"no run {run_id!r}") from None
 
     # ---------------------------------------------------------------- queries
+    @reads_what_was_written
     def get_run(self, run_id: str) -> RunRecord | None:
         """One run, or None if the store has no such run."""
         with self._tx(write=False) as db:
@@ -715,6 +734,7 @@ class RunStore:
                              (run_id,)).fetchone()
         return None if row is None else _run_record(row)
 
+    @reads_what_was_written
     def list_runs(self, limit: int = 20) -> list[RunRecord]:
         """The newest runs first (by creation time, then by insertion), at most `limit`."""
         if not 1 <= limit <= MAX_LIST:
@@ -724,6 +744,7 @@ class RunStore:
                               "ORDER BY created DESC, rowid DESC LIMIT ?", (limit,)).fetchall()
         return [_run_record(row) for row in rows]
 
+    @reads_what_was_written
     def list_rounds(self, run_id: str) -> list[RoundRecord]:
         """The recorded rounds of a run, in order."""
         with self._tx(write=False) as db:
@@ -732,6 +753,7 @@ class RunStore:
                               "WHERE run_id = ? ORDER BY round", (run_id,)).fetchall()
         return [RoundRecord(*row) for row in rows]
 
+    @reads_what_was_written
     def unfinished_units(self, run_id: str) -> list[UnfinishedUnit]:
         """Every unit not yet settled, the longest-waiting first, with its owner node,
         age and attempts: what a stalled round is waiting for."""
@@ -752,6 +774,7 @@ class RunStore:
         result = [_unfinished(row, owners.get((row[0], row[1]), []), now) for row in units]
         return sorted(result, key=lambda u: (-u.age_seconds, u.round, u.unit_id))
 
+    @reads_what_was_written
     def unit_history(self, run_id: str, round_index: int, unit_id: str) -> list[UnitEvent]:
         """Every status change of one unit, oldest first, to replay what happened."""
         with self._tx(write=False) as db:
@@ -761,6 +784,7 @@ class RunStore:
                               (run_id, round_index, unit_id)).fetchall()
         return [UnitEvent(*row) for row in rows]
 
+    @reads_what_was_written
     def ledger_counts(self, run_id: str, round_index: int | None = None) -> dict[str, int]:
         """Units per status (every status present, zeros included) for a run or one
         round: their sum is the number planned, so "nothing lost" is a count."""
@@ -772,6 +796,7 @@ class RunStore:
         counts.update(dict(rows))
         return counts
 
+    @reads_what_was_written
     def pass_counts(self, run_id: str) -> dict[int, dict[str, int]]:
         """Units per pass and status of an asynchronous run (units enter the store when
         first sent, so a pass holds the units sent so far)."""
@@ -783,6 +808,7 @@ class RunStore:
                 counts.setdefault(pass_index, {})[status] = n
         return counts
 
+    @reads_what_was_written
     def node_stats(self, run_id: str) -> list[NodeRecord]:
         """Per-node counts of a run, by node name."""
         with self._tx(write=False) as db:

@@ -1,0 +1,122 @@
+"""The engine's hot writes to a PostgreSQL run store, made later and many at a time.
+
+Every unit costs the ledger a few writes (started, finished, the node's answer), each a
+transaction of several statements, and a round trip to a database server is far dearer
+than a call into SQLite: made one by one under the store's lock, they would slow a round
+of many small units down to the database's pace. So the calls whose answer the engine does
+not use (DEFERRED) are queued and return at once; a writer thread makes everything queued
+in one transaction, its statements pipelined (psycopg's pipeline mode: only reads wait for
+the server). Any other call first makes everything queued before it, in the caller's
+thread, so the store sees the calls in the order they were made, and a round is recorded
+only after every write of its units.
+
+A call in a batch that the store refuses (a bug of the caller, as coordinator/run_store.py
+says) fails the batch, which is then made one call per transaction: the refusal is logged
+and, with TRAINER_STRICT_LEDGER=1, raised by the next call that does not wait. A write the
+store could not make (StoreUnavailable, LeadershipLost) is kept and raised by every later
+call, as the run would see it from a direct call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
+
+log = logging.getLogger("coordinator.store")
+DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "node_answer",
+                      "node_failure", "node_heartbeats"})
+GATHER_SECONDS = 0.005  # the writer waits this long for more calls before a batch
+MAX_BATCH = 2000
+
+Call = tuple[Callable[..., Any], tuple, dict]
+
+
+class WriteBehind:
+    """The queue of deferred calls and its writer thread. ``apply(calls)`` makes a batch
+    (in one transaction, or one by one); ``one(call)`` makes a single call."""
+
+    def __init__(self, apply: Callable[[list[Call]], None]) -> None:
+        self._apply = apply
+        self._queue: list[Call] = []
+        self._changed = threading.Condition()
+        self._flushing = threading.Lock()  # one batch at a time, in queue order
+        self._closed = False
+        self.failure: StoreUnavailable | None = None  # the first write that could not be made
+        self.refusal: Exception | None = None  # the first call refused (strict mode raises it)
+        self._strict = os.environ.get(STRICT_ENV) == "1"
+        self._thread = threading.Thread(target=self._write, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, call: Call) -> None:
+        self.raise_failure()
+        with self._changed:
+            self._queue.append(call)
+            self._changed.notify()
+
+    def flush(self, quiet: bool = False) -> None:
+        """Make every call queued so far, in this thread; then raise what went wrong
+        (``quiet``: a query's flush, which leaves that to the writes)."""
+        with self._flushing:
+            while True:
+                with self._changed:
+                    calls, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                if not calls:
+                    break
+                self._make(calls)
+        if quiet:
+            return
+        self.raise_failure()
+        if self._strict and self.refusal is not None:
+            refusal, self.refusal = self.refusal, None
+            raise refusal
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def close(self, flush: bool = True) -> None:
+        """Stop the writer; ``flush``: make what is queued first (else it is dropped, as a
+        process that dies loses it)."""
+        if flush:
+            try:
+                self.flush()
+            except (RunStoreError, ValueError) as exc:
+                log.warning("run store: writes left unmade at close: %s", exc)
+        with self._changed:
+            self._closed = True
+            self._queue = []
+            self._changed.notify()
+        self._thread.join(5.0)
+
+    def _write(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                if len(self._queue) < MAX_BATCH:  # let a burst of calls gather
+                    self._changed.wait(GATHER_SECONDS)
+            # what goes wrong is kept (failure, refusal) for the calls that follow
+            with contextlib.suppress(RunStoreError, ValueError):
+                self.flush()
+
+    def _make(self, calls: list[Call]) -> None:
+        try:
+            self._apply(calls)
+        except StoreUnavailable as exc:
+            if self.failure is None:
+                log.error("%s", exc)
+            self.failure = self.failure or exc
+
+    def refused(self, call: Call, exc: Exception) -> None:
+        """A call of a batch that the store refused (see the module docstring)."""
+        method, args, _ = call
+        log.warning("run store refused %s%s: %s", method.__name__, args[:4], exc)
+        self.refusal = self.refusal or exc
