@@ -1,8 +1,9 @@
 """The run store on PostgreSQL: `coordinator_node.py PORT POLICY --store postgresql://...`.
 
 The ledger is coordinator/run_store.py's, statement for statement: PostgresSession runs
-them on a psycopg 3 connection (client-side binding, so `?` becomes `%s` and a NULL needs
-no declared type; SQLite's INDEXED BY hints are dropped). What PostgreSQL adds is what lets
+them on a psycopg 3 connection (`?` becomes `%s`; SQLite's INDEXED BY hints are dropped),
+with server-side parameters, so the statements a run repeats are prepared once per
+connection. What PostgreSQL adds is what lets
 a coordinator on another machine carry on without the first one's disk:
 
 - run_files: each run's request.json, metrics.jsonl and checkpoint.npz (weights, optimizer
@@ -264,7 +265,7 @@ class PostgresRunStore(RunStore):
         self._session: PostgresSession | None = None
         self._pool = ConnectionPool(
             url, min_size=1, max_size=4, open=False, name="run-store",
-            kwargs={"autocommit": True, "cursor_factory": psycopg.ClientCursor,
+            kwargs={"autocommit": True,
                     "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"})
         try:
             self._pool.open(wait=True, timeout=connect_seconds)

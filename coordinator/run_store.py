@@ -790,7 +790,7 @@ class RunStore:
         round: their sum is the number planned, so "nothing lost" is a count."""
         with self._tx(write=False) as db:
             rows = db.execute("SELECT status, COUNT(*) FROM units WHERE run_id = ? "
-                              "AND (? IS NULL OR round = ?) GROUP BY status",
+                              "AND (CAST(? AS INTEGER) IS NULL OR round = ?) GROUP BY status",
                               (run_id, round_index, round_index)).fetchall()
         counts = dict.fromkeys(UNIT_STATUSES, 0)
         counts.update(dict(rows))
@@ -1024,7 +1024,7 @@ def _settle(db: Database, run_id: str, round_index: int | None, reason: str,
             now: float) -> int:
     """Cancel every unsettled unit of a run (or one round); live attempts stay open."""
     rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? "
-                      "AND (? IS NULL OR round = ?) AND status IN (?, ?, ?, ?)",
+                      "AND (CAST(? AS INTEGER) IS NULL OR round = ?) AND status IN (?, ?, ?, ?)",
                       (run_id, round_index, round_index, *UNSETTLED)).fetchall()
     db.executemany(f"UPDATE units SET status = 'cancelled', last_reason = ?, updated = ? "
                    f"WHERE {_UNIT_WHERE}", [(reason, now, run_id, r, u) for r, u, _ in rows])
