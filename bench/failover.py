@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="async: uninterrupted runs whose errors make the spread")
     parser.add_argument("--json", default=None, help="write the trials here")
     args = parser.parse_args(argv)
+    # SIGTERM ends the bench like Ctrl-C: the finally below ends every process it started
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     bench = Bench(Path(mkdtemp(prefix="failover-")), args.recipe, args.lease)
     try:
         seeds = [1] if RECIPES[args.recipe][2] else list(range(1, args.spread + 1))
