@@ -27,10 +27,12 @@ import json
 import random
 import re
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,11 +51,11 @@ from devtools.postgres_cluster import PostgresCluster  # noqa: E402
 from training.outputs.model_file import load_model  # noqa: E402
 
 CONFIGS = REPO / "configs"
-RECIPES = {  # client arguments, the run's shape for the audit, and whether bits must match
-    "letters": (["--config", str(CONFIGS / "letters_recommended.yaml")], RunShape(10, 11), True),
+RECIPES = {  # client arguments, schedule mode, and whether the bits must match
+    "letters": (["--config", str(CONFIGS / "letters_recommended.yaml")], "sync", True),
     "dcgan": (["--config", str(CONFIGS / "dcgan_mnist_tiny.yaml"), "--set", "run.rounds=8"],
-              RunShape(8, 4), True),
-    "async": (["--config", str(CONFIGS / "letters_async.yaml")], None, False),
+              "sync", True),
+    "async": (["--config", str(CONFIGS / "letters_async.yaml")], "async", False),
 }
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
 ACCEPTED = re.compile(STAMP + r"node INFO unit .* accepted")
@@ -82,7 +84,8 @@ class Bench:
 
     def __init__(self, workdir: Path, recipe: str, lease: float) -> None:
         self.workdir, self.recipe, self.lease = workdir, recipe, lease
-        self.args, self.shape, self.bitwise = RECIPES[recipe]
+        self.args, self.mode, self.bitwise = RECIPES[recipe]
+        self.shape: RunShape | None = None  # known from the reference run
         self.pg = PostgresCluster().start()
         self.nodes = [procs.start_node(workdir, f"node{i}", 0.0, "--seed", str(i))
                       for i in (1, 2)]
@@ -110,13 +113,23 @@ class Bench:
                                         self.workdir, timeout=CLIENT_SECONDS)
                 if done.returncode != 0:
                     raise SystemExit(f"the reference run failed: {done.stderr}")
+                result = json.loads(done.stdout)
                 results.append({"seconds": time.monotonic() - began,
-                                "error": json.loads(done.stdout)["validation_error"],
+                                "error": result["validation_error"],
                                 "weights": load_model(self.workdir / "models" /
                                                       f"{run_id}.npz")[0]})
+                self.shape = RunShape(result["rounds"], self._units_per_round(run_id),
+                                      self.mode)
             return statistics.median(r["seconds"] for r in results), results
         finally:
             coordinator.stop()
+
+    def _units_per_round(self, run_id: str) -> int:
+        """Units a round of the reference run kept (sync: all it planned; asynchronous:
+        the results a round takes), from its SQLite store."""
+        with closing(sqlite3.connect(self.workdir / "runs" / "runs.db")) as db:
+            return db.execute("SELECT completed_units FROM rounds WHERE run_id = ? AND "
+                              "round = 1", (run_id,)).fetchone()[0]
 
     def _seed(self, seed: int) -> list[str]:
         return [] if seed == 1 else ["--set", f"delta_avg.seed={seed}"]
@@ -168,8 +181,7 @@ class Bench:
         else:
             errors = [r["error"] for r in reference]
             same = min(errors) - 0.01 <= result["validation_error"] <= max(errors) + 0.01
-        shape = self.shape or RunShape(result["rounds"], 0, "async")
-        ledger = audit(url, run_id, shape)
+        ledger = audit(url, run_id, self.shape)
         failed = [f"{c.name}: {c.detail}" for c in ledger.checks if not c.ok]
         return Trial(index, how, moment, True, same, ledger.ok,
                      self._takeover(stopped_at, standby), "; ".join(failed))
