@@ -29,7 +29,7 @@ NO_STORE = {"Cache-Control": "no-store"}  # live data: a browser must not keep o
 
 def build_app(views: Views, registry: CollectorRegistry, access: Access) -> Starlette:
     def runs_api(request: Request) -> Response:
-        return _json({"runs": views.runs()})
+        return _json({"runs": views.runs(), **views.leadership()})
 
     def run_api(request: Request) -> Response:
         try:

@@ -65,6 +65,13 @@ class Views:
                                if now - v[0] < self.ttl}
         return value
 
+    # ------------------------------------------------------------ leadership
+    def leadership(self) -> dict[str, str]:
+        """Coordinators sharing a PostgreSQL store: who leads, in words ({} otherwise)."""
+        if getattr(self.coordinator, "keeper", None) is None:
+            return {}
+        return {"leader": self.cached("leader", self.coordinator.leader_line)}
+
     # ------------------------------------------------------------------ runs
     def runs(self) -> list[dict[str, Any]]:
         return self.cached("runs", self._runs)

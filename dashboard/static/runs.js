@@ -19,4 +19,8 @@ poll("/api/runs", data => {
   ]}));
   fillTable(tbody, rows, r => r.run_id);
   document.getElementById("no-runs").hidden = data.runs.length > 0;
+  // coordinators sharing a PostgreSQL store: who leads (a standby's page is read-only)
+  const leader = document.getElementById("leader");
+  leader.hidden = !data.leader;
+  leader.textContent = data.leader ? "Run store: " + data.leader : "";
 });

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +44,9 @@ class Pair:
         self.b = self.coordinator("b")
         self.b.wait_for(f"standing by: 127.0.0.1:{self.a.port} leads")
 
-    def coordinator(self, name: str) -> procs.Proc:
+    def coordinator(self, name: str, *extra: str) -> procs.Proc:
         return procs.start_coordinator(self.workdir, self.nodes_file, self.policy, "--store",
-                                       self.url,
-                                       "--deterministic", "--lease", LEASE,
+                                       self.url, "--deterministic", "--lease", LEASE, *extra,
                                        run_dir=self.workdir / f"runs-{name}",
                                        name=f"coordinator-{name}")
 
@@ -172,6 +172,15 @@ def test_a_standby_serves_status_and_refuses_training(pair: Pair) -> None:
                               pair.workdir)
     shown = json.loads(status.stdout)
     assert (shown["state"], shown["leader"]) == ("completed", f"127.0.0.1:{pair.a.port}")
+    third = pair.coordinator("c", "--dashboard-port", "0", "--dashboard-host", "127.0.0.1")
+    try:
+        url = third.wait_for(r"dashboard at (http://\S+)").group(1).rstrip("/")
+        with urllib.request.urlopen(f"{url}/api/runs", timeout=10) as answer:
+            page = json.loads(answer.read())
+        assert page["leader"] == f"127.0.0.1:{pair.a.port} leads"
+        assert [r["run_id"] for r in page["runs"]] == ["r"]  # read from the store
+    finally:
+        third.stop()
 
 
 def test_a_restarted_database_pauses_the_run_which_then_ends_with_the_same_bits(
