@@ -48,6 +48,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from coordinator import drills
 from coordinator.run_store import RunStore, SchemaError, reads_what_was_written, rides_out_outages
 from coordinator.write_behind import DEFERRED, Call, WriteBehind
 from engine import runtime
@@ -476,9 +477,11 @@ class PostgresRunStore(RunStore):
     keeps_files = True  # a run's files live here too, for a coordinator on another machine
 
     @rides_out_outages
-    def store_file(self, run_id: str, name: str, path: Path) -> None:
+    def store_file(self, run_id: str, name: str, path: Path,
+                   round_index: int | None = None) -> None:
         """Keep the file at ``path`` as the run's ``name``, replacing what was there, in one
-        transaction read part by part (a checkpoint never shows half old, half new)."""
+        transaction read part by part (a checkpoint never shows half old, half new).
+        ``round_index``: a checkpoint's round, for drills (coordinator/drills.py)."""
         with self._tx() as db, open(path, "rb") as f:
             db.execute("DELETE FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
             part = 0
@@ -486,6 +489,8 @@ class PostgresRunStore(RunStore):
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
                            "(?, ?, ?, ?)", (run_id, name, part, chunk))
                 part += 1
+                if round_index is not None:
+                    drills.point("checkpoint", round_index)
             if part == 0:
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
                            "(?, ?, 0, ?)", (run_id, name, b""))

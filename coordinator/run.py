@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator import drills
 from coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -112,8 +113,9 @@ class Run:
         self.compression, self.schedule = setup.spec.compression, setup.spec.schedule
         self.outputs = setup.outputs
         self.run_dir = settings.run_root / self.run_id
-        keep = (lambda name, path: store.store_file(self.run_id, name, path)) \
-            if store is not None and store.keeps_files else None
+        keep = (lambda name, path, round_index: store.store_file(
+            self.run_id, name, path, round_index)) if store is not None and store.keeps_files \
+            else None
         self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds,
                                 keep)
         self._nodes = RunNodes(
@@ -412,6 +414,7 @@ class Run:
                 round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
                 earlier_attempts=earlier)
         update_started = runtime.monotonic()
+        drills.point("aggregate", round_index)
         with clock.phase("aggregate"):
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]

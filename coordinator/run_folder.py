@@ -44,8 +44,10 @@ class RunFolder:
     """The files of one run; `rows` are its metrics so far, for the curves."""
 
     def __init__(self, run_dir: Path, algorithm: Algorithm, outputs: dict[str, int],
-                 rounds: int, keep: Callable[[str, Path], None] | None = None) -> None:
-        """``keep(name, path)``: copy a file the resume needs into the run store."""
+                 rounds: int, keep: Callable[[str, Path, int | None], None] | None = None
+                 ) -> None:
+        """``keep(name, path, round)``: copy a file the resume needs into the run store
+        (``round``: the checkpoint's, for a drill's point of death)."""
         self.path = run_dir
         self.algorithm = algorithm
         self.outputs = outputs
@@ -53,9 +55,9 @@ class RunFolder:
         self.rows: list[dict[str, Any]] = []
         self._keep = keep
 
-    def _kept(self, name: str) -> None:
+    def _kept(self, name: str, round_index: int | None = None) -> None:
         if self._keep is not None:
-            self._keep(name, self.path / name)
+            self._keep(name, self.path / name, round_index)
 
     def start(self, description: dict[str, Any], request: RunRequest) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -94,7 +96,7 @@ class RunFolder:
         """The round's checkpoint, when it is due."""
         if due(self.outputs["checkpoint_every"], checkpoint.round, self.rounds):
             save_checkpoint(self.path, checkpoint, self.algorithm.model_description())
-            self._kept(CHECKPOINT_FILE)
+            self._kept(CHECKPOINT_FILE, checkpoint.round)
 
     def finish(self, weights: Weights, config: dict[str, Any]) -> Path:
         """The final model, in this project's .npz and as safetensors, and the curves."""

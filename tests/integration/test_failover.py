@@ -15,6 +15,7 @@ import numpy as np
 import psycopg
 import pytest
 
+from coordinator.drills import DIES_AT_VARIABLE
 from devtools import local_cluster as procs
 from training.outputs.model_file import load_model
 
@@ -31,7 +32,8 @@ class Pair:
     machines. ``slow``: every unit waits 0.2 s first (policy 1, load 1), so that rounds
     last a second or two."""
 
-    def __init__(self, workdir: Path, url: str, slow: bool = False) -> None:
+    def __init__(self, workdir: Path, url: str, slow: bool = False,
+                 dies_at: str | None = None) -> None:
         self.workdir, self.url = workdir, url
         self.policy = 1 if slow else 2
         load = ["1.0", "--load-delay", "0.2"] if slow else ["0.0"]
@@ -39,16 +41,19 @@ class Pair:
                                                       "--seed", str(i)], workdir, f"node{i}")
                       for i in (1, 2)]
         self.nodes_file = procs.write_nodes_file(workdir / "compute_nodes.txt", self.nodes)
-        self.a = self.coordinator("a")
+        self.a = self.coordinator("a", dies_at=dies_at)
         self.a.wait_for("leading: this coordinator leads")
         self.b = self.coordinator("b")
         self.b.wait_for(f"standing by: 127.0.0.1:{self.a.port} leads")
 
-    def coordinator(self, name: str, *extra: str) -> procs.Proc:
-        return procs.start_coordinator(self.workdir, self.nodes_file, self.policy, "--store",
-                                       self.url, "--deterministic", "--lease", LEASE, *extra,
-                                       run_dir=self.workdir / f"runs-{name}",
-                                       name=f"coordinator-{name}")
+    def coordinator(self, name: str, *extra: str, dies_at: str | None = None) -> procs.Proc:
+        """``dies_at``: POINT:ROUND where it SIGKILLs itself (coordinator/drills.py)."""
+        env = {**procs.python_env(), **({DIES_AT_VARIABLE: dies_at} if dies_at else {})}
+        return procs.start_command(
+            [sys.executable, str(procs.REPO / "coordinator_node.py"), "0", str(self.policy),
+             "--host", "127.0.0.1", "--nodes-file", str(self.nodes_file), "--run-dir",
+             str(self.workdir / f"runs-{name}"), "--store", self.url, "--deterministic",
+             "--lease", LEASE, *extra], self.workdir, f"coordinator-{name}", env=env)
 
     def hosts_and_ports(self) -> list[str]:
         return ["127.0.0.1,127.0.0.1", f"{self.a.port},{self.b.port}"]
@@ -135,6 +140,28 @@ def test_a_killed_leader_s_run_ends_at_the_standby_with_the_same_bits(
                                "'completed' GROUP BY round, unit_id HAVING count(*) > 1) t"
                                ).fetchone()[0]
     assert (open_attempts, completed) == (0, 0)
+
+
+@pytest.mark.parametrize(("dies_at", "resumes_after"), [
+    ("aggregate:2", 1),  # round 2's results in, the update not applied: round 2 again
+    ("checkpoint:3", 2),  # round 3's checkpoint half written to the store: not there
+])
+def test_a_leader_dying_mid_aggregation_or_mid_checkpoint_write_loses_nothing(
+        tmp_path: Path, postgres_url: str, uninterrupted: dict[str, np.ndarray],
+        dies_at: str, resumes_after: int) -> None:
+    pair = Pair(tmp_path, postgres_url, dies_at=dies_at)
+    try:
+        client = pair.start_client("same")
+        assert pair.a.popen.wait(60) == -signal.SIGKILL
+        result, _ = _finish(pair, client)
+        pair.b.wait_for(f"run same resumes after round {resumes_after} ")
+        assert result["rounds"] == ROUNDS and _same_weights(pair, "same", uninterrupted)
+        with psycopg.connect(pair.url) as db:
+            parts = db.execute("SELECT count(*) FROM run_files WHERE name = "
+                               "'checkpoint.npz'").fetchone()[0]
+        assert parts == 1
+    finally:
+        pair.stop()
 
 
 def test_a_paused_leader_is_fenced_and_steps_down(

@@ -1,0 +1,22 @@
+"""A coordinator that dies at a chosen point, for failover drills and tests.
+
+`TRAINER_COORDINATOR_DIES_AT=POINT:ROUND` in the coordinator's environment makes it
+SIGKILL itself when round ROUND reaches POINT: `aggregate` (its results are in, the update
+not yet applied) or `checkpoint` (the checkpoint file is written, the run store holds the
+previous one, and the transaction that replaces it there is open, one part written).
+Unset, as always outside drills, a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+DIES_AT_VARIABLE = "TRAINER_COORDINATOR_DIES_AT"
+POINTS = ("aggregate", "checkpoint")
+
+
+def point(name: str, round_index: int) -> None:
+    """Die here if the environment says so (see the module docstring)."""
+    if os.environ.get(DIES_AT_VARIABLE) == f"{name}:{round_index}":
+        os.kill(os.getpid(), signal.SIGKILL)
