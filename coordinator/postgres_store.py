@@ -65,6 +65,9 @@ IDLE_IN_TRANSACTION_MS = 5000
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 _SCHEMES = ("postgresql://", "postgres://")
 
+# The SQLite store's tables in PostgreSQL's types, written out rather than derived from
+# coordinator/run_store.py's: each database's schema has its own version and migrations,
+# and a change to one must not silently change the other's.
 _SCHEMA = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
     # rowid: the order of insertion, as SQLite's rowid (runs created in the same second)
