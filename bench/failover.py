@@ -60,6 +60,7 @@ RECIPES = {  # client arguments, schedule mode, and whether the bits must match
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
 ACCEPTED = re.compile(STAMP + r"node INFO unit .* accepted")
 LEADING = re.compile(STAMP + r"coordinator WARNING leading the run store")
+TAKEN_OVER = re.compile(STAMP + r"coordinator WARNING run \S+ taken over")
 CLIENT_SECONDS = 600.0
 
 
@@ -71,8 +72,9 @@ class Trial:
     completed: bool
     same_result: bool
     audit_ok: bool
-    takeover_seconds: float | None
+    takeover_seconds: float | None  # to the new leader's first unit (None: none was left)
     detail: str = ""
+    resumed_seconds: float | None = None  # to the new leader's "taken over" line
 
     @property
     def ok(self) -> bool:
@@ -183,8 +185,10 @@ class Bench:
             same = min(errors) - 0.01 <= result["validation_error"] <= max(errors) + 0.01
         ledger = audit(url, run_id, self.shape)
         failed = [f"{c.name}: {c.detail}" for c in ledger.checks if not c.ok]
+        taken = [_stamp(m) for m in map(TAKEN_OVER.match, standby.log().splitlines()) if m]
         return Trial(index, how, moment, True, same, ledger.ok,
-                     self._takeover(stopped_at, standby), "; ".join(failed))
+                     self._takeover(stopped_at, standby), "; ".join(failed),
+                     (taken[-1] - stopped_at).total_seconds() if taken else None)
 
     def _coordinator(self, url: str, name: str) -> procs.Proc:
         return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", url,
@@ -213,6 +217,10 @@ class Bench:
                 if match and _stamp(match) > after and (first is None or _stamp(match) < first):
                     first = _stamp(match)
         return None if first is None else (first - stopped_at).total_seconds()
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
 
 
 def _stamp(match: re.Match) -> datetime:
@@ -248,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             how = "kill" if index < args.kills else "stop"
             trial = bench.trial(index, how, rng.uniform(0.05, 0.9) * length, reference)
             trials.append(trial)
-            took = "-" if trial.takeover_seconds is None else f"{trial.takeover_seconds:.2f}s"
             print(f"trial {index:3d} {how} at {trial.moment:5.2f}s: "
-                  f"{'ok' if trial.ok else 'FAILED'} takeover {took} {trial.detail}", flush=True)
+                  f"{'ok' if trial.ok else 'FAILED'} taken over after "
+                  f"{_seconds(trial.resumed_seconds)}, first unit after "
+                  f"{_seconds(trial.takeover_seconds)} {trial.detail}", flush=True)
     finally:
         bench.close()
     return report(trials, args)
@@ -260,13 +269,16 @@ def report(trials: list[Trial], args: argparse.Namespace) -> int:
     for how in ("kill", "stop"):
         mine = [t for t in trials if t.signal == how]
         times = [t.takeover_seconds for t in mine if t.takeover_seconds is not None]
+        resumed = [t.resumed_seconds for t in mine if t.resumed_seconds is not None]
         if mine:
             print(f"{how}: {len(mine)} trials, {sum(t.ok for t in mine)} ok, completed "
                   f"{sum(t.completed for t in mine)}, same result "
                   f"{sum(t.same_result for t in mine)}, audit ok {sum(t.audit_ok for t in mine)};"
-                  f" takeover p50 {percentile(times, 50):.2f} s, p99 "
-                  f"{percentile(times, 99):.2f} s, max {max(times, default=float('nan')):.2f} s"
-                  f" (lease {args.lease:g} s)")
+                  f" to the first unit ({len(times)} trials had units left) p50 "
+                  f"{percentile(times, 50):.2f} s, p99 {percentile(times, 99):.2f} s, max "
+                  f"{max(times, default=float('nan')):.2f} s; to the takeover p50 "
+                  f"{percentile(resumed, 50):.2f} s, p99 {percentile(resumed, 99):.2f} s "
+                  f"(lease {args.lease:g} s)")
     if args.json:
         Path(args.json).write_text(json.dumps([{**asdict(t), "ok": t.ok} for t in trials],
                                               indent=2) + "\n")
