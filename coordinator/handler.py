@@ -63,6 +63,8 @@ class CoordinatorHandler(MembershipService):
                                   self.settings.lease_seconds)
         self.keeper.step()
         self.keeper.start()
+        if not self._leading:  # a takeover should not wait for torch to load (1-2 s)
+            threading.Thread(target=_load_torch, name="standby-warm-up", daemon=True).start()
 
     def _took_lead(self, epoch: int) -> None:
         """Carry on every run the store has as running: its leader died or lost the lease.
@@ -340,6 +342,14 @@ class CoordinatorHandler(MembershipService):
         if not run_id:
             raise ttypes.UnknownRun(message="this coordinator has no runs yet")
         raise ttypes.UnknownRun(message=f"no run {run_id!r} on this coordinator")
+
+
+def _load_torch() -> None:
+    """Import torch while standing by, as a run taken over would (best effort)."""
+    try:
+        import torch  # noqa: F401 - loaded for later
+    except ImportError:
+        log.debug("torch is not installed: runs of torch models will say so")
 
 
 def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, RunStore]:

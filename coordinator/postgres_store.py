@@ -222,6 +222,7 @@ class PostgresSession:
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
         self.committing = False  # the last statement sent was a COMMIT
+
     @property
     def in_transaction(self) -> bool:
         status = self.connection.info.transaction_status
