@@ -268,6 +268,9 @@ class PostgresRunStore(RunStore):
         self.epoch: int | None = None  # the leader's fencing epoch; None: no writes checked
         self.writes_need_epoch = False  # a coordinator's store: writes only while leading
         self._session: PostgresSession | None = None
+        problem = _connect_problem(url, connect_seconds)  # one try says why, at once
+        if problem is not None:
+            raise RunStoreError(f"cannot connect to the run store {self.path}: {problem}")
         self._pool = ConnectionPool(
             url, min_size=1, max_size=4, open=False, name="run-store",
             kwargs={"autocommit": True,
@@ -275,10 +278,9 @@ class PostgresRunStore(RunStore):
         try:
             self._pool.open(wait=True, timeout=connect_seconds)
         except PoolTimeout:
-            problem = _first_connect_problem(url)
             self._pool.close()
-            raise RunStoreError(f"cannot connect to the run store {self.path}: "
-                                f"{problem}") from None
+            raise RunStoreError(f"cannot connect to the run store {self.path}: timed out "
+                                f"after {connect_seconds:g} s") from None
         self._start(clock)
         self._writes = WriteBehind(self._apply)
 
@@ -522,10 +524,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _first_connect_problem(url: str) -> str:
-    """Why the pool could not connect: one direct attempt says it in the server's words."""
+def _connect_problem(url: str, seconds: float) -> str | None:
+    """Why no connection can be made, in the server's words; None when one can."""
     try:
-        psycopg.connect(url, connect_timeout=3).close()
+        psycopg.connect(url, connect_timeout=max(1, round(seconds))).close()
     except psycopg.Error as exc:
         return _first_line(exc)
-    return "timed out"
+    return None

@@ -313,9 +313,9 @@ class NodeRecord(NodeCounts):
 
 
 def rides_out_outages(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A call the engine makes while it trains: a store whose database can be away for a
-    while (PostgreSQL restarted) makes it again, whole, once the database is back (see
-    PostgresRunStore._call); the SQLite store just makes it."""
+    """A call the engine makes while it trains: a store on a database server (PostgreSQL)
+    may make it later, in a batch, and makes it again, whole, while the database is away
+    (see PostgresRunStore._call); the SQLite store just makes it."""
     @functools.wraps(method)
     def call(self: RunStore, *args: Any, **kwargs: Any) -> Any:
         return self._call(method, *args, **kwargs)

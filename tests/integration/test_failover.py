@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 
 from coordinator.drills import DIES_AT_VARIABLE
+from coordinator.postgres_store import PostgresRunStore
 from devtools import local_cluster as procs
 from training.outputs.model_file import load_model
 
@@ -263,3 +265,30 @@ def test_a_pull_node_works_for_whichever_coordinator_leads(tmp_path: Path,
     finally:
         puller.stop()
         pair.stop()
+
+
+def _coordinator_error(tmp_path: Path, url: str) -> subprocess.CompletedProcess:
+    (tmp_path / "nodes.txt").write_text("")
+    return subprocess.run([sys.executable, str(procs.REPO / "coordinator_node.py"), "0", "2",
+                           "--host", "127.0.0.1", "--nodes-file", str(tmp_path / "nodes.txt"),
+                           "--store", url], cwd=tmp_path, env=procs.python_env(),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_store_that_cannot_be_used_stops_the_coordinator_with_one_line(
+        tmp_path: Path, postgres_url: str) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    down = _coordinator_error(tmp_path, f"postgresql://trainer:secret@127.0.0.1:{closed}/x")
+    assert down.returncode == 1
+    assert "error: cannot open the run store: cannot connect to the run store postgresql://" \
+           f"trainer:***@127.0.0.1:{closed}/x: connection failed" in down.stderr
+    assert "secret" not in down.stdout + down.stderr
+    PostgresRunStore(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("UPDATE schema_version SET version = 99")
+    newer = _coordinator_error(tmp_path, postgres_url)
+    assert newer.returncode == 1
+    assert "has run store schema version 99, newer than this coordinator understands" \
+        in newer.stderr
