@@ -68,7 +68,15 @@ class CoordinatorHandler(MembershipService):
 
     def _took_lead(self, epoch: int) -> None:
         """Carry on every run the store has as running: its leader died or lost the lease.
-        Each resumes from its last checkpoint as --resume does."""
+        Each resumes from its last checkpoint as --resume does, in a thread of its own, so
+        that the lease keeper goes on renewing while big checkpoints load; this coordinator
+        takes train() calls once they are all resumed."""
+        taking = threading.Thread(target=self._take_over, args=(epoch,), name="take-over",
+                                  daemon=True)
+        taking.start()
+        taking.join(self.settings.lease_seconds / 3)  # most takeovers: done by now
+
+    def _take_over(self, epoch: int) -> None:
         interrupted = self.store.fail_unfinished_runs(f"the leader changed (epoch {epoch})")
         for run_id in interrupted:
             try:
@@ -76,7 +84,8 @@ class CoordinatorHandler(MembershipService):
                 log.warning("run %s taken over from the previous leader", run_id)
             except (CheckpointError, InvalidRun, NodesFileError, RunStoreError) as exc:
                 log.error("run %s cannot be taken over: %s", run_id, exc)
-        self._leading = True
+        if self.keeper is not None and self.keeper.epoch == epoch:  # still leading
+            self._leading = True
 
     def _lost_lead(self, leader: Leader) -> None:
         """Stop this process's runs without a write (the store refuses them now); their
