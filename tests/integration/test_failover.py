@@ -125,7 +125,16 @@ def _same_weights(pair: Pair, run_id: str, expected: dict[str, np.ndarray]) -> b
     r"round 3/6",  # mid-run, after a checkpoint
 ])
 def test_a_killed_leader_s_run_ends_at_the_standby_with_the_same_bits(
-        pair: Pair, uninterrupted: dict[str, np.ndarray], moment: str) -> None:
+        tmp_path: Path, postgres_url: str, uninterrupted: dict[str, np.ndarray],
+        moment: str) -> None:
+    pair = Pair(tmp_path, postgres_url, slow=True)  # the kill lands before the run's end
+    try:
+        _killed_mid_run(pair, uninterrupted, moment)
+    finally:
+        pair.stop()
+
+
+def _killed_mid_run(pair: Pair, uninterrupted: dict[str, np.ndarray], moment: str) -> None:
     client = pair.start_client("same")
     pair.a.wait_for(moment, timeout=60)
     pair.a.popen.kill()
@@ -215,10 +224,11 @@ def test_a_standby_serves_status_and_refuses_training(pair: Pair) -> None:
 def test_a_restarted_database_pauses_the_run_which_then_ends_with_the_same_bits(
         tmp_path: Path, postgres_server, postgres_url: str,
         uninterrupted: dict[str, np.ndarray]) -> None:
-    nodes = [procs.start_node(tmp_path, f"node{i}", 0.0, "--seed", str(i), "--load-delay",
-                              "0.3") for i in (1, 2)]
+    # every unit waits 0.2 s first (policy 1, load 1): the database stops mid-run
+    nodes = [procs.start_node(tmp_path, f"node{i}", 1.0, "--seed", str(i), "--load-delay",
+                              "0.2") for i in (1, 2)]
     coordinator = procs.start_coordinator(
-        tmp_path, procs.write_nodes_file(tmp_path / "compute_nodes.txt", nodes), 2,
+        tmp_path, procs.write_nodes_file(tmp_path / "compute_nodes.txt", nodes), 1,
         "--store", postgres_url, "--deterministic")
     try:
         client = subprocess.Popen(
