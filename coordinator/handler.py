@@ -121,9 +121,13 @@ class CoordinatorHandler(MembershipService):
         return f"{leader} leads" if leader else "no coordinator leads yet"
 
     def _moved(self, run: Run) -> bool:
-        """Whether ``run`` stopped because this coordinator lost the lead (a write refused
-        for its epoch may come before the lease keeper's next renewal says so)."""
-        return not self._leading or isinstance(run.ledger.failure, LeadershipLost)
+        """Whether ``run`` stopped because this coordinator lost the lead. A write refused
+        for its epoch may come before the lease keeper's next renewal says so: from then
+        on this coordinator stands by (pings say so), so the caller it tells to follow
+        the leader does not come back here."""
+        if isinstance(run.ledger.failure, LeadershipLost):
+            self._leading = False
+        return not self._leading
 
     def _leader_address(self) -> str | None:
         if self.keeper is None:

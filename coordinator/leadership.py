@@ -19,8 +19,6 @@ the lease, and steps down at its next renewal.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +36,12 @@ LOCK_TIMEOUT_MS = 1000  # a takeover waits this long for the old leader's write 
 # an old leader that still runs (its share lock on the leader row).
 _TAKE_LEASE = """UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s)
     WHERE id = 1 AND (expires IS NULL OR expires < clock_timestamp()) RETURNING id"""
+# The expired holder's sessions are ended first: one stopped in the middle of a pipeline of
+# statements is not "idle in transaction" to the server, so no timeout would ever free the
+# locks it holds. Every coordinator names its sessions by its holder (application_name).
+_END_OLD_SESSIONS = """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+    AND application_name = (SELECT holder FROM leader WHERE id = 1)"""
 _TAKE_EPOCH = """UPDATE leader SET epoch = epoch + 1, holder = %s, address = %s WHERE id = 1
     RETURNING epoch"""
 _RENEW = """UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s)
@@ -68,7 +72,7 @@ class LeaseKeeper:
                  on_lose: Callable[[Leader], None], lease_seconds: float = LEASE_SECONDS) -> None:
         self.store = store
         self.address = address
-        self.holder = f"{address} pid {os.getpid()} on {socket.gethostname()}"
+        self.holder = store.application_name  # also the name of its database sessions
         self.lease_seconds = lease_seconds
         self.epoch: int | None = None  # set while leading
         self._on_lead, self._on_lose = on_lead, on_lose
@@ -102,8 +106,8 @@ class LeaseKeeper:
         """One try to take the lease, or one renewal (the keeper's thread calls it every
         lease/3 seconds; tests call it directly)."""
         if self.epoch is None:
-            row = self._run(_TAKE_LEASE, (self.lease_seconds,), then=(
-                _TAKE_EPOCH, (self.holder, self.address)))
+            row = self._run(_TAKE_LEASE, (self.lease_seconds,), then=[
+                (_END_OLD_SESSIONS, ()), (_TAKE_EPOCH, (self.holder, self.address))])
             if row is not None:
                 self.epoch = row[0]
                 self.store.fence(self.epoch)
@@ -127,17 +131,17 @@ class LeaseKeeper:
                 log.exception("lease keeper")
 
     def _run(self, sql: str, parameters: tuple, failed: object = None,
-             then: tuple[str, tuple] | None = None) -> tuple | None:
-        """One statement in a transaction of its own (followed by ``then`` when it matched
-        a row); the last one's row, None when it matched none. When the database cannot be
-        reached the answer is ``failed`` (None: as if no row matched; a renewal passes
-        False, meaning: unknown, keep leading until fenced)."""
+             then: list[tuple[str, tuple]] = ()) -> tuple | None:
+        """One statement in a transaction of its own (followed by the statements of
+        ``then`` when it matched a row); the last one's row, None when it matched none.
+        When the database cannot be reached the answer is ``failed`` (None: as if no row
+        matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
         try:
             with self.store.connection() as db, db.transaction():
                 db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
                 row = db.execute(sql, parameters).fetchone()
-                if row is not None and then is not None:
-                    row = db.execute(*then).fetchone()
+                for statement in then if row is not None else ():
+                    row = db.execute(*statement).fetchone()
         except (psycopg.Error, OSError) as exc:
             if not self._unreachable:
                 log.warning("lease: the run store %s cannot be reached: %s", self.store.path,

@@ -18,7 +18,9 @@ epoch and raises LeadershipLost, so a leader that was paused (SIGSTOP, a long GC
 network) never writes after losing the lease. A store with no epoch (a standby, a
 read-only command) refuses every write with NotLeading. A session left idle inside a
 transaction for IDLE_IN_TRANSACTION_MS (a process stopped mid-transaction) is ended by the
-server, so its lock cannot hold up a takeover.
+server, and a new leader ends the expired leader's sessions before it takes the epoch
+(one stopped in the middle of a pipeline is not idle to the server), so no lock of theirs
+can hold a takeover up.
 
 Connections come from a psycopg_pool pool (the ledger's, the lease keeper's): one that
 broke (the server restarted) is replaced on the next transaction.
@@ -36,7 +38,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -268,12 +272,16 @@ class PostgresRunStore(RunStore):
         self.epoch: int | None = None  # the leader's fencing epoch; None: no writes checked
         self.writes_need_epoch = False  # a coordinator's store: writes only while leading
         self._session: PostgresSession | None = None
+        # what the server calls this process's sessions: a new leader ends an expired
+        # leader's sessions by it (coordinator/leadership.py)
+        self.application_name = (f"trainer {socket.gethostname()[:32]} pid {os.getpid()} "
+                                 f"{runtime.token_hex(3)}")
         problem = _connect_problem(url, connect_seconds)  # one try says why, at once
         if problem is not None:
             raise RunStoreError(f"cannot connect to the run store {self.path}: {problem}")
         self._pool = ConnectionPool(
             url, min_size=1, max_size=4, open=False, name="run-store",
-            kwargs={"autocommit": True,
+            kwargs={"autocommit": True, "application_name": self.application_name,
                     "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"})
         try:
             self._pool.open(wait=True, timeout=connect_seconds)
@@ -353,7 +361,9 @@ class PostgresRunStore(RunStore):
                 if exc.commit_unknown:
                     raise
                 now = runtime.monotonic()
-                started = now if started is None else started
+                if started is None:  # a connection that broke: a new one may work at once
+                    started = now
+                    continue
                 self._away(now)
                 if now - started >= self.outage_seconds:
                     raise ConnectionLost(f"{exc} for {self.outage_seconds:g} s (--store-"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from coordinator.leadership import Leader, LeaseKeeper
@@ -53,7 +54,7 @@ def test_one_leads_the_other_takes_over_once_the_lease_expires(stores) -> None:
     with pytest.raises(LeadershipLost, match="epoch 2, this coordinator's 1"):
         first.plan_units("r1", 1, ["u"])  # fenced before its keeper knows
     ka.step()  # its renewal finds the newer epoch
-    assert a.lost == [Leader("h2:2", 2, True)] and not ka.leading
+    assert [(x.address, x.epoch) for x in a.lost] == [("h2:2", 2)] and not ka.leading
     ka.step()  # and it does not take the live lease back
     assert a.led == [1]
 
@@ -82,3 +83,27 @@ def test_a_clean_stop_hands_the_lease_over_at_once(stores) -> None:
     ka.stop(release=True)
     kb.step()
     assert b.led == [2]
+
+
+def test_a_takeover_ends_the_old_leader_s_session_stuck_mid_pipeline(stores,
+                                                                     postgres_url: str) -> None:
+    """A leader stopped between two statements of a pipeline holds its share lock with
+    its session "active", which no server timeout ends: the new leader ends it."""
+    first, second = stores
+    a, b = Events(), Events()
+    ka, kb = keeper(first, "h1:1", a), keeper(second, "h2:2", b)
+    ka.step()
+    stuck = psycopg.connect(postgres_url, autocommit=True,
+                            application_name=first.application_name)
+    stuck.execute("BEGIN")
+    stuck.execute("SELECT epoch FROM leader WHERE id = 1 FOR SHARE")
+    pipeline = stuck.pipeline()
+    pipeline.__enter__()
+    stuck.execute("SELECT 1")  # sent, no sync: the server waits for the rest
+    stuck.pgconn.flush()
+    time.sleep(LEASE * 1.5)
+    kb.step()
+    assert b.led == [2]
+    with pytest.raises(psycopg.OperationalError):
+        pipeline.__exit__(None, None, None)
+    stuck.close()
