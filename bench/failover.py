@@ -105,7 +105,7 @@ class Bench:
         lasts (from its start on the coordinator), and each one's weights and validation
         error."""
         coordinator = procs.start_coordinator(self.workdir, self.nodes_file, 2,
-                                              "--deterministic", name="reference")
+                                              *self._deterministic(), name="reference")
         try:
             results = []
             for seed in seeds:
@@ -155,8 +155,8 @@ class Bench:
             time.sleep(moment)  # the seeded moment, from the run's start
             stopped_at = datetime.now()
             a.popen.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-            if how == "stop":
-                b.wait_for(f"run {run_id} taken over", timeout=120)
+            if how == "stop":  # (a run that had ended before the signal is not taken over)
+                b.wait_for("leading the run store", timeout=120)
                 a.popen.send_signal(signal.SIGCONT)  # it wakes to a lost lease
             out, err = client.communicate(timeout=CLIENT_SECONDS)
             return self._judge(index, how, moment, client.returncode, out, err, url, run_id,
@@ -192,8 +192,12 @@ class Bench:
 
     def _coordinator(self, url: str, name: str) -> procs.Proc:
         return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", url,
-                                       "--deterministic", "--lease", str(self.lease),
+                                       *self._deterministic(), "--lease", str(self.lease),
                                        run_dir=self.workdir / f"runs-{name}", name=name)
+
+    def _deterministic(self) -> list[str]:
+        """--deterministic where the bits must match (an asynchronous run cannot be)."""
+        return ["--deterministic"] if self.bitwise else []
 
     def _database(self, index: int) -> str:
         with psycopg.connect(self.pg.url, autocommit=True) as admin:
