@@ -77,9 +77,10 @@ def python_env() -> dict[str, str]:
 
 
 def start(script: str, args: list[str], workdir: Path, name: str,
-          ready: re.Pattern = LISTENING) -> Proc:
+          ready: re.Pattern = LISTENING, env: dict[str, str] | None = None) -> Proc:
     """Start `python <script> <args>` and wait until it prints the port it listens on."""
-    return start_command([sys.executable, str(REPO / script), *args], workdir, name, ready)
+    return start_command([sys.executable, str(REPO / script), *args], workdir, name, ready,
+                         env=env)
 
 
 def start_command(command: list[str], workdir: Path, name: str,
@@ -135,13 +136,15 @@ def write_nodes_file(path: Path, nodes: list[Proc]) -> Path:
 
 
 def start_coordinator(workdir: Path, nodes_file: Path, policy: int = 2, *extra: str,
-                      run_dir: Path | None = None, name: str = "coordinator") -> Proc:
+                      run_dir: Path | None = None, name: str = "coordinator",
+                      env: dict[str, str] | None = None) -> Proc:
     """A coordinator keeping its runs in ``run_dir`` (default: ``workdir``/runs); ``name``
-    names its log (several coordinators: a leader and its standbys)."""
+    names its log (several coordinators: a leader and its standbys); ``env``: its
+    environment (default python_env())."""
     runs = run_dir if run_dir is not None else workdir / "runs"
     return start("coordinator_node.py",
                  ["0", str(policy), "--host", "127.0.0.1", "--nodes-file", str(nodes_file),
-                  "--run-dir", str(runs), *extra], workdir, name)
+                  "--run-dir", str(runs), *extra], workdir, name, env=env)
 
 
 def run_client(args: list[str], workdir: Path, timeout: float = 120.0

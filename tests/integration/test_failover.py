@@ -51,11 +51,10 @@ class Pair:
     def coordinator(self, name: str, *extra: str, dies_at: str | None = None) -> procs.Proc:
         """``dies_at``: POINT:ROUND where it SIGKILLs itself (coordinator/drills.py)."""
         env = {**procs.python_env(), **({DIES_AT_VARIABLE: dies_at} if dies_at else {})}
-        return procs.start_command(
-            [sys.executable, str(procs.REPO / "coordinator_node.py"), "0", str(self.policy),
-             "--host", "127.0.0.1", "--nodes-file", str(self.nodes_file), "--run-dir",
-             str(self.workdir / f"runs-{name}"), "--store", self.url, "--deterministic",
-             "--lease", LEASE, *extra], self.workdir, f"coordinator-{name}", env=env)
+        return procs.start_coordinator(self.workdir, self.nodes_file, self.policy, "--store",
+                                       self.url, "--deterministic", "--lease", LEASE, *extra,
+                                       run_dir=self.workdir / f"runs-{name}",
+                                       name=f"coordinator-{name}", env=env)
 
     def hosts_and_ports(self) -> list[str]:
         return ["127.0.0.1,127.0.0.1", f"{self.a.port},{self.b.port}"]

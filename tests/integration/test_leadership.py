@@ -12,6 +12,7 @@ import pytest
 
 from coordinator.leadership import Leader, LeaseKeeper
 from coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from tests.waiting import wait_until
 
 LEASE = 0.5
 
@@ -25,6 +26,16 @@ class Events:
 def keeper(store: PostgresRunStore, address: str, events: Events) -> LeaseKeeper:
     return LeaseKeeper(store, address, events.led.append, events.lost.append,
                        lease_seconds=LEASE)
+
+
+def _expired(watcher: LeaseKeeper) -> None:
+    """Wait (bounded) until the database's clock says the lease has expired."""
+    assert wait_until(lambda: not watcher.leader().live, 10.0), "the lease never expired"
+
+
+def _expiry(store: PostgresRunStore) -> object:
+    with store.connection() as db:
+        return db.execute("SELECT expires FROM lease WHERE id = 1").fetchone()[0]
 
 
 @pytest.fixture
@@ -48,7 +59,7 @@ def test_one_leads_the_other_takes_over_once_the_lease_expires(stores) -> None:
     first.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)  # it writes
     with pytest.raises(Exception, match="stands by"):
         second.create_run("r2", algorithm="a", model="m", dataset="d", rounds=1)
-    time.sleep(LEASE * 1.5)  # the leader misses its renewals (paused)
+    _expired(kb)  # the leader misses its renewals (paused)
     kb.step()
     assert b.led == [2] and kb.leader() == Leader("h2:2", 2, True)
     with pytest.raises(LeadershipLost, match="epoch 2, this coordinator's 1"):
@@ -65,12 +76,13 @@ def test_a_busy_leader_renews_while_it_writes(stores) -> None:
     ka, kb = keeper(first, "h1:1", a), keeper(second, "h2:2", b)
     ka.step()
     first.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+    taken = _expiry(first)
     with first.batch():  # a write in progress share-locks the leader row
         first.plan_units("r1", 1, ["u"])
         began = time.monotonic()
         ka.step()  # the renewal
         assert time.monotonic() - began < LEASE
-    time.sleep(LEASE * 0.6)
+    assert _expiry(first) > taken  # renewed, not waiting behind the write
     kb.step()
     assert b.led == [] and ka.leading
 
@@ -101,7 +113,7 @@ def test_a_takeover_ends_the_old_leader_s_session_stuck_mid_pipeline(stores,
     pipeline.__enter__()
     stuck.execute("SELECT 1")  # sent, no sync: the server waits for the rest
     stuck.pgconn.flush()
-    time.sleep(LEASE * 1.5)
+    _expired(kb)
     kb.step()
     assert b.led == [2]
     with pytest.raises(psycopg.OperationalError):
