@@ -13,7 +13,10 @@ uniformly over the reference run's length. Each trial checks:
 - the ledger audit (devtools/ledger_audit.py, plain SQL on the database): every unit
   completed once or discarded, none lost, no attempt left open;
 - takeover: seconds from the signal to the first unit a node accepts afterwards (every
-  unit accepted after the old leader stopped came from the new one), p50 and p99.
+  unit accepted after the old leader stopped came from the new one), p50 and p99;
+- kept work: the results of the round in flight that the new leader took up instead of
+  computing them again (coordinator/kept_results.py), and those it computed again although
+  the old leader's ledger held them as completed (their keeping had not been written yet).
 
 Usage: python bench/failover.py [--recipe letters|dcgan|async] [--kills 50] [--stops 10]
        [--seed 1] [--lease 6] [--json FILE]
@@ -61,6 +64,7 @@ STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
 ACCEPTED = re.compile(STAMP + r"node INFO unit \S+ round \d+ (accepted|done)")
 LEADING = re.compile(STAMP + r"coordinator WARNING leading the run store")
 TAKEN_OVER = re.compile(STAMP + r"coordinator WARNING run \S+ taken over")
+TAKEN_UP = re.compile(r"round \d+ takes up (\d+) results kept")
 CLIENT_SECONDS = 600.0
 
 
@@ -75,6 +79,8 @@ class Trial:
     takeover_seconds: float | None  # to the new leader's first unit (None: none was left)
     detail: str = ""
     resumed_seconds: float | None = None  # to the new leader's "taken over" line
+    taken_up: int = 0  # results of the round in flight the new leader did not compute again
+    redone: int = 0  # results the old leader had completed that were computed again
 
     @property
     def ok(self) -> bool:
@@ -188,7 +194,9 @@ class Bench:
         taken = [_stamp(m) for m in map(TAKEN_OVER.match, standby.log().splitlines()) if m]
         return Trial(index, how, moment, True, same, ledger.ok,
                      self._takeover(stopped_at, standby), "; ".join(failed),
-                     (taken[-1] - stopped_at).total_seconds() if taken else None)
+                     (taken[-1] - stopped_at).total_seconds() if taken else None,
+                     sum(int(m[1]) for m in TAKEN_UP.finditer(standby.log())),
+                     _redone(url, run_id))
 
     def _coordinator(self, url: str, name: str) -> procs.Proc:
         return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", url,
@@ -221,6 +229,14 @@ class Bench:
                 if match and _stamp(match) > after and (first is None or _stamp(match) < first):
                     first = _stamp(match)
         return None if first is None else (first - stopped_at).total_seconds()
+
+
+def _redone(url: str, run_id: str) -> int:
+    """Completed attempts a resume made stale: results the ledger held but nobody kept."""
+    with psycopg.connect(url) as db:
+        return db.execute("SELECT count(*) FROM attempts WHERE run_id = %s AND status = "
+                          "'stale' AND reason LIKE 'its result was lost with the coordinator%%'",
+                          (run_id,)).fetchone()[0]
 
 
 def _seconds(value: float | None) -> str:
@@ -263,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trial {index:3d} {how} at {trial.moment:5.2f}s: "
                   f"{'ok' if trial.ok else 'FAILED'} taken over after "
                   f"{_seconds(trial.resumed_seconds)}, first unit after "
-                  f"{_seconds(trial.takeover_seconds)} {trial.detail}", flush=True)
+                  f"{_seconds(trial.takeover_seconds)}, {trial.taken_up} results taken up, "
+                  f"{trial.redone} redone {trial.detail}", flush=True)
     finally:
         bench.close()
     return report(trials, args)
@@ -282,7 +299,9 @@ def report(trials: list[Trial], args: argparse.Namespace) -> int:
                   f"{percentile(times, 50):.2f} s, p99 {percentile(times, 99):.2f} s, max "
                   f"{max(times, default=float('nan')):.2f} s; to the takeover p50 "
                   f"{percentile(resumed, 50):.2f} s, p99 {percentile(resumed, 99):.2f} s "
-                  f"(lease {args.lease:g} s)")
+                  f"(lease {args.lease:g} s); results of the round in flight taken up "
+                  f"{sum(t.taken_up for t in mine)}, kept ones computed again "
+                  f"{sum(t.redone for t in mine)}")
     if args.json:
         Path(args.json).write_text(json.dumps([{**asdict(t), "ok": t.ok} for t in trials],
                                               indent=2) + "\n")

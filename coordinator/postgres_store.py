@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import socket
@@ -53,13 +54,20 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from coordinator import drills
-from coordinator.run_store import RunStore, SchemaError, reads_what_was_written, rides_out_outages
+from coordinator.kept_results import StoredResult
+from coordinator.run_store import (
+    RunStore,
+    SchemaError,
+    null_if_nan,
+    reads_what_was_written,
+    rides_out_outages,
+)
 from coordinator.write_behind import DEFERRED, Call, WriteBehind
 from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
 
 log = logging.getLogger("coordinator.store")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: kept_results
 FILE_PART_BYTES = 16 * 2**20
 CONNECT_SECONDS = 10.0
 RECONNECT_SECONDS = 2.0  # one try for a connection while the database is away
@@ -177,6 +185,31 @@ _SCHEMA = (
         expires TIMESTAMPTZ)""",
     "INSERT INTO lease (id) VALUES (1)",
 )
+# What each version adds to the one before; a database of an older version is brought
+# up to date under the schema lock, a fresh one gets _SCHEMA and then every step.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: units' results, kept until a checkpoint covers them (coordinator/kept_results.py)
+    2: ("""CREATE TABLE kept_results (
+            run_id TEXT NOT NULL,
+            round INTEGER NOT NULL,
+            unit_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            epoch BIGINT,
+            node TEXT NOT NULL,
+            num_samples BIGINT NOT NULL,
+            loss DOUBLE PRECISION,
+            names TEXT NOT NULL,
+            PRIMARY KEY (run_id, round, unit_id),
+            FOREIGN KEY (run_id, round, unit_id) REFERENCES units ON DELETE CASCADE)""",
+        """CREATE TABLE kept_result_parts (
+            run_id TEXT NOT NULL,
+            round INTEGER NOT NULL,
+            unit_id TEXT NOT NULL,
+            part INTEGER NOT NULL,
+            data BYTEA NOT NULL,
+            PRIMARY KEY (run_id, round, unit_id, part),
+            FOREIGN KEY (run_id, round, unit_id) REFERENCES kept_results ON DELETE CASCADE)"""),
+}
 
 
 class NotLeading(RunStoreError):
@@ -475,12 +508,18 @@ class PostgresRunStore(RunStore):
                                   "schema_version table): use another database")
             for statement in _SCHEMA:
                 db.execute(statement)
-            db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            db.execute("INSERT INTO schema_version (version) VALUES (1)")
+            _migrate(db, 1)
 
     def _check_version(self, db: PostgresSession) -> None:
         rows = db.execute("SELECT version FROM schema_version LIMIT 2").fetchall()
         version = rows[0][0] if len(rows) == 1 else None
         if version == SCHEMA_VERSION:
+            return
+        if isinstance(version, int) and 1 <= version < SCHEMA_VERSION:
+            log.info("run store %s: schema version %d brought up to %d", self.path, version,
+                     SCHEMA_VERSION)
+            _migrate(db, version)
             return
         if isinstance(version, int) and version > SCHEMA_VERSION:
             raise SchemaError(f"{self.path} has run store schema version {version}, newer "
@@ -497,9 +536,13 @@ class PostgresRunStore(RunStore):
                    round_index: int | None = None) -> None:
         """Keep the file at ``path`` as the run's ``name``, replacing what was there, in one
         transaction read part by part (a checkpoint never shows half old, half new).
-        ``round_index``: a checkpoint's round, for drills (coordinator/drills.py)."""
+        ``round_index``: a checkpoint's round: the results kept for the rounds it covers
+        go in the same transaction (and drills may die there: coordinator/drills.py)."""
         with self._tx() as db, open(path, "rb") as f:
             db.execute("DELETE FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
+            if round_index is not None:
+                db.execute("DELETE FROM kept_results WHERE run_id = ? AND round <= ?",
+                           (run_id, round_index))
             part = 0
             while chunk := f.read(FILE_PART_BYTES):
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
@@ -527,6 +570,80 @@ class PostgresRunStore(RunStore):
                     f.write(data)
             partial.replace(folder / name)
         return names
+
+
+    # ---------------------------------------------------------- kept results
+    keeps_results = True  # units' results, until a checkpoint covers them
+
+    @rides_out_outages
+    def keep_result(self, run_id: str, round_index: int, unit_id: str, attempt: int,
+                    node: str, num_samples: int, loss: float, names: str,
+                    data: bytes) -> None:
+        """Keep the result attempt ``attempt`` brought to a unit (``names``: its tensors'
+        names as JSON, ``data`` their arrays, coordinator/kept_results.py), under this
+        leader's epoch. A unit's result is kept once: a second is refused (ValueError)."""
+        with self._tx() as db:
+            try:
+                db.execute("INSERT INTO kept_results (run_id, round, unit_id, attempt, epoch, "
+                           "node, num_samples, loss, names) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (run_id, round_index, unit_id, attempt, self.epoch, node,
+                            num_samples, null_if_nan(loss), names))
+                view = memoryview(data)
+                for part, start in enumerate(range(0, max(len(view), 1), FILE_PART_BYTES)):
+                    db.execute("INSERT INTO kept_result_parts (run_id, round, unit_id, part, "
+                               "data) VALUES (?, ?, ?, ?, ?)", (
+                                   run_id, round_index, unit_id, part,
+                                   view[start:start + FILE_PART_BYTES]))
+            except self._IntegrityError as exc:
+                raise ValueError(f"unit {unit_id} (run {run_id}, round {round_index}): its "
+                                 f"result cannot be kept: {_first_line(exc)}") from None
+
+    @reads_what_was_written
+    def kept_results(self, run_id: str, round_index: int) -> list[StoredResult]:
+        """The results kept for a round's completed units, by unit id."""
+        with self._tx(write=False) as db:
+            rows = db.execute("SELECT k.unit_id, k.attempt, k.node, k.num_samples, k.loss, "
+                              f"k.names {_KEPT_FROM} ORDER BY k.unit_id",
+                              (run_id, round_index)).fetchall()
+            return [StoredResult(unit_id, attempt, node, samples,
+                                 math.nan if loss is None else loss, names, b"".join(
+                                     bytes(data) for (data,) in db.execute(
+                                         "SELECT data FROM kept_result_parts WHERE run_id = ? "
+                                         "AND round = ? AND unit_id = ? ORDER BY part",
+                                         (run_id, round_index, unit_id))))
+                    for unit_id, attempt, node, samples, loss, names in rows]
+
+    def _results_kept(self, db: PostgresSession,  # type: ignore[override]
+                      run_id: str, round_index: int) -> set[tuple[int, str]]:
+        kept = {(round_index, unit_id) for (unit_id,) in db.execute(
+            f"SELECT k.unit_id {_KEPT_FROM}", (run_id, round_index))}
+        db.execute("DELETE FROM kept_results WHERE run_id = ? AND NOT (round = ? AND "
+                   "unit_id = ANY(?))", (run_id, round_index, [u for _, u in kept]))
+        return kept
+
+    def _end_run(self, db: PostgresSession,  # type: ignore[override]
+                 run_id: str, state: str, message: str | None, now: float) -> int:
+        withdrawn = super()._end_run(db, run_id, state, message, now)
+        if state == "completed":  # a failed or cancelled run may be resumed: they wait
+            db.execute("DELETE FROM kept_results WHERE run_id = ?", (run_id,))
+        return withdrawn
+
+
+# The kept results of a run's round (parameters: run, round) whose unit is completed by
+# the very attempt that brought them: the ledger and the result agree.
+_KEPT_FROM = ("FROM kept_results k JOIN units u ON u.run_id = k.run_id AND u.round = k.round "
+              "AND u.unit_id = k.unit_id JOIN attempts a ON a.run_id = k.run_id AND "
+              "a.round = k.round AND a.unit_id = k.unit_id AND a.attempt = k.attempt "
+              "WHERE k.run_id = ? AND k.round = ? AND u.status = 'completed' AND "
+              "a.status = 'completed'")
+
+
+def _migrate(db: PostgresSession, version: int) -> None:
+    """Bring a schema of ``version`` up to SCHEMA_VERSION, in the caller's transaction."""
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        for statement in _MIGRATIONS[step]:
+            db.execute(statement)
+    db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ from coordinator.checkpoint import (
     load_request,
     metrics_of,
 )
+from coordinator.kept_results import KeptResults
 from coordinator.leadership import LEASE_SECONDS
 from coordinator.postgres_store import OUTAGE_SECONDS
 from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
@@ -140,6 +141,8 @@ class Run:
         self.progress.mode = self.schedule.mode
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
+        self._kept = KeptResults(store, self.ledger, self.run_id, self.folder.checkpoint_due,
+                                 None if resume_from is None else resume_from.round)
         self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
         # topk residuals live on the node that computed a slot: its units go back there
@@ -412,7 +415,8 @@ class Run:
             outcome = engine.run_round(
                 round_index, units, self.algorithm.quorum(len(units)), build,
                 round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
-                earlier_attempts=earlier)
+                earlier_attempts=earlier, taken_up=self._kept.taken_up(round_index, units),
+                keep_result=self._kept.keeper(round_index))
         update_started = runtime.monotonic()
         drills.point("aggregate", round_index)
         with clock.phase("aggregate"):

@@ -92,9 +92,13 @@ class RunFolder:
             if images is not None:
                 save_grid(images, self.path / "samples" / f"round_{round_index:05d}.png")
 
+    def checkpoint_due(self, round_index: int) -> bool:
+        """Whether round ``round_index`` ends with a checkpoint."""
+        return due(self.outputs["checkpoint_every"], round_index, self.rounds)
+
     def write_checkpoint(self, checkpoint: Checkpoint) -> None:
         """The round's checkpoint, when it is due."""
-        if due(self.outputs["checkpoint_every"], checkpoint.round, self.rounds):
+        if self.checkpoint_due(checkpoint.round):
             save_checkpoint(self.path, checkpoint, self.algorithm.model_description())
             self._kept(CHECKPOINT_FILE, checkpoint.round)
 

@@ -340,6 +340,7 @@ class RunStore:
     _DriverError: type[Exception] = sqlite3.Error
     _IntegrityError: type[Exception] = sqlite3.IntegrityError
     keeps_files = False  # a run's files are in its folder only (PostgreSQL keeps them too)
+    keeps_results = False  # units' results are not kept (see coordinator/kept_results.py)
 
     def __init__(self, path: str | os.PathLike[str], *,
                  clock: Callable[[], float] = runtime.wall) -> None:
@@ -500,8 +501,11 @@ class RunStore:
         units go back to pending (an event says why): results of those rounds died with
         the coordinator and were never applied to the checkpoint's weights, so they are
         done again, once, and the attempts that had brought them are stale. This is the
-        one move out of a settled status. ``rounds``: the run's new length when it is
-        extended, the only way to take up a completed run.
+        one move out of a settled status. A store that keeps results (coordinator/
+        kept_results.py) leaves completed the units of round ``from_round + 1`` whose
+        result it holds: they were computed from the checkpoint's weights and are used
+        as they are. ``rounds``: the run's new length when it is extended, the only way
+        to take up a completed run.
         Returns how many units were reopened."""
         now = self._clock()
         reason = f"reopened: the run resumed from its checkpoint of round {from_round}"
@@ -516,14 +520,19 @@ class RunStore:
             db.execute("UPDATE runs SET state = 'running', message = NULL, ended = NULL "
                        "WHERE id = ?", (run_id,))
             _close_attempts(db, run_id, "the coordinator stopped before it answered", now)
+            kept = self._results_kept(db, run_id, from_round + 1)
             # the results those attempts brought died with the coordinator: never applied
-            db.execute("UPDATE attempts SET status = 'stale', reason = ? WHERE run_id = ? AND "
-                       "round > ? AND status = 'completed'",
-                       (f"its result was lost with the coordinator ({reason})", run_id,
-                        from_round))
+            lost = [(r, u, a) for r, u, a in db.execute(
+                "SELECT round, unit_id, attempt FROM attempts WHERE run_id = ? AND round > ? "
+                "AND status = 'completed'", (run_id, from_round)) if (r, u) not in kept]
+            db.executemany(f"UPDATE attempts SET status = 'stale', reason = ? WHERE "
+                           f"{_UNIT_WHERE} AND attempt = ?",
+                           [(f"its result was lost with the coordinator ({reason})", run_id,
+                             r, u, a) for r, u, a in lost])
             db.execute("DELETE FROM rounds WHERE run_id = ? AND round > ?", (run_id, from_round))
-            rows = db.execute("SELECT round, unit_id, status FROM units WHERE run_id = ? AND "
-                              "round > ?", (run_id, from_round)).fetchall()
+            rows = [(r, u, s) for r, u, s in db.execute(
+                "SELECT round, unit_id, status FROM units WHERE run_id = ? AND round > ?",
+                (run_id, from_round)) if (r, u) not in kept]
             db.executemany(f"UPDATE units SET status = 'pending', failures = 0, last_reason = ?, "
                            f"updated = ? WHERE {_UNIT_WHERE}",
                            [(reason, now, run_id, r, u) for r, u, _ in rows])
@@ -561,6 +570,11 @@ class RunStore:
             return dict(db.execute("SELECT unit_id, attempts FROM units WHERE run_id = ? AND "
                                    "round = ? AND attempts > 0", (run_id, round_index)))
 
+    def _results_kept(self, db: Database, run_id: str, round_index: int) -> set[tuple[int, str]]:
+        """(round, unit) of the units of ``round_index`` completed with a kept result (none
+        here); a store that keeps results also forgets the run's other ones (a resume)."""
+        return set()
+
     def _end_run(self, db: Database, run_id: str, state: str,
                  message: str | None, now: float) -> int:
         current = _run_state(db, run_id)
@@ -585,7 +599,7 @@ class RunStore:
                 db.execute("INSERT INTO rounds (run_id, round, validation_error, validation_loss, "
                            "train_loss, seconds, completed_units, discarded_units, ended) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (run_id, round_index, *map(_null_if_nan, (
+                           (run_id, round_index, *map(null_if_nan, (
                                validation_error, validation_loss, train_loss, seconds)),
                             completed_units, discarded_units, now))
             except self._IntegrityError:
@@ -900,7 +914,7 @@ def _commit(db: Database, outer: bool) -> None:
         raise
 
 
-def _null_if_nan(value: float) -> float | None:
+def null_if_nan(value: float) -> float | None:
     """NaN is stored as NULL: SQLite does so by itself, PostgreSQL would keep the NaN."""
     return None if isinstance(value, float) and math.isnan(value) else value
 
@@ -929,7 +943,8 @@ def _check_new_units(db: Database, run_id: str, round_index: int,
     left as they are; any other clash is an error."""
     existing = dict(db.execute("SELECT unit_id, status FROM units WHERE run_id = ? AND "
                                "round = ?", (run_id, round_index)))
-    if existing and set(existing) == set(ids) and set(existing.values()) == {"pending"}:
+    if existing and set(existing) == set(ids) and _reopened(db, run_id, round_index, existing,
+                                                            kept_allowed=not adopt):
         return []
     if adopt:
         ids = [u for u in ids if existing.get(u) not in UNSETTLED]
@@ -938,6 +953,19 @@ def _check_new_units(db: Database, run_id: str, round_index: int,
         raise ValueError(f"round {round_index} of run {run_id} already has units "
                          f"{', '.join(clash[:5])}")
     return ids
+
+
+def _reopened(db: Database, run_id: str, round_index: int, existing: dict[str, str],
+              kept_allowed: bool) -> bool:
+    """Whether a round's units are as a resume left them: pending, or (``kept_allowed``,
+    a round, not a stream's) completed with a result kept from before (see resume_run),
+    in a round not recorded yet."""
+    statuses = set(existing.values())
+    if statuses == {"pending"}:
+        return True
+    return kept_allowed and statuses <= {"pending", "completed"} and db.execute(
+        "SELECT 1 FROM rounds WHERE run_id = ? AND round = ?",
+        (run_id, round_index)).fetchone() is None
 
 
 def _move_unit_row(db: Database, key: UnitKey, into_round: int) -> None:

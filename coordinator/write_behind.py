@@ -29,8 +29,8 @@ from typing import Any
 from engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
 
 log = logging.getLogger("coordinator.store")
-DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "node_answer",
-                      "node_failure", "node_heartbeats"})
+DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "keep_result",
+                      "node_answer", "node_failure", "node_heartbeats"})
 GATHER_SECONDS = 0.005  # the writer waits this long for more calls before a batch
 MAX_BATCH = 2000
 

@@ -39,7 +39,14 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import NodeGate, NodeMinimum
 from engine.policies import Policy
 from engine.progress import RunProgress
-from engine.round_state import WAIT_STEP_SECONDS, RoundFailed, RoundOutcome, RoundState, Unit
+from engine.round_state import (
+    WAIT_STEP_SECONDS,
+    ResultSink,
+    RoundFailed,
+    RoundOutcome,
+    RoundState,
+    Unit,
+)
 from engine.stream_state import RoundEnd, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import (
@@ -50,7 +57,7 @@ from engine.update_filters import (
     decoded,
     run_filters,
 )
-from training.algorithms.base import UnitSpec, Weights
+from training.algorithms.base import UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 
@@ -154,16 +161,22 @@ class RoundEngine:
     def run_round(self, round_index: int, units: list[UnitSpec], quorum: int,
                   build_task: TaskBuilder,
                   filters: Sequence[UpdateFilter] = DEFAULT_FILTERS,
-                  earlier_attempts: Mapping[str, int] | None = None) -> RoundOutcome:
+                  earlier_attempts: Mapping[str, int] | None = None,
+                  taken_up: Mapping[str, UnitResult] | None = None,
+                  keep_result: ResultSink | None = None) -> RoundOutcome:
         """Run the units until `quorum` are in; returns the results and failed units. A
         result that one of ``filters`` refuses is a failure of its node. In deterministic
         mode a K-of-N round runs its first K units only, so which results it uses does not
-        depend on timing (the others are left unsettled: the ledger cancels them)."""
+        depend on timing (the others are left unsettled: the ledger cancels them).
+        A round a resume reopened numbers attempts after ``earlier_attempts`` and starts
+        with the results ``taken_up`` (by unit id); ``keep_result`` is told of each result
+        the round keeps (coordinator/kept_results.py)."""
         if self.settings.deterministic:
             units = units[:quorum]
         self._filters = list(filters)
         state = RoundState(round_index, units, quorum, max_attempts=2 * len(self.nodes),
-                           earlier_attempts=earlier_attempts)
+                           earlier_attempts=earlier_attempts, taken_up=taken_up)
+        state.keep_result = keep_result
         self._start_filters(state)
         # Backup attempts get workers of their own: when every queue worker waits on a
         # unit sitting in a load delay, these can still start the backups that free them.
@@ -475,6 +488,8 @@ class RoundEngine:
         if state.complete(unit, update, result, node.name,
                           on_kept=lambda: ended(AttemptEnd.COMPLETED), on_stale=too_stale):
             self._cancel_others(unit, node)
+            if state.keep_result is not None:
+                state.keep_result(unit.spec, attempt, node.name, result)
         elif refused:
             log.info("unit %s from %s: %s; issued again", unit.spec.unit_id, node.name,
                      refused[0])

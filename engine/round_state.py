@@ -21,6 +21,7 @@ from training.algorithms.base import UnitFailure, UnitResult, UnitSpec, Weights
 log = logging.getLogger("coordinator.engine")
 
 WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
+ResultSink = Callable[[UnitSpec, int, str, TaskResult], None]  # unit, attempt, node, result
 
 
 class RoundFailed(Exception):
@@ -79,6 +80,7 @@ class AttemptBook:
         self.max_attempts = max_attempts  # live attempts of one unit at once
         self.fatal: Exception | None = None
         self.last_error = ""
+        self.keep_result: ResultSink | None = None  # told of each result kept (a round's)
         self._cond = runtime.Condition(lock)
         self._over = False
         self._queue: deque[Unit] = deque()  # units waiting for a worker
@@ -204,15 +206,24 @@ class RoundState(AttemptBook):
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
                  max_attempts: int,
-                 earlier_attempts: Mapping[str, int] | None = None) -> None:
-        earlier = earlier_attempts or {}  # a reopened round numbers attempts on from there
+                 earlier_attempts: Mapping[str, int] | None = None,
+                 taken_up: Mapping[str, UnitResult] | None = None) -> None:
+        """``earlier_attempts`` and ``taken_up``: a round reopened by a resume numbers its
+        units' attempts on from there, and starts with the results kept before it."""
+        earlier = earlier_attempts or {}
         super().__init__([Unit(i, spec, attempts=earlier.get(spec.unit_id, 0))
                           for i, spec in enumerate(units)], max_attempts)
         self.round_index = round_index
         self.quorum = min(quorum, len(units))
         self.results: dict[int, UnitResult] = {}  # unit index -> its accepted result
-        self.completed = 0
-        self._queue.extend(self.units)
+        for unit in self.units:
+            kept = (taken_up or {}).get(unit.spec.unit_id)
+            if kept is not None:
+                unit.done = True
+                self.results[unit.index] = kept
+        self.completed = len(self.results)
+        self._queue.extend(u for u in self.units if not u.done)
+        self._check_over()
 
     # ------------------------------------------------------------ scheduling
     def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:

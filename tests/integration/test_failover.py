@@ -5,6 +5,7 @@ Real coordinator, node and client processes, and a real PostgreSQL server."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -169,7 +170,22 @@ def test_a_leader_dying_mid_aggregation_or_mid_checkpoint_write_loses_nothing(
         with psycopg.connect(pair.url) as db:
             parts = db.execute("SELECT count(*) FROM run_files WHERE name = "
                                "'checkpoint.npz'").fetchone()[0]
-        assert parts == 1
+            units, redone = db.execute(
+                "SELECT count(DISTINCT unit_id), count(DISTINCT unit_id) FILTER (WHERE started "
+                ">= (SELECT min(time) FROM unit_events WHERE round = %s AND reason LIKE "
+                "'reopened%%')) FROM attempts WHERE round = %s", (resumes_after + 1,) * 2
+            ).fetchone()
+            left = db.execute("SELECT count(*) FROM kept_results").fetchone()[0]
+        assert parts == 1 and left == 0  # the run's end let go of every kept result
+        # the round the new leader resumed with took up the results the old one had kept
+        # (all of them when the round had ended and its checkpoint was being written) and
+        # computed only the other units again
+        taken = re.search(rf"round {resumes_after + 1} takes up (\d+) results kept",
+                          pair.b.log())
+        assert taken is not None and int(taken[1]) >= 1, pair.logs()
+        assert int(taken[1]) + redone == units, (taken[0], units, redone)
+        if dies_at.startswith("checkpoint"):
+            assert redone == 0
     finally:
         pair.stop()
 

@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 
+from coordinator.kept_results import packed, unpacked
 from coordinator.postgres_store import (
     FILE_PART_BYTES,
     SCHEMA_VERSION,
@@ -23,7 +25,7 @@ from coordinator.postgres_store import (
 )
 from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
 from tests.unit import test_run_store as sqlite_tests
-from tests.unit.test_run_store import FakeClock, clock, store  # noqa: F401 - fixtures
+from tests.unit.test_run_store import A, B, FakeClock, clock, store  # noqa: F401 - fixtures
 
 
 def _shared_ledger_tests() -> dict[str, Callable]:
@@ -262,3 +264,101 @@ def test_a_fenced_deferred_write_stops_every_later_call(postgres_url: str) -> No
         with pytest.raises(LeadershipLost):
             deferred.unit_finished("r1", 1, "a", 1, "n1:1", "completed")
         assert deferred.ledger_counts("r1")["pending"] == 1  # nothing was written
+
+
+# ------------------------------------------------------------ kept results
+def _keep(target: PostgresRunStore, round_index: int, unit: str, attempt: int,
+          tensors: dict[str, np.ndarray]) -> None:
+    target.keep_result("r1", round_index, unit, attempt, A, 40, 0.5, *packed(tensors))
+
+
+def _round_with_results(target: PostgresRunStore) -> dict[str, np.ndarray]:
+    """Round 1 checkpointed; round 2 with units a (kept), b (completed, its keeping not
+    written: the leader died first) and c (out on a node)."""
+    update = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "b": np.ones(2)}
+    target.plan_units("r1", 1, ["a"])
+    target.unit_started("r1", 1, "a", 1, A)
+    target.unit_finished("r1", 1, "a", 1, A, "completed")
+    _keep(target, 1, "a", 1, update)  # round 1's: a checkpoint covers it
+    target.record_round("r1", 1, validation_error=0.5, validation_loss=1.0, train_loss=1.0,
+                        seconds=1.0, completed_units=1, discarded_units=0)
+    target.plan_units("r1", 2, ["a", "b", "c"])
+    for unit in ("a", "b", "c"):
+        target.unit_started("r1", 2, unit, 1, A)
+    for unit in ("a", "b"):
+        target.unit_finished("r1", 2, unit, 1, A, "completed")
+    _keep(target, 2, "a", 1, update)
+    return update
+
+
+def test_a_resume_keeps_the_units_whose_result_is_kept_and_reopens_the_rest(
+        pg: PostgresRunStore) -> None:
+    update = _round_with_results(pg)
+    assert pg.fail_unfinished_runs() == ["r1"]
+    assert pg.resume_run("r1", 1) == 2  # b and c; a stays completed
+    assert {u: pg.unit_history("r1", 2, u)[-1].to_status for u in "abc"} == {
+        "a": "completed", "b": "pending", "c": "pending"}
+    [kept] = pg.kept_results("r1", 2)
+    assert (kept.unit_id, kept.attempt, kept.node, kept.num_samples, kept.loss) == (
+        "a", 1, A, 40, 0.5)
+    back = unpacked(kept.names, kept.data)
+    assert back.keys() == update.keys() and all(
+        back[k].dtype == update[k].dtype and np.array_equal(back[k], update[k]) for k in update)
+    assert pg.kept_results("r1", 1) == []  # forgotten: the checkpoint of round 1 covers it
+    assert pg.plan_units("r1", 2, ["a", "b", "c"]) == 0  # the reopened round, as it is
+    assert pg.attempts_so_far("r1", 2) == {"a": 1, "b": 1, "c": 1}
+    pg.unit_started("r1", 2, "b", 2, B)
+    pg.unit_finished("r1", 2, "b", 2, B, "completed")
+    pg.unit_started("r1", 2, "c", 2, B)
+    pg.unit_finished("r1", 2, "c", 2, B, "completed")
+    pg.end_run("r1", "completed")
+    with psycopg.connect(pg.url) as db:
+        assert db.execute("SELECT count(*) FROM kept_result_parts").fetchone()[0] == 0
+
+
+def test_a_result_is_kept_once_by_the_attempt_that_completed_its_unit(
+        pg: PostgresRunStore) -> None:
+    update = _round_with_results(pg)
+    with pytest.raises(ValueError, match="its result cannot be kept"):
+        _keep(pg, 2, "a", 1, update)  # a second result for the unit
+    _keep(pg, 2, "c", 1, update)  # kept, but its attempt never completed
+    assert [k.unit_id for k in pg.kept_results("r1", 2)] == ["a"]
+    pg.fail_unfinished_runs()
+    assert pg.resume_run("r1", 1) == 2
+    assert [k.unit_id for k in pg.kept_results("r1", 2)] == ["a"]
+
+
+def test_a_checkpoint_lets_go_of_the_results_it_covers(pg: PostgresRunStore,
+                                                       tmp_path: Path) -> None:
+    _round_with_results(pg)
+    (tmp_path / "checkpoint.npz").write_bytes(b"weights")
+    pg.store_file("r1", "checkpoint.npz", tmp_path / "checkpoint.npz", round_index=1)
+    assert [k.unit_id for k in pg.kept_results("r1", 2)] == ["a"]
+    pg.store_file("r1", "checkpoint.npz", tmp_path / "checkpoint.npz", round_index=2)
+    assert pg.kept_results("r1", 2) == []
+
+
+def test_a_large_result_is_kept_in_parts(pg: PostgresRunStore) -> None:
+    _round_with_results(pg)
+    big = {"w": np.random.default_rng(1).standard_normal(FILE_PART_BYTES // 8 + 3)}
+    _keep(pg, 2, "b", 1, big)
+    with psycopg.connect(pg.url) as db:
+        assert db.execute("SELECT count(*) FROM kept_result_parts WHERE unit_id = 'b'"
+                          ).fetchone()[0] == 2
+    kept = {k.unit_id: k for k in pg.kept_results("r1", 2)}
+    assert np.array_equal(unpacked(kept["b"].names, kept["b"].data)["w"], big["w"])
+
+
+def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
+    PostgresRunStore(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as db:  # as version 1 left it
+        db.execute("DROP TABLE kept_result_parts")
+        db.execute("DROP TABLE kept_results")
+        db.execute("UPDATE schema_version SET version = 1")
+    with PostgresRunStore(postgres_url, defer_writes=False) as migrated:
+        migrated.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters",
+                            rounds=2)
+        _round_with_results(migrated)
+        assert [k.unit_id for k in migrated.kept_results("r1", 2)] == ["a"]
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION

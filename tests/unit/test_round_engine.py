@@ -95,6 +95,32 @@ def test_deterministic_k_of_n_rounds_use_their_first_k_units():
     assert progress.snapshot().units_done == 3
 
 
+def test_a_resumed_round_takes_up_kept_results_and_computes_only_the_others():
+    nodes = [LocalNode(0), LocalNode(1)]
+    eng, _, _ = engine(nodes, speculation=False)
+    kept: list[tuple[str, int, str]] = []
+    first = eng.run_round(1, units(4), 4, build,
+                          keep_result=lambda unit, attempt, node, result: kept.append(
+                              (unit.unit_id, attempt, node)))
+    assert sorted(k[0] for k in kept) == [u.unit_id for u in units(4)]  # each told once
+    taken = {r.unit.unit_id: r for r in first.results[:2]}  # kept before a takeover
+    calls = sum(node.calls for node in nodes)
+    again = eng.run_round(1, units(4), 4, build, taken_up=taken)
+    assert sum(node.calls for node in nodes) - calls == 2  # only the other two ran
+    assert [r.unit.unit_id for r in again.results] == [u.unit_id for u in units(4)]
+    assert all(again.results[i] is first.results[i] for i in (0, 1))
+    assert all(np.array_equal(mean(again)[k], mean(first)[k]) for k in WEIGHTS)
+
+
+def test_a_round_whose_quorum_was_taken_up_whole_ends_at_once():
+    nodes = [LocalNode(0)]
+    eng, _, _ = engine(nodes)
+    first = eng.run_round(1, units(3), 3, build)
+    again = eng.run_round(1, units(3), 2, build,
+                          taken_up={r.unit.unit_id: r for r in first.results[:2]})
+    assert nodes[0].calls == 3 and again.completed == 2
+
+
 def test_a_dead_node_is_benched_and_its_units_go_elsewhere():
     dead = LocalNode(0, fail_with=ConnectionFailed("cannot connect to local:10000: refused"))
     nodes = [dead, LocalNode(1)]
