@@ -122,12 +122,21 @@ class CoordinatorHandler(MembershipService):
 
     def _moved(self, run: Run) -> bool:
         """Whether ``run`` stopped because this coordinator lost the lead. A write refused
-        for its epoch may come before the lease keeper's next renewal says so: from then
-        on this coordinator stands by (pings say so), so the caller it tells to follow
-        the leader does not come back here."""
-        if isinstance(run.ledger.failure, LeadershipLost):
+        for its epoch may come before the lease keeper's next renewal says so, and so may
+        a write cut off when the new leader ended this one's sessions (a lost connection,
+        to the run): from then on this coordinator stands by (pings say so), so the caller
+        it tells to follow the leader does not come back here."""
+        if isinstance(run.ledger.failure, LeadershipLost) or self._superseded():
             self._leading = False
         return not self._leading
+
+    def _superseded(self) -> bool:
+        """Whether the store names a newer leader than this coordinator (which may not
+        know it yet)."""
+        if self.keeper is None or not self._leading:
+            return False
+        own, leader = self.keeper.epoch, self.keeper.leader()
+        return own is None or (leader is not None and leader.epoch != own)
 
     def _leader_address(self) -> str | None:
         if self.keeper is None:

@@ -1,21 +1,26 @@
 """Units' results kept in the run store, so that a coordinator taking over a run does not
 compute them again.
 
-A new leader (or `--resume`) carries a run on from its last checkpoint, round c, and plans
-round c + 1 again. The results that round had already kept were computed from the
-checkpoint's weights, so they are as good as new. A store that keeps results (PostgreSQL:
-`keeps_results`) holds each one from the moment its round keeps it (written later, with the
-ledger's other hot writes: coordinator/write_behind.py) until a checkpoint covers its round,
-and the resumed round starts with them, folded in unit order like the others, so a
-deterministic run keeps its bits. The ledger says which results are good: the resume leaves
-completed exactly the units completed by the attempt whose result is kept (resume_run in
-coordinator/run_store.py), reopens the others and forgets every other kept result.
+A new leader (or `--resume`) carries a run on from its last checkpoint, round c. The
+results round c + 1 had already kept were computed from the checkpoint's weights (or, in
+the asynchronous modes, from the versions made since, which are made again from them), so
+they are as good as new. A store that keeps results (PostgreSQL: `keeps_results`) holds
+each one from the moment its round keeps it (written later, with the ledger's other hot
+writes: coordinator/write_behind.py) until a checkpoint covers its round. The ledger says
+which are good: the resume leaves completed exactly the units completed by the attempt
+whose result is kept (resume_run in coordinator/run_store.py), reopens the others and
+forgets every other kept result.
 
-Only a round that starts from a checkpoint keeps its results (every round, with the default
-checkpoint_every of 1): a later round's results came from weights that a new leader would
-compute again, and round 1's from weights a run without a checkpoint draws again. The
-asynchronous modes keep none: their results are applied as they come, each to the version
-it reached, so a resumed stream starts from the checkpoint's version and computes them again.
+- A round (sync) starts with them and sends out only the other units; folded in unit
+  order like the rest, they leave a deterministic run's bits as they were.
+- A stream (async, buffered) keeps them again in the order they were first kept, each
+  with the staleness it had, so the versions they made are made again as they were
+  (engine/stream_state.py); a stream's results count only up to the first one whose
+  keeping the leader's death cut off, since the versions after it cannot be made again.
+
+Only a round that starts from a checkpoint keeps its results (every round, with the
+default checkpoint_every of 1): a later round's came from weights that a new leader would
+compute again, and round 1's from weights a run without a checkpoint draws again.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from engine.ledger import UnitLedger
-from engine.round_state import ResultSink
-from engine.tasks import TaskResult, Tensors
+from engine.round_state import Kept
+from engine.stream_state import TakenUp
+from engine.tasks import Tensors
 from training.algorithms.base import UnitResult, UnitSpec
 from training.compression import decompress
 
@@ -49,6 +55,9 @@ class StoredResult:
     loss: float
     names: str  # the tensors' names as a JSON list, in the order of data's arrays
     data: bytes  # the tensors (as the node sent them: possibly compressed), as an .npz
+    sequence: int | None = None  # a stream's: its place among its round's results
+    staleness: int | None = None  # a stream's: versions behind when it was kept
+    pass_index: int | None = None  # a stream's: the pass of its unit
 
 
 def packed(tensors: Tensors) -> tuple[str, bytes]:
@@ -87,32 +96,46 @@ class KeptResults:
         """Whether the run's store keeps results."""
         return self._store is not None
 
-    def keeper(self, round_index: int) -> ResultSink | None:
-        """What keeps round ``round_index``'s results, or None where they are not kept."""
-        if not self.enabled or round_index < 2 or not self._checkpoint_due(round_index - 1):
-            return None
+    def keeps(self, round_index: int) -> bool:
+        """Whether round ``round_index``'s results are kept: it starts from a checkpoint."""
+        return self.enabled and round_index >= 2 and self._checkpoint_due(round_index - 1)
 
-        def keep(unit: UnitSpec, attempt: int, node: str, result: TaskResult) -> None:
-            names, data = packed(result.update)
-            self._ledger.keep_result(round_index, unit.unit_id, attempt, node,
-                                     result.num_samples, result.loss, names, data)
-        return keep
+    def keep(self, kept: Kept) -> None:
+        """Keep a result a round or stream kept, where its round's results are kept."""
+        if self.keeps(kept.round):
+            names, data = packed(kept.result.update)
+            self._ledger.keep_result(kept.round, kept.unit.unit_id, kept.attempt, kept.node,
+                                     kept.result.num_samples, kept.result.loss, names, data,
+                                     kept.sequence, kept.staleness)
 
     def taken_up(self, round_index: int, units: list[UnitSpec]) -> dict[str, UnitResult]:
-        """The results of ``units`` kept before the run resumed, when ``round_index`` is the
-        round it resumes with; by unit id."""
-        if not self.enabled or self._resumed_after is None \
-                or round_index != self._resumed_after + 1:
-            return {}
+        """The results of a round's ``units`` kept before the run resumed, when it is the
+        round the run resumes with; by unit id."""
         specs = {unit.unit_id: unit for unit in units}
         results = {}
-        for stored in self._store.kept_results(self.run_id, round_index):
+        for stored in self._stored(round_index):
             spec = specs.get(stored.unit_id)
             if spec is not None:  # in deterministic mode, units past the quorum never run
-                update = decompress(unpacked(stored.names, stored.data))
-                results[spec.unit_id] = UnitResult(spec, update, stored.num_samples,
+                results[spec.unit_id] = UnitResult(spec, _update(stored), stored.num_samples,
                                                    stored.loss, stored.node)
-        if results:
-            log.info("run %s: round %d takes up %d results kept before it resumed",
-                     self.run_id, round_index, len(results))
         return results
+
+    def taken_up_stream(self, round_index: int) -> list[TakenUp]:
+        """The results an asynchronous run's round had kept before the run resumed (when
+        it is the round the run resumes with), in the order they were kept."""
+        return [TakenUp(s.unit_id, s.pass_index or 1, s.staleness or 0, _update(s),
+                        s.num_samples, s.loss, s.node) for s in self._stored(round_index)]
+
+    def _stored(self, round_index: int) -> list[StoredResult]:
+        if not self.enabled or self._resumed_after is None \
+                or round_index != self._resumed_after + 1:
+            return []
+        stored = self._store.kept_results(self.run_id, round_index)
+        if stored:
+            log.info("run %s: round %d takes up %d results kept before it resumed",
+                     self.run_id, round_index, len(stored))
+        return stored
+
+
+def _update(stored: StoredResult) -> Tensors:
+    return decompress(unpacked(stored.names, stored.data))

@@ -199,6 +199,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             num_samples BIGINT NOT NULL,
             loss DOUBLE PRECISION,
             names TEXT NOT NULL,
+            sequence INTEGER,
+            staleness INTEGER,
             PRIMARY KEY (run_id, round, unit_id),
             FOREIGN KEY (run_id, round, unit_id) REFERENCES units ON DELETE CASCADE)""",
         """CREATE TABLE kept_result_parts (
@@ -577,17 +579,19 @@ class PostgresRunStore(RunStore):
 
     @rides_out_outages
     def keep_result(self, run_id: str, round_index: int, unit_id: str, attempt: int,
-                    node: str, num_samples: int, loss: float, names: str,
-                    data: bytes) -> None:
+                    node: str, num_samples: int, loss: float, names: str, data: bytes,
+                    sequence: int | None = None, staleness: int | None = None) -> None:
         """Keep the result attempt ``attempt`` brought to a unit (``names``: its tensors'
-        names as JSON, ``data`` their arrays, coordinator/kept_results.py), under this
-        leader's epoch. A unit's result is kept once: a second is refused (ValueError)."""
+        names as JSON, ``data`` their arrays; a stream's ``sequence`` among its round's
+        results and ``staleness``: coordinator/kept_results.py), under this leader's
+        epoch. A unit's result is kept once: a second is refused (ValueError)."""
         with self._tx() as db:
             try:
                 db.execute("INSERT INTO kept_results (run_id, round, unit_id, attempt, epoch, "
-                           "node, num_samples, loss, names) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           "node, num_samples, loss, names, sequence, staleness) VALUES "
+                           "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (run_id, round_index, unit_id, attempt, self.epoch, node,
-                            num_samples, null_if_nan(loss), names))
+                            num_samples, null_if_nan(loss), names, sequence, staleness))
                 view = memoryview(data)
                 for part, start in enumerate(range(0, max(len(view), 1), FILE_PART_BYTES)):
                     db.execute("INSERT INTO kept_result_parts (run_id, round, unit_id, part, "
@@ -600,23 +604,33 @@ class PostgresRunStore(RunStore):
 
     @reads_what_was_written
     def kept_results(self, run_id: str, round_index: int) -> list[StoredResult]:
-        """The results kept for a round's completed units, by unit id."""
+        """The results kept for a round's completed units: a stream's in the order they
+        were kept, a round's by unit id."""
         with self._tx(write=False) as db:
             rows = db.execute("SELECT k.unit_id, k.attempt, k.node, k.num_samples, k.loss, "
-                              f"k.names {_KEPT_FROM} ORDER BY k.unit_id",
-                              (run_id, round_index)).fetchall()
+                              f"k.names, k.sequence, k.staleness, u.pass {_KEPT_FROM} "
+                              "ORDER BY k.sequence, k.unit_id", (run_id, round_index)).fetchall()
             return [StoredResult(unit_id, attempt, node, samples,
-                                 math.nan if loss is None else loss, names, b"".join(
-                                     bytes(data) for (data,) in db.execute(
-                                         "SELECT data FROM kept_result_parts WHERE run_id = ? "
-                                         "AND round = ? AND unit_id = ? ORDER BY part",
-                                         (run_id, round_index, unit_id))))
-                    for unit_id, attempt, node, samples, loss, names in rows]
+                                 math.nan if loss is None else loss, names,
+                                 self._result_data(db, run_id, round_index, unit_id), *order)
+                    for unit_id, attempt, node, samples, loss, names, *order in rows]
+
+    def _result_data(self, db: PostgresSession, run_id: str, round_index: int,
+                     unit_id: str) -> bytes:
+        return b"".join(bytes(data) for (data,) in db.execute(
+            "SELECT data FROM kept_result_parts WHERE run_id = ? AND round = ? AND "
+            "unit_id = ? ORDER BY part", (run_id, round_index, unit_id)))
 
     def _results_kept(self, db: PostgresSession,  # type: ignore[override]
                       run_id: str, round_index: int) -> set[tuple[int, str]]:
-        kept = {(round_index, unit_id) for (unit_id,) in db.execute(
-            f"SELECT k.unit_id {_KEPT_FROM}", (run_id, round_index))}
+        """A round's units with a kept result; a stream's, those of its results kept
+        without a gap from the round's first (the versions they made are made again only
+        in their order)."""
+        rows = db.execute(f"SELECT k.unit_id, k.sequence {_KEPT_FROM} ORDER BY k.sequence",
+                          (run_id, round_index)).fetchall()
+        if any(sequence is not None for _, sequence in rows):
+            rows = _up_to_the_first_gap(rows)
+        kept = {(round_index, unit_id) for unit_id, _ in rows}
         db.execute("DELETE FROM kept_results WHERE run_id = ? AND NOT (round = ? AND "
                    "unit_id = ANY(?))", (run_id, round_index, [u for _, u in kept]))
         return kept
@@ -636,6 +650,16 @@ _KEPT_FROM = ("FROM kept_results k JOIN units u ON u.run_id = k.run_id AND u.rou
               "a.round = k.round AND a.unit_id = k.unit_id AND a.attempt = k.attempt "
               "WHERE k.run_id = ? AND k.round = ? AND u.status = 'completed' AND "
               "a.status = 'completed'")
+
+
+def _up_to_the_first_gap(rows: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (unit, sequence) rows, by sequence, whose sequences run 0, 1, 2, ... unbroken."""
+    unbroken = []
+    for place, row in enumerate(rows):
+        if row[1] != place:
+            break
+        unbroken.append(row)
+    return unbroken
 
 
 def _migrate(db: PostgresSession, version: int) -> None:

@@ -54,6 +54,7 @@ from engine.round_engine import (
     RunCancelledError,
     no_node_can_serve,
 )
+from engine.round_state import ResultSink
 from engine.session_moves import NodeSessions, drop_sessions
 from engine.stream_state import RoundEnd, StreamPosition, StreamState
 from engine.tasks import Task, Tensors
@@ -416,7 +417,7 @@ class Run:
                 round_index, units, self.algorithm.quorum(len(units)), build,
                 round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
                 earlier_attempts=earlier, taken_up=self._kept.taken_up(round_index, units),
-                keep_result=self._kept.keeper(round_index))
+                keep_result=self._result_keeper())
         update_started = runtime.monotonic()
         drills.point("aggregate", round_index)
         with clock.phase("aggregate"):
@@ -497,7 +498,9 @@ class Run:
             apply=lambda round_index, current, results: self.algorithm.aggregate(
                 round_index, current, results, []),
             scalable=self.algorithm.staleness_scaled, ledger=self.ledger,
-            max_attempts=2 * max(1, len(self.nodes)), position=position)
+            max_attempts=2 * max(1, len(self.nodes)), position=position,
+            taken_up=self._kept.taken_up_stream(done + 1))
+        state.keep_result = self._result_keeper()
         self.progress.stream_counts = state.counts
         self._warn_of_staleness()
         encoded = _VersionCache(lambda w: encode_weights(w, self.compression))
@@ -517,6 +520,10 @@ class Run:
         engine.run_stream(state, build, round_filters(self.algorithm, weights, self._norm_limit,
                                                       self.compression.up), written)
         return state.weights
+
+    def _result_keeper(self) -> ResultSink | None:
+        """What keeps the results a round or stream keeps, where the store keeps them."""
+        return self._kept.keep if self._kept.enabled else None
 
     def _warn_of_staleness(self) -> None:
         """A bound below the usual staleness has most results computed again: say so once."""

@@ -127,12 +127,13 @@ class UnitLedger:
         self._write("unit_finished", round_index, unit_id, attempt, node, status, reason)
 
     def keep_result(self, round_index: int, unit_id: str, attempt: int, node: str,
-                    num_samples: int, loss: float, names: str, data: bytes) -> None:
+                    num_samples: int, loss: float, names: str, data: bytes,
+                    sequence: int | None = None, staleness: int | None = None) -> None:
         """Keep a completed unit's result in a store that keeps results, so a coordinator
         taking the run over uses it instead of computing it again
         (coordinator/kept_results.py)."""
         self._write("keep_result", round_index, unit_id, attempt, node, num_samples, loss,
-                    names, data)
+                    names, data, sequence, staleness)
 
     def node_answer(self, node: str, outcome: str, delayed: bool, samples: int) -> None:
         self._write("node_answer", node, outcome, delayed, samples)

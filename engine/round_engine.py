@@ -489,7 +489,7 @@ class RoundEngine:
                           on_kept=lambda: ended(AttemptEnd.COMPLETED), on_stale=too_stale):
             self._cancel_others(unit, node)
             if state.keep_result is not None:
-                state.keep_result(unit.spec, attempt, node.name, result)
+                state.keep_result(state.kept(unit, attempt, node.name, result))
         elif refused:
             log.info("unit %s from %s: %s; issued again", unit.spec.unit_id, node.name,
                      refused[0])

@@ -21,7 +21,6 @@ from training.algorithms.base import UnitFailure, UnitResult, UnitSpec, Weights
 log = logging.getLogger("coordinator.engine")
 
 WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
-ResultSink = Callable[[UnitSpec, int, str, TaskResult], None]  # unit, attempt, node, result
 
 
 class RoundFailed(Exception):
@@ -31,6 +30,22 @@ class RoundFailed(Exception):
     def __init__(self, message: str, nodes_tried: list[str]) -> None:
         super().__init__(message)
         self.nodes_tried = nodes_tried
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A result a round or stream kept, as a store that keeps results is told of it."""
+
+    round: int  # the run store's round of its unit
+    unit: UnitSpec
+    attempt: int
+    node: str
+    result: TaskResult
+    sequence: int | None = None  # a stream's: its place among the results of its round
+    staleness: int | None = None  # a stream's: versions behind the newest when kept
+
+
+ResultSink = Callable[[Kept], None]
 
 
 @dataclass
@@ -80,7 +95,7 @@ class AttemptBook:
         self.max_attempts = max_attempts  # live attempts of one unit at once
         self.fatal: Exception | None = None
         self.last_error = ""
-        self.keep_result: ResultSink | None = None  # told of each result kept (a round's)
+        self.keep_result: ResultSink | None = None  # told of each result kept
         self._cond = runtime.Condition(lock)
         self._over = False
         self._queue: deque[Unit] = deque()  # units waiting for a worker
@@ -189,6 +204,10 @@ class AttemptBook:
     def _after_failure(self, unit: Unit) -> None:
         """What a failure changes beyond the unit (under the lock); nothing by default."""
 
+    def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
+        """What ``keep_result`` is told of a result ``complete`` kept."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------- end
     def fail(self, exc: Exception) -> None:
         with self._cond:
@@ -281,6 +300,9 @@ class RoundState(AttemptBook):
             self._check_over()
             self._cond.notify_all()
         return True
+
+    def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
+        return Kept(self.round_index, unit.spec, attempt, node, result)
 
     def _check_over(self) -> None:
         settled = sum(1 for u in self.units if u.done or u.discarded)

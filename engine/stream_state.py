@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from engine import runtime
 from engine.ledger import UnitLedger
-from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, RoundFailed, Unit
+from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Kept, RoundFailed, Unit
 from engine.tasks import TaskResult
 from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
@@ -95,11 +95,26 @@ class RoundEnd:
     position: StreamPosition | None  # None for a sync round
 
 
+@dataclass(frozen=True)
+class TakenUp:
+    """A result kept before the run resumed (coordinator/kept_results.py): applied again,
+    in the order it was first kept, as it was then."""
+
+    unit_id: str
+    pass_index: int
+    staleness: int  # versions behind the newest when it was kept
+    update: Weights
+    num_samples: int
+    loss: float
+    node: str | None
+
+
 @dataclass(eq=False)
 class StreamUnit(Unit):
     pass_index: int = 1
     ledger_round: int = 1  # the run store's round of the unit: it moves on with the rounds
     planned: bool = False  # entered in the run store (when first taken from TODO)
+    kept_as: tuple[int, int, int] | None = None  # (round, sequence, staleness) once kept
 
 
 @dataclass
@@ -117,7 +132,10 @@ class StreamState(AttemptBook):
                  updates_per_round: int, schedule: ScheduleSettings,
                  plan_pass: Callable[[int], list[UnitSpec]], apply: ApplyResults,
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
-                 position: StreamPosition | None = None) -> None:
+                 position: StreamPosition | None = None,
+                 taken_up: list[TakenUp] | None = None) -> None:
+        """``position``: where the checkpoint a resumed run starts from left the passes;
+        ``taken_up``: the results its first round had kept before, in their order."""
         self._lock = runtime.RLock()  # re-entrant: ledger writes nest (see `recording`)
         super().__init__([], max_attempts, self._lock)
         self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
@@ -138,8 +156,10 @@ class StreamState(AttemptBook):
         self._leftovers: list[StreamUnit] = []  # settled, with attempts still out
         self.round_end: RoundEnd | None = None  # written by the run, then round_written()
         self.pass_index = 0
+        self._taken_ahead: dict[int, set[str]] = {}  # later passes' units already kept
         if position is not None:
             self._reopen(position)
+        self._take_up(taken_up or [])
 
     # ----------------------------------------------------------------- passes
     def _reopen(self, position: StreamPosition) -> None:
@@ -149,12 +169,31 @@ class StreamState(AttemptBook):
         for pass_index, spec in reopened(position, self._plan_pass):
             self._enqueue(pass_index, [spec])
 
+    def _take_up(self, taken_up: list[TakenUp]) -> None:
+        """Keep again, in their order, the results kept before the run resumed: the
+        versions they made come back as they were made, and their units (a later pass's
+        too) are not issued again."""
+        for taken in taken_up:
+            unit = next((u for u in self.units if u.spec.unit_id == taken.unit_id), None)
+            if unit is not None:  # open at the checkpoint
+                self.units.remove(unit)
+                self._queue.remove(unit)
+                spec = unit.spec
+                self._done_in_pass += taken.pass_index == self.pass_index
+            else:  # of a pass that started after the checkpoint
+                spec = next(u for u in self._plan_pass(taken.pass_index)
+                            if u.unit_id == taken.unit_id)
+                self._taken_ahead.setdefault(taken.pass_index, set()).add(taken.unit_id)
+            self._keep(UnitResult(spec, taken.update, taken.num_samples, taken.loss,
+                                  taken.node), taken.staleness)
+
     def _start_pass(self) -> None:
         self.pass_index += 1
-        self._done_in_pass = 0
         specs = self._plan_pass(self.pass_index)
         self._pass_size = max(1, len(specs))
-        self._enqueue(self.pass_index, specs)
+        ahead = self._taken_ahead.pop(self.pass_index, set())
+        self._done_in_pass = len(ahead)
+        self._enqueue(self.pass_index, [spec for spec in specs if spec.unit_id not in ahead])
 
     def _enqueue(self, pass_index: int, specs: list[UnitSpec]) -> None:
         for spec in specs:
@@ -268,17 +307,31 @@ class StreamState(AttemptBook):
                 return False
             unit.done = True
             self._settle(unit)
-            self._discarded_in_a_row = 0
             if on_kept is not None:
                 on_kept()
-            if isinstance(unit, StreamUnit) and unit.pass_index == self.pass_index:
-                self._done_in_pass += 1
-            kept = UnitResult(unit.spec, update, result.num_samples, result.loss, node)
-            self._buffer.append((kept, self.schedule.weight(max(staleness, 0))))
-            if len(self._buffer) >= self.schedule.results_per_version:
-                self._apply_buffer()
+            if isinstance(unit, StreamUnit):
+                unit.kept_as = (unit.ledger_round, self._tally.results + len(self._buffer),
+                                staleness)
+                self._done_in_pass += unit.pass_index == self.pass_index
+            self._keep(UnitResult(unit.spec, update, result.num_samples, result.loss, node),
+                       staleness)
             self._cond.notify_all()
             return True
+
+    def _keep(self, result: UnitResult, staleness: int) -> None:
+        """Buffer a kept result; apply the buffer once it is full."""
+        self._discarded_in_a_row = 0
+        self._buffer.append((result, self.schedule.weight(max(staleness, 0))))
+        if len(self._buffer) >= self.schedule.results_per_version:
+            self._apply_buffer()
+
+    def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
+        """A kept result, with its round, its place among the round's results and its
+        staleness: what a resume needs to keep it again in the same order."""
+        if not isinstance(unit, StreamUnit) or unit.kept_as is None:
+            raise ValueError(f"unit {unit.spec.unit_id} was not kept by this stream")
+        round_index, sequence, staleness = unit.kept_as
+        return Kept(round_index, unit.spec, attempt, node, result, sequence, staleness)
 
     def _settle(self, unit: Unit) -> None:
         if unit in self.units:

@@ -20,12 +20,15 @@ import pytest
 from coordinator.drills import DIES_AT_VARIABLE
 from coordinator.postgres_store import PostgresRunStore
 from devtools import local_cluster as procs
+from devtools.ledger_audit import RunShape, audit
 from training.outputs.model_file import load_model
 
 ROUNDS = 6
 # Server momentum keeps state between rounds: a takeover that lost it would change the bits.
 TRAIN = ["letters", str(ROUNDS), "2", "16", "0.01", "--local-optimizer", "sgd",
          "--server-optimizer", "momentum"]
+ASYNC_TRAIN = ["--config", str(procs.REPO / "configs" / "letters_async.yaml"), "--set",
+               f"run.rounds={ROUNDS}", "--set", "delta_avg.epochs=1"]
 LEASE = "2"  # seconds: takeovers within a few seconds keep the tests short
 
 
@@ -36,8 +39,9 @@ class Pair:
     last a second or two."""
 
     def __init__(self, workdir: Path, url: str, slow: bool = False,
-                 dies_at: str | None = None) -> None:
+                 dies_at: str | None = None, deterministic: bool = True) -> None:
         self.workdir, self.url = workdir, url
+        self.deterministic = deterministic
         self.policy = 1 if slow else 2
         load = ["1.0", "--load-delay", "0.2"] if slow else ["0.0"]
         self.nodes = [procs.start("compute_node.py", ["0", *load, "--host", "127.0.0.1",
@@ -53,16 +57,17 @@ class Pair:
         """``dies_at``: POINT:ROUND where it SIGKILLs itself (coordinator/drills.py)."""
         env = {**procs.python_env(), **({DIES_AT_VARIABLE: dies_at} if dies_at else {})}
         return procs.start_coordinator(self.workdir, self.nodes_file, self.policy, "--store",
-                                       self.url, "--deterministic", "--lease", LEASE, *extra,
+                                       self.url, *["--deterministic"] * self.deterministic,
+                                       "--lease", LEASE, *extra,
                                        run_dir=self.workdir / f"runs-{name}",
                                        name=f"coordinator-{name}", env=env)
 
     def hosts_and_ports(self) -> list[str]:
         return ["127.0.0.1,127.0.0.1", f"{self.a.port},{self.b.port}"]
 
-    def start_client(self, run_id: str) -> subprocess.Popen:
+    def start_client(self, run_id: str, train: list[str] = TRAIN) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, str(procs.REPO / "client.py"), *self.hosts_and_ports(), *TRAIN,
+            [sys.executable, str(procs.REPO / "client.py"), *self.hosts_and_ports(), *train,
              "--run-id", run_id, "--json", "--poll", "0.2"], cwd=self.workdir,
             env=procs.python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -188,6 +193,38 @@ def test_a_leader_dying_mid_aggregation_or_mid_checkpoint_write_loses_nothing(
             assert redone == 0
     finally:
         pair.stop()
+
+
+def test_an_asynchronous_run_s_new_leader_keeps_again_what_its_round_had_kept(
+        tmp_path: Path, postgres_url: str) -> None:
+    """Killed inside round 3's checkpoint: round 3's results, all kept, are kept again by
+    the new leader in their order (their versions made again: round 3 ends with the model
+    the old leader had evaluated) and none is computed again; the ledger audit holds."""
+    pair = Pair(tmp_path, postgres_url, dies_at="checkpoint:3", deterministic=False)
+    try:
+        client = pair.start_client("stream", ASYNC_TRAIN)
+        assert pair.a.popen.wait(60) == -signal.SIGKILL
+        result, _ = _finish(pair, client)
+        pair.b.wait_for("run stream resumes after round 2 ")
+        taken = re.search(r"round 3 takes up (\d+) results kept", pair.b.log())
+        with psycopg.connect(pair.url) as db:
+            per_round, redone = db.execute(
+                "SELECT (SELECT completed_units FROM rounds WHERE round = 3), count(*) FROM "
+                "attempts WHERE status = 'stale' AND reason LIKE 'its result was lost%%'"
+            ).fetchone()
+        ledger = audit(pair.url, "stream", RunShape(ROUNDS, per_round, "async"))
+        assert result["rounds"] == ROUNDS and ledger.ok, [c for c in ledger.checks if not c.ok]
+        assert taken is not None and (int(taken[1]), redone) == (per_round, 0), pair.logs()
+        # round 3 made again from the same results in the same order: the same model
+        assert _round_line(pair.a, 3) == _round_line(pair.b, 3) is not None
+    finally:
+        pair.stop()
+
+
+def _round_line(coordinator: procs.Proc, round_index: int) -> str | None:
+    """The validation error a coordinator logged for a round."""
+    found = re.search(rf"round {round_index}/\d+: validation error (\S+)", coordinator.log())
+    return None if found is None else found[1]
 
 
 def test_a_paused_leader_is_fenced_and_steps_down(

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 
+from coordinator.handler import CoordinatorHandler
 from coordinator.leadership import Leader, LeaseKeeper
 from coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from coordinator.records import RunFailed
+from coordinator.run import CoordinatorSettings
 from tests.waiting import wait_until
+from training.data.paths import DEFAULT_DATA_ROOT
+from wire.generated import ttypes
 
 LEASE = 0.5
 
@@ -119,3 +126,28 @@ def test_a_takeover_ends_the_old_leader_s_session_stuck_mid_pipeline(stores,
     with pytest.raises(psycopg.OperationalError):
         pipeline.__exit__(None, None, None)
     stuck.close()
+
+
+def test_a_run_cut_off_by_the_new_leader_sends_its_caller_to_that_leader(
+        postgres_url: str, tmp_path: Path) -> None:
+    """A leader's run that failed on a lost connection (the new leader ended its sessions
+    while it was paused in a COMMIT) before its lease keeper noticed the takeover: its
+    caller is told where the run goes on, not that the run failed."""
+    (tmp_path / "nodes.txt").write_text("127.0.0.1,1\n")
+    coordinator = CoordinatorHandler(tmp_path / "nodes.txt", CoordinatorSettings(
+        data_root=DEFAULT_DATA_ROOT, run_root=tmp_path / "runs", policy=2,
+        store_url=postgres_url, lease_seconds=60))
+    try:
+        coordinator.lead_when_elected("a:1")
+        assert coordinator.leading
+        with psycopg.connect(postgres_url, autocommit=True) as db:  # b takes over
+            db.execute("UPDATE leader SET epoch = epoch + 1, holder = 'b', address = 'b:2'")
+        run = SimpleNamespace(run_id="r1", ledger=SimpleNamespace(failure=None))
+        with pytest.raises(ttypes.TrainingFailed) as failed:
+            coordinator._answer(run, RunFailed("run store: terminating connection due to "
+                                               "administrator command", nodes_tried=[]))
+        assert (failed.value.leader, coordinator.leading) == ("b:2", False)
+        assert "run r1 moved" in failed.value.message
+    finally:
+        coordinator.keeper.stop(release=False)
+        coordinator.store.close()

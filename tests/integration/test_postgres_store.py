@@ -362,3 +362,20 @@ def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
         assert [k.unit_id for k in migrated.kept_results("r1", 2)] == ["a"]
     with psycopg.connect(postgres_url) as db:
         assert db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_stream_s_results_are_taken_up_only_in_their_order_without_a_gap(
+        pg: PostgresRunStore) -> None:
+    """The versions a stream's results made come back only in the order they were kept:
+    after a gap (a result whose keeping the leader's death cut off), none is taken up."""
+    update = {"w": np.ones(3, dtype=np.float32)}
+    pg.plan_units("r1", 2, ["a", "b", "c", "d"], pass_index=1)
+    for unit in "abcd":
+        pg.unit_started("r1", 2, unit, 1, A)
+        pg.unit_finished("r1", 2, unit, 1, A, "completed")
+    for sequence, unit in ((1, "b"), (0, "a"), (3, "d")):  # c's keeping never came
+        pg.keep_result("r1", 2, unit, 1, A, 40, 0.5, *packed(update), sequence, 2)
+    pg.fail_unfinished_runs()
+    assert pg.resume_run("r1", 1) == 2  # c and d
+    assert [(k.unit_id, k.sequence, k.staleness, k.pass_index)
+            for k in pg.kept_results("r1", 2)] == [("a", 0, 2, 1), ("b", 1, 2, 1)]

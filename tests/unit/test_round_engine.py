@@ -17,7 +17,7 @@ from engine.nodes.thrift_client import node_error
 from engine.policies import RoundRobinPolicy
 from engine.progress import RunProgress
 from engine.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
-from engine.round_state import RoundState
+from engine.round_state import Kept, RoundState
 from engine.tasks import Task, TaskResult
 from engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
 from engine.update_norms import NormGuard, update_norm
@@ -98,11 +98,10 @@ def test_deterministic_k_of_n_rounds_use_their_first_k_units():
 def test_a_resumed_round_takes_up_kept_results_and_computes_only_the_others():
     nodes = [LocalNode(0), LocalNode(1)]
     eng, _, _ = engine(nodes, speculation=False)
-    kept: list[tuple[str, int, str]] = []
-    first = eng.run_round(1, units(4), 4, build,
-                          keep_result=lambda unit, attempt, node, result: kept.append(
-                              (unit.unit_id, attempt, node)))
-    assert sorted(k[0] for k in kept) == [u.unit_id for u in units(4)]  # each told once
+    kept: list[Kept] = []
+    first = eng.run_round(1, units(4), 4, build, keep_result=kept.append)
+    assert sorted(k.unit.unit_id for k in kept) == [u.unit_id for u in units(4)]  # each once
+    assert {(k.round, k.attempt, k.sequence) for k in kept} == {(1, 1, None)}
     taken = {r.unit.unit_id: r for r in first.results[:2]}  # kept before a takeover
     calls = sum(node.calls for node in nodes)
     again = eng.run_round(1, units(4), 4, build, taken_up=taken)

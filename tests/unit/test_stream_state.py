@@ -15,7 +15,7 @@ from engine.policies import RoundRobinPolicy
 from engine.progress import RunProgress
 from engine.records import RoundMetrics
 from engine.round_engine import EngineSettings, RoundEngine, RoundFailed
-from engine.stream_state import StreamPosition, StreamState
+from engine.stream_state import StreamPosition, StreamState, TakenUp
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
@@ -53,12 +53,14 @@ class Recorder:
 
 def stream(schedule: ScheduleSettings, *, rounds: int = 5, updates_per_round: int = 2,
            ledger: UnitLedger | None = None, position: StreamPosition | None = None,
-           recorder: Recorder | None = None, max_in_flight: int = 10) -> StreamState:
+           recorder: Recorder | None = None, max_in_flight: int = 10,
+           taken_up: list[TakenUp] | None = None) -> StreamState:
     state = StreamState(
         weights={"w": np.zeros(2)}, first_round=1, last_round=rounds,
         updates_per_round=updates_per_round, schedule=schedule, plan_pass=plan,
         apply=recorder or Recorder(), scalable=lambda name: name != "bn",
-        ledger=ledger or UnitLedger(None, "r1"), max_attempts=4, position=position)
+        ledger=ledger or UnitLedger(None, "r1"), max_attempts=4, position=position,
+        taken_up=taken_up)
     state.max_in_flight = max_in_flight
     return state
 
@@ -205,6 +207,47 @@ def test_a_resumed_stream_counts_a_whole_pass_not_what_was_left_of_it():
     assert state.fatal is None  # two failures: not yet a pass's worth (three)
     discard(state, take(state))
     assert isinstance(state.fatal, RoundFailed)
+
+
+def test_a_resumed_stream_keeps_the_taken_up_results_again_in_their_order():
+    """The results a stream had kept before a takeover, kept again by the new leader's
+    stream: the same versions and buffer, and their units (a later pass's too) not issued
+    again."""
+    schedule = ScheduleSettings(mode="buffered", buffer_size=2)
+    first = stream(schedule, updates_per_round=10)
+    kept = []
+
+    def keep(unit, res: TaskResult) -> None:
+        attempt = state_attempt(first, unit)
+        assert first.complete(unit, res.update, res, "n0")
+        kept.append(first.kept(unit, attempt, "n0", res))
+
+    keep(take(first), result(0, 1.0))
+    keep(take(first), result(0, 3.0, samples=30))  # a version: the buffer was full
+    out, ahead = take(first), take(first)  # u2.p1 stays out; u0.p2 is of pass 2
+    keep(ahead, result(1, 2.0))
+    assert [(k.round, k.sequence, k.staleness) for k in kept] == [(1, 0, 0), (1, 1, 0),
+                                                                  (1, 2, 0)]
+    resumed = stream(schedule, updates_per_round=10, position=StreamPosition(
+        1, {1: ("u0.p1", "u1.p1", "u2.p1")}), taken_up=[TakenUp(
+            k.unit.unit_id, int(k.unit.unit_id[-1]), k.staleness, k.result.update,
+            k.result.num_samples, k.result.loss, k.node) for k in kept])
+    assert (resumed.version, resumed.counts()["done"]) == (first.version, 2)  # of pass 1
+    np.testing.assert_array_equal(resumed.weights["w"], first.weights["w"])
+    assert [take(resumed).spec.unit_id for _ in range(3)] == ["u2.p1", "u1.p2", "u2.p2"]
+    assert resumed.counts()["done"] == 1  # pass 2's, which it started with u0.p2 done
+    for state in (first, resumed):  # the buffer holds u0.p2's result in both
+        unit = out if state is first else next(u for u in state.units
+                                               if u.spec.unit_id == "u2.p1")
+        assert finish(state, unit, result(1, -1.0))
+    assert resumed.version == first.version == 2
+    np.testing.assert_array_equal(resumed.weights["w"], first.weights["w"])
+
+
+def state_attempt(state: StreamState, unit) -> int:
+    attempt = state.start_attempt(unit, NODE)
+    state.end_attempt(unit, attempt)
+    return attempt
 
 
 def test_a_settled_units_leftover_attempt_stays_in_sight_until_it_ends():
