@@ -74,6 +74,7 @@ RECONNECT_SECONDS = 2.0  # one try for a connection while the database is away
 RETRY_SECONDS = 0.5
 OUTAGE_SECONDS = 60.0
 IDLE_IN_TRANSACTION_MS = 5000
+RESULTS_QUEUE_BYTES = 256 * 2**20  # kept results waiting for their writer; past it: dropped
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 _SCHEMES = ("postgresql://", "postgres://")
 
@@ -210,7 +211,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             part INTEGER NOT NULL,
             data BYTEA NOT NULL,
             PRIMARY KEY (run_id, round, unit_id, part),
-            FOREIGN KEY (run_id, round, unit_id) REFERENCES kept_results ON DELETE CASCADE)"""),
+            FOREIGN KEY (run_id, round, unit_id) REFERENCES kept_results ON DELETE CASCADE)""",
+        # tensors hardly compress: not trying saves the server the time
+        "ALTER TABLE kept_result_parts ALTER COLUMN data SET STORAGE EXTERNAL"),
 }
 
 
@@ -326,6 +329,9 @@ class PostgresRunStore(RunStore):
                                 f"after {connect_seconds:g} s") from None
         self._start(clock)
         self._writes = WriteBehind(self._apply)
+        self._results = WriteBehind(self._write_results, "result-writer", _result_bytes,
+                                    RESULTS_QUEUE_BYTES)
+        self._dropped_results = False  # said once
 
     # --------------------------------------------------------------- plumbing
     def _open(self) -> PostgresSession:
@@ -376,6 +382,9 @@ class PostgresRunStore(RunStore):
         once as part of it (only the batch's caller can make it again)."""
         if getattr(self._batches, "depth", 0):
             return method(self, *args, **kwargs)
+        if self.defer_writes and method.__name__ == "keep_result":
+            self._keep_later((method, args, kwargs))
+            return None
         if self.defer_writes and method.__name__ in DEFERRED:
             self._writes.put((method, args, kwargs))
             return None
@@ -476,6 +485,7 @@ class PostgresRunStore(RunStore):
 
     def abandon(self) -> None:
         self._writes.close(flush=False)
+        self._results.close(flush=False)
         db, self._db = self._db, None
         if db is not None:
             self._pool.close(timeout=0)
@@ -483,6 +493,7 @@ class PostgresRunStore(RunStore):
     def close(self) -> None:
         if hasattr(self, "_writes"):  # absent when the schema check failed
             self._writes.close(flush=self._db is not None)
+            self._results.close(flush=False)  # the run is over: nobody takes them up
         with self._lock:
             if self._db is not None:
                 self._db = None
@@ -550,8 +561,9 @@ class PostgresRunStore(RunStore):
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
                            "(?, ?, ?, ?)", (run_id, name, part, chunk))
                 part += 1
-                if round_index is not None:
-                    drills.point("checkpoint", round_index)
+                if round_index is not None:  # (the kept results written first)
+                    drills.point("checkpoint", round_index,
+                                 ready=lambda: self._results.flush(quiet=True))
             if part == 0:
                 db.execute("INSERT INTO run_files (run_id, name, part, data) VALUES "
                            "(?, ?, 0, ?)", (run_id, name, b""))
@@ -573,7 +585,6 @@ class PostgresRunStore(RunStore):
             partial.replace(folder / name)
         return names
 
-
     # ---------------------------------------------------------- kept results
     keeps_results = True  # units' results, until a checkpoint covers them
 
@@ -586,21 +597,38 @@ class PostgresRunStore(RunStore):
         results and ``staleness``: coordinator/kept_results.py), under this leader's
         epoch. A unit's result is kept once: a second is refused (ValueError)."""
         with self._tx() as db:
-            try:
-                db.execute("INSERT INTO kept_results (run_id, round, unit_id, attempt, epoch, "
-                           "node, num_samples, loss, names, sequence, staleness) VALUES "
-                           "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (run_id, round_index, unit_id, attempt, self.epoch, node,
-                            num_samples, null_if_nan(loss), names, sequence, staleness))
-                view = memoryview(data)
-                for part, start in enumerate(range(0, max(len(view), 1), FILE_PART_BYTES)):
-                    db.execute("INSERT INTO kept_result_parts (run_id, round, unit_id, part, "
-                               "data) VALUES (?, ?, ?, ?, ?)", (
-                                   run_id, round_index, unit_id, part,
-                                   view[start:start + FILE_PART_BYTES]))
-            except self._IntegrityError as exc:
-                raise ValueError(f"unit {unit_id} (run {run_id}, round {round_index}): its "
-                                 f"result cannot be kept: {_first_line(exc)}") from None
+            _insert_result(db, self.epoch, run_id, round_index, unit_id, attempt, node,
+                           num_samples, loss, names, data, sequence, staleness)
+
+    def _keep_later(self, call: Call) -> None:
+        """Queue a kept result for the result writer; dropped (said once) when results
+        wait for more than RESULTS_QUEUE_BYTES: the database is slower than the run."""
+        if not self._results.put(call) and not self._dropped_results:
+            self._dropped_results = True
+            log.warning("run store %s: results come faster than it writes them: some are not "
+                        "kept (a takeover computes those again)", self.path)
+
+    def _write_results(self, calls: list[Call]) -> None:
+        """Write kept results in one transaction on a connection of their own, so that the
+        ledger's writes (a round's end among them) never wait for them. A batch that fails
+        is dropped with a warning: a result not kept is computed again after a takeover,
+        nothing worse; a leader that lost the lead writes none (its epoch is checked)."""
+        try:
+            with self.connection() as connection:
+                db = PostgresSession(connection)
+                db.execute("BEGIN")
+                try:
+                    self._check_epoch(db)
+                    with connection.pipeline():
+                        for _, args, kwargs in calls:
+                            _insert_result(db, self.epoch, *args, **kwargs)
+                    db.execute("COMMIT")
+                except BaseException:
+                    connection.rollback()
+                    raise
+        except (psycopg.Error, RunStoreError, ValueError) as exc:
+            log.warning("run store %s: %d kept results not written: %s", self.path,
+                        len(calls), _first_line(exc))
 
     @reads_what_was_written
     def kept_results(self, run_id: str, round_index: int) -> list[StoredResult]:
@@ -650,6 +678,37 @@ _KEPT_FROM = ("FROM kept_results k JOIN units u ON u.run_id = k.run_id AND u.rou
               "a.round = k.round AND a.unit_id = k.unit_id AND a.attempt = k.attempt "
               "WHERE k.run_id = ? AND k.round = ? AND u.status = 'completed' AND "
               "a.status = 'completed'")
+
+
+def _insert_result(db: PostgresSession, epoch: int | None, run_id: str, round_index: int,
+                   unit_id: str, attempt: int, node: str, num_samples: int, loss: float,
+                   names: str, data: bytes, sequence: int | None = None,
+                   staleness: int | None = None) -> None:
+    """The rows of one kept result (see keep_result), while its run is running: a result
+    whose write comes after its run ended is not kept."""
+    try:
+        db.execute("INSERT INTO kept_results (run_id, round, unit_id, attempt, epoch, node, "
+                   "num_samples, loss, names, sequence, staleness) SELECT ?, ?, ?, ?, ?, ?, ?, "
+                   "?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND state = "
+                   "'running')", (run_id, round_index, unit_id, attempt, epoch, node,
+                                  num_samples, null_if_nan(loss), names, sequence, staleness,
+                                  run_id))
+        view = memoryview(data)
+        for part, start in enumerate(range(0, max(len(view), 1), FILE_PART_BYTES)):
+            db.execute("INSERT INTO kept_result_parts (run_id, round, unit_id, part, data) "
+                       "SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM kept_results WHERE "
+                       "run_id = ? AND round = ? AND unit_id = ?)",
+                       (run_id, round_index, unit_id, part, view[start:start + FILE_PART_BYTES],
+                        run_id, round_index, unit_id))
+    except psycopg.IntegrityError as exc:
+        raise ValueError(f"unit {unit_id} (run {run_id}, round {round_index}): its result "
+                         f"cannot be kept: {_first_line(exc)}") from None
+
+
+def _result_bytes(call: Call) -> int:
+    """The bytes a queued keep_result holds: its tensors'."""
+    _, args, _ = call
+    return len(args[8])
 
 
 def _up_to_the_first_gap(rows: list[tuple[str, int]]) -> list[tuple[str, int]]:

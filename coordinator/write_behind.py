@@ -29,8 +29,8 @@ from typing import Any
 from engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
 
 log = logging.getLogger("coordinator.store")
-DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "keep_result",
-                      "node_answer", "node_failure", "node_heartbeats"})
+DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "node_answer",
+                      "node_failure", "node_heartbeats"})
 GATHER_SECONDS = 0.005  # the writer waits this long for more calls before a batch
 MAX_BATCH = 2000
 
@@ -41,8 +41,14 @@ class WriteBehind:
     """The queue of deferred calls and its writer thread. ``apply(calls)`` makes a batch
     (in one transaction, or one by one); ``one(call)`` makes a single call."""
 
-    def __init__(self, apply: Callable[[list[Call]], None]) -> None:
+    def __init__(self, apply: Callable[[list[Call]], None], name: str = "store-writer",
+                 size_of: Callable[[Call], int] = lambda call: 0,
+                 max_bytes: int | None = None) -> None:
+        """``size_of(call)``: the bytes a queued call holds; ``max_bytes``: how many the
+        queue may hold (None: no bound), past which `put` drops a call."""
         self._apply = apply
+        self._size_of, self.max_bytes = size_of, max_bytes
+        self.queued_bytes = 0
         self._queue: list[Call] = []
         self._changed = threading.Condition()
         self._flushing = threading.Lock()  # one batch at a time, in queue order
@@ -50,14 +56,20 @@ class WriteBehind:
         self.failure: StoreUnavailable | None = None  # the first write that could not be made
         self.refusal: Exception | None = None  # the first call refused (strict mode raises it)
         self._strict = os.environ.get(STRICT_ENV) == "1"
-        self._thread = threading.Thread(target=self._write, name="store-writer", daemon=True)
+        self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, call: Call) -> None:
+    def put(self, call: Call) -> bool:
+        """Queue a call; False when it would take the queue past ``max_bytes`` (dropped)."""
         self.raise_failure()
+        size = self._size_of(call)
         with self._changed:
+            if self.max_bytes is not None and self.queued_bytes + size > self.max_bytes:
+                return False
+            self.queued_bytes += size
             self._queue.append(call)
             self._changed.notify()
+        return True
 
     def flush(self, quiet: bool = False) -> None:
         """Make every call queued so far, in this thread; then raise what went wrong
@@ -66,6 +78,7 @@ class WriteBehind:
             while True:
                 with self._changed:
                     calls, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                    self.queued_bytes -= sum(map(self._size_of, calls))
                 if not calls:
                     break
                 self._make(calls)
@@ -90,7 +103,7 @@ class WriteBehind:
                 log.warning("run store: writes left unmade at close: %s", exc)
         with self._changed:
             self._closed = True
-            self._queue = []
+            self._queue, self.queued_bytes = [], 0
             self._changed.notify()
         self._thread.join(5.0)
 
