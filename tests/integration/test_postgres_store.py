@@ -13,6 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 
+from coordinator import postgres_store
 from coordinator.kept_results import packed, unpacked
 from coordinator.postgres_store import (
     FILE_PART_BYTES,
@@ -26,6 +27,7 @@ from coordinator.postgres_store import (
 from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
 from tests.unit import test_run_store as sqlite_tests
 from tests.unit.test_run_store import A, B, FakeClock, clock, store  # noqa: F401 - fixtures
+from tests.waiting import wait_until
 
 
 def _shared_ledger_tests() -> dict[str, Callable]:
@@ -379,3 +381,28 @@ def test_a_stream_s_results_are_taken_up_only_in_their_order_without_a_gap(
     assert pg.resume_run("r1", 1) == 2  # c and d
     assert [(k.unit_id, k.sequence, k.staleness, k.pass_index)
             for k in pg.kept_results("r1", 2)] == [("a", 0, 2, 1), ("b", 1, 2, 1)]
+
+
+def test_kept_results_are_written_apart_within_a_bound_and_never_after_the_lead_is_lost(
+        postgres_url: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    small, big = {"w": np.ones(10)}, {"w": np.ones(10_000)}  # 80 kB: past the bound
+    with PostgresRunStore(postgres_url) as deferred:
+        deferred.create_run("r1", algorithm="a", model="m", dataset="d", rounds=3)
+        deferred.plan_units("r1", 2, ["a", "b", "c"])
+        for unit in "abc":
+            deferred.unit_started("r1", 2, unit, 1, A)
+            deferred.unit_finished("r1", 2, unit, 1, A, "completed")
+        deferred.fence(0)
+        _keep(deferred, 2, "a", 1, small)
+        _keep(deferred, 2, "b", 1, big)  # dropped, said once
+        assert wait_until(lambda: [k.unit_id for k in deferred.kept_results("r1", 2)] == ["a"],
+                          10.0)
+        assert "results come faster than it writes them" in caplog.text
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            db.execute("UPDATE leader SET epoch = 1")  # another coordinator leads
+        _keep(deferred, 2, "c", 1, small)
+        assert wait_until(lambda: "1 kept results not written" in caplog.text, 10.0)
+        assert "a newer leader holds it" in caplog.text
+        assert [k.unit_id for k in deferred.kept_results("r1", 2)] == ["a"]
