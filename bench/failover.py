@@ -16,7 +16,8 @@ uniformly over the reference run's length. Each trial checks:
   unit accepted after the old leader stopped came from the new one), p50 and p99;
 - kept work: the results of the round in flight that the new leader took up instead of
   computing them again (coordinator/kept_results.py), and those it computed again although
-  the old leader's ledger held them as completed (their keeping had not been written yet).
+  the old leader's ledger held them as completed: in round 1, which no checkpoint precedes
+  (its results are not kept), and in later rounds (their keeping had not been written yet).
 
 Usage: python bench/failover.py [--recipe letters|dcgan|async] [--kills 50] [--stops 10]
        [--seed 1] [--lease 6] [--json FILE]
@@ -80,7 +81,8 @@ class Trial:
     detail: str = ""
     resumed_seconds: float | None = None  # to the new leader's "taken over" line
     taken_up: int = 0  # results of the round in flight the new leader did not compute again
-    redone: int = 0  # results the old leader had completed that were computed again
+    redone: int = 0  # results the old leader had completed that were computed again, after
+    redone_first: int = 0  # round 1, and in round 1 (no checkpoint before it: none kept)
 
     @property
     def ok(self) -> bool:
@@ -196,7 +198,7 @@ class Bench:
                      self._takeover(stopped_at, standby), "; ".join(failed),
                      (taken[-1] - stopped_at).total_seconds() if taken else None,
                      sum(int(m[1]) for m in TAKEN_UP.finditer(standby.log())),
-                     _redone(url, run_id))
+                     *_redone(url, run_id))
 
     def _coordinator(self, url: str, name: str) -> procs.Proc:
         return procs.start_coordinator(self.workdir, self.nodes_file, 2, "--store", url,
@@ -231,12 +233,14 @@ class Bench:
         return None if first is None else (first - stopped_at).total_seconds()
 
 
-def _redone(url: str, run_id: str) -> int:
-    """Completed attempts a resume made stale: results the ledger held but nobody kept."""
+def _redone(url: str, run_id: str) -> tuple[int, int]:
+    """Completed attempts a resume made stale (results the ledger held but nobody kept):
+    after round 1, and in round 1."""
     with psycopg.connect(url) as db:
-        return db.execute("SELECT count(*) FROM attempts WHERE run_id = %s AND status = "
-                          "'stale' AND reason LIKE 'its result was lost with the coordinator%%'",
-                          (run_id,)).fetchone()[0]
+        return db.execute("SELECT count(*) FILTER (WHERE round > 1), count(*) FILTER (WHERE "
+                          "round = 1) FROM attempts WHERE run_id = %s AND status = 'stale' AND "
+                          "reason LIKE 'its result was lost with the coordinator%%'",
+                          (run_id,)).fetchone()
 
 
 def _seconds(value: float | None) -> str:
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'ok' if trial.ok else 'FAILED'} taken over after "
                   f"{_seconds(trial.resumed_seconds)}, first unit after "
                   f"{_seconds(trial.takeover_seconds)}, {trial.taken_up} results taken up, "
-                  f"{trial.redone} redone {trial.detail}", flush=True)
+                  f"{trial.redone} redone ({trial.redone_first} in round 1) {trial.detail}",
+                  flush=True)
     finally:
         bench.close()
     return report(trials, args)
@@ -300,8 +305,9 @@ def report(trials: list[Trial], args: argparse.Namespace) -> int:
                   f"{max(times, default=float('nan')):.2f} s; to the takeover p50 "
                   f"{percentile(resumed, 50):.2f} s, p99 {percentile(resumed, 99):.2f} s "
                   f"(lease {args.lease:g} s); results of the round in flight taken up "
-                  f"{sum(t.taken_up for t in mine)}, kept ones computed again "
-                  f"{sum(t.redone for t in mine)}")
+                  f"{sum(t.taken_up for t in mine)}, completed ones computed again "
+                  f"{sum(t.redone for t in mine)} after round 1 and "
+                  f"{sum(t.redone_first for t in mine)} in round 1")
     if args.json:
         Path(args.json).write_text(json.dumps([{**asdict(t), "ok": t.ok} for t in trials],
                                               indent=2) + "\n")

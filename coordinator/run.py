@@ -295,7 +295,9 @@ class Run:
             engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
             engine.on_left_out = self._nodes.leave_out
             if self.schedule.asynchronous:
-                weights = self._stream(engine, done, weights, history)
+                if done < self.request.rounds:  # (resumed after its last checkpoint, a run
+                    # has only its end to write)
+                    weights = self._stream(engine, done, weights, history)
             else:
                 for round_index in range(done + 1, self.request.rounds + 1):
                     weights, metrics = self._round(engine, round_index, weights)

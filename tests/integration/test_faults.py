@@ -283,10 +283,15 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_round_1(cluster):
         ("the coordinator stopped during the run",)]
 
 
-def test_a_run_killed_after_its_last_checkpoint_resumes_to_its_end_writes(cluster):
+ASYNC_TRAIN = ["--config", str(procs.REPO / "configs" / "letters_async.yaml"), "--set",
+               f"run.rounds={ROUNDS}", "--set", "delta_avg.epochs=1"]
+
+
+@pytest.mark.parametrize("train", [TRAIN, ASYNC_TRAIN], ids=["sync", "async"])
+def test_a_run_killed_after_its_last_checkpoint_resumes_to_its_end_writes(cluster, train):
     cluster.add_node(0.0)
     cluster.start_coordinator(2)
-    cluster.train_json(*TRAIN, "--run-id", "late")
+    cluster.train_json(*train, "--run-id", "late")
     cluster.coordinator.stop()
     # What a kill -9 between the last checkpoint and the end of the run leaves: every
     # round recorded and checkpointed, the run still running, no final model yet.
