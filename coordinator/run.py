@@ -375,6 +375,8 @@ class Run:
                 self.folder.restore(0)
             return self.algorithm.initial_weights(), 0
         self.progress.round_done(checkpoint.round, self._last_error(), math.nan)
+        if self.store is not None:  # the units it holds, and the results taken up after it
+            self.progress.add(units_done=self.store.ledger_counts(self.run_id)["completed"])
         return checkpoint.weights, checkpoint.round
 
     def _last_error(self) -> float:

@@ -145,6 +145,8 @@ def _killed_mid_run(pair: Pair, uninterrupted: dict[str, np.ndarray], moment: st
     pair.a.popen.kill()
     result, err = _finish(pair, client)
     assert result["rounds"] == ROUNDS
+    # the units of the rounds before the takeover, and those it took up, count as done
+    assert result["units"]["done"] == result["units"]["total"], result["units"]
     assert result["coordinator_run_dir"].startswith(str(pair.workdir / "runs-b"))
     pair.b.wait_for(r"leading the run store .* \(epoch 2\)")
     pair.b.wait_for("run same taken over from the previous leader")
