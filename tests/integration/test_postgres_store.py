@@ -406,3 +406,33 @@ def test_kept_results_are_written_apart_within_a_bound_and_never_after_the_lead_
         assert wait_until(lambda: "1 kept results not written" in caplog.text, 10.0)
         assert "a newer leader holds it" in caplog.text
         assert [k.unit_id for k in deferred.kept_results("r1", 2)] == ["a"]
+
+
+def test_kept_results_past_the_bound_in_all_are_kept_when_each_drains_first(
+        postgres_url: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The bound is on what waits, not on what has passed through: results that together
+    hold several times the bound, each kept once the one before it is written, are all
+    kept, and none is said to be dropped."""
+    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    units = [f"u{i}" for i in range(5)]
+    updates = {unit: {"w": np.full(4_000, i, dtype=np.float64)}  # 32 kB each: 160 kB in all
+               for i, unit in enumerate(units)}
+    with PostgresRunStore(postgres_url) as deferred:
+        deferred.create_run("r1", algorithm="a", model="m", dataset="d", rounds=3)
+        deferred.plan_units("r1", 2, units)
+        for unit in units:
+            deferred.unit_started("r1", 2, unit, 1, A)
+            deferred.unit_finished("r1", 2, unit, 1, A, "completed")
+        deferred.fence(0)
+        for written, unit in enumerate(units, 1):
+            _keep(deferred, 2, unit, 1, updates[unit])
+            assert wait_until(lambda n=written: len(deferred.kept_results("r1", 2)) == n,
+                              10.0, alive=lambda: "faster than it writes" not in caplog.text
+                              ), (unit, [k.unit_id for k in deferred.kept_results("r1", 2)],
+                                  caplog.text)
+        kept = deferred.kept_results("r1", 2)
+    assert "results come faster than it writes them" not in caplog.text
+    assert [k.unit_id for k in kept] == units
+    assert all(np.array_equal(unpacked(k.names, k.data)["w"], updates[k.unit_id]["w"])
+               for k in kept)
