@@ -197,6 +197,37 @@ def test_a_leader_dying_mid_aggregation_or_mid_checkpoint_write_loses_nothing(
         pair.stop()
 
 
+def test_a_leader_dying_in_round_1_s_aggregation_has_every_unit_of_round_1_computed_again(
+        tmp_path: Path, postgres_url: str, uninterrupted: dict[str, np.ndarray]) -> None:
+    """No checkpoint precedes round 1, so none of its results is kept: the new leader
+    resumes after round 0, reopens every unit of round 1, takes up none and computes each
+    again, once, and the run ends with the bits of a run never interrupted."""
+    pair = Pair(tmp_path, postgres_url, dies_at="aggregate:1")
+    try:
+        client = pair.start_client("same")
+        assert pair.a.popen.wait(60) == -signal.SIGKILL
+        result, _ = _finish(pair, client)
+        resumed = pair.b.wait_for(r"run same resumes after round 0 \((\d+) units reopened\)")
+        assert result["rounds"] == ROUNDS and _same_weights(pair, "same", uninterrupted)
+        with psycopg.connect(pair.url) as db:
+            units, completed, redone, lost = db.execute(
+                "SELECT count(DISTINCT unit_id), count(*) FILTER (WHERE status = 'completed'), "
+                "count(*) FILTER (WHERE status = 'completed' AND started >= (SELECT min(time) "
+                "FROM unit_events WHERE round = 1 AND reason LIKE 'reopened%%')), count(*) "
+                "FILTER (WHERE status = 'stale' AND reason LIKE 'its result was lost%%') FROM "
+                "attempts WHERE round = 1").fetchone()
+            attempts = db.execute("SELECT unit_id, attempt, status, reason FROM attempts WHERE "
+                                  "round = 1 ORDER BY unit_id, attempt").fetchall()
+        # every unit reopened and completed once, by the new leader; the results the old
+        # one had were lost with it
+        assert (int(resumed[1]), completed, redone) == (units, units, units) and lost >= 1, (
+            resumed[0], units, completed, redone, lost, attempts)
+        log = pair.b.log()
+        assert "takes up" not in log and "run store refused" not in log, log
+    finally:
+        pair.stop()
+
+
 def test_an_asynchronous_run_s_new_leader_keeps_again_what_its_round_had_kept(
         tmp_path: Path, postgres_url: str) -> None:
     """Killed inside round 3's checkpoint: round 3's results, all kept, are kept again by
