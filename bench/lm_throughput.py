@@ -21,6 +21,11 @@ OMP_NUM_THREADS=1 and is ended by its PID.
 
     python bench/lm_throughput.py                            # about 3 minutes
     python bench/lm_throughput.py --tiny --seconds 3         # a check of the bench itself
+    python bench/lm_throughput.py --device cuda              # (a) and (c) on one GPU
+
+With ``--device cuda`` the single-process loop runs on the GPU and the node computes there
+(``compute_node.py --device cuda``); DDP and two nodes are left out (one GPU cannot hold
+two NCCL ranks), and the figures go to lm_throughput_cuda.json.
 """
 
 from __future__ import annotations
@@ -49,11 +54,12 @@ from devtools.throughput import PathResult, train_on_cluster  # noqa: E402
 
 LR, WEIGHT_DECAY = 0.002, 0.1  # examples/gpt/sync_sgd.yaml's
 RESULTS = REPO / "bench" / "results" / "lm_throughput.json"
+RESULTS_CUDA = REPO / "bench" / "results" / "lm_throughput_cuda.json"
 BASELINES = {"c": "a", "d": "b"}  # each path of ours and the baseline it is compared with
 
 
 def run_system(nodes: int, model_args: dict[str, Any], unit: int, batch: int, rounds: int,
-               data_root: Path, workdir: Path) -> PathResult:
+               data_root: Path, workdir: Path, device: str = "cpu") -> PathResult:
     """(c) or (d): ``rounds`` rounds of K = N = ``nodes`` units through real processes,
     timed from the end of round 1 to the end of round R."""
     sets = {"run.model_args": json.dumps(model_args), "run.rounds": rounds,
@@ -64,7 +70,7 @@ def run_system(nodes: int, model_args: dict[str, Any], unit: int, batch: int, ro
             "outputs.checkpoint_every": 0}
     where = [*gpt_example.PLUGINS, "--data-root", str(data_root)]
     run = train_on_cluster(nodes, gpt_example.client_args("sync_sgd.yaml", sets), workdir,
-                           node_args=where,
+                           node_args=[*where, "--device", device],
                            coordinator_args=[*where, "--no-speculation"])
     rows = run.metrics()[1:]
     ends = run.round_ends()
@@ -73,7 +79,8 @@ def run_system(nodes: int, model_args: dict[str, Any], unit: int, batch: int, ro
     extra = {"phase_seconds": phases, "unit_compute_seconds": statistics.mean(
         run.unit_seconds()), "bytes_per_round": (run.result["bytes_up"] +
                                                  run.result["bytes_down"]) / rounds}
-    return PathResult(f"ours, {nodes} node{'s' * (nodes > 1)}", nodes, nodes * unit,
+    on = "" if device == "cpu" else f" on {device}"
+    return PathResult(f"ours, {nodes} node{'s' * (nodes > 1)}{on}", nodes, nodes * unit,
                       rounds - 1, ends[rounds] - ends[1], extra)
 
 
@@ -113,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="micro-batch (default 16)")
     parser.add_argument("--seconds", type=float, default=25.0,
                         help="aimed steady-state seconds of each path (default 25)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the single process and the node compute: cpu (default) "
+                             "or cuda (then only paths (a) and (c))")
     gpt_example.add_output_options(parser, RESULTS.relative_to(REPO))
     args = parser.parse_args(argv)
+    gpu = args.device != "cpu"
     model_args = gpt_example.TINY_ARGS if args.tiny else gpt_example.MODEL_ARGS
     parameters = gpt_example.parameters(model_args)
     machine = describe(f"torch {torch.__version__}")
@@ -123,20 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     paths: dict[str, PathResult] = {}
     with tempfile.TemporaryDirectory(prefix="bench-lm-") as tmp:
         root = gpt_example.data_root(Path(tmp) / "data")
-        work = gpt_example.workload(model_args, root, args.unit, args.batch, LR, WEIGHT_DECAY)
+        work = gpt_example.workload(model_args, root, args.unit, args.batch, LR, WEIGHT_DECAY,
+                                    args.device)
         paths["a"] = torch_baselines.single_process(work, args.seconds)
-        paths["b"] = torch_baselines.ddp(work, 2, args.seconds)
-        for key, nodes in (("c", 1), ("d", 2)):
+        if not gpu:
+            paths["b"] = torch_baselines.ddp(work, 2, args.seconds)
+        for key, nodes in (("c", 1),) if gpu else (("c", 1), ("d", 2)):
             pace = paths[BASELINES[key]].updates_per_second
             rounds = 1 + max(3, math.ceil(args.seconds * pace))
             paths[key] = run_system(nodes, model_args, args.unit, args.batch, rounds, root,
-                                    Path(tmp) / f"cluster-{key}")
+                                    Path(tmp) / f"cluster-{key}", args.device)
             print(f"({key}) {paths[key].label}: {tokens_per_second(paths[key]):,.0f} tokens/s "
                   f"against {tokens_per_second(paths[BASELINES[key]]):,.0f}",
                   file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     print(report(paths, args.unit, args.batch, parameters))
-    out = args.out or (None if args.tiny else RESULTS)
+    out = args.out or (None if args.tiny else RESULTS_CUDA if gpu else RESULTS)
     if out is not None:
         out.write_text(json.dumps(
             {"machine": machine, "load_average_before": load_before,
@@ -145,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
              "batch": args.batch,
              "paths": {key: {**vars(path), "tokens_per_second": tokens_per_second(path)}
                        for key, path in paths.items()},
+             "device": args.device,
              "ratios": {f"{key}/{base}": tokens_per_second(paths[key])
-                        / tokens_per_second(paths[base]) for key, base in BASELINES.items()}},
+                        / tokens_per_second(paths[base]) for key, base in BASELINES.items()
+                        if key in paths}},
             indent=2) + "\n")
     return 0
 

@@ -65,12 +65,12 @@ def windows(data_root: Path, split: str) -> stdlib_corpus.ByteWindows:
 
 
 def workload(model_args: dict[str, Any], data_root: Path, unit: int, batch: int, lr: float,
-             weight_decay: float) -> Workload:
+             weight_decay: float, device: str = "cpu") -> Workload:
     """The plain-torch baselines' view of a sync_sgd run of the example."""
     return Workload(model=functools.partial(build_model, model_args),
                     optimizer=functools.partial(adamw, lr=lr, weight_decay=weight_decay),
                     data=functools.partial(windows, data_root, "train"), loss=next_byte_loss,
-                    unit=unit, batch=batch)
+                    unit=unit, batch=batch, device=device)
 
 
 def data_root(folder: Path) -> Path:

@@ -52,6 +52,7 @@ class Workload:
     loss: Loss
     unit: int  # examples per worker and step
     batch: int  # micro-batch
+    device: str = "cpu"  # where the single-process loop computes ("cuda": one GPU)
 
 
 def take(data: Any, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +76,18 @@ def accumulate(module: nn.Module, loss: Loss, inputs: torch.Tensor, targets: tor
              ).backward()
 
 
-def _timed(step: Callable[[], None], seconds: float) -> tuple[int, float]:
+def _timed(step: Callable[[], None], seconds: float,
+           device: str = "cpu") -> tuple[int, float]:
+    # A GPU queues its work: wait for it at both ends so that the steps timed are done.
+    finish = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(WARMUP_STEPS):
         step()
+    finish()
     began, steps = time.perf_counter(), 0
     while time.perf_counter() - began < seconds:
         step()
         steps += 1
+    finish()
     return steps, time.perf_counter() - began
 
 
@@ -93,7 +99,7 @@ class SingleProcess:
     def __init__(self, work: Workload, workers: int = 1) -> None:
         torch.set_num_threads(1)
         self.work, self.workers = work, workers
-        self.module = work.model()
+        self.module = work.model().to(work.device)
         self.module.train()
         self.optimizer = work.optimizer(self.module)
         self.data = work.data()
@@ -101,7 +107,8 @@ class SingleProcess:
 
     def step(self) -> None:
         parts = [take(self.data, *next(self.ranges)) for _ in range(self.workers)]
-        inputs, targets = (torch.cat(tensors) for tensors in zip(*parts, strict=True))
+        inputs, targets = (torch.cat(tensors).to(self.work.device)
+                           for tensors in zip(*parts, strict=True))
         self.optimizer.zero_grad(set_to_none=True)
         accumulate(self.module, self.work.loss, inputs, targets, self.work.batch)
         self.optimizer.step()
@@ -111,8 +118,9 @@ def single_process(work: Workload, seconds: float) -> PathResult:
     """The plain loop, timed for about ``seconds`` after a warm-up, in this process;
     `PathResult.per_second` counts examples."""
     loop = SingleProcess(work)
-    steps, elapsed = _timed(loop.step, seconds)
-    return PathResult("single process, 1 thread", 1, work.unit, steps, elapsed)
+    steps, elapsed = _timed(loop.step, seconds, work.device)
+    where = "1 thread" if work.device == "cpu" else work.device
+    return PathResult(f"single process, {where}", 1, work.unit, steps, elapsed)
 
 
 @torch.no_grad()
