@@ -62,7 +62,7 @@ from coordinator.run_store import (
     reads_what_was_written,
     rides_out_outages,
 )
-from coordinator.write_behind import DEFERRED, Call, WriteBehind
+from coordinator.write_behind import DEFERRED, Call, WriteBehind, run_of
 from engine import runtime
 from engine.ledger import RunStoreError, StoreUnavailable
 
@@ -77,6 +77,8 @@ IDLE_IN_TRANSACTION_MS = 5000
 RESULTS_QUEUE_BYTES = 256 * 2**20  # kept results waiting for their writer; past it: dropped
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 _SCHEMES = ("postgresql://", "postgres://")
+# calls that start a run afresh: the writes its earlier life could not make are behind it
+_NEW_LIFE = frozenset({"create_run", "resume_run"})
 
 # The SQLite store's tables in PostgreSQL's types, written out rather than derived from
 # coordinator/run_store.py's: each database's schema has its own version and migrations,
@@ -317,8 +319,12 @@ class PostgresRunStore(RunStore):
         problem = _connect_problem(url, connect_seconds)  # one try says why, at once
         if problem is not None:
             raise RunStoreError(f"cannot connect to the run store {self.path}: {problem}")
+        # reconnect_timeout: the pool's own tries back off exponentially (a minute apart
+        # after a long outage), so each gives up within seconds and the next getconn starts
+        # a fresh one; check: a connection the outage broke is replaced, never handed out
         self._pool = ConnectionPool(
             url, min_size=1, max_size=4, open=False, name="run-store",
+            reconnect_timeout=RECONNECT_SECONDS, check=ConnectionPool.check_connection,
             kwargs={"autocommit": True, "application_name": self.application_name,
                     "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"})
         try:
@@ -388,7 +394,10 @@ class PostgresRunStore(RunStore):
         if self.defer_writes and method.__name__ in DEFERRED:
             self._writes.put((method, args, kwargs))
             return None
-        self._writes.flush()
+        run_id = run_of((method, args, kwargs))
+        if run_id is not None and method.__name__ in _NEW_LIFE:
+            self._writes.forget(run_id)
+        self._writes.flush(run_id=run_id)
         return self._ride_out(lambda: method(self, *args, **kwargs))
 
     def _before_read(self) -> None:

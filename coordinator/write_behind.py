@@ -14,7 +14,9 @@ A call in a batch that the store refuses (a bug of the caller, as coordinator/ru
 says) fails the batch, which is then made one call per transaction: the refusal is logged
 and, with TRAINER_STRICT_LEDGER=1, raised by the next call that does not wait. A write the
 store could not make (StoreUnavailable, LeadershipLost) is kept and raised by every later
-call, as the run would see it from a direct call.
+call of the same run (every deferred call's first argument is its run id), as the run
+would see it from a direct call; a run created or resumed afterwards starts clean, so a
+coordinator whose database stayed away past --store-outage trains again once it is back.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ MAX_BATCH = 2000
 Call = tuple[Callable[..., Any], tuple, dict]
 
 
+def run_of(call: Call) -> str | None:
+    """The run a call writes for: its first argument (None for a call of no run)."""
+    _, args, kwargs = call
+    run_id = kwargs.get("run_id", args[0] if args else None)
+    return run_id if isinstance(run_id, str) else None
+
+
 class WriteBehind:
     """The queue of deferred calls and its writer thread. ``apply(calls)`` makes a batch
     (in one transaction, or one by one); ``one(call)`` makes a single call."""
@@ -53,7 +62,8 @@ class WriteBehind:
         self._changed = threading.Condition()
         self._flushing = threading.Lock()  # one batch at a time, in queue order
         self._closed = False
-        self.failure: StoreUnavailable | None = None  # the first write that could not be made
+        # by run: the first write of each that could not be made
+        self.failures: dict[str | None, StoreUnavailable] = {}
         self.refusal: Exception | None = None  # the first call refused (strict mode raises it)
         self._strict = os.environ.get(STRICT_ENV) == "1"
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
@@ -61,7 +71,7 @@ class WriteBehind:
 
     def put(self, call: Call) -> bool:
         """Queue a call; False when it would take the queue past ``max_bytes`` (dropped)."""
-        self.raise_failure()
+        self.raise_failure(run_of(call))
         size = self._size_of(call)
         with self._changed:
             if self.max_bytes is not None and self.queued_bytes + size > self.max_bytes:
@@ -71,9 +81,10 @@ class WriteBehind:
             self._changed.notify()
         return True
 
-    def flush(self, quiet: bool = False) -> None:
-        """Make every call queued so far, in this thread; then raise what went wrong
-        (``quiet``: a query's flush, which leaves that to the writes)."""
+    def flush(self, quiet: bool = False, run_id: str | None = None) -> None:
+        """Make every call queued so far, in this thread; then raise what went wrong with
+        the writes of ``run_id`` (``quiet``: a query's flush, which leaves that to the
+        writes)."""
         with self._flushing:
             while True:
                 with self._changed:
@@ -84,14 +95,19 @@ class WriteBehind:
                 self._make(calls)
         if quiet:
             return
-        self.raise_failure()
+        self.raise_failure(run_id)
         if self._strict and self.refusal is not None:
             refusal, self.refusal = self.refusal, None
             raise refusal
 
-    def raise_failure(self) -> None:
-        if self.failure is not None:
-            raise self.failure
+    def raise_failure(self, run_id: str | None) -> None:
+        failure = self.failures.get(run_id)
+        if failure is not None:
+            raise failure
+
+    def forget(self, run_id: str) -> None:
+        """A run created or resumed: what its earlier writes met is behind it."""
+        self.failures.pop(run_id, None)
 
     def close(self, flush: bool = True) -> None:
         """Stop the writer; ``flush``: make what is queued first (else it is dropped, as a
@@ -124,9 +140,11 @@ class WriteBehind:
         try:
             self._apply(calls)
         except StoreUnavailable as exc:
-            if self.failure is None:
+            runs = {run_of(call) for call in calls}
+            if not runs <= self.failures.keys():
                 log.error("%s", exc)
-            self.failure = self.failure or exc
+            for run_id in runs:
+                self.failures.setdefault(run_id, exc)
 
     def refused(self, call: Call, exc: Exception) -> None:
         """A call of a batch that the store refused (see the module docstring)."""
