@@ -2,11 +2,12 @@
 network named as a plug-in (``plugin_overhead:mlp_classifier``, this module), through real
 processes, in one run.
 
-Both names build the same function's network (this module re-exports the built-in one),
-so the runs train the same maths from the same weights and end with the same validation
-error; what differs is only the path a name takes: a plug-in is resolved from a module the
-processes allowed (``--plugins plugin_overhead``), reported with its version, and checked
-with the model's fingerprint before round 1 and with every unit. One cluster (2 nodes, a
+Both names build the same function's network (this module's ``mlp_classifier`` calls the
+built-in one: a run may name only what a plug-in module defines itself), so the runs train
+the same maths from the same weights and end with the same validation error; what differs
+is only the path a name takes: a plug-in is resolved from a module the processes allowed
+(``--plugins plugin_overhead``), reported with its version, and checked with the model's
+fingerprint before round 1 and with every unit. One cluster (2 nodes, a
 coordinator, all started with ``--plugins``) serves the runs, built-in and plug-in in
 turn (interleaved repeats, so that the machine's slow spells fall on both), each with the
 same config: by default the tabular example (examples/tabular/letters_csv.yaml: the letters
@@ -37,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from devtools.machine import describe  # noqa: E402
 from devtools.throughput import ClusterRun, LocalCluster  # noqa: E402
-from training.models.modules import mlp_classifier  # noqa: E402, F401 (the plug-in)
+from training.models import modules  # noqa: E402
 
 BUILT_IN = "mlp_classifier"
 PLUGIN = f"{Path(__file__).stem}:mlp_classifier"
@@ -46,6 +47,12 @@ CONFIG = REPO / "examples" / "tabular" / "letters_csv.yaml"
 SETTINGS = {"run.algorithm": "sync_sgd", "sync_sgd.images_per_work_unit": 320,
             "sync_sgd.num_workunits_per_update": 2, "sync_sgd.units_per_iteration": 2,
             "sync_sgd.batch_size": 64, "sync_sgd.lr": 0.002}
+
+
+def mlp_classifier(in_features: int, num_classes: int, hidden: list[int] | None = None,
+                   dropout: float = 0.0) -> Any:
+    """The plug-in: the built-in network, under this module's name."""
+    return modules.mlp_classifier(in_features, num_classes, hidden, dropout)
 
 
 def client_args(model: str, rounds: int) -> list[str]:

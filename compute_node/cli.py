@@ -21,6 +21,7 @@ from compute_node.load import LoadSimulator
 from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
 from compute_node.threads import limit_threads
 from training import plugins
+from training.data import paths
 from training.data.paths import DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import ComputeNode
@@ -67,6 +68,7 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets; unit files are resolved under it "
                              "and paths that escape it are refused (default: %(default)s)")
+    paths.add_argument(parser)
     parser.add_argument("--load-delay", type=arg_types.non_negative_seconds, default=3.0,
                         help="seconds a delayed unit waits before it is trained (default 3)")
     parser.add_argument("--seed", type=arg_types.seed, default=None,
@@ -178,12 +180,20 @@ def startup_problem(args: argparse.Namespace) -> tuple[str, int] | None:
     up the process's token and TLS when it can."""
     if not os.path.isdir(args.data_root):
         return f"data root {args.data_root} does not exist", 1
+    paths.follow_links(args.follow_data_links)
     if getattr(args, "members_port", None) is not None and args.relay is None:
         return "--members-port is for a relay's members: give --relay NODES_FILE too", 2
     security_problem = security.configure_from_args(args, serves=True)
     if security_problem:
         return security_problem, 2
     return None
+
+
+def _role(args: argparse.Namespace) -> str:
+    """What this process is, in the lines of what it refuses."""
+    if getattr(args, "relay", None) is not None:
+        return "relay"
+    return "pull node" if getattr(args, "pull", None) else "node"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem[0]}", file=sys.stderr)
         return problem[1]
-    plugin_problem = plugins.allow_from_args(args)
+    plugin_problem = plugins.allow_from_args(args, _role(args))
     if plugin_problem:
         print(f"error: {plugin_problem}", file=sys.stderr)
         return 2

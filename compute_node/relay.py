@@ -355,8 +355,8 @@ class RelayHandler(ComputeNodeHandler):
         """A relay needs the run's plug-ins, not the data: its members compute, and check
         their model and data against the unit's ``expect`` themselves."""
         try:
-            for name in spec.plugin_names:
-                resolve_plugin(name, "plug-in")
+            for kind, name in spec.named_plugins:
+                resolve_plugin(name, kind)
             get_algorithm(spec.algorithm).check_config(spec.model, spec.algorithm_config())
         except PluginError as exc:
             raise RunUnfit(str(exc)) from None

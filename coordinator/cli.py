@@ -17,6 +17,7 @@ from coordinator.postgres_store import OUTAGE_SECONDS, is_postgres_url
 from coordinator.records import InvalidRun
 from coordinator.request_checks import RequestLimits
 from coordinator.run import CoordinatorSettings
+from coordinator.run_setup import weights_folders
 from coordinator.run_store import RunStoreError
 from coordinator.store_lock import StoreInUse
 from dashboard.options import add_arguments as add_dashboard_arguments
@@ -25,6 +26,7 @@ from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNo
 from engine.policies import POLICY_NAMES
 from engine.round_engine import EngineSettings
 from training import plugins
+from training.data import paths
 from training.data.paths import CHECKOUT, DEFAULT_DATA_ROOT
 from wire import arg_types, security
 from wire.generated import Coordinator
@@ -89,9 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "added join a running job (default: %(default)s)")
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets (default: %(default)s)")
+    paths.add_argument(parser)
     parser.add_argument("--run-dir", default="runs",
                         help="folder for each run's metrics, checkpoint and model "
                              "(default: ./runs)")
+    parser.add_argument("--weights-dir", action="append", default=[], metavar="DIR",
+                        help="folder a run's starting weights (run.init_weights) may come "
+                             "from, besides the data root and the run folders; repeat it "
+                             "or give a comma-separated list. Any other path is refused")
     parser.add_argument("--store", default=None, metavar="PATH_OR_URL",
                         help="run store: runs, rounds, every unit's status changes, node "
                              "statistics. A file path is an SQLite store for this coordinator "
@@ -222,7 +229,8 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                                            else None),
                                store_url=args.store if uses_postgres else None,
                                lease_seconds=args.lease, store_outage=args.store_outage,
-                               limits=limits_from(args))
+                               limits=limits_from(args),
+                               weights_dirs=weights_folders(args.weights_dir))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if security_problem:
         print(f"error: {security_problem}", file=sys.stderr)
         return 2
-    plugin_problem = plugins.allow_from_args(args)
+    plugin_problem = plugins.allow_from_args(args, "coordinator")
     if plugin_problem:
         print(f"error: {plugin_problem}", file=sys.stderr)
         return 2
@@ -247,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.data_root):
         print(f"error: data root {args.data_root} does not exist", file=sys.stderr)
         return 1
+    missing = [str(d) for d in weights_folders(args.weights_dir) if not d.is_dir()]
+    if missing:
+        print(f"error: --weights-dir {missing[0]} is not a folder", file=sys.stderr)
+        return 2
+    paths.follow_links(args.follow_data_links)
     try:
         handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
     except StoreInUse as exc:

@@ -34,6 +34,7 @@ _allowed: set[str] = set()  # module names named with --plugins or by an entry p
 _named: list[str] = []  # what `allow` was given, in order, for child processes
 _paths: list[str] = []  # folders `allow` put on the import path
 _entry_points_read = False
+_process = "this process"  # who refuses a plug-in, in messages: set by `allow_from_args`
 
 
 class PluginError(ValueError):
@@ -92,7 +93,8 @@ def allowed_modules() -> list[str]:
 
 def reset() -> None:
     """Forget every allowed module (tests)."""
-    global _entry_points_read
+    global _entry_points_read, _process
+    _process = "this process"
     with _lock:
         _allowed.clear()
         _named.clear()
@@ -103,7 +105,9 @@ def reset() -> None:
 def resolve(name: str, kind: str) -> Any:
     """The object ``module:attribute`` names, from an allowed module; PluginError names the
     plug-in and says how to allow it. ``kind`` says what it is for ("model", "data set",
-    ...) in messages."""
+    ...): the object must be one the module defines itself, of that kind (`_KINDS`), and
+    ``attribute`` one public name, so that a run reaches nothing through the module (what it
+    imported: ``torch.os.system``, ``from os import system``, a builtin)."""
     if not is_plugin_name(name):
         raise PluginError(f"{kind} {name!r} is not a plug-in name (module:attribute)")
     module_name, _, attribute = name.partition(SEPARATOR)
@@ -112,13 +116,98 @@ def resolve(name: str, kind: str) -> Any:
         raise PluginError(f"lacks plug-in {module_name}: start it with --plugins "
                           f"{module_name.split('.')[0]}")
     module = _import(module_name)
-    value: Any = module
-    for part in attribute.split("."):
-        if not hasattr(value, part):
-            raise PluginError(f"plug-in {name}: module {module_name} has no attribute "
-                              f"{attribute!r}")
-        value = getattr(value, part)
-    return value
+    reason = _why_not(module, attribute, kind)
+    if reason is not None:
+        raise _refusal(name, kind, module, reason)
+    return vars(module)[attribute]
+
+
+def _why_not(module: ModuleType, attribute: str, kind: str) -> str | None:
+    """Why a run may not name ``attribute`` of ``module`` as a ``kind``; None if it may.
+    Read from the module's own namespace, never through getattr (a module __getattr__)."""
+    if "." in attribute:
+        return "not a dotted path"
+    if not attribute.isidentifier():
+        return f"{attribute!r} is not a Python name"
+    if attribute.startswith("_"):
+        return "not a private or special name"
+    if attribute not in vars(module):
+        return f"{module.__name__} has no attribute {attribute!r}"
+    value = vars(module)[attribute]
+    if isinstance(value, ModuleType):
+        return f"{attribute} is a module it imports"
+    if (inspect.isclass(value) or callable(value)) and not _defined_in(value, module.__name__):
+        home = getattr(_unwrapped(value), "__module__", None) or "another module"
+        return f"{attribute} is defined in {home}, not by {module.__name__}"
+    fits, what = _KINDS.get(kind, _DEFAULT_KIND)
+    if not fits(value):
+        shown = "class" if inspect.isclass(value) else type(value).__name__
+        return f"{attribute} is {_article(shown)} {shown}, not {what}"
+    return None
+
+
+def _defined_in(value: Any, module_name: str) -> bool:
+    """Whether the module (or, for a package, a module of its own) defined ``value``: its
+    ``__module__``, and that of what it wraps (functools.wraps copies the name)."""
+    for each in (value, _unwrapped(value)):
+        home = getattr(each, "__module__", None)
+        if not (isinstance(home, str) and
+                (home == module_name or home.startswith(module_name + "."))):
+            return False
+    return True
+
+
+def _is_function(value: Any) -> bool:
+    """A Python function, or a wrapper of one (a decorator's, an lru_cache)."""
+    return callable(value) and inspect.isfunction(_unwrapped(value))
+
+
+def _unwrapped(value: Any) -> Any:
+    try:
+        return inspect.unwrap(value)
+    except ValueError:  # a cycle of __wrapped__
+        return value
+
+
+def _is_class_or_function(value: Any) -> bool:
+    return inspect.isclass(value) or _is_function(value)
+
+
+def _is_model(value: Any) -> bool:
+    """An nn.Module class (told by its bases' names: this process may not have torch) or a
+    function."""
+    if inspect.isclass(value):
+        return any(f"{base.__module__}.{base.__qualname__}" == "torch.nn.modules.module.Module"
+                   for base in inspect.getmro(value))
+    return _is_function(value)
+
+
+# What a run may name as each kind of plug-in: (test, what it must be, for messages).
+_DEFAULT_KIND = (_is_class_or_function, "a class or a function")
+_KINDS = {
+    "model": (_is_model, "an nn.Module class or a function"),
+    "data set": _DEFAULT_KIND,
+    "algorithm": (inspect.isclass, "a class"),
+    "codec": (inspect.isclass, "a class"),
+    "aggregation rule": (_is_function, "a function"),
+    "loss": (_is_function, "a function"),
+    "metric": (_is_function, "a function"),
+}
+_SHOWN = 8  # names of what a module allows that a refusal lists
+
+
+def _refusal(name: str, kind: str, module: ModuleType, reason: str) -> PluginError:
+    """One line: which process refuses what, what the module allows, and why."""
+    allowed = [attribute for attribute in vars(module)
+               if _why_not(module, attribute, kind) is None]
+    shown = ", ".join(allowed[:_SHOWN]) + (", ..." if len(allowed) > _SHOWN else "")
+    return PluginError(f"{_process} refuses {kind} {name}: a run may name only "
+                       f"{_article(kind)} {kind} {module.__name__} defines itself "
+                       f"({shown or 'none'}); {reason}")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def versions() -> dict[str, str]:
@@ -203,8 +292,12 @@ def add_arguments(parser: Any) -> None:
                             "current folder, then the Python path)")
 
 
-def allow_from_args(args: Any) -> str | None:
-    """Allow the modules the command line names; the problem as one line, or None."""
+def allow_from_args(args: Any, process: str = "this process") -> str | None:
+    """Allow the modules the command line names; the problem as one line, or None.
+    ``process`` ("coordinator", "node", "relay", "pull node") names this process in the
+    refusals of plug-ins a run may not name."""
+    global _process
+    _process = process
     if args.plugin_dir is not None and not Path(args.plugin_dir).is_dir():
         return f"--plugin-dir {args.plugin_dir} is not a folder"
     try:

@@ -55,8 +55,8 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
            location: str) -> RunFacts:
     spec = RunSpec.parse(algorithm, model, dataset, config_json)
     try:
-        for name in spec.plugin_names:  # each one importable here, or the reason it is not
-            plugins.resolve(name, "plug-in")
+        for kind, name in spec.named_plugins:  # each one usable here, or why it is not
+            plugins.resolve(name, kind)
         cls = get_algorithm(spec.algorithm)
         config = cls.check_config(spec.model, spec.algorithm_config())
         if not is_module_model(spec.model):

@@ -87,12 +87,20 @@ class RunSpec:
     @property
     def plugin_names(self) -> list[str]:
         """The plug-ins the run names (``module:attribute``), for the checks before round 1."""
-        named = [self.algorithm, self.model, self.dataset, self.model_settings.loss,
-                 self.model_settings.metric, self.compression.up, self.compression.down]
+        return [name for _, name in self.named_plugins]
+
+    @property
+    def named_plugins(self) -> list[tuple[str, str]]:
+        """(kind, name) of each plug-in the run names, the kind as `plugins.resolve` takes
+        it: what the name must be."""
+        named = [("algorithm", self.algorithm), ("model", self.model),
+                 ("data set", self.dataset), ("loss", self.model_settings.loss),
+                 ("metric", self.model_settings.metric), ("codec", self.compression.up),
+                 ("codec", self.compression.down)]
         rule = (self.aggregation or {}).get("rule") if isinstance(self.aggregation,
                                                                    Mapping) else None
-        named.append(rule if isinstance(rule, str) else "")
-        return [name for name in named if plugins.is_plugin_name(name)]
+        named.append(("aggregation rule", rule if isinstance(rule, str) else ""))
+        return [(kind, name) for kind, name in named if plugins.is_plugin_name(name)]
 
     @property
     def aggregation_rule(self) -> str:

@@ -119,7 +119,7 @@ def test_a_registered_codec_is_usable_by_its_plain_name(own_codecs) -> None:
 
 
 @pytest.mark.parametrize(("name", "words"), [
-    ("my_codecs:not_a_codec", "not a subclass of thrift_trainer.Codec"),
+    ("my_codecs:not_a_codec", "not_a_codec is a function, not a class"),
     ("my_codecs:Missing", "has no attribute 'Missing'"),
     ("other_codecs:Tenths", "lacks plug-in other_codecs: start it with --plugins other_codecs"),
 ])
@@ -161,7 +161,9 @@ def test_register_aggregation_makes_a_plain_name(own_rules) -> None:
 
 
 @pytest.mark.parametrize(("rule", "words"), [
-    ("my_rules:NOT_A_RULE", "aggregation rule my_rules:NOT_A_RULE is not a function"),
+    ("my_rules:NOT_A_RULE", "aggregation rule my_rules:NOT_A_RULE: a run may name only an "
+                            "aggregation rule my_rules defines itself (first, heaviest); "
+                            "NOT_A_RULE is an int, not a function"),
     ("my_rules:missing", "has no attribute 'missing'"),
     ("their_rules:first", "lacks plug-in their_rules: start it with --plugins their_rules"),
     ("geometric", "must be one of mean, median, trimmed_mean, krum or a plug-in"),

@@ -35,7 +35,7 @@ def test_an_allowed_module_resolves_to_its_attributes(plugin_module) -> None:
     folder = plugin_module("my_models", MODELS)
     assert plugins.allow(["my_models", " "], folder) == ["my_models"]
     assert plugins.resolve("my_models:factory", "model")() == "built"
-    assert plugins.resolve("my_models:Outer.Inner", "model").__name__ == "Inner"
+    assert plugins.resolve("my_models:Outer", "data set").__name__ == "Outer"
     assert "my_models" in plugins.allowed_modules()
     assert plugins.versions()["my_models"] == "1.2"
 
@@ -64,11 +64,114 @@ def test_a_package_allows_its_submodules(plugin_module) -> None:
 
 def test_a_missing_attribute_names_the_plugin_and_the_attribute(plugin_module) -> None:
     plugins.allow(["my_models"], plugin_module("my_models", MODELS))
-    with pytest.raises(PluginError, match="plug-in my_models:Nope: module my_models has no "
-                                          "attribute 'Nope'"):
+    with pytest.raises(PluginError) as missing:
         plugins.resolve("my_models:Nope", "model")
+    assert str(missing.value) == ("this process refuses model my_models:Nope: a run may name "
+                                  "only a model my_models defines itself (factory); my_models "
+                                  "has no attribute 'Nope'")
     with pytest.raises(PluginError, match="not a plug-in name"):
         plugins.resolve("my_models", "model")
+
+
+# A plug-in module with what a hostile run would reach through it: what it imported (a
+# module, a builtin, functions and a partial of other modules) and names of its own that
+# are not models.
+OWN = """
+import os
+from builtins import open
+from functools import lru_cache, partial
+from json import loads as load_json
+from os import system
+from subprocess import run
+
+
+def make():
+    return "made"
+
+
+@lru_cache
+def cached():
+    return "cached"
+
+
+def _private():
+    return "private"
+
+
+class Rule:
+    pass
+
+
+shell = partial(os.system, "true")
+instance = Rule()
+CONSTANT = 3
+"""
+
+
+@pytest.mark.parametrize(("name", "kind", "reason"), [
+    ("own:os.system", "model", "not a dotted path"),
+    ("own:make.__globals__", "model", "not a dotted path"),
+    ("own:system", "model", "system is defined in posix, not by own"),
+    ("own:run", "model", "run is defined in subprocess, not by own"),
+    ("own:open", "model", "open is defined in io, not by own"),
+    ("own:load_json", "model", "load_json is defined in json, not by own"),
+    ("own:shell", "model", "shell is defined in functools, not by own"),
+    ("own:os", "model", "os is a module it imports"),
+    ("own:__builtins__", "model", "not a private or special name"),
+    ("own:_private", "model", "not a private or special name"),
+    ("own:print", "model", "own has no attribute 'print'"),
+    ("own:a-b", "model", "'a-b' is not a Python name"),
+    ("own:CONSTANT", "model", "CONSTANT is an int, not an nn.Module class or a function"),
+    ("own:Rule", "model", "Rule is a class, not an nn.Module class or a function"),
+    ("own:instance", "model", "instance is a Rule, not an nn.Module class or a function"),
+    ("own:make", "codec", "make is a function, not a class"),
+    ("own:Rule", "loss", "Rule is a class, not a function"),
+])
+def test_a_run_may_name_only_what_the_module_defines_itself_of_that_kind(
+        plugin_module, name, kind, reason) -> None:
+    plugins.allow(["own"], plugin_module("own", OWN))
+    allows = {"model": "make, cached", "codec": "Rule", "loss": "make, cached"}[kind]
+    with pytest.raises(PluginError) as refused:
+        plugins.resolve(name, kind)
+    assert str(refused.value) == (f"this process refuses {kind} {name}: a run may name only a "
+                                  f"{kind} own defines itself ({allows}); {reason}")
+
+
+def test_what_the_module_defines_resolves_decorated_or_not(plugin_module) -> None:
+    plugins.allow(["own"], plugin_module("own", OWN))
+    assert plugins.resolve("own:make", "model")() == "made"
+    assert plugins.resolve("own:cached", "metric")() == "cached"  # an lru_cache wrapper
+    assert plugins.resolve("own:Rule", "algorithm").__name__ == "Rule"
+    assert plugins.resolve("own:Rule", "data set").__name__ == "Rule"
+
+
+def test_a_package_may_name_what_its_own_modules_define_and_nothing_else(
+        plugin_module) -> None:
+    folder = plugin_module("placeholder", "")
+    (folder / "mypkg").mkdir()
+    (folder / "mypkg" / "__init__.py").write_text("from json import loads\n"
+                                                  "from mypkg.models import factory\n")
+    (folder / "mypkg" / "models.py").write_text(MODELS + "from mypkg.layers import Layer\n")
+    (folder / "mypkg" / "layers.py").write_text("class Layer:\n    pass\n")
+    plugins.allow(["mypkg"], folder)
+    assert plugins.resolve("mypkg:factory", "model")() == "built"  # re-exported from its own
+    assert plugins.resolve("mypkg.layers:Layer", "data set").__name__ == "Layer"
+    with pytest.raises(PluginError, match="; loads is defined in json, not by mypkg$"):
+        plugins.resolve("mypkg:loads", "model")
+    with pytest.raises(PluginError, match="; Layer is defined in mypkg.layers, not by "
+                                          "mypkg.models$"):
+        plugins.resolve("mypkg.models:Layer", "data set")
+
+
+def test_the_refusal_names_the_process_that_refuses(plugin_module) -> None:
+    folder = plugin_module("own", OWN)
+    parser = argparse.ArgumentParser()
+    plugins.add_arguments(parser)
+    args = parser.parse_args(["--plugins", "own", "--plugin-dir", str(folder)])
+    assert plugins.allow_from_args(args, "relay") is None
+    with pytest.raises(PluginError, match="^relay refuses model own:system: a run may name "
+                                          "only a model own defines itself"):
+        plugins.resolve("own:system", "model")
 
 
 @pytest.mark.parametrize(("source", "message"), [
