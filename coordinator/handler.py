@@ -49,6 +49,10 @@ class CoordinatorHandler(MembershipService):
                                      settings.dead_seconds)
         self._runs: dict[str, Run] = {}
         self._order: list[str] = []
+        # the runs of an earlier lead, cancelled when this coordinator lost it (and
+        # whether it ever did): they must have ended before it writes as leader again
+        self._former: list[Run] = []
+        self._fenced = False
         # resumed runs: the thread of each, and how it ended
         self._resumed: dict[str, threading.Thread] = {}
         self._ends: dict[str, RunOutcome | RunFailed | RunStopped] = {}
@@ -77,6 +81,9 @@ class CoordinatorHandler(MembershipService):
         taking.join(self.settings.lease_seconds / 3)  # most takeovers: done by now
 
     def _take_over(self, epoch: int) -> None:
+        if self._fenced and self.keeper is not None:  # it led before: start as a fresh one
+            self._await_former_runs()
+            self.keeper.store.write_afresh()
         interrupted = self.store.fail_unfinished_runs(f"the leader changed (epoch {epoch})")
         for run_id in interrupted:
             try:
@@ -90,15 +97,49 @@ class CoordinatorHandler(MembershipService):
     def _lost_lead(self, leader: Leader) -> None:
         """Stop this process's runs without a write (the store refuses them now); their
         clients are told to follow the new leader, and registered nodes re-register there."""
-        self._leading = False
+        self._leading, self._fenced = False, True
         reason = f"this coordinator lost the lead to {leader.address or 'another'}"
-        for run in self.live_runs():
+        with self._lock:  # from now on the store tells their state, as a standby's do
+            former = [self._runs[i] for i in self._order]
+            self._runs.clear()
+            self._order.clear()
+            self._former.extend(former)
+        for run in former:
             run.cancel(reason)
         self.membership.forget_all(reason)
+        self._await_former_runs()  # (in the lease keeper's thread: no lease taken meanwhile)
+
+    def _await_former_runs(self) -> None:
+        """Wait (bounded) for the runs of this coordinator's earlier lead to end: their
+        writes, refused under the old epoch, must not be made under a new one."""
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        with self._lock:
+            former = list(self._former)
+        for run in former:
+            run.finished.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._former = [run for run in self._former if not run.finished.is_set()]
+            left = [run.run_id for run in self._former]
+        if left:
+            log.warning("runs of this coordinator's earlier lead have not ended after their "
+                        "cancel: %s", ", ".join(left))
+
+    def _leads(self) -> bool:
+        """Whether this coordinator leads, as every answer says. A lease confirmed longer
+        ago than a renewal interval (a leader woken from a pause, which its keeper has not
+        renewed since) is checked against the store's epoch first: a newer leader may hold
+        it. Not while the database is away: answers must not wait for it."""
+        keeper = self.keeper
+        if (not self._leading or keeper is None or keeper.confirmed_lately()
+                or getattr(self.store, "unreachable_since", None) is not None):
+            return self._leading
+        if keeper.superseded():
+            self._leading = False
+        return self._leading
 
     def register_node(self, request: ttypes.RegisterRequest) -> ttypes.RegisterResult:
         """A standby registers nobody: it names the leader (RegisterResult.leader)."""
-        if self._leading:
+        if self._leads():
             return super().register_node(request)
         check_protocol_version(request.protocol_version, self.service_name)
         m = self.membership
@@ -110,13 +151,14 @@ class CoordinatorHandler(MembershipService):
     @property
     def leading(self) -> bool:
         """Whether this coordinator runs training (always, on SQLite)."""
-        return self._leading
+        return self._leads()
 
     def leader_line(self) -> str:
         """Who leads the shared store, in words."""
+        leading = self._leads()
         leader = self._leader_address()
         epoch = self.keeper.epoch if self.keeper is not None else None
-        if self._leading:
+        if leading:
             return f"this coordinator leads the run store (epoch {epoch})"
         return f"{leader} leads" if leader else "no coordinator leads yet"
 
@@ -133,10 +175,7 @@ class CoordinatorHandler(MembershipService):
     def _superseded(self) -> bool:
         """Whether the store names a newer leader than this coordinator (which may not
         know it yet)."""
-        if self.keeper is None or not self._leading:
-            return False
-        own, leader = self.keeper.epoch, self.keeper.leader()
-        return own is None or (leader is not None and leader.epoch != own)
+        return self.keeper is not None and self._leading and self.keeper.superseded()
 
     def _leader_address(self) -> str | None:
         if self.keeper is None:
@@ -154,7 +193,7 @@ class CoordinatorHandler(MembershipService):
     # ---------------------------------------------------------------- service
     def train(self, request: ttypes.TrainRequest) -> ttypes.RunResult:
         check_protocol_version(request.protocol_version, "coordinator")
-        if not self._leading:
+        if not self._leads():
             raise self._not_leading(f"run {request.run_id} was not started")
         resumed = self._live(request.run_id) if request.run_id else None
         if resumed is not None and resumed.resumed:
@@ -257,8 +296,9 @@ class CoordinatorHandler(MembershipService):
 
     def status(self, request: ttypes.StatusRequest) -> ttypes.RunStatus:
         """A run of this process from its live progress, an earlier one from the store;
-        without a run id, the latest run."""
-        run = self._live(request.run_id)
+        without a run id, the latest run. A coordinator that does not lead answers from the
+        store alone: its runs, if any, are stale."""
+        run = self._live(request.run_id) if self._leads() else None
         snapshot = run.progress.snapshot() if run is not None else self._stored(request.run_id)
         status = self._with_ledger(run_status(snapshot))
         status.leader = self._leader_address()
@@ -285,7 +325,7 @@ class CoordinatorHandler(MembershipService):
         return status
 
     def cancel(self, request: ttypes.CancelRunRequest) -> ttypes.CancelRunResult:
-        run = self._live(request.run_id)
+        run = self._live(request.run_id) if self._leads() else None
         if run is None:  # a stored run of an earlier process has ended (or is unknown)
             self._stored(request.run_id)
             return ttypes.CancelRunResult(cancelled=False)
@@ -297,7 +337,8 @@ class CoordinatorHandler(MembershipService):
     def list_runs(self, request: ttypes.ListRunsRequest) -> ttypes.ListRunsResult:
         """Runs of this process live, then the store's earlier ones (before a restart)."""
         limit = request.limit or 50
-        runs = [run_status(run.progress.snapshot()) for run in self.live_runs()[:limit]]
+        live = self.live_runs() if self._leads() else []  # a standby's: from the store
+        runs = [run_status(run.progress.snapshot()) for run in live[:limit]]
         known = {r.run_id for r in runs}
         for record in self.store.list_runs(limit):
             if len(runs) < limit and record.run_id not in known:
@@ -311,7 +352,7 @@ class CoordinatorHandler(MembershipService):
         return ttypes.NodeInfo(protocol_version=PROTOCOL_VERSION, node_id=COORDINATOR_ID,
                                load_prob=0.0, units_running=running, units_completed=0,
                                units_rejected=0, uptime_seconds=0.0,
-                               role=None if self._leading else STANDBY_ROLE)
+                               role=None if self._leads() else STANDBY_ROLE)
 
     def shutdown(self, then: Callable[[], None], timeout: float = SHUTDOWN_SECONDS) -> None:
         """Cancel every running run, give them `timeout` seconds to tell their clients,

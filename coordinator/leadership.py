@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ from coordinator.postgres_store import PostgresRunStore
 log = logging.getLogger("coordinator.leadership")
 LEASE_SECONDS = 6.0
 LOCK_TIMEOUT_MS = 1000  # a takeover waits this long for the old leader's write in progress
+# A statement is tried again at once on another connection when its own was ended: a new
+# leader ends every session of the old one, idle ones in the pool included (up to its size).
+TRIES = 5
 
 # Taking the lease: the expired lease first (a second standby trying at once waits for
 # this one, then finds it live), then the epoch, which waits for the write in progress of
@@ -75,6 +79,7 @@ class LeaseKeeper:
         self.holder = store.application_name  # also the name of its database sessions
         self.lease_seconds = lease_seconds
         self.epoch: int | None = None  # set while leading
+        self.confirmed = 0.0  # time.monotonic() before the last renewal that succeeded
         self._on_lead, self._on_lose = on_lead, on_lose
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._keep, name="lease-keeper", daemon=True)
@@ -97,6 +102,23 @@ class LeaseKeeper:
     def leading(self) -> bool:
         return self.epoch is not None
 
+    @property
+    def renewal_seconds(self) -> float:
+        return self.lease_seconds / 3
+
+    def confirmed_lately(self) -> bool:
+        """Whether the lease was taken or renewed less than a renewal interval ago: then
+        nobody else can hold it yet. A leader paused past that (SIGSTOP, a long GC) may
+        have been replaced without knowing it."""
+        return (self.epoch is not None
+                and time.monotonic() - self.confirmed < self.renewal_seconds)
+
+    def superseded(self) -> bool:
+        """Whether this keeper does not lead, or the store names a newer epoch than its own
+        (False when the store cannot be read: unknown, as for a renewal)."""
+        own, leader = self.epoch, self.leader()
+        return own is None or (leader is not None and leader.epoch != own)
+
     def leader(self) -> Leader | None:
         """The leader the store names, or None if it cannot be read."""
         row = self._run(_READ, ())
@@ -105,18 +127,21 @@ class LeaseKeeper:
     def step(self) -> None:
         """One try to take the lease, or one renewal (the keeper's thread calls it every
         lease/3 seconds; tests call it directly)."""
+        began = time.monotonic()  # the lease runs from later than this
         if self.epoch is None:
             row = self._run(_TAKE_LEASE, (self.lease_seconds,), then=[
                 (_END_OLD_SESSIONS, ()), (_TAKE_EPOCH, (self.holder, self.address))])
             if row is not None:
-                self.epoch = row[0]
+                self.epoch, self.confirmed = row[0], began
                 self.store.fence(self.epoch)
                 log.warning("leading the run store %s (epoch %d)", self.store.path, self.epoch)
                 self._on_lead(self.epoch)
             return
         renewed = self._run(_RENEW, (self.lease_seconds, self.epoch, self.holder),
                             failed=False)
-        if renewed is None:
+        if renewed:
+            self.confirmed = began
+        elif renewed is None:
             lost, self.epoch = self.epoch, None
             leader = self.leader() or Leader(None, lost + 1, False)
             log.warning("stepped down: the lease of epoch %d is lost, %s leads now (epoch %d)",
@@ -124,7 +149,7 @@ class LeaseKeeper:
             self._on_lose(leader)
 
     def _keep(self) -> None:
-        while not self._stopped.wait(self.lease_seconds / 3):
+        while not self._stopped.wait(self.renewal_seconds):
             try:
                 self.step()
             except Exception:  # noqa: BLE001 - the keeper must go on; the log says what
@@ -137,11 +162,7 @@ class LeaseKeeper:
         When the database cannot be reached the answer is ``failed`` (None: as if no row
         matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
         try:
-            with self.store.connection() as db, db.transaction():
-                db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-                row = db.execute(sql, parameters).fetchone()
-                for statement in then if row is not None else ():
-                    row = db.execute(*statement).fetchone()
+            row = self._try(sql, parameters, then)
         except (psycopg.Error, OSError) as exc:
             if not self._unreachable:
                 log.warning("lease: the run store %s cannot be reached: %s", self.store.path,
@@ -150,3 +171,20 @@ class LeaseKeeper:
             return failed  # type: ignore[return-value]
         self._unreachable = False
         return row
+
+    def _try(self, sql: str, parameters: tuple, then: list[tuple[str, tuple]]) -> tuple | None:
+        """``_run``'s transaction, on another connection of the pool when the server had
+        ended the one it got (the pool drops a broken connection)."""
+        for tries_left in range(TRIES - 1, -1, -1):
+            with self.store.connection() as db:
+                try:
+                    with db.transaction():
+                        db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                        row = db.execute(sql, parameters).fetchone()
+                        for statement in then if row is not None else ():
+                            row = db.execute(*statement).fetchone()
+                    return row
+                except psycopg.OperationalError:
+                    if not db.broken or not tries_left:
+                        raise
+        return None

@@ -492,6 +492,13 @@ class PostgresRunStore(RunStore):
             self.epoch = epoch
             self.writes_need_epoch = True
 
+    def write_afresh(self) -> None:
+        """Write as a coordinator that never led: a leader fenced once that leads again
+        drops the failures its refused writes left (raised by every later call) and the
+        calls still queued then. Called once no run of its earlier lead writes any more."""
+        stale, self._writes = self._writes, WriteBehind(self._apply)
+        stale.close(flush=False)
+
     def abandon(self) -> None:
         self._writes.close(flush=False)
         self._results.close(flush=False)
