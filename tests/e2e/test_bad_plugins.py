@@ -1,18 +1,26 @@
 """Bad plug-ins through real processes: each gets one line naming the plug-in (and the node,
 where one node is at fault), and the run is refused before round 1 or goes on without that
-node; never a traceback or a hang. A node started with a plug-in it cannot import exits 2."""
+node; never a traceback or a hang. A node started with a plug-in it cannot import exits 2.
+A pushed node is checked before round 1 and never gets a unit; a pull node or a relay's
+member checks itself with its first unit, and no result of it is kept."""
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from devtools import local_cluster as procs
 from devtools.local_cluster import REPO, python_env
 from tests.conftest import Cluster
+from tests.integration.test_relays import relay_over
 
 # The plug-in module every process of these tests allows: a model, the broken variants,
 # and a data set of the rows of numbers.csv under the process's data root.
@@ -23,6 +31,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 HIDDEN = {hidden}
+DTYPE = torch.{dtype}
 
 
 class Net(nn.Module):
@@ -30,6 +39,7 @@ class Net(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(nn.Flatten(), nn.Linear(in_features, HIDDEN), nn.ReLU(),
                                     nn.Linear(HIDDEN, num_classes))
+        self.to(DTYPE)
 
     def forward(self, x):
         return self.layers(x)
@@ -60,9 +70,9 @@ QUICK = ["--set", "run.rounds=1", "--set", "delta_avg.units=2",
          "--set", "delta_avg.eta=0.01"]
 
 
-def write_plugin(folder: Path, hidden: int = 8) -> Path:
+def write_plugin(folder: Path, hidden: int = 8, dtype: str = "float32") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "my_models.py").write_text(MY_MODELS.format(hidden=hidden))
+    (folder / "my_models.py").write_text(MY_MODELS.format(hidden=hidden, dtype=dtype))
     return folder
 
 
@@ -117,13 +127,38 @@ def test_an_unusable_plugin_is_refused_before_the_run_with_one_line(serving, set
     no_traceback(serving, done.stdout, done.stderr)
 
 
-def left_out_line(done: subprocess.CompletedProcess, node) -> str:
-    """The client's one line saying that ``node`` is left out of the run (shown with the
-    progress on stderr and again in the summary)."""
-    prefix = f"node 127.0.0.1:{node.port} is left out: "
+def left_out_line(done: subprocess.CompletedProcess, node, name: str | None = None) -> str:
+    """The client's one line saying that ``node`` (or the node called ``name``: a pull
+    node's) is left out of the run (shown with the progress on stderr and again in the
+    summary)."""
+    prefix = f"node {name or f'127.0.0.1:{node.port}'} is left out: "
     lines = {line for line in (done.stdout + done.stderr).splitlines() if prefix in line}
     assert len(lines) == 1, done.stdout + done.stderr
     return lines.pop()
+
+
+def attempts_of(cluster: Cluster, name: str) -> list[tuple[str, str, str | None]]:
+    """(unit, status, reason) of every attempt the run's ledger holds for node ``name``."""
+    with closing(sqlite3.connect(cluster.workdir / "runs" / "runs.db")) as db:
+        return db.execute("SELECT unit_id, status, reason FROM attempts WHERE run_id = "
+                          "'plugin-run' AND node = ?", (name,)).fetchall()
+
+
+def first_attempt_started(cluster: Cluster) -> float:
+    """When the run's first attempt of a unit began (the ledger's wall clock)."""
+    with closing(sqlite3.connect(cluster.workdir / "runs" / "runs.db")) as db:
+        (started,) = db.execute("SELECT min(started) FROM attempts WHERE run_id = "
+                                "'plugin-run'").fetchone()
+    assert started is not None, cluster.logs()
+    return started
+
+
+def logged_at(proc: procs.Proc, pattern: str) -> float:
+    """The wall-clock time of the first line of ``proc``'s log matching ``pattern`` (its
+    local time, to the millisecond below)."""
+    stamp = proc.wait_for(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*" + pattern,
+                          timeout=0).group(1)
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(cluster):
@@ -149,6 +184,98 @@ def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(cluster):
     assert left_out_line(done, short).endswith(
         "holds another copy of data set my_models:numbers: 45 training examples, the "
         "coordinator's 54")  # 10 % of the rows are held out for validation
+    assert "Final validation error" in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
+def test_a_node_whose_copy_builds_the_parameters_in_another_dtype_is_left_out(cluster):
+    """The same names and shapes, in float64 instead of the coordinator's float32: the
+    model's fingerprint tells them apart before round 1, and the run completes on the
+    node whose copy builds float32."""
+    write_plugin(cluster.workdir, dtype="float32")
+    root = write_numbers(cluster.workdir / "data", 60)
+    serving = ("--plugins", "my_models", "--data-root", str(root))
+    cluster.add_node(0.0, *serving)
+    double = cluster.add_node(0.0, *serving, "--plugin-dir",
+                              str(write_plugin(cluster.workdir / "double_copy", dtype="float64")))
+    cluster.start_coordinator(2, *serving)
+    done = train(cluster, "--set", "run.model=my_models:Net",
+                 "--set", "run.dataset=my_models:numbers")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    assert ("builds model my_models:Net with other parameters (names, shapes or dtypes "
+            "differ" in left_out_line(done, double))
+    assert attempts_of(cluster, f"127.0.0.1:{double.port}") == []
+    assert "Final validation error" in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
+def test_a_node_left_out_before_round_1_is_never_given_a_unit(cluster):
+    """Its line is said before the run's first unit goes out, and the ledger holds no
+    attempt of it: the run did not find out by sending it a unit it refused."""
+    write_plugin(cluster.workdir)
+    cluster.add_node(0.0, "--plugins", "my_models")
+    lacking = cluster.add_node(0.0)
+    cluster.start_coordinator(2, "--plugins", "my_models")
+    done = train(cluster, *LETTERS, "--set", "run.model=my_models:Net")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    assert left_out_line(done, lacking).endswith(
+        "lacks plug-in my_models: start it with --plugins my_models")
+    name = f"127.0.0.1:{lacking.port}"
+    assert attempts_of(cluster, name) == [], cluster.logs()
+    assert " unit " not in lacking.log(), lacking.log()
+    said = logged_at(cluster.coordinator, re.escape(f"node {name} is left out of run"))
+    assert said < first_attempt_started(cluster), cluster.logs()
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
+def test_a_pull_node_holding_another_copy_of_the_data_leaves_itself_out(cluster):
+    """A pull node is not asked before round 1: it checks itself with the unit it leases,
+    refuses it with its line, and the unit is computed by the other node."""
+    write_plugin(cluster.workdir)
+    root = write_numbers(cluster.workdir / "data", 60)
+    cluster.add_node(0.0, "--plugins", "my_models", "--data-root", str(root))
+    coordinator = cluster.start_coordinator(2, "--plugins", "my_models", "--data-root",
+                                            str(root))
+    short = procs.start_pull_node(cluster.workdir, "short", coordinator.port, 0.0,
+                                  "--plugins", "my_models", "--data-root",
+                                  str(write_numbers(cluster.workdir / "short_data", 50)))
+    cluster.nodes.append(short)  # stopped with the cluster
+    coordinator.wait_for(r"node pull:short registered")
+    done = train(cluster, "--set", "run.model=my_models:Net",
+                 "--set", "run.dataset=my_models:numbers")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    reason = ("holds another copy of data set my_models:numbers: 45 training examples, the "
+              "coordinator's 54")
+    assert left_out_line(done, short, "pull:short").endswith(reason)
+    attempts = attempts_of(cluster, "pull:short")
+    assert attempts and all(status != "completed" and reason in why
+                            for _, status, why in attempts), attempts
+    assert "done:" not in short.log(), short.log()
+    assert "Final validation error" in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+    short.stop()  # while its coordinator is up, so it is not left retrying to reach it
+
+
+def test_a_relay_member_holding_another_copy_of_the_data_is_left_out_by_its_relay(cluster):
+    """A relay's member is only checked with the slices it is given: it refuses its first
+    with its line, the relay leaves it out and its other member computes the run."""
+    write_plugin(cluster.workdir)
+    root = write_numbers(cluster.workdir / "data", 60)
+    serving = ("--plugins", "my_models", "--data-root", str(root))
+    member = cluster.add_node(0.0, *serving)
+    short = cluster.add_node(0.0, "--plugins", "my_models", "--data-root",
+                             str(write_numbers(cluster.workdir / "short_data", 50)))
+    relay = relay_over(cluster, "relay", [member, short], *serving)
+    cluster.start_coordinator(2, *serving, nodes=[relay])
+    done = train(cluster, "--set", "run.model=my_models:Net",
+                 "--set", "run.dataset=my_models:numbers")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    relay.wait_for(re.escape(
+        f"node 127.0.0.1:{short.port} is left out of run plugin-run: holds another copy of "
+        "data set my_models:numbers: 45 training examples, the coordinator's 54"), timeout=0)
+    assert "this node cannot serve the run" in short.log(), short.log()
+    assert "done:" not in short.log() and "done:" in member.log(), cluster.logs()
+    assert "is left out" not in done.stdout + done.stderr  # the relay itself serves the run
     assert "Final validation error" in done.stdout
     no_traceback(cluster, done.stdout, done.stderr)
 
