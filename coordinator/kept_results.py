@@ -40,6 +40,7 @@ from engine.stream_state import TakenUp
 from engine.tasks import Tensors
 from training.algorithms.base import UnitResult, UnitSpec
 from training.compression import decompress
+from training.outputs.checked_npz import read_npz
 
 log = logging.getLogger("coordinator.run")
 
@@ -70,8 +71,8 @@ def packed(tensors: Tensors) -> tuple[str, bytes]:
 def unpacked(names: str, data: bytes) -> Tensors:
     """The tensors ``packed`` stored; ValueError when they do not read back."""
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = [archive[f"arr_{i}"] for i in range(len(archive.files))]
+        archive = read_npz(data, "a kept result")
+        arrays = [archive[f"arr_{i}"] for i in range(len(archive))]
         return dict(zip(json.loads(names), arrays, strict=True))
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"a kept result does not read back: {exc}") from None

@@ -145,3 +145,26 @@ BROKEN_SEQUENCES = {
     "short chunk": _short_chunk,
     "cut mid-chunk": lambda frames: frames[0] + frames[1][:5000],
 }
+
+
+LYING_ELEMENTS = 1 << 40  # float64 entries a lying array header claims: 8 TiB
+
+
+def lie_about_size(path: Path, member: str) -> None:
+    """Rewrite the .npz at ``path`` with array ``member``'s .npy header claiming
+    LYING_ELEMENTS float64 entries, followed by 8 bytes of data: a file of about 1 KiB that
+    a reader trusting the header would try to allocate 8 TiB for."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    header = io.BytesIO()
+    npy.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False,
+                                        "shape": (LYING_ELEMENTS,)})
+    members[f"{member}.npy"] = header.getvalue() + bytes(8)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)

@@ -15,6 +15,7 @@ import pytest
 
 from coordinator.checkpoint import Checkpoint, save_checkpoint
 from devtools.local_cluster import REPO, python_env
+from tests.hostile import lie_about_size
 from training.models import mlp
 from training.outputs.model_file import save_model
 
@@ -88,6 +89,22 @@ def test_a_damaged_model_file_is_one_line_and_exit_1(tmp_path, command, damage):
     assert done.stderr.count("\n") == 1, done.stderr  # the client logs nothing else
 
 
+@pytest.mark.parametrize("command", ["evaluate", "predict", "export"])
+def test_a_lying_array_header_is_one_line_and_exit_1(tmp_path, command):
+    """A 1 KiB model whose array header claims 2^40 float64 (8 TiB) is refused before
+    anything is allocated for it."""
+    model = _good_model(tmp_path / "model.npz")
+    lie_about_size(model, "W")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("2,8,3,5,1,8,13,0,6,6,10,8,0,8,0,8,19\n")
+    args = {"evaluate": [str(model), "--data", str(rows)], "predict": [str(model), str(rows)],
+            "export": [str(model)]}[command]
+    done = _script("client.py", command, *args, cwd=tmp_path)
+    _assert_one_line_error(done, str(model))
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "model.safetensors").exists()
+
+
 def _run_dir(tmp_path: Path) -> Path:
     """A run of the letters MLP with a checkpoint after round 1 of 3."""
     run_dir = tmp_path / "runs" / RUN_ID
@@ -148,6 +165,8 @@ RUN_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "damaged request": (_damaged_request, "request.json"),
     "request field types": (_wrong_request_types, "request.json"),
     "damaged metrics": (_damaged_metrics, "metrics.jsonl"),
+    "lying array header": (lambda d: lie_about_size(d / "checkpoint.npz", "W"),
+                           "checkpoint.npz"),
 }
 
 

@@ -215,8 +215,10 @@ def built(setup: ModelSetup, seed: int) -> nn.Module:
     module = setup.build(seed=seed)
     path = setup.settings.init_weights
     if path:
+        # float64, the widest a weight is stored in: a file declaring more is not this model's
+        limit = 8 * sum(value.numel() for value in module.state_dict().values())
         try:
-            modules.load_arrays(module, load_weights_file(path))
+            modules.load_arrays(module, load_weights_file(path, limit))
         except ValueError as exc:  # ModelFileError too
             raise ConfigError(f"run.init_weights: {path}: {exc}") from None
     return module

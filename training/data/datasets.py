@@ -20,6 +20,7 @@ import inspect
 import json
 import os
 import re
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from training.data.paths import DataPathError, resolve_under
 from training.data.settings import DataSettings
 from training.data.tables import read_tables
 from training.models.settings import DataShape
+from training.outputs.checked_npz import read_npz
 from training.plugins import PluginError
 
 SPLIT_SEED = 0  # the held-out choice of validation_fraction, the same on every node
@@ -226,12 +228,15 @@ def _read_arrays(folder: Path, name: str, settings: DataSettings
         inputs, targets = (np.load(p, allow_pickle=False) for p in paths)
         return _tensors(inputs, targets), paths
     path = resolve_under(folder, name)
-    with np.load(path, allow_pickle=False) as arrays:
-        missing = [k for k in (settings.inputs, settings.targets) if k not in arrays]
-        if missing:
-            raise DataError(f"{path} has no array {missing[0]!r} (data.inputs / data.targets; "
-                            f"it holds {', '.join(arrays.files)})")
-        return _tensors(arrays[settings.inputs], arrays[settings.targets]), [path]
+    wanted = (settings.inputs, settings.targets)
+    arrays = read_npz(path, str(path), keep=lambda key: key in wanted)
+    missing = [k for k in wanted if k not in arrays]
+    if missing:
+        with zipfile.ZipFile(path) as archive:
+            held = ", ".join(n.removesuffix(".npy") for n in archive.namelist())
+        raise DataError(f"{path} has no array {missing[0]!r} (data.inputs / data.targets; "
+                        f"it holds {held})")
+    return _tensors(arrays[settings.inputs], arrays[settings.targets]), [path]
 
 
 _READERS: dict[str, Callable[[Path, DataSettings], Parts]] = {

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from training.data import mnist
+from training.outputs.checked_npz import read_npz
 
 DEFAULT_CLASSIFIER = mnist.DEFAULT_MNIST_DIR / "classifier.npz"
 DEFAULT_N = 2_000
@@ -78,8 +79,7 @@ def load_classifier(path: str | os.PathLike = DEFAULT_CLASSIFIER) -> MnistClassi
 @functools.lru_cache(maxsize=2)
 def _load_classifier_cached(path: str) -> MnistClassifier:
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files if name != _META_KEY}
+        arrays = read_npz(path, path, keep=lambda name: name != _META_KEY)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"classifier {path} not found; it ships with the repository "
@@ -94,8 +94,8 @@ def _load_classifier_cached(path: str) -> MnistClassifier:
 
 def classifier_meta(path: str | os.PathLike = DEFAULT_CLASSIFIER) -> dict[str, object]:
     """How the shipped classifier was trained (seed, epochs, held-out accuracy, ...)."""
-    with np.load(path, allow_pickle=False) as data:
-        return json.loads(str(data[_META_KEY]))
+    return json.loads(str(read_npz(path, str(path), keep=lambda name: name == _META_KEY)
+                          [_META_KEY]))
 
 
 @torch.no_grad()

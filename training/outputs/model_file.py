@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import zipfile
-import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from training.outputs.checked_npz import ArrayFileError, read_npz
+
 _DESCRIPTION_KEY = "__model__"
 # A run's checkpoint keeps the algorithm's optimizer state beside the weights, its
 # arrays named with this prefix (coordinator/checkpoint.py).
 OPTIMIZER_PREFIX = "optimizer."
 _ZIP_MAGIC = b"PK\x03\x04"  # how every .npz (a zip archive) begins
+DESCRIPTION_BYTES = 1 << 20  # room for the description (JSON) beside a bounded model
 
 
 class ModelFileError(ValueError):
@@ -48,10 +49,15 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object
     return target
 
 
-def load_model(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The weights and the description of a saved model; ModelFileError names the file and
-    what is wrong with it (missing, truncated, not an .npz, no or a damaged description)."""
-    arrays = _read_arrays(path)
+def load_model(path: str | os.PathLike, max_bytes: int | None = None,
+               keep: Callable[[str], bool] | None = None
+               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The weights (those ``keep`` keeps, at most ``max_bytes`` besides the description) and
+    the description of a saved model; ModelFileError names the file and what is wrong with
+    it (missing, truncated, not an .npz, arrays claiming more than it holds, no or a
+    damaged description)."""
+    arrays = _read_arrays(path, None if max_bytes is None else max_bytes + DESCRIPTION_BYTES,
+                          lambda name: name == _DESCRIPTION_KEY or keep is None or keep(name))
     if _DESCRIPTION_KEY not in arrays:
         raise ModelFileError(f"{path} has no model description; was it saved by this trainer?")
     try:
@@ -63,8 +69,11 @@ def load_model(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     return arrays, description
 
 
-def _read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the .npz at `path`, read in full so that damage shows here."""
+def _read_arrays(path: str | os.PathLike, max_bytes: int | None = None,
+                 keep: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the .npz at `path` (those ``keep`` keeps), read in full so that damage
+    shows here; none whose header declares more than the file holds, nor more than
+    ``max_bytes`` in all."""
     try:
         with open(path, "rb") as f:
             magic = f.read(len(_ZIP_MAGIC))
@@ -76,11 +85,9 @@ def _read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise ModelFileError(f"{path} is not a model file: not an .npz archive "
                              f"({'empty' if not magic else 'damaged or another kind of file'})")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    # A truncated or altered archive fails in zipfile, zlib or numpy's header parser.
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ModelFileError(f"{path} is damaged (truncated or altered): {exc}") from None
+        return read_npz(path, str(path), max_bytes=max_bytes, keep=keep)
+    except ArrayFileError as exc:  # a header claiming more than the file holds among them
+        raise ModelFileError(str(exc)) from None
 
 
 def without_optimizer(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

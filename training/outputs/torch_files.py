@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from training.outputs.model_file import (
+    OPTIMIZER_PREFIX,
     ModelFileError,
     load_model,
-    without_optimizer,
     write_atomically,
 )
 
@@ -57,16 +57,20 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
         raise ModelFileError(f"{path} is not a readable safetensors file: {exc}") from None
 
 
-def load_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def load_weights(path: str | os.PathLike, max_bytes: int | None = None
+                 ) -> dict[str, np.ndarray]:
     """A model's weights from a .safetensors, .pt / .pth (a state dict, loaded with
-    ``weights_only``) or .npz (this project's model or checkpoint) file."""
+    ``weights_only``) or .npz (this project's model or checkpoint: its optimizer state left
+    unread, its arrays refused before they are read if they declare more than
+    ``max_bytes``) file."""
     suffix = Path(path).suffix.lower()
     if suffix == ".safetensors":
         return read_safetensors(path)[0]
     if suffix in (".pt", ".pth"):
         return _torch_state(path)
     if suffix == ".npz":
-        return without_optimizer(load_model(path)[0])
+        return load_model(path, max_bytes,
+                          keep=lambda name: not name.startswith(OPTIMIZER_PREFIX))[0]
     raise ModelFileError(f"{path}: weights are read from .safetensors, .pt or .npz files")
 
 
