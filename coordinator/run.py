@@ -88,6 +88,7 @@ class CoordinatorSettings:
     dead_seconds: float = DEAD_SECONDS
     limits: RequestLimits = field(default_factory=RequestLimits)  # the most a request may ask
     wait_for_nodes: int = 0  # nodes that must have answered before the first round
+    weights_dirs: tuple[Path, ...] = ()  # run.init_weights from here too (--weights-dir)
 
 
 class Run:
@@ -109,7 +110,8 @@ class Run:
         self.settings = settings
         self.store = store
         setup = prepare(request, settings.data_root, settings.limits,
-                        settings.engine.deterministic)
+                        settings.engine.deterministic,
+                        (settings.run_root, *settings.weights_dirs))
         self.setup = setup
         self.run_id, self.spec, self.algorithm = setup.run_id, setup.spec, setup.algorithm
         self.compression, self.schedule = setup.spec.compression, setup.spec.schedule

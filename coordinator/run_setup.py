@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,13 +57,15 @@ class RunSetup:
 
 
 def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
-            deterministic: bool) -> RunSetup:
-    """The checked request; InvalidRun says what is wrong."""
+            deterministic: bool, weights_dirs: Sequence[Path] = ()) -> RunSetup:
+    """The checked request; InvalidRun says what is wrong. `run.init_weights` is read
+    only from the data root and ``weights_dirs`` (the run folders, --weights-dir)."""
     run_id = check_run_id(request.run_id)
     check_fields(request, limits)
     try:
         spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
                              request.config_json)
+        check_init_weights(spec.model_settings.init_weights, (data_root, *weights_dirs))
         algorithm = _algorithm(spec, data_root, limits, deterministic)
     except (ConfigError, DataPathError, DataFormatError, PluginError) as exc:
         raise InvalidRun(str(exc)) from None
@@ -86,6 +89,29 @@ def _facts(spec: RunSpec, data_root: Path) -> RunFacts | None:
         return run_facts(spec, data_location(data_root, spec.dataset))
     except RunUnfit as exc:
         raise InvalidRun(str(exc).removeprefix("cannot serve the run: ")) from None
+
+
+def check_init_weights(path: str, allowed: Sequence[Path]) -> None:
+    """Starting weights only from the folders the operator allowed, the path resolved
+    (symbolic links too); a path outside gets one answer whether it exists or not, so that
+    the request cannot tell which files the coordinator has."""
+    if not path:
+        return
+    try:
+        resolved = Path(path).resolve()
+        inside = any(resolved.is_relative_to(folder.resolve()) for folder in allowed)
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL in the name
+        inside = False
+    if not inside:
+        raise InvalidRun(f"run.init_weights {path} is not in a folder this coordinator "
+                         "allows (its data root, its run folders, --weights-dir); place the "
+                         "file in one, or start the coordinator with --weights-dir DIR")
+
+
+def weights_folders(values: Sequence[str]) -> tuple[Path, ...]:
+    """--weights-dir's folders, each value one folder or a comma-separated list."""
+    return tuple(Path(part.strip()) for value in values for part in value.split(",")
+                 if part.strip())
 
 
 def check_run_id(run_id: str) -> str:
