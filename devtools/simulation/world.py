@@ -14,9 +14,13 @@ store write that fails stops the run loudly, and it is resumed the same way.
 Then the checks (`check`): the run completed (or failed with a reason that says so,
 resumed); the ledger audit of the store (devtools/ledger_audit.py: no unit lost, none
 applied twice, counts that add up); no write the store refused (strict ledger: every
-transition legal); no thread raised what it did not handle; in a deterministic run, the
-final weights equal those of the same plan without its events; and each node's counters
-in the engine equal its row in the store.
+transition legal); no thread raised what it did not handle; the ledger's failures
+against the policy the run ran (devtools/simulation/accounting.py: a unit discarded after
+exactly its failures, none queued again once they are used up; a stream failed after
+exactly a pass of units discarded in a row), in a run that failed as its plan expects
+too; in a deterministic run that discarded no unit, the final weights equal those of the
+same plan without its events; and each node's counters in the engine equal its row in
+the store.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from coordinator.records import RunRequest
 from coordinator.run import CoordinatorSettings, Run
 from coordinator.run_store import RunStore
 from devtools.ledger_audit import RunShape, audit
+from devtools.simulation.accounting import discard_streak, failure_accounting
 from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.scheduler import SimHang, SimRuntime
@@ -339,7 +344,10 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
     if outcome.state == "hung":
         problems.append(f"the run hung: {outcome.reason}")
         return problems
-    expected = outcome.plan.expect_failure
+    plan = outcome.plan
+    store, run_id = world.workdir / "runs.db", f"sim{plan.seed}"
+    problems += failures(outcome, store, run_id)
+    expected = plan.expect_failure
     if expected:
         if outcome.state != "failed" or expected not in outcome.reason:
             problems.append(f"the run should have failed saying {expected!r}; it "
@@ -348,16 +356,31 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
     if outcome.state != "completed":
         problems.append(f"the run did not complete: {outcome.reason}")
         return problems
-    plan = outcome.plan
     shape = RunShape(plan.rounds, LETTERS_UNITS, plan.mode,
                      LETTERS_UNITS if plan.mode != "buffered" else -(-LETTERS_UNITS // 2) * 2)
-    ledger = audit(world.workdir / "runs.db", f"sim{plan.seed}", shape)
+    ledger = audit(store, run_id, shape)
     problems += [f"ledger: {c.name}: {c.detail}" for c in ledger.checks if not c.ok]
-    if reference and plan.deterministic and outcome.weights != reference:
+    # A discard (the policy, which the failure accounting holds to its count) leaves a
+    # unit's result out: the run's weights are then not those of the run without faults.
+    discarded = ledger.statuses.get("discarded", 0)
+    if reference and plan.deterministic and not discarded and outcome.weights != reference:
         problems.append(f"the final weights {outcome.weights[:12]} differ from the run "
                         f"without faults ({reference[:12]})")
     if outcome.incarnations == 1:  # a resumed run's engine counted only its own part
         problems += node_counts(world, f"sim{plan.seed}")
+    return problems
+
+
+def failures(outcome: Outcome, store: Path, run_id: str) -> list[str]:
+    """The ledger's failures against the plan's limit, and a stream's discards in a row
+    against its pass; in a run that failed as its plan expects too (it discarded units)."""
+    if not store.is_file():
+        return []
+    plan = outcome.plan
+    problems = failure_accounting(store, run_id, plan.max_unit_failures)
+    if plan.mode != "sync":
+        reason = outcome.reason if outcome.state == "failed" else ""
+        problems += discard_streak(store, run_id, LETTERS_UNITS, reason)
     return problems
 
 

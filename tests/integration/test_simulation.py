@@ -1,5 +1,6 @@
 """The deterministic simulation: replays are bit for bit, the shrinker finds a planted
-bug's minimal plan, the plans that once failed pass, and a fixed list of seeds passes.
+bug's minimal plan, the plans that once failed pass, a fixed list of seeds passes, and the
+failure accounting holds the plans' discards to their limit.
 
 Each plan runs the real coordinator (Run, engine, ledger, SQLite store) on a virtual clock
 in this process (devtools/simulation/), in about half a second of real time.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,11 +23,19 @@ import pytest
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.shrink import problem_kind, shrink
 from devtools.simulation.world import simulate
+from engine.round_state import AttemptBook
 from engine.update_filters import Tensors
 
 REPO = Path(__file__).resolve().parents[2]
 KEPT_PLANS = sorted((REPO / "tests" / "simulation_plans").glob("*.json"))
 FIXED_SEEDS = range(1, 41)  # sync, async and buffered; pushed and pull nodes
+# Kept plans whose units use up their failures (a node's corrupt results), in a round and
+# in a stream, and the limits counted wrong (off by) that their checks catch. In the
+# stream every unit's first failure finds a backup out, which decides: a limit one early
+# still discards it after two failures there.
+AT_THEIR_LIMIT = [("sync-unit-discarded-at-its-limit.json", (1, -1)),
+                  ("stream-unit-discarded-at-its-limit.json", (1,))]
+SAID = {1: "was not discarded", -1: "failures; it is discarded after 2"}
 
 
 @pytest.fixture(autouse=True)
@@ -135,3 +145,27 @@ def test_the_script_says_what_is_wrong_with_a_plan_file(tmp_path: Path) -> None:
                           str(bad)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode != 0
     assert f"cannot read the plan {bad}" in out.stderr
+
+
+@pytest.mark.parametrize(("name", "planted"), AT_THEIR_LIMIT)
+def test_the_failure_accounting_holds_discards_to_the_plans_limit(
+        name: str, planted: tuple[int, ...], tmp_path: Path, monkeypatch) -> None:
+    """Units discarded after exactly the plan's failures pass; planted, a limit counted one
+    late (``>`` for ``>=``: the unit queued again) or one early, fails the check."""
+    plan = Plan.from_json((REPO / "tests" / "simulation_plans" / name).read_text())
+    outcome = simulate(plan, workdir=tmp_path)
+    assert not outcome.problems, outcome.problems
+    db = sqlite3.connect(tmp_path / "runs.db")
+    try:
+        discarded = db.execute("SELECT COUNT(*) FROM units WHERE status = 'discarded'").fetchone()
+    finally:
+        db.close()
+    assert discarded[0] > 0  # the plan exercises the limit
+    counted = AttemptBook.record_failure
+    for off_by in planted:
+        monkeypatch.setattr(AttemptBook, "record_failure",
+                            lambda self, unit, reason, limit, off_by=off_by:
+                            counted(self, unit, reason, limit + off_by))
+        problems = simulate(plan).problems
+        assert any(p.startswith("failure accounting: ") and SAID[off_by] in p
+                   for p in problems), problems
