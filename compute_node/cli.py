@@ -20,6 +20,7 @@ from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
 from compute_node.threads import limit_threads
+from compute_node.warm_up import warm_up_problem
 from training import plugins
 from training.data import paths
 from training.data.paths import DEFAULT_DATA_ROOT
@@ -208,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     plugin_problem = plugins.allow_from_args(args, _role(args))
     if plugin_problem:
         print(f"error: {plugin_problem}", file=sys.stderr)
+        return 2
+    warm_up = args.warm_up and warm_up_problem(args.warm_up)  # after the plug-ins it may name
+    if warm_up:
+        print(f"error: --warm-up: {warm_up}", file=sys.stderr)
         return 2
     device_problem = check_device(args.device) or check_workers(args.workers, args.device,
                                                               getattr(args, "relay", None))

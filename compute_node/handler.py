@@ -188,7 +188,10 @@ class ComputeNodeHandler(SessionService):
     def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
         check_protocol_version(request.protocol_version, "node")
         if request.warm_up:
-            self.warm_up.start(request.warm_up)
+            problem = self.warm_up.start(request.warm_up)
+            if problem:  # one template: the log folds a flood of them into a count
+                log.warning("a ping asked this node to warm up for a model it cannot build, "
+                            "refused: %s", problem)
         c = self.counters
         with c.lock:
             return ttypes.NodeInfo(

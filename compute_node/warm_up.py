@@ -8,6 +8,12 @@ in round 1. The coordinator asks for a warm-up in its pings before round 1 start
 The work runs in a background thread, so the node answers pings (and reports that it
 is warming up) meanwhile; it is best effort: a failure is logged and the unit that needs
 the library meets the same problem with its own message.
+
+Anyone who reaches the node's port may ping it, so a warm-up must name a model this node
+could train (`warm_up_problem`: built in, or a plug-in of a module it allows, at most
+NAME_LIMIT characters); anything else is refused with a log line that does not echo it.
+What the node keeps of warm-ups is bounded by the built-in models: each GAN, and torch
+alone for every other model (all the warm-up does for them).
 """
 
 from __future__ import annotations
@@ -16,7 +22,24 @@ import logging
 import threading
 import time
 
+from training import plugins
+from training.models.names import GAN_MODELS, NAME_LIMIT, check_model_name
+
 log = logging.getLogger("compute_node")
+TORCH = "torch"  # what is warmed for a model other than a GAN: the library alone
+
+
+def warm_up_problem(model: str) -> str | None:
+    """Why this node will not warm up for `model`, or None when it can build it."""
+    if len(model) > NAME_LIMIT:
+        return f"a model name of {len(model):,} characters, longer than {NAME_LIMIT}"
+    try:
+        check_model_name(model)
+        if plugins.is_plugin_name(model):
+            plugins.resolve(model, "model")  # imports only a module the operator allowed
+    except ValueError as exc:  # PluginError included
+        return str(exc)
+    return None
 
 
 class WarmUp:
@@ -25,19 +48,28 @@ class WarmUp:
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
         self._lock = threading.Lock()
-        self._asked: set[str] = set()
-        self._threads: list[threading.Thread] = []
+        self._asked: set[str] = set()  # GAN names and TORCH: at most len(GAN_MODELS) + 1
+        self._threads: list[threading.Thread] = []  # the ones still running
 
-    def start(self, model: str) -> None:
-        """Warm `model` up in the background unless it was asked for before."""
+    def start(self, model: str) -> str | None:
+        """Warm `model` up in the background unless it was asked for before; returns why
+        not when the node cannot build it (and does nothing)."""
+        if not model:
+            return None
+        problem = warm_up_problem(model)
+        if problem:
+            return problem
+        what = model if model in GAN_MODELS else TORCH
         with self._lock:
-            if not model or model in self._asked:
-                return
-            self._asked.add(model)
-            thread = threading.Thread(target=self._warm, args=(model,),
-                                      name=f"warm-up-{model}", daemon=True)
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if what in self._asked:
+                return None
+            self._asked.add(what)
+            thread = threading.Thread(target=self._warm, args=(what,),
+                                      name=f"warm-up-{what}", daemon=True)
             self._threads.append(thread)
         thread.start()
+        return None
 
     @property
     def busy(self) -> bool:

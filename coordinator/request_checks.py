@@ -20,9 +20,9 @@ from typing import Any
 from coordinator.records import InvalidRun, RunRequest
 from training.algorithms.base import shown
 from training.models.mlp import MLPSpec
+from training.models.names import NAME_LIMIT  # of an algorithm's name too
 from wire import security
 
-NAME_LIMIT = 64  # characters of an algorithm or model name
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)
 EPOCH_KEYS = ("epochs", "local_epochs", "disc_steps")  # passes or steps a node makes per unit
 UNIT_KEYS = ("units_per_iteration", "workers")  # work units sent out per round

@@ -9,6 +9,7 @@ from engine.progress import RunProgress
 from engine.warm_up import warm_up_nodes
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
+from training.models.names import BUILT_IN_MODELS, GAN_MODELS
 from wire.generated import PROTOCOL_VERSION, ttypes
 
 
@@ -30,6 +31,32 @@ def test_a_node_warms_up_in_the_background_and_says_so_in_its_pings(monkeypatch)
     assert warmed == ["dcgan28-tiny"]
     plain = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
     assert node.handler.ping(plain).warming_up is False
+
+
+def test_a_warm_up_for_a_model_the_node_cannot_build_is_refused_and_starts_nothing(
+        monkeypatch):
+    warmed: list[str] = []
+    monkeypatch.setattr(node_warm_up, "warm_model",
+                        lambda model, device="cpu": warmed.append(model))
+    warm_up = node_warm_up.WarmUp()
+    for name, words in (("m" * 65, "65 characters, longer than 64"),
+                        ("no_such_model", "unknown model 'no_such_model'"),
+                        ("evil:Net", "lacks plug-in evil: start it with --plugins evil")):
+        problem = warm_up.start(name)
+        assert problem is not None and words in problem, problem
+    assert not warm_up.busy and warmed == []
+
+
+def test_what_a_node_keeps_of_warm_ups_is_one_entry_per_gan_and_one_for_torch(monkeypatch):
+    warmed: list[str] = []
+    monkeypatch.setattr(node_warm_up, "warm_model",
+                        lambda model, device="cpu": warmed.append(model))
+    warm_up = node_warm_up.WarmUp()
+    for _ in range(3):
+        for name in (*GAN_MODELS, *BUILT_IN_MODELS):
+            assert warm_up.start(name) is None
+    assert wait_until(lambda: not warm_up.busy, 10)
+    assert sorted(warmed) == sorted([*GAN_MODELS, node_warm_up.TORCH])
 
 
 def test_warming_a_gan_builds_it_and_takes_a_backward_pass():
@@ -63,7 +90,7 @@ def test_the_wait_for_warming_nodes_is_bounded(monkeypatch):
     monkeypatch.setattr(node_warm_up, "warm_model", lambda model, device="cpu": release.wait(10))
     progress = RunProgress("r1", 1, 1, list)
     try:
-        waited = warm_up_nodes([LocalNode(0)], "m", progress, threading.Event(),
+        waited = warm_up_nodes([LocalNode(0)], "dcgan28-tiny", progress, threading.Event(),
                                max_seconds=0.05, poll_seconds=0.01)
     finally:
         release.set()

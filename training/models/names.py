@@ -13,6 +13,7 @@ BUILT_IN_TORCH_MODELS = ("mlp_classifier",)  # training/models/modules.py's BUIL
 GAN_MODELS = ("dcgan28", "dcgan28-wide", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28",
               "mlpgan28-tiny")  # training/models/gan_models.py's GAN_MODELS
 BUILT_IN_MODELS = ("mlp", *GAN_MODELS, *BUILT_IN_TORCH_MODELS)
+NAME_LIMIT = 64  # characters of a model's (or an algorithm's) name
 GRAD = "grad."  # a gradient in an update: grad.<parameter>
 BUFFER = "buffer."  # a buffer's state in an update: buffer.<buffer>
 
