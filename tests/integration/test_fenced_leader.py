@@ -97,6 +97,10 @@ def test_a_fenced_leader_leads_again_once_the_new_leader_dies(
         result, _ = _finish(pair, again)
         assert result["rounds"] == 5
         assert result["coordinator_run_dir"].startswith(str(pair.workdir / "runs-a"))
+        # the run it held before it was fenced ended on B: A tells the store's state of it
+        earlier = _status(pair.a.port, "same")
+        assert (earlier.state, earlier.round, earlier.leader) == (
+            "completed", ROUNDS, f"127.0.0.1:{pair.a.port}"), earlier
         new = pair.start_client("new", ["letters", "1", *TRAIN[2:]])  # A takes new runs
         result, _ = _finish(pair, new)
         assert result["coordinator_run_dir"].startswith(str(pair.workdir / "runs-a"))
