@@ -47,7 +47,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq
@@ -55,6 +54,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from coordinator import drills
 from coordinator.kept_results import StoredResult
+from coordinator.postgres_location import (  # noqa: F401 - is_postgres_url: for the cli
+    is_postgres_url,
+    parameters,
+    redacted,
+    without_passwords,
+)
 from coordinator.run_store import (
     RunStore,
     SchemaError,
@@ -76,7 +81,6 @@ OUTAGE_SECONDS = 60.0
 IDLE_IN_TRANSACTION_MS = 5000
 RESULTS_QUEUE_BYTES = 256 * 2**20  # kept results waiting for their writer; past it: dropped
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
-_SCHEMES = ("postgresql://", "postgres://")
 # calls that start a run afresh: the writes its earlier life could not make are behind it
 _NEW_LIFE = frozenset({"create_run", "resume_run"})
 
@@ -238,20 +242,6 @@ class LeadershipLost(StoreUnavailable):
     writes nothing more."""
 
 
-def is_postgres_url(location: str) -> bool:
-    return location.startswith(_SCHEMES)
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 @functools.lru_cache(maxsize=512)
 def _postgres_sql(statement: str) -> str:
     """A statement of the SQLite store as psycopg takes it."""
@@ -302,6 +292,7 @@ class PostgresRunStore(RunStore):
         """``defer_writes``: the engine's hot writes are made later, in batches
         (coordinator/write_behind.py); without, every call is made when called, as in the
         SQLite store (tests of the ledger's semantics)."""
+        parameters(url)  # a location libpq refuses: one line, before anything is shown
         self.url = url
         self.path = redacted(url)
         self.outage_seconds = outage_seconds
@@ -367,7 +358,7 @@ class PostgresRunStore(RunStore):
             yield
         except psycopg.Error as exc:
             session = self._session
-            text = f"run store {self.path}: {_first_line(exc)}"
+            text = f"run store {self.path}: {without_passwords(_first_line(exc), self.url)}"
             if session is None or session.lost:
                 raise ConnectionLost(text, commit_unknown=session is not None and
                                      session.committing) from exc
@@ -644,7 +635,7 @@ class PostgresRunStore(RunStore):
                     raise
         except (psycopg.Error, RunStoreError, ValueError) as exc:
             log.warning("run store %s: %d kept results not written: %s", self.path,
-                        len(calls), _first_line(exc))
+                        len(calls), without_passwords(_first_line(exc), self.url))
 
     @reads_what_was_written
     def kept_results(self, run_id: str, round_index: int) -> list[StoredResult]:
@@ -755,5 +746,5 @@ def _connect_problem(url: str, seconds: float) -> str | None:
     try:
         psycopg.connect(url, connect_timeout=max(1, round(seconds))).close()
     except psycopg.Error as exc:
-        return _first_line(exc)
+        return without_passwords(_first_line(exc), url)
     return None
