@@ -58,10 +58,10 @@ from devtools.throughput import (  # noqa: E402
     unit_ranges,
 )
 from training.algorithms import sync_sgd  # noqa: E402
-from training.algorithms.base import UnitJob  # noqa: E402
 from training.data import mnist  # noqa: E402
 from training.models import gan_models  # noqa: E402
 from training.outputs.model_file import save_model  # noqa: E402
+from training.units import UnitJob  # noqa: E402
 from wire.tensor_codec import dict_to_wire  # noqa: E402
 
 MODEL = "dcgan28"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.base import ConfigError
+from training.algorithms.config_checks import ConfigError
 from training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")

@@ -25,18 +25,11 @@ from typing import Any
 
 from training import server_optim
 from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import (
-    AveragingAlgorithm,
+from training.algorithms.base import AveragingAlgorithm
+from training.algorithms.config_checks import (
     ConfigError,
-    RoundEval,
-    TensorSpecs,
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    Weights,
     check_round_size,
     check_type,
-    specs_of,
     split_aggregation,
     with_workload,
 )
@@ -44,6 +37,8 @@ from training.data.letters import load_letters
 from training.models import mlp
 from training.models.names import BUFFER, is_module_model
 from training.unit_parts import part_bounds
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
+from training.update_checks import specs_of
 
 # Every key the algorithm understands, with its default and type.
 DEFAULTS: dict[str, Any] = {

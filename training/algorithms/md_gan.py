@@ -66,22 +66,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.algorithms.base import (
-    Algorithm,
-    ConfigError,
-    RoundEval,
-    SessionMoved,
-    SessionMoveError,
-    SessionMoves,
-    UnitFailure,
-    UnitJob,
-    UnitOutput,
-    UnitResult,
-    UnitSpec,
-    Weights,
-    check_type,
-    split_aggregation,
-)
+from training.algorithms.base import Algorithm
+from training.algorithms.config_checks import ConfigError, check_type, split_aggregation
 from training.data.mnist import IMAGES_FILE
 from training.gan_training import (
     adam,
@@ -100,6 +86,18 @@ from training.gan_training import (
 )
 from training.models import gan_models
 from training.outputs import gan_metrics
+from training.units import (
+    RoundEval,
+    SessionMoved,
+    SessionMoveError,
+    SessionMoves,
+    UnitFailure,
+    UnitJob,
+    UnitOutput,
+    UnitResult,
+    UnitSpec,
+    Weights,
+)
 
 log = logging.getLogger("training.md_gan")
 

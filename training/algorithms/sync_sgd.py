@@ -72,18 +72,11 @@ from torch.nn import functional as F
 
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms import torch_model
-from training.algorithms.base import (
-    AveragingAlgorithm,
+from training.algorithms.base import AveragingAlgorithm
+from training.algorithms.config_checks import (
     ConfigError,
-    RoundEval,
-    TensorSpecs,
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    Weights,
     check_round_size,
     check_type,
-    specs_of,
     split_aggregation,
     with_workload,
 )
@@ -96,6 +89,8 @@ from training.models.names import GAN_MODELS, is_module_model
 from training.models.pool import ModulePool
 from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
+from training.update_checks import specs_of
 
 GRAD = "grad."
 BUFFER = "buffer."
