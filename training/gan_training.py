@@ -32,6 +32,9 @@ from training.algorithms.config_checks import ConfigError
 from training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
+# The fixed probe of a GAN's cheap per-round evaluation: real and fake images, and the
+# seed of the fakes' noise.
+PROBE_SIZE, PROBE_SEED = 64, 12345
 
 
 # ------------------------------------------------------------------ configuration

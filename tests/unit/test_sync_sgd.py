@@ -22,7 +22,8 @@ from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import combine
-from training.algorithms.sync_sgd import SyncSGD, unit_noise
+from training.algorithms.sync_gan import unit_noise
+from training.algorithms.sync_sgd import SyncSGD
 from training.data import mnist
 from training.data.letters import load_letters
 from training.data.paths import DEFAULT_DATA_ROOT

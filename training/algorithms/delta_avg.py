@@ -17,8 +17,6 @@ validation error.
 from __future__ import annotations
 
 import math
-import re
-import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,11 +31,12 @@ from training.algorithms.config_checks import (
     split_aggregation,
     with_workload,
 )
+from training.algorithms.letters_files import train_files, validation_data
 from training.data.letters import load_letters
 from training.models import mlp
 from training.models.names import BUFFER, is_module_model
 from training.unit_parts import part_bounds
-from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights, unit_seed
 from training.update_checks import specs_of
 
 # Every key the algorithm understands, with its default and type.
@@ -168,7 +167,7 @@ class DeltaAveraging(AveragingAlgorithm):
             eta=config["eta"],
             optimizer=config["local_optimizer"],
             batch_size=config["batch_size"],
-            seed=_unit_seed(config["seed"], job.round, job.unit.unit_id),
+            seed=unit_seed(config["seed"], job.round, job.unit.unit_id),
         )
         trained, stats = mlp.train_local(job.weights, features, labels, spec, local,
                                          job.control.step)
@@ -188,7 +187,7 @@ class DeltaAveraging(AveragingAlgorithm):
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
-                           seed=_unit_seed(config["seed"], job.round, job.unit.unit_id))
+                           seed=unit_seed(config["seed"], job.round, job.unit.unit_id))
         return torch_model.local_unit(job, dataset_dir, start, stop, local,
                                       cls.local_penalty(job))
 
@@ -262,7 +261,7 @@ class _LettersPlan:
         self.units = [UnitSpec(unit_id=name, unit_path=name) for name in files]
         # Rows of each unit file: the most samples a node's result for it may count.
         self.rows = {name: len(load_letters(dataset_dir / name)[1]) for name in files}
-        self.validation = _validation_data(dataset_dir)
+        self.validation = validation_data(dataset_dir)
 
     def initial_weights(self, seed: int) -> Weights:
         return mlp.init_params(self.spec, seed=seed)
@@ -360,11 +359,6 @@ def _server_kwargs(config: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
-def _unit_seed(seed: int, round_index: int, unit_id: str) -> int:
-    """A shuffling seed that depends on the unit, not on the node that runs it."""
-    return (seed * 1_000_003 + round_index * 7919 + zlib.crc32(unit_id.encode())) % (2**31)
-
-
 def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     if set(weights) != set(expected):
         raise ConfigError(
@@ -379,18 +373,7 @@ def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> N
 
 def _unit_files(dataset_dir: Path) -> list[str]:
     """The `train_*` files, in natural order (train_letters2 before train_letters10)."""
-    files = [p.name for p in dataset_dir.glob("train_*") if p.is_file()]
+    files = [p.name for p in train_files(dataset_dir)]
     if not files:
         raise ConfigError(f"no train_* files in {dataset_dir}: each one is a work unit")
-    return sorted(files, key=_natural_key)
-
-
-def _natural_key(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _validation_data(dataset_dir: Path) -> tuple[Any, Any]:
-    files = sorted(p for p in dataset_dir.glob("validate_*") if p.is_file())
-    if not files:
-        raise ConfigError(f"no validate_* file in {dataset_dir}: the validation set is needed")
-    return load_letters(files[0])
+    return files

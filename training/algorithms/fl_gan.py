@@ -37,6 +37,8 @@ from training.algorithms.config_checks import (
 )
 from training.data import mnist
 from training.gan_training import (
+    PROBE_SEED,
+    PROBE_SIZE,
     adam,
     alternating_step,
     batch_indices,
@@ -63,7 +65,6 @@ DEFAULTS: dict[str, Any] = {
     "beta2": 0.999, "seed": 1, "batchnorm": True,
 }
 UNIT_TAG = "fl"
-PROBE_SIZE, PROBE_SEED = 64, 12345
 
 
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
