@@ -31,7 +31,7 @@ from training.algorithms.config_checks import (
     split_aggregation,
     with_workload,
 )
-from training.algorithms.letters_files import train_files, validation_data
+from training.algorithms.delta_plans import LettersPlan, RangePlan
 from training.data.letters import load_letters
 from training.models import mlp
 from training.models.names import BUFFER, is_module_model
@@ -207,9 +207,9 @@ class DeltaAveraging(AveragingAlgorithm):
             self.config["server_optimizer"], **_server_kwargs(self.config)
         )
         if model == "mlp":
-            self._plan: _LettersPlan | _RangePlan = _LettersPlan(self.config, dataset_dir)
+            self._plan: LettersPlan | RangePlan = LettersPlan(_spec(self.config), dataset_dir)
         else:
-            self._plan = _RangePlan(self.config, self.optimizer, model, self.dataset,
+            self._plan = RangePlan(self.config, self.optimizer, model, self.dataset,
                                     dataset_dir)
         # every unit of a round is averaged
         check_round_size(self.config[AGGREGATION], len(self._plan.units))
@@ -226,7 +226,7 @@ class DeltaAveraging(AveragingAlgorithm):
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """A delta has exactly the weights' tensors, shapes and dtypes (a torch model's
         buffers come as ``buffer.<name>``)."""
-        if isinstance(self._plan, _RangePlan):
+        if isinstance(self._plan, RangePlan):
             return self._plan.expected_update(weights)
         return specs_of(weights)
 
@@ -235,7 +235,7 @@ class DeltaAveraging(AveragingAlgorithm):
         return not name.startswith(BUFFER)
 
     def apply(self, weights: Weights, combined: Weights) -> Weights:
-        if isinstance(self._plan, _RangePlan):
+        if isinstance(self._plan, RangePlan):
             return self._plan.state.step(weights, combined)
         return self.optimizer.step(weights, combined)
 
@@ -250,66 +250,6 @@ class DeltaAveraging(AveragingAlgorithm):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
-
-
-class _LettersPlan:
-    """The letters MLP's units (one per `train_*` file) and its validation file."""
-
-    def __init__(self, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        self.spec = _spec(config)
-        files = _unit_files(dataset_dir)
-        self.units = [UnitSpec(unit_id=name, unit_path=name) for name in files]
-        # Rows of each unit file: the most samples a node's result for it may count.
-        self.rows = {name: len(load_letters(dataset_dir / name)[1]) for name in files}
-        self.validation = validation_data(dataset_dir)
-
-    def initial_weights(self, seed: int) -> Weights:
-        return mlp.init_params(self.spec, seed=seed)
-
-    def samples(self, unit: UnitSpec) -> int | None:
-        return self.rows.get(unit.unit_path)
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
-        return RoundEval(validation_error=float(error), validation_loss=float(loss))
-
-    def description(self) -> dict[str, Any]:
-        return {"model": "mlp", "spec": self.spec.to_dict()}
-
-
-class _RangePlan:
-    """A torch model's units (`units` index ranges of the training part) and its state on
-    the coordinator (training/algorithms/torch_model.py)."""
-
-    def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
-                 model: str, dataset: str, dataset_dir: Path) -> None:
-        from training.algorithms import torch_model  # torch only for torch models
-
-        self.state = torch_model.LocalState(
-            torch_model.setup_of(model, config, dataset, dataset_dir), config["seed"],
-            config["batch_size"], optimizer)
-        ranges = torch_model.unit_ranges(len(self.state.setup.data.train), config["units"])
-        self.units = [UnitSpec(unit_id=f"shard{k}-{lo}-{hi}", unit_path="", index_start=lo,
-                               index_stop=hi) for k, (lo, hi) in enumerate(ranges)]
-
-    def initial_weights(self, seed: int) -> Weights:
-        return self.state.weights()
-
-    def samples(self, unit: UnitSpec) -> int | None:
-        if unit.index_start is None or unit.index_stop is None:
-            return None
-        return unit.index_stop - unit.index_start
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        return self.state.evaluate(weights)
-
-    def description(self) -> dict[str, Any]:
-        return self.state.description()
-
-    def expected_update(self, weights: Weights) -> TensorSpecs:
-        from training.algorithms import torch_model
-
-        return torch_model.expected_update(self.state.module, weights, gradients=False)
 
 
 def _index_range(unit: UnitSpec) -> tuple[int, int]:
@@ -369,11 +309,3 @@ def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> N
             raise ConfigError(
                 f"tensor {name!r} has shape {weights[name].shape}, the model needs {value.shape}"
             )
-
-
-def _unit_files(dataset_dir: Path) -> list[str]:
-    """The `train_*` files, in natural order (train_letters2 before train_letters10)."""
-    files = [p.name for p in train_files(dataset_dir)]
-    if not files:
-        raise ConfigError(f"no train_* files in {dataset_dir}: each one is a work unit")
-    return files
