@@ -57,11 +57,11 @@ from devtools.throughput import (  # noqa: E402
     train_on_cluster,
     unit_ranges,
 )
-from training.algorithms import sync_sgd  # noqa: E402
-from training.algorithms.base import UnitJob  # noqa: E402
+from training.algorithms import sync_gan, sync_sgd  # noqa: E402
 from training.data import mnist  # noqa: E402
 from training.models import gan_models  # noqa: E402
 from training.outputs.model_file import save_model  # noqa: E402
+from training.units import UnitJob  # noqa: E402
 from wire.tensor_codec import dict_to_wire  # noqa: E402
 
 MODEL = "dcgan28"
@@ -318,7 +318,7 @@ def fixed_costs(unit: int, batch: int, reps: int, workdir: Path) -> dict[str, fl
         "node: run_unit (build G/D, load weights, maths, float32 copies)":
             median_ms(lambda: sync_sgd.SyncSGD.run_unit(job, data_dir), reps),
         "node: bare maths (gan_unit_update)":
-            median_ms(lambda: sync_sgd.gan_unit_update(g, d, real, z, batch), reps),
+            median_ms(lambda: sync_gan.gan_unit_update(g, d, real, z, batch), reps),
         "node: build_gan + load weights":
             median_ms(lambda: [gan_models.numpy_to_state(m, weights, p) for m, p in zip(
                 gan_models.build_gan(gan_models.gan_spec(MODEL)), ("G.", "D."),

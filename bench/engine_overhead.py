@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> float:
     from engine.progress import RunProgress
     from engine.round_engine import EngineSettings, RoundEngine
     from engine.tasks import Task, TaskResult, TaskStatus
-    from training.algorithms.base import UnitSpec
+    from training.units import UnitSpec
 
     update = {"w": np.zeros(4, dtype=np.float32)}
 

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from compute_node.handler import ComputeNodeHandler
-from training.algorithms.base import Algorithm, UnitJob, UnitOutput, Weights
+from training.algorithms.base import Algorithm
 from training.cancel import UnitCancelled
+from training.units import UnitJob, UnitOutput, Weights
 from wire.generated import ttypes
 
 log = logging.getLogger("compute_node")

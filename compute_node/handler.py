@@ -19,7 +19,7 @@ from compute_node.warm_up import WarmUp
 from compute_node.weight_cache import WeightCache
 from training import plugins
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec
+from training.algorithms.base import Algorithm
 from training.cancel import UnitCancelled, UnitControl
 from training.compression import CompressionSettings, compress_update, decompress
 from training.data.letters import DataFormatError
@@ -28,6 +28,7 @@ from training.payload_checks import PayloadForm, check_payload
 from training.plugins import PluginError
 from training.run_check import RunUnfit, run_facts, unfit_reason
 from training.spec import RunSpec
+from training.units import UnitJob, UnitOutput, UnitSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import CodecError, dict_to_wire, specs_from_wire, wire_to_dict
 from wire.version import check_protocol_version

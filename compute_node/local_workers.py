@@ -54,8 +54,9 @@ from compute_node.worker_process import (
     worker_main,
 )
 from training import plugins
-from training.algorithms.base import Algorithm, UnitJob, UnitOutput, Weights
+from training.algorithms.base import Algorithm
 from training.cancel import UnitCancelled, UnitControl
+from training.units import UnitJob, UnitOutput, Weights
 
 log = logging.getLogger("compute_node")
 

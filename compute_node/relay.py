@@ -68,13 +68,14 @@ from engine.update_filters import NormLimit, UpdateFilter, relayed_filters
 from engine.update_norms import RecentNorms
 from training import aggregation, plugins
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm, UnitJob, UnitOutput, UnitSpec, combine
+from training.algorithms.base import Algorithm, combine
 from training.cancel import UnitCancelled
 from training.plugins import PluginError
 from training.plugins import resolve as resolve_plugin
 from training.run_check import RunUnfit
 from training.spec import RunSpec
 from training.unit_parts import cast_like
+from training.units import UnitJob, UnitOutput, UnitSpec
 from wire.generated import ttypes
 from wire.version import check_protocol_version
 

@@ -28,9 +28,9 @@ import numpy as np
 
 from training import plugins
 from training.algorithms import get_algorithm
-from training.algorithms.base import UnitJob, UnitOutput, UnitSpec, Weights
 from training.cancel import UnitCancelled, UnitControl
 from training.unit_parts import cast_like
+from training.units import UnitJob, UnitOutput, UnitSpec, Weights
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,6 @@ import numpy as np
 
 from coordinator.records import RunRequest
 from engine.records import RoundMetrics
-from training.algorithms.base import Weights
 from training.outputs.model_file import (
     OPTIMIZER_PREFIX,
     ModelFileError,
@@ -30,6 +29,7 @@ from training.outputs.model_file import (
     without_optimizer,
 )
 from training.outputs.plots import metrics_line
+from training.units import Weights
 
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"

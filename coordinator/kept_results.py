@@ -38,9 +38,9 @@ from engine.ledger import UnitLedger
 from engine.round_state import Kept
 from engine.stream_state import TakenUp
 from engine.tasks import Tensors
-from training.algorithms.base import UnitResult, UnitSpec
 from training.compression import decompress
 from training.outputs.checked_npz import read_npz
+from training.units import UnitResult, UnitSpec
 
 log = logging.getLogger("coordinator.run")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.records import InvalidRun, RunRequest
-from training.algorithms.base import shown
+from training.algorithms.config_checks import shown
 from training.models.mlp import MLPSpec
 from training.models.names import NAME_LIMIT  # of an algorithm's name too
 from wire import security

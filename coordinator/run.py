@@ -60,10 +60,10 @@ from engine.stream_state import RoundEnd, StreamPosition, StreamState
 from engine.tasks import Task, Tensors
 from engine.update_filters import NormLimit, round_filters
 from engine.warm_up import warm_up_nodes
-from training.algorithms.base import RoundEval, TensorSpecs, UnitSpec, Weights
 from training.compression import encode_weights
 from training.outputs.plots import due
 from training.schedule import staleness_warning
+from training.units import RoundEval, TensorSpecs, UnitSpec, Weights
 
 __all__ = ["RUN_ID", "CoordinatorSettings", "Run"]
 

@@ -31,10 +31,11 @@ from coordinator.records import RunRequest
 from engine.phase_clock import PHASES_KEY
 from engine.records import RoundMetrics
 from training import plugins
-from training.algorithms.base import Algorithm, Weights
+from training.algorithms.base import Algorithm
 from training.outputs.model_file import save_model
 from training.outputs.plots import due, metrics_line, save_curves, save_grid
 from training.outputs.torch_files import SAFETENSORS_FILE, save_safetensors
+from training.units import Weights
 
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
 MODEL_FILE = "model.npz"

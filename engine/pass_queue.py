@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from engine import runtime
 from engine.stream_state import StreamPosition, position_of, reopened
-from training.algorithms.base import UnitSpec
+from training.units import UnitSpec
 
 
 class PassQueue:

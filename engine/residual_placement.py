@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from training.algorithms.base import UnitSpec
+from training.units import UnitSpec
 
 
 class ResidualPlacement:

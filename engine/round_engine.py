@@ -57,7 +57,7 @@ from engine.update_filters import (
     decoded,
     run_filters,
 )
-from training.algorithms.base import UnitResult, UnitSpec, Weights
+from training.units import UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 

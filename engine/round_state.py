@@ -16,7 +16,7 @@ from typing import Any
 from engine import runtime
 from engine.nodes.pool import NodeHandle
 from engine.tasks import TaskResult
-from training.algorithms.base import UnitFailure, UnitResult, UnitSpec, Weights
+from training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 

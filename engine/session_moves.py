@@ -1,7 +1,7 @@
 """Node sessions seen from the coordinator: moving them between nodes, dropping them.
 
 `NodeSessions` is what `Algorithm.after_round` gets (the `SessionMoves` protocol of
-training/algorithms/base.py). A move goes **node to node** when both ends accept
+training/units.py). A move goes **node to node** when both ends accept
 connections: the coordinator asks the source to `send_session` to the target's address
 (as the nodes file lists it, so that address must be reachable from the source), and the
 payload never passes through the coordinator. When either end cannot be dialled (a node
@@ -20,7 +20,7 @@ from typing import TypeVar
 from engine.nodes.client import NodeClient
 from engine.nodes.errors import NodeError, NodeRefused
 from engine.nodes.pool import NodeHandle
-from training.algorithms.base import SessionMoved, SessionMoveError
+from training.units import SessionMoved, SessionMoveError
 
 log = logging.getLogger("coordinator.sessions")
 T = TypeVar("T")

@@ -36,8 +36,8 @@ from engine import runtime
 from engine.ledger import UnitLedger
 from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Kept, RoundFailed, Unit
 from engine.tasks import TaskResult
-from training.algorithms.base import UnitResult, UnitSpec, Weights
 from training.schedule import ScheduleSettings, weighted
+from training.units import UnitResult, UnitSpec, Weights
 
 # (round, weights, results) -> the next weights: the algorithm's aggregate
 ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]

@@ -18,16 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.update_norms import NormGuard, RecentNorms
-from training.algorithms.base import (
-    Algorithm,
-    TensorSpecs,
-    UnitSpec,
-    Weights,
-    check_sample_count,
-    check_update_form,
-)
+from training.algorithms.base import Algorithm
 from training.compression import decompress
 from training.payload_checks import PayloadForm, check_payload
+from training.units import TensorSpecs, UnitSpec, Weights
+from training.update_checks import check_sample_count, check_update_form
 
 
 @dataclass(frozen=True)

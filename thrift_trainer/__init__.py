@@ -22,14 +22,14 @@ __version__ = "0.2.0"
 _EXPORTS = {
     "Algorithm": "training.algorithms.base:Algorithm",
     "AveragingAlgorithm": "training.algorithms.base:AveragingAlgorithm",
-    "ConfigError": "training.algorithms.base:ConfigError",
-    "RoundEval": "training.algorithms.base:RoundEval",
-    "UnitFailure": "training.algorithms.base:UnitFailure",
-    "UnitJob": "training.algorithms.base:UnitJob",
-    "UnitOutput": "training.algorithms.base:UnitOutput",
-    "UnitResult": "training.algorithms.base:UnitResult",
-    "UnitSpec": "training.algorithms.base:UnitSpec",
-    "Weights": "training.algorithms.base:Weights",
+    "ConfigError": "training.algorithms.config_checks:ConfigError",
+    "RoundEval": "training.units:RoundEval",
+    "UnitFailure": "training.units:UnitFailure",
+    "UnitJob": "training.units:UnitJob",
+    "UnitOutput": "training.units:UnitOutput",
+    "UnitResult": "training.units:UnitResult",
+    "UnitSpec": "training.units:UnitSpec",
+    "Weights": "training.units:Weights",
     "register_algorithm": "training.algorithms:register_algorithm",
     "register_aggregation": "training.aggregation:register_aggregation",
     "Codec": "training.codecs:Codec",
@@ -80,10 +80,13 @@ if TYPE_CHECKING:  # what type checkers and editors see
     )
     from training.aggregation import register_aggregation
     from training.algorithms import register_algorithm
-    from training.algorithms.base import (
-        Algorithm,
-        AveragingAlgorithm,
-        ConfigError,
+    from training.algorithms.base import Algorithm, AveragingAlgorithm
+    from training.algorithms.config_checks import ConfigError
+    from training.codecs import Codec, register_codec
+    from training.models.settings import DataShape
+    from training.outputs.torch_files import load_weights
+    from training.plugins import PluginError
+    from training.units import (
         RoundEval,
         UnitFailure,
         UnitJob,
@@ -92,7 +95,3 @@ if TYPE_CHECKING:  # what type checkers and editors see
         UnitSpec,
         Weights,
     )
-    from training.codecs import Codec, register_codec
-    from training.models.settings import DataShape
-    from training.outputs.torch_files import load_weights
-    from training.plugins import PluginError

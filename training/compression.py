@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.base import ConfigError, section_mapping
+from training.algorithms.config_checks import ConfigError, section_mapping
 from training.codecs import SEP, codec_class, known_codecs
 from training.models.names import BUFFER
 from training.payload_checks import group_codecs, group_fields, split_payload

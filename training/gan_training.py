@@ -28,10 +28,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.base import ConfigError
+from training.algorithms.config_checks import ConfigError
 from training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
+# The fixed probe of a GAN's cheap per-round evaluation: real and fake images, and the
+# seed of the fakes' noise.
+PROBE_SIZE, PROBE_SEED = 64, 12345
 
 
 # ------------------------------------------------------------------ configuration

@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.base import Algorithm, ConfigError, UnitResult, section_mapping
+from training.algorithms.base import Algorithm
+from training.algorithms.config_checks import ConfigError, section_mapping
+from training.units import UnitResult
 
 SECTION = "schedule"
 MODES = ("sync", "async", "buffered")

@@ -31,7 +31,7 @@ from typing import Any
 
 from training import compression, hierarchy, plugins, schedule
 from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import ConfigError
+from training.algorithms.config_checks import ConfigError
 from training.compression import CompressionSettings
 from training.data.settings import SECTION as DATA
 from training.data.settings import DataSettings, DataSettingsError

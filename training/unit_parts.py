@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from training import aggregation
-from training.algorithms.base import UnitOutput
+from training.units import UnitOutput
 
 
 def part_bounds(size: int, part: int, parts: int, block: int = 1) -> tuple[int, int]:

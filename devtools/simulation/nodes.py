@@ -35,12 +35,12 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.thrift_client import task_result, work_request
 from engine.tasks import Task, TaskResult
 from training.algorithms import get_algorithm
-from training.algorithms.base import UnitJob, UnitSpec
 from training.cancel import UnitCancelled, UnitControl
 from training.compression import compress_update, decompress
 from training.data.paths import data_location
 from training.payload_checks import PayloadForm, check_payload
 from training.spec import RunSpec
+from training.units import UnitJob, UnitSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.stats import PayloadBytes
 from wire.tensor_codec import dict_to_wire, wire_to_dict

@@ -16,13 +16,14 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.thrift_client import pushed_node
 from engine.session_moves import NodeSessions
 from engine.tasks import Task, TaskStatus
-from training.algorithms.base import UnitJob, UnitSpec
 from training.algorithms.fl_gan import FLGan
-from training.algorithms.md_gan import Discriminator, MDGan
+from training.algorithms.md_gan import MDGan
+from training.algorithms.md_gan_node import Discriminator
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import gan_models
 from training.outputs import gan_metrics
 from training.outputs.model_file import load_model
+from training.units import UnitJob, UnitSpec
 from wire.tensor_codec import wire_to_dict
 
 torch.set_num_threads(1)

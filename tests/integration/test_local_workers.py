@@ -18,12 +18,12 @@ from compute_node.handler import run_unit
 from compute_node.local_workers import LocalWorkers, WorkerLost
 from devtools import local_cluster as procs
 from tests.waiting import wait_until
-from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.sync_sgd import SyncSGD
 from training.cancel import UnitCancelled, UnitControl
 from training.unit_parts import weighted_mean
+from training.units import UnitJob, UnitOutput, UnitSpec
 
 DATA = procs.REPO / "data"
 LETTERS = ["--config", str(procs.REPO / "configs" / "letters_sync_sgd.yaml"),

@@ -11,12 +11,13 @@ import pytest
 from client import cli
 from training import aggregation
 from training.aggregation import aggregate, check_settings
-from training.algorithms.base import ConfigError, UnitResult
+from training.algorithms.config_checks import ConfigError
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
 from training.algorithms.sync_sgd import SyncSGD
 from training.run_config import load_run_config
+from training.units import UnitResult
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "data" / "letters"  # 11 train_* files: 11 updates a round

@@ -243,7 +243,7 @@ def test_averaging_algorithms_accept_every_codec() -> None:
 
 
 def test_sync_sgd_residuals_follow_the_unit_slot() -> None:
-    from training.algorithms.base import UnitSpec
+    from training.units import UnitSpec
     cls = get_algorithm("sync_sgd")
     config = {"units_per_iteration": 4}
     slots = [cls.unit_slot(UnitSpec(f"unit{n}-0-320", "f"), config) for n in (1, 5, 9, 2)]

@@ -13,9 +13,9 @@ from engine.progress import RunProgress
 from engine.round_engine import EngineSettings, RoundEngine
 from engine.tasks import Task
 from tests.inprocess import LocalNode
-from training.algorithms.base import UnitSpec
 from training.algorithms.md_gan import MDGan
 from training.data.paths import DEFAULT_DATA_ROOT
+from training.units import UnitSpec
 from wire.rpc import ConnectionFailed
 
 torch.set_num_threads(1)

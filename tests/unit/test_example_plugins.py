@@ -11,10 +11,10 @@ import pytest
 from compute_node.sessions import SessionStore
 from devtools.local_cluster import REPO
 from training.algorithms import ConfigError
-from training.algorithms.base import UnitJob
 from training.compression import CompressionSettings, compress_update, decompress
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.plugins import allow, reset
+from training.units import UnitJob
 
 EXAMPLES = REPO / "examples" / "plugins"
 

@@ -13,9 +13,9 @@ from compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faul
 from compute_node.handler import ComputeNodeHandler
 from tests.unit.test_node_handler import handler, request
 from tests.waiting import wait_until
-from training.algorithms.base import UnitJob, UnitOutput, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.cancel import UnitCancelled, UnitControl
+from training.units import UnitJob, UnitOutput, UnitSpec
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import wire_to_dict
 

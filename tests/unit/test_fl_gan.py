@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import UnitJob, UnitResult
 from training.algorithms.fl_gan import FLGan
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices
 from training.models import gan_models
 from training.run_config import load_run_config
+from training.units import UnitJob, UnitResult
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ from engine.round_engine import EngineSettings, RoundEngine, overdue_reason
 from engine.round_state import RoundState
 from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
-from training.algorithms.base import UnitSpec
+from training.units import UnitSpec
 
 KEY = ("r1", "u1", 1)
 

@@ -12,25 +12,14 @@ import torch
 
 from compute_node.sessions import SessionStore
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import (
-    SessionMoved,
-    UnitJob,
-    UnitResult,
-    UnitSpec,
-    Weights,
-)
-from training.algorithms.md_gan import (
-    FEEDBACK,
-    ITERATION,
-    MDGan,
-    derangement,
-    resolve_k,
-    session_name,
-)
+from training.algorithms.md_gan import MDGan, resolve_k
+from training.algorithms.md_gan_node import FEEDBACK, ITERATION, session_name
+from training.algorithms.md_gan_swaps import derangement
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import g_loss, noise
 from training.models import gan_models
 from training.run_config import load_run_config
+from training.units import SessionMoved, UnitJob, UnitResult, UnitSpec, Weights
 
 torch.set_num_threads(1)
 

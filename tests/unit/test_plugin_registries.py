@@ -9,7 +9,7 @@ import pytest
 from compute_node.sessions import SessionStore
 from training import aggregation, codecs
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import split_aggregation
+from training.algorithms.config_checks import split_aggregation
 from training.compression import (
     CompressionSettings,
     check_supported,

@@ -15,10 +15,11 @@ from engine.nodes.thrift_client import work_request
 from engine.tasks import Task
 from engine.update_filters import Candidate, NormLimit, RoundView, decoded, relayed_filters
 from engine.update_norms import RecentNorms
-from training.algorithms.base import UnitOutput, UnitSpec, specs_of
 from training.compression import compress
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import mlp
+from training.units import UnitOutput, UnitSpec
+from training.update_checks import specs_of
 from wire.tensor_codec import specs_from_wire, specs_to_wire
 
 WEIGHTS = {"W": np.ones((4, 3)), "b": np.zeros(3)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.residual_placement import ResidualPlacement
 from training.algorithms import get_algorithm
-from training.algorithms.base import UnitSpec
+from training.units import UnitSpec
 
 
 def _units(round_index: int) -> list[UnitSpec]:

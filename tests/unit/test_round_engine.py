@@ -24,9 +24,10 @@ from engine.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
 from training.aggregation import DEFAULTS
-from training.algorithms.base import UnitSpec, combine
+from training.algorithms.base import combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.paths import DEFAULT_DATA_ROOT
+from training.units import UnitSpec
 from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.rpc import ConnectionFailed
 

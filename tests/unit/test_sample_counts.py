@@ -16,13 +16,7 @@ from engine.tasks import Task, TaskResult
 from engine.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS
-from training.algorithms.base import (
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    check_sample_count,
-    combine,
-)
+from training.algorithms.base import combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
@@ -30,6 +24,8 @@ from training.algorithms.sync_sgd import SyncSGD
 from training.data.letters import load_letters
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices, training_size
+from training.units import UnitJob, UnitOutput, UnitSpec
+from training.update_checks import check_sample_count
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 MNIST = DEFAULT_DATA_ROOT / "mnist"

@@ -21,7 +21,7 @@ from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS, aggregate
 from training.algorithms import get_algorithm
-from training.algorithms.base import ConfigError, UnitResult, UnitSpec
+from training.algorithms.config_checks import ConfigError
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.schedule import (
@@ -31,6 +31,7 @@ from training.schedule import (
     staleness_warning,
     weighted,
 )
+from training.units import UnitResult, UnitSpec
 
 NODE = LocalNode(0)
 

@@ -21,12 +21,14 @@ from engine.tasks import Task
 from tests.inprocess import LocalNode
 from training.aggregation import DEFAULTS
 from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import UnitJob, UnitResult, UnitSpec, Weights, combine
-from training.algorithms.sync_sgd import SyncSGD, unit_noise
+from training.algorithms.base import combine
+from training.algorithms.sync_gan import unit_noise
+from training.algorithms.sync_sgd import SyncSGD
 from training.data import mnist
 from training.data.letters import load_letters
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import gan_models, mlp
+from training.units import UnitJob, UnitResult, UnitSpec, Weights
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.base import UnitJob, UnitResult, UnitSpec
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.sync_sgd import SyncSGD
 from training.data.datasets import load_data
@@ -24,6 +23,7 @@ from training.models.settings import DataShape, ModelSettings
 from training.plugins import PluginError
 from training.server_optim import make_server_optimizer
 from training.spec import RunSpec
+from training.units import UnitJob, UnitResult, UnitSpec
 
 torch.set_num_threads(1)
 LETTERS = DEFAULT_DATA_ROOT / "letters"

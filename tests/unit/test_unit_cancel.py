@@ -12,7 +12,7 @@ from compute_node.handler import ComputeNodeHandler
 from compute_node.load import LoadSimulator
 from compute_node.sessions import SessionStore
 from tests.waiting import wait_until
-from training.algorithms.base import Algorithm, UnitJob
+from training.algorithms.base import Algorithm
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
@@ -20,6 +20,7 @@ from training.algorithms.sync_sgd import SyncSGD
 from training.cancel import UnitCancelled, UnitControl
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import mlp
+from training.units import UnitJob
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.tensor_codec import dict_to_wire
 

@@ -10,7 +10,8 @@ import pytest
 from engine.round_state import RoundState
 from engine.tasks import TaskResult, TaskStatus
 from training.aggregation import DEFAULTS
-from training.algorithms.base import UnitResult, UnitSpec, combine
+from training.algorithms.base import combine
+from training.units import UnitResult, UnitSpec
 
 
 def updates(n: int, seed: int = 0) -> list[tuple[dict, int]]:

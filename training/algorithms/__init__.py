@@ -1,6 +1,8 @@
 """Training algorithms, by name."""
 
-from training.algorithms.base import Algorithm, ConfigError, Registry
+from training.algorithms.base import Algorithm
+from training.algorithms.config_checks import ConfigError
+from training.algorithms.registry import Registry
 
 ALGORITHMS = Registry()
 ALGORITHMS.register("delta_avg", "training.algorithms.delta_avg:DeltaAveraging")

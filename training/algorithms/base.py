@@ -18,285 +18,44 @@ algorithms that keep state on nodes (MD-GAN): `unit_tensors` (what a unit carrie
 instead of the global weights), `after_round` (move node sessions, given a
 `SessionMoves`), `UnitSpec.preferred_node` (the node tried first), and the class flags
 `uses_sessions` (the run drops the nodes' sessions at its end) and `allows_backups`.
+
+The types an algorithm deals in (`UnitSpec`, `UnitJob`, `UnitResult`, ...) live in
+training/units.py; reading its settings, in training/algorithms/config_checks.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
-from training import aggregation, plugins
-from training.cancel import UnitControl
+from training import aggregation
+from training.algorithms.config_checks import (
+    ConfigError,
+    checked_fields,
+    split_aggregation,
+    with_workload,
+)
+from training.units import (
+    RoundEval,
+    SessionMoves,
+    TensorSpecs,
+    UnitFailure,
+    UnitJob,
+    UnitOutput,
+    UnitResult,
+    UnitSpec,
+    Weights,
+)
+from training.update_checks import check_sample_count, check_update_form
 
 log = logging.getLogger("coordinator.aggregation")
-
-Weights = dict[str, np.ndarray]
-TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
-MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
-
-
-@dataclass(frozen=True)
-class UnitSpec:
-    """One work unit of a round: a file of the data set, or an index range inside one."""
-
-    unit_id: str
-    unit_path: str
-    index_start: int | None = None
-    index_stop: int | None = None
-    # Name ("host:port") of the node to try first, e.g. the one holding the unit's session;
-    # the engine falls back to any node when that one is gone or benched.
-    preferred_node: str | None = None
-
-
-@dataclass
-class UnitJob:
-    """What a node is asked to compute, decoded from the wire."""
-
-    run_id: str
-    round: int
-    unit: UnitSpec
-    model: str
-    config: dict[str, Any]
-    weights: Weights
-    device: str = "cpu"  # where the node computes: "cpu", "cuda", "cuda:1", ...
-    # The node's session store (compute_node/sessions.py) for algorithms that keep state
-    # on a node between units (Algorithm.uses_sessions); None where there is none.
-    sessions: Any = None
-    # The unit's cancel flag and batch count: training loops call ``control.step()``
-    # before every batch, so a cancelled unit stops at the next batch (training/cancel.py).
-    control: UnitControl = field(default_factory=UnitControl)
-    # The request as a relay node forwards it to its group (compute_node/relay.py).
-    algorithm: str = ""
-    dataset: str = ""
-    config_json: str = ""
-    model_version: int | None = None
-    # (part, parts): compute only that share of the unit (a relay's local rounds send one
-    # share to each member); None: the whole unit.
-    share: tuple[int, int] | None = None
-    # The tensors a result's update must have, as the coordinator checks it (a relay checks
-    # its members' results against them); None when the coordinator did not say.
-    expected_update: TensorSpecs | None = None
-
-
-@dataclass
-class UnitOutput:
-    """What a node returns for a unit: an update and how much data produced it."""
-
-    update: Weights
-    num_samples: int
-    loss: float
-    error: float
-
-
-@dataclass
-class RoundEval:
-    """Metrics of the global model after a round."""
-
-    validation_error: float
-    validation_loss: float
-
-
-def specs_of(weights: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, tuple]:
-    """Each tensor's (shape, dtype), under `prefix` + its name."""
-    return {prefix + name: (value.shape, value.dtype) for name, value in weights.items()}
-
-
-def check_tensors(update: Mapping[str, np.ndarray], expected: TensorSpecs) -> None:
-    """ValueError naming the first tensor missing, unexpected, or of another shape or dtype."""
-    if set(update) != set(expected):
-        missing = sorted(set(expected) - set(update))[:3]
-        unexpected = sorted(set(update) - set(expected))[:3]
-        raise ValueError(f"update tensors do not match the model: missing {missing}, "
-                         f"unexpected {unexpected}")
-    for name, (shape, dtype) in expected.items():
-        value = update[name]
-        if value.shape != tuple(shape):
-            raise ValueError(f"tensor {name!r} has shape {value.shape}, expected {tuple(shape)}")
-        if value.dtype != dtype:
-            raise ValueError(f"tensor {name!r} has dtype {value.dtype}, expected {dtype}")
-
-
-def check_update_form(update: Mapping[str, np.ndarray], expected: TensorSpecs | None) -> None:
-    """ValueError unless ``update`` has the ``expected`` tensors (when known: names, shapes,
-    dtypes) and only finite values: `Algorithm.check_update`'s default, and what a relay
-    checks of its members' results (it gets ``expected`` with each unit)."""
-    if expected is not None:
-        check_tensors(update, expected)
-    for name, value in update.items():
-        if not np.all(np.isfinite(value)):
-            raise ValueError(f"tensor {name!r} holds NaN or infinite values")
-
-
-def shown(value: int) -> str:
-    """An integer for a one-line message: a huge one abbreviated to its digit count."""
-    digits = len(str(abs(value))) if abs(value) < 10**4000 else None
-    if digits is not None and digits <= 24:
-        return str(value)
-    return f"an integer of {digits or 'over 4000'} digits"
-
-
-def check_sample_count(num_samples: int, holds: int | None) -> None:
-    """ValueError unless a result's sample count is possible: at least 1 and at most what
-    its unit holds (when known). The count weighs the result in the average, so a node
-    claiming more than its unit could otherwise outweigh every other node."""
-    upper = "" if holds is None else f"..{holds}"
-    if num_samples < 1 or (holds is not None and num_samples > holds):
-        raise ValueError(f"num_samples {num_samples} is out of range 1{upper} "
-                         f"(the samples its unit holds)")
-
-
-class ConfigError(ValueError):
-    """A configuration value that the algorithm cannot use; the message names the key."""
-
-
-def section_mapping(section: str, raw: Any, keys: Sequence[str]) -> Mapping[str, Any]:
-    """``raw`` as a config section: a mapping of some of ``keys``; ConfigError names the
-    section, or the first unknown key as ``section.key``."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{section} must be a mapping of {', '.join(keys)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(keys))
-    if unknown:
-        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; known: {', '.join(keys)}")
-    return raw
-
-
-def check_type(key: str, value: Any, default: Any) -> Any:
-    """The value if it has the default's type (an int is accepted for a float); else raise."""
-    if isinstance(default, list):
-        if not (isinstance(value, list) and value and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-            raise ConfigError(
-                f"config key {key!r} must be a list of positive integers, got {value!r}")
-        return list(value)
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) > MAX_FLOAT_INT:  # float() would overflow
-            raise ConfigError(f"config key {key!r} is out of range, got {shown(value)}")
-        return float(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
-                                                                                      bool):
-        expected = type(default).__name__
-        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
-    return value
-
-
-# A torch model's settings in an algorithm's config (training/spec.py): checked by the spec
-# and read by training/algorithms/torch_model.py, passed through by `check_config`.
-WORKLOAD_SECTIONS = ("model", "data")
-
-
-def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An algorithm's own keys (without its `aggregation` settings and a torch model's
-    `model` and `data` sections), and the aggregation settings checked with defaults filled
-    in (training/aggregation.py); ConfigError names the bad key."""
-    shared = (aggregation.SECTION, *WORKLOAD_SECTIONS)
-    rest = {key: value for key, value in config.items() if key not in shared}
-    try:
-        return rest, aggregation.check_settings(config.get(aggregation.SECTION))
-    except aggregation.AggregationError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``checked`` with the `model` and `data` sections of ``config``, where it has them."""
-    return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
-
-
-def checked_fields(schema: type, config: Mapping[str, Any], owner: str) -> dict[str, Any]:
-    """``config`` checked against a dataclass's fields: no unknown key, each value of its
-    default's type, defaults filled in; ConfigError names the key. The dataclass is then
-    built from them, so its own ``__post_init__`` checks run too."""
-    if not dataclasses.is_dataclass(schema):
-        raise ConfigError(f"{owner}.Config must be a dataclass, got {schema!r}")
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    unknown = sorted(set(config) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r} for {owner}; known: "
-                          f"{', '.join(fields) or 'none'}")
-    checked = {}
-    for name, spec in fields.items():
-        default = _default_of(spec)
-        if name not in config:
-            if default is dataclasses.MISSING:
-                raise ConfigError(f"config key {name!r} of {owner} is required")
-            checked[name] = default
-        else:
-            checked[name] = config[name] if default in (None, dataclasses.MISSING) \
-                else check_type(name, config[name], default)
-    try:
-        schema(**checked)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{owner}: {exc}") from None
-    return checked
-
-
-def _default_of(spec: dataclasses.Field) -> Any:
-    if spec.default is not dataclasses.MISSING:
-        return spec.default
-    if spec.default_factory is not dataclasses.MISSING:
-        return spec.default_factory()
-    return dataclasses.MISSING
-
-
-def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
-    """ConfigError if the aggregation rule cannot combine rounds of this many updates."""
-    try:
-        aggregation.check_round_size(settings, updates_per_round)
-    except aggregation.AggregationError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class UnitResult:
-    """One result of a round that the engine accepted: its unit, the node's update (checked
-    by the round's update filters), how many samples produced it, and its training loss."""
-
-    unit: UnitSpec
-    update: Weights
-    num_samples: int
-    loss: float = float("nan")
-    node: str | None = None  # name of the node that computed it
-
-
-@dataclass(frozen=True)
-class UnitFailure:
-    """A unit of a round that ended without a result (discarded after its failures)."""
-
-    unit: UnitSpec
-    reason: str
-
-
-class SessionMoveError(Exception):
-    """A node session could not be moved; the message names both ends and the cause."""
-
-
-@dataclass(frozen=True)
-class SessionMoved:
-    """What one move carried: payload bytes, and whether it went through the coordinator."""
-
-    bytes: int
-    relayed: bool
-
-
-class SessionMoves(Protocol):
-    """What `Algorithm.after_round` may do with node sessions. The coordinator implements
-    it over its node connections (engine/session_moves.py); tests may use stores."""
-
-    # unit id -> name ("host:port") of the node whose result the round used
-    placement: Mapping[str, str]
-
-    def move(self, source: str, session: str, target: str, target_session: str,
-             swap_id: int) -> SessionMoved:
-        """Copy ``session`` of node ``source`` into ``target_session`` of node ``target``,
-        staged under ``swap_id`` (see compute_node/sessions.py); SessionMoveError if not."""
 
 
 class Algorithm(ABC):
@@ -545,35 +304,3 @@ def combine(settings: Mapping[str, Any], results: Sequence[UnitResult]) -> Weigh
         log.info("aggregated %d updates by %s in %.2f ms", len(results), settings["rule"],
                  (time.perf_counter() - started) * 1000)
     return combined
-
-
-@dataclass
-class Registry:
-    """Names to algorithm classes, checked at the boundary with a helpful message.
-
-    Entries are "module:Class" strings imported on first use, so a process only loads
-    what its runs need (the letters MLP never imports torch).
-    """
-
-    entries: dict[str, str] = field(default_factory=dict)
-
-    def register(self, name: str, target: str) -> None:
-        self.entries[name] = target
-
-    def get(self, name: str) -> type[Algorithm]:
-        """The class of a built-in name, or of a plug-in ``module:Class`` (imported only from
-        a module this process allows, training/plugins.py)."""
-        if plugins.is_plugin_name(name) and name not in self.entries:
-            found = plugins.resolve(name, "algorithm")
-            if not (isinstance(found, type) and issubclass(found, Algorithm)):
-                raise plugins.PluginError(f"algorithm {name} is not a subclass of "
-                                          "thrift_trainer.Algorithm")
-            return found
-        try:
-            target = self.entries[name]
-        except KeyError:
-            known = ", ".join(sorted(self.entries))
-            raise ConfigError(f"unknown algorithm {name!r}; known: {known}, or a plug-in "
-                              f"module:Class") from None
-        module, _, cls = target.partition(":")
-        return getattr(importlib.import_module(module), cls)

@@ -17,33 +17,27 @@ validation error.
 from __future__ import annotations
 
 import math
-import re
-import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from training import server_optim
 from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import (
-    AveragingAlgorithm,
+from training.algorithms.base import AveragingAlgorithm
+from training.algorithms.config_checks import (
     ConfigError,
-    RoundEval,
-    TensorSpecs,
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    Weights,
     check_round_size,
     check_type,
-    specs_of,
     split_aggregation,
     with_workload,
 )
+from training.algorithms.delta_plans import LettersPlan, RangePlan
 from training.data.letters import load_letters
 from training.models import mlp
 from training.models.names import BUFFER, is_module_model
 from training.unit_parts import part_bounds
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights, unit_seed
+from training.update_checks import specs_of
 
 # Every key the algorithm understands, with its default and type.
 DEFAULTS: dict[str, Any] = {
@@ -173,7 +167,7 @@ class DeltaAveraging(AveragingAlgorithm):
             eta=config["eta"],
             optimizer=config["local_optimizer"],
             batch_size=config["batch_size"],
-            seed=_unit_seed(config["seed"], job.round, job.unit.unit_id),
+            seed=unit_seed(config["seed"], job.round, job.unit.unit_id),
         )
         trained, stats = mlp.train_local(job.weights, features, labels, spec, local,
                                          job.control.step)
@@ -193,7 +187,7 @@ class DeltaAveraging(AveragingAlgorithm):
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
-                           seed=_unit_seed(config["seed"], job.round, job.unit.unit_id))
+                           seed=unit_seed(config["seed"], job.round, job.unit.unit_id))
         return torch_model.local_unit(job, dataset_dir, start, stop, local,
                                       cls.local_penalty(job))
 
@@ -213,9 +207,9 @@ class DeltaAveraging(AveragingAlgorithm):
             self.config["server_optimizer"], **_server_kwargs(self.config)
         )
         if model == "mlp":
-            self._plan: _LettersPlan | _RangePlan = _LettersPlan(self.config, dataset_dir)
+            self._plan: LettersPlan | RangePlan = LettersPlan(_spec(self.config), dataset_dir)
         else:
-            self._plan = _RangePlan(self.config, self.optimizer, model, self.dataset,
+            self._plan = RangePlan(self.config, self.optimizer, model, self.dataset,
                                     dataset_dir)
         # every unit of a round is averaged
         check_round_size(self.config[AGGREGATION], len(self._plan.units))
@@ -232,7 +226,7 @@ class DeltaAveraging(AveragingAlgorithm):
     def expected_update(self, weights: Weights) -> TensorSpecs:
         """A delta has exactly the weights' tensors, shapes and dtypes (a torch model's
         buffers come as ``buffer.<name>``)."""
-        if isinstance(self._plan, _RangePlan):
+        if isinstance(self._plan, RangePlan):
             return self._plan.expected_update(weights)
         return specs_of(weights)
 
@@ -241,7 +235,7 @@ class DeltaAveraging(AveragingAlgorithm):
         return not name.startswith(BUFFER)
 
     def apply(self, weights: Weights, combined: Weights) -> Weights:
-        if isinstance(self._plan, _RangePlan):
+        if isinstance(self._plan, RangePlan):
             return self._plan.state.step(weights, combined)
         return self.optimizer.step(weights, combined)
 
@@ -256,66 +250,6 @@ class DeltaAveraging(AveragingAlgorithm):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
-
-
-class _LettersPlan:
-    """The letters MLP's units (one per `train_*` file) and its validation file."""
-
-    def __init__(self, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        self.spec = _spec(config)
-        files = _unit_files(dataset_dir)
-        self.units = [UnitSpec(unit_id=name, unit_path=name) for name in files]
-        # Rows of each unit file: the most samples a node's result for it may count.
-        self.rows = {name: len(load_letters(dataset_dir / name)[1]) for name in files}
-        self.validation = _validation_data(dataset_dir)
-
-    def initial_weights(self, seed: int) -> Weights:
-        return mlp.init_params(self.spec, seed=seed)
-
-    def samples(self, unit: UnitSpec) -> int | None:
-        return self.rows.get(unit.unit_path)
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
-        return RoundEval(validation_error=float(error), validation_loss=float(loss))
-
-    def description(self) -> dict[str, Any]:
-        return {"model": "mlp", "spec": self.spec.to_dict()}
-
-
-class _RangePlan:
-    """A torch model's units (`units` index ranges of the training part) and its state on
-    the coordinator (training/algorithms/torch_model.py)."""
-
-    def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
-                 model: str, dataset: str, dataset_dir: Path) -> None:
-        from training.algorithms import torch_model  # torch only for torch models
-
-        self.state = torch_model.LocalState(
-            torch_model.setup_of(model, config, dataset, dataset_dir), config["seed"],
-            config["batch_size"], optimizer)
-        ranges = torch_model.unit_ranges(len(self.state.setup.data.train), config["units"])
-        self.units = [UnitSpec(unit_id=f"shard{k}-{lo}-{hi}", unit_path="", index_start=lo,
-                               index_stop=hi) for k, (lo, hi) in enumerate(ranges)]
-
-    def initial_weights(self, seed: int) -> Weights:
-        return self.state.weights()
-
-    def samples(self, unit: UnitSpec) -> int | None:
-        if unit.index_start is None or unit.index_stop is None:
-            return None
-        return unit.index_stop - unit.index_start
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        return self.state.evaluate(weights)
-
-    def description(self) -> dict[str, Any]:
-        return self.state.description()
-
-    def expected_update(self, weights: Weights) -> TensorSpecs:
-        from training.algorithms import torch_model
-
-        return torch_model.expected_update(self.state.module, weights, gradients=False)
 
 
 def _index_range(unit: UnitSpec) -> tuple[int, int]:
@@ -365,11 +299,6 @@ def _server_kwargs(config: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
-def _unit_seed(seed: int, round_index: int, unit_id: str) -> int:
-    """A shuffling seed that depends on the unit, not on the node that runs it."""
-    return (seed * 1_000_003 + round_index * 7919 + zlib.crc32(unit_id.encode())) % (2**31)
-
-
 def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     if set(weights) != set(expected):
         raise ConfigError(
@@ -380,22 +309,3 @@ def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> N
             raise ConfigError(
                 f"tensor {name!r} has shape {weights[name].shape}, the model needs {value.shape}"
             )
-
-
-def _unit_files(dataset_dir: Path) -> list[str]:
-    """The `train_*` files, in natural order (train_letters2 before train_letters10)."""
-    files = [p.name for p in dataset_dir.glob("train_*") if p.is_file()]
-    if not files:
-        raise ConfigError(f"no train_* files in {dataset_dir}: each one is a work unit")
-    return sorted(files, key=_natural_key)
-
-
-def _natural_key(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _validation_data(dataset_dir: Path) -> tuple[Any, Any]:
-    files = sorted(p for p in dataset_dir.glob("validate_*") if p.is_file())
-    if not files:
-        raise ConfigError(f"no validate_* file in {dataset_dir}: the validation set is needed")
-    return load_letters(files[0])

@@ -28,22 +28,17 @@ import numpy as np
 import torch
 
 from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import (
-    AveragingAlgorithm,
+from training.algorithms.base import AveragingAlgorithm
+from training.algorithms.config_checks import (
     ConfigError,
-    RoundEval,
-    TensorSpecs,
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    Weights,
     check_round_size,
     check_type,
-    specs_of,
     split_aggregation,
 )
 from training.data import mnist
 from training.gan_training import (
+    PROBE_SEED,
+    PROBE_SIZE,
     adam,
     alternating_step,
     batch_indices,
@@ -61,6 +56,8 @@ from training.gan_training import (
 from training.models import gan_models
 from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
+from training.update_checks import specs_of
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
 DEFAULTS: dict[str, Any] = {
@@ -68,7 +65,6 @@ DEFAULTS: dict[str, Any] = {
     "beta2": 0.999, "seed": 1, "batchnorm": True,
 }
 UNIT_TAG = "fl"
-PROBE_SIZE, PROBE_SEED = 64, 12345
 
 
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,25 +20,11 @@ paper's Algorithm 1:
    dx_i/dw = 1/N sum_n d loss_n / dw; a lost feedback does not tilt the step towards the
    batches that kept theirs. ONE ``torch.autograd.backward`` through the kept graphs, then
    one Adam step of G.
-4. ``after_round``: every E = ``swap_every_epochs`` local epochs (a local epoch is
-   len(shard) // b iterations), the slots swap discriminators along a seeded random
-   derangement (nobody keeps its own, nobody gets two; no swap when N = 1): the node
-   holding D_i sends it to the node holding slot perm[i], node to node, or relayed
-   through the coordinator when an end cannot accept connections
-   (engine/session_moves.py). Parameters and buffers move, and by default (key
-   ``swap_optimizer``) Adam's moments and step count too: they describe the trajectory
-   of that D, and a D arriving with fresh moments would take its first steps at a full
-   lr whatever its gradients; the logs count both payloads separately. A move is staged
-   under the swap's id and installed by the first unit that carries that id, so a swap
-   never mixes with an iteration in flight.
+4. ``after_round``: every E = ``swap_every_epochs`` local epochs the slots swap
+   discriminators along a seeded random derangement (training/algorithms/md_gan_swaps.py).
 
-Sessions and placement. A slot's D lives where its last unit ran: each unit names that
-node as its preferred one (``UnitSpec.preferred_node``), and since training a unit changes
-its session, a unit never runs twice at once (``allows_backups = False``). A node that gets
-a unit for a slot it holds no session for (the first iteration, or a node taking over from
-one that crashed) creates that D from the seed, as the slot's D was at iteration 0; the
-slot then follows the new node. A node refuses a unit for an iteration its session has
-already trained (a late duplicate), so a D never trains twice on one iteration.
+A slot's D lives in a session on the node where its last unit ran, and its units prefer
+that node (training/algorithms/md_gan_node.py).
 
 Stale feedback. The engine drops results that arrive after their round; besides, each
 feedback carries its iteration, and ``aggregate`` ignores any that is not the current one.
@@ -58,48 +44,49 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from training.algorithms.base import (
-    Algorithm,
-    ConfigError,
+from training.algorithms.base import Algorithm
+from training.algorithms.config_checks import ConfigError, check_type, split_aggregation
+from training.algorithms.md_gan_node import (
+    D_STATS,
+    FEEDBACK,
+    ITERATION,
+    SWAP_ID,
+    X_D,
+    X_G,
+    train_slot,
+)
+from training.algorithms.md_gan_swaps import DiscriminatorSwaps, SwapStats, session_sizes
+from training.data.mnist import IMAGES_FILE
+from training.gan_training import (
+    adam,
+    check_adam,
+    check_positive,
+    check_shards,
+    noise,
+    slot_of,
+    slot_unit_id,
+    training_size,
+)
+from training.models import gan_models
+from training.models.modules import float32_copy
+from training.optimizer_state import ADAM_KEYS, load_optimizer_arrays, optimizer_arrays
+from training.outputs import gan_metrics
+from training.units import (
     RoundEval,
-    SessionMoved,
-    SessionMoveError,
-    SessionMoves,
     UnitFailure,
     UnitJob,
     UnitOutput,
     UnitResult,
     UnitSpec,
     Weights,
-    check_type,
-    split_aggregation,
 )
-from training.data.mnist import IMAGES_FILE
-from training.gan_training import (
-    adam,
-    batch_indices,
-    check_adam,
-    check_positive,
-    check_shards,
-    d_step,
-    g_loss,
-    noise,
-    real_batch,
-    shard_indices,
-    slot_of,
-    slot_unit_id,
-    training_size,
-)
-from training.models import gan_models
-from training.outputs import gan_metrics
 
 log = logging.getLogger("training.md_gan")
 
@@ -110,39 +97,13 @@ DEFAULTS: dict[str, Any] = {
     "seed": 1, "batchnorm": True,
 }
 UNIT_TAG = "md"
+OPTIM_G = "optim.G.adam."  # prefix of G's Adam state in a checkpoint
 MAX_SWAP_EPOCHS = 1e9
-X_G, X_D, SWAP_ID = "x_g", "x_d", "swap_id"  # a unit's tensors
-FEEDBACK, ITERATION, D_STATS = "feedback", "iteration", "d_stats"  # a unit's update
-ADAM = "adam."  # prefix of the optimizer state in a session's tensors
-DERANGEMENT_TRIES = 200
-
-
-def session_name(slot: int) -> str:
-    return f"d{slot}"
 
 
 def resolve_k(k: int | str, workers: int) -> int:
     """Batches generated per iteration: k, or floor(log2 N) (at least 1) for "log2"."""
     return max(1, int(math.floor(math.log2(workers)))) if k == "log2" else int(k)
-
-
-def derangement(n: int, rng: np.random.Generator) -> list[int]:
-    """A random permutation without fixed points (slot i's D goes to slot perm[i]).
-
-    Uniform over derangements by rejection (a try succeeds with probability ~1/e); after
-    DERANGEMENT_TRIES misses (odds below 1e-39) a random n-cycle (Sattolo) is used.
-    """
-    if n < 2:
-        raise ValueError(f"a derangement needs at least 2 elements, got {n}")
-    for _ in range(DERANGEMENT_TRIES):
-        perm = rng.permutation(n)
-        if not np.any(perm == np.arange(n)):
-            return [int(i) for i in perm]
-    perm = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = int(rng.integers(0, i))
-        perm[i], perm[j] = perm[j], perm[i]
-    return perm
 
 
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,121 +139,6 @@ def _check_k(value: Any) -> int | str:
     raise ConfigError(f"config key 'k' must be an integer >= 1 or \"log2\", got {value!r}")
 
 
-# ------------------------------------------------------------------ node half
-
-
-class Discriminator:
-    """A slot's D and its Adam: the state of a node session."""
-
-    def __init__(self, spec: gan_models.GanSpec, config: Mapping[str, Any], slot: int,
-                 device: str = "cpu") -> None:
-        # Each slot's D starts from its own seed, the same on every node.
-        _, d = gan_models.build_gan(spec, seed=config["seed"] + 1000 * (slot + 1))
-        self.d = d.to(device)
-        self.config = dict(config)
-        self.optimizer = adam(self.d.parameters(), config)
-
-    def export(self) -> Weights:
-        """Parameters and buffers (``D.``), plus Adam's state (``adam.``) when it moves."""
-        state = gan_models.state_to_numpy(self.d, "D.")
-        if self.config["swap_optimizer"]:
-            state.update(_adam_arrays(self.d, self.optimizer))
-        return state
-
-    def load(self, tensors: Mapping[str, np.ndarray]) -> None:
-        """Install an imported state; without Adam state the optimizer starts afresh."""
-        gan_models.numpy_to_state(self.d, tensors, "D.")
-        self.optimizer = adam(self.d.parameters(), self.config)
-        _load_adam(self.d, self.optimizer, tensors)
-
-    def feedback(self, x_g: torch.Tensor) -> np.ndarray:
-        """F = d loss_G / d X_g through this D."""
-        x = x_g.detach().clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(g_loss(self.d(x)), x)
-        return _float32(grad)
-
-
-def _adam_arrays(module: nn.Module, optimizer: torch.optim.Optimizer) -> Weights:
-    return {f"{ADAM}{name}.{key}": _float32(value)
-            for name, param in module.named_parameters()
-            for key, value in optimizer.state.get(param, {}).items()}
-
-
-def _load_adam(module: nn.Module, optimizer: torch.optim.Optimizer,
-               tensors: Mapping[str, np.ndarray]) -> None:
-    for name, param in module.named_parameters():
-        keys = {key[len(ADAM) + len(name) + 1:]: value for key, value in tensors.items()
-                if key.startswith(f"{ADAM}{name}.")}
-        if not keys:
-            continue
-        if sorted(keys) != ["exp_avg", "exp_avg_sq", "step"]:
-            raise ValueError(f"Adam state of {name} holds {sorted(keys)}")
-        optimizer.state[param] = {
-            "step": torch.tensor(float(keys["step"])),  # Adam keeps its step on the CPU
-            "exp_avg": torch.from_numpy(np.array(keys["exp_avg"])).to(param.device),
-            "exp_avg_sq": torch.from_numpy(np.array(keys["exp_avg_sq"])).to(param.device)}
-
-
-def _float32(tensor: torch.Tensor) -> np.ndarray:
-    return np.array(tensor.detach().cpu().numpy(), dtype=np.float32, copy=True)
-
-
-def _unit_inputs(tensors: Mapping[str, np.ndarray], spec: gan_models.GanSpec, batch_size: int,
-                 device: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-    if sorted(tensors) != sorted((X_G, X_D, SWAP_ID)):
-        raise ConfigError(f"an md_gan unit carries {X_G}, {X_D} and {SWAP_ID}, "
-                          f"got {sorted(tensors)[:5]}")
-    shape = (batch_size, *spec.image_shape)
-    for name in (X_G, X_D):
-        if tensors[name].shape != shape:
-            raise ConfigError(f"{name} has shape {tensors[name].shape}, expected {shape}")
-    x_g, x_d = (torch.from_numpy(np.asarray(tensors[n], np.float32)).to(device)
-                for n in (X_G, X_D))
-    return x_g, x_d, int(np.asarray(tensors[SWAP_ID]).reshape(-1)[0])
-
-
-def _session_discriminator(session: Any, spec: gan_models.GanSpec, config: Mapping[str, Any],
-                           slot: int, swap_id: int, device: str) -> Discriminator:
-    """The slot's D, created from the seed if this node holds none, with any import
-    staged for this swap id (or an earlier one) installed first."""
-    staged = session.take_staged(swap_id)
-    if session.state is None:
-        log.info("slot %d: no discriminator on this node; starting one from the seed", slot)
-        session.state = Discriminator(spec, config, slot, device)
-    if staged is not None:
-        session.state.load(staged)
-    return session.state
-
-
-def _real(dataset_dir: Path, config: Mapping[str, Any], slot: int,
-          iteration: int) -> torch.Tensor:
-    """The slot's real batch of this iteration (one per iteration, as in Algorithm 1)."""
-    shard = shard_indices(training_size(dataset_dir), slot, config["workers"], config["seed"])
-    return real_batch(dataset_dir, batch_indices(shard, config["batch_size"], iteration - 1,
-                                                 config["seed"], slot))
-
-
-def _train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], slot: int,
-                spec: gan_models.GanSpec) -> UnitOutput:
-    x_g, x_d, swap_id = _unit_inputs(job.weights, spec, config["batch_size"], job.device)
-    name = session_name(slot)
-    with job.sessions.use(job.run_id, name) as session:
-        if job.round <= session.last_round:
-            raise ConfigError(f"unit {job.unit.unit_id}: session {name} has already trained "
-                              f"iteration {session.last_round}; a late duplicate is refused")
-        disc = _session_discriminator(session, spec, config, slot, swap_id, job.device)
-        real = _real(dataset_dir, config, slot, job.round).to(job.device)
-        for _ in range(config["disc_steps"]):
-            job.control.step()
-            loss, wrong = d_step(disc.d, disc.optimizer, real, x_d)
-        feedback = disc.feedback(x_g)
-        session.last_round = job.round
-    error = wrong / (2 * len(real))
-    update = {FEEDBACK: feedback, ITERATION: np.array([job.round], np.int64),
-              D_STATS: np.array([loss, error], np.float32)}
-    return UnitOutput(update=update, num_samples=len(real), loss=loss, error=error)
-
-
 # ------------------------------------------------------------------ coordinator half
 
 
@@ -314,20 +160,7 @@ class _Iteration:
         return (slot + 1) % self.k if self.k > 1 else 1
 
 
-@dataclass
-class SwapStats:
-    """Totals over the run's swaps; model and optimizer bytes are counted apart."""
-
-    swaps: int = 0
-    moved: int = 0
-    relayed: int = 0
-    failed: int = 0
-    model_bytes: int = 0
-    optimizer_bytes: int = 0
-    log: list[dict[str, Any]] = field(default_factory=list)
-
-
-class MDGan(Algorithm):
+class MDGan(DiscriminatorSwaps, Algorithm):
     """See the module docstring."""
 
     name = "md_gan"
@@ -354,7 +187,7 @@ class MDGan(Algorithm):
                               "this node offers none")
         slot = slot_of(job.unit.unit_id, config["workers"])
         spec = gan_models.gan_spec(job.model, config["batchnorm"])
-        return _train_slot(job, dataset_dir, config, slot, spec)
+        return train_slot(job, dataset_dir, config, slot, spec)
 
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
@@ -371,7 +204,7 @@ class MDGan(Algorithm):
         self.placement: dict[int, str] = {}  # slot -> node holding its D
         self.swaps_done = 0
         self.swap_stats = SwapStats()
-        self.model_bytes, self.optimizer_bytes = _session_sizes(self.spec, c)
+        self.model_bytes, self.optimizer_bytes = session_sizes(self.spec, c)
         self._iteration: _Iteration | None = None
         self._last = RoundEval(validation_error=math.nan, validation_loss=math.nan)
 
@@ -392,10 +225,10 @@ class MDGan(Algorithm):
         b, z_dim, seed = self.config["batch_size"], self.spec.z_dim, self.config["seed"]
         self.g.train()
         batches = [self.g(noise(z_dim, b, seed, round_index, j)) for j in range(self.k)]
-        images = [_float32(x) for x in batches]
+        images = [float32_copy(x) for x in batches]
         if self.k == 1:
             with torch.no_grad():
-                images.append(_float32(self.g(noise(z_dim, b, seed, round_index, 1))))
+                images.append(float32_copy(self.g(noise(z_dim, b, seed, round_index, 1))))
         units = [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), IMAGES_FILE,
                           preferred_node=self.placement.get(slot))
                  for slot in range(self.workers)]
@@ -465,60 +298,6 @@ class MDGan(Algorithm):
             raise ValueError(f"no feedback of iteration {it.round} to apply")
         return sums, counts, stats
 
-    # ---------------------------------------------------------------- swaps
-    def after_round(self, round_index: int, sessions: SessionMoves) -> None:
-        """Note where each slot's D now lives; swap the discriminators when due."""
-        for unit_id, node in sessions.placement.items():
-            self.placement[slot_of(unit_id, self.workers)] = node
-        if self.config["swap"] and self.workers > 1 and round_index % self.swap_period == 0:
-            self.swap(sessions)
-
-    def swap(self, sessions: SessionMoves) -> list[int]:
-        """Move D_i to slot perm[i] for a fresh derangement; returns the permutation."""
-        swap_id = self.swaps_done + 1
-        perm = derangement(self.workers, np.random.default_rng([self.config["seed"], swap_id]))
-        moved = relayed = failed = 0
-        for source, target in enumerate(perm):
-            try:
-                result = self._move(sessions, source, target, swap_id)
-            except SessionMoveError as exc:
-                log.warning("swap %d: D of slot %d stays behind: %s", swap_id, source, exc)
-                failed += 1
-                continue
-            moved += 1
-            relayed += result.relayed
-        self.swaps_done = swap_id
-        self._record_swap(swap_id, perm, moved, relayed, failed)
-        return perm
-
-    def _move(self, sessions: SessionMoves, source: int, target: int,
-              swap_id: int) -> SessionMoved:
-        if source not in self.placement or target not in self.placement:
-            raise SessionMoveError(f"slot {source if source not in self.placement else target}"
-                                   " has not run on any node yet")
-        result = sessions.move(self.placement[source], session_name(source),
-                               self.placement[target], session_name(target), swap_id)
-        if result.bytes != self.model_bytes + self.optimizer_bytes:
-            log.warning("swap %d: slot %d moved %d bytes, expected %d", swap_id, source,
-                        result.bytes, self.model_bytes + self.optimizer_bytes)
-        return result
-
-    def _record_swap(self, swap_id: int, perm: list[int], moved: int, relayed: int,
-                     failed: int) -> None:
-        s = self.swap_stats
-        s.swaps += 1
-        s.moved += moved
-        s.relayed += relayed
-        s.failed += failed
-        s.model_bytes += moved * self.model_bytes
-        s.optimizer_bytes += moved * self.optimizer_bytes
-        s.log.append({"swap": swap_id, "perm": perm, "moved": moved, "relayed": relayed,
-                      "failed": failed})
-        log.info("swap %d: %d discriminators moved (%d relayed, %d failed); %d B of "
-                 "parameters and buffers + %d B of Adam state", swap_id, moved, relayed,
-                 failed, moved * self.model_bytes, moved * self.optimizer_bytes)
-
-    # ------------------------------------------------------------ the model
     def quorum(self, num_units: int) -> int:
         return num_units
 
@@ -543,20 +322,12 @@ class MDGan(Algorithm):
     def state_dict(self) -> dict[str, np.ndarray]:
         """G's weights and Adam state and the swap count, so a resumed run goes on."""
         return {**gan_models.state_to_numpy(self.g, "generator."),
-                **{f"optim.G.{k}": v for k, v in _adam_arrays(self.g, self.opt_g).items()},
+                **optimizer_arrays(dict(self.g.named_parameters()), self.opt_g, OPTIM_G),
                 "swaps_done": np.array(self.swaps_done, np.int64)}
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         gan_models.numpy_to_state(self.g, state, "generator.")
-        _load_adam(self.g, self.opt_g, {k[len("optim.G."):]: v for k, v in state.items()
-                                        if k.startswith("optim.G.")})
+        load_optimizer_arrays(dict(self.g.named_parameters()), self.opt_g, state, OPTIM_G,
+                              ADAM_KEYS)
         self.swaps_done = int(state["swaps_done"])
         self._iteration = None
-
-
-def _session_sizes(spec: gan_models.GanSpec, config: Mapping[str, Any]) -> tuple[int, int]:
-    """Bytes of a D's parameters and buffers, and of its Adam state, as a swap sends them."""
-    d = Discriminator(spec, config, 0).d
-    model = sum(a.nbytes for a in gan_models.state_to_numpy(d).values())
-    optimizer = sum(2 * 4 * p.numel() + 4 for p in d.parameters())
-    return model, optimizer if config["swap_optimizer"] else 0

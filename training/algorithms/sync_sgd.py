@@ -29,78 +29,45 @@ Models and data sets:
   training part);
   ``dcgan64`` / ``dcgan64-tiny``: any image folder (``training/data/image_folder.py``).
 
-GAN maths. D's and G's gradients are both computed from the SAME received (G, D) version:
-this is simultaneous gradient descent, not the usual alternating update (D step, then G step
-against the new D). D minimises BCE(D(x), 1) + BCE(D(G(z)), 0), G minimises the
-non-saturating BCE(D(G(z)), 1), all with logits. The noise z of a unit is drawn from a seed
-derived from (seed, round, unit_id), so any node (and a single-process reference) produces the
-same fakes for the same unit.
+The maths of each kind of model lives apart: training/algorithms/sync_mlp.py (the letters
+MLP), training/algorithms/sync_gan.py (the GANs: simultaneous gradients of G and D, BatchNorm
+statistics averaged), training/algorithms/torch_model.py (any other torch model), and the
+training part the units walk through, training/algorithms/sync_data.py.
 
-BatchNorm. Gradients alone never move the coordinator's BN running statistics, and its
-models are only evaluated, never run in training mode; so a node returns the running
-statistics its modules hold after its pass over the unit, and the engine averages them
-(weighted by sample counts) like the gradients; ``apply`` installs the average. With BN, the
-average of per-unit gradients is not the full-batch gradient (batch statistics are per
-micro-batch): that is inherent to data-parallel BN, not a bug.
-
-Names on the wire. Weights: ``G.<state_dict name>`` / ``D.<state_dict name>`` (parameters and
-buffers, float32), or the MLP's own ``W``, ``W2``, ..., ``V``. Updates: ``grad.<weight name>``
-for every parameter and ``buffer.<weight name>`` for every buffer (e.g. ``grad.D.net.0.weight``,
-``buffer.G.project.1.running_mean``).
-
-Per-round evaluation must stay cheap. For the MLP it is the validation error and loss. For a
-GAN there is no validation error: ``evaluate`` returns the current D's error rate and BCE loss
-on a fixed probe of 64 real images (MNIST: the first held-out ones; an image folder: its first
-images) and 64 fakes from fixed noise, both models in eval mode. An error near 0.5 means D
-cannot tell G's images from real ones; it is a progress proxy, not a quality metric (FID).
+Per-round evaluation must stay cheap: for the MLP and torch models the validation error and
+loss; for a GAN, D's error on a fixed probe of real images and fakes (a progress proxy).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
-from torch.nn import functional as F
 
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms import torch_model
-from training.algorithms.base import (
-    AveragingAlgorithm,
+from training.algorithms.base import AveragingAlgorithm
+from training.algorithms.config_checks import (
     ConfigError,
-    RoundEval,
-    TensorSpecs,
-    UnitJob,
-    UnitOutput,
-    UnitSpec,
-    Weights,
     check_round_size,
     check_type,
-    specs_of,
     split_aggregation,
     with_workload,
 )
-from training.cancel import no_step
-from training.data import image_folder, mnist
-from training.data.letters import load_letters
-from training.models import gan_models, mlp
-from training.models.modules import copy_into
-from training.models.names import GAN_MODELS, is_module_model
-from training.models.pool import ModulePool
+from training.algorithms.sync_data import Examples, TrainingPart, training_part
+from training.algorithms.sync_gan import GanState, run_gan_unit
+from training.algorithms.sync_mlp import MlpState, run_mlp_unit
+from training.models import gan_models
+from training.models.names import BUFFER, GAN_MODELS, GRAD, is_module_model
+from training.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from training.outputs import gan_metrics
 from training.unit_parts import part_bounds
-
-GRAD = "grad."
-BUFFER = "buffer."
-PROBE_SIZE = 64  # real and fake images scored by a GAN's cheap per-round evaluation
-PROBE_SEED = 12345
+from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
+from training.update_checks import specs_of
 
 # Keys of every model; units_per_iteration defaults to K + 1 (one spare unit per round).
 COMMON_DEFAULTS: dict[str, Any] = {
@@ -164,200 +131,6 @@ def _check_ranges(config: Mapping[str, Any]) -> None:
                           f"got {config['weight_decay']}")
 
 
-# ------------------------------------------------------------------ data sets
-
-
-class _Letters:
-    """The letters training part: the ``train_*`` files concatenated in natural order."""
-
-    def __init__(self, folder: Path) -> None:
-        files = sorted((p for p in folder.glob("train_*") if p.is_file()),
-                       key=lambda p: [int(s) if s.isdigit() else s
-                                      for s in re.split(r"(\d+)", p.name)])
-        if not files:
-            raise ConfigError(f"no train_* files in {folder}: the MLP trains on them")
-        parts = [load_letters(path) for path in files]
-        self.features = np.concatenate([x for x, _ in parts])
-        self.labels = np.concatenate([y for _, y in parts])
-        self.ends = np.cumsum([len(y) for _, y in parts])
-        self.names = [p.name for p in files]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def path_of(self, index: int) -> str:
-        return self.names[int(np.searchsorted(self.ends, index, side="right"))]
-
-    def load(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        mnist.check_index_range(start, stop, len(self), "the letters training part")
-        return self.features[start:stop], self.labels[start:stop]
-
-
-class _Mnist:
-    """The MNIST training part (8,000 images); every unit lies in the images file."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.size = len(mnist.training_part(folder)[0])
-
-    def __len__(self) -> int:
-        return self.size
-
-    def path_of(self, index: int) -> str:
-        return mnist.IMAGES_FILE
-
-    def load(self, start: int, stop: int) -> torch.Tensor:
-        return mnist.training_range(start, stop, self.folder)
-
-    def probe(self) -> torch.Tensor:
-        return mnist.to_model_input(mnist.held_out_part(self.folder)[0][:PROBE_SIZE])
-
-
-class _Folder:
-    """An image folder at 64x64; a unit is named by the relative path of its first image."""
-
-    def __init__(self, folder: Path) -> None:
-        self.images = image_folder.ImageFolder(folder)
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def path_of(self, index: int) -> str:
-        return self.images.paths[index].relative_to(self.images.folder).as_posix()
-
-    def load(self, start: int, stop: int) -> torch.Tensor:
-        return self.images.load_range(start, stop)
-
-    def probe(self) -> torch.Tensor:
-        return self.images.load_range(0, min(PROBE_SIZE, len(self.images)))
-
-
-class _Examples:
-    """A torch model's training part as the units see it: index ranges, no files."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def path_of(self, index: int) -> str:
-        return ""
-
-
-@functools.lru_cache(maxsize=4)
-def _data(model: str, folder: str) -> _Letters | _Mnist | _Folder:
-    """The training part of a data set, read once per process (a node serves many units)."""
-    try:
-        if model == "mlp":
-            return _Letters(Path(folder))
-        if gan_models.is_mnist_model(model):
-            return _Mnist(Path(folder))
-        return _Folder(Path(folder))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"data set {folder} cannot serve model {model!r}: {exc}") from exc
-
-
-def _dataset(model: str, folder: Path) -> _Letters | _Mnist | _Folder:
-    return _data(model, str(folder.resolve()))
-
-
-# ------------------------------------------------------------------ randomness
-
-
-def unit_seed(seed: int, round_index: int, unit_id: str) -> int:
-    """A seed that depends on the unit, not on the node that runs it."""
-    return (seed * 1_000_003 + round_index * 7919 + zlib.crc32(unit_id.encode())) % (2**31)
-
-
-def unit_noise(z_dim: int, n: int, seed: int, round_index: int, unit_id: str) -> torch.Tensor:
-    """The noise (n, z_dim) behind a unit's fakes; drawn at once so that the micro-batch size
-    cannot change it."""
-    generator = torch.Generator().manual_seed(unit_seed(seed, round_index, unit_id))
-    return torch.randn(n, z_dim, generator=generator)
-
-
-# ------------------------------------------------------------------ node maths
-
-
-def gan_losses(g: nn.Module, d: nn.Module, real: torch.Tensor,
-               z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(D loss, G loss, D's misclassified count) on one batch, both from the same (G, D):
-    D's loss treats the fakes as data (only D's parameters are differentiated for it)."""
-    fake = g(z)
-    real_logits, fake_logits = d(real), d(fake)
-    d_loss = (F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits))
-              + F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits)))
-    g_loss = F.binary_cross_entropy_with_logits(fake_logits, torch.ones_like(fake_logits))
-    wrong = (real_logits <= 0).sum() + (fake_logits > 0).sum()
-    return d_loss, g_loss, wrong
-
-
-def gan_unit_update(g: nn.Module, d: nn.Module, real: torch.Tensor, z: torch.Tensor,
-                    batch_size: int, step: Callable[[], None] = no_step
-                    ) -> tuple[Weights, float, float]:
-    """Mean gradients over the unit (micro-batches weighted by their share) and the modules'
-    buffers after the pass; also the mean D loss and D's error rate on reals and fakes.
-    ``step`` is called before every micro-batch (a node's cancel check)."""
-    g.train()
-    d.train()
-    g_params, d_params = list(g.parameters()), list(d.parameters())
-    g_sum = [torch.zeros_like(p) for p in g_params]
-    d_sum = [torch.zeros_like(p) for p in d_params]
-    n, loss, wrong = len(real), 0.0, 0
-    for start in range(0, n, batch_size):
-        step()
-        share = len(real[start:start + batch_size]) / n
-        d_loss, g_loss, batch_wrong = gan_losses(g, d, real[start:start + batch_size],
-                                                 z[start:start + batch_size])
-        for total, grad in zip(d_sum, torch.autograd.grad(d_loss * share, d_params,
-                                                          retain_graph=True), strict=True):
-            total += grad
-        for total, grad in zip(g_sum, torch.autograd.grad(g_loss * share, g_params),
-                               strict=True):
-            total += grad
-        loss += float(d_loss.detach()) * share
-        wrong += int(batch_wrong)
-    update = {**_named(GRAD + "G.", g.named_parameters(), g_sum),
-              **_named(GRAD + "D.", d.named_parameters(), d_sum),
-              **_buffers(g, BUFFER + "G."), **_buffers(d, BUFFER + "D.")}
-    return update, loss, wrong / (2 * n)
-
-
-def _float32(tensor: torch.Tensor) -> np.ndarray:
-    """A float32 copy: a view would let a later step change an update waiting to be sent."""
-    return np.array(tensor.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
-
-
-def _named(prefix: str, named: Iterable[tuple[str, nn.Parameter]],
-           values: list[torch.Tensor]) -> Weights:
-    return {prefix + name: _float32(value)
-            for (name, _), value in zip(named, values, strict=True)}
-
-
-def _buffers(module: nn.Module, prefix: str) -> Weights:
-    return {prefix + name: _float32(b) for name, b in module.named_buffers()}
-
-
-def mlp_unit_gradients(weights: Mapping[str, np.ndarray], features: np.ndarray,
-                       labels: np.ndarray, spec: mlp.MLPSpec, batch_size: int,
-                       step: Callable[[], None] = no_step) -> Weights:
-    """The mean cross-entropy gradient over the unit, summed over micro-batches in float64
-    (mlp's own backpropagation), returned as float32 ``grad.<name>`` arrays. ``step`` is
-    called before every micro-batch (a node's cancel check)."""
-    params = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
-    inputs = mlp._inputs(features, spec)
-    total = {name: np.zeros_like(value) for name, value in params.items()}
-    for start in range(0, len(labels), batch_size):
-        step()
-        acts, pres = mlp._hidden_pass(params, inputs[start:start + batch_size], spec)
-        probs = mlp._softmax(mlp._affine(acts[-1], params["V"]))
-        grad_out = mlp._output_grad(probs, labels[start:start + batch_size])
-        for name, grad in mlp._gradients(params, acts, pres, grad_out, spec).items():
-            total[name] += grad
-    return {GRAD + name: (value / len(labels)).astype(np.float32) for name, value in total.items()}
-
-
 # ------------------------------------------------------------------ the algorithm
 
 
@@ -419,15 +192,8 @@ class SyncSGD(AveragingAlgorithm):
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         config = cls.check_config(job.model, job.config)
-        start, stop = job.unit.index_start, job.unit.index_stop
-        if start is None or stop is None:
-            raise ConfigError(f"unit {job.unit.unit_id} has no index range; {cls.name} needs one")
-        if is_module_model(job.model):
-            return torch_model.sync_unit(job, dataset_dir, start, stop, config["batch_size"])
-        data = _dataset(job.model, dataset_dir)
-        if job.model == "mlp":
-            return _run_mlp_unit(job, config, *data.load(start, stop))
-        return _run_gan_unit(job, config, data.load(start, stop))
+        start, stop = cls._unit_range(job)
+        return _mean_gradient(job, config, dataset_dir, start, stop)
 
     @classmethod
     def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
@@ -436,19 +202,19 @@ class SyncSGD(AveragingAlgorithm):
         GAN's share takes its rows of the unit's noise, so the shares' sample-weighted
         mean is the unit's gradient."""
         config = cls.check_config(job.model, job.config)
-        start, stop = job.unit.index_start, job.unit.index_stop
-        if start is None or stop is None:
-            raise ConfigError(f"unit {job.unit.unit_id} has no index range; {cls.name} needs one")
+        start, stop = cls._unit_range(job)
         lo, hi = part_bounds(stop - start, part, parts, config["batch_size"])
         if lo == hi:
             return None
-        if is_module_model(job.model):
-            return torch_model.sync_unit(job, dataset_dir, start + lo, start + hi,
-                                         config["batch_size"])
-        data = _dataset(job.model, dataset_dir)
-        if job.model == "mlp":
-            return _run_mlp_unit(job, config, *data.load(start + lo, start + hi))
-        return _run_gan_unit(job, config, data.load(start + lo, start + hi), (lo, stop - start))
+        return _mean_gradient(job, config, dataset_dir, start + lo, start + hi,
+                              (lo, stop - start))
+
+    @classmethod
+    def _unit_range(cls, job: UnitJob) -> tuple[int, int]:
+        start, stop = job.unit.index_start, job.unit.index_stop
+        if start is None or stop is None:
+            raise ConfigError(f"unit {job.unit.unit_id} has no index range; {cls.name} needs one")
+        return start, stop
 
     # ------------------------------------------------------ coordinator half
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
@@ -457,17 +223,18 @@ class SyncSGD(AveragingAlgorithm):
         # The first K results of a round are combined.
         check_round_size(self.config[AGGREGATION], self.quorum(self.config["units_per_iteration"]))
         self.unit_size = self.config["images_per_work_unit"]
-        self.state: _MlpState | _GanState | torch_model.SyncState
+        self.state: MlpState | GanState | torch_model.SyncState
         if is_module_model(model):
             setup = torch_model.setup_of(model, self.config, self.dataset, dataset_dir)
-            self.data: _Letters | _Mnist | _Folder | _Examples = _Examples(len(setup.data.train))
+            self.data: TrainingPart | Examples = Examples(len(setup.data.train))
             self.state = torch_model.SyncState(setup, self.config)
         elif model == "mlp":
-            self.data = _dataset(model, dataset_dir)
-            self.state = _MlpState(self.config, dataset_dir)
+            self.data = training_part(model, dataset_dir)
+            self.state = MlpState(self.config, dataset_dir, MLP_BETAS)
         else:
-            self.data = _dataset(model, dataset_dir)
-            self.state = _GanState(model, self.config, self.data.probe())
+            data = training_part(model, dataset_dir)
+            self.data = data
+            self.state = GanState(model, self.config, data.probe())
         self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
 
     def initial_weights(self) -> Weights:
@@ -526,7 +293,7 @@ class SyncSGD(AveragingAlgorithm):
     def sample_images(self, weights: Weights, n: int, seed: int = 0) -> np.ndarray | None:
         """n images from ``weights``' generator (not necessarily the last one stepped:
         a saved state's, for instance)."""
-        if not isinstance(self.state, _GanState):
+        if not isinstance(self.state, GanState):
             return None
         gan_models.numpy_to_state(self.state.g, weights, "G.")
         return gan_models.sample_images(self.state.g, n, seed).numpy()
@@ -534,208 +301,29 @@ class SyncSGD(AveragingAlgorithm):
     def score(self, weights: Weights, n: int) -> dict[str, float]:
         """IS and FID (classifier features and logits) of ``weights``' generator, for
         the 28x28 MNIST models."""
-        if not (isinstance(self.state, _GanState) and gan_models.is_mnist_model(self.model)):
+        if not (isinstance(self.state, GanState) and gan_models.is_mnist_model(self.model)):
             return {}
         gan_models.numpy_to_state(self.state.g, weights, "G.")
         images = gan_models.sample_images(self.state.g, n, seed=gan_metrics.SCORE_SEED)
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {f"optim.{group}.{key}": value
-                for group, (named, optimizer) in self.state.optimizers().items()
-                for key, value in _optimizer_arrays(named, optimizer).items()}
+        """Each coordinator optimizer's state, under ``optim.<group>.``."""
+        return {key: value for group, (named, optimizer) in self.state.optimizers().items()
+                for key, value in optimizer_arrays(named, optimizer, f"optim.{group}.").items()}
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for group, (named, optimizer) in self.state.optimizers().items():
-            _load_optimizer_arrays(named, optimizer, state, f"optim.{group}.")
+            load_optimizer_arrays(named, optimizer, state, f"optim.{group}.")
 
 
-def _load_optimizer_arrays(named: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                           state: Mapping[str, np.ndarray], prefix: str) -> None:
-    """Put Adam's step and moments back from the arrays `_optimizer_arrays` made."""
-    for name, param in named.items():
-        keys = {key[len(prefix) + len(name) + 1:]: value for key, value in state.items()
-                if key.startswith(f"{prefix}{name}.")}
-        if keys:
-            optimizer.state[param] = {key: torch.from_numpy(np.array(value, copy=True))
-                                      for key, value in keys.items()}
-
-
-def _optimizer_arrays(named: Mapping[str, torch.Tensor],
-                      optimizer: torch.optim.Optimizer) -> dict[str, np.ndarray]:
-    """Adam's step and moments per parameter, keyed ``<param>.<state key>``."""
-    return {f"{name}.{key}": np.array(value.detach().cpu().numpy(), dtype=np.float32)
-            for name, param in named.items()
-            for key, value in optimizer.state.get(param, {}).items()}
-
-
-# ------------------------------------------------------------------ node halves
-
-
-def _run_mlp_unit(job: UnitJob, config: Mapping[str, Any], features: np.ndarray,
-                  labels: np.ndarray) -> UnitOutput:
-    spec = _mlp_spec(config)
-    mlp._check_params(job.weights, spec)
-    update = mlp_unit_gradients(job.weights, features, labels, spec, config["batch_size"],
-                                job.control.step)
-    error, loss = mlp.evaluate(job.weights, features, labels, spec)
-    return UnitOutput(update=update, num_samples=len(labels), loss=loss, error=error)
-
-
-# Built (G, D) pairs kept between units, by GAN spec and device.
-_MODULES: ModulePool[tuple[nn.Module, nn.Module]] = ModulePool()
-
-
-def _run_gan_unit(job: UnitJob, config: Mapping[str, Any], real: torch.Tensor,
-                  share: tuple[int, int] | None = None) -> UnitOutput:
-    spec = gan_models.gan_spec(job.model, config["batchnorm"])
-    def build() -> tuple[nn.Module, nn.Module]:
-        g, d = gan_models.build_gan(spec)
-        return g.to(job.device), d.to(job.device)
-
-    with _MODULES.borrow((spec, job.device), build) as (g, d):
-        return _gan_unit_with(g, d, spec, job, config, real, share)
-
-
-def _gan_unit_with(g: nn.Module, d: nn.Module, spec: gan_models.GanSpec, job: UnitJob,
-                   config: Mapping[str, Any], real: torch.Tensor,
-                   share: tuple[int, int] | None = None) -> UnitOutput:
-    """``share`` (first row, unit size): ``real`` is that share of a larger unit."""
-    try:
-        gan_models.numpy_to_state(g, job.weights, "G.")
-        gan_models.numpy_to_state(d, job.weights, "D.")
-    except ValueError as exc:
-        raise ConfigError(f"weights do not fit {job.model}: {exc}") from exc
-    # The noise is drawn on the CPU, so a unit's fakes are the same on every device.
-    first, size = share or (0, len(real))
-    z = unit_noise(spec.z_dim, size, config["seed"], job.round, job.unit.unit_id)
-    z = z[first:first + len(real)]
-    real, z = real.to(job.device), z.to(job.device)
-    update, loss, error = gan_unit_update(g, d, real, z, config["batch_size"],
-                                          job.control.step)
-    return UnitOutput(update=update, num_samples=len(real), loss=loss, error=error)
-
-
-def _mlp_spec(config: Mapping[str, Any]) -> mlp.MLPSpec:
-    return mlp.MLPSpec(hidden=tuple(config["hidden"]), scale_features=config["scale_features"])
-
-
-# ------------------------------------------------------------------ coordinator states
-
-
-def _check_update(average: Mapping[str, np.ndarray], expected: list[str]) -> None:
-    """A partial or foreign update is a bug somewhere; refuse it before any step."""
-    if sorted(average) != sorted(expected):
-        missing = sorted(set(expected) - set(average))[:3]
-        unexpected = sorted(set(average) - set(expected))[:3]
-        raise ValueError(f"averaged update does not match the model: missing {missing}, "
-                         f"unexpected {unexpected}")
-
-
-class _MlpState:
-    """The MLP's parameters as float32 torch leaves and their Adam optimizer."""
-
-    def __init__(self, config: Mapping[str, Any], dataset_dir: Path) -> None:
-        self.spec = _mlp_spec(config)
-        initial = mlp.init_params(self.spec, seed=config["seed"])
-        self.params = {name: torch.tensor(value, dtype=torch.float32, requires_grad=True)
-                       for name, value in initial.items()}
-        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=config["lr"],
-                                          betas=MLP_BETAS)
-        self.validation = _letters_validation(dataset_dir)
-
-    def weights(self) -> Weights:
-        return {name: _float32(p) for name, p in self.params.items()}
-
-    def step(self, weights: Weights, average: Weights) -> Weights:
-        _check_update(average, [GRAD + name for name in self.params])
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.copy_(torch.from_numpy(np.asarray(weights[name], dtype=np.float32)))
-                param.grad = torch.from_numpy(np.asarray(average[GRAD + name], np.float32))
-        self.optimizer.step()
-        return self.weights()
-
-    def evaluate(self, weights: Weights) -> RoundEval:
-        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
-        return RoundEval(validation_error=float(error), validation_loss=float(loss))
-
-    def description(self) -> dict[str, Any]:
-        return {"model": "mlp", "spec": self.spec.to_dict()}
-
-    def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
-        return {"mlp": (self.params, self.optimizer)}
-
-    def parameter_names(self) -> list[str]:
-        return list(self.params)
-
-
-def _letters_validation(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    files = sorted(p for p in folder.glob("validate_*") if p.is_file())
-    if not files:
-        raise ConfigError(f"no validate_* file in {folder}: the validation set is needed")
-    return load_letters(files[0])
-
-
-class _GanState:
-    """G and D with one Adam each; the modules stay in eval mode (they are only scored)."""
-
-    def __init__(self, model: str, config: Mapping[str, Any], probe: torch.Tensor) -> None:
-        self.spec = gan_models.gan_spec(model, config["batchnorm"])
-        self.model = model
-        self.g, self.d = gan_models.build_gan(self.spec, seed=config["seed"])
-        betas = (config["beta1"], config["beta2"])
-        self.opt_g = torch.optim.Adam(self.g.parameters(), lr=config["lr_g"], betas=betas)
-        self.opt_d = torch.optim.Adam(self.d.parameters(), lr=config["lr_d"], betas=betas)
-        self.g.eval()
-        self.d.eval()
-        self.probe = probe
-        self.probe_z = torch.randn(len(probe), self.spec.z_dim,
-                                   generator=torch.Generator().manual_seed(PROBE_SEED))
-
-    def weights(self) -> Weights:
-        return {**gan_models.state_to_numpy(self.g, "G."),
-                **gan_models.state_to_numpy(self.d, "D.")}
-
-    def step(self, weights: Weights, average: Weights) -> Weights:
-        expected = [GRAD + name for name in self._names("named_parameters")]
-        _check_update(average, expected + [BUFFER + n for n in self._names("named_buffers")])
-        for prefix, module in (("G.", self.g), ("D.", self.d)):
-            gan_models.numpy_to_state(module, weights, prefix)
-            gan_models.numpy_to_gradients(module, average, GRAD + prefix)
-        self.opt_g.step()
-        self.opt_d.step()
-        for prefix, module in (("G.", self.g), ("D.", self.d)):
-            _set_buffers(module, average, BUFFER + prefix)
-        return self.weights()
-
-    def parameter_names(self) -> list[str]:
-        return self._names("named_parameters")
-
-    def _names(self, method: str) -> list[str]:
-        return [prefix + name for prefix, module in (("G.", self.g), ("D.", self.d))
-                for name, _ in getattr(module, method)()]
-
-    @torch.no_grad()
-    def evaluate(self, weights: Weights) -> RoundEval:
-        gan_models.numpy_to_state(self.g, weights, "G.")
-        gan_models.numpy_to_state(self.d, weights, "D.")
-        d_loss, _, wrong = gan_losses(self.g, self.d, self.probe, self.probe_z)
-        return RoundEval(validation_error=int(wrong) / (2 * len(self.probe)),
-                         validation_loss=float(d_loss))
-
-    def description(self) -> dict[str, Any]:
-        return {"model": self.model, "gan": self.spec.to_dict()}
-
-    def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
-        return {"G": (dict(self.g.named_parameters()), self.opt_g),
-                "D": (dict(self.d.named_parameters()), self.opt_d)}
-
-
-def _set_buffers(module: nn.Module, average: Mapping[str, np.ndarray], prefix: str) -> None:
-    """Install averaged buffers; integer ones (BN's batch counter) are rounded."""
-    for name, buffer in module.named_buffers():
-        value = np.asarray(average[prefix + name])
-        if not buffer.is_floating_point():
-            value = np.rint(value)
-        copy_into(buffer, value)
+def _mean_gradient(job: UnitJob, config: Mapping[str, Any], dataset_dir: Path, start: int,
+                   stop: int, share: tuple[int, int] | None = None) -> UnitOutput:
+    """The node's result for examples ``[start, stop)`` of the training part, by the
+    model's kind; ``share`` (first row, unit size): a GAN's range is that share of a unit."""
+    if is_module_model(job.model):
+        return torch_model.sync_unit(job, dataset_dir, start, stop, config["batch_size"])
+    data = training_part(job.model, dataset_dir)
+    if job.model == "mlp":
+        return run_mlp_unit(job, config, *data.load(start, stop))
+    return run_gan_unit(job, config, data.load(start, stop), share)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from training import server_optim
-from training.algorithms.base import ConfigError, RoundEval, UnitJob, UnitOutput, Weights
+from training.algorithms.config_checks import ConfigError
 from training.data.datasets import folder_stamp
 from training.data.settings import SECTION as DATA
 from training.data.settings import DataSettings
@@ -49,6 +49,7 @@ from training.models.settings import SECTION as MODEL
 from training.models.settings import ModelSettings
 from training.outputs.torch_files import load_weights as load_weights_file
 from training.plugins import PluginError
+from training.units import RoundEval, UnitJob, UnitOutput, Weights
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 BETAS = (0.9, 0.999)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.algorithms.base import Algorithm, UnitJob, UnitResult, Weights
+from training.algorithms.base import Algorithm
+from training.units import UnitJob, UnitResult, Weights
 
 
 def train_in_process(algorithm: Algorithm, rounds: int,

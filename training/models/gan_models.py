@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.models.modules import copy_into
+from training.models.modules import copy_into, float32_copy
 
 ARCHITECTURES = ("dcgan28", "dcgan64", "mlp28")
 IMAGE_SHAPES = {"dcgan28": (1, 28, 28), "dcgan64": (3, 64, 64), "mlp28": (1, 28, 28)}
@@ -298,7 +298,7 @@ def state_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.ndarray]
     can be averaged like the others; counts below 2**24 survive exactly. ``prefix`` is
     put before every name, so G and D can share one dict (e.g. ``"G."``, ``"D."``).
     """
-    return {prefix + name: _float32_copy(value) for name, value in module.state_dict().items()}
+    return {prefix + name: float32_copy(value) for name, value in module.state_dict().items()}
 
 
 def numpy_to_state(module: nn.Module, arrays: Mapping[str, np.ndarray], prefix: str = "") -> None:
@@ -316,13 +316,7 @@ def gradients_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.ndar
     """Parameter gradients as float32 arrays in parameter order (zeros where a parameter got
     no gradient, so every node sends the same set of names)."""
     return {prefix + name: np.zeros(tuple(p.shape), np.float32) if p.grad is None
-            else _float32_copy(p.grad) for name, p in module.named_parameters()}
-
-
-def _float32_copy(tensor: torch.Tensor) -> np.ndarray:
-    """A float32 C-contiguous copy: a view would let a later optimizer step change an
-    update that is still waiting to be sent."""
-    return np.array(tensor.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
+            else float32_copy(p.grad) for name, p in module.named_parameters()}
 
 
 def numpy_to_gradients(module: nn.Module, arrays: Mapping[str, np.ndarray],

@@ -223,7 +223,7 @@ def train_local(
     """
     if spec.compat and opt.optimizer != "gd":
         raise ValueError(f"compat mode reproduces the reference's 'gd', not {opt.optimizer!r}")
-    _check_params(params, spec)
+    check_params(params, spec)
     y = _labels(y, len(X), spec)
     Xs = _inputs(X, spec)
     work = {name: np.array(value, dtype=np.float64) for name, value in params.items()}
@@ -236,10 +236,7 @@ def train_local(
     return work, TrainStats(loss=loss, error=error, num_samples=len(y), epochs_run=epochs_run)
 
 
-# --------------------------------------------------------------------------- internals
-
-
-def _check_params(params: Params, spec: MLPSpec) -> None:
+def check_params(params: Params, spec: MLPSpec) -> None:
     """Fail early, naming the layer, when the weights do not fit the spec."""
     expected = spec.layer_shapes()
     if set(params) != set(expected):
@@ -249,6 +246,29 @@ def _check_params(params: Params, spec: MLPSpec) -> None:
             raise ValueError(
                 f"parameter {name!r} has shape {np.shape(params[name])}, the spec needs {shape}"
             )
+
+
+def mean_gradients(
+    params: Params, X: np.ndarray, y: np.ndarray, spec: MLPSpec, batch_size: int,
+    step: Callable[[], None] = no_step,
+) -> Params:
+    """The mean cross-entropy gradient over ``X``, ``y`` in float64: micro-batches of
+    ``batch_size`` backpropagated as local training does, summed, divided by the rows.
+    ``step`` is called before every micro-batch (a node's cancel check)."""
+    work = {name: np.asarray(value, dtype=np.float64) for name, value in params.items()}
+    Xs = _inputs(X, spec)
+    total = {name: np.zeros_like(value) for name, value in work.items()}
+    for start in range(0, len(y), batch_size):
+        step()
+        acts, pres = _hidden_pass(work, Xs[start:start + batch_size], spec)
+        probs = _softmax(_affine(acts[-1], work["V"]))
+        grad_out = _output_grad(probs, y[start:start + batch_size])
+        for name, grad in _gradients(work, acts, pres, grad_out, spec).items():
+            total[name] += grad
+    return {name: value / len(y) for name, value in total.items()}
+
+
+# --------------------------------------------------------------------------- internals
 
 
 def _labels(y: np.ndarray, n: int, spec: MLPSpec) -> np.ndarray:

@@ -123,6 +123,12 @@ def state_arrays(module: nn.Module) -> Weights:
             for name, value in module.state_dict().items()}
 
 
+def float32_copy(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 C-contiguous copy: a view would let a later optimizer step change an
+    update that is still waiting to be sent."""
+    return np.array(tensor.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
+
+
 def load_arrays(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
     """Copy ``weights`` into the module's state; ValueError names what does not fit."""
     state = module.state_dict()

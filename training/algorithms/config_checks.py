@@ -1,0 +1,124 @@
+"""Reading an algorithm's settings: the error every bad value raises (`ConfigError`, its
+message names the key), the type check of a value against its default, and the sections
+an algorithm's config shares with the rest of the run (`aggregation`, a torch model's
+`model` and `data`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from training import aggregation
+
+MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
+
+
+def shown(value: int) -> str:
+    """An integer for a one-line message: a huge one abbreviated to its digit count."""
+    digits = len(str(abs(value))) if abs(value) < 10**4000 else None
+    if digits is not None and digits <= 24:
+        return str(value)
+    return f"an integer of {digits or 'over 4000'} digits"
+
+
+
+
+class ConfigError(ValueError):
+    """A configuration value that the algorithm cannot use; the message names the key."""
+
+
+def section_mapping(section: str, raw: Any, keys: Sequence[str]) -> Mapping[str, Any]:
+    """``raw`` as a config section: a mapping of some of ``keys``; ConfigError names the
+    section, or the first unknown key as ``section.key``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{section} must be a mapping of {', '.join(keys)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(keys))
+    if unknown:
+        raise ConfigError(f"unknown key '{section}.{unknown[0]}'; known: {', '.join(keys)}")
+    return raw
+
+
+def check_type(key: str, value: Any, default: Any) -> Any:
+    """The value if it has the default's type (an int is accepted for a float); else raise."""
+    if isinstance(default, list):
+        if not (isinstance(value, list) and value and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+            raise ConfigError(
+                f"config key {key!r} must be a list of positive integers, got {value!r}")
+        return list(value)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_FLOAT_INT:  # float() would overflow
+            raise ConfigError(f"config key {key!r} is out of range, got {shown(value)}")
+        return float(value)
+    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
+                                                                                      bool):
+        expected = type(default).__name__
+        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
+    return value
+
+
+# A torch model's settings in an algorithm's config (training/spec.py): checked by the spec
+# and read by training/algorithms/torch_model.py, passed through by `check_config`.
+WORKLOAD_SECTIONS = ("model", "data")
+
+
+def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An algorithm's own keys (without its `aggregation` settings and a torch model's
+    `model` and `data` sections), and the aggregation settings checked with defaults filled
+    in (training/aggregation.py); ConfigError names the bad key."""
+    shared = (aggregation.SECTION, *WORKLOAD_SECTIONS)
+    rest = {key: value for key, value in config.items() if key not in shared}
+    try:
+        return rest, aggregation.check_settings(config.get(aggregation.SECTION))
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``checked`` with the `model` and `data` sections of ``config``, where it has them."""
+    return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
+
+
+def checked_fields(schema: type, config: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """``config`` checked against a dataclass's fields: no unknown key, each value of its
+    default's type, defaults filled in; ConfigError names the key. The dataclass is then
+    built from them, so its own ``__post_init__`` checks run too."""
+    if not dataclasses.is_dataclass(schema):
+        raise ConfigError(f"{owner}.Config must be a dataclass, got {schema!r}")
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r} for {owner}; known: "
+                          f"{', '.join(fields) or 'none'}")
+    checked = {}
+    for name, spec in fields.items():
+        default = _default_of(spec)
+        if name not in config:
+            if default is dataclasses.MISSING:
+                raise ConfigError(f"config key {name!r} of {owner} is required")
+            checked[name] = default
+        else:
+            checked[name] = config[name] if default in (None, dataclasses.MISSING) \
+                else check_type(name, config[name], default)
+    try:
+        schema(**checked)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{owner}: {exc}") from None
+    return checked
+
+
+def _default_of(spec: dataclasses.Field) -> Any:
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return dataclasses.MISSING
+
+
+def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> None:
+    """ConfigError if the aggregation rule cannot combine rounds of this many updates."""
+    try:
+        aggregation.check_round_size(settings, updates_per_round)
+    except aggregation.AggregationError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,86 @@
+"""delta_avg's units and coordinator model, by kind of model: the letters MLP (one unit per
+``train_*`` file, numpy) and any torch model (index ranges of its training part, its
+state and server optimizer in training/algorithms/torch_model.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from training import server_optim
+from training.algorithms.config_checks import ConfigError
+from training.algorithms.letters_files import train_files, validation_data
+from training.data.letters import load_letters
+from training.models import mlp
+from training.units import RoundEval, TensorSpecs, UnitSpec, Weights
+
+
+class LettersPlan:
+    """The letters MLP's units (one per `train_*` file) and its validation file."""
+
+    def __init__(self, spec: mlp.MLPSpec, dataset_dir: Path) -> None:
+        self.spec = spec
+        files = _unit_files(dataset_dir)
+        self.units = [UnitSpec(unit_id=name, unit_path=name) for name in files]
+        # Rows of each unit file: the most samples a node's result for it may count.
+        self.rows = {name: len(load_letters(dataset_dir / name)[1]) for name in files}
+        self.validation = validation_data(dataset_dir)
+
+    def initial_weights(self, seed: int) -> Weights:
+        return mlp.init_params(self.spec, seed=seed)
+
+    def samples(self, unit: UnitSpec) -> int | None:
+        return self.rows.get(unit.unit_path)
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        error, loss = mlp.evaluate(weights, *self.validation, self.spec)
+        return RoundEval(validation_error=float(error), validation_loss=float(loss))
+
+    def description(self) -> dict[str, Any]:
+        return {"model": "mlp", "spec": self.spec.to_dict()}
+
+
+class RangePlan:
+    """A torch model's units (`units` index ranges of the training part) and its state on
+    the coordinator (training/algorithms/torch_model.py)."""
+
+    def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
+                 model: str, dataset: str, dataset_dir: Path) -> None:
+        from training.algorithms import torch_model  # torch only for torch models
+
+        self.state = torch_model.LocalState(
+            torch_model.setup_of(model, config, dataset, dataset_dir), config["seed"],
+            config["batch_size"], optimizer)
+        ranges = torch_model.unit_ranges(len(self.state.setup.data.train), config["units"])
+        self.units = [UnitSpec(unit_id=f"shard{k}-{lo}-{hi}", unit_path="", index_start=lo,
+                               index_stop=hi) for k, (lo, hi) in enumerate(ranges)]
+
+    def initial_weights(self, seed: int) -> Weights:
+        return self.state.weights()
+
+    def samples(self, unit: UnitSpec) -> int | None:
+        if unit.index_start is None or unit.index_stop is None:
+            return None
+        return unit.index_stop - unit.index_start
+
+    def evaluate(self, weights: Weights) -> RoundEval:
+        return self.state.evaluate(weights)
+
+    def description(self) -> dict[str, Any]:
+        return self.state.description()
+
+    def expected_update(self, weights: Weights) -> TensorSpecs:
+        from training.algorithms import torch_model
+
+        return torch_model.expected_update(self.state.module, weights, gradients=False)
+
+
+
+
+def _unit_files(dataset_dir: Path) -> list[str]:
+    """The `train_*` files, in natural order (train_letters2 before train_letters10)."""
+    files = [p.name for p in train_files(dataset_dir)]
+    if not files:
+        raise ConfigError(f"no train_* files in {dataset_dir}: each one is a work unit")
+    return files
