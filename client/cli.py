@@ -40,6 +40,7 @@ from training.data.paths import DEFAULT_DATA_ROOT
 from training.models.names import GAN_MODELS
 from training.outputs.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
+from training.spec import RunSpec
 from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.log_limit import setup_logging
@@ -352,15 +353,17 @@ def train_config(args: argparse.Namespace) -> dict:
 def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
     """The request of either form; a --config run is loaded (and checked) here, offline."""
     if args.config is None and not args.set:
+        spec = RunSpec(args.algorithm, args.model, args.data_dir, train_config(args))
         return ttypes.TrainRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
-            model=args.model, dataset=args.data_dir, rounds=args.rounds,
-            config_json=json.dumps(train_config(args)))
+            protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
+            model=spec.model, dataset=spec.dataset, rounds=args.rounds,
+            config_json=spec.to_config_json(with_schedule=True))
     config = load_run_config(args.config, args.set)
+    spec = config.to_spec()
     return ttypes.TrainRequest(
-        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=config.algorithm,
-        model=config.model, dataset=config.dataset, rounds=config.rounds,
-        config_json=json.dumps(config.algorithm_config()),
+        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
+        model=spec.model, dataset=spec.dataset, rounds=config.rounds,
+        config_json=spec.to_config_json(with_schedule=True),
         outputs_json=json.dumps(dict(config.outputs)))
 
 

@@ -6,8 +6,9 @@ Checking here, on the client, turns a typo into one clear line before anything i
 instead of a run that silently trains with a default. Only types are checked; the
 algorithm's own `check_config` on the coordinator still owns the value ranges.
 
-This module reads YAML and nothing else: it imports no algorithm (and so no torch), which
-keeps the client light; a unit test keeps the delta_avg section equal to its DEFAULTS.
+The merged configuration becomes a `RunSpec` (training/spec.py), which writes the request.
+This module imports no algorithm (and so no torch), which keeps the client light; a unit
+test keeps the delta_avg section equal to its DEFAULTS.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from typing import Any
 
 import yaml
 
+from training.compression import CompressionSettings
+from training.data.settings import DataSettings
+from training.hierarchy import HierarchySettings
 from training.models.names import check_model_name, is_module_model
+from training.models.settings import ModelSettings
 from training.plugins import is_plugin_name as _is_plugin
+from training.schedule import ScheduleSettings
+from training.spec import RunSpec
 
 # The defaults file lives in the package (config.yaml at the repository root links to it),
 # so an installed trainer has it too.
@@ -86,45 +93,26 @@ class RunConfig:
     def outputs(self) -> dict[str, Any]:
         return self.section(OUTPUTS)
 
-    def algorithm_config(self) -> dict[str, Any]:
-        """What the train request carries as config_json: the chosen algorithm's section
-        (a plug-in algorithm's `run.algorithm_args`), the `aggregation` settings under
-        their own key, the compression settings when any codec is on, the hierarchy when
-        relays train in local rounds, the schedule when it is not sync or asks for units
-        sent ahead, and a torch model's `model` and `data` settings when they are not the
-        defaults (a sync request of a built-in model stays what it always was; the
-        coordinator refuses prefetch in sync mode rather than ignore it). The layout is
-        training/spec.py's."""
-        own = dict(self.sections[RUN]["algorithm_args"]) if _is_plugin(self.algorithm) \
-            else self.section(self.algorithm)
-        config = {**own, AGGREGATION: self.section(AGGREGATION)}
-        model = self.model_settings()
-        if model:
-            config[MODEL] = model
-        data = self.changed(DATA)
-        if data:
-            config[DATA] = data
-        compression = self.sections.get(COMPRESSION, {})
-        if any(compression.get(k, "none") != "none" for k in ("up", "down")):
-            config[COMPRESSION] = self.section(COMPRESSION)
-        schedule = self.sections.get(SCHEDULE, {})
-        if schedule.get("mode", "sync") != "sync" or schedule.get("prefetch", 0):
-            config[SCHEDULE] = self.section(SCHEDULE)
-        if self.sections.get(HIERARCHY, {}).get("relay_local_rounds", 1) != 1:
-            config[HIERARCHY] = self.section(HIERARCHY)
-        return config
-
-    def model_settings(self) -> dict[str, Any]:
-        """The run's torch-model keys that differ from their defaults, by their names in
-        the request (training/models/settings.py)."""
+    def to_spec(self) -> RunSpec:
+        """The run as a spec (training/spec.py), which writes the request's config_json:
+        the chosen algorithm's section (a plug-in algorithm's `run.algorithm_args`), the
+        `aggregation` settings, and each other section when it is not its default. The
+        spec is built as given: the coordinator owns the value ranges."""
         run = self.sections[RUN]
-        defaults = {"model_args": {}, "loss": "auto", "metric": "auto", "init_weights": ""}
-        return {name: run[key] for key, name in MODEL_KEYS.items() if run[key] != defaults[key]}
+        own = dict(run["algorithm_args"]) if _is_plugin(self.algorithm) \
+            else self.section(self.algorithm)
+        model = {name: run[key] for key, name in MODEL_KEYS.items()}
+        return RunSpec(self.algorithm, self.model, self.dataset, own,
+                       aggregation=self.section(AGGREGATION),
+                       compression=CompressionSettings(**self.section(COMPRESSION)),
+                       schedule=ScheduleSettings(**self.section(SCHEDULE)),
+                       hierarchy=HierarchySettings(**self.section(HIERARCHY)),
+                       model_settings=ModelSettings(**copy.deepcopy(model)),
+                       data=DataSettings(**self.section(DATA)))
 
-    def changed(self, name: str) -> dict[str, Any]:
-        """The keys of section ``name`` that differ from the defaults file's."""
-        defaults = self.defaults.get(name, {})
-        return {k: v for k, v in self.section(name).items() if defaults.get(k) != v}
+    def algorithm_config(self) -> dict[str, Any]:
+        """What the train request carries as config_json, as a dict."""
+        return self.to_spec().config_dict(with_schedule=True)
 
     def section(self, name: str) -> dict[str, Any]:
         """A copy of one section, so callers cannot change the configuration under others."""
