@@ -1,7 +1,8 @@
-"""Configuration of a training run: config.yaml defaults <- a recipe <- `--set` overrides.
+"""Configuration of a training run: the schema's defaults <- a recipe <- `--set` overrides.
 
-config.yaml at the repository root lists every key with its default, so it is also the
-schema: a key it does not list is a typo, and a value must have the type of its default.
+training/schema.py (and the shared sections' own dataclasses) give every key with its
+default, and config.yaml documents them (a unit test keeps the two equal): a key the
+schema does not list is a typo, and a value must have the type of its default.
 Checking here, on the client, turns a typo into one clear line before anything is sent,
 instead of a run that silently trains with a default. Only types are checked; the
 algorithm's own `check_config` on the coordinator still owns the value ranges.
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from training import schema
 from training.compression import CompressionSettings
 from training.data.settings import DataSettings
 from training.hierarchy import HierarchySettings
@@ -32,9 +34,9 @@ from training.plugins import is_plugin_name as _is_plugin
 from training.schedule import ScheduleSettings
 from training.spec import RunSpec
 
-# The defaults file lives in the package (config.yaml at the repository root links to it),
-# so an installed trainer has it too.
-DEFAULTS_PATH = Path(__file__).resolve().parent / "config.yaml"
+# The documented defaults live in the package (config.yaml at the repository root links to
+# it), so an installed trainer has them too.
+CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
 COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator
@@ -47,6 +49,14 @@ NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, D
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
 MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
               "init_weights": "init_weights"}
+# Every section in config.yaml's order, with its schema.
+SECTIONS: dict[str, type] = {
+    RUN: schema.RunSection, "delta_avg": schema.DeltaAvgSettings,
+    "sync_sgd": schema.SyncSgdSettings, "md_gan": schema.MdGanSettings,
+    "fl_gan": schema.FlGanSettings, AGGREGATION: schema.AggregationSettings,
+    COMPRESSION: CompressionSettings, SCHEDULE: ScheduleSettings,
+    HIERARCHY: HierarchySettings, DATA: DataSettings, OUTPUTS: schema.OutputSettings,
+}
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -123,14 +133,17 @@ class RunConfig:
         return {name: self.section(name) for name in self.sections}
 
 
-def load_run_config(path: str | Path | None, overrides: list[str],
-                    defaults_path: str | Path = DEFAULTS_PATH) -> RunConfig:
+def file_defaults() -> Sections:
+    """Every section with its defaults, as config.yaml writes them (null: inherited)."""
+    return {name: schema.file_defaults(section) for name, section in SECTIONS.items()}
+
+
+def load_run_config(path: str | Path | None, overrides: list[str]) -> RunConfig:
     """Merge the defaults, the recipe at `path` (if any) and `section.key=value` overrides.
 
     Raises RunConfigError naming the file, line or key at fault.
     """
-    defaults = _read_sections(Path(defaults_path))
-    _check_defaults(defaults, str(defaults_path))
+    defaults = file_defaults()
     merged = copy.deepcopy(defaults)
     if path is not None:
         _merge_recipe(merged, defaults, _read_sections(Path(path)), str(path))
@@ -190,16 +203,6 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
     words = ", ".join(part for part in parts if part)
     return words or str(exc).splitlines()[0]
-
-
-def _check_defaults(defaults: dict[Any, Any], where: str) -> None:
-    """The defaults file is the schema: it must hold run, outputs and sections of keys."""
-    for name in (RUN, OUTPUTS):
-        if not isinstance(defaults.get(name), dict):
-            raise RunConfigError(f"{where}: the defaults need a '{name}:' section")
-    for name, section in defaults.items():
-        if not isinstance(section, dict):
-            raise RunConfigError(f"{where}: '{name}' must be a section of keys")
 
 
 # ---------------------------------------------------------------------------- merging

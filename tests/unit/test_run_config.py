@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from client import cli
-from training.run_config import DEFAULTS_PATH, RunConfigError, load_run_config
+from training.run_config import CONFIG_FILE, RunConfigError, load_run_config
+from training.schema import AggregationSettings, DeltaAvgSettings, defaults
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -41,19 +42,17 @@ def test_defaults_are_the_assignment_run():
 
 
 def test_every_default_key_has_a_one_line_comment():
-    lines = [line for line in DEFAULTS_PATH.read_text().splitlines()
+    lines = [line for line in CONFIG_FILE.read_text().splitlines()
              if re.match(r"  [a-z_0-9]+:", line)]  # key lines; comments may go on below
-    keys = sum(len(section) for section in yaml.safe_load(DEFAULTS_PATH.read_text()).values())
+    keys = sum(len(section) for section in yaml.safe_load(CONFIG_FILE.read_text()).values())
     assert len(lines) == keys
     assert all("# " in line for line in lines)
 
 
 def test_delta_avg_section_matches_the_algorithm_defaults():
-    from training.algorithms.delta_avg import DEFAULTS
-
     config = load_run_config(None, [])
-    assert list(config.section("delta_avg")) == list(DEFAULTS)
-    assert config.section("delta_avg") == DEFAULTS
+    assert list(config.section("delta_avg")) == list(defaults(DeltaAvgSettings))
+    assert config.section("delta_avg") == defaults(DeltaAvgSettings)
 
 
 def test_a_recipe_overrides_only_its_keys():
@@ -241,11 +240,11 @@ def test_client_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_sync_sgd_section_matches_the_algorithm_for_every_model():
-    from training.aggregation import DEFAULTS as AGGREGATION_DEFAULTS
     from training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
 
     section = load_run_config(None, []).section("sync_sgd")
     assert set(section) == ALL_KEYS
     for model in ("mlp", "dcgan28"):
         checked = SyncSGD.check_config(model, section)
-        assert checked == {**defaults_for(model), "seed": 1, "aggregation": AGGREGATION_DEFAULTS}
+        assert checked == {**defaults_for(model), "seed": 1,
+                           "aggregation": defaults(AggregationSettings)}

@@ -36,6 +36,7 @@ import numpy as np
 
 from training import aggregation, plugins
 from training.cancel import UnitControl
+from training.schema import AggregationSettings, defaults
 
 log = logging.getLogger("coordinator.aggregation")
 
@@ -525,7 +526,7 @@ class AveragingAlgorithm(Algorithm):
 
     def combine(self, results: Sequence[UnitResult]) -> Weights:
         """The round's results as one update, by the configured rule."""
-        settings = self.config.get(aggregation.SECTION) or aggregation.DEFAULTS
+        settings = self.config.get(aggregation.SECTION) or defaults(AggregationSettings)
         return combine(settings, results)
 
     @abstractmethod
