@@ -204,8 +204,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(SET_FLAG, action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="change one key of the run (of the --config recipe, or of "
                             "config.yaml's defaults without one), repeatable, e.g. --set "
-                            "delta_avg.eta=0.01 --set run.rounds=3; VALUE is YAML: 3, 0.1, "
-                            "true, [128,128]")
+                            "delta_avg.eta=0.01 --set run.rounds=3, or a key inside a "
+                            "mapping, e.g. --set run.algorithm_args.mu=0.01; VALUE is YAML: 3, "
+                            "0.1, true, [128,128]")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

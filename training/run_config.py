@@ -9,7 +9,7 @@ algorithm's own `check_config` on the coordinator still owns the value ranges.
 
 The merged configuration becomes a `RunSpec` (training/spec.py), which writes the request.
 This module imports no algorithm (and so no torch), which keeps the client light; a unit
-test keeps the delta_avg section equal to its DEFAULTS.
+test keeps config.yaml equal to the schema.
 """
 
 from __future__ import annotations
@@ -235,7 +235,28 @@ def _apply_override(merged: Sections, defaults: Sections, item: str) -> None:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         raise RunConfigError(f"{source}: {text!r} is not a valid YAML value") from None
-    _set(merged, defaults, dotted, value, source)
+    name, _, rest = dotted.partition(".")
+    key, nested, inner = rest.partition(".")
+    if nested and isinstance(defaults.get(name, {}).get(key), dict):
+        _set_nested(merged[name], name, key, inner, value, source)
+    else:
+        _set(merged, defaults, dotted, value, source)
+
+
+def _set_nested(section: dict[str, Any], name: str, key: str, path: str, value: Any,
+                source: str) -> None:
+    """Set one key inside a mapping-valued key (run.algorithm_args.mu, data.args.n): such a
+    mapping is free-form, so its keys and types are checked by whoever reads it."""
+    parts = path.split(".")
+    if not all(parts):
+        raise RunConfigError(f"{source}: an empty key in {name}.{key}.{path}")
+    mapping = section[key] = copy.deepcopy(section[key])
+    for depth, part in enumerate(parts[:-1]):
+        mapping = mapping.setdefault(part, {})
+        if not isinstance(mapping, dict):
+            where = ".".join([name, key, *parts[:depth + 1]])
+            raise RunConfigError(f"{source}: {where} is {mapping!r}, not a mapping of keys")
+    mapping[parts[-1]] = value
 
 
 def _set(merged: Sections, defaults: Sections, dotted: str, value: Any, source: str) -> None:

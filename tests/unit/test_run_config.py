@@ -208,6 +208,26 @@ def test_client_config_form_builds_the_request_from_the_file():
     assert args.quiet
 
 
+def test_set_reaches_a_key_inside_a_mapping_valued_key():
+    args = cli.parse_train_args(["localhost", "9095", "--set", "run.algorithm=my_algos:Prox",
+                                 "--set", "run.algorithm_args.mu=0",
+                                 "--set", "run.algorithm_args.inner.lr=0.5"])
+    config = json.loads(cli.train_request(args, "r3").config_json)
+    assert config["mu"] == 0 and config["inner"] == {"lr": 0.5}
+    config = load_run_config(None, ["run.model=mlp_classifier", "run.model_args.width=8",
+                                    "data.args.n=3"])
+    assert config.algorithm_config()["model"] == {"args": {"width": 8}}
+    assert config.section("data")["args"] == {"n": 3}
+
+
+def test_nested_set_is_refused_where_there_is_no_mapping():
+    assert error_of(None, ["run.model_args.a=1", "run.model_args.a.b=2"]) == (
+        "--set run.model_args.a.b=2: run.model_args.a is 1, not a mapping of keys")
+    assert error_of(None, ["run.model_args..b=2"]) == (
+        "--set run.model_args..b=2: an empty key in run.model_args..b")
+    assert error_of(None, ["delta_avg.eta.x=1"]).startswith("unknown key 'delta_avg.eta.x'")
+
+
 def test_client_accepts_an_unambiguous_prefix_of_config():
     args = cli.parse_train_args(["localhost", "9095", "--conf=config.yaml"])
     assert args.config == "config.yaml"
