@@ -40,6 +40,8 @@ from training.data.paths import DEFAULT_DATA_ROOT
 from training.models.names import GAN_MODELS
 from training.outputs.model_file import save_model
 from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
+from training.schema import DeltaAvgSettings, defaults
+from training.spec import RunSpec
 from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes
 from wire.log_limit import setup_logging
@@ -54,6 +56,8 @@ EXIT_CODES_HELP = (
     "  143 likewise on SIGTERM (kill); attach only stops following the run.")
 DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 DEFAULT_SCORED = 2000  # images a generator is scored on by `evaluate`
+# The positional form's flags are delta_avg's keys, with the schema's defaults.
+DELTA_AVG = defaults(DeltaAvgSettings)
 CONFIG_FLAG = "--config"
 SET_FLAG = "--set"
 TRAIN_USAGE = (
@@ -164,20 +168,25 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                             "pass, masked backward pass, early stop)")
     model.add_argument("--scale-features", action="store_true",
                        help="divide the 0..15 features by 15")
-    model.add_argument("--local-optimizer", choices=["gd", "sgd", "adam"], default="gd",
+    model.add_argument("--local-optimizer", choices=["gd", "sgd", "adam"],
+                       default=DELTA_AVG["local_optimizer"],
                        help="optimizer on the nodes: gd full-batch (default), sgd or adam "
                             "minibatch")
-    model.add_argument("--batch-size", type=arg_types.positive_int, default=32,
-                       help="minibatch size of sgd/adam (default 32)")
-    model.add_argument("--server-optimizer", choices=["avg", "momentum", "adam"], default="avg",
+    model.add_argument("--batch-size", type=arg_types.positive_int,
+                       default=DELTA_AVG["batch_size"],
+                       help="minibatch size of sgd/adam (default %(default)s)")
+    model.add_argument("--server-optimizer", choices=["avg", "momentum", "adam"],
+                       default=DELTA_AVG["server_optimizer"],
                        help="how the coordinator applies the averaged delta: avg adds it "
                             "(default), momentum or adam treat it as a gradient")
-    model.add_argument("--server-lr", type=arg_types.positive_float, default=1.0,
-                       help="learning rate of the server optimizer (default 1.0)")
-    model.add_argument("--server-momentum", type=arg_types.probability, default=0.9,
-                       help="momentum of the momentum server optimizer (default 0.9)")
-    model.add_argument("--seed", type=arg_types.seed,
-                       default=1, help="initialisation seed (default 1)")
+    model.add_argument("--server-lr", type=arg_types.positive_float,
+                       default=DELTA_AVG["server_lr"],
+                       help="learning rate of the server optimizer (default %(default)s)")
+    model.add_argument("--server-momentum", type=arg_types.probability,
+                       default=DELTA_AVG["server_momentum"],
+                       help="momentum of the momentum server optimizer (default %(default)s)")
+    model.add_argument("--seed", type=arg_types.seed, default=DELTA_AVG["seed"],
+                       help="initialisation seed (default %(default)s)")
     model.add_argument("--algorithm", choices=["delta_avg"], default="delta_avg",
                        help="training algorithm of the positional form (default delta_avg); "
                             "sync_sgd, md_gan and fl_gan run from --config")
@@ -195,8 +204,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(SET_FLAG, action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="change one key of the run (of the --config recipe, or of "
                             "config.yaml's defaults without one), repeatable, e.g. --set "
-                            "delta_avg.eta=0.01 --set run.rounds=3; VALUE is YAML: 3, 0.1, "
-                            "true, [128,128]")
+                            "delta_avg.eta=0.01 --set run.rounds=3, or a key inside a "
+                            "mapping, e.g. --set run.algorithm_args.mu=0.01; VALUE is YAML: 3, "
+                            "0.1, true, [128,128]")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -352,15 +362,17 @@ def train_config(args: argparse.Namespace) -> dict:
 def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
     """The request of either form; a --config run is loaded (and checked) here, offline."""
     if args.config is None and not args.set:
+        spec = RunSpec(args.algorithm, args.model, args.data_dir, train_config(args))
         return ttypes.TrainRequest(
-            protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=args.algorithm,
-            model=args.model, dataset=args.data_dir, rounds=args.rounds,
-            config_json=json.dumps(train_config(args)))
+            protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
+            model=spec.model, dataset=spec.dataset, rounds=args.rounds,
+            config_json=spec.to_config_json(with_schedule=True))
     config = load_run_config(args.config, args.set)
+    spec = config.to_spec()
     return ttypes.TrainRequest(
-        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=config.algorithm,
-        model=config.model, dataset=config.dataset, rounds=config.rounds,
-        config_json=json.dumps(config.algorithm_config()),
+        protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
+        model=spec.model, dataset=spec.dataset, rounds=config.rounds,
+        config_json=spec.to_config_json(with_schedule=True),
         outputs_json=json.dumps(dict(config.outputs)))
 
 

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from training import plugins
+from training.schema import AggregationSettings, defaults
 
 Weights = dict[str, np.ndarray]
 SECTION = "aggregation"  # the key of the rule's settings in an algorithm's config
-DEFAULTS: dict[str, Any] = {"rule": "mean", "trim_fraction": 0.2, "byzantine": 1,
-                            "krum_keep": 1}
 
 
 BLOCK_ELEMENTS = 1 << 20  # elements combined at a time: 8 MiB of float64 per update
@@ -181,12 +180,13 @@ def check_settings(given: Any) -> dict[str, Any]:
         given = {}
     if not isinstance(given, Mapping):
         raise AggregationError(f"config key {SECTION!r} must be a mapping, got {given!r}")
-    unknown = sorted(set(given) - set(DEFAULTS))
+    known = defaults(AggregationSettings)
+    unknown = sorted(set(given) - set(known))
     if unknown:
         raise AggregationError(f"unknown config key '{SECTION}.{unknown[0]}'; "
-                               f"known: {', '.join(DEFAULTS)}")
+                               f"known: {', '.join(known)}")
     settings = {key: _typed(key, given.get(key, default), default)
-                for key, default in DEFAULTS.items()}
+                for key, default in known.items()}
     try:
         rule_of(settings["rule"])
     except plugins.PluginError as exc:

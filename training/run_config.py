@@ -1,13 +1,15 @@
-"""Configuration of a training run: config.yaml defaults <- a recipe <- `--set` overrides.
+"""Configuration of a training run: the schema's defaults <- a recipe <- `--set` overrides.
 
-config.yaml at the repository root lists every key with its default, so it is also the
-schema: a key it does not list is a typo, and a value must have the type of its default.
+training/schema.py (and the shared sections' own dataclasses) give every key with its
+default, and config.yaml documents them (a unit test keeps the two equal): a key the
+schema does not list is a typo, and a value must have the type of its default.
 Checking here, on the client, turns a typo into one clear line before anything is sent,
 instead of a run that silently trains with a default. Only types are checked; the
 algorithm's own `check_config` on the coordinator still owns the value ranges.
 
-This module reads YAML and nothing else: it imports no algorithm (and so no torch), which
-keeps the client light; a unit test keeps the delta_avg section equal to its DEFAULTS.
+The merged configuration becomes a `RunSpec` (training/spec.py), which writes the request.
+This module imports no algorithm (and so no torch), which keeps the client light; a unit
+test keeps config.yaml equal to the schema.
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from typing import Any
 
 import yaml
 
+from training import schema
+from training.compression import CompressionSettings
+from training.data.settings import DataSettings
+from training.hierarchy import HierarchySettings
 from training.models.names import check_model_name, is_module_model
+from training.models.settings import ModelSettings
 from training.plugins import is_plugin_name as _is_plugin
+from training.schedule import ScheduleSettings
+from training.spec import RunSpec
 
-# The defaults file lives in the package (config.yaml at the repository root links to it),
-# so an installed trainer has it too.
-DEFAULTS_PATH = Path(__file__).resolve().parent / "config.yaml"
+# The documented defaults live in the package (config.yaml at the repository root links to
+# it), so an installed trainer has them too.
+CONFIG_FILE = Path(__file__).resolve().parent / "config.yaml"
 RUN = "run"
 OUTPUTS = "outputs"
 COMPRESSION = "compression"  # sent inside the request's config, checked on the coordinator
@@ -40,6 +49,14 @@ NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, D
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
 MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
               "init_weights": "init_weights"}
+# Every section in config.yaml's order, with its schema.
+SECTIONS: dict[str, type] = {
+    RUN: schema.RunSection, "delta_avg": schema.DeltaAvgSettings,
+    "sync_sgd": schema.SyncSgdSettings, "md_gan": schema.MdGanSettings,
+    "fl_gan": schema.FlGanSettings, AGGREGATION: schema.AggregationSettings,
+    COMPRESSION: CompressionSettings, SCHEDULE: ScheduleSettings,
+    HIERARCHY: HierarchySettings, DATA: DataSettings, OUTPUTS: schema.OutputSettings,
+}
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -86,45 +103,26 @@ class RunConfig:
     def outputs(self) -> dict[str, Any]:
         return self.section(OUTPUTS)
 
-    def algorithm_config(self) -> dict[str, Any]:
-        """What the train request carries as config_json: the chosen algorithm's section
-        (a plug-in algorithm's `run.algorithm_args`), the `aggregation` settings under
-        their own key, the compression settings when any codec is on, the hierarchy when
-        relays train in local rounds, the schedule when it is not sync or asks for units
-        sent ahead, and a torch model's `model` and `data` settings when they are not the
-        defaults (a sync request of a built-in model stays what it always was; the
-        coordinator refuses prefetch in sync mode rather than ignore it). The layout is
-        training/spec.py's."""
-        own = dict(self.sections[RUN]["algorithm_args"]) if _is_plugin(self.algorithm) \
-            else self.section(self.algorithm)
-        config = {**own, AGGREGATION: self.section(AGGREGATION)}
-        model = self.model_settings()
-        if model:
-            config[MODEL] = model
-        data = self.changed(DATA)
-        if data:
-            config[DATA] = data
-        compression = self.sections.get(COMPRESSION, {})
-        if any(compression.get(k, "none") != "none" for k in ("up", "down")):
-            config[COMPRESSION] = self.section(COMPRESSION)
-        schedule = self.sections.get(SCHEDULE, {})
-        if schedule.get("mode", "sync") != "sync" or schedule.get("prefetch", 0):
-            config[SCHEDULE] = self.section(SCHEDULE)
-        if self.sections.get(HIERARCHY, {}).get("relay_local_rounds", 1) != 1:
-            config[HIERARCHY] = self.section(HIERARCHY)
-        return config
-
-    def model_settings(self) -> dict[str, Any]:
-        """The run's torch-model keys that differ from their defaults, by their names in
-        the request (training/models/settings.py)."""
+    def to_spec(self) -> RunSpec:
+        """The run as a spec (training/spec.py), which writes the request's config_json:
+        the chosen algorithm's section (a plug-in algorithm's `run.algorithm_args`), the
+        `aggregation` settings, and each other section when it is not its default. The
+        spec is built as given: the coordinator owns the value ranges."""
         run = self.sections[RUN]
-        defaults = {"model_args": {}, "loss": "auto", "metric": "auto", "init_weights": ""}
-        return {name: run[key] for key, name in MODEL_KEYS.items() if run[key] != defaults[key]}
+        own = dict(run["algorithm_args"]) if _is_plugin(self.algorithm) \
+            else self.section(self.algorithm)
+        model = {name: run[key] for key, name in MODEL_KEYS.items()}
+        return RunSpec(self.algorithm, self.model, self.dataset, own,
+                       aggregation=self.section(AGGREGATION),
+                       compression=CompressionSettings(**self.section(COMPRESSION)),
+                       schedule=ScheduleSettings(**self.section(SCHEDULE)),
+                       hierarchy=HierarchySettings(**self.section(HIERARCHY)),
+                       model_settings=ModelSettings(**copy.deepcopy(model)),
+                       data=DataSettings(**self.section(DATA)))
 
-    def changed(self, name: str) -> dict[str, Any]:
-        """The keys of section ``name`` that differ from the defaults file's."""
-        defaults = self.defaults.get(name, {})
-        return {k: v for k, v in self.section(name).items() if defaults.get(k) != v}
+    def algorithm_config(self) -> dict[str, Any]:
+        """What the train request carries as config_json, as a dict."""
+        return self.to_spec().config_dict(with_schedule=True)
 
     def section(self, name: str) -> dict[str, Any]:
         """A copy of one section, so callers cannot change the configuration under others."""
@@ -135,14 +133,17 @@ class RunConfig:
         return {name: self.section(name) for name in self.sections}
 
 
-def load_run_config(path: str | Path | None, overrides: list[str],
-                    defaults_path: str | Path = DEFAULTS_PATH) -> RunConfig:
+def file_defaults() -> Sections:
+    """Every section with its defaults, as config.yaml writes them (null: inherited)."""
+    return {name: schema.file_defaults(section) for name, section in SECTIONS.items()}
+
+
+def load_run_config(path: str | Path | None, overrides: list[str]) -> RunConfig:
     """Merge the defaults, the recipe at `path` (if any) and `section.key=value` overrides.
 
     Raises RunConfigError naming the file, line or key at fault.
     """
-    defaults = _read_sections(Path(defaults_path))
-    _check_defaults(defaults, str(defaults_path))
+    defaults = file_defaults()
     merged = copy.deepcopy(defaults)
     if path is not None:
         _merge_recipe(merged, defaults, _read_sections(Path(path)), str(path))
@@ -204,16 +205,6 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return words or str(exc).splitlines()[0]
 
 
-def _check_defaults(defaults: dict[Any, Any], where: str) -> None:
-    """The defaults file is the schema: it must hold run, outputs and sections of keys."""
-    for name in (RUN, OUTPUTS):
-        if not isinstance(defaults.get(name), dict):
-            raise RunConfigError(f"{where}: the defaults need a '{name}:' section")
-    for name, section in defaults.items():
-        if not isinstance(section, dict):
-            raise RunConfigError(f"{where}: '{name}' must be a section of keys")
-
-
 # ---------------------------------------------------------------------------- merging
 def _merge_recipe(merged: Sections, defaults: Sections, recipe: dict[Any, Any],
                   source: str) -> None:
@@ -244,7 +235,28 @@ def _apply_override(merged: Sections, defaults: Sections, item: str) -> None:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         raise RunConfigError(f"{source}: {text!r} is not a valid YAML value") from None
-    _set(merged, defaults, dotted, value, source)
+    name, _, rest = dotted.partition(".")
+    key, nested, inner = rest.partition(".")
+    if nested and isinstance(defaults.get(name, {}).get(key), dict):
+        _set_nested(merged[name], name, key, inner, value, source)
+    else:
+        _set(merged, defaults, dotted, value, source)
+
+
+def _set_nested(section: dict[str, Any], name: str, key: str, path: str, value: Any,
+                source: str) -> None:
+    """Set one key inside a mapping-valued key (run.algorithm_args.mu, data.args.n): such a
+    mapping is free-form, so its keys and types are checked by whoever reads it."""
+    parts = path.split(".")
+    if not all(parts):
+        raise RunConfigError(f"{source}: an empty key in {name}.{key}.{path}")
+    mapping = section[key] = copy.deepcopy(section[key])
+    for depth, part in enumerate(parts[:-1]):
+        mapping = mapping.setdefault(part, {})
+        if not isinstance(mapping, dict):
+            where = ".".join([name, key, *parts[:depth + 1]])
+            raise RunConfigError(f"{source}: {where} is {mapping!r}, not a mapping of keys")
+    mapping[parts[-1]] = value
 
 
 def _set(merged: Sections, defaults: Sections, dotted: str, value: Any, source: str) -> None:

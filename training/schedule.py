@@ -92,6 +92,15 @@ def split_schedule(config: Mapping[str, Any]) -> tuple[dict[str, Any], ScheduleS
     return rest, settings_from(config.get(SECTION))
 
 
+def join_schedule(config: Mapping[str, Any], settings: ScheduleSettings) -> dict[str, Any]:
+    """A train request's config: with the section unless it is plain sync, so a sync run
+    sends what it sent before schedules existed (prefetch travels even in sync mode, for
+    the coordinator to refuse rather than ignore)."""
+    if settings.asynchronous or settings.prefetch:
+        return {**config, SECTION: settings.to_dict()}
+    return dict(config)
+
+
 def settings_from(raw: Any) -> ScheduleSettings:
     """Checked settings from a ``schedule`` mapping; ConfigError names the bad key."""
     if raw is None:

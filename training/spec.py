@@ -15,7 +15,9 @@ own keys, plus one key per shared section when it is not the default:
   training/run_check.py), which every unit carries so that a node checks itself.
 
 `RunSpec.parse` turns that into typed settings, in one place, for the coordinator, the
-nodes, relays and local workers alike; `RunSpec.to_config_json` is its inverse, and a run
+nodes, relays and local workers alike; the client builds one from its run configuration
+(training/run_config.py); `RunSpec.to_config_json` is its inverse and the one writer of
+``config_json``, for train requests and units alike, and a run
 that leaves a section at its default sends exactly the request it sent before the section
 existed. The algorithm's own keys are checked by the algorithm (`Algorithm.check_config`,
 which for a plug-in may use a dataclass it declares); the spec itself imports no torch, so
@@ -119,18 +121,28 @@ class RunSpec:
             config[DATA] = self.data.changed()
         return config
 
-    def to_config_json(self, checked_config: Mapping[str, Any] | None = None) -> str:
-        """The config_json every unit carries to the nodes: ``checked_config`` (the
-        algorithm's config with its defaults filled in) or the config as parsed, with the
-        compression and hierarchy sections when they are not the defaults. (The schedule
-        is the coordinator's alone: nodes compute a unit the same way in every mode.)"""
+    def config_dict(self, checked_config: Mapping[str, Any] | None = None, *,
+                    with_schedule: bool = False) -> dict[str, Any]:
+        """The config as a request carries it: ``checked_config`` (the algorithm's config
+        with its defaults filled in) or the config as parsed, with the compression and
+        hierarchy sections when they are not the defaults. The schedule is the
+        coordinator's alone (nodes compute a unit the same way in every mode), so only a
+        train request (``with_schedule``) carries it, and only when it is not plain sync."""
         config = dict(checked_config) if checked_config is not None else \
             self.algorithm_config()
         config = compression.join_config(config, self.compression)
+        if with_schedule:
+            config = schedule.join_schedule(config, self.schedule)
         config = hierarchy.join_hierarchy(config, self.hierarchy)
         if self.expect:
             config[EXPECT] = self.expect
-        return json.dumps(config)
+        return config
+
+    def to_config_json(self, checked_config: Mapping[str, Any] | None = None, *,
+                       with_schedule: bool = False) -> str:
+        """The one writer of ``config_json``: `config_dict` as JSON, what a train request
+        (``with_schedule``) or every unit sent to the nodes carries."""
+        return json.dumps(self.config_dict(checked_config, with_schedule=with_schedule))
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from client import cli
-from training import aggregation
 from training.aggregation import aggregate, check_settings
 from training.algorithms.config_checks import ConfigError
 from training.algorithms.delta_avg import DeltaAveraging
@@ -17,6 +16,7 @@ from training.algorithms.fl_gan import FLGan
 from training.algorithms.md_gan import MDGan
 from training.algorithms.sync_sgd import SyncSGD
 from training.run_config import load_run_config
+from training.schema import AggregationSettings, defaults
 from training.units import UnitResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def test_the_rule_in_the_config_combines_the_round(cls):
 
 # ----------------------------------------------------------------- settings
 def test_settings_defaults():
-    assert check_settings(None) == aggregation.DEFAULTS
+    assert check_settings(None) == defaults(AggregationSettings)
     assert check_settings({"trim_fraction": 0})["trim_fraction"] == 0.0
 
 
@@ -184,6 +184,6 @@ def test_the_client_sends_the_aggregation_section_inside_the_config():
     args = cli.parse_train_args(["localhost", "9095", "--config", recipe, "--set",
                                  "aggregation.rule=median", "--quiet"])
     config = json.loads(cli.train_request(args, "r1").config_json)
-    assert config["aggregation"] == {**aggregation.DEFAULTS, "rule": "median"}
+    assert config["aggregation"] == {**defaults(AggregationSettings), "rule": "median"}
     assert DeltaAveraging.check_config("mlp", config)["aggregation"]["rule"] == "median"
-    assert load_run_config(None, []).section("aggregation") == aggregation.DEFAULTS
+    assert load_run_config(None, []).section("aggregation") == defaults(AggregationSettings)

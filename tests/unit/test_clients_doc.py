@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from devtools.local_cluster import REPO
-from training.outputs.plots import OUTPUT_DEFAULTS
+from training.schema import OutputSettings, defaults
 from wire import plaintext_refusal
 from wire.tensor_codec import ALLOWED_DTYPES
 
@@ -57,7 +57,7 @@ def test_a_key_the_page_could_not_describe_stops_the_generation(config: str,
 
 
 def test_outputs_json_takes_exactly_the_outputs_section() -> None:
-    assert set(yaml.safe_load(CONFIG)["outputs"]) == set(OUTPUT_DEFAULTS)
+    assert set(yaml.safe_load(CONFIG)["outputs"]) == set(defaults(OutputSettings))
 
 
 def test_the_tensor_section_names_every_dtype_the_wire_carries() -> None:

@@ -23,10 +23,10 @@ from engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFil
 from engine.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
-from training.aggregation import DEFAULTS
 from training.algorithms.base import combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.data.paths import DEFAULT_DATA_ROOT
+from training.schema import AggregationSettings, defaults
 from training.units import UnitSpec
 from wire.chunks import MessageRefused, PeerRefusedMessage
 from wire.rpc import ConnectionFailed
@@ -54,7 +54,7 @@ def engine(nodes, **settings) -> tuple[RoundEngine, RunProgress, threading.Event
 
 def mean(outcome) -> dict[str, np.ndarray]:
     """The round's results combined as a run does by default: the weighted mean."""
-    return combine(DEFAULTS, outcome.results)
+    return combine(defaults(AggregationSettings), outcome.results)
 
 
 def checked(check, norm: NormLimit | None = None) -> list[UpdateFilter]:

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from client import cli
-from training.run_config import DEFAULTS_PATH, RunConfigError, load_run_config
+from training.run_config import CONFIG_FILE, RunConfigError, load_run_config
+from training.schema import AggregationSettings, DeltaAvgSettings, defaults
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -41,19 +42,17 @@ def test_defaults_are_the_assignment_run():
 
 
 def test_every_default_key_has_a_one_line_comment():
-    lines = [line for line in DEFAULTS_PATH.read_text().splitlines()
+    lines = [line for line in CONFIG_FILE.read_text().splitlines()
              if re.match(r"  [a-z_0-9]+:", line)]  # key lines; comments may go on below
-    keys = sum(len(section) for section in yaml.safe_load(DEFAULTS_PATH.read_text()).values())
+    keys = sum(len(section) for section in yaml.safe_load(CONFIG_FILE.read_text()).values())
     assert len(lines) == keys
     assert all("# " in line for line in lines)
 
 
 def test_delta_avg_section_matches_the_algorithm_defaults():
-    from training.algorithms.delta_avg import DEFAULTS
-
     config = load_run_config(None, [])
-    assert list(config.section("delta_avg")) == list(DEFAULTS)
-    assert config.section("delta_avg") == DEFAULTS
+    assert list(config.section("delta_avg")) == list(defaults(DeltaAvgSettings))
+    assert config.section("delta_avg") == defaults(DeltaAvgSettings)
 
 
 def test_a_recipe_overrides_only_its_keys():
@@ -209,6 +208,26 @@ def test_client_config_form_builds_the_request_from_the_file():
     assert args.quiet
 
 
+def test_set_reaches_a_key_inside_a_mapping_valued_key():
+    args = cli.parse_train_args(["localhost", "9095", "--set", "run.algorithm=my_algos:Prox",
+                                 "--set", "run.algorithm_args.mu=0",
+                                 "--set", "run.algorithm_args.inner.lr=0.5"])
+    config = json.loads(cli.train_request(args, "r3").config_json)
+    assert config["mu"] == 0 and config["inner"] == {"lr": 0.5}
+    config = load_run_config(None, ["run.model=mlp_classifier", "run.model_args.width=8",
+                                    "data.args.n=3"])
+    assert config.algorithm_config()["model"] == {"args": {"width": 8}}
+    assert config.section("data")["args"] == {"n": 3}
+
+
+def test_nested_set_is_refused_where_there_is_no_mapping():
+    assert error_of(None, ["run.model_args.a=1", "run.model_args.a.b=2"]) == (
+        "--set run.model_args.a.b=2: run.model_args.a is 1, not a mapping of keys")
+    assert error_of(None, ["run.model_args..b=2"]) == (
+        "--set run.model_args..b=2: an empty key in run.model_args..b")
+    assert error_of(None, ["delta_avg.eta.x=1"]).startswith("unknown key 'delta_avg.eta.x'")
+
+
 def test_client_accepts_an_unambiguous_prefix_of_config():
     args = cli.parse_train_args(["localhost", "9095", "--conf=config.yaml"])
     assert args.config == "config.yaml"
@@ -241,11 +260,11 @@ def test_client_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_sync_sgd_section_matches_the_algorithm_for_every_model():
-    from training.aggregation import DEFAULTS as AGGREGATION_DEFAULTS
     from training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
 
     section = load_run_config(None, []).section("sync_sgd")
     assert set(section) == ALL_KEYS
     for model in ("mlp", "dcgan28"):
         checked = SyncSGD.check_config(model, section)
-        assert checked == {**defaults_for(model), "seed": 1, "aggregation": AGGREGATION_DEFAULTS}
+        assert checked == {**defaults_for(model), "seed": 1,
+                           "aggregation": defaults(AggregationSettings)}

@@ -15,7 +15,6 @@ from engine.round_engine import EngineSettings, RoundEngine
 from engine.tasks import Task, TaskResult
 from engine.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
 from tests.inprocess import LocalNode
-from training.aggregation import DEFAULTS
 from training.algorithms.base import combine
 from training.algorithms.delta_avg import DeltaAveraging
 from training.algorithms.fl_gan import FLGan
@@ -24,6 +23,7 @@ from training.algorithms.sync_sgd import SyncSGD
 from training.data.letters import load_letters
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.gan_training import shard_indices, training_size
+from training.schema import AggregationSettings, defaults
 from training.units import UnitJob, UnitOutput, UnitSpec
 from training.update_checks import check_sample_count
 
@@ -64,7 +64,7 @@ def run_round(nodes: list[LocalNode], *filters: UpdateFilter) -> tuple:
 
 def honest_average() -> dict[str, np.ndarray]:
     outcome, _ = run_round([LocalNode(0)], SampleCount(DELTA.check_samples))
-    return combine(DEFAULTS, outcome.results)
+    return combine(defaults(AggregationSettings), outcome.results)
 
 
 @pytest.mark.parametrize("num_samples", [0, -3, 10**15])
@@ -75,7 +75,7 @@ def test_a_bogus_sample_count_is_refused_and_the_unit_done_elsewhere(num_samples
     assert bogus.stats.failed >= 1 and bogus.stats.accepted == 0
     assert progress.snapshot().failed == bogus.stats.failed
     expected = honest_average()
-    for name, value in combine(DEFAULTS, outcome.results).items():
+    for name, value in combine(defaults(AggregationSettings), outcome.results).items():
         np.testing.assert_allclose(value, expected[name])
 
 

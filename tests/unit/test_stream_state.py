@@ -19,7 +19,7 @@ from engine.stream_state import StreamPosition, StreamState, TakenUp
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
-from training.aggregation import DEFAULTS, aggregate
+from training.aggregation import aggregate
 from training.algorithms import get_algorithm
 from training.algorithms.config_checks import ConfigError
 from training.algorithms.delta_avg import DeltaAveraging
@@ -31,6 +31,7 @@ from training.schedule import (
     staleness_warning,
     weighted,
 )
+from training.schema import AggregationSettings, defaults
 from training.units import UnitResult, UnitSpec
 
 NODE = LocalNode(0)
@@ -48,7 +49,8 @@ class Recorder:
 
     def __call__(self, round_index, weights, results):
         self.calls.append(results)
-        step = aggregate(DEFAULTS, [r.update for r in results], [r.num_samples for r in results])
+        step = aggregate(defaults(AggregationSettings), [r.update for r in results],
+                         [r.num_samples for r in results])
         return {name: weights[name] + step[name] for name in weights}
 
 

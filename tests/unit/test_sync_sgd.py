@@ -19,7 +19,6 @@ from engine.progress import RunProgress
 from engine.round_engine import EngineSettings, RoundEngine
 from engine.tasks import Task
 from tests.inprocess import LocalNode
-from training.aggregation import DEFAULTS
 from training.algorithms import ConfigError, get_algorithm
 from training.algorithms.base import combine
 from training.algorithms.sync_gan import unit_noise
@@ -28,6 +27,7 @@ from training.data import mnist
 from training.data.letters import load_letters
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models import gan_models, mlp
+from training.schema import AggregationSettings, defaults
 from training.units import UnitJob, UnitResult, UnitSpec, Weights
 
 torch.set_num_threads(1)
@@ -46,7 +46,7 @@ def run_round(algorithm: SyncSGD, round_index: int, weights: Weights,
         job = UnitJob("run", round_index, unit, algorithm.model, algorithm.config, weights)
         output = SyncSGD.run_unit(job, algorithm.dataset_dir)
         results.append(UnitResult(unit, output.update, output.num_samples))
-    return combine(DEFAULTS, results)
+    return combine(defaults(AggregationSettings), results)
 
 
 def max_relative_difference(actual: Mapping[str, np.ndarray],

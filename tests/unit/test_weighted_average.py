@@ -9,8 +9,8 @@ import pytest
 
 from engine.round_state import RoundState
 from engine.tasks import TaskResult, TaskStatus
-from training.aggregation import DEFAULTS
 from training.algorithms.base import combine
+from training.schema import AggregationSettings, defaults
 from training.units import UnitResult, UnitSpec
 
 
@@ -33,7 +33,8 @@ def test_mean_is_weighted_by_samples():
     items = updates(6)
     total = sum(n for _, n in items)
     expected = sum(u["W"] * n for u, n in items) / total
-    np.testing.assert_allclose(combine(DEFAULTS, results_of(items))["W"], expected, rtol=1e-12)
+    np.testing.assert_allclose(combine(defaults(AggregationSettings), results_of(items))["W"],
+                               expected, rtol=1e-12)
 
 
 def test_mean_is_the_float64_fold_in_unit_order_bit_for_bit():
@@ -46,7 +47,7 @@ def test_mean_is_the_float64_fold_in_unit_order_bit_for_bit():
             scaled = np.asarray(value, dtype=np.float64) * n
             folded[name] = folded[name] + scaled if name in folded else scaled
     total = sum(n for _, n in items)
-    combined = combine(DEFAULTS, results_of(items))
+    combined = combine(defaults(AggregationSettings), results_of(items))
     for name in ("W", "V"):
         assert np.array_equal(combined[name], folded[name] / total)
 
@@ -61,7 +62,7 @@ def test_arrival_order_changes_no_bit():
             assert state.complete(state.units[i], items[i][0], answer(items[i][1]), "n")
         outcomes.append(state.outcome())
     assert [r.unit.unit_id for r in outcomes[1].results] == [s.unit_id for s in specs]
-    forward, backward = (combine(DEFAULTS, o.results) for o in outcomes)
+    forward, backward = (combine(defaults(AggregationSettings), o.results) for o in outcomes)
     for name in ("W", "V"):
         assert np.array_equal(forward[name], backward[name])
     assert outcomes[0].train_loss == outcomes[1].train_loss == 0.5
@@ -86,9 +87,10 @@ def test_concurrent_results_lose_nothing_and_a_unit_counts_once():
     outcome = state.outcome()
     assert outcome.completed == 800 and kept.count(True) == 800
     assert set(outcome.placement.values()) == {"n"}
-    np.testing.assert_array_equal(combine(DEFAULTS, outcome.results)["W"], np.ones(4))
+    np.testing.assert_array_equal(combine(defaults(AggregationSettings), outcome.results)["W"],
+                                  np.ones(4))
 
 
 def test_nothing_to_combine_is_an_error():
     with pytest.raises(ValueError, match="no result"):
-        combine(DEFAULTS, [])
+        combine(defaults(AggregationSettings), [])

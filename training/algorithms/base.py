@@ -42,6 +42,7 @@ from training.algorithms.config_checks import (
     split_aggregation,
     with_workload,
 )
+from training.schema import AggregationSettings, defaults
 from training.units import (
     RoundEval,
     SessionMoves,
@@ -284,7 +285,7 @@ class AveragingAlgorithm(Algorithm):
 
     def combine(self, results: Sequence[UnitResult]) -> Weights:
         """The round's results as one update, by the configured rule."""
-        settings = self.config.get(aggregation.SECTION) or aggregation.DEFAULTS
+        settings = self.config.get(aggregation.SECTION) or defaults(AggregationSettings)
         return combine(settings, results)
 
     @abstractmethod

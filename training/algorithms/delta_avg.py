@@ -35,30 +35,14 @@ from training.algorithms.delta_plans import LettersPlan, RangePlan
 from training.data.letters import load_letters
 from training.models import mlp
 from training.models.names import BUFFER, is_module_model
+from training.schema import DeltaAvgSettings, defaults
 from training.unit_parts import part_bounds
 from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights, unit_seed
 from training.update_checks import specs_of
 
-# Every key the algorithm understands, with its default and type.
-DEFAULTS: dict[str, Any] = {
-    "epochs": 15,
-    "eta": 0.0001,
-    "hidden": [20],
-    "compat": False,
-    "scale_features": False,
-    "local_optimizer": "gd",
-    "batch_size": 32,
-    "server_optimizer": "avg",
-    "server_lr": 1.0,
-    "server_momentum": 0.9,
-    "seed": 1,
-    "units": 10,
-    "local_steps": 0,
-    "weight_decay": 0.0,
-}
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
 MLP_OPTIMIZERS = ("gd", "sgd", "adam")  # the numpy MLP's (training/models/mlp.py)
-TORCH_ONLY = {"local_steps": 0, "weight_decay": 0.0}  # keys the numpy MLP cannot use
+TORCH_ONLY = ("local_steps", "weight_decay")  # keys the numpy MLP cannot use
 
 
 class DeltaAveraging(AveragingAlgorithm):
@@ -108,12 +92,13 @@ class DeltaAveraging(AveragingAlgorithm):
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         cls.check_model(model)
         given, (config, aggregation) = config, split_aggregation(config)
-        unknown = sorted(set(config) - set(DEFAULTS))
+        known = defaults(DeltaAvgSettings)
+        unknown = sorted(set(config) - set(known))
         if unknown:
             raise ConfigError(
-                f"unknown config key {unknown[0]!r} for {cls.name}; known: {', '.join(DEFAULTS)}"
+                f"unknown config key {unknown[0]!r} for {cls.name}; known: {', '.join(known)}"
             )
-        checked = {k: check_type(k, config.get(k, v), v) for k, v in DEFAULTS.items()}
+        checked = {k: check_type(k, config.get(k, v), v) for k, v in known.items()}
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
         _check_optimizer_ranges(checked)
@@ -264,8 +249,8 @@ def _check_numpy_mlp(config: Mapping[str, Any]) -> None:
     if config["local_optimizer"] not in MLP_OPTIMIZERS:
         raise ConfigError(f"config key 'local_optimizer': the letters MLP trains with one of "
                           f"{', '.join(MLP_OPTIMIZERS)} (adamw is for torch models)")
-    for key, default in TORCH_ONLY.items():
-        if config[key] != default:
+    for key in TORCH_ONLY:
+        if config[key] != defaults(DeltaAvgSettings)[key]:
             raise ConfigError(f"config key {key!r} is for torch models; the letters MLP "
                               f"trains epochs with {config['local_optimizer']}")
 

@@ -55,15 +55,12 @@ from training.gan_training import (
 )
 from training.models import gan_models
 from training.outputs import gan_metrics
+from training.schema import FlGanSettings, defaults
 from training.unit_parts import part_bounds
 from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
 from training.update_checks import specs_of
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
-DEFAULTS: dict[str, Any] = {
-    "workers": 4, "local_epochs": 1, "batch_size": 64, "lr": 2e-4, "beta1": 0.5,
-    "beta2": 0.999, "seed": 1, "batchnorm": True,
-}
 UNIT_TAG = "fl"
 
 
@@ -71,13 +68,14 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'fl_gan' trains models {MODELS}, not {model!r}")
     config, aggregation = split_aggregation(config)
-    unknown = sorted(set(config) - set(DEFAULTS))
+    known = defaults(FlGanSettings)
+    unknown = sorted(set(config) - set(known))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r} for fl_gan; "
-                          f"known: {', '.join(DEFAULTS)}")
+                          f"known: {', '.join(known)}")
     checked = {key: check_type(key, config[key] if config.get(key) is not None else default,
                                default)
-               for key, default in DEFAULTS.items()}
+               for key, default in known.items()}
     check_positive(checked, ("workers", "local_epochs", "batch_size"))
     check_adam(checked)
     return {**checked, AGGREGATION: aggregation}

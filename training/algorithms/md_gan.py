@@ -78,6 +78,7 @@ from training.models import gan_models
 from training.models.modules import float32_copy
 from training.optimizer_state import ADAM_KEYS, load_optimizer_arrays, optimizer_arrays
 from training.outputs import gan_metrics
+from training.schema import MdGanSettings, defaults
 from training.units import (
     RoundEval,
     UnitFailure,
@@ -91,11 +92,6 @@ from training.units import (
 log = logging.getLogger("training.md_gan")
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
-DEFAULTS: dict[str, Any] = {
-    "workers": 4, "batch_size": 64, "k": "log2", "disc_steps": 1, "swap_every_epochs": 1.0,
-    "swap": True, "swap_optimizer": True, "lr": 2e-4, "beta1": 0.5, "beta2": 0.999,
-    "seed": 1, "batchnorm": True,
-}
 UNIT_TAG = "md"
 OPTIM_G = "optim.G.adam."  # prefix of G's Adam state in a checkpoint
 MAX_SWAP_EPOCHS = 1e9
@@ -113,14 +109,15 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if aggregation["rule"] != "mean":  # its units' updates are kept apart, never averaged
         raise ConfigError(f"config key 'aggregation.rule' must be 'mean' for md_gan (its "
                           f"feedback is not averaged), got {aggregation['rule']!r}")
-    unknown = sorted(set(config) - set(DEFAULTS))
+    known = defaults(MdGanSettings)
+    unknown = sorted(set(config) - set(known))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r} for md_gan; "
-                          f"known: {', '.join(DEFAULTS)}")
+                          f"known: {', '.join(known)}")
     given = {key: value for key, value in config.items() if value is not None}
     checked = {key: check_type(key, given.get(key, default), default)
-               for key, default in DEFAULTS.items() if key != "k"}
-    checked["k"] = _check_k(given.get("k", DEFAULTS["k"]))
+               for key, default in known.items() if key != "k"}
+    checked["k"] = _check_k(given.get("k", known["k"]))
     check_positive(checked, ("workers", "batch_size", "disc_steps", "swap_every_epochs"))
     if checked["swap_every_epochs"] > MAX_SWAP_EPOCHS:  # its period in iterations must fit an int
         raise ConfigError(f"config key 'swap_every_epochs' must be at most {MAX_SWAP_EPOCHS:g} "
@@ -129,7 +126,7 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if resolve_k(checked["k"], checked["workers"]) > checked["workers"]:
         raise ConfigError(f"config key 'k' ({checked['k']}) must be at most 'workers' "
                           f"({checked['workers']}): each batch needs a discriminator")
-    return {key: checked[key] for key in DEFAULTS}
+    return {key: checked[key] for key in known}
 
 
 def _check_k(value: Any) -> int | str:

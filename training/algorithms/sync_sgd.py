@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from training import schema
 from training.aggregation import SECTION as AGGREGATION
 from training.algorithms import torch_model
 from training.algorithms.base import AveragingAlgorithm
@@ -69,30 +70,10 @@ from training.unit_parts import part_bounds
 from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
 from training.update_checks import specs_of
 
-# Keys of every model; units_per_iteration defaults to K + 1 (one spare unit per round).
-COMMON_DEFAULTS: dict[str, Any] = {
-    "images_per_work_unit": 320,
-    "num_workunits_per_update": 3,
-    "units_per_iteration": 4,
-    "batch_size": 32,
-    "seed": 1,
-}
-GAN_DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS, "lr_g": 2e-4, "lr_d": 2e-4, "beta1": 0.5, "beta2": 0.999,
-    "batchnorm": True,
-}
-# MLP defaults measured on letters: validation error 0.97 -> 0.43 after 20 rounds of 3 x 320.
-MLP_DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS, "lr": 0.01, "hidden": [128, 128], "scale_features": True,
-}
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
-# Any other torch model: its optimizer on the coordinator.
-MODULE_DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS, "lr": 0.001, "optimizer": "adam", "weight_decay": 0.0,
-}
 # One config file serves every model, so keys meant for the other kind of model are
 # accepted and dropped rather than refused.
-ALL_KEYS = frozenset(GAN_DEFAULTS) | frozenset(MLP_DEFAULTS) | frozenset(MODULE_DEFAULTS)
+ALL_KEYS = frozenset(schema.defaults(schema.SyncSgdSettings))
 POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_iteration",
                  "batch_size")
 
@@ -103,8 +84,8 @@ POSITIVE_INTS = ("images_per_work_unit", "num_workunits_per_update", "units_per_
 def defaults_for(model: str) -> dict[str, Any]:
     """Every config key the model understands, with its default."""
     if model in GAN_MODELS:
-        return dict(GAN_DEFAULTS)
-    return dict(MLP_DEFAULTS if model == "mlp" else MODULE_DEFAULTS)
+        return schema.sync_sgd_defaults(schema.GAN)
+    return schema.sync_sgd_defaults(schema.MLP if model == "mlp" else schema.MODULE)
 
 
 def _check_ranges(config: Mapping[str, Any]) -> None:

@@ -15,19 +15,18 @@ from typing import Any
 
 import numpy as np
 
-# Keys of the `outputs` section of a run configuration, with their defaults.
-OUTPUT_DEFAULTS: dict[str, int] = {
-    "sample_every": 1, "checkpoint_every": 1, "eval_every": 1, "eval_n": 2000,
-}
+from training.schema import OutputSettings, defaults
+
 MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator
 
 
 def check_outputs(outputs: Mapping[str, Any]) -> dict[str, int]:
     """The output settings with defaults filled in; ValueError naming a bad key."""
-    unknown = sorted(set(outputs) - set(OUTPUT_DEFAULTS))
+    known = defaults(OutputSettings)
+    unknown = sorted(set(outputs) - set(known))
     if unknown:
-        raise ValueError(f"unknown outputs key {unknown[0]!r}; known: {', '.join(OUTPUT_DEFAULTS)}")
-    checked = {**OUTPUT_DEFAULTS, **outputs}
+        raise ValueError(f"unknown outputs key {unknown[0]!r}; known: {', '.join(known)}")
+    checked = {**known, **outputs}
     for key, value in checked.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"outputs key {key!r} must be an integer >= 0 (0: never), "
