@@ -200,7 +200,8 @@ def _cause(exc: TException) -> str:
 @contextlib.contextmanager
 def mapped(translate: Callable[[BaseException], Exception]) -> Iterator[None]:
     """Raise ``translate(exc)``, chained from it, for a call's error inside the block;
-    other errors (bugs) pass unchanged. ``translate`` maps with `wire_error`."""
+    other errors (bugs) pass unchanged. ``translate`` is a caller's own mapping, which
+    starts from `wire_error`."""
     try:
         yield
     except CALL_ERRORS as exc:
