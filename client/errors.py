@@ -1,22 +1,18 @@
 """How the client fails: the one line it prints, its exit code, and the coordinator's failures.
 
-`coordinator_error` is the one place where the Thrift and socket errors of the client's
-calls to the coordinator become the client's own exceptions (`mapped_errors` applies it
-to a block). Each is a ClientError, so a command that does not handle one still prints
-its one line and exits with its code.
+`coordinator_error` is where the wire's errors of the client's calls to the coordinator
+(wire.errors, which maps the Thrift and socket errors) become the client's own exceptions
+(`mapped_errors` applies it to a block). Each is a ClientError, so a command that does
+not handle one still prints its one line and exits with its code.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
 
-from thrift.Thrift import TApplicationException
-
-from wire.chunks import MessageRefused, PeerRefusedMessage
-from wire.generated import ttypes
-from wire.rpc import CALL_ERRORS, ConnectionFailed
-from wire.transport import WrongProtocol
+from wire import errors as wire
+from wire.errors import wire_error
 from wire.version import MEMBERS_PORT
 
 # Exit codes of the client (docs/usage.md, "Exit codes"): argparse exits 2 on bad arguments.
@@ -25,8 +21,6 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 3  # the run was cancelled on the coordinator (cancel, another client, shutdown)
 EXIT_INTERRUPTED = 130  # Ctrl-C: this client cancelled the run
 EXIT_TERMINATED = 143  # SIGTERM (kill): likewise
-# The service's declared refusals of a call: their message says what to fix.
-REFUSALS = (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)
 _RIGHT_PORT = "give the port the coordinator prints as 'coordinator listening on HOST:PORT'"
 
 
@@ -109,32 +103,35 @@ def coordinator_error(exc: BaseException, where: str) -> CoordinatorError:
     """The client's exception for a failed call to the coordinator at `where`."""
     if isinstance(exc, CoordinatorError):
         return exc
-    if isinstance(exc, ConnectionFailed):
-        return CoordinatorUnreachable(f"cannot reach the coordinator: {exc}", str(exc))
-    if isinstance(exc, WrongProtocol):
-        return _wrong_protocol(exc, where)
-    if isinstance(exc, TApplicationException) \
-            and exc.type == TApplicationException.UNKNOWN_METHOD:
+    error = wire_error(exc)
+    if isinstance(error, wire.ConnectionFailed):
+        return CoordinatorUnreachable(f"cannot reach the coordinator: {error}", str(error))
+    if isinstance(error, wire.ProtocolMismatch):
+        return _wrong_protocol(error, where)
+    if isinstance(error, wire.UnknownMethod):
         return not_a_coordinator(where)  # of the trainer's servers, only compute nodes
-    if isinstance(exc, ttypes.TrainingFailed) and exc.leader is not None:
-        return NotLeader(f"the coordinator at {where}: {exc.message}", exc.message, exc.leader)
-    if isinstance(exc, ttypes.TrainingFailed):
-        tried = f" (nodes tried: {', '.join(exc.nodes_tried)})" if exc.nodes_tried else ""
-        return TrainingFailed(f"training failed: {exc.message}{tried}", exc.message)
-    if isinstance(exc, ttypes.RunCancelled):
-        return RunCancelled(exc.message, exc.message, exit_code=EXIT_CANCELLED)
-    if isinstance(exc, ttypes.UnknownRun):
-        return UnknownRun(exc.message, exc.message)
-    if isinstance(exc, ttypes.InvalidRequest):  # a bad configuration, as the table says
-        return CoordinatorRefused(exc.message, exc.message, exit_code=EXIT_USAGE)
-    if isinstance(exc, REFUSALS):
-        return CoordinatorRefused(exc.message, exc.message)
-    if isinstance(exc, MessageRefused):  # this client's own limit
-        return AnswerTooLarge(f"this client {exc.message}", exc.message)
-    if isinstance(exc, PeerRefusedMessage):  # the coordinator's limit
-        return CoordinatorRefused(f"the coordinator at {where} {exc.refusal}", exc.refusal)
-    return CoordinatorFailed(f"coordinator at {where} failed: {exc}", str(exc),
-                             answered=isinstance(exc, TApplicationException))
+    if isinstance(error, wire.RunFailed):
+        return _run_failed(error, where)
+    if isinstance(error, wire.RunCancelled):
+        return RunCancelled(str(error), str(error), exit_code=EXIT_CANCELLED)
+    if isinstance(error, wire.UnknownRun):
+        return UnknownRun(str(error), str(error))
+    if isinstance(error, wire.TooLargeForPeer):  # the coordinator's limit
+        return CoordinatorRefused(f"the coordinator at {where} {error.refusal}", error.refusal)
+    if isinstance(error, wire.Refused):  # a bad request is a bad configuration (exit 2)
+        return CoordinatorRefused(str(error), str(error), exit_code=EXIT_USAGE
+                                  if isinstance(error, wire.BadRequest) else EXIT_FAILURE)
+    if isinstance(error, wire.MessageTooLarge):  # this client's own limit
+        return AnswerTooLarge(f"this client {error}", str(error))
+    return CoordinatorFailed(f"coordinator at {where} failed: {error}", str(error),
+                             answered=isinstance(error, wire.RemoteFailure))
+
+
+def _run_failed(error: wire.RunFailed, where: str) -> CoordinatorError:
+    if error.leader is not None:
+        return NotLeader(f"the coordinator at {where}: {error}", str(error), error.leader)
+    tried = f" (nodes tried: {', '.join(error.nodes_tried)})" if error.nodes_tried else ""
+    return TrainingFailed(f"training failed: {error}{tried}", str(error))
 
 
 def not_a_coordinator(where: str, role: str | None = None) -> WrongPeer:
@@ -145,17 +142,13 @@ def not_a_coordinator(where: str, role: str | None = None) -> WrongPeer:
                      f"{what} answered")
 
 
-def _wrong_protocol(exc: WrongProtocol, where: str) -> WrongPeer:
+def _wrong_protocol(exc: wire.ProtocolMismatch, where: str) -> WrongPeer:
     if exc.protocol == "HTTP":
         return WrongPeer(f"{where} is an HTTP server, not the coordinator's Thrift port (the "
                          f"dashboard's port?); {_RIGHT_PORT}", str(exc))
     return WrongPeer(f"cannot talk to the coordinator at {where}: {exc}", str(exc))
 
 
-@contextlib.contextmanager
-def mapped_errors(where: str) -> Iterator[None]:
+def mapped_errors(where: str) -> contextlib.AbstractContextManager[None]:
     """Raise the client's exception for a Thrift or socket error inside the block."""
-    try:
-        yield
-    except CALL_ERRORS as exc:
-        raise coordinator_error(exc, where) from exc
+    return wire.mapped(functools.partial(coordinator_error, where=where))

@@ -1,24 +1,16 @@
 """How a node's own calls fail (to the coordinator it registers with, to another node it
 sends a session to), in the node's terms.
 
-`call_error` is the one place where the Thrift and socket errors of those calls become
-the node's own exceptions (`mapped_errors` applies it to a block); callers decide on the
-class alone whether to retry, stop or answer "not ok".
+`call_error` is where the wire's errors of those calls (wire.errors, which maps the
+Thrift and socket errors) become the node's own exceptions (`mapped_errors` applies it
+to a block); callers decide on the class alone whether to retry, stop or answer "not ok".
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
-from thrift.Thrift import TException
-
-from wire.chunks import PeerRefusedMessage
-from wire.generated import ttypes
-from wire.rpc import CALL_ERRORS, ConnectionFailed
-
-# The declared refusals of a call: another protocol version, a wrong token, a bad request.
-REFUSALS = (ttypes.InvalidRequest, ttypes.VersionMismatch, ttypes.Unauthorized)
+from wire.errors import ConnectionFailed, Refused, mapped, wire_error
 
 
 class CallError(Exception):
@@ -30,8 +22,9 @@ class PeerUnreachable(CallError):
 
 
 class PeerRefused(CallError):
-    """The peer answered with a declared refusal; no retry can change it. The message is
-    the peer's own."""
+    """The peer answered with a declared refusal (another protocol version, a wrong
+    token, a bad request, a message over its limit); no retry can change it. The message
+    is the peer's own."""
 
 
 class CallFailed(CallError):
@@ -42,18 +35,14 @@ def call_error(exc: BaseException) -> CallError:
     """The node's exception for a failed call."""
     if isinstance(exc, CallError):
         return exc
-    if isinstance(exc, ConnectionFailed):
-        return PeerUnreachable(str(exc))
-    if isinstance(exc, (*REFUSALS, PeerRefusedMessage)):  # the latter: a limit of the peer
-        return PeerRefused(exc.message)
-    # A TException's own words: the repr of a declared one would print its field names.
-    return CallFailed(exc.message if isinstance(exc, TException) and exc.message else str(exc))
+    error = wire_error(exc)
+    if isinstance(error, ConnectionFailed):
+        return PeerUnreachable(str(error))
+    if isinstance(error, Refused):
+        return PeerRefused(str(error))
+    return CallFailed(str(error))
 
 
-@contextlib.contextmanager
-def mapped_errors() -> Iterator[None]:
+def mapped_errors() -> contextlib.AbstractContextManager[None]:
     """Raise the node's exception for a Thrift or socket error inside the block."""
-    try:
-        yield
-    except CALL_ERRORS as exc:
-        raise call_error(exc) from exc
+    return mapped(call_error)

@@ -2,7 +2,8 @@
 
 Everything here speaks `wire.transport`'s framed transport with the
 pure-Python binary protocol, with timeouts on connecting and reading, so a dead
-peer turns into an exception instead of a hung thread.
+peer turns into an exception instead of a hung thread. What a call can raise, and the
+one place that maps it, is `wire.errors`.
 
 Generated clients are not thread-safe: one call at a time per connection. Use
 one `connect()` per thread, or a `ConnectionPool`, which hands each caller its
@@ -26,11 +27,12 @@ from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
 from thrift.protocol.TProtocol import TProtocolBase
-from thrift.Thrift import TException, TProcessor
+from thrift.Thrift import TProcessor
 from thrift.transport.TTransport import TTransportException
 
 from wire import auth, plaintext_refusal, security
 from wire.chunks import MessageLimits
+from wire.errors import ConnectionFailed
 from wire.handler_errors import releasing_processor
 from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
 from wire.transport import (
@@ -51,17 +53,6 @@ ClientFactory = Callable[[TProtocolBase], C]
 DRAIN_SECONDS = 5.0  # on stop, how long calls in progress may take to answer
 HANDSHAKE_SECONDS = 10.0  # longest TLS handshake a server waits for, per connection
 ACCEPT_BACKOFF_SECONDS = 0.2  # pause after a failed accept (out of descriptors): no spinning
-
-
-class ConnectionFailed(Exception):
-    """A connection could not be opened; the message names host:port and the cause."""
-
-
-# What a call on these connections can raise: no connection, an error on the way (a
-# reset, a timeout: TTransportException or OSError), or the peer's answer of an error
-# (TApplicationException, or an exception the service declares: all TExceptions). Each
-# side maps these to its own exceptions in one place.
-CALL_ERRORS = (ConnectionFailed, TException, OSError)
 
 
 def open_transport(

@@ -1,7 +1,7 @@
 """How a call to a compute node can fail, in the coordinator's own terms.
 
 Every node client (engine.nodes.client) raises only these, whatever carries its
-calls; the Thrift client maps transport and declared exceptions to them in one place
+calls; the Thrift client maps the wire's errors (wire.errors) to them in one place
 (engine.nodes.thrift_client). The engine decides retries, benching and discarding on the
 class alone.
 """

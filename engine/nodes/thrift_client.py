@@ -1,20 +1,17 @@
 """Pushed compute nodes over Thrift: the NodeClient the coordinator dials.
 
-The one place where Thrift and socket errors of calls to a node become the
-coordinator's own (engine.nodes.errors), and where tasks and results become Thrift
-structs and back. Session calls are built here too, by `SessionRequests`; the pull and
-in-process clients share these (their calls carry the same structs without a socket).
+Where the wire's errors of calls to a node (wire.errors) become the coordinator's own
+(engine.nodes.errors), and where tasks and results become Thrift structs and back.
+Session calls are built here too, by `SessionRequests`; the pull and in-process clients
+share these (their calls carry the same structs without a socket).
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
-
-from thrift.transport.TTransport import TTransportException
 
 from engine import runtime
 from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
@@ -36,9 +33,19 @@ from engine.nodes.sent_weights import SentWeights
 from engine.records import NodeSummary
 from engine.tasks import Task, TaskResult, TaskStatus, Tensors
 from training.run_check import RunFacts
-from wire.chunks import MessageRefused, PeerRefusedMessage
+from wire.errors import (
+    CALL_ERRORS,
+    BadRequest,
+    CallTimedOut,
+    ConnectionFailed,
+    MessageTooLarge,
+    TooLargeForPeer,
+    WrongVersion,
+    mapped,
+    wire_error,
+)
 from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import CALL_ERRORS, ConnectionFailed, ConnectionPool, transport_of
+from wire.rpc import ConnectionPool, transport_of
 from wire.stats import PayloadBytes
 from wire.tensor_codec import CodecError, dict_to_wire, specs_to_wire, wire_to_dict
 
@@ -123,33 +130,29 @@ def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
                       node_id=result.node_id)
 
 
-def node_error(exc: Exception) -> NodeError:
+def node_error(exc: BaseException) -> NodeError:
     """The coordinator's exception for a failed call to a node."""
     if isinstance(exc, NodeError):
         return exc
-    if isinstance(exc, ConnectionFailed):
-        return NodeUnavailable(str(exc))
-    if isinstance(exc, ttypes.VersionMismatch):
-        return NodeIncompatible(exc.message)
-    if isinstance(exc, ttypes.InvalidRequest):
-        return NodeRefused(exc.message)
-    if isinstance(exc, PeerRefusedMessage):  # its limit: it cannot take this run's tensors
-        return NodeUnfit(exc.refusal)
-    if isinstance(exc, MessageRefused):  # our limit, not the node's failure
-        return AnswerTooLarge(exc.message)
-    if isinstance(exc, TimeoutError) or (isinstance(exc, TTransportException)
-                                         and exc.type == TTransportException.TIMED_OUT):
-        return NodeTimedOut(str(exc))
-    return NodeRemoteError(str(exc))
+    error = wire_error(exc)
+    if isinstance(error, ConnectionFailed):
+        return NodeUnavailable(str(error))
+    if isinstance(error, WrongVersion):
+        return NodeIncompatible(str(error))
+    if isinstance(error, BadRequest):
+        return NodeRefused(str(error))
+    if isinstance(error, TooLargeForPeer):  # its limit: it cannot take this run's tensors
+        return NodeUnfit(error.refusal)
+    if isinstance(error, MessageTooLarge):  # our limit, not the node's failure
+        return AnswerTooLarge(str(error))
+    if isinstance(error, CallTimedOut):
+        return NodeTimedOut(str(error))
+    return NodeRemoteError(str(error))
 
 
-@contextlib.contextmanager
-def mapped_errors() -> Iterator[None]:
+def mapped_errors() -> contextlib.AbstractContextManager[None]:
     """Raise the coordinator's exception for a Thrift or socket error inside."""
-    try:
-        yield
-    except CALL_ERRORS as exc:
-        raise node_error(exc) from exc
+    return mapped(node_error)
 
 
 class SessionRequests(abc.ABC):

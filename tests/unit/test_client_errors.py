@@ -25,8 +25,8 @@ from client.errors import (
     mapped_errors,
 )
 from wire.chunks import MessageRefused, PeerRefusedMessage
+from wire.errors import ConnectionFailed
 from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.rpc import ConnectionFailed
 from wire.transport import WrongProtocol
 
 WHERE = "h:9095"

@@ -17,8 +17,8 @@ from compute_node.call_errors import (
 )
 from compute_node.coordinator_link import CoordinatorLink, PullSettings, PullStopped
 from wire.chunks import PeerRefusedMessage
+from wire.errors import ConnectionFailed
 from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.rpc import ConnectionFailed
 
 UNREACHABLE = ConnectionFailed("cannot connect to h:1: connection refused")
 
