@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import statistics
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +45,7 @@ from engine.round_state import (
     RoundState,
     Unit,
 )
+from engine.stragglers import StragglerPolicy
 from engine.stream_state import RoundEnd, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import (
@@ -62,7 +61,6 @@ from training.algorithms.base import UnitResult, UnitSpec, Weights
 log = logging.getLogger("coordinator.engine")
 
 RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
-FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
@@ -92,27 +90,6 @@ class FatalNodeError(Exception):
     """A node refused the protocol itself; retrying elsewhere would not help."""
 
 
-def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
-                   deadline: float) -> str | None:
-    """Why an attempt should be reclaimed now, or None. The deadline counts from the
-    attempt's last sign of work: its start, its node saying it sits in its load delay,
-    or its node reporting more batches done. A unit that progresses is never reclaimed,
-    however busy its machine; one that stops progressing is, a deadline later."""
-    if node.liveness.state(now) == "dead":
-        return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
-    if node.stats.accepted == 0:
-        # A node's first unit also loads libraries and builds caches (torch alone can
-        # take many seconds on a busy machine): it gets more time.
-        deadline *= FIRST_UNIT_GRACE
-    name = "/".join(map(str, key))
-    delaying = node.liveness.last_delaying(name)
-    progressed = node.liveness.last_progress(name)
-    idle = now - max(started, delaying or 0.0, progressed or 0.0)
-    if idle > deadline:
-        return f"deadline exceeded: no progress for {idle:.1f}s > {deadline:.1f}s"
-    return None
-
-
 def no_node_can_serve(nodes: Sequence[NodeHandle]) -> str:
     """The one line of a run that no node can serve, each node with its reason."""
     reasons = "; ".join(f"node {n.name} {n.left_out}" for n in nodes)
@@ -140,8 +117,8 @@ class RoundEngine:
         self.settings = settings
         self.progress = progress
         self.cancelled = cancelled
-        self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
-        self._durations_lock = runtime.Lock()
+        # deadlines, backups and re-issue of late units
+        self.stragglers = StragglerPolicy(settings, policy, run_id, self.cancels)
         self._last_contact = runtime.monotonic()
         self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
                                          settings.max_pause, settings.grace_seconds), progress)
@@ -266,7 +243,7 @@ class RoundEngine:
         if state.fatal:
             raise state.fatal
         if runtime.monotonic() >= next_check:
-            self._reclaim_overdue(state)
+            self.stragglers.reclaim(state)
             self._watch_nodes()
             next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
         silent = runtime.monotonic() - self._last_contact
@@ -288,33 +265,6 @@ class RoundEngine:
         if self.gate.paused:
             self._last_contact = runtime.monotonic()
 
-    # -------------------------------------------------------------- deadlines
-    def unit_deadline(self, node: NodeHandle | None = None) -> float:
-        """Seconds a unit may go without progress: a multiple of the node's own recent
-        unit time (a node on a busy machine is slower; the deadline follows it), or of the
-        usual unit time before the node has one, within the floor and the cap."""
-        typical = node.unit_seconds() if node is not None else None
-        if typical is None:
-            with self._durations_lock:
-                recent = list(self._fast_durations)
-            typical = statistics.median(recent) if recent else 0.0
-        s = self.settings
-        return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
-
-    def _reclaim_overdue(self, state: WorkState) -> None:
-        """Abort attempts past their deadline or on dead nodes: the worker sees a failure
-        and the unit goes to another node (a unit waiting in its load delay or reporting
-        progress is working). The node is told to drop the attempt, so its maths stops
-        instead of adding load while the unit runs again elsewhere."""
-        now = runtime.monotonic()
-        for unit, attempt, node, started in state.live_attempts():
-            key = (self.run_id, unit.spec.unit_id, attempt)
-            reason = overdue_reason(node, key, started, now, self.unit_deadline(node))
-            if reason and node.abort(key, reason):
-                log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
-                            state.round_index, unit.spec.unit_id, attempt, node.name, reason)
-                self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
-
     # ---------------------------------------------------------------- workers
     def _worker(self, state: WorkState, build_task: TaskBuilder,
                 backups_only: bool) -> None:
@@ -322,7 +272,7 @@ class RoundEngine:
         loudly rather than leaving it to wait for a worker that has died."""
         try:
             while True:
-                unit = state.next_unit(self._backup_after(), backups_only)
+                unit = state.next_unit(self.stragglers.backup_after(), backups_only)
                 if unit is None:
                     return
                 try:
@@ -334,14 +284,6 @@ class RoundEngine:
         except Exception as exc:
             log.exception("round %d: worker failed", state.round_index)
             state.fail(exc)
-
-    def _backup_after(self) -> float | None:
-        if not self.settings.speculation:
-            return None
-        with self._durations_lock:
-            recent = list(self._fast_durations)
-        typical = statistics.median(recent) if recent else None
-        return self.policy.backup_after(typical, self.settings.speculate_after)
 
     def _try_nodes(self, state: WorkState, unit: Unit, build_task: TaskBuilder) -> None:
         if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
@@ -450,7 +392,7 @@ class RoundEngine:
                 update = decoded(self._filters, result.update)
                 run_filters(self._filters,
                             Candidate(unit.spec, node.name, update, result.num_samples),
-                            RoundView(self.unit_deadline(),
+                            RoundView(self.stragglers.deadline(),
                                       lambda: state.over or self.cancelled.is_set()))
             except ValueError as exc:  # a wrong answer: a failure, and benched
                 node.refuse(str(exc))  # its summary says why (a relay's, to the coordinator)
@@ -475,10 +417,7 @@ class RoundEngine:
             ended(AttemptEnd.CANCELLED, result.message, unit_settled=state.is_over(unit))
             return "cancelled"
         if result.delay_seconds == 0:
-            # The node's own compute time, not the call time: queueing behind other
-            # units on a busy node must not raise the bar for starting a backup.
-            with self._durations_lock:
-                self._fast_durations.append(result.compute_seconds)
+            self.stragglers.note_unit_time(result.compute_seconds)
         refused: list[str] = []  # a stream's verdict on a result computed from old weights
 
         def too_stale(reason: str) -> None:
