@@ -30,7 +30,7 @@ from engine.nodes.pool import NodeHandle
 
 if TYPE_CHECKING:
     from engine.round_engine import EngineSettings
-    from engine.round_state import AttemptBook as WorkQueue
+    from engine.work_queue import WorkQueue
 
 log = logging.getLogger("coordinator.engine")
 
