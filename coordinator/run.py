@@ -54,12 +54,12 @@ from engine.round_engine import (
     RunCancelledError,
     no_node_can_serve,
 )
-from engine.round_state import ResultSink
 from engine.session_moves import NodeSessions, drop_sessions
 from engine.stream_state import RoundEnd, StreamPosition, StreamState
 from engine.tasks import Task, Tensors
 from engine.update_filters import NormLimit, round_filters
 from engine.warm_up import warm_up_nodes
+from engine.work_queue import ResultSink
 from training.compression import encode_weights
 from training.outputs.plots import due
 from training.schedule import staleness_warning

@@ -7,9 +7,11 @@ engine imports neither of them, and reaches a run store only through `LedgerStor
 
 Where things are:
 
-* rounds and streams: `round_engine` (threads, retries, backups, quorum), `round_state`
-  (one round's units under a lock), `stream_state` (the asynchronous modes), `pass_queue`
-  (sync rounds drawn from passes over the data)
+* rounds and streams: `round_engine` (threads, retries, backups, quorum), `work_queue`
+  (units, attempts, backups and failure counts under one lock), settled by `round_state`
+  (a round's barrier) or `stream_state` (the asynchronous modes' buffer); `stragglers`
+  (deadlines, backup thresholds, re-issue); `pass_queue` (sync rounds drawn from passes
+  over the data)
 * what goes out and comes back: `tasks`; checks of a result: `update_filters`,
   `update_norms`; cancels sent off the critical path: `cancels`
 * bookkeeping: `ledger` (the run store's view, one call per event), `attempt_log` (the one

@@ -16,8 +16,6 @@ from engine import runtime
 RANDOM = 1
 LOAD_BALANCING = 2
 ADAPTIVE = 3
-DEFAULT_BACKUP_FLOOR_SECONDS = 0.25
-ADAPTIVE_BACKUP_MIN_SECONDS = 0.05
 POLICY_NAMES = {RANDOM: "random", LOAD_BALANCING: "load balancing", ADAPTIVE: "adaptive"}
 
 
@@ -40,6 +38,8 @@ class Policy:
 
     number: int
     rerank_after_rejection = False  # True: ask for a new order after every rejection
+    # True: backups start after 3x the measured unit time (engine/stragglers.py)
+    measured_backups = False
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = runtime.Random(seed)
@@ -57,13 +57,6 @@ class Policy:
         with self._lock:
             self._rng.setstate(state)
 
-    def backup_after(self, typical_seconds: float | None, floor: float | None) -> float:
-        """Seconds a unit may be out before a backup attempt starts elsewhere.
-
-        Four times the typical unit time, and at least `floor` (default 0.25 s).
-        """
-        floor = DEFAULT_BACKUP_FLOOR_SECONDS if floor is None else floor
-        return max(floor, 4 * (typical_seconds or 0.0))
 
 
 class RandomPolicy(Policy):
@@ -108,14 +101,7 @@ class AdaptivePolicy(Policy):
 
     number = ADAPTIVE
     rerank_after_rejection = True
-
-    def backup_after(self, typical_seconds: float | None, floor: float | None) -> float:
-        """Three times the measured unit time: a unit out much longer than units take is
-        almost surely waiting in a load delay. Until units have been measured, and never
-        below an explicit floor, the base rule applies."""
-        if typical_seconds is None or floor is not None:
-            return super().backup_after(typical_seconds, floor)
-        return max(ADAPTIVE_BACKUP_MIN_SECONDS, 3 * typical_seconds)
+    measured_backups = True
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
         candidates = [v for v in views if v.available]

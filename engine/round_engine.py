@@ -10,15 +10,15 @@ algorithm aggregates them. When the queue is empty, idle workers (and N workers 
 for this alone) start a backup attempt of a unit that has been out much longer than units
 usually take (a unit sitting in a node's load delay, or a straggler); the first
 result wins and the other attempts are cancelled. The round ends when `quorum`
-units are in. The queue and unit states live in `round_state`.
+units are in. The queue, attempts and failure counts live in `work_queue`, settled by a round's
+barrier (`round_state`) or a stream's buffer (`stream_state`); deadlines, backup
+thresholds and re-issue in `stragglers`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import statistics
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,14 +39,8 @@ from engine.nodes.pool import NodeHandle
 from engine.nodes.quorum import NodeGate, NodeMinimum
 from engine.policies import Policy
 from engine.progress import RunProgress
-from engine.round_state import (
-    WAIT_STEP_SECONDS,
-    ResultSink,
-    RoundFailed,
-    RoundOutcome,
-    RoundState,
-    Unit,
-)
+from engine.round_state import RoundOutcome, RoundState
+from engine.stragglers import StragglerPolicy
 from engine.stream_state import RoundEnd, StreamState
 from engine.tasks import Task, TaskResult, TaskStatus
 from engine.update_filters import (
@@ -57,12 +51,12 @@ from engine.update_filters import (
     decoded,
     run_filters,
 )
+from engine.work_queue import WAIT_STEP_SECONDS, ResultSink, RoundFailed, Unit, WorkQueue
 from training.units import UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 
 RECLAIM_CHECK_SECONDS = 0.5  # how often deadlines and dead nodes are checked
-FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
 REJECTIONS_PER_NODE = 4  # adaptive policy: rejections of one unit before it is requeued
 
 
@@ -92,27 +86,6 @@ class FatalNodeError(Exception):
     """A node refused the protocol itself; retrying elsewhere would not help."""
 
 
-def overdue_reason(node: NodeHandle, key: tuple[str, str, int], started: float, now: float,
-                   deadline: float) -> str | None:
-    """Why an attempt should be reclaimed now, or None. The deadline counts from the
-    attempt's last sign of work: its start, its node saying it sits in its load delay,
-    or its node reporting more batches done. A unit that progresses is never reclaimed,
-    however busy its machine; one that stops progressing is, a deadline later."""
-    if node.liveness.state(now) == "dead":
-        return f"node {node.name} is dead (silent for {node.liveness.silent_seconds(now):.0f}s)"
-    if node.stats.accepted == 0:
-        # A node's first unit also loads libraries and builds caches (torch alone can
-        # take many seconds on a busy machine): it gets more time.
-        deadline *= FIRST_UNIT_GRACE
-    name = "/".join(map(str, key))
-    delaying = node.liveness.last_delaying(name)
-    progressed = node.liveness.last_progress(name)
-    idle = now - max(started, delaying or 0.0, progressed or 0.0)
-    if idle > deadline:
-        return f"deadline exceeded: no progress for {idle:.1f}s > {deadline:.1f}s"
-    return None
-
-
 def no_node_can_serve(nodes: Sequence[NodeHandle]) -> str:
     """The one line of a run that no node can serve, each node with its reason."""
     reasons = "; ".join(f"node {n.name} {n.left_out}" for n in nodes)
@@ -120,7 +93,6 @@ def no_node_can_serve(nodes: Sequence[NodeHandle]) -> str:
 
 
 TaskBuilder = Callable[[UnitSpec, int], Task]
-WorkState = RoundState | StreamState  # a round's units, or an asynchronous run's
 
 
 class RoundEngine:
@@ -140,8 +112,8 @@ class RoundEngine:
         self.settings = settings
         self.progress = progress
         self.cancelled = cancelled
-        self._fast_durations: deque[float] = deque(maxlen=64)  # recent undelayed unit times
-        self._durations_lock = runtime.Lock()
+        # deadlines, backups and re-issue of late units
+        self.stragglers = StragglerPolicy(settings, policy, run_id, self.cancels)
         self._last_contact = runtime.monotonic()
         self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
                                          settings.max_pause, settings.grace_seconds), progress)
@@ -227,19 +199,17 @@ class RoundEngine:
         """Units a stream keeps out: each node's unit, and those sent ahead to it."""
         return max(1, len(self.nodes)) * state.schedule.units_per_node
 
-    def _start_filters(self, state: WorkState) -> None:
-        units = (state.updates_per_round * state.schedule.results_per_version
-                 if isinstance(state, StreamState) else state.quorum)
+    def _start_filters(self, state: WorkQueue) -> None:
         for update_filter in self._filters:
-            update_filter.start_round(units, len(self.nodes))
+            update_filter.start_round(state.units_per_round(), len(self.nodes))
 
-    def _start_workers(self, state: WorkState, build_task: TaskBuilder,
+    def _start_workers(self, state: WorkQueue, build_task: TaskBuilder,
                        name: str, threads: int, backup_threads: int) -> None:
         for i in range(threads + backup_threads):
             runtime.start_thread(self._worker, f"{name}-worker{i}",
                                  args=(state, build_task, i >= threads))
 
-    def _stop(self, state: WorkState) -> None:
+    def _stop(self, state: WorkQueue) -> None:
         for update_filter in self._filters:
             update_filter.end_round()
         self._cancel_leftovers(state)
@@ -257,7 +227,7 @@ class RoundEngine:
             raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
                               f"{state.last_error}", [n.name for n in self.nodes])
 
-    def _tick(self, state: WorkState, next_check: float) -> float:
+    def _tick(self, state: WorkQueue, next_check: float) -> float:
         """One look at a running round or stream: raise if it was cancelled, failed or no
         node answers any more; reclaim overdue attempts when ``next_check`` has come.
         Returns the time of the next reclaim check."""
@@ -266,7 +236,7 @@ class RoundEngine:
         if state.fatal:
             raise state.fatal
         if runtime.monotonic() >= next_check:
-            self._reclaim_overdue(state)
+            self.stragglers.reclaim(state)
             self._watch_nodes()
             next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
         silent = runtime.monotonic() - self._last_contact
@@ -288,41 +258,14 @@ class RoundEngine:
         if self.gate.paused:
             self._last_contact = runtime.monotonic()
 
-    # -------------------------------------------------------------- deadlines
-    def unit_deadline(self, node: NodeHandle | None = None) -> float:
-        """Seconds a unit may go without progress: a multiple of the node's own recent
-        unit time (a node on a busy machine is slower; the deadline follows it), or of the
-        usual unit time before the node has one, within the floor and the cap."""
-        typical = node.unit_seconds() if node is not None else None
-        if typical is None:
-            with self._durations_lock:
-                recent = list(self._fast_durations)
-            typical = statistics.median(recent) if recent else 0.0
-        s = self.settings
-        return min(s.deadline_cap, max(s.deadline_floor, s.deadline_factor * typical))
-
-    def _reclaim_overdue(self, state: WorkState) -> None:
-        """Abort attempts past their deadline or on dead nodes: the worker sees a failure
-        and the unit goes to another node (a unit waiting in its load delay or reporting
-        progress is working). The node is told to drop the attempt, so its maths stops
-        instead of adding load while the unit runs again elsewhere."""
-        now = runtime.monotonic()
-        for unit, attempt, node, started in state.live_attempts():
-            key = (self.run_id, unit.spec.unit_id, attempt)
-            reason = overdue_reason(node, key, started, now, self.unit_deadline(node))
-            if reason and node.abort(key, reason):
-                log.warning("round %d: unit %s attempt %d on %s reclaimed: %s",
-                            state.round_index, unit.spec.unit_id, attempt, node.name, reason)
-                self.cancels.send(node, self.run_id, unit.spec.unit_id, attempt)
-
     # ---------------------------------------------------------------- workers
-    def _worker(self, state: WorkState, build_task: TaskBuilder,
+    def _worker(self, state: WorkQueue, build_task: TaskBuilder,
                 backups_only: bool) -> None:
         """Take units until the round is over. Any unexpected error fails the round
         loudly rather than leaving it to wait for a worker that has died."""
         try:
             while True:
-                unit = state.next_unit(self._backup_after(), backups_only)
+                unit = state.next_unit(self.stragglers.backup_after(), backups_only)
                 if unit is None:
                     return
                 try:
@@ -335,15 +278,7 @@ class RoundEngine:
             log.exception("round %d: worker failed", state.round_index)
             state.fail(exc)
 
-    def _backup_after(self) -> float | None:
-        if not self.settings.speculation:
-            return None
-        with self._durations_lock:
-            recent = list(self._fast_durations)
-        typical = statistics.median(recent) if recent else None
-        return self.policy.backup_after(typical, self.settings.speculate_after)
-
-    def _try_nodes(self, state: WorkState, unit: Unit, build_task: TaskBuilder) -> None:
+    def _try_nodes(self, state: WorkQueue, unit: Unit, build_task: TaskBuilder) -> None:
         if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
             state.requeue(unit, wait_seconds=0)
             return
@@ -362,7 +297,7 @@ class RoundEngine:
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
 
-    def _order(self, state: WorkState, unit: Unit) -> list[int]:
+    def _order(self, state: WorkQueue, unit: Unit) -> list[int]:
         """The policy's order over the nodes not already holding this unit (in a stream,
         over those holding the fewest units).
 
@@ -373,7 +308,7 @@ class RoundEngine:
         busy = state.nodes_of(unit)
         views = [n.view(now) for n in self.nodes]
         free = [v for v in views if v.index not in busy]
-        if isinstance(state, StreamState) and free:
+        if state.fills_evenly and free:
             # A stream fills nodes evenly: a unit goes to a node with nothing out while
             # there is one, and is sent ahead (prefetch) only to a node with the fewest.
             fewest = min(v.in_flight for v in free)
@@ -386,7 +321,7 @@ class RoundEngine:
         preferred = [i for i in order if self._by_index[i].name == spec.preferred_node]
         return preferred + [i for i in order if i not in preferred]
 
-    def _candidates(self, state: WorkState, unit: Unit, order: list[int]) -> Iterator[int]:
+    def _candidates(self, state: WorkQueue, unit: Unit, order: list[int]) -> Iterator[int]:
         """Nodes to try in turn until one accepts.
 
         Policies 1 and 2 walk their order once (the assignment's "next node"). The
@@ -409,7 +344,7 @@ class RoundEngine:
         soonest = min(n.benched_until() for n in self.nodes)
         return min(max(soonest - now, 0.0), WAIT_STEP_SECONDS * 4)
 
-    def _attempt(self, state: WorkState, unit: Unit, node: NodeHandle,
+    def _attempt(self, state: WorkQueue, unit: Unit, node: NodeHandle,
                  build_task: TaskBuilder) -> str:
         attempt = state.start_attempt(unit, node, lambda number: self.log.started(
             state.ledger_round(unit), unit.spec.unit_id, number, node))
@@ -450,7 +385,7 @@ class RoundEngine:
                 update = decoded(self._filters, result.update)
                 run_filters(self._filters,
                             Candidate(unit.spec, node.name, update, result.num_samples),
-                            RoundView(self.unit_deadline(),
+                            RoundView(self.stragglers.deadline(),
                                       lambda: state.over or self.cancelled.is_set()))
             except ValueError as exc:  # a wrong answer: a failure, and benched
                 node.refuse(str(exc))  # its summary says why (a relay's, to the coordinator)
@@ -460,7 +395,7 @@ class RoundEngine:
         return self._answered(state, unit, attempt, node, result, update,
                               runtime.monotonic() - began)
 
-    def _answered(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+    def _answered(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                   result: TaskResult, update: Weights, seconds: float) -> str:
         self.log.answered(node, result, seconds)
         state.end_attempt(unit, attempt)
@@ -475,10 +410,7 @@ class RoundEngine:
             ended(AttemptEnd.CANCELLED, result.message, unit_settled=state.is_over(unit))
             return "cancelled"
         if result.delay_seconds == 0:
-            # The node's own compute time, not the call time: queueing behind other
-            # units on a busy node must not raise the bar for starting a backup.
-            with self._durations_lock:
-                self._fast_durations.append(result.compute_seconds)
+            self.stragglers.note_unit_time(result.compute_seconds)
         refused: list[str] = []  # a stream's verdict on a result computed from old weights
 
         def too_stale(reason: str) -> None:
@@ -499,7 +431,7 @@ class RoundEngine:
             ended(AttemptEnd.LOST, "another attempt finished first")
         return "completed"
 
-    def _failed(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+    def _failed(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                 began: float, bench: bool, reason: str,
                 end: AttemptEnd = AttemptEnd.FAILED) -> None:
         log.warning("unit %s on %s failed: %s", unit.spec.unit_id, node.name, reason)
@@ -513,7 +445,7 @@ class RoundEngine:
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
 
-    def _unreachable(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+    def _unreachable(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                      began: float, reason: str) -> None:
         log.warning("unit %s: node %s unreachable: %s", unit.spec.unit_id, node.name, reason)
         self.log.failed_call(node, runtime.monotonic() - began, True, reason)
@@ -521,7 +453,7 @@ class RoundEngine:
         self._ended(state, unit, attempt, node, AttemptEnd.UNREACHABLE,
                     f"node unreachable: {reason}")
 
-    def _leave_out(self, state: WorkState, node: NodeHandle, reason: str) -> None:
+    def _leave_out(self, state: WorkQueue, node: NodeHandle, reason: str) -> None:
         """Do without a node that cannot serve the run; fail the round when none is left."""
         if node.leave_out(reason):
             log.warning("node %s is left out of run %s: %s", node.name, self.run_id, reason)
@@ -532,7 +464,7 @@ class RoundEngine:
             state.fail(RoundFailed(no_node_can_serve(self.left_out),
                                    [n.name for n in self.left_out]))
 
-    def _ended(self, state: WorkState, unit: Unit, attempt: int, node: NodeHandle,
+    def _ended(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:
         """Record an attempt's end in the round the ledger holds its unit in now."""
         with state.recording():
@@ -545,7 +477,7 @@ class RoundEngine:
         for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
             self.cancels.send(node, self.run_id, unit.spec.unit_id)
 
-    def _cancel_leftovers(self, state: WorkState) -> None:
+    def _cancel_leftovers(self, state: WorkQueue) -> None:
         for unit in state.units:
             for node in {n for n, _ in unit.started.copy().values()}:
                 self.cancels.send(node, self.run_id, unit.spec.unit_id)

@@ -1,51 +1,29 @@
-"""The state of one round: its work units, their queue and attempts, under one lock.
+"""A round's settlement of the work queue: the round barrier.
 
-Workers of the round engine take units from here and report what happened; the state
-decides what is queued, what is a backup candidate, and when the round is over.
+The round's results wait in unit order for the barrier; the round is over once `quorum`
+of its units are in or every unit is settled, and `outcome` is what it produced. The
+queue, attempts, backups and failure counts are the work queue's (engine/work_queue.py).
 """
 
 from __future__ import annotations
 
-import logging
-from collections import deque
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from engine import runtime
-from engine.nodes.pool import NodeHandle
 from engine.tasks import TaskResult
+from engine.work_queue import (
+    WAIT_STEP_SECONDS,
+    Kept,
+    ResultSink,
+    RoundFailed,
+    Unit,
+    WorkQueue,
+)
 from training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
-log = logging.getLogger("coordinator.engine")
-
-WAIT_STEP_SECONDS = 0.05  # the longest a worker sleeps before re-checking its round
-
-
-class RoundFailed(Exception):
-    """The round (or an asynchronous run's stream) cannot finish: no node reachable, or
-    every unit failed."""
-
-    def __init__(self, message: str, nodes_tried: list[str]) -> None:
-        super().__init__(message)
-        self.nodes_tried = nodes_tried
-
-
-@dataclass(frozen=True)
-class Kept:
-    """A result a round or stream kept, as a store that keeps results is told of it."""
-
-    round: int  # the run store's round of its unit
-    unit: UnitSpec
-    attempt: int
-    node: str
-    result: TaskResult
-    sequence: int | None = None  # a stream's: its place among the results of its round
-    staleness: int | None = None  # a stream's: versions behind the newest when kept
-
-
-ResultSink = Callable[[Kept], None]
+# What a round's callers import from here with the barrier.
+__all__ = ["WAIT_STEP_SECONDS", "Kept", "ResultSink", "RoundFailed", "RoundOutcome",
+           "RoundState", "Unit"]
 
 
 @dataclass
@@ -70,158 +48,9 @@ class RoundOutcome:
         return {r.unit.unit_id: r.node for r in self.results if r.node is not None}
 
 
-@dataclass
-class Unit:
-    index: int
-    spec: UnitSpec
-    attempts: int = 0
-    failures: int = 0
-    reserved: int = 0  # workers holding the unit (primary and backup)
-    started: dict[int, tuple[NodeHandle, float]] = field(default_factory=dict)
-    done: bool = False
-    discarded: bool = False
-    last_error: str = ""
 
-
-class AttemptBook:
-    """What the engine's workers share about units and their attempts, under one condition
-    variable: which units are out where, which are settled, whether the work is over. A
-    round (`RoundState`) and an asynchronous run's stream (engine/stream_state.py)
-    add their queue and what a result does."""
-
-    def __init__(self, units: list[Unit], max_attempts: int,
-                 lock: Any = None) -> None:
-        self.units = units
-        self.max_attempts = max_attempts  # live attempts of one unit at once
-        self.fatal: Exception | None = None
-        self.last_error = ""
-        self.keep_result: ResultSink | None = None  # told of each result kept
-        self._cond = runtime.Condition(lock)
-        self._over = False
-        self._queue: deque[Unit] = deque()  # units waiting for a worker
-
-    def _requeue_orphans(self) -> None:
-        """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
-        so no path can lose a unit."""
-        for unit in self.units:
-            if not (unit.done or unit.discarded or unit.reserved or unit.started
-                    or unit in self._queue):
-                log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
-                self._queue.append(unit)
-
-    def _take_backup(self, backup_after: float | None) -> Unit | None:
-        backup = self._slow_unit(backup_after)
-        if backup is not None:
-            backup.reserved += 1
-        return backup
-
-    def _slow_unit(self, backup_after: float | None) -> Unit | None:
-        """The unit whose newest attempt has been out longest, if that is over the threshold.
-
-        Only units whose every holder is waiting on a node qualify, and a unit never
-        holds more attempts than there are nodes, so backups cannot pile up.
-        """
-        if backup_after is None:
-            return None
-        now = runtime.monotonic()
-        slow = [u for u in self.units
-                if not u.done and not u.discarded and u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
-
-    def release(self, unit: Unit) -> None:
-        with self._cond:
-            unit.reserved -= 1
-            self._cond.notify_all()
-
-    def nodes_of(self, unit: Unit) -> set[int]:
-        with self._cond:
-            return {node.index for node, _ in unit.started.values()}
-
-    @property
-    def over(self) -> bool:
-        with self._cond:
-            return self._over
-
-    def has_live_attempts(self) -> bool:
-        with self._cond:
-            return any(u.started for u in self._attempt_holders())
-
-    def _attempt_holders(self) -> list[Unit]:
-        """The units whose attempts may be out (under the lock): all of a round's."""
-        return self.units
-
-    def is_over(self, unit: Unit) -> bool:
-        with self._cond:
-            return self._over or unit.done or unit.discarded
-
-    # --------------------------------------------------------------- attempts
-    def start_attempt(self, unit: Unit, node: NodeHandle,
-                      on_started: Callable[[int], None] | None = None) -> int | None:
-        """A new attempt's number, or None when the unit settled meanwhile. `on_started`
-        (the ledger's record) runs under the lock, so no completion can come between."""
-        with self._cond:
-            if self._over or unit.done or unit.discarded:
-                return None
-            unit.attempts += 1
-            unit.started[unit.attempts] = (node, runtime.monotonic())
-            if on_started is not None:
-                on_started(unit.attempts)
-            return unit.attempts
-
-    def live_attempts(self) -> list[tuple[Unit, int, NodeHandle, float]]:
-        """(unit, attempt, node, started) of every attempt out on a node."""
-        with self._cond:
-            return [(unit, attempt, node, started) for unit in self._attempt_holders()
-                    for attempt, (node, started) in unit.started.items()]
-
-    def end_attempt(self, unit: Unit, attempt: int) -> None:
-        with self._cond:
-            unit.started.pop(attempt, None)
-
-    def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
-        """Count a failure; requeue the unit (first in the queue), or discard it past the
-        limit (True)."""
-        with self._cond:
-            unit.failures += 1
-            unit.last_error = self.last_error = reason
-            if unit.done:  # a leftover attempt of a unit already kept: nothing to redo
-                self._cond.notify_all()
-                return False
-            used_up = unit.failures >= max_failures
-            if used_up and not unit.started:
-                unit.discarded = True
-            # Past the limit with attempts still out, those decide: requeueing it would
-            # start another attempt beside them, and a unit failing everywhere would then
-            # never be left without one to be discarded.
-            elif not used_up and not unit.done and unit not in self._queue:
-                self._queue.appendleft(unit)
-            self._after_failure(unit)
-            self._cond.notify_all()
-            return unit.discarded
-
-    def _after_failure(self, unit: Unit) -> None:
-        """What a failure changes beyond the unit (under the lock); nothing by default."""
-
-    def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
-        """What ``keep_result`` is told of a result ``complete`` kept."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------- end
-    def fail(self, exc: Exception) -> None:
-        with self._cond:
-            self.fatal = exc
-            self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._over = True
-            self._cond.notify_all()
-
-
-class RoundState(AttemptBook):
-    """The queue and unit states of one round, under one condition variable."""
+class RoundState(WorkQueue):
+    """The work queue of one round, settled by its barrier (module docstring)."""
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
                  max_attempts: int,
@@ -245,37 +74,11 @@ class RoundState(AttemptBook):
         self._check_over()
 
     # ------------------------------------------------------------ scheduling
-    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
-        """A unit to work on: queued first, then a backup of a slow one; None when over."""
-        with self._cond:
-            while not self._over:
-                if not self._queue:
-                    self._requeue_orphans()
-                if self._queue and not backups_only:
-                    unit = self._queue.popleft()
-                    unit.reserved += 1
-                    return unit
-                backup = self._take_backup(backup_after)
-                if backup is not None:
-                    return backup
-                self._cond.wait(WAIT_STEP_SECONDS)
-            return None
+    def _may_requeue(self, unit: Unit) -> bool:
+        return not unit.done and not unit.discarded and unit.reserved == 1
 
-    def requeue(self, unit: Unit, wait_seconds: float) -> None:
-        with self._cond:
-            if not unit.done and not unit.discarded and unit.reserved == 1:
-                self._queue.append(unit)
-            if wait_seconds > 0:
-                self._cond.wait(wait_seconds)
-
-    def ledger_round(self, unit: Unit) -> int:
-        """The run store's round that holds ``unit``: this round's."""
-        return self.round_index
-
-    def recording(self) -> AbstractContextManager[None]:
-        """Held while the engine writes a unit's event to the ledger: nothing to hold in a
-        round, whose units never move to another (see stream_state)."""
-        return nullcontext()
+    def units_per_round(self) -> int:
+        return self.quorum
 
     # --------------------------------------------------------------- attempts
     def _after_failure(self, unit: Unit) -> None:

@@ -1,7 +1,8 @@
 """The state of an asynchronous run: passes over the data, versions and the result buffer.
 
-The round engine's workers drive it exactly as they drive a round (`round_state`): they
-take units, start attempts and report results. The difference is what a result does.
+It is the work queue's other settlement (engine/work_queue.py): the round engine's workers
+drive it exactly as they drive a round (`round_state`): they take units, start attempts and
+report results. The difference is what a result does.
 In a round it waits for the barrier; here it is applied as it arrives (``async``) or
 once ``buffer_size`` results are in (``buffered``), and every application makes a new
 version of the global model. Tasks are built from the newest version; a result computed
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 
 from engine import runtime
 from engine.ledger import UnitLedger
-from engine.round_state import WAIT_STEP_SECONDS, AttemptBook, Kept, RoundFailed, Unit
 from engine.tasks import TaskResult
+from engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
 from training.schedule import ScheduleSettings, weighted
 from training.units import UnitResult, UnitSpec, Weights
 
@@ -125,8 +126,11 @@ class _RoundTally:
     discarded: list[str] = field(default_factory=list)
 
 
-class StreamState(AttemptBook):
-    """See the module docstring."""
+class StreamState(WorkQueue):
+    """The work queue of an asynchronous run, settled by its stream buffer (module
+    docstring)."""
+
+    fills_evenly = True  # nodes are filled evenly, and units sent ahead to the least busy
 
     def __init__(self, *, weights: Weights, first_round: int, last_round: int,
                  updates_per_round: int, schedule: ScheduleSettings,
@@ -214,36 +218,25 @@ class StreamState(AttemptBook):
         return unit
 
     # ------------------------------------------------------------ scheduling
-    def next_unit(self, backup_after: float | None, backups_only: bool = False) -> Unit | None:
-        """A unit to work on while fewer than `max_in_flight` are out (a new pass when
-        TODO is empty), else a backup of a slow one; None when the run is over."""
-        with self._cond:
-            while not self._over:
-                if not backups_only and self._in_flight() < self.max_in_flight:
-                    if not self._queue:
-                        self._requeue_orphans()
-                    if not self._queue:
-                        self._start_pass()
-                    if self._queue:
-                        return self._issue(self._queue.popleft())
-                backup = self._take_backup(backup_after)
-                if backup is not None:
-                    return backup
-                self._cond.wait(WAIT_STEP_SECONDS)
-            return None
+    def _may_issue(self, backups_only: bool) -> bool:
+        """A queued unit goes out while fewer than `max_in_flight` are out."""
+        return not backups_only and self._in_flight() < self.max_in_flight
+
+    def _refill(self) -> None:
+        """TODO is empty: the next pass starts."""
+        self._start_pass()
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
 
-    def requeue(self, unit: Unit, wait_seconds: float) -> None:
-        """Queue a unit no node took; unless an attempt of it is out, or it is queued
-        already (a worker that waits here still holds it, and another may have taken it
-        from the queue meanwhile: the unit must not be left to neither)."""
-        with self._cond:
-            if not (unit.done or unit.discarded or unit.started) and unit not in self._queue:
-                self._queue.append(unit)
-            if wait_seconds > 0:
-                self._cond.wait(wait_seconds)
+    def _may_requeue(self, unit: Unit) -> bool:
+        """Unless an attempt of it is out, or it is queued already (a worker that waits
+        in `requeue` still holds it, and another may have taken it from the queue
+        meanwhile: the unit must not be left to neither)."""
+        return not (unit.done or unit.discarded or unit.started) and unit not in self._queue
+
+    def units_per_round(self) -> int:
+        return self.updates_per_round * self.schedule.results_per_version
 
     def newest(self) -> tuple[int, int, Weights]:
         """(round in progress, version, weights) of the newest version, for a new task."""

@@ -1,7 +1,7 @@
 """The failure accounting of a simulated run's ledger, against the policy the run ran.
 
 The engine discards a unit once its failures reach the run's `max_unit_failures`
-(engine/round_state.py's `AttemptBook.record_failure`, shared by rounds and streams) and
+(engine/work_queue.py's `WorkQueue.record_failure`, shared by rounds and streams) and
 never before; while other attempts of the unit are still out, those decide. The run
 store's event log (`unit_events`, plain SQL here, not the coordinator's code) replays
 each unit's attempts in the order they were written, and two checks hold:

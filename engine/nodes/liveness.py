@@ -5,7 +5,7 @@ pushed nodes every second or so; pull nodes call in with their own heartbeats, s
 engine/nodes/membership.py), a ping, a result. `Liveness` keeps when a node was last heard
 from, which of its units sit in their load delay and when each unit's count of batches
 last grew. Silence makes a node suspect, then dead, and the round engine reclaims a dead
-node's units (engine/round_engine.py's `overdue_reason`). Whether a run has enough live
+node's units (engine/stragglers.py's `overdue_reason`). Whether a run has enough live
 nodes to go on is engine/nodes/quorum.py; which nodes belong to a run,
 engine/nodes/run_nodes.py.
 

@@ -23,8 +23,8 @@ import pytest
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.shrink import problem_kind, shrink
 from devtools.simulation.world import simulate
-from engine.round_state import AttemptBook
 from engine.update_filters import Tensors
+from engine.work_queue import WorkQueue
 
 REPO = Path(__file__).resolve().parents[2]
 KEPT_PLANS = sorted((REPO / "tests" / "simulation_plans").glob("*.json"))
@@ -161,9 +161,9 @@ def test_the_failure_accounting_holds_discards_to_the_plans_limit(
     finally:
         db.close()
     assert discarded[0] > 0  # the plan exercises the limit
-    counted = AttemptBook.record_failure
+    counted = WorkQueue.record_failure
     for off_by in planted:
-        monkeypatch.setattr(AttemptBook, "record_failure",
+        monkeypatch.setattr(WorkQueue, "record_failure",
                             lambda self, unit, reason, limit, off_by=off_by:
                             counted(self, unit, reason, limit + off_by))
         problems = simulate(plan).problems

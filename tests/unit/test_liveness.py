@@ -10,8 +10,9 @@ import pytest
 from engine.nodes.liveness import Liveness
 from engine.policies import RoundRobinPolicy
 from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine, overdue_reason
+from engine.round_engine import EngineSettings, RoundEngine
 from engine.round_state import RoundState
+from engine.stragglers import overdue_reason
 from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 from training.units import UnitSpec
@@ -69,9 +70,9 @@ def test_the_deadline_follows_each_nodes_measured_unit_time() -> None:
         for _ in range(3):
             node.started()
             node.finished(_completed(seconds), seconds)
-    assert eng.unit_deadline(fast) == pytest.approx(2.0)
-    assert eng.unit_deadline(slow) == pytest.approx(80.0)  # a busy machine gets longer
-    assert eng.unit_deadline(new) == eng.unit_deadline() == 1.0  # nothing measured yet
+    assert eng.stragglers.deadline(fast) == pytest.approx(2.0)
+    assert eng.stragglers.deadline(slow) == pytest.approx(80.0)  # a busy machine gets longer
+    assert eng.stragglers.deadline(new) == eng.stragglers.deadline() == 1.0  # nothing measured yet
 
 
 class Recorder:
@@ -98,7 +99,7 @@ def test_a_reclaimed_attempt_is_cancelled_on_its_node() -> None:
     unit = state.units[0]
     assert state.start_attempt(unit, node) == 1
     unit.started[1] = (node, time.monotonic() - 5.0)  # out for 5 s without progress
-    eng._reclaim_overdue(state)
+    eng.stragglers.reclaim(state)
     assert cancels.sent == [(node.name, "r1", "u1", 1)]
 
 

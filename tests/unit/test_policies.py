@@ -64,19 +64,3 @@ def test_adaptive_assumes_unmeasured_nodes_are_typical():
 def test_unknown_policy_number_lists_the_known_ones():
     with pytest.raises(ValueError, match="1 random, 2 load balancing, 3 adaptive"):
         make_policy(9)
-
-
-def test_backup_threshold_is_four_unit_times_with_a_floor():
-    policy = RoundRobinPolicy()
-    assert policy.backup_after(None, None) == 0.25
-    assert policy.backup_after(0.01, None) == 0.25
-    assert policy.backup_after(0.5, None) == pytest.approx(2.0)
-    assert policy.backup_after(0.01, 0.05) == pytest.approx(0.05)
-
-
-def test_adaptive_backup_threshold_follows_measured_unit_times():
-    policy = AdaptivePolicy(0)
-    assert policy.backup_after(None, None) == 0.25  # nothing measured yet
-    assert policy.backup_after(0.04, None) == pytest.approx(0.12)
-    assert policy.backup_after(0.001, None) == pytest.approx(0.05)
-    assert policy.backup_after(0.04, 1.0) == pytest.approx(1.0)  # an explicit floor wins
