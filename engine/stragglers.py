@@ -4,8 +4,8 @@ Three rules, all kept here so that changing how a straggler is handled touches o
 
 * the **deadline**: how long an attempt may go without a sign of work before it is
   reclaimed. Once its node has measured unit times, `deadline_factor` (10) times the
-  node's recent undelayed unit time, at least `MEASURED_DEADLINE_FLOOR` (1 s, or a lower
-  `deadline_floor`): a hung node holds a 50 ms unit for about a second, not for 30 s.
+  node's recent undelayed unit time, at least `MEASURED_DEADLINE_FLOOR` (5 s, or a lower
+  `deadline_floor`): a hung node holds a 50 ms unit for 5 s, not for 30 s.
   Before the node has a unit time, the factor applies to the run's usual unit time and
   the floor is `deadline_floor` (30 s by default: a node's first units load libraries and
   build caches), and a node that has not answered a unit yet gets `FIRST_UNIT_GRACE`
@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("coordinator.engine")
 
 FIRST_UNIT_GRACE = 4.0  # deadline multiplier for a node that has not answered a unit yet
-MEASURED_DEADLINE_FLOOR = 1.0  # the shortest deadline once a node's unit time is known
+# The shortest deadline once a node's unit time is known: five heartbeats, since a unit's
+# progress is seen through the 1 s pings, which a busy machine can hold up for seconds.
+MEASURED_DEADLINE_FLOOR = 5.0
 DEFAULT_BACKUP_FLOOR_SECONDS = 0.25
 ADAPTIVE_BACKUP_MIN_SECONDS = 0.05
 RECENT_UNITS = 64  # undelayed unit times the run's usual unit time is the median of

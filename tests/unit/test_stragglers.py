@@ -71,9 +71,9 @@ def test_a_hung_nodes_short_unit_is_reissued_after_a_deadline_from_its_unit_time
     assert own is not None and own < 0.1  # short units, measured on the node itself
     deadline = eng.stragglers.deadline(hanging)
     assert deadline == max(MEASURED_DEADLINE_FLOOR,
-                           EngineSettings.deadline_factor * own) < 2.0
+                           EngineSettings.deadline_factor * own) <= 5.0
     assert hanging.aborted and all("deadline exceeded" in r for r in hanging.aborted)
-    assert seconds < 10.0  # not held for the 30 s that applies before units are measured
+    assert seconds < 15.0  # not held for the 30 s that applies before units are measured
 
 
 def test_the_first_unit_deadline_stays_while_nothing_is_measured():
