@@ -13,7 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from coordinator import postgres_store
+from coordinator import postgres_keeping
 from coordinator.kept_results import packed, unpacked
 from coordinator.postgres_store import (
     FILE_PART_BYTES,
@@ -386,7 +386,7 @@ def test_a_stream_s_results_are_taken_up_only_in_their_order_without_a_gap(
 def test_kept_results_are_written_apart_within_a_bound_and_never_after_the_lead_is_lost(
         postgres_url: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    monkeypatch.setattr(postgres_keeping, "RESULTS_QUEUE_BYTES", 50_000)
     small, big = {"w": np.ones(10)}, {"w": np.ones(10_000)}  # 80 kB: past the bound
     with PostgresRunStore(postgres_url) as deferred:
         deferred.create_run("r1", algorithm="a", model="m", dataset="d", rounds=3)
@@ -414,7 +414,7 @@ def test_kept_results_past_the_bound_in_all_are_kept_when_each_drains_first(
     """The bound is on what waits, not on what has passed through: results that together
     hold several times the bound, each kept once the one before it is written, are all
     kept, and none is said to be dropped."""
-    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    monkeypatch.setattr(postgres_keeping, "RESULTS_QUEUE_BYTES", 50_000)
     units = [f"u{i}" for i in range(5)]
     updates = {unit: {"w": np.full(4_000, i, dtype=np.float64)}  # 32 kB each: 160 kB in all
                for i, unit in enumerate(units)}
