@@ -1,12 +1,11 @@
-"""The run store on a real PostgreSQL server: every ledger test of the SQLite store, run
-again on PostgreSQL, and what PostgreSQL adds (run files, the schema check, fencing)."""
+"""The run store on a real PostgreSQL server: what PostgreSQL adds (run files, kept
+results, the schema check, fencing, outages). The ledger tests both backends share are
+tests/integration/test_run_store_contract.py."""
 
 from __future__ import annotations
 
-import inspect
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,29 +25,8 @@ from coordinator.postgres_store import (
 )
 from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
 from tests.unit import test_run_store as sqlite_tests
-from tests.unit.test_run_store import A, B, FakeClock, clock, store  # noqa: F401 - fixtures
+from tests.unit.test_run_store import A, B, FakeClock
 from tests.waiting import wait_until
-
-
-def _shared_ledger_tests() -> dict[str, Callable]:
-    """The SQLite store's tests that reach it only through the `store` or `new_store`
-    fixtures, which this module points at PostgreSQL."""
-    tests = {}
-    for name, test in vars(sqlite_tests).items():
-        if name.startswith("test_") and callable(test):
-            wanted = set(inspect.signature(test).parameters)
-            if wanted & {"store", "new_store"} and "tmp_path" not in wanted:
-                tests[name] = test
-    return tests
-
-
-globals().update(_shared_ledger_tests())
-
-
-@pytest.fixture
-def new_store(postgres_url: str) -> Callable[..., PostgresRunStore]:
-    return lambda clock_=time.time: PostgresRunStore(postgres_url, clock=clock_,
-                                                     defer_writes=False)
 
 
 @pytest.fixture
@@ -56,10 +34,6 @@ def pg(postgres_url: str) -> Iterator[PostgresRunStore]:
     with PostgresRunStore(postgres_url, clock=FakeClock(), defer_writes=False) as opened:
         opened.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2)
         yield opened
-
-
-def test_the_shared_tests_are_all_here() -> None:
-    assert len(_shared_ledger_tests()) >= 18
 
 
 def test_everything_survives_close_and_reopen(pg: PostgresRunStore, postgres_url: str) -> None:
