@@ -3,13 +3,13 @@ snapshot, after whatever writes the store still had to make (`_before_read`)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from coordinator.ledger_sql import NODE_RECORD_COLUMNS, LedgerSql
 from coordinator.ledger_steps import run_record, unfinished
+from coordinator.store_calls import reads_what_was_written
 from coordinator.store_records import (
     MAX_LIST,
     UNIT_STATUSES,
@@ -20,15 +20,6 @@ from coordinator.store_records import (
     UnfinishedUnit,
     UnitEvent,
 )
-
-
-def reads_what_was_written(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A query: a store that makes writes later (PostgreSQL's) makes them first."""
-    @functools.wraps(method)
-    def read(self: LedgerReads, *args: Any, **kwargs: Any) -> Any:
-        self._before_read()
-        return method(self, *args, **kwargs)
-    return read
 
 
 class LedgerReads:

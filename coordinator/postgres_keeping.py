@@ -18,11 +18,10 @@ import psycopg
 
 from coordinator import drills
 from coordinator.kept_results import StoredResult
-from coordinator.ledger_queries import reads_what_was_written
 from coordinator.ledger_steps import null_if_nan
 from coordinator.postgres_location import without_passwords
 from coordinator.postgres_session import PostgresSession, first_line
-from coordinator.sql_ledger import rides_out_outages
+from coordinator.store_calls import reads_what_was_written, rides_out_outages
 from coordinator.store_records import RunStoreError
 from coordinator.write_behind import Call, WriteBehind
 
