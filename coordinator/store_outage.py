@@ -45,6 +45,12 @@ class LeadershipLost(StoreUnavailable):
     writes nothing more."""
 
 
+class _BatchDepth(threading.local):
+    """This thread's depth of batch() blocks."""
+
+    depth = 0
+
+
 class OutageRider:
     """The calls of ``store`` made later or again; see the module docstring.
     ``in_one_transaction(calls)``: the store makes queued calls in one transaction;
@@ -59,7 +65,7 @@ class OutageRider:
         self._in_one_transaction = in_one_transaction
         self._keep_later = keep_later
         self.unreachable_since: float | None = None  # runtime.monotonic() of the outage
-        self._batches = threading.local()  # this thread's depth of batch() blocks
+        self._batches = _BatchDepth()
         self._lock = threading.Lock()
         self.writes = WriteBehind(self._apply)
 
@@ -67,7 +73,7 @@ class OutageRider:
     def batch(self) -> Iterator[None]:
         """Inside a batch, calls are made at once, as part of it (only the batch's caller
         can make it again)."""
-        self._batches.depth = getattr(self._batches, "depth", 0) + 1
+        self._batches.depth += 1
         try:
             yield
         finally:
@@ -77,7 +83,7 @@ class OutageRider:
         """A call the engine makes: deferred, or made after every deferred one, again
         while the database is away."""
         store = self._store
-        if getattr(self._batches, "depth", 0):
+        if self._batches.depth:
             return method(store, *args, **kwargs)
         if self.defer_writes and method.__name__ == "keep_result":
             self._keep_later((method, args, kwargs))
