@@ -14,9 +14,11 @@ from coordinator.leadership import Leader, LeaseKeeper
 from coordinator.postgres_store import LeadershipLost, PostgresRunStore
 from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunStopped
 from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunRecord, RunStore, RunStoreError, UnfinishedUnit
+from coordinator.run_store import RunStore
 from coordinator.status_wire import run_request, run_result, run_status, service_errors
 from coordinator.store_lock import StoreLock
+from coordinator.store_protocol import RunFiles, Store
+from coordinator.store_records import RunRecord, RunStoreError, UnfinishedUnit
 from coordinator.stored_status import stored_status
 from engine.nodes.membership import Membership
 from engine.nodes.membership_service import MembershipService
@@ -131,7 +133,7 @@ class CoordinatorHandler(MembershipService):
         it. Not while the database is away: answers must not wait for it."""
         keeper = self.keeper
         if (not self._leading or keeper is None or keeper.confirmed_lately()
-                or getattr(self.store, "unreachable_since", None) is not None):
+                or self.store.unreachable_since is not None):
             return self._leading
         if keeper.superseded():
             self._leading = False
@@ -254,7 +256,7 @@ class CoordinatorHandler(MembershipService):
         extends it), in a thread of its own; clients follow it with status, or call train
         again with the same request (``taken_over``: from a leader that died). Raises
         CheckpointError, NodesFileError, InvalidRun or RunStoreError."""
-        if self.store.keeps_files:  # the files may be on another machine's disk only
+        if isinstance(self.store, RunFiles):  # the files may be on another machine's disk only
             self.store.restore_files(run_id, self.settings.run_root / run_id)
         run = Run.resume(run_id, self.file_nodes(), self.settings, self.store,
                          nodes_source=self.file_nodes, membership=self.membership,
@@ -308,7 +310,7 @@ class CoordinatorHandler(MembershipService):
         """``status`` with the store's unit ledger and unfinished units: what `status` and
         the final summary report, from the same records. While the store's database is
         away, without them, and a running run says it is paused."""
-        away = getattr(self.store, "unreachable_since", None)
+        away = self.store.unreachable_since
         if away is not None:
             if status.state == "running":
                 status.message = (f"paused: the run store cannot be reached (for "
@@ -415,7 +417,7 @@ def _load_torch() -> None:
         log.debug("torch is not installed: runs of torch models will say so")
 
 
-def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, RunStore]:
+def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, Store]:
     """The run store of these settings. SQLite: its folder created if needed, locked for
     this process first (a second coordinator on the same file is refused with StoreInUse
     before it can touch the first one's runs). PostgreSQL: no lock; the coordinators

@@ -4,11 +4,11 @@ compute them again.
 A new leader (or `--resume`) carries a run on from its last checkpoint, round c. The
 results round c + 1 had already kept were computed from the checkpoint's weights (or, in
 the asynchronous modes, from the versions made since, which are made again from them), so
-they are as good as new. A store that keeps results (PostgreSQL: `keeps_results`) holds
+they are as good as new. A store that keeps results (a ResultKeeper: PostgreSQL's) holds
 each one from the moment its round keeps it (written later, with the ledger's other hot
 writes: coordinator/write_behind.py) until a checkpoint covers its round. The ledger says
 which are good: the resume leaves completed exactly the units completed by the attempt
-whose result is kept (resume_run in coordinator/run_store.py), reopens the others and
+whose result is kept (resume_run in coordinator/sql_ledger.py), reopens the others and
 forgets every other kept result.
 
 - A round (sync) starts with them and sends out only the other units; folded in unit
@@ -30,10 +30,10 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from coordinator.store_protocol import ResultKeeper, Store
 from engine.ledger import UnitLedger
 from engine.round_state import Kept
 from engine.stream_state import TakenUp
@@ -81,12 +81,12 @@ def unpacked(names: str, data: bytes) -> Tensors:
 class KeptResults:
     """One run's kept results: what keeps a round's, and what a resumed run takes up."""
 
-    def __init__(self, store: Any, ledger: UnitLedger, run_id: str,
+    def __init__(self, store: Store | None, ledger: UnitLedger, run_id: str,
                  checkpoint_due: Callable[[int], bool], resumed_after: int | None) -> None:
         """``store``: the run store (None, or one that keeps no results: nothing is kept);
         ``checkpoint_due(r)``: whether round r ends with a checkpoint; ``resumed_after``:
         the round of the checkpoint a resumed run starts from (None: not resumed)."""
-        self._store = store if getattr(store, "keeps_results", False) else None
+        self._store: ResultKeeper | None = store if isinstance(store, ResultKeeper) else None
         self._ledger = ledger
         self.run_id = run_id
         self._checkpoint_due = checkpoint_due

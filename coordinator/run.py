@@ -28,7 +28,8 @@ from coordinator.request_checks import RequestLimits
 from coordinator.run_folder import RunFolder
 from coordinator.run_setup import RUN_ID, check_run_id, prepare
 from coordinator.run_setup import describe as describe_run
-from coordinator.run_store import RunStore, RunStoreError, StoreUnavailable
+from coordinator.store_protocol import RunFiles, Store
+from coordinator.store_records import RunStoreError, StoreUnavailable
 from engine import runtime
 from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from engine.ledger import UnitLedger
@@ -96,7 +97,7 @@ class Run:
     it to the end, writing its folder as it goes (coordinator/run_folder.py)."""
 
     def __init__(self, request: RunRequest, nodes: list[NodeAddress],
-                 settings: CoordinatorSettings, store: RunStore | None = None,
+                 settings: CoordinatorSettings, store: Store | None = None,
                  nodes_source: Callable[[], list[NodeAddress]] | None = None,
                  resume_from: Checkpoint | None = None,
                  membership: Membership | None = None, resumed: bool = False,
@@ -118,8 +119,7 @@ class Run:
         self.outputs = setup.outputs
         self.run_dir = settings.run_root / self.run_id
         keep = (lambda name, path, round_index: store.store_file(
-            self.run_id, name, path, round_index)) if store is not None and store.keeps_files \
-            else None
+            self.run_id, name, path, round_index)) if isinstance(store, RunFiles) else None
         self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds,
                                 keep)
         self._nodes = RunNodes(
@@ -166,7 +166,7 @@ class Run:
 
     @classmethod
     def resume(cls, run_id: str, nodes: list[NodeAddress], settings: CoordinatorSettings,
-               store: RunStore | None = None,
+               store: Store | None = None,
                nodes_source: Callable[[], list[NodeAddress]] | None = None,
                membership: Membership | None = None, rounds: int | None = None,
                dial: Dial | None = None) -> Run:

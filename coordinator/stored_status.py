@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import time
 
-from coordinator.run_store import NodeRecord, RoundRecord, RunRecord, RunStore
+from coordinator.store_protocol import LedgerQueries
+from coordinator.store_records import NodeRecord, RoundRecord, RunRecord
 from engine.records import NodeSummary, RunSnapshot
 
 NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
 
 
-def stored_status(store: RunStore, record: RunRecord, suspect_seconds: float,
+def stored_status(store: LedgerQueries, record: RunRecord, suspect_seconds: float,
                   dead_seconds: float) -> RunSnapshot:
     """The run's latest metrics, units and per-node counts as the store recorded them;
     a node's state is the one it had when the run ended, judged from when it was last

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from coordinator.run import RUN_ID, CoordinatorSettings, Run
-from coordinator.run_store import RunRecord, RunStore, RunStoreError
+from coordinator.store_protocol import LedgerQueries
+from coordinator.store_records import RunRecord, RunStoreError
 from coordinator.stored_status import stored_status
 from dashboard import run_files
 from engine.records import RunSnapshot
@@ -29,7 +30,7 @@ CORE_ROUND_KEYS = ("round", "validation_error", "validation_loss", "train_loss",
 class Coordinator(Protocol):
     """What the dashboard reads of the coordinator (coordinator.handler.CoordinatorHandler)."""
 
-    store: RunStore
+    store: LedgerQueries
     settings: CoordinatorSettings
 
     def live_runs(self) -> list[Run]: ...

@@ -72,13 +72,26 @@ def audit(store: Path | str, run_id: str, s: RunShape) -> Ledger:
 
 
 def _postgres(url: str) -> Any:
-    """A PostgreSQL connection that takes this module's SQLite statements."""
+    """A PostgreSQL connection that takes this module's statements."""
     import psycopg
 
-    from coordinator.postgres_store import PostgresSession
+    return _QmarkConnection(psycopg.connect(url, autocommit=True,
+                                            cursor_factory=psycopg.ClientCursor))
 
-    return PostgresSession(psycopg.connect(url, autocommit=True,
-                                           cursor_factory=psycopg.ClientCursor))
+
+class _QmarkConnection:
+    """A psycopg connection given this module's statements, written with SQLite's `?`
+    (none holds a `?` or a `%` of its own): the audit reads both databases with the same
+    plain SQL, not the store's."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def execute(self, sql: str, parameters: Any = None) -> Any:
+        return self.connection.execute(sql.replace("?", "%s"), parameters)
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 def _stream_checks(db: sqlite3.Connection, run_id: str, s: RunShape) -> list[Check]:

@@ -13,7 +13,8 @@ success would not be in it. The first such failure is kept, logged once and hand
 on unrecorded (after a round is recorded, before the run is reported as completed).
 
 The engine reaches the store only through `LedgerStore`, the calls below; the coordinator's
-SQLite store (coordinator/run_store.py) implements it, and a relay's engine runs without one.
+run stores (coordinator/store_protocol.py: SQLite's and PostgreSQL's) implement it, and a
+relay's engine runs without one.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class UnitLedger:
                  strict: bool | None = None) -> None:
         """``strict``: raise refused writes (None: as TRAINER_STRICT_LEDGER says)."""
         self.store = store
+        # the store's calls, bound; a ledger without a store writes nowhere
+        self._store: Any = store if store is not None else _NoStore()
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         self.run_id = run_id
         self.on_failure = on_failure
@@ -95,36 +98,39 @@ class UnitLedger:
     def plan_units(self, round_index: int, unit_ids: list[str]) -> dict[str, int]:
         """Plan a round; returns the attempts its units already had (a round reopened by
         a resume), so the engine numbers new attempts after them."""
-        self._write("plan_units", round_index, unit_ids)
-        return self._write("attempts_so_far", round_index) or {}
+        self._write(self._store.plan_units, round_index, unit_ids)
+        return self._write(self._store.attempts_so_far, round_index) or {}
 
     def plan_pass_units(self, round_index: int, pass_index: int,
                         unit_ids: list[str]) -> dict[str, int]:
         """Plan units of pass ``pass_index`` in the current round of an asynchronous run,
         adopting those a resume reopened; returns the attempts they already had."""
-        self._write("plan_units", round_index, unit_ids, adopt=True, pass_index=pass_index)
-        return self._write("attempts_so_far", round_index) or {}
+        self._write(self._store.plan_units, round_index, unit_ids, adopt=True,
+                    pass_index=pass_index)
+        return self._write(self._store.attempts_so_far, round_index) or {}
 
     def gather_units(self, after_round: int, into_round: int, reason: str) -> None:
         """Move the unsettled units of the rounds after ``after_round`` into ``into_round``."""
-        self._write("gather_units", after_round, into_round, reason)
+        self._write(self._store.gather_units, after_round, into_round, reason)
 
     def round_ended(self, metrics: RoundMetrics, completed: int, discarded: int) -> None:
         """Record the round; the store cancels whatever the round left unsettled."""
-        self._write("record_round", metrics.round, validation_error=metrics.validation_error,
+        self._write(self._store.record_round, metrics.round,
+                    validation_error=metrics.validation_error,
                     validation_loss=metrics.validation_loss, train_loss=metrics.train_loss,
                     seconds=metrics.seconds, completed_units=completed,
                     discarded_units=discarded)
 
     def run_ended(self, state: str, message: str | None) -> None:
-        self._write("end_run", state, message)
+        self._write(self._store.end_run, state, message)
 
     def started(self, round_index: int, unit_id: str, attempt: int, node: str) -> None:
-        self._write("unit_started", round_index, unit_id, attempt, node)
+        self._write(self._store.unit_started, round_index, unit_id, attempt, node)
 
     def finished(self, round_index: int, unit_id: str, attempt: int, node: str, status: str,
                  reason: str | None = None) -> None:
-        self._write("unit_finished", round_index, unit_id, attempt, node, status, reason)
+        self._write(self._store.unit_finished, round_index, unit_id, attempt, node, status,
+                    reason)
 
     def keep_result(self, round_index: int, unit_id: str, attempt: int, node: str,
                     num_samples: int, loss: float, names: str, data: bytes,
@@ -132,30 +138,28 @@ class UnitLedger:
         """Keep a completed unit's result in a store that keeps results, so a coordinator
         taking the run over uses it instead of computing it again
         (coordinator/kept_results.py)."""
-        self._write("keep_result", round_index, unit_id, attempt, node, num_samples, loss,
-                    names, data, sequence, staleness)
+        self._write(self._store.keep_result, round_index, unit_id, attempt, node, num_samples,
+                    loss, names, data, sequence, staleness)
 
     def node_answer(self, node: str, outcome: str, delayed: bool, samples: int) -> None:
-        self._write("node_answer", node, outcome, delayed, samples)
+        self._write(self._store.node_answer, node, outcome, delayed, samples)
 
     def node_heartbeats(self, heard: dict[str, float]) -> None:
-        self._write("node_heartbeats", heard)
+        self._write(self._store.node_heartbeats, heard)
 
     def node_failure(self, node: str, reason: str) -> None:
-        self._write("node_failure", node, reason)
+        self._write(self._store.node_failure, node, reason)
 
-    def _write(self, method: str, *args: object, **kwargs: object) -> Any:
-        if self.store is None:
-            return None
+    def _write(self, method: Callable[..., Any], *args: object, **kwargs: object) -> Any:
         try:
-            return getattr(self.store, method)(self.run_id, *args, **kwargs)
+            return method(self.run_id, *args, **kwargs)
         except StoreUnavailable as exc:
             self._failed(exc)
         except (RunStoreError, ValueError) as exc:
             # After a failed write the store lacks what came before: refusals follow.
             if self.strict and self.failure is None:
                 raise
-            log.warning("run store refused %s%s: %s", method, args, exc)
+            log.warning("run store refused %s%s: %s", method.__name__, args, exc)
         return None
 
     def _failed(self, exc: StoreUnavailable) -> None:
@@ -165,3 +169,14 @@ class UnitLedger:
             log.error("run %s: %s", self.run_id, exc)
             if self.on_failure is not None:
                 self.on_failure(str(exc))
+
+
+class _NoStore:
+    """The store of a ledger that has none (a relay's engine): every call goes nowhere."""
+
+    def _nothing(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    plan_units = attempts_so_far = gather_units = record_round = end_run = _nothing
+    unit_started = unit_finished = keep_result = _nothing
+    node_answer = node_heartbeats = node_failure = _nothing

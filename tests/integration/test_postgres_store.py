@@ -1,19 +1,18 @@
-"""The run store on a real PostgreSQL server: every ledger test of the SQLite store, run
-again on PostgreSQL, and what PostgreSQL adds (run files, the schema check, fencing)."""
+"""The run store on a real PostgreSQL server: what PostgreSQL adds (run files, kept
+results, the schema check, fencing, outages). The ledger tests both backends share are
+tests/integration/test_run_store_contract.py."""
 
 from __future__ import annotations
 
-import inspect
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 
-from coordinator import postgres_store
+from coordinator import postgres_keeping
 from coordinator.kept_results import packed, unpacked
 from coordinator.postgres_store import (
     FILE_PART_BYTES,
@@ -26,29 +25,8 @@ from coordinator.postgres_store import (
 )
 from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
 from tests.unit import test_run_store as sqlite_tests
-from tests.unit.test_run_store import A, B, FakeClock, clock, store  # noqa: F401 - fixtures
+from tests.unit.test_run_store import A, B, FakeClock
 from tests.waiting import wait_until
-
-
-def _shared_ledger_tests() -> dict[str, Callable]:
-    """The SQLite store's tests that reach it only through the `store` or `new_store`
-    fixtures, which this module points at PostgreSQL."""
-    tests = {}
-    for name, test in vars(sqlite_tests).items():
-        if name.startswith("test_") and callable(test):
-            wanted = set(inspect.signature(test).parameters)
-            if wanted & {"store", "new_store"} and "tmp_path" not in wanted:
-                tests[name] = test
-    return tests
-
-
-globals().update(_shared_ledger_tests())
-
-
-@pytest.fixture
-def new_store(postgres_url: str) -> Callable[..., PostgresRunStore]:
-    return lambda clock_=time.time: PostgresRunStore(postgres_url, clock=clock_,
-                                                     defer_writes=False)
 
 
 @pytest.fixture
@@ -56,10 +34,6 @@ def pg(postgres_url: str) -> Iterator[PostgresRunStore]:
     with PostgresRunStore(postgres_url, clock=FakeClock(), defer_writes=False) as opened:
         opened.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2)
         yield opened
-
-
-def test_the_shared_tests_are_all_here() -> None:
-    assert len(_shared_ledger_tests()) >= 18
 
 
 def test_everything_survives_close_and_reopen(pg: PostgresRunStore, postgres_url: str) -> None:
@@ -386,7 +360,7 @@ def test_a_stream_s_results_are_taken_up_only_in_their_order_without_a_gap(
 def test_kept_results_are_written_apart_within_a_bound_and_never_after_the_lead_is_lost(
         postgres_url: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    monkeypatch.setattr(postgres_keeping, "RESULTS_QUEUE_BYTES", 50_000)
     small, big = {"w": np.ones(10)}, {"w": np.ones(10_000)}  # 80 kB: past the bound
     with PostgresRunStore(postgres_url) as deferred:
         deferred.create_run("r1", algorithm="a", model="m", dataset="d", rounds=3)
@@ -414,7 +388,7 @@ def test_kept_results_past_the_bound_in_all_are_kept_when_each_drains_first(
     """The bound is on what waits, not on what has passed through: results that together
     hold several times the bound, each kept once the one before it is written, are all
     kept, and none is said to be dropped."""
-    monkeypatch.setattr(postgres_store, "RESULTS_QUEUE_BYTES", 50_000)
+    monkeypatch.setattr(postgres_keeping, "RESULTS_QUEUE_BYTES", 50_000)
     units = [f"u{i}" for i in range(5)]
     updates = {unit: {"w": np.full(4_000, i, dtype=np.float64)}  # 32 kB each: 160 kB in all
                for i, unit in enumerate(units)}

@@ -47,7 +47,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def new_store(tmp_path: Path) -> Callable[..., RunStore]:
-    """Opens the store the tests of both databases share (the PostgreSQL tests override it)."""
+    """Opens the store the tests of both databases share (the contract tests override it)."""
     return lambda clock=time.time: RunStore(tmp_path / "runs.db", clock=clock)
 
 
@@ -68,7 +68,7 @@ def raw_sql(path: Path | str, sql: str, params: tuple = ()) -> list[tuple[Any, .
 
 def store_sql(store: RunStore, sql: str, params: tuple = ()) -> list[tuple[Any, ...]]:
     """raw_sql on the database behind ``store``: its file, or its PostgreSQL server (the
-    tests of tests/integration/test_postgres_store.py run these tests there too)."""
+    contract tests, tests/integration/test_run_store_contract.py, run these there too)."""
     url = getattr(store, "url", None)
     if url is None:
         return raw_sql(store.path, sql, params)
