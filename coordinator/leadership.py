@@ -25,8 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
-
-from coordinator.postgres_store import PostgresRunStore
+from thrift_trainer.coordinator.postgres_store import PostgresRunStore
 
 log = logging.getLogger("coordinator.leadership")
 LEASE_SECONDS = 6.0

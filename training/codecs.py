@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
-
-from training import plugins
+from thrift_trainer.training import plugins
 
 Parts = dict[str, np.ndarray]
 SEP = "#"

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-
-from training.cancel import UnitControl
+from thrift_trainer.training.cancel import UnitControl
 
 Weights = dict[str, np.ndarray]
 TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)

@@ -1,17 +1,11 @@
-"""The one place that loads the Thrift-generated code in gen-py/.
+"""The one place that loads the Thrift-generated code (gen-py/trainer_rpc/).
 
-Everything else imports the generated modules from here, so the path trick
-lives in one spot and the rest of the project never touches sys.path.
+Everything else imports the generated modules from here. They are the package
+thrift_trainer.trainer_rpc: inside an installed distribution, and reached through
+thrift_trainer's path in a clone of the repository (thrift_trainer/__init__.py).
 """
 
-import os
-import sys
-
-_GEN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gen-py")
-if _GEN_PY not in sys.path:
-    sys.path.insert(0, _GEN_PY)
-
-from trainer_rpc import ComputeNode, Coordinator, constants, ttypes  # noqa: E402
+from thrift_trainer.trainer_rpc import ComputeNode, Coordinator, constants, ttypes
 
 PROTOCOL_VERSION: int = constants.PROTOCOL_VERSION
 

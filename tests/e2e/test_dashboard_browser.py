@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from thrift_trainer.coordinator.checkpoint import METRICS_FILE
+from thrift_trainer.coordinator.run_store import RunStore
 
-from coordinator.checkpoint import METRICS_FILE
-from coordinator.run_store import RunStore
 from tests.conftest import Cluster
 from tests.programs import require
 

@@ -24,4 +24,4 @@ def test_letters_work_never_loads_torch() -> None:
 
 def test_the_node_command_starts_without_torch() -> None:
     # A node loads torch for a torch model's unit or its local workers, not to start.
-    assert torch_loaded_after("import compute_node.cli") == "False"
+    assert torch_loaded_after("import thrift_trainer.compute_node.cli") == "False"

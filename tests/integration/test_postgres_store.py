@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
-
-from coordinator import postgres_keeping
-from coordinator.kept_results import packed, unpacked
-from coordinator.postgres_store import (
+from thrift_trainer.coordinator import postgres_keeping
+from thrift_trainer.coordinator.kept_results import packed, unpacked
+from thrift_trainer.coordinator.postgres_store import (
     FILE_PART_BYTES,
     SCHEMA_VERSION,
     ConnectionLost,
@@ -23,7 +22,8 @@ from coordinator.postgres_store import (
     PostgresRunStore,
     redacted,
 )
-from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
+from thrift_trainer.coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
+
 from tests.unit import test_run_store as sqlite_tests
 from tests.unit.test_run_store import A, B, FakeClock
 from tests.waiting import wait_until

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from thrift_trainer.coordinator.postgres_store import ConnectionLost, PostgresRunStore
 
-from coordinator.postgres_store import ConnectionLost, PostgresRunStore
 from devtools import local_cluster as procs
 from tests.integration.test_failover import TRAIN
 

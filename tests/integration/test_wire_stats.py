@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from wire import stats
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ThriftServer, connect, transport_of
-from wire.tensor_codec import to_wire
+from thrift_trainer.wire import stats
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import ThriftServer, connect, transport_of
+from thrift_trainer.wire.tensor_codec import to_wire
 
 WAIT = 10.0
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +137,7 @@ def test_counting_is_thread_safe() -> None:
 def test_environment_variable_writes_a_file_per_process(tmp_path: Path) -> None:
     script = (
         "import socket\n"
-        "from wire.transport import FramedSocketTransport\n"
+        "from thrift_trainer.wire.transport import FramedSocketTransport\n"
         "a, b = socket.socketpair()\n"
         "ta, tb = FramedSocketTransport(a, peer='b'), FramedSocketTransport(b, peer='a')\n"
         "ta.write(bytes(100)); ta.flush(); tb.readAll(100)\n"

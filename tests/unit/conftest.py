@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from training import plugins
+from thrift_trainer.training import plugins
 
 
 @pytest.fixture

@@ -5,9 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-
-from wire import chunks
-from wire.chunks import ChunkSequenceError, Receipt
+from thrift_trainer.wire import chunks
+from thrift_trainer.wire.chunks import ChunkSequenceError, Receipt
 
 PEER = "127.0.0.1:9091"
 _WORD = struct.Struct("!I")

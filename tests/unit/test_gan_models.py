@@ -8,9 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from training.models.gan_models import (
+from thrift_trainer.training.models.gan_models import (
     GAN_MODELS,
     GanSpec,
     build_gan,
@@ -21,6 +19,7 @@ from training.models.gan_models import (
     sample_images,
     state_to_numpy,
 )
+from torch import nn
 
 torch.set_num_threads(1)
 

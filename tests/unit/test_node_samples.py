@@ -7,12 +7,12 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from thrift_trainer.client import display
+from thrift_trainer.engine.attempt_log import AttemptLog
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 
-from client import display
-from engine.attempt_log import AttemptLog
-from engine.ledger import UnitLedger
-from engine.progress import RunProgress
-from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
 
 

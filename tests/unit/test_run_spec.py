@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from training.compression import CompressionSettings
-from training.spec import RunSpec, SpecError
+from thrift_trainer.training.compression import CompressionSettings
+from thrift_trainer.training.spec import RunSpec, SpecError
 
 
 def _spec(config: dict) -> RunSpec:

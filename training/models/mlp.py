@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from training.cancel import no_step
+from thrift_trainer.training.cancel import no_step
 
 Params = dict[str, np.ndarray]
 
