@@ -15,9 +15,21 @@ PACKAGES = set(SETUPTOOLS["packages"])
 
 
 def folder_of(package: str) -> Path:
-    top, _, rest = package.partition(".")
-    base = REPO / SETUPTOOLS.get("package-dir", {}).get(top, top)
-    return base.joinpath(*rest.split(".")) if rest else base
+    """Where a package lies in the repository: under the folder package-dir gives its
+    nearest mapped ancestor (thrift_trainer.training -> training/), else by its name."""
+    mapped = SETUPTOOLS.get("package-dir", {})
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in mapped:
+            return (REPO / mapped[prefix]).joinpath(*parts[n:])
+    return REPO.joinpath(*parts)
+
+
+def test_the_distribution_adds_one_top_level_name() -> None:
+    """A user's own `training` or `engine` folder never meets the trainer's modules."""
+    assert {package.partition(".")[0] for package in PACKAGES} == {"thrift_trainer"}
+    assert not SETUPTOOLS.get("py-modules")
 
 
 def is_package(folder: Path) -> bool:
