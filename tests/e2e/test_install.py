@@ -70,13 +70,21 @@ def project_copy(target: Path) -> Path:
 def test_pip_install_trains_a_model_of_ones_own_through_the_console_scripts(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    before = {path.name for path in site_packages.iterdir()}
     installed = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
          str(project_copy(tmp_path / "project"))],
         capture_output=True, text=True, timeout=INSTALL_SECONDS)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     # the dashboard's pages and the chart library they load
-    assert list(venv.glob("lib/python*/site-packages/dashboard/static/vendor/uplot/*.js"))
+    assert list(site_packages.glob("thrift_trainer/dashboard/static/vendor/uplot/*.js"))
+    # the trainer's own names at the top of site-packages: one package (its dependencies
+    # are packages of their own, each with its .dist-info)
+    ours = {path.name for path in site_packages.iterdir()} - before
+    dependencies = _names_of_other_distributions(site_packages)
+    assert {name for name in ours - dependencies if not name.endswith(".dist-info")} \
+        == {"thrift_trainer"}, ours - dependencies
 
     work = tmp_path / "work"  # the user's folder, outside the repository
     work.mkdir()
@@ -120,3 +128,15 @@ def test_pip_install_trains_a_model_of_ones_own_through_the_console_scripts(tmp_
     assert "net.1.running_mean" in facts["tensors"]
     assert Path(facts["trainer"]).is_relative_to(venv), facts["trainer"]
     assert "my_models" in facts["plugins"]
+
+
+
+def _names_of_other_distributions(site_packages: Path) -> set[str]:
+    """The top-level names of site-packages that distributions other than the trainer's
+    installed (their RECORD files list them), their .dist-info folders included."""
+    names = set()
+    for record in site_packages.glob("*.dist-info/RECORD"):
+        if not record.parent.name.startswith("thrift_trainer-"):
+            names |= {line.split(",", 1)[0].split("/", 1)[0]
+                      for line in record.read_text().splitlines()}
+    return names
