@@ -54,10 +54,6 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from thrift_trainer.training import plugins  # noqa: E402
-from thrift_trainer.training.algorithms import torch_model  # noqa: E402
-from thrift_trainer.training.models.module_training import ModelSetup, evaluate  # noqa: E402
-
 from devtools.machine import describe  # noqa: E402
 from devtools.throughput import (  # noqa: E402
     PathResult,
@@ -66,6 +62,9 @@ from devtools.throughput import (  # noqa: E402
     train_on_cluster,
     unit_ranges,
 )
+from thrift_trainer.training import plugins  # noqa: E402
+from thrift_trainer.training.algorithms import torch_model  # noqa: E402
+from thrift_trainer.training.models.module_training import ModelSetup, evaluate  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "cnn"
 RUN_CONFIG = EXAMPLE / "run.yaml"

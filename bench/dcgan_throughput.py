@@ -49,13 +49,6 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from thrift_trainer.training.algorithms import sync_gan, sync_sgd  # noqa: E402
-from thrift_trainer.training.data import mnist  # noqa: E402
-from thrift_trainer.training.models import gan_models  # noqa: E402
-from thrift_trainer.training.outputs.model_file import save_model  # noqa: E402
-from thrift_trainer.training.units import UnitJob  # noqa: E402
-from thrift_trainer.wire.tensor_codec import dict_to_wire  # noqa: E402
-
 from devtools.machine import cpu_model  # noqa: E402
 from devtools.throughput import (  # noqa: E402
     PathResult,
@@ -64,6 +57,12 @@ from devtools.throughput import (  # noqa: E402
     train_on_cluster,
     unit_ranges,
 )
+from thrift_trainer.training.algorithms import sync_gan, sync_sgd  # noqa: E402
+from thrift_trainer.training.data import mnist  # noqa: E402
+from thrift_trainer.training.models import gan_models  # noqa: E402
+from thrift_trainer.training.outputs.model_file import save_model  # noqa: E402
+from thrift_trainer.training.units import UnitJob  # noqa: E402
+from thrift_trainer.wire.tensor_codec import dict_to_wire  # noqa: E402
 
 MODEL = "dcgan28"
 LR, BETAS = 2e-4, (0.5, 0.999)

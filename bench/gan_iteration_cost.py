@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mdgan_paper  # noqa: E402
 import torch  # noqa: E402
 from gan_quality import machine  # noqa: E402
+
 from thrift_trainer.compute_node.sessions import SessionStore  # noqa: E402
 from thrift_trainer.training.algorithms.fl_gan import FLGan  # noqa: E402
 from thrift_trainer.training.algorithms.md_gan import MDGan  # noqa: E402

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrift_trainer.wire import stats as wire_stats
-
 from devtools import local_cluster
+from thrift_trainer.wire import stats as wire_stats
 
 REPO = local_cluster.REPO
 RECOMMENDED = REPO / "configs" / "letters_recommended.yaml"

@@ -36,10 +36,9 @@ os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported; inherited by ev
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from thrift_trainer.training.models import modules  # noqa: E402
-
 from devtools.machine import describe  # noqa: E402
 from devtools.throughput import ClusterRun, LocalCluster  # noqa: E402
+from thrift_trainer.training.models import modules  # noqa: E402
 
 BUILT_IN = "mlp_classifier"
 PLUGIN = f"{Path(__file__).stem}:mlp_classifier"

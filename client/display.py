@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
 from thrift_trainer.wire.generated import ttypes
 
 WIDE = 100_000  # the width of a console that is not a terminal: nothing is cut or wrapped

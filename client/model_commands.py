@@ -6,6 +6,7 @@ import string
 from pathlib import Path
 
 import numpy as np
+
 from thrift_trainer.training.data.letters import DataFormatError, load_letters
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.outputs.model_file import ModelFileError, load_model, without_optimizer

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from thrift.Thrift import TException
+
 from thrift_trainer.compute_node.call_errors import CallError, PeerRefused, mapped_errors
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.wire import node_calls, security

@@ -23,6 +23,7 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.cancel import UnitCancelled

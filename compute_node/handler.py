@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.compute_node.session_service import SessionService
 from thrift_trainer.compute_node.sessions import SessionStore

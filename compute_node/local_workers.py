@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 from thrift.Thrift import TApplicationException
+
 from thrift_trainer.compute_node.worker_process import (
     BATCHES,
     CANCEL,

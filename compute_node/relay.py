@@ -43,6 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.engine.node_checks import node_problems

@@ -91,6 +91,7 @@ def warm_model(model: str, device: str = "cpu") -> None:
     """Import torch and, for a GAN, build the model and take one training step's
     forward and backward passes on two images, so the kernels are loaded too."""
     import torch
+
     from thrift_trainer.training.models import gan_models
 
     if model not in gan_models.GAN_MODELS:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms import get_algorithm
 from thrift_trainer.training.cancel import UnitCancelled, UnitControl

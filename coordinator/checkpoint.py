@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.engine.records import RoundMetrics
 from thrift_trainer.training.outputs.model_file import (

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from thrift_trainer.coordinator.store_protocol import ResultKeeper, Store
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.round_state import Kept

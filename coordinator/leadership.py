@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+
 from thrift_trainer.coordinator.postgres_store import PostgresRunStore
 
 log = logging.getLogger("coordinator.leadership")

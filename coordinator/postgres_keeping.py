@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 import psycopg
+
 from thrift_trainer.coordinator import drills
 from thrift_trainer.coordinator.kept_results import StoredResult
 from thrift_trainer.coordinator.ledger_steps import null_if_nan

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+
 from thrift_trainer.coordinator.postgres_location import without_passwords
 
 

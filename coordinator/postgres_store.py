@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
+
 from thrift_trainer.coordinator.ledger_sql import POSTGRES
 from thrift_trainer.coordinator.postgres_keeping import FILE_PART_BYTES, KeepsFilesAndResults
 from thrift_trainer.coordinator.postgres_location import (  # noqa: F401 - is_postgres_url: for the cli

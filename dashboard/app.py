@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+
 from thrift_trainer.dashboard import run_files
 from thrift_trainer.dashboard.access import Access
 from thrift_trainer.dashboard.views import UnknownRunError, Views

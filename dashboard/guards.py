@@ -23,9 +23,10 @@ from typing import Any
 
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
-from thrift_trainer.wire.limits import ConnectionSlots, RefusalLog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
+
+from thrift_trainer.wire.limits import ConnectionSlots, RefusalLog
 
 log = logging.getLogger("coordinator.dashboard")
 

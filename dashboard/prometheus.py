@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
 from thrift_trainer.coordinator.run_store import RunStoreError
 from thrift_trainer.dashboard import run_files
 from thrift_trainer.dashboard.views import Views

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+
 from thrift_trainer.dashboard.access import Access
 from thrift_trainer.dashboard.app import build_app
 from thrift_trainer.dashboard.guards import (

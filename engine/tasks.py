@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
+
 from thrift_trainer.training.units import TensorSpecs
 
 Tensors = dict[str, np.ndarray]  # tensor name -> array

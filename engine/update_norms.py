@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
+
 from thrift_trainer.engine import runtime
 
 log = logging.getLogger("coordinator.engine")

@@ -16,10 +16,10 @@ from typing import Any
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
-from thrift_trainer.wire import chunks
-from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
 
 from devtools.local_cluster import Proc
+from thrift_trainer.wire import chunks
+from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
 
 ATTACKER = "127.0.0.2"
 HOST = "127.0.0.1"

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.schema import AggregationSettings, defaults
 

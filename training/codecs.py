@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
+
 from thrift_trainer.training import plugins
 
 Parts = dict[str, np.ndarray]

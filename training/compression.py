@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
 from thrift_trainer.training.codecs import SEP, codec_class, known_codecs
 from thrift_trainer.training.models.names import BUFFER

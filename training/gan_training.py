@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from thrift_trainer.training.algorithms.config_checks import ConfigError
-from thrift_trainer.training.data import mnist
 from torch import nn
 from torch.nn import functional as F
+
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
 # The fixed probe of a GAN's cheap per-round evaluation: real and fake images, and the

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
 from thrift_trainer.training.codecs import SEP, codec_class
 from thrift_trainer.training.units import TensorSpecs
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from thrift_trainer.training import schema
 from thrift_trainer.training.compression import CompressionSettings
 from thrift_trainer.training.data.settings import DataSettings

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
 from thrift_trainer.training.units import UnitResult

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.aggregation import weighted_mean
 
 Params = dict[str, np.ndarray]

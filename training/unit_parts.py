@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from thrift_trainer.training import aggregation
 from thrift_trainer.training.units import UnitOutput
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
 from thrift_trainer.training.cancel import UnitControl
 
 Weights = dict[str, np.ndarray]

@@ -29,6 +29,7 @@ from typing import Any
 
 from thrift.protocol.TProtocol import TProtocolBase, TProtocolException
 from thrift.Thrift import TApplicationException, TMessageType
+
 from thrift_trainer.wire import frame_scan
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.transport import FramedSocketTransport

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from thrift.protocol.TProtocol import TProtocolException
 from thrift.Thrift import TApplicationException, TException
 from thrift.transport.TTransport import TTransportException
+
 from thrift_trainer.wire.chunks import MessageRefused, PeerRefusedMessage
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.transport import WrongProtocol

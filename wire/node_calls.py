@@ -12,6 +12,7 @@ from typing import Any
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocolFactory
 from thrift.TSerialization import deserialize, serialize
+
 from thrift_trainer.wire.generated import ttypes
 
 # method -> (request type, result type)

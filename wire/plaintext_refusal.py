@@ -21,6 +21,7 @@ from contextlib import suppress
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException, TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
+
 from thrift_trainer.wire import frame_scan
 
 MESSAGE = ("this server accepts only TLS connections; give the connecting side --tls-ca with "

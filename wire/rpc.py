@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from thrift.protocol.TProtocol import TProtocolBase
 from thrift.Thrift import TProcessor
 from thrift.transport.TTransport import TTransportException
+
 from thrift_trainer.wire import auth, plaintext_refusal, security
 from thrift_trainer.wire.chunks import MessageLimits
 from thrift_trainer.wire.errors import ConnectionFailed

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+
 from thrift_trainer.wire.generated import ttypes
 
 ALLOWED_DTYPES: frozenset[str] = frozenset(

@@ -45,6 +45,7 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TTransportBase, TTransportException
+
 from thrift_trainer.wire import chunks
 from thrift_trainer.wire import stats as wire_stats
 from thrift_trainer.wire.chunks import MessageLimits, MessageRefused, PeerRefusedMessage

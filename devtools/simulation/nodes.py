@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
 from thrift_trainer.engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable

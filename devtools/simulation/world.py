@@ -38,6 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from devtools.ledger_audit import RunShape, audit
+from devtools.simulation.accounting import discard_streak, failure_accounting
+from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
+from devtools.simulation.plans import Event, Plan
+from devtools.simulation.scheduler import SimHang, SimRuntime
 from thrift_trainer.coordinator import run_folder
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.coordinator.run import CoordinatorSettings, Run
@@ -51,12 +57,6 @@ from thrift_trainer.engine.round_engine import EngineSettings
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.run_config import load_run_config
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
-
-from devtools.ledger_audit import RunShape, audit
-from devtools.simulation.accounting import discard_streak, failure_accounting
-from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
-from devtools.simulation.plans import Event, Plan
-from devtools.simulation.scheduler import SimHang, SimRuntime
 
 log = logging.getLogger("simulation")
 

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import gan_quality  # noqa: E402
+
 from thrift_trainer.training.outputs.plots import save_grid  # noqa: E402
 
 pytestmark = pytest.mark.slow

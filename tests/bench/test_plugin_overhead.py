@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.models import modules
 from thrift_trainer.training.models.settings import DataShape

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from thrift_trainer.wire.rpc import connect
 
 from devtools import local_cluster as procs
 from tests.hostile import BROKEN_SEQUENCES, answer_to_announcement, chunked_call, hangs_up_within
 from tests.integration.test_relays import relay_over
 from tests.integration.test_wire_rpc import work
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 WIDE_MLP = textwrap.dedent('''
     from torch import nn

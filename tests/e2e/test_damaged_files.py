@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from thrift_trainer.coordinator.checkpoint import Checkpoint, save_checkpoint
-from thrift_trainer.training.models import mlp
-from thrift_trainer.training.outputs.model_file import save_model
 
 from devtools.local_cluster import REPO, python_env
 from tests.hostile import lie_about_size
+from thrift_trainer.coordinator.checkpoint import Checkpoint, save_checkpoint
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.outputs.model_file import save_model
 
 SPEC = mlp.MLPSpec(hidden=(20,))
 RUN_ID = "damaged"

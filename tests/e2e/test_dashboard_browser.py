@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from thrift_trainer.coordinator.checkpoint import METRICS_FILE
-from thrift_trainer.coordinator.run_store import RunStore
 
 from tests.conftest import Cluster
 from tests.programs import require
+from thrift_trainer.coordinator.checkpoint import METRICS_FILE
+from thrift_trainer.coordinator.run_store import RunStore
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver; never downloaded
 CHROMIUM = Path("/usr/bin/chromium")

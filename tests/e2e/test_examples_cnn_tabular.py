@@ -12,10 +12,10 @@ from types import ModuleType
 
 import torch
 from safetensors.torch import load_file
-from thrift_trainer.training.data import mnist
 from torch import nn
 
 from devtools.local_cluster import REPO
+from thrift_trainer.training.data import mnist
 
 CNN = REPO / "examples" / "cnn"
 TABULAR = REPO / "examples" / "tabular"

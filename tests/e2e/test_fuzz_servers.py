@@ -33,13 +33,13 @@ from typing import Any
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
-from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from thrift_trainer.wire.rpc import connect
-from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 from devtools.local_cluster import Proc
 from tests.conftest import Cluster
 from tests.hostile import hangs_up_within, resident_bytes
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
+from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 SEED = 20240521
 CASES_PER_SERVER = 300

@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+
+from devtools.local_cluster import REPO, start_pull_node
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.engine.nodes.nodes_file import NodeAddress
 from thrift_trainer.engine.nodes.pool import NodeHandle
@@ -23,8 +25,6 @@ from thrift_trainer.training.outputs import gan_metrics
 from thrift_trainer.training.outputs.model_file import load_model
 from thrift_trainer.training.units import UnitJob, UnitSpec
 from thrift_trainer.wire.tensor_codec import wire_to_dict
-
-from devtools.local_cluster import REPO, start_pull_node
 
 torch.set_num_threads(1)
 

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 
 CNN = REPO / "examples" / "cnn"
 REFUSED = 2  # the client's exit status for a request the coordinator refuses

@@ -21,6 +21,15 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType
 from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TFramedTransport, TMemoryBuffer
+
+from tests import waiting
+from tests.hostile import (
+    BROKEN_SEQUENCES,
+    answer_to_announcement,
+    chunked_call,
+    hangs_up_within,
+)
+from tests.integration.test_wire_rpc import EchoNode, work
 from thrift_trainer.wire.chunks import (
     ChunkSequenceError,
     MessageLimits,
@@ -32,15 +41,6 @@ from thrift_trainer.wire.limits import ServerLimits
 from thrift_trainer.wire.rpc import ThriftServer, connect, transport_of
 from thrift_trainer.wire.tensor_codec import from_wire, to_wire
 from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
-
-from tests import waiting
-from tests.hostile import (
-    BROKEN_SEQUENCES,
-    answer_to_announcement,
-    chunked_call,
-    hangs_up_within,
-)
-from tests.integration.test_wire_rpc import EchoNode, work
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

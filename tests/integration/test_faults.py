@@ -12,11 +12,11 @@ from contextlib import closing
 
 import numpy as np
 import pytest
+
+from devtools import local_cluster as procs
 from thrift_trainer.training.outputs.model_file import load_model
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
 from thrift_trainer.wire.rpc import connect
-
-from devtools import local_cluster as procs
 
 ROUNDS = 6
 # Server momentum keeps state between rounds: a resume that lost it would change the bits.

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
-from thrift_trainer.wire.generated import Coordinator, ttypes
-from thrift_trainer.wire.rpc import connect
 
 from tests.integration.test_failover import (
     ROUNDS,
@@ -21,6 +19,8 @@ from tests.integration.test_failover import (
     _same_weights,
     uninterrupted,
 )
+from thrift_trainer.wire.generated import Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 __all__ = ["uninterrupted"]  # the module's fixture, shared with test_failover
 

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import psycopg
 import pytest
+
+from tests.waiting import wait_until
 from thrift_trainer.coordinator.handler import CoordinatorHandler
 from thrift_trainer.coordinator.leadership import Leader, LeaseKeeper
 from thrift_trainer.coordinator.postgres_store import LeadershipLost, PostgresRunStore
@@ -18,8 +20,6 @@ from thrift_trainer.coordinator.records import RunFailed
 from thrift_trainer.coordinator.run import CoordinatorSettings
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.wire.generated import ttypes
-
-from tests.waiting import wait_until
 
 LEASE = 0.5
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from devtools import local_cluster as procs
+from tests.waiting import wait_until
 from thrift_trainer.compute_node import cli
 from thrift_trainer.compute_node.handler import run_unit
 from thrift_trainer.compute_node.local_workers import LocalWorkers, WorkerLost
@@ -21,9 +24,6 @@ from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
 from thrift_trainer.training.cancel import UnitCancelled, UnitControl
 from thrift_trainer.training.unit_parts import weighted_mean
 from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
-
-from devtools import local_cluster as procs
-from tests.waiting import wait_until
 
 DATA = procs.REPO / "data"
 LETTERS = ["--config", str(procs.REPO / "configs" / "letters_sync_sgd.yaml"),

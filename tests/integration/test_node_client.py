@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from thrift_trainer.engine.nodes.errors import (
     AttemptAborted,
     InvalidResult,

@@ -16,11 +16,11 @@ import pytest
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException, TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
+
+from tests.tls_certs import make_certs
 from thrift_trainer.wire import plaintext_refusal, security
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
 from thrift_trainer.wire.rpc import ThriftServer
-
-from tests.tls_certs import make_certs
 
 HOST = "127.0.0.1"
 WAIT = 10.0

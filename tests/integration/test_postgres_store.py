@@ -11,6 +11,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+
+from tests.unit import test_run_store as sqlite_tests
+from tests.unit.test_run_store import A, B, FakeClock
+from tests.waiting import wait_until
 from thrift_trainer.coordinator import postgres_keeping
 from thrift_trainer.coordinator.kept_results import packed, unpacked
 from thrift_trainer.coordinator.postgres_store import (
@@ -23,10 +27,6 @@ from thrift_trainer.coordinator.postgres_store import (
     redacted,
 )
 from thrift_trainer.coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
-
-from tests.unit import test_run_store as sqlite_tests
-from tests.unit.test_run_store import A, B, FakeClock
-from tests.waiting import wait_until
 
 
 @pytest.fixture

@@ -20,6 +20,10 @@ import pytest
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
+
+from tests import waiting
+from tests.hostile import recv_exactly
+from tests.integration.test_wire_rpc import EchoNode, framed, hangs_up, work
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from thrift_trainer.wire.limits import ServerLimits
 from thrift_trainer.wire.rpc import (
@@ -30,10 +34,6 @@ from thrift_trainer.wire.rpc import (
     transport_of,
 )
 from thrift_trainer.wire.transport import WireProtocolFactory
-
-from tests import waiting
-from tests.hostile import recv_exactly
-from tests.integration.test_wire_rpc import EchoNode, framed, hangs_up, work
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

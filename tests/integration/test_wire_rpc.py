@@ -19,6 +19,7 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException
 from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TFramedTransport, TTransportException
+
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from thrift_trainer.wire.limits import ServerLimits
 from thrift_trainer.wire.rpc import (

@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
+
+from tests.integration.test_wire_rpc import PING, EchoNode, hangs_up, work
+from tests.tls_certs import Certs, make_certs
 from thrift_trainer.wire import security
 from thrift_trainer.wire.generated import ComputeNode, Coordinator, ttypes
 from thrift_trainer.wire.rpc import (
@@ -28,9 +31,6 @@ from thrift_trainer.wire.rpc import (
     transport_of,
 )
 from thrift_trainer.wire.tensor_codec import from_wire
-
-from tests.integration.test_wire_rpc import PING, EchoNode, hangs_up, work
-from tests.tls_certs import Certs, make_certs
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from thrift_trainer.wire import stats
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from thrift_trainer.wire.rpc import ThriftServer, connect, transport_of

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from thrift_trainer.client import cli
 from thrift_trainer.training.aggregation import aggregate, check_settings
 from thrift_trainer.training.algorithms.config_checks import ConfigError

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.inprocess import LocalNode
 from thrift_trainer.coordinator.run_store import RunStore
 from thrift_trainer.engine.attempt_log import AttemptEnd, AttemptLog
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.progress import CANCELLED, RunProgress
 from thrift_trainer.engine.tasks import TaskResult, TaskStatus
-
-from tests.inprocess import LocalNode
 
 # end -> the status the ledger gives the attempt and its unit (a unit still waiting)
 EXPECTED = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from thrift_trainer.wire.auth import TokenClient, TokenGuard, check_token, guard_processor, unwrap
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 

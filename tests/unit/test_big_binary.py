@@ -11,6 +11,7 @@ import struct
 import numpy as np
 from thrift.Thrift import TMessageType
 from thrift.transport.TTransport import TTransportBase
+
 from thrift_trainer.wire import frame_scan
 from thrift_trainer.wire.generated import ComputeNode, ttypes
 from thrift_trainer.wire.tensor_codec import from_wire, to_wire

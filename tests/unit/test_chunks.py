@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from thrift_trainer.wire import chunks
 from thrift_trainer.wire.chunks import ChunkSequenceError, Receipt
 

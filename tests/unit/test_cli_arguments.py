@@ -11,6 +11,7 @@ import re
 import sys
 
 import pytest
+
 from thrift_trainer.client import cli as client_cli
 from thrift_trainer.compute_node import cli as node_cli
 from thrift_trainer.coordinator import cli as coordinator_cli

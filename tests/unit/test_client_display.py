@@ -8,6 +8,7 @@ import re
 
 import pytest
 from rich.console import Console
+
 from thrift_trainer.client import display
 from thrift_trainer.wire.generated import ttypes
 

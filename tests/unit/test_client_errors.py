@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
+
 from thrift_trainer.client import session
 from thrift_trainer.client.errors import (
     EXIT_CANCELLED,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.training.algorithms import ConfigError, get_algorithm
 from thrift_trainer.training.compression import (

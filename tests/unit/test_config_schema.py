@@ -4,6 +4,7 @@ config.yaml documents exactly what it holds."""
 from __future__ import annotations
 
 import yaml
+
 from thrift_trainer.training import schema
 from thrift_trainer.training.run_config import CONFIG_FILE, SECTIONS, file_defaults
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.coordinator.handler import CoordinatorHandler
 from thrift_trainer.coordinator.run import CoordinatorSettings
 from thrift_trainer.coordinator.store_lock import StoreInUse

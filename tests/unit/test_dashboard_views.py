@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.coordinator.run import CoordinatorSettings
 from thrift_trainer.coordinator.run_store import RunStore
 from thrift_trainer.dashboard.views import Views

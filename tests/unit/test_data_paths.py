@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.training.data import paths
 from thrift_trainer.training.data.datasets import load_data
 from thrift_trainer.training.data.paths import DataPathError, data_location, resolve_under

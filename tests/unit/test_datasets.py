@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.data.datasets import DataError, held_out, load_data
 from thrift_trainer.training.data.letters import load_letters

@@ -7,6 +7,8 @@ import json
 import threading
 
 import torch
+
+from tests.inprocess import LocalNode
 from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
@@ -15,8 +17,6 @@ from thrift_trainer.training.algorithms.md_gan import MDGan
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.units import UnitSpec
 from thrift_trainer.wire.rpc import ConnectionFailed
-
-from tests.inprocess import LocalNode
 
 torch.set_num_threads(1)
 

@@ -4,6 +4,7 @@ loopback without a token."""
 from __future__ import annotations
 
 import pytest
+
 from thrift_trainer.wire.launch import exposure_warning
 
 

@@ -7,6 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+
+from tests.unit.test_node_handler import handler, request
+from tests.waiting import wait_until
 from thrift_trainer.compute_node import faults
 from thrift_trainer.compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faults
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
@@ -15,9 +18,6 @@ from thrift_trainer.training.cancel import UnitCancelled, UnitControl
 from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.tensor_codec import wire_to_dict
-
-from tests.unit.test_node_handler import handler, request
-from tests.waiting import wait_until
 
 
 def update(seed: int = 0) -> dict[str, np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.training.algorithms import ConfigError, get_algorithm
 from thrift_trainer.training.algorithms.fl_gan import FLGan
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT

@@ -10,6 +10,7 @@ import pytest
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
+
 from thrift_trainer.wire.frame_scan import ScanError, scan_call, skip_value
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.outputs import gan_metrics
 from thrift_trainer.training.outputs.gan_metrics import (

@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from thrift_trainer.training.models.gan_models import (
     GAN_MODELS,
     GanSpec,
@@ -19,7 +21,6 @@ from thrift_trainer.training.models.gan_models import (
     sample_images,
     state_to_numpy,
 )
-from torch import nn
 
 torch.set_num_threads(1)
 

@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.handler_errors import ReleasingHandler
 

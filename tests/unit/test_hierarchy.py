@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from thrift_trainer.compute_node import cli
 from thrift_trainer.compute_node.handler import run_unit, share_of
 from thrift_trainer.compute_node.relay import local_rounds, member_shares

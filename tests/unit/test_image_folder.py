@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
 from thrift_trainer.training.data.image_folder import (
     ImageFolder,
     ImageFolderError,

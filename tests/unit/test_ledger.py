@@ -8,6 +8,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.coordinator.run_store import (
     IllegalTransition,
     RunStore,

@@ -7,9 +7,9 @@ import threading
 import time
 
 import pytest
-from thrift_trainer.wire.limits import ConnectionSlots, FrameBudget, RefusalLog
 
 from tests.waiting import wait_until
+from thrift_trainer.wire.limits import ConnectionSlots, FrameBudget, RefusalLog
 
 WAIT = 10.0
 

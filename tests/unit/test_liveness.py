@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+
+from tests.inprocess import LocalNode
 from thrift_trainer.engine.nodes.liveness import Liveness
 from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
@@ -14,8 +16,6 @@ from thrift_trainer.engine.round_state import RoundState
 from thrift_trainer.engine.stragglers import overdue_reason
 from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 from thrift_trainer.training.units import UnitSpec
-
-from tests.inprocess import LocalNode
 
 KEY = ("r1", "u1", 1)
 

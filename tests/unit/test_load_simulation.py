@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from thrift_trainer.compute_node.load import LoadSimulator
 
 

@@ -6,6 +6,7 @@ import io
 import logging
 
 import pytest
+
 from thrift_trainer.wire.log_limit import RepeatLimiter, install, setup_logging
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.training.algorithms import ConfigError, get_algorithm
 from thrift_trainer.training.algorithms.md_gan import MDGan, resolve_k

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.nodes.errors import AttemptAborted, NodeUnavailable
 from thrift_trainer.engine.nodes.membership import Mailbox, MemberError, Membership

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from thrift_trainer.training.baselines.simulate import run_delta_averaging
 from thrift_trainer.training.models.mlp import (
     LocalTraining,

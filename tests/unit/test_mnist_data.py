@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.data.mnist import IdxFormatError, read_idx
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
+
 from thrift_trainer.compute_node import coordinator_link, session_service
 from thrift_trainer.compute_node.call_errors import (
     CallFailed,

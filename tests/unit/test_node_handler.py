@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from thrift_trainer.engine.nodes.liveness import Liveness
 from thrift_trainer.engine.nodes.quorum import (
     NodeGate,

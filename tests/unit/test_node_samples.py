@@ -7,13 +7,13 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+
+from tests.inprocess import LocalNode
 from thrift_trainer.client import display
 from thrift_trainer.engine.attempt_log import AttemptLog
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.tasks import TaskResult, TaskStatus
-
-from tests.inprocess import LocalNode
 
 
 def answer(status: TaskStatus, samples: int) -> TaskResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from thrift_trainer.compute_node.threads import THREAD_VARIABLES, limit_threads, threads_from_argv
 
 

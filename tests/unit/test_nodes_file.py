@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+
 from thrift_trainer.engine.nodes import nodes_file
 from thrift_trainer.engine.nodes.nodes_file import (
     NodeAddress,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.training.optimizer_state import (
     ADAM_KEYS,
     load_optimizer_arrays,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from thrift_trainer.training.codecs import Codec, TopK
 from thrift_trainer.training.compression import compress
 from thrift_trainer.training.payload_checks import PayloadForm, check_payload

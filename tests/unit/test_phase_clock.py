@@ -1,6 +1,7 @@
 """The clock that says where a round's time went (engine/phase_clock.py)."""
 
 import pytest
+
 from thrift_trainer.engine.phase_clock import PhaseClock
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.plugins import PluginError
 

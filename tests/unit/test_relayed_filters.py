@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from thrift_trainer.client.display import refused_lines
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator

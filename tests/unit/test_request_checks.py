@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_coordinator_handler import train_request
 from thrift_trainer.client.cli import parse_train_args
 from thrift_trainer.coordinator.cli import build_parser, settings_from
 from thrift_trainer.coordinator.handler import CoordinatorHandler
@@ -25,8 +27,6 @@ from thrift_trainer.training.models import mlp
 from thrift_trainer.training.run_config import RunConfigError, load_run_config
 from thrift_trainer.training.schedule import split_schedule
 from thrift_trainer.wire.generated import ttypes
-
-from tests.unit.test_coordinator_handler import train_request
 
 REPO = Path(__file__).resolve().parents[2]
 

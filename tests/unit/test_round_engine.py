@@ -9,6 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
+from tests.inprocess import LocalNode
+from tests.waiting import wait_until
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.engine.nodes.errors import AnswerTooLarge, NodeUnavailable, NodeUnfit
 from thrift_trainer.engine.nodes.liveness import Liveness
@@ -32,9 +35,6 @@ from thrift_trainer.training.schema import AggregationSettings, defaults
 from thrift_trainer.training.units import UnitSpec
 from thrift_trainer.wire.chunks import MessageRefused, PeerRefusedMessage
 from thrift_trainer.wire.rpc import ConnectionFailed
-
-from tests.inprocess import LocalNode
-from tests.waiting import wait_until
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}
 ALGORITHM = DeltaAveraging("mlp", CONFIG, DEFAULT_DATA_ROOT / "letters")

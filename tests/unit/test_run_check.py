@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from thrift_trainer.client.model_commands import ModelCommandError, export
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.outputs.model_file import OPTIMIZER_PREFIX, save_model

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from thrift_trainer.client import cli
 from thrift_trainer.training.run_config import CONFIG_FILE, RunConfigError, load_run_config
 from thrift_trainer.training.schema import AggregationSettings, DeltaAvgSettings, defaults

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from PIL import Image
+
 from thrift_trainer.training.outputs.plots import (
     check_outputs,
     curve_series,

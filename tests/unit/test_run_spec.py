@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from thrift_trainer.training.compression import CompressionSettings
 from thrift_trainer.training.spec import RunSpec, SpecError
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from thrift_trainer.coordinator.run_store import (
     SCHEMA_VERSION,
     UNIT_STATUSES,

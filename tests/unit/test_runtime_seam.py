@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from thrift_trainer.engine import runtime
 
 REPO = Path(__file__).resolve().parents[2]

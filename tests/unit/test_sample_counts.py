@@ -7,6 +7,8 @@ import threading
 
 import numpy as np
 import pytest
+
+from tests.inprocess import LocalNode
 from thrift_trainer.compute_node.faults import corrupt_output
 from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
@@ -24,8 +26,6 @@ from thrift_trainer.training.gan_training import shard_indices, training_size
 from thrift_trainer.training.schema import AggregationSettings, defaults
 from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.training.update_checks import check_sample_count
-
-from tests.inprocess import LocalNode
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 MNIST = DEFAULT_DATA_ROOT / "mnist"

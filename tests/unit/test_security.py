@@ -7,11 +7,11 @@ import ssl
 from pathlib import Path
 
 import pytest
+
+from tests.tls_certs import Certs, make_certs
 from thrift_trainer.wire import chunks, security
 from thrift_trainer.wire.limits import ServerLimits
 from thrift_trainer.wire.security import MIB, SecurityError, from_args, read_token_file, token_from
-
-from tests.tls_certs import Certs, make_certs
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from thrift_trainer.engine import runtime
 
 from devtools.simulation.scheduler import SimHang, SimRuntime
+from thrift_trainer.engine import runtime
 
 
 def simulate(seed: int, main, max_time: float = 1e6) -> SimRuntime:

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
+
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.training.algorithms.md_gan import MDGan
 from thrift_trainer.training.baselines.standalone import train_in_process

@@ -6,14 +6,14 @@ import threading
 import time
 
 import pytest
+
+from tests.inprocess import LocalNode
+from tests.unit.test_round_engine import build, engine, units
 from thrift_trainer.engine.nodes.errors import AttemptAborted
 from thrift_trainer.engine.policies import AdaptivePolicy, RoundRobinPolicy
 from thrift_trainer.engine.round_engine import EngineSettings
 from thrift_trainer.engine.stragglers import MEASURED_DEADLINE_FLOOR, backup_threshold
 from thrift_trainer.engine.tasks import Task, TaskResult
-
-from tests.inprocess import LocalNode
-from tests.unit.test_round_engine import build, engine, units
 
 
 def test_backup_threshold_is_four_unit_times_with_a_floor():

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
+from tests.inprocess import LocalNode
 from thrift_trainer.coordinator.run_store import RunStore
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.policies import RoundRobinPolicy
@@ -31,8 +33,6 @@ from thrift_trainer.training.schedule import (
 )
 from thrift_trainer.training.schema import AggregationSettings, defaults
 from thrift_trainer.training.units import UnitResult, UnitSpec
-
-from tests.inprocess import LocalNode
 
 NODE = LocalNode(0)
 

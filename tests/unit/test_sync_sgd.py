@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.nn import functional as F
+
+from tests.inprocess import LocalNode
 from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
@@ -26,9 +29,6 @@ from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.models import gan_models, mlp
 from thrift_trainer.training.schema import AggregationSettings, defaults
 from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec, Weights
-from torch.nn import functional as F
-
-from tests.inprocess import LocalNode
 
 torch.set_num_threads(1)
 

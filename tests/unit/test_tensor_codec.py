@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from thrift.transport.TTransport import TMemoryBuffer
+
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.tensor_codec import (
     ALLOWED_DTYPES,

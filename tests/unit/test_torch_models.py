@@ -8,6 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
+
 from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
 from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
 from thrift_trainer.training.data.datasets import load_data
@@ -21,8 +24,6 @@ from thrift_trainer.training.plugins import PluginError
 from thrift_trainer.training.server_optim import make_server_optimizer
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
-from torch import nn
-from torch.nn import functional as F
 
 torch.set_num_threads(1)
 LETTERS = DEFAULT_DATA_ROOT / "letters"

@@ -7,6 +7,8 @@ import threading
 
 import pytest
 import torch
+
+from tests.waiting import wait_until
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.compute_node.sessions import SessionStore
@@ -21,8 +23,6 @@ from thrift_trainer.training.models import mlp
 from thrift_trainer.training.units import UnitJob
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire
-
-from tests.waiting import wait_until
 
 torch.set_num_threads(1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from thrift_trainer.training.unit_parts import part_bounds, weighted_mean
 from thrift_trainer.training.units import UnitOutput
 

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.compute_node.weight_cache import WeightCache

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from thrift_trainer.engine.round_state import RoundState
 from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 from thrift_trainer.training.algorithms.base import combine

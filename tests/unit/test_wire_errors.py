@@ -10,6 +10,7 @@ import pytest
 from thrift.protocol.TProtocol import TProtocolException
 from thrift.Thrift import TApplicationException, TException
 from thrift.transport.TTransport import TTransportException
+
 from thrift_trainer.wire import errors
 from thrift_trainer.wire.chunks import ChunkSequenceError, MessageRefused, PeerRefusedMessage
 from thrift_trainer.wire.generated import ttypes

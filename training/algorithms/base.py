@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+
 from thrift_trainer.training import aggregation
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.aggregation import SECTION as AGGREGATION
 from thrift_trainer.training.algorithms.base import AveragingAlgorithm
 from thrift_trainer.training.algorithms.config_checks import (

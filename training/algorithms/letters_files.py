@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.data.letters import load_letters
 

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.gan_training import (
     adam,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.algorithms.md_gan_node import Discriminator, session_name
 from thrift_trainer.training.gan_training import slot_of
 from thrift_trainer.training.models import gan_models

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.algorithms.letters_files import train_files
 from thrift_trainer.training.data import image_folder, mnist

@@ -33,6 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn import functional as F
+
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.cancel import no_step
 from thrift_trainer.training.gan_training import PROBE_SEED
@@ -42,8 +45,6 @@ from thrift_trainer.training.models.names import BUFFER, GRAD
 from thrift_trainer.training.models.pool import ModulePool
 from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
 from thrift_trainer.training.update_checks import check_combined_names
-from torch import nn
-from torch.nn import functional as F
 
 
 def unit_noise(z_dim: int, n: int, seed: int, round_index: int, unit_id: str) -> torch.Tensor:

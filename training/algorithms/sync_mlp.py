@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.algorithms.letters_files import validation_data
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.modules import float32_copy

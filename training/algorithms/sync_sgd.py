@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training import schema
 from thrift_trainer.training.aggregation import SECTION as AGGREGATION
 from thrift_trainer.training.algorithms import torch_model

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+
 from thrift_trainer.training import server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.data.datasets import folder_stamp
@@ -48,7 +50,6 @@ from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.outputs.torch_files import load_weights as load_weights_file
 from thrift_trainer.training.plugins import PluginError
 from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights
-from torch import nn
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 BETAS = (0.9, 0.999)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models.mlp import (
     LocalTraining,

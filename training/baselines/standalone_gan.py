@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.gan_training import (
     alternating_step,
@@ -25,7 +27,6 @@ from thrift_trainer.training.gan_training import (
 )
 from thrift_trainer.training.models import gan_models
 from thrift_trainer.training.outputs import gan_metrics
-from torch import nn
 
 
 def train_standalone_gan(model: str, batch_size: int, iterations: int,

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.data.image_classes import read_class_folders
@@ -38,7 +40,6 @@ from thrift_trainer.training.data.tables import read_tables
 from thrift_trainer.training.models.settings import DataShape
 from thrift_trainer.training.outputs.checked_npz import read_npz
 from thrift_trainer.training.plugins import PluginError
-from torch.utils.data import default_collate
 
 SPLIT_SEED = 0  # the held-out choice of validation_fraction, the same on every node
 SAMPLED_ITEMS = 3  # items of a plug-in data set hashed when it has no fingerprint()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
 from thrift_trainer.training.data.image_folder import (
     ImageFolderError,
     _resize_and_crop,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+
 from thrift_trainer.training.data.mnist import check_index_range, pixels_to_tensor
 
 EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 
 DEFAULT_MNIST_DIR = DEFAULT_DATA_ROOT / "mnist"

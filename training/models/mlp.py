@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.cancel import no_step
 
 Params = dict[str, np.ndarray]

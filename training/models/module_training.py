@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+
 from thrift_trainer.training.cancel import no_step
 from thrift_trainer.training.data.datasets import LoadedData, Split, load_data
 from thrift_trainer.training.data.settings import DataSettings
@@ -28,7 +30,6 @@ from thrift_trainer.training.models.names import BUFFER, GRAD
 from thrift_trainer.training.models.pool import ModulePool
 from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.plugins import PluginError
-from torch import nn
 
 Weights = dict[str, np.ndarray]
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.models.settings import DataShape
 from thrift_trainer.training.plugins import PluginError
-from torch import nn
 
 Weights = dict[str, np.ndarray]
 DATA_ARGUMENTS = ("in_features", "num_classes", "input_shape")

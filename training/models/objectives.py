@@ -14,11 +14,12 @@ import math
 from collections.abc import Callable
 
 import torch
+from torch import nn
+from torch.nn import functional as F
+
 from thrift_trainer.training import plugins
 from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.plugins import PluginError
-from torch import nn
-from torch.nn import functional as F
 
 Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[nn.Module, torch.Tensor, torch.Tensor], float]

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.outputs.checked_npz import read_npz
-from torch import nn
 
 DEFAULT_CLASSIFIER = mnist.DEFAULT_MNIST_DIR / "classifier.npz"
 DEFAULT_N = 2_000

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
 from thrift_trainer.training.outputs.checked_npz import ArrayFileError, read_npz
 
 _DESCRIPTION_KEY = "__model__"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.schema import OutputSettings, defaults
 
 MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator

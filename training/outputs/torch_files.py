@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from thrift_trainer.training.outputs.model_file import (
     OPTIMIZER_PREFIX,
     ModelFileError,
