@@ -37,11 +37,19 @@ def _record_process_or_socket(event: str, args: tuple) -> None:
 sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cannot be removed
 
 
+# Tests whose processes hold gigabytes (models bigger than a frame, a soak's many nodes):
+# under pytest-xdist (scripts/test.sh) they share one worker, one after another, so that
+# two of them never run at once on a 24 GiB machine.
+ONE_AT_A_TIME = {"test_big_payloads.py", "test_soak.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     marked = [TESTS / directory for directory in MARKED_DIRECTORIES]
     for item in items:
         if any(directory in item.path.parents for directory in marked):
             item.add_marker(pytest.mark.processes)
+        if item.path.name in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
 
 
 @pytest.fixture(autouse=True)
