@@ -39,8 +39,8 @@ from client.session import Coordinators, Endpoint, attach, call, follow_training
 from training.data.paths import DEFAULT_DATA_ROOT
 from training.models.names import GAN_MODELS
 from training.outputs.model_file import save_model
-from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
-from training.schema import DeltaAvgSettings, defaults
+from training.run_config import RunConfigError, load_run_config
+from training.schema import DeltaAvgSettings, defaults, rounds_problem
 from training.spec import RunSpec
 from wire import arg_types, security
 from wire.generated import PROTOCOL_VERSION, ttypes
@@ -80,10 +80,11 @@ CONFIG_FORM_HINTS = {
 
 def ROUNDS(text: str) -> int:  # noqa: N802 - an argparse type, named like the others
     """Rounds travel as a 32-bit integer: a larger number could not even be sent."""
-    try:
-        return arg_types.int_range(1, MAX_ROUNDS)(text)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (rounds travel as a 32-bit field)") from None
+    rounds = arg_types.whole_number(text)
+    problem = rounds_problem(rounds)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return rounds
 
 
 def _hidden_list(text: str) -> list[int]:

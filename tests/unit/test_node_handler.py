@@ -51,7 +51,7 @@ def test_a_unit_returns_the_delta_of_local_training():
     ({"unit_path": "../../etc/passwd"}, "escapes the data root"),
     ({"unit_path": "train_letters99.txt"}, "does not exist"),
     ({"config_json": "{not json"}, "not valid JSON"),
-    ({"config_json": json.dumps({"epochs": "many"})}, "'epochs' must be of type int"),
+    ({"config_json": json.dumps({"epochs": "many"})}, "'epochs' must be an integer"),
     ({"config_json": json.dumps({"epoch": 3})}, "unknown config key 'epoch'"),
     ({"weights": []}, "do not match the model's tensors"),
     ({"scheduling_policy": 9}, "unknown scheduling policy 9"),
