@@ -20,16 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compute_node.handler import ComputeNodeHandler  # noqa: E402
-from compute_node.load import LoadSimulator  # noqa: E402
-from training.algorithms import get_algorithm  # noqa: E402
-from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.models import mlp  # noqa: E402
-from training.run_check import run_facts  # noqa: E402
-from training.spec import RunSpec  # noqa: E402
-from training.units import UnitOutput  # noqa: E402
-from wire.generated import PROTOCOL_VERSION, ttypes  # noqa: E402
-from wire.tensor_codec import dict_to_wire  # noqa: E402
+from thrift_trainer.compute_node.handler import ComputeNodeHandler  # noqa: E402
+from thrift_trainer.compute_node.load import LoadSimulator  # noqa: E402
+from thrift_trainer.training.algorithms import get_algorithm  # noqa: E402
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from thrift_trainer.training.models import mlp  # noqa: E402
+from thrift_trainer.training.run_check import run_facts  # noqa: E402
+from thrift_trainer.training.spec import RunSpec  # noqa: E402
+from thrift_trainer.training.units import UnitOutput  # noqa: E402
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes  # noqa: E402
+from thrift_trainer.wire.tensor_codec import dict_to_wire  # noqa: E402
 
 
 def _config_only(algorithm, job, data_dir) -> UnitOutput:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.algorithms.base import Algorithm
-from training.spec import RunSpec
-from wire.generated import ttypes
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.wire.generated import ttypes
 
 DEFAULT_MAX_RUNS = 8
 DEFAULT_MAX_CONFIG_BYTES = 64 * 1024  # recipes' configs are a few hundred bytes

@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from engine import runtime
-from engine.ledger import UnitLedger
-from engine.tasks import TaskResult
-from engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
-from training.schedule import ScheduleSettings, weighted
-from training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.tasks import TaskResult
+from thrift_trainer.engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
+from thrift_trainer.training.schedule import ScheduleSettings, weighted
+from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
 
 # (round, weights, results) -> the next weights: the algorithm's aggregate
 ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.config_checks import ConfigError, section_mapping
-from training.codecs import SEP, codec_class, known_codecs
-from training.config_types import checked_value
-from training.models.names import BUFFER
-from training.payload_checks import group_codecs, group_fields, split_payload
+from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.codecs import SEP, codec_class, known_codecs
+from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.models.names import BUFFER
+from thrift_trainer.training.payload_checks import group_codecs, group_fields, split_payload
 
 Weights = dict[str, np.ndarray]
 DEFAULT_TOPK_FRACTION = 0.01

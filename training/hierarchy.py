@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.algorithms.base import Algorithm
-from training.algorithms.config_checks import ConfigError, section_mapping
-from training.config_types import checked_value
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.config_types import checked_value
 
 SECTION = "hierarchy"
 KEYS = ("relay_local_rounds",)

@@ -22,8 +22,8 @@ import functools
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from training.config_types import shown
-from training.models.settings import ModelSettings
+from thrift_trainer.training.config_types import shown
+from thrift_trainer.training.models.settings import ModelSettings
 
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 INHERIT = {"null": "run"}  # null in config.yaml: the run key of the same name

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from training.cancel import UnitControl
+from thrift_trainer.training.cancel import UnitControl
 
 if TYPE_CHECKING:
-    from training.spec import RunSpec
+    from thrift_trainer.training.spec import RunSpec
 
 Weights = dict[str, np.ndarray]
 TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.config_types import checked_value
-from training.schema import MAX_ROUNDS, rounds_problem
+from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.schema import MAX_ROUNDS, rounds_problem
 
 
 @pytest.mark.parametrize("value, default, expected", [

@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training import aggregation
-from training.config_types import checked_value
+from thrift_trainer.training import aggregation
+from thrift_trainer.training.config_types import checked_value
 
 
 class ConfigError(ValueError):

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from training.config_types import checked_value
-from training.settings_section import SettingsSection
+from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.settings_section import SettingsSection
 
 SECTION = "data"
 FORMATS = ("auto", "letters", "mnist", "csv", "tsv", "images", "arrays")

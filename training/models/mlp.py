@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from training.cancel import no_step
-from training.config_types import checked_value
+from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.config_types import checked_value
 
 Params = dict[str, np.ndarray]
 

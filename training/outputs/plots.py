@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from training.config_types import checked_value
-from training.schema import OutputSettings, defaults
+from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.schema import OutputSettings, defaults
 
 MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator
 
