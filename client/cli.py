@@ -39,8 +39,8 @@ from thrift_trainer.client.session import Coordinators, Endpoint, attach, call, 
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.models.names import GAN_MODELS
 from thrift_trainer.training.outputs.model_file import save_model
-from thrift_trainer.training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
-from thrift_trainer.training.schema import DeltaAvgSettings, defaults
+from thrift_trainer.training.run_config import RunConfigError, load_run_config
+from thrift_trainer.training.schema import DeltaAvgSettings, defaults, rounds_problem
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.wire import arg_types, security
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
@@ -80,10 +80,11 @@ CONFIG_FORM_HINTS = {
 
 def ROUNDS(text: str) -> int:  # noqa: N802 - an argparse type, named like the others
     """Rounds travel as a 32-bit integer: a larger number could not even be sent."""
-    try:
-        return arg_types.int_range(1, MAX_ROUNDS)(text)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (rounds travel as a 32-bit field)") from None
+    rounds = arg_types.whole_number(text)
+    problem = rounds_problem(rounds)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return rounds
 
 
 def _hidden_list(text: str) -> list[int]:

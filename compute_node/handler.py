@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.run_configs import CheckedRun, RunConfigs
 from thrift_trainer.compute_node.session_service import SessionService
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.compute_node.warm_up import WarmUp
@@ -99,6 +100,7 @@ class ComputeNodeHandler(SessionService):
         self.data_root = Path(data_root)
         self.sessions = SessionStore()
         self.weights = WeightCache()  # weights of earlier units, for `weights_cached`
+        self.runs = RunConfigs(self._checked_run)  # each run parsed and checked once
         self.load = load
         self.unit_runner: UnitRunner = run_unit
         self.link_delay = 0.0  # seconds every reply is held (--link-delay-ms, experiments)
@@ -229,22 +231,16 @@ class ComputeNodeHandler(SessionService):
         they came from the cache) of the request; None when it refers to kept weights that
         this node does not hold."""
         try:
-            spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
-                                 request.config_json)
-            location = data_location(self.data_root, request.dataset)
-            self._check_fit(spec, location)
-            algorithm = get_algorithm(spec.algorithm)
-            config = spec.algorithm_config()
-            algorithm.check_config(request.model, config)
+            run = self.runs.checked(request)
             if request.unit_path:  # a unit that is a file of the data set (not a range)
-                self._check_unit_file(resolve_under(location, request.unit_path))
+                self._check_unit_file(resolve_under(run.location, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop)
             share = share_of(request)
             expected = None if request.expected_update is None \
                 else specs_from_wire(request.expected_update)
-            weights = self._weights_of(request, spec.compression,
-                                       algorithm.writes_weights(request.model))
+            weights = self._weights_of(request, run.spec.compression,
+                                       run.algorithm.writes_weights(request.model))
         except RunUnfit:
             raise
         except REQUEST_ERRORS as exc:
@@ -252,12 +248,26 @@ class ComputeNodeHandler(SessionService):
         if weights is None:
             return None
         own, sent = weights
-        job = UnitJob(request.run_id, request.round, unit, request.model, config, own,
-                      device=self.device, sessions=self.sessions, algorithm=request.algorithm,
+        job = UnitJob(request.run_id, request.round, unit, request.model, run.given,
+                      own, device=self.device,
+                      sessions=self.sessions, algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",
                       model_version=request.model_version, share=share,
-                      expected_update=expected)
-        return algorithm, job, location, spec.compression, sent
+                      expected_update=expected, checked_config=run.config, spec=run.spec)
+        return run.algorithm, job, run.location, run.spec.compression, sent
+
+    def _checked_run(self, request: ttypes.WorkRequest) -> CheckedRun:
+        """The request's run parsed and checked: what a node does for a run's first unit
+        (`RunConfigs` keeps it for the others). RunUnfit when this node cannot serve the
+        run; the request's own errors otherwise."""
+        spec = RunSpec.parse(request.algorithm, request.model, request.dataset,
+                             request.config_json)
+        location = data_location(self.data_root, request.dataset)
+        self._check_fit(spec, location)
+        algorithm = get_algorithm(spec.algorithm)
+        given = spec.algorithm_config()
+        return CheckedRun(spec, algorithm, given, algorithm.check_config(request.model, given),
+                          location)
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:
         """Whether this node can serve the run, with its plug-ins and fingerprints."""

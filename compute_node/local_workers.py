@@ -321,7 +321,7 @@ class LocalWorkers:
         group = self._ready_group(job.control)
         task = ShareTask(job.algorithm or algorithm.name, job.run_id, job.round, job.unit,
                          job.model, job.config, self._weights.write(job.weights), str(data_dir),
-                         job.dataset)
+                         job.dataset, job.checked_config)
         try:
             output = group.run(task, job.control)
         except (WorkerLost, OSError) as exc:

@@ -223,8 +223,7 @@ class RelayRunner:
 
     def _filters(self, job: UnitJob) -> list[UpdateFilter]:
         """The checks of the members' results for ``job`` (engine/update_filters.py)."""
-        codec = RunSpec.parse(job.algorithm, job.model, job.dataset,
-                              job.config_json).compression.up
+        codec = spec_of(job).compression.up
         norm_limit = NormLimit(self._engine.max_update_norm, self._recent_norms(job.run_id))
         return relayed_filters(job.expected_update, job.weights, codec, norm_limit)
 
@@ -270,8 +269,14 @@ def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int
 
 def local_rounds(job: UnitJob) -> int:
     """The run's ``hierarchy.relay_local_rounds`` (1 when the request has no section)."""
-    return RunSpec.parse(job.algorithm, job.model, job.dataset,
-                         job.config_json).hierarchy.relay_local_rounds
+    return spec_of(job).hierarchy.relay_local_rounds
+
+
+def spec_of(job: UnitJob) -> RunSpec:
+    """The job's run spec: as the node parsed it for the run, else parsed from the job."""
+    if job.spec is not None:
+        return job.spec
+    return RunSpec.parse(job.algorithm, job.model, job.dataset, job.config_json)
 
 
 def _dtype_of(name: str, weights: Mapping[str, np.ndarray]) -> np.dtype:

@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import parent_process
@@ -95,6 +95,7 @@ class ShareTask:
     weights: WeightsLayout
     data_dir: str
     dataset: str = ""
+    checked_config: Mapping[str, Any] | None = None  # as the node checked it for the run
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ def run_share(task: ShareTask, setup: WorkerSetup, shared: Any, attached: _Attac
     """This rank's share of the unit, combined with the others' by all-reduce."""
     job = UnitJob(task.run_id, task.round, task.unit, task.model, task.config,
                   attached.weights(task.weights), device=setup.device,
-                  control=SharedStep(shared, setup.rank), dataset=task.dataset)
+                  control=SharedStep(shared, setup.rank), dataset=task.dataset,
+                  checked_config=task.checked_config)
     output, reply = None, None
     try:
         output = get_algorithm(task.algorithm).run_unit_part(

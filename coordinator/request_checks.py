@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrift_trainer.coordinator.records import InvalidRun, RunRequest
-from thrift_trainer.training.algorithms.config_checks import shown
+from thrift_trainer.training.config_types import checked_value, shown
 from thrift_trainer.training.models.mlp import MLPSpec
 from thrift_trainer.training.models.names import NAME_LIMIT  # of an algorithm's name too
+from thrift_trainer.training.schema import rounds_problem
 from thrift_trainer.wire import security
 
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)
@@ -49,8 +50,7 @@ def invalid(field: str, problem: str) -> InvalidRun:
 
 def check_range(field: str, value: int, high: int, flag: str) -> None:
     """InvalidRequest unless 1 <= value <= high (a limit set by `flag`)."""
-    if isinstance(value, bool) or not isinstance(value, int):  # e.g. a field left out
-        raise invalid(field, f"an integer is required, got {value!r}")
+    checked_value(field, value, 0, InvalidRun)
     if not 1 <= value <= high:
         raise invalid(field, f"{shown(value)} is out of range 1..{high} "
                              f"(this coordinator's {flag})")
@@ -65,7 +65,10 @@ def check_fields(request: RunRequest, limits: RequestLimits) -> None:
             raise invalid(field, "a name is required")
         if len(value) > limit:
             raise invalid(field, f"a name of {len(value)} characters, longer than {limit}")
-    check_range("rounds", request.rounds, limits.max_rounds, "--max-rounds")
+    problem = rounds_problem(request.rounds, limits.max_rounds,
+                             "this coordinator's --max-rounds")
+    if problem:
+        raise invalid("rounds", problem)
 
 
 def check_config(config: Mapping[str, Any], limits: RequestLimits) -> None:

@@ -37,6 +37,7 @@ from thrift_trainer.coordinator.store_records import (
     RunStoreError,
 )
 from thrift_trainer.engine import runtime
+from thrift_trainer.training.schema import rounds_problem
 
 
 class SqlLedger(UnitWrites, LedgerReads):
@@ -137,8 +138,9 @@ class SqlLedger(UnitWrites, LedgerReads):
                    policy: int | None = None) -> None:
         """Record a new run, state running; ValueError if the id is taken."""
         check_text("run id", run_id)
-        if rounds < 1:
-            raise ValueError(f"rounds must be at least 1, got {rounds}")
+        problem = rounds_problem(rounds)
+        if problem:
+            raise ValueError(f"rounds: {problem}")
         config_json = json.dumps(dict(config or {}), sort_keys=True)
         with self._tx() as db:
             try:

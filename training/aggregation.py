@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from thrift_trainer.training import plugins
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.schema import AggregationSettings, defaults
 
 Weights = dict[str, np.ndarray]
@@ -217,11 +218,7 @@ def check_round_size(settings: Mapping[str, Any], updates_per_round: int) -> Non
 
 
 def _typed(key: str, value: Any, default: Any) -> Any:
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool):
-        raise AggregationError(f"config key '{SECTION}.{key}' must be of type "
-                               f"{type(default).__name__}, got {value!r}")
+    value = checked_value(f"config key '{SECTION}.{key}'", value, default, AggregationError)
     if isinstance(value, float) and not math.isfinite(value):
         raise AggregationError(f"config key '{SECTION}.{key}' must be finite, got {value}")
     return value

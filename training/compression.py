@@ -39,6 +39,7 @@ import numpy as np
 
 from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
 from thrift_trainer.training.codecs import SEP, codec_class, known_codecs
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.models.names import BUFFER
 from thrift_trainer.training.payload_checks import group_codecs, group_fields, split_payload
 
@@ -87,16 +88,17 @@ def settings_from(raw: Any) -> CompressionSettings:
     up, down = raw.get("up", "none"), raw.get("down", "none")
     for direction, name in (("up", up), ("down", down)):
         _check_codec(direction, name)
-    fraction = raw.get("topk_fraction", DEFAULT_TOPK_FRACTION)
-    if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
-            or not 0 < fraction <= 1):
+    fraction = checked_value(f"{SECTION}.topk_fraction", raw.get(
+        "topk_fraction", DEFAULT_TOPK_FRACTION), DEFAULT_TOPK_FRACTION, ConfigError)
+    if not 0 < fraction <= 1:
         raise ConfigError(f"{SECTION}.topk_fraction must be a number in (0, 1], "
                           f"got {fraction!r}")
-    warmup = raw.get("topk_warmup_rounds", 0)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 1000:
+    warmup = checked_value(f"{SECTION}.topk_warmup_rounds", raw.get("topk_warmup_rounds", 0),
+                           0, ConfigError)
+    if not 0 <= warmup <= 1000:
         raise ConfigError(f"{SECTION}.topk_warmup_rounds must be an integer in 0..1000, "
                           f"got {warmup!r}")
-    return CompressionSettings(up, down, float(fraction), warmup)
+    return CompressionSettings(up, down, fraction, warmup)
 
 
 def _check_codec(direction: str, name: Any) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.config_types import checked_value
 
 SECTION = "hierarchy"
 KEYS = ("relay_local_rounds",)
@@ -60,9 +61,9 @@ def settings_from(raw: Any) -> HierarchySettings:
     if raw is None:
         return FLAT
     raw = section_mapping(SECTION, raw, KEYS)
-    rounds = raw.get("relay_local_rounds", FLAT.relay_local_rounds)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or not (
-            1 <= rounds <= MAX_LOCAL_ROUNDS):
+    rounds = checked_value(f"{SECTION}.relay_local_rounds", raw.get(
+        "relay_local_rounds", FLAT.relay_local_rounds), 0, ConfigError)
+    if not 1 <= rounds <= MAX_LOCAL_ROUNDS:
         raise ConfigError(f"{SECTION}.relay_local_rounds must be an integer in "
                           f"1..{MAX_LOCAL_ROUNDS}, got {rounds!r}")
     return HierarchySettings(relay_local_rounds=rounds)

@@ -26,6 +26,7 @@ import yaml
 
 from thrift_trainer.training import schema
 from thrift_trainer.training.compression import CompressionSettings
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.data.settings import DataSettings
 from thrift_trainer.training.hierarchy import HierarchySettings
 from thrift_trainer.training.models.names import check_model_name, is_module_model
@@ -57,7 +58,6 @@ SECTIONS: dict[str, type] = {
     COMPRESSION: CompressionSettings, SCHEDULE: ScheduleSettings,
     HIERARCHY: HierarchySettings, DATA: DataSettings, OUTPUTS: schema.OutputSettings,
 }
-MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -318,39 +318,19 @@ def _check_run(merged: Sections, defaults: Sections) -> None:
         if torch_keys:
             raise RunConfigError(f"{torch_keys[0]} is for torch models (mlp_classifier or a "
                                  f"plug-in module:attribute), not {run['model']!r}")
-    if merged[RUN]["rounds"] < 1:
-        raise RunConfigError(f"run.rounds must be at least 1, got {merged[RUN]['rounds']}")
-    if merged[RUN]["rounds"] > MAX_ROUNDS:
-        raise RunConfigError(f"run.rounds must be at most {MAX_ROUNDS} (a 32-bit field), "
-                             f"got {merged[RUN]['rounds']}")
+    problem = schema.rounds_problem(run["rounds"])
+    if problem:
+        raise RunConfigError(f"run.rounds: {problem}")
 
 
 # ---------------------------------------------------------------------------- types
 def _checked(dotted: str, value: Any, default: Any, source: str) -> Any:
-    """The value, of its default's type (an int becomes a float where one is expected)."""
-    if default is None or _has_type(value, default):
-        return float(value) if isinstance(default, float) else value
+    """The value, of its default's type (training/config_types.py; an int becomes a float
+    where one is expected, and so does a string such as 1e-4, which YAML 1.1 reads as one)."""
     if isinstance(default, float) and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(
             value.strip()):
         return float(value)
-    raise RunConfigError(f"{dotted} must be {_type_name(default)}, got {value!r} "
-                         f"(in {source})")
-
-
-def _has_type(value: Any, default: Any) -> bool:
-    if isinstance(default, bool) or isinstance(value, bool):
-        return isinstance(default, bool) and isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float))
-    if isinstance(default, list):
-        return isinstance(value, list) and (
-            not default or all(_has_type(item, default[0]) for item in value))
-    return isinstance(value, type(default))
-
-
-def _type_name(default: Any) -> str:
-    if isinstance(default, list):
-        return f"a list of {_type_name(default[0]).split(' ', 1)[1]}s" if default else "a list"
-    names = {bool: "a boolean (true or false)", int: "an integer", float: "a number",
-             str: "a string", dict: "a mapping"}
-    return names.get(type(default), f"a {type(default).__name__}")
+    try:
+        return checked_value(dotted, value, default)
+    except ValueError as exc:
+        raise RunConfigError(f"{exc} (in {source})") from None

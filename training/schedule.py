@@ -37,6 +37,7 @@ import numpy as np
 
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.units import UnitResult
 
 SECTION = "schedule"
@@ -117,12 +118,12 @@ def settings_from(raw: Any) -> ScheduleSettings:
         raise ConfigError(f"{SECTION}.prefetch is for the async and buffered modes: a sync "
                           "round's next weights do not exist until its results are in "
                           f"(set {SECTION}.mode, or prefetch 0)")
-    exponent = values["staleness_exponent"]
-    if (isinstance(exponent, bool) or not isinstance(exponent, int | float)
-            or not math.isfinite(exponent) or not 0 <= exponent <= 100):
+    exponent = checked_value(f"{SECTION}.staleness_exponent", values["staleness_exponent"],
+                             0.0, ConfigError)
+    if not math.isfinite(exponent) or not 0 <= exponent <= 100:
         raise ConfigError(f"{SECTION}.staleness_exponent must be a number in [0, 100], "
                           f"got {exponent!r}")
-    return ScheduleSettings(**{**values, "staleness_exponent": float(exponent)})
+    return ScheduleSettings(**{**values, "staleness_exponent": exponent})
 
 
 def check_usable(settings: ScheduleSettings, algorithm: type[Algorithm],
@@ -173,5 +174,5 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _check_int(key: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not low <= checked_value(f"{SECTION}.{key}", value, 0, ConfigError) <= high:
         raise ConfigError(f"{SECTION}.{key} must be an integer in {low}..{high}, got {value!r}")

@@ -22,8 +22,10 @@ import functools
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from thrift_trainer.training.config_types import shown
 from thrift_trainer.training.models.settings import ModelSettings
 
+MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 INHERIT = {"null": "run"}  # null in config.yaml: the run key of the same name
 NULL_IS_DEFAULT = {"null": "default"}  # null in config.yaml: the algorithm's default
 
@@ -43,6 +45,18 @@ class RunSection:
     rounds: int = 5
     seed: int = 1
     deterministic: bool = False
+
+
+def rounds_problem(rounds: Any, most: int = MAX_ROUNDS,
+                   limit: str = "rounds travel as a 32-bit field") -> str | None:
+    """Why ``rounds`` cannot be a run's number of rounds (an integer in 1..``most``, whose
+    ``limit`` the message names), or None: the one check of rounds, for the client's
+    config and arguments, the coordinator's requests and the run store."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int):
+        return f"an integer is required, got {rounds!r}"
+    if not 1 <= rounds <= most:
+        return f"{shown(rounds)} is out of range 1..{most} ({limit})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from thrift_trainer.training.cancel import UnitControl
+
+if TYPE_CHECKING:
+    from thrift_trainer.training.spec import RunSpec
 
 Weights = dict[str, np.ndarray]
 TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
@@ -63,6 +66,12 @@ class UnitJob:
     # The tensors a result's update must have, as the coordinator checks it (a relay checks
     # its members' results against them); None when the coordinator did not say.
     expected_update: TensorSpecs | None = None
+    # ``config`` as the node checked it once for the run (`Algorithm.unit_config`), shared
+    # by the run's units and never changed; None: the algorithm checks ``config`` itself.
+    checked_config: Mapping[str, Any] | None = None
+    # The run's spec as the node parsed it once (a relay reads its sections); None: parse
+    # ``config_json`` where it is needed.
+    spec: RunSpec | None = None
 
 
 @dataclass

@@ -27,6 +27,11 @@ def _number(text: str, kind: type) -> float | int:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
 
+def whole_number(text: str) -> int:
+    """Any whole number, for a type whose caller checks the range itself."""
+    return int(_number(text, int))
+
+
 def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
     """A whole number in low..high (no upper bound when high is None)."""
 

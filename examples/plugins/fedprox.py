@@ -51,7 +51,7 @@ class FedProx(tt.algorithms.DeltaAveraging):
     def local_penalty(cls, job: tt.UnitJob) -> Callable[..., torch.Tensor] | None:
         """mu/2 * ||w - w_round||^2, summed over the parameters (buffers are states, not
         trained, so they have no term)."""
-        mu = cls.check_config(job.model, job.config)["mu"]
+        mu = cls.unit_config(job)["mu"]
         if mu == 0:
             return None
         anchors: dict[str, torch.Tensor] = {}  # the round's weights as tensors, made once

@@ -94,7 +94,7 @@ def test_k_is_an_integer_or_floor_log2_of_n(workers: int, k: int | str, expected
     ({"beta1": 1.0}, "'beta1' must be in [0, 1)"),
     ({"swap_every_epochs": 0}, "'swap_every_epochs' must be positive"),
     ({"disc_step": 2}, "unknown config key 'disc_step'"),
-    ({"swap": "yes"}, "'swap' must be of type bool"),
+    ({"swap": "yes"}, "'swap' must be a boolean (true or false)"),
 ])
 def test_bad_configs_name_the_key(config: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -10,19 +10,23 @@ import pytest
 
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.run_configs import RunConfigs
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.models import mlp
+from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [20]}
+CONFIG_JSON = json.dumps(CONFIG)
 
 
 def request(**changes) -> ttypes.WorkRequest:
     fields = dict(
         protocol_version=PROTOCOL_VERSION, run_id="r", round=1, unit_id="u1", attempt=1,
         algorithm="delta_avg", model="mlp", dataset="letters", unit_path="train_letters1.txt",
-        config_json=json.dumps(CONFIG),
+        config_json=CONFIG_JSON,
         weights=dict_to_wire(mlp.init_params(mlp.MLPSpec(hidden=(20,)))), scheduling_policy=2)
     fields.update(changes)
     return ttypes.WorkRequest(**fields)
@@ -47,7 +51,7 @@ def test_a_unit_returns_the_delta_of_local_training():
     ({"unit_path": "../../etc/passwd"}, "escapes the data root"),
     ({"unit_path": "train_letters99.txt"}, "does not exist"),
     ({"config_json": "{not json"}, "not valid JSON"),
-    ({"config_json": json.dumps({"epochs": "many"})}, "'epochs' must be of type int"),
+    ({"config_json": json.dumps({"epochs": "many"})}, "'epochs' must be an integer"),
     ({"config_json": json.dumps({"epoch": 3})}, "unknown config key 'epoch'"),
     ({"weights": []}, "do not match the model's tensors"),
     ({"scheduling_policy": 9}, "unknown scheduling policy 9"),
@@ -87,3 +91,54 @@ def test_cancel_releases_a_unit_waiting_in_its_load_delay():
     assert cancelled == 1
     assert answers[0].outcome == ttypes.UnitOutcome.CANCELLED
     assert node.ping(ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)).units_running == 0
+
+
+def _counting(monkeypatch, owner, name: str) -> list[int]:
+    """Count the calls of the classmethod ``owner.name`` (still doing its work)."""
+    calls: list[int] = []
+    original = getattr(owner, name).__func__
+
+    def counted(cls, *args, **kwargs):
+        calls.append(1)
+        return original(cls, *args, **kwargs)
+    monkeypatch.setattr(owner, name, classmethod(counted))
+    return calls
+
+
+def test_a_node_parses_and_checks_a_runs_config_once_for_all_its_units(monkeypatch):
+    parses = _counting(monkeypatch, RunSpec, "parse")
+    checks = _counting(monkeypatch, DeltaAveraging, "check_config")
+    node = handler()
+    for attempt in range(1, 4):
+        assert node.train_with_weights(request(attempt=attempt)).accepted
+    assert (len(parses), len(checks)) == (1, 1)  # not again in the unit's maths either
+    changed = json.dumps({**CONFIG, "epochs": 3})
+    assert node.train_with_weights(request(attempt=4, config_json=changed)).accepted
+    assert (len(parses), len(checks)) == (2, 2)  # the same run with another config
+    assert node.train_with_weights(request(run_id="r2")).accepted
+    assert len(parses) == 3
+
+
+def test_a_refused_config_is_refused_again_on_every_unit(monkeypatch):
+    parses = _counting(monkeypatch, RunSpec, "parse")
+    node = handler()
+    for _ in range(2):
+        with pytest.raises(ttypes.InvalidRequest, match="unknown config key 'epoch'"):
+            node.train_with_weights(request(config_json=json.dumps({"epoch": 3})))
+    assert len(parses) == 2 and len(node.runs) == 0
+
+
+def test_what_a_node_keeps_of_its_runs_is_bounded_whatever_peers_send():
+    checked = []
+    runs = RunConfigs(lambda req: checked.append(req.config_json) or req.config_json,
+                      max_runs=3, max_config_bytes=100)
+    for n in range(50):  # endless distinct configs of one run, or of many
+        runs.checked(request(run_id="r", config_json=json.dumps({"n": n})))
+        runs.checked(request(run_id=f"r{n}"))
+    assert len(runs) == 3
+    big = json.dumps({"n": "x" * 100})
+    runs.checked(request(config_json=big))
+    runs.checked(request(config_json=big))
+    assert checked[-2:] == [big, big] and len(runs) == 3  # too big to keep: checked each time
+    assert runs.checked(request(run_id="r49")) == CONFIG_JSON  # used last: still kept
+    assert checked[-1] == big

@@ -151,7 +151,7 @@ def test_wrong_type_names_key_and_type(override, expected):
     ("delta_avg=3", "'delta_avg' is a section"),
     ("delta_avg.hidden=[1,", "not a valid YAML value"),
     ("run.algorithm=adam", "run.algorithm must be one of delta_avg, sync_sgd"),
-    ("run.rounds=0", "run.rounds must be at least 1"),
+    ("run.rounds=0", "run.rounds: 0 is out of range 1..2147483647"),
 ])
 def test_malformed_overrides_are_explained(override, expected):
     assert expected in error_of(None, [override])

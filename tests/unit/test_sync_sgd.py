@@ -218,12 +218,12 @@ def test_samples_and_scores_come_from_the_weights_given() -> None:
 
 
 @pytest.mark.parametrize(("model", "config", "message"), [
-    ("dcgan28", {"lr_g": "fast"}, "'lr_g' must be of type float"),
-    ("dcgan28", {"batchnorm": 1}, "'batchnorm' must be of type bool"),
-    ("dcgan64", {"images_per_work_unit": 32.0}, "'images_per_work_unit' must be of type int"),
+    ("dcgan28", {"lr_g": "fast"}, "'lr_g' must be a number"),
+    ("dcgan28", {"batchnorm": 1}, "'batchnorm' must be a boolean (true or false)"),
+    ("dcgan64", {"images_per_work_unit": 32.0}, "'images_per_work_unit' must be an integer"),
     ("dcgan28", {"lr_gen": 0.1}, "unknown config key 'lr_gen'"),
     ("mlp", {"hidden": [0]}, "'hidden' must be a list of positive integers"),
-    ("mlp", {"seed": True}, "'seed' must be of type int"),
+    ("mlp", {"seed": True}, "'seed' must be an integer"),
     ("mlp", {"units_per_iteration": 2}, "'units_per_iteration' (N) must be at least"),
     ("mlp", {"batch_size": 0}, "'batch_size' must be at least 1"),
     ("dcgan28", {"beta1": 1.0}, "'beta1' must be in [0, 1)"),

@@ -109,6 +109,14 @@ class Algorithm(ABC):
         raise NotImplementedError(f"{cls.name} does not split units")
 
     @classmethod
+    def unit_config(cls, job: UnitJob) -> Mapping[str, Any]:
+        """The job's config checked with defaults filled in, as `run_unit` reads it: the
+        one its node checked once for the run (never to be changed), else checked here."""
+        if job.checked_config is not None:
+            return job.checked_config
+        return cls.check_config(job.model, job.config)
+
+    @classmethod
     def writes_weights(cls, model: str) -> bool:
         """Whether a unit of ``model`` may change its job's weights in place. A node gives
         such a unit its own copy of them; any other gets read-only views of the tensors

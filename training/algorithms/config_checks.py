@@ -10,18 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from thrift_trainer.training import aggregation
-
-MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
-
-
-def shown(value: int) -> str:
-    """An integer for a one-line message: a huge one abbreviated to its digit count."""
-    digits = len(str(abs(value))) if abs(value) < 10**4000 else None
-    if digits is not None and digits <= 24:
-        return str(value)
-    return f"an integer of {digits or 'over 4000'} digits"
-
-
+from thrift_trainer.training.config_types import checked_value
 
 
 class ConfigError(ValueError):
@@ -40,21 +29,12 @@ def section_mapping(section: str, raw: Any, keys: Sequence[str]) -> Mapping[str,
 
 
 def check_type(key: str, value: Any, default: Any) -> Any:
-    """The value if it has the default's type (an int is accepted for a float); else raise."""
-    if isinstance(default, list):
-        if not (isinstance(value, list) and value and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-            raise ConfigError(
-                f"config key {key!r} must be a list of positive integers, got {value!r}")
-        return list(value)
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) > MAX_FLOAT_INT:  # float() would overflow
-            raise ConfigError(f"config key {key!r} is out of range, got {shown(value)}")
-        return float(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default,
-                                                                                      bool):
-        expected = type(default).__name__
-        raise ConfigError(f"config key {key!r} must be of type {expected}, got {value!r}")
+    """An algorithm's config key checked against its default's type (training/config_types.py:
+    an int is accepted for a float); a list is of hidden sizes, positive integers."""
+    label = f"config key {key!r}"
+    value = checked_value(label, value, default, ConfigError)
+    if isinstance(default, list) and not (value and all(v > 0 for v in value)):
+        raise ConfigError(f"{label} must be a list of positive integers, got {value!r}")
     return value
 
 

@@ -152,7 +152,7 @@ class DeltaAveraging(AveragingAlgorithm):
 
     @classmethod
     def _train_rows(cls, job: UnitJob, features: Any, labels: Any) -> UnitOutput:
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         spec = _spec(config)
         _check_weights(job.weights, mlp.init_params(spec, seed=0))
         local = mlp.LocalTraining(
@@ -176,7 +176,7 @@ class DeltaAveraging(AveragingAlgorithm):
         from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
         from thrift_trainer.training.models.module_training import LocalSteps
 
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],

@@ -148,14 +148,14 @@ class FLGan(AveragingAlgorithm):
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
-        return train_slot(job, dataset_dir, cls.check_config(job.model, job.config))
+        return train_slot(job, dataset_dir, cls.unit_config(job))
 
     @classmethod
     def run_unit_part(cls, job: UnitJob, dataset_dir: Path, part: int,
                       parts: int) -> UnitOutput | None:
         """Local training on a share of the slot's shard; the node averages the shares'
         states (local averaging, not one sequential training of the shard)."""
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         return train_slot(job, dataset_dir, config, part, parts)
 
     # ------------------------------------------------------ coordinator half

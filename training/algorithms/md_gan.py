@@ -190,7 +190,7 @@ class MDGan(DiscriminatorSwaps, Algorithm):
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         if job.sessions is None:
             raise ConfigError("md_gan keeps each discriminator in a node session; "
                               "this node offers none")

@@ -179,7 +179,7 @@ class SyncSGD(AveragingAlgorithm):
 
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         start, stop = cls._unit_range(job)
         return _mean_gradient(job, config, dataset_dir, start, stop)
 
@@ -189,7 +189,7 @@ class SyncSGD(AveragingAlgorithm):
         """The mean gradient over a share of the unit's range cut at micro-batch bounds; a
         GAN's share takes its rows of the unit's noise, so the shares' sample-weighted
         mean is the unit's gradient."""
-        config = cls.check_config(job.model, job.config)
+        config = cls.unit_config(job)
         start, stop = cls._unit_range(job)
         lo, hi = part_bounds(stop - start, part, parts, config["batch_size"])
         if lo == hi:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.settings_section import SettingsSection
 
 SECTION = "data"
@@ -88,20 +89,4 @@ class DataSettings(SettingsSection):
 
 
 def _typed(key: str, value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, dict):
-        ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
-        value = dict(value) if ok else value
-    else:
-        ok = isinstance(value, str)
-    if not ok:
-        kind = {bool: "a boolean", float: "a number", int: "an integer", dict: "a mapping",
-                str: "a string"}[type(default)]
-        raise DataSettingsError(f"{SECTION}.{key} must be {kind}, got {value!r}")
-    return value
+    return checked_value(f"{SECTION}.{key}", value, default, DataSettingsError)

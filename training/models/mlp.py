@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.config_types import checked_value
 
 Params = dict[str, np.ndarray]
 
@@ -40,12 +41,7 @@ ADAM_EPS = 1e-8
 
 def _check_field(owner: str, name: str, value: Any, kind: type) -> None:
     """Raise ValueError naming ``owner.name`` unless ``value`` is a ``kind`` (bool is no int)."""
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if not ok:
-        raise ValueError(f"{owner}.{name} must be {kind.__name__}, got {value!r}")
+    checked_value(f"{owner}.{name}", value, kind())
 
 
 def _from_mapping(cls: type, data: Mapping[str, Any]) -> Any:

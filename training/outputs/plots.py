@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.schema import OutputSettings, defaults
 
 MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator
@@ -28,7 +29,7 @@ def check_outputs(outputs: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"unknown outputs key {unknown[0]!r}; known: {', '.join(known)}")
     checked = {**known, **outputs}
     for key, value in checked.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if checked_value(f"outputs key {key!r}", value, 0) < 0:
             raise ValueError(f"outputs key {key!r} must be an integer >= 0 (0: never), "
                              f"got {value!r}")
     if checked["eval_n"] > MAX_EVAL_N:
