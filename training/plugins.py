@@ -192,6 +192,7 @@ _KINDS = {
     "aggregation rule": (_is_function, "a function"),
     "loss": (_is_function, "a function"),
     "metric": (_is_function, "a function"),
+    "partitioner": (_is_function, "a function"),
 }
 _SHOWN = 8  # names of what a module allows that a refusal lists
 
