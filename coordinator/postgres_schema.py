@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from thrift_trainer.coordinator.ledger_sql import POSTGRES
+from thrift_trainer.coordinator.schema_steps import SchemaSteps
 from thrift_trainer.coordinator.store_protocol import Database
 from thrift_trainer.coordinator.store_records import SchemaError
 
@@ -153,6 +154,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         # tensors hardly compress: not trying saves the server the time
         "ALTER TABLE kept_result_parts ALTER COLUMN data SET STORAGE EXTERNAL"),
 }
+_STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, POSTGRES.set_schema_version, "database")
 
 
 def check_schema(db: Database, path: str) -> None:
@@ -171,31 +173,11 @@ def check_schema(db: Database, path: str) -> None:
     for statement in _SCHEMA:
         db.execute(statement)
     db.execute(POSTGRES.insert_schema_version, (1,))
-    _migrate(db, 1)
+    _STEPS.migrate(db, 1)
 
 
 def _check_version(db: Database, path: str) -> None:
-    rows = db.execute(POSTGRES.schema_version).fetchall()
-    version = rows[0][0] if len(rows) == 1 else None
-    if version == SCHEMA_VERSION:
-        return
-    if isinstance(version, int) and 1 <= version < SCHEMA_VERSION:
-        log.info("run store %s: schema version %d brought up to %d", path, version,
+    older = _STEPS.bring_up_to_date(db, path, db.execute(POSTGRES.schema_version).fetchall())
+    if older is not None:
+        log.info("run store %s: schema version %d brought up to %d", path, older,
                  SCHEMA_VERSION)
-        _migrate(db, version)
-        return
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise SchemaError(f"{path} has run store schema version {version}, newer "
-                          f"than this coordinator understands ({SCHEMA_VERSION}): use a "
-                          "newer coordinator or another database")
-    raise SchemaError(f"{path} has an unknown run store schema version "
-                      f"{[r[0] for r in rows]!r} (expected {SCHEMA_VERSION})")
-
-
-def _migrate(db: Database, version: int) -> None:
-    """Bring a schema of ``version`` up to SCHEMA_VERSION, a step at a time, in the
-    caller's transaction."""
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        for statement in _MIGRATIONS[step]:
-            db.execute(statement)
-    db.execute(POSTGRES.set_schema_version, (SCHEMA_VERSION,))

@@ -64,6 +64,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from thrift_trainer.coordinator.ledger_sql import SQLITE
+from thrift_trainer.coordinator.schema_steps import SchemaSteps
 from thrift_trainer.coordinator.sql_ledger import SqlLedger
 from thrift_trainer.coordinator.store_protocol import Database
 from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store's names, for its callers
@@ -176,6 +177,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL",),
     3: ("ALTER TABLE units ADD COLUMN pass INTEGER",),
 }
+_STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, SQLITE.set_schema_version, "file")
 
 # Status queries (`client.py status` polls twice a second) read only the unsettled rows
 # through these, instead of every unit and attempt of a long run.
@@ -287,25 +289,5 @@ def _check_version(path: str, db: Database, tables: set[str]) -> None:
     if "schema_version" not in tables:
         raise SchemaError(f"{path} is an SQLite database but not a run store (no "
                           f"schema_version table; it holds {', '.join(sorted(tables))})")
-    rows = db.execute(SQLITE.schema_version).fetchall()
-    version = rows[0][0] if len(rows) == 1 else None
-    if version == SCHEMA_VERSION:
-        return
-    if isinstance(version, int) and 1 <= version < SCHEMA_VERSION:
-        _migrate(db, version)  # columns added since: the file gains them
-        return
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise SchemaError(f"{path} has run store schema version {version}, newer than this "
-                          f"coordinator understands ({SCHEMA_VERSION}): use a newer "
-                          "coordinator or another file")
-    raise SchemaError(f"{path} has an unknown run store schema version "
-                      f"{[r[0] for r in rows]!r} (expected {SCHEMA_VERSION})")
-
-
-def _migrate(db: Database, version: int) -> None:
-    """Bring a file of ``version`` up to SCHEMA_VERSION, a step at a time, in the
-    caller's transaction."""
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        for statement in _MIGRATIONS[step]:
-            db.execute(statement)
-    db.execute(SQLITE.set_schema_version, (SCHEMA_VERSION,))
+    # columns added since an older version: the file gains them
+    _STEPS.bring_up_to_date(db, path, db.execute(SQLITE.schema_version).fetchall())
