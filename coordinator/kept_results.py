@@ -36,7 +36,7 @@ import numpy as np
 from coordinator.store_protocol import ResultKeeper, Store
 from engine.ledger import UnitLedger
 from engine.round_state import Kept
-from engine.stream_state import TakenUp
+from engine.stream_records import TakenUp
 from engine.tasks import Tensors
 from training.compression import decompress
 from training.outputs.checked_npz import read_npz

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from engine import runtime
-from engine.stream_state import StreamPosition, position_of, reopened
+from engine.stream_records import StreamPosition, position_of, reopened
 from training.units import UnitSpec
 
 
