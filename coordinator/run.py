@@ -135,13 +135,13 @@ class Run:
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)
-        self._tasks = RunTasks(self.run_id, request, self._config_json, settings.policy)
         kept = KeptResults(store, self.ledger, self.run_id, self.folder.checkpoint_due,
                            None if resume_from is None else resume_from.round)
         self._loop = TrainingLoop(LoopParts(
             self.run_id, request, self.algorithm, self.schedule, self.compression,
             self.outputs, self.folder, self.progress, self.ledger, self._nodes, kept,
-            self._policy, self._tasks, settings.engine.max_update_norm),
+            self._policy, RunTasks(self.run_id, request, self._config_json, settings.policy),
+            settings.engine.max_update_norm),
             planned, updates_per_round, resume_from, self.resumed)
         if resume_from is not None:
             self._restore(resume_from)
@@ -263,7 +263,6 @@ class Run:
         if not self._folder_started:  # a resumed run, or one without a store
             self._start_folder()
         weights, done = self._starting_point()
-        self._tasks.expected_update = self.algorithm.expected_update(weights)
         history = [metrics_of(row) for row in self.folder.rows]
         heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
                                       self.ledger.node_heartbeats).start()

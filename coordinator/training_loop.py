@@ -32,16 +32,17 @@ from engine.progress import RunProgress
 from engine.records import RoundMetrics
 from engine.residual_placement import ResidualPlacement
 from engine.round_engine import RoundEngine
+from engine.round_state import RoundOutcome
 from engine.session_moves import NodeSessions
 from engine.stream_records import RoundEnd, StreamPosition, VersionDue
 from engine.stream_state import StreamState
-from engine.tasks import Task
+from engine.tasks import Task, Tensors
 from engine.update_filters import NormLimit, UpdateFilter, round_filters
 from training.algorithms.base import Algorithm
 from training.compression import CompressionSettings, encode_weights
 from training.outputs.plots import due
 from training.schedule import ScheduleSettings, staleness_warning
-from training.units import RoundEval, UnitSpec, Weights
+from training.units import RoundEval, UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.run")
 
@@ -94,6 +95,8 @@ class TrainingLoop:
             history: list[RoundMetrics]) -> Weights:
         """The rounds after ``done``, from ``weights``; each round's metrics go into
         ``history``. Returns the last round's weights."""
+        # what results must hold, sent with each unit so that relays check their members'
+        self.parts.tasks.expected_update = self.algorithm.expected_update(weights)
         if not self.schedule.asynchronous:
             for round_index in range(done + 1, self.rounds + 1):
                 weights, metrics = self._round(engine, round_index, weights)
@@ -108,39 +111,20 @@ class TrainingLoop:
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, RoundMetrics]:
         self._refresh_nodes(engine)  # nodes joined or left since the last round
-        started = runtime.monotonic()
-        bytes_before = self._payload_totals()
+        started, bytes_before = runtime.monotonic(), self._payload_totals()
         clock = PhaseClock()
         with clock.phase("plan"):
-            units = self._passes.take(self._planned) if self._passes is not None \
-                else self.algorithm.plan_round(round_index)
-            if self._residuals is not None:
-                units = self._residuals.prefer(units)
-            # compressed once, sent with every unit
-            sent_weights = encode_weights(weights, self.compression)
-
-        def build(unit: UnitSpec, attempt: int) -> Task:
-            own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
-            payload = sent_weights if own is None else own
-            return self.parts.tasks.task(round_index, unit, attempt, payload)
-
-        ledger, kept = self.parts.ledger, self.parts.kept
+            units = self._plan(round_index)
+            sent_weights = encode_weights(weights, self.compression)  # once, for every unit
         with clock.phase("units"):
-            earlier = ledger.plan_units(round_index, [unit.unit_id for unit in units])
-            ledger.check()
-            outcome = engine.run_round(
-                round_index, units, self.algorithm.quorum(len(units)), build,
-                self._filters(weights), earlier_attempts=earlier,
-                taken_up=kept.taken_up(round_index, units),
-                keep_result=kept.keep if kept.enabled else None)
+            outcome = self._run_units(engine, round_index, units, weights, sent_weights)
         update_started = runtime.monotonic()
         drills.point("aggregate", round_index)
         with clock.phase("aggregate"):
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]
                                     + outcome.discarded)
-            weights = self.algorithm.aggregate(round_index, weights, outcome.results,
-                                               outcome.failures)
+            weights = self._aggregate(round_index, weights, outcome.results, outcome.failures)
         with clock.phase("after_round"):
             if self._residuals is not None:
                 self._residuals.note(units, outcome.placement)
@@ -153,6 +137,30 @@ class TrainingLoop:
                      outcome.discarded, position), started, bytes_before, update_started,
             clock)
         return weights, metrics
+
+    def _plan(self, round_index: int) -> list[UnitSpec]:
+        """The round's units: from the passes over the data, or the algorithm's plan."""
+        units = self._passes.take(self._planned) if self._passes is not None \
+            else self.algorithm.plan_round(round_index)
+        return self._residuals.prefer(units) if self._residuals is not None else units
+
+    def _run_units(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
+                   weights: Weights, sent_weights: Tensors) -> RoundOutcome:
+        """Enter the round's units in the run store and have the engine run them."""
+        ledger, kept = self.parts.ledger, self.parts.kept
+
+        def build(unit: UnitSpec, attempt: int) -> Task:
+            own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
+            payload = sent_weights if own is None else own
+            return self.parts.tasks.task(round_index, unit, attempt, payload)
+
+        earlier = ledger.plan_units(round_index, [unit.unit_id for unit in units])
+        ledger.check()
+        return engine.run_round(
+            round_index, units, self.algorithm.quorum(len(units)), build,
+            self._filters(weights), earlier_attempts=earlier,
+            taken_up=kept.taken_up(round_index, units),
+            keep_result=kept.keep if kept.enabled else None)
 
     # ------------------------------------------------------ asynchronous modes
     def _stream(self, engine: RoundEngine, done: int, weights: Weights,
@@ -186,7 +194,7 @@ class TrainingLoop:
         with closing(engine.stream(state, build, self._filters(weights))) as events:
             for event in events:
                 if isinstance(event, VersionDue):
-                    weights = self.algorithm.aggregate(event.round, weights, event.results, [])
+                    weights = self._aggregate(event.round, weights, event.results)
                     state.applied(weights)
                     continue
                 history.append(self._write_round(event, started, bytes_before))
@@ -201,6 +209,12 @@ class TrainingLoop:
             log.warning("run %s: %s", self.parts.run_id, warning)
 
     # ------------------------------------------------------------ every mode
+    def _aggregate(self, round_index: int, weights: Weights, results: list[UnitResult],
+                   failures: list[UnitFailure] | None = None) -> Weights:
+        """The next weights: a sync round's outcome, or an asynchronous version's buffer
+        (which has no failures: a stream retries or discards its units itself)."""
+        return self.algorithm.aggregate(round_index, weights, results, failures or [])
+
     def _filters(self, weights: Weights) -> list[UpdateFilter]:
         return round_filters(self.algorithm, weights, self._norm_limit, self.compression.up)
 
