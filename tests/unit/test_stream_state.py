@@ -317,6 +317,44 @@ def test_no_more_units_go_out_than_max_in_flight():
     assert got == [None]
 
 
+def test_a_due_version_holds_results_and_tasks_back_until_the_loop_makes_it():
+    """The stream hands a full buffer to the training loop and waits for its answer:
+    meanwhile no task is built and no result kept, so each result's staleness counts
+    every version made before it."""
+    recorder = Recorder()
+    state = stream(ScheduleSettings(mode="async", max_staleness=5), recorder=recorder,
+                   updates_per_round=10)
+    units = [take(state) for _ in range(3)]
+
+    def held_until_made(call) -> list:
+        got: list = []
+        thread = threading.Thread(target=lambda: got.append(call()))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive() and not got  # waits for the loop
+        due = state.pending()
+        state.applied(recorder(due.round, state.weights, due.results))
+        thread.join(5)
+        return got
+
+    assert state.complete(units[0], {"w": np.ones(2)}, result(0), "n0")
+    due = state.pending()
+    assert isinstance(due, VersionDue) and (due.round, len(due.results)) == (1, 1)
+    assert state.version == 0 and not recorder.calls  # made by the loop, not the stream
+    assert held_until_made(state.newest)[0][1] == 1  # built from the version made
+    attempt = state_attempt(state, units[1])
+    assert state.complete(units[1], {"w": np.ones(2)}, result(0), "n0")
+    later = state_attempt(state, units[2])
+    assert held_until_made(lambda: state.complete(units[2], {"w": np.ones(2)}, result(0),
+                                                  "n0")) == [True]
+    assert state.kept(units[1], attempt, "n0", result(0)).staleness == 1
+    assert state.kept(units[2], later, "n0", result(0)).staleness == 2  # counts version 2
+    state.serve()
+    assert state.version == 3 and len(recorder.calls) == 3
+    with pytest.raises(ValueError, match="no version is due"):
+        state.applied(state.weights)
+
+
 def test_a_round_ends_after_its_versions_and_holds_the_next_until_written(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3,
