@@ -62,9 +62,9 @@ from devtools.throughput import (  # noqa: E402
     train_on_cluster,
     unit_ranges,
 )
-from training import plugins  # noqa: E402
-from training.algorithms import torch_model  # noqa: E402
-from training.models.module_training import ModelSetup, evaluate  # noqa: E402
+from thrift_trainer.training import plugins  # noqa: E402
+from thrift_trainer.training.algorithms import torch_model  # noqa: E402
+from thrift_trainer.training.models.module_training import ModelSetup, evaluate  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "cnn"
 RUN_CONFIG = EXAMPLE / "run.yaml"

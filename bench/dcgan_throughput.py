@@ -57,12 +57,12 @@ from devtools.throughput import (  # noqa: E402
     train_on_cluster,
     unit_ranges,
 )
-from training.algorithms import sync_gan, sync_sgd  # noqa: E402
-from training.data import mnist  # noqa: E402
-from training.models import gan_models  # noqa: E402
-from training.outputs.model_file import save_model  # noqa: E402
-from training.units import UnitJob  # noqa: E402
-from wire.tensor_codec import dict_to_wire  # noqa: E402
+from thrift_trainer.training.algorithms import sync_gan, sync_sgd  # noqa: E402
+from thrift_trainer.training.data import mnist  # noqa: E402
+from thrift_trainer.training.models import gan_models  # noqa: E402
+from thrift_trainer.training.outputs.model_file import save_model  # noqa: E402
+from thrift_trainer.training.units import UnitJob  # noqa: E402
+from thrift_trainer.wire.tensor_codec import dict_to_wire  # noqa: E402
 
 MODEL = "dcgan28"
 LR, BETAS = 2e-4, (0.5, 0.999)

@@ -45,12 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> float:
     """Units per second through the engine of the tree on sys.path (a child process)."""
-    from engine.nodes.pool import NodeHandle
-    from engine.policies import RoundRobinPolicy
-    from engine.progress import RunProgress
-    from engine.round_engine import EngineSettings, RoundEngine
-    from engine.tasks import Task, TaskResult, TaskStatus
-    from training.units import UnitSpec
+    from thrift_trainer.engine.nodes.pool import NodeHandle
+    from thrift_trainer.engine.policies import RoundRobinPolicy
+    from thrift_trainer.engine.progress import RunProgress
+    from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+    from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
+    from thrift_trainer.training.units import UnitSpec
 
     update = {"w": np.zeros(4, dtype=np.float32)}
 
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace) -> float:
         address = None
 
         def __init__(self) -> None:
-            from wire.stats import PayloadBytes
+            from thrift_trainer.wire.stats import PayloadBytes
             self.payload = PayloadBytes()
 
         def train(self, task: Task) -> TaskResult:

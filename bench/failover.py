@@ -48,11 +48,11 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import psycopg  # noqa: E402
 
-from coordinator.leadership import LEASE_SECONDS  # noqa: E402
 from devtools import local_cluster as procs  # noqa: E402
 from devtools.ledger_audit import RunShape, audit  # noqa: E402
 from devtools.postgres_cluster import PostgresCluster  # noqa: E402
-from training.outputs.model_file import load_model  # noqa: E402
+from thrift_trainer.coordinator.leadership import LEASE_SECONDS  # noqa: E402
+from thrift_trainer.training.outputs.model_file import load_model  # noqa: E402
 
 CONFIGS = REPO / "configs"
 RECIPES = {  # client arguments, schedule mode, and whether the bits must match

@@ -42,14 +42,14 @@ import mdgan_paper  # noqa: E402
 import torch  # noqa: E402
 from gan_quality import machine  # noqa: E402
 
-from compute_node.sessions import SessionStore  # noqa: E402
-from training.algorithms.fl_gan import FLGan  # noqa: E402
-from training.algorithms.md_gan import MDGan  # noqa: E402
-from training.algorithms.md_gan_node import Discriminator  # noqa: E402
-from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.gan_training import d_step  # noqa: E402
-from training.models import gan_models  # noqa: E402
-from training.units import UnitJob, UnitResult  # noqa: E402
+from thrift_trainer.compute_node.sessions import SessionStore  # noqa: E402
+from thrift_trainer.training.algorithms.fl_gan import FLGan  # noqa: E402
+from thrift_trainer.training.algorithms.md_gan import MDGan  # noqa: E402
+from thrift_trainer.training.algorithms.md_gan_node import Discriminator  # noqa: E402
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from thrift_trainer.training.gan_training import d_step  # noqa: E402
+from thrift_trainer.training.models import gan_models  # noqa: E402
+from thrift_trainer.training.units import UnitJob, UnitResult  # noqa: E402
 
 MNIST = DEFAULT_DATA_ROOT / "mnist"
 OUT = mdgan_paper.REPO / "bench" / "results" / "gan_iteration_cost.json"

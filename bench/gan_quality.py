@@ -44,10 +44,10 @@ import torch  # noqa: E402
 
 from devtools import local_cluster  # noqa: E402
 from devtools.machine import describe  # noqa: E402
-from training.algorithms.sync_sgd import SyncSGD  # noqa: E402
-from training.baselines.standalone import train_in_process  # noqa: E402
-from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.outputs.plots import save_grid  # noqa: E402
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD  # noqa: E402
+from thrift_trainer.training.baselines.standalone import train_in_process  # noqa: E402
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from thrift_trainer.training.outputs.plots import save_grid  # noqa: E402
 
 REPO = local_cluster.REPO
 IMAGES = REPO / "docs" / "images"

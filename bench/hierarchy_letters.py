@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools import local_cluster
-from wire import stats as wire_stats
+from thrift_trainer.wire import stats as wire_stats
 
 REPO = local_cluster.REPO
 RECOMMENDED = REPO / "configs" / "letters_recommended.yaml"

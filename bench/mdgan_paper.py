@@ -62,11 +62,11 @@ sys.path.insert(0, str(REPO))
 
 from devtools import local_cluster  # noqa: E402
 from devtools.machine import describe  # noqa: E402
-from training.baselines import standalone_gan  # noqa: E402
-from training.data import mnist  # noqa: E402
-from training.models import gan_models  # noqa: E402
-from training.outputs import gan_metrics  # noqa: E402
-from wire import stats as wire_stats  # noqa: E402
+from thrift_trainer.training.baselines import standalone_gan  # noqa: E402
+from thrift_trainer.training.data import mnist  # noqa: E402
+from thrift_trainer.training.models import gan_models  # noqa: E402
+from thrift_trainer.training.outputs import gan_metrics  # noqa: E402
+from thrift_trainer.wire import stats as wire_stats  # noqa: E402
 
 GROUPS = ("n5", "swap", "crash", "n1", "n10", "mlp")
 LR, BETAS = 2e-4, (0.5, 0.999)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from devtools.machine import describe  # noqa: E402
 from devtools.throughput import ClusterRun, LocalCluster  # noqa: E402
-from training.models import modules  # noqa: E402
+from thrift_trainer.training.models import modules  # noqa: E402
 
 BUILT_IN = "mlp_classifier"
 PLUGIN = f"{Path(__file__).stem}:mlp_classifier"

@@ -29,9 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools import local_cluster  # noqa: E402
-from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
-from training.run_config import load_run_config  # noqa: E402
-from training.units import UnitResult  # noqa: E402
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
+from thrift_trainer.training.run_config import load_run_config  # noqa: E402
+from thrift_trainer.training.units import UnitResult  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "configs" / "letters_recommended.yaml"

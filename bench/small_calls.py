@@ -36,8 +36,8 @@ def _import_tree(repo: Path) -> None:
 
 
 def serve() -> None:
-    from wire.generated import ComputeNode, ttypes
-    from wire.rpc import ThriftServer
+    from thrift_trainer.wire.generated import ComputeNode, ttypes
+    from thrift_trainer.wire.rpc import ThriftServer
 
     class Echo:
         def ping(self, request: ttypes.PingRequest) -> ttypes.NodeInfo:
@@ -55,9 +55,9 @@ def serve() -> None:
 
 
 def measure(port: int, calls: int, reps: int) -> dict[str, float]:
-    from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-    from wire.rpc import connect
-    from wire.tensor_codec import to_wire
+    from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+    from thrift_trainer.wire.rpc import connect
+    from thrift_trainer.wire.tensor_codec import to_wire
 
     ping = ttypes.PingRequest(protocol_version=PROTOCOL_VERSION)
     results = {}

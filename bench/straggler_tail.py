@@ -28,14 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.machine import describe  # noqa: E402
-from engine.policies import RoundRobinPolicy  # noqa: E402
-from engine.progress import RunProgress  # noqa: E402
-from engine.round_engine import EngineSettings, RoundEngine  # noqa: E402
-from engine.tasks import Task, TaskResult  # noqa: E402
 from tests.inprocess import LocalNode  # noqa: E402
-from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
-from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.units import UnitSpec  # noqa: E402
+from thrift_trainer.engine.policies import RoundRobinPolicy  # noqa: E402
+from thrift_trainer.engine.progress import RunProgress  # noqa: E402
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine  # noqa: E402
+from thrift_trainer.engine.tasks import Task, TaskResult  # noqa: E402
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from thrift_trainer.training.units import UnitSpec  # noqa: E402
 
 ALGORITHM = DeltaAveraging("mlp", {"epochs": 1, "eta": 0.0001, "hidden": [8]},
                            DEFAULT_DATA_ROOT / "letters")

@@ -44,12 +44,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compute_node.sessions import SessionStore  # noqa: E402
 from devtools.machine import describe  # noqa: E402
-from training import compression  # noqa: E402
-from training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
-from training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
-from training.units import UnitJob, UnitResult, UnitSpec, Weights  # noqa: E402
+from thrift_trainer.compute_node.sessions import SessionStore  # noqa: E402
+from thrift_trainer.training import compression  # noqa: E402
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging  # noqa: E402
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT  # noqa: E402
+from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec, Weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "configs" / "letters_recommended.yaml"

@@ -48,10 +48,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devtools.machine import cpu_model  # noqa: E402
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes  # noqa: E402
-from wire.rpc import ThriftServer, connect  # noqa: E402
-from wire.tensor_codec import from_wire, to_wire  # noqa: E402
-from wire.transport import tune_socket  # noqa: E402
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes  # noqa: E402
+from thrift_trainer.wire.rpc import ThriftServer, connect  # noqa: E402
+from thrift_trainer.wire.tensor_codec import from_wire, to_wire  # noqa: E402
+from thrift_trainer.wire.transport import tune_socket  # noqa: E402
 
 THRIFT_COMPILER = "/usr/bin/thrift"
 LIST_IDL = """

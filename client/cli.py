@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any, NoReturn
 
-from client import display
-from client.errors import (
+from thrift_trainer.client import display
+from thrift_trainer.client.errors import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -27,7 +27,7 @@ from client.errors import (
     Terminated,
     interrupted_exit,
 )
-from client.model_commands import (
+from thrift_trainer.client.model_commands import (
     ModelCommandError,
     evaluate,
     evaluate_gan,
@@ -35,17 +35,17 @@ from client.model_commands import (
     is_generator,
     predict,
 )
-from client.session import Coordinators, Endpoint, attach, call, follow_training
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models.names import GAN_MODELS
-from training.outputs.model_file import save_model
-from training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
-from training.schema import DeltaAvgSettings, defaults
-from training.spec import RunSpec
-from wire import arg_types, security
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.log_limit import setup_logging
-from wire.tensor_codec import wire_to_dict
+from thrift_trainer.client.session import Coordinators, Endpoint, attach, call, follow_training
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models.names import GAN_MODELS
+from thrift_trainer.training.outputs.model_file import save_model
+from thrift_trainer.training.run_config import MAX_ROUNDS, RunConfigError, load_run_config
+from thrift_trainer.training.schema import DeltaAvgSettings, defaults
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.wire import arg_types, security
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.log_limit import setup_logging
+from thrift_trainer.wire.tensor_codec import wire_to_dict
 
 SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict", "export")
 EXIT_CODES_HELP = (

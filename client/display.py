@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from wire.generated import ttypes
+from thrift_trainer.wire.generated import ttypes
 
 WIDE = 100_000  # the width of a console that is not a terminal: nothing is cut or wrapped
 ROUND_BAR = 16  # characters of the progress bar

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from wire import errors as wire
-from wire.errors import wire_error
-from wire.version import MEMBERS_PORT
+from thrift_trainer.wire import errors as wire
+from thrift_trainer.wire.errors import wire_error
+from thrift_trainer.wire.version import MEMBERS_PORT
 
 # Exit codes of the client (docs/usage.md, "Exit codes"): argparse exits 2 on bad arguments.
 EXIT_FAILURE = 1

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.letters import DataFormatError, load_letters
-from training.models import mlp
-from training.outputs.model_file import ModelFileError, load_model, without_optimizer
-from training.outputs.torch_files import save_safetensors
+from thrift_trainer.training.data.letters import DataFormatError, load_letters
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.outputs.model_file import ModelFileError, load_model, without_optimizer
+from thrift_trainer.training.outputs.torch_files import save_safetensors
 
 LETTERS = string.ascii_uppercase
 
@@ -84,8 +84,8 @@ def evaluate(model_path: str, data_path: str) -> dict[str, float]:
 def evaluate_gan(model_path: str, n: int) -> dict[str, float]:
     """IS and FID of a saved 28x28 generator (a model file or a checkpoint), with the
     project's frozen MNIST classifier against held-out MNIST images."""
-    from training.models import gan_models
-    from training.outputs import gan_metrics
+    from thrift_trainer.training.models import gan_models
+    from thrift_trainer.training.outputs import gan_metrics
 
     weights, description = _load(model_path)
     if "gan" not in description:

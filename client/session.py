@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from client.display import ProgressView
-from client.errors import (
+from thrift_trainer.client.display import ProgressView
+from thrift_trainer.client.errors import (
     ClientError,
     CoordinatorError,
     CoordinatorFailed,
@@ -31,9 +31,9 @@ from client.errors import (
     mapped_errors,
     not_a_coordinator,
 )
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import ConnectionPool, connect
-from wire.version import COORDINATOR_ID, STANDBY_ROLE
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from thrift_trainer.wire.rpc import ConnectionPool, connect
+from thrift_trainer.wire.version import COORDINATOR_ID, STANDBY_ROLE
 
 CANCEL_WAIT_SECONDS = 15.0
 LEADER_PING_SECONDS = 2.0  # a coordinator that cannot answer a ping this fast is not leading

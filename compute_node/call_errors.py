@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from wire.errors import ConnectionFailed, Refused, mapped, wire_error
+from thrift_trainer.wire.errors import ConnectionFailed, Refused, mapped, wire_error
 
 
 class CallError(Exception):

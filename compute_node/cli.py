@@ -9,26 +9,26 @@ import socket
 import sys
 from typing import Any
 
-from compute_node.coordinator_link import (
+from thrift_trainer.compute_node.coordinator_link import (
     CoordinatorLink,
     PullSettings,
     PullStopped,
     PullWorker,
 )
-from compute_node.faults import CORRUPTIONS, FaultPlan, with_faults
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
-from compute_node.threads import limit_threads
-from compute_node.warm_up import warm_up_problem
-from training import plugins
-from training.data import paths
-from training.data.paths import DEFAULT_DATA_ROOT
-from wire import arg_types, security
-from wire.generated import ComputeNode
-from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
-from wire.log_limit import add_log_level_argument, setup_logging
-from wire.rpc import ThriftServer
+from thrift_trainer.compute_node.faults import CORRUPTIONS, FaultPlan, with_faults
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.local_workers import WorkerLost, attach, check_workers, exit_status
+from thrift_trainer.compute_node.threads import limit_threads
+from thrift_trainer.compute_node.warm_up import warm_up_problem
+from thrift_trainer.training import plugins
+from thrift_trainer.training.data import paths
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.wire import arg_types, security
+from thrift_trainer.wire.generated import ComputeNode
+from thrift_trainer.wire.launch import stop_on_signals, warn_if_exposed, write_port_file
+from thrift_trainer.wire.log_limit import add_log_level_argument, setup_logging
+from thrift_trainer.wire.rpc import ThriftServer
 
 
 def build_parser(pull: bool = False) -> argparse.ArgumentParser:
@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
 def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNodeHandler:
     """A relay's handler (its modules, the coordinator's engine among them, are loaded only
     by relays)."""
-    from compute_node.relay import RelayHandler, RelayRunner
-    from engine.nodes.nodes_file import NodesFile
+    from thrift_trainer.compute_node.relay import RelayHandler, RelayRunner
+    from thrift_trainer.engine.nodes.nodes_file import NodesFile
 
     runner = RelayRunner(NodesFile(args.relay, role="relay"), args.relay_policy, seed=args.seed)
     return RelayHandler(args.node_id or "", args.data_root, load, runner)
@@ -302,7 +302,7 @@ def _relay_handler(args: argparse.Namespace, load: LoadSimulator) -> ComputeNode
 def _start_relay(handler: Any, host: str, port: int) -> int | None:
     """Read the relay's group once it listens (so a line naming the relay itself is
     refused); its member count, or None after saying why it cannot be used."""
-    from engine.nodes.nodes_file import NodesFileError
+    from thrift_trainer.engine.nodes.nodes_file import NodesFileError
 
     handler.relay.nodes_file.serve_at(host, port)
     try:
@@ -315,8 +315,8 @@ def _start_relay(handler: Any, host: str, port: int) -> int | None:
 def _members_server(handler: Any, host: str, port: int) -> ThriftServer | None:
     """The relay's members port, serving in a thread; None (after saying why) when it
     cannot listen."""
-    from compute_node.relay_members import RelayMembersHandler
-    from wire.generated import Coordinator
+    from thrift_trainer.compute_node.relay_members import RelayMembersHandler
+    from thrift_trainer.wire.generated import Coordinator
 
     members = RelayMembersHandler(handler.node_id, handler.relay.membership, handler.ping)
     try:

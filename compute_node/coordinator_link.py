@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from thrift.Thrift import TException
 
-from compute_node.call_errors import CallError, PeerRefused, mapped_errors
-from compute_node.handler import ComputeNodeHandler
-from wire import node_calls, security
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.compute_node.call_errors import CallError, PeerRefused, mapped_errors
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.wire import node_calls, security
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 log = logging.getLogger("compute_node.pull")
 

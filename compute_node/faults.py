@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from compute_node.handler import ComputeNodeHandler
-from training.algorithms.base import Algorithm
-from training.cancel import UnitCancelled
-from training.units import UnitJob, UnitOutput, Weights
-from wire.generated import ttypes
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.cancel import UnitCancelled
+from thrift_trainer.training.units import UnitJob, UnitOutput, Weights
+from thrift_trainer.wire.generated import ttypes
 
 log = logging.getLogger("compute_node")
 

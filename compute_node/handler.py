@@ -12,26 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
-from compute_node.load import LoadSimulator
-from compute_node.session_service import SessionService
-from compute_node.sessions import SessionStore
-from compute_node.warm_up import WarmUp
-from compute_node.weight_cache import WeightCache
-from training import plugins
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm
-from training.cancel import UnitCancelled, UnitControl
-from training.compression import CompressionSettings, compress_update, decompress
-from training.data.letters import DataFormatError
-from training.data.paths import DataPathError, data_location, resolve_under
-from training.payload_checks import PayloadForm, check_payload
-from training.plugins import PluginError
-from training.run_check import RunUnfit, run_facts, unfit_reason
-from training.spec import RunSpec
-from training.units import UnitJob, UnitOutput, UnitSpec
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import CodecError, dict_to_wire, specs_from_wire, wire_to_dict
-from wire.version import check_protocol_version
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.session_service import SessionService
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.compute_node.warm_up import WarmUp
+from thrift_trainer.compute_node.weight_cache import WeightCache
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.compression import CompressionSettings, compress_update, decompress
+from thrift_trainer.training.data.letters import DataFormatError
+from thrift_trainer.training.data.paths import DataPathError, data_location, resolve_under
+from thrift_trainer.training.payload_checks import PayloadForm, check_payload
+from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.run_check import RunUnfit, run_facts, unfit_reason
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import CodecError, dict_to_wire, specs_from_wire, wire_to_dict
+from thrift_trainer.wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node")
 

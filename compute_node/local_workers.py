@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from thrift.Thrift import TApplicationException
 
-from compute_node.worker_process import (
+from thrift_trainer.compute_node.worker_process import (
     BATCHES,
     CANCEL,
     Reply,
@@ -53,10 +53,10 @@ from compute_node.worker_process import (
     block_layout,
     worker_main,
 )
-from training import plugins
-from training.algorithms.base import Algorithm
-from training.cancel import UnitCancelled, UnitControl
-from training.units import UnitJob, UnitOutput, Weights
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.units import UnitJob, UnitOutput, Weights
 
 log = logging.getLogger("compute_node")
 

@@ -44,40 +44,40 @@ from pathlib import Path
 
 import numpy as np
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from engine.node_checks import node_problems
-from engine.nodes.client import RunQuery
-from engine.nodes.liveness import DEAD_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
-from engine.nodes.membership import Membership
-from engine.nodes.nodes_file import NodesFile
-from engine.nodes.pool import NodeHandle
-from engine.nodes.run_nodes import RunNodes
-from engine.nodes.thrift_client import node_summary
-from engine.policies import make_policy
-from engine.progress import RunProgress
-from engine.round_engine import (
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.engine.node_checks import node_problems
+from thrift_trainer.engine.nodes.client import RunQuery
+from thrift_trainer.engine.nodes.liveness import DEAD_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.nodes_file import NodesFile
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.run_nodes import RunNodes
+from thrift_trainer.engine.nodes.thrift_client import node_summary
+from thrift_trainer.engine.policies import make_policy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import (
     EngineSettings,
     RoundEngine,
     RoundFailed,
     RoundOutcome,
     RunCancelledError,
 )
-from engine.tasks import Task
-from engine.update_filters import NormLimit, UpdateFilter, relayed_filters
-from engine.update_norms import RecentNorms
-from training import aggregation, plugins
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm, combine
-from training.cancel import UnitCancelled
-from training.plugins import PluginError
-from training.plugins import resolve as resolve_plugin
-from training.run_check import RunUnfit
-from training.spec import RunSpec
-from training.unit_parts import cast_like
-from training.units import UnitJob, UnitOutput, UnitSpec
-from wire.generated import ttypes
-from wire.version import check_protocol_version
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.engine.update_filters import NormLimit, UpdateFilter, relayed_filters
+from thrift_trainer.engine.update_norms import RecentNorms
+from thrift_trainer.training import aggregation, plugins
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.base import Algorithm, combine
+from thrift_trainer.training.cancel import UnitCancelled
+from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.plugins import resolve as resolve_plugin
+from thrift_trainer.training.run_check import RunUnfit
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.training.unit_parts import cast_like
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node.relay")
 

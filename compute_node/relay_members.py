@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.nodes.membership import Membership
-from engine.nodes.membership_service import MembershipService
-from wire.generated import ttypes
-from wire.version import MEMBERS_PORT, check_protocol_version
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.membership_service import MembershipService
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.version import MEMBERS_PORT, check_protocol_version
 
 
 class RelayMembersHandler(MembershipService):

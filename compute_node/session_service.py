@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 
-from compute_node.call_errors import CallError, PeerRefused, mapped_errors
-from compute_node.sessions import SessionError, SessionStore
-from compute_node.weight_cache import WeightCache
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import connect
-from wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
-from wire.version import check_protocol_version
+from thrift_trainer.compute_node.call_errors import CallError, PeerRefused, mapped_errors
+from thrift_trainer.compute_node.sessions import SessionError, SessionStore
+from thrift_trainer.compute_node.weight_cache import WeightCache
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import connect
+from thrift_trainer.wire.tensor_codec import CodecError, dict_to_wire, wire_to_dict
+from thrift_trainer.wire.version import check_protocol_version
 
 log = logging.getLogger("compute_node.sessions")
 

@@ -22,8 +22,8 @@ import logging
 import threading
 import time
 
-from training import plugins
-from training.models.names import GAN_MODELS, NAME_LIMIT, check_model_name
+from thrift_trainer.training import plugins
+from thrift_trainer.training.models.names import GAN_MODELS, NAME_LIMIT, check_model_name
 
 log = logging.getLogger("compute_node")
 TORCH = "torch"  # what is warmed for a model other than a GAN: the library alone
@@ -92,7 +92,7 @@ def warm_model(model: str, device: str = "cpu") -> None:
     forward and backward passes on two images, so the kernels are loaded too."""
     import torch
 
-    from training.models import gan_models
+    from thrift_trainer.training.models import gan_models
 
     if model not in gan_models.GAN_MODELS:
         return  # the MLP of sync_sgd needs only torch itself

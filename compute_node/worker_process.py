@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training import plugins
-from training.algorithms import get_algorithm
-from training.cancel import UnitCancelled, UnitControl
-from training.unit_parts import cast_like
-from training.units import UnitJob, UnitOutput, UnitSpec, Weights
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.unit_parts import cast_like
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec, Weights
 
 if TYPE_CHECKING:
     import torch

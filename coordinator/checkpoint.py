@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.records import RunRequest
-from engine.records import RoundMetrics
-from training.outputs.model_file import (
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.engine.records import RoundMetrics
+from thrift_trainer.training.outputs.model_file import (
     OPTIMIZER_PREFIX,
     ModelFileError,
     load_model,
     save_model,
     without_optimizer,
 )
-from training.outputs.plots import metrics_line
-from training.units import Weights
+from thrift_trainer.training.outputs.plots import metrics_line
+from thrift_trainer.training.units import Weights
 
 CHECKPOINT_FILE = "checkpoint.npz"
 REQUEST_FILE = "request.json"

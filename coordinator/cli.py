@@ -10,32 +10,37 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coordinator.checkpoint import CheckpointError
-from coordinator.handler import CoordinatorHandler
-from coordinator.leadership import LEASE_SECONDS
-from coordinator.postgres_store import OUTAGE_SECONDS, is_postgres_url
-from coordinator.records import InvalidRun
-from coordinator.request_checks import RequestLimits
-from coordinator.run import CoordinatorSettings
-from coordinator.run_setup import weights_folders
-from coordinator.run_store import RunStoreError
-from coordinator.store_lock import StoreInUse
-from dashboard.options import add_arguments as add_dashboard_arguments
-from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
-from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNodesListed
-from engine.policies import POLICY_NAMES
-from engine.round_engine import EngineSettings
-from training import plugins
-from training.data import paths
-from training.data.paths import CHECKOUT, DEFAULT_DATA_ROOT
-from wire import arg_types, security
-from wire.generated import Coordinator
-from wire.launch import stop_on_signals, warn_if_exposed, write_port_file
-from wire.log_limit import add_log_level_argument, setup_logging
-from wire.rpc import ThriftServer
+from thrift_trainer.coordinator.checkpoint import CheckpointError
+from thrift_trainer.coordinator.handler import CoordinatorHandler
+from thrift_trainer.coordinator.leadership import LEASE_SECONDS
+from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS, is_postgres_url
+from thrift_trainer.coordinator.records import InvalidRun
+from thrift_trainer.coordinator.request_checks import RequestLimits
+from thrift_trainer.coordinator.run import CoordinatorSettings
+from thrift_trainer.coordinator.run_setup import weights_folders
+from thrift_trainer.coordinator.run_store import RunStoreError
+from thrift_trainer.coordinator.store_lock import StoreInUse
+from thrift_trainer.dashboard.options import add_arguments as add_dashboard_arguments
+from thrift_trainer.engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
+from thrift_trainer.engine.nodes.nodes_file import (
+    NodeAddress,
+    NodesFile,
+    NodesFileError,
+    NoNodesListed,
+)
+from thrift_trainer.engine.policies import POLICY_NAMES
+from thrift_trainer.engine.round_engine import EngineSettings
+from thrift_trainer.training import plugins
+from thrift_trainer.training.data import paths
+from thrift_trainer.training.data.paths import CHECKOUT, DEFAULT_DATA_ROOT
+from thrift_trainer.wire import arg_types, security
+from thrift_trainer.wire.generated import Coordinator
+from thrift_trainer.wire.launch import stop_on_signals, warn_if_exposed, write_port_file
+from thrift_trainer.wire.log_limit import add_log_level_argument, setup_logging
+from thrift_trainer.wire.rpc import ThriftServer
 
 if TYPE_CHECKING:
-    from dashboard.server import Dashboard
+    from thrift_trainer.dashboard.server import Dashboard
 
 # The checkout's nodes file; for an installed trainer, the one in the current folder.
 NODES_FILE = (CHECKOUT or Path.cwd()) / "compute_nodes.txt"
@@ -338,7 +343,9 @@ def _dashboard(args: argparse.Namespace, handler: CoordinatorHandler) -> Dashboa
     """The dashboard of --dashboard-port, bound but not yet serving; None without one."""
     if args.dashboard_port is None:
         return None
-    from dashboard import server as dashboard_server  # the web stack, only when asked for
+    from thrift_trainer.dashboard import (
+        server as dashboard_server,  # the web stack, only when asked for
+    )
 
     settings = dashboard_server.DashboardSettings(
         host=args.dashboard_host, port=args.dashboard_port, token=security.current().token,

@@ -9,23 +9,33 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from coordinator.checkpoint import CheckpointError
-from coordinator.leadership import Leader, LeaseKeeper
-from coordinator.postgres_store import LeadershipLost, PostgresRunStore
-from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunStopped
-from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunStore
-from coordinator.status_wire import run_request, run_result, run_status, service_errors
-from coordinator.store_lock import StoreLock
-from coordinator.store_protocol import RunFiles, Store
-from coordinator.store_records import RunRecord, RunStoreError, UnfinishedUnit
-from coordinator.stored_status import stored_status
-from engine.nodes.membership import Membership
-from engine.nodes.membership_service import MembershipService
-from engine.nodes.nodes_file import NodeAddress, NodesFile, NodesFileError, NoNodesListed
-from engine.records import RunSnapshot
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.version import COORDINATOR_ID, STANDBY_ROLE, check_protocol_version
+from thrift_trainer.coordinator.checkpoint import CheckpointError
+from thrift_trainer.coordinator.leadership import Leader, LeaseKeeper
+from thrift_trainer.coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from thrift_trainer.coordinator.records import InvalidRun, RunFailed, RunOutcome, RunStopped
+from thrift_trainer.coordinator.run import CoordinatorSettings, Run
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.coordinator.status_wire import (
+    run_request,
+    run_result,
+    run_status,
+    service_errors,
+)
+from thrift_trainer.coordinator.store_lock import StoreLock
+from thrift_trainer.coordinator.store_protocol import RunFiles, Store
+from thrift_trainer.coordinator.store_records import RunRecord, RunStoreError, UnfinishedUnit
+from thrift_trainer.coordinator.stored_status import stored_status
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.membership_service import MembershipService
+from thrift_trainer.engine.nodes.nodes_file import (
+    NodeAddress,
+    NodesFile,
+    NodesFileError,
+    NoNodesListed,
+)
+from thrift_trainer.engine.records import RunSnapshot
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.version import COORDINATOR_ID, STANDBY_ROLE, check_protocol_version
 
 log = logging.getLogger("coordinator")
 SHUTDOWN_SECONDS = 10.0  # how long a shutdown waits for cancelled runs to answer

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.store_protocol import ResultKeeper, Store
-from engine.ledger import UnitLedger
-from engine.round_state import Kept
-from engine.stream_records import TakenUp
-from engine.tasks import Tensors
-from training.compression import decompress
-from training.outputs.checked_npz import read_npz
-from training.units import UnitResult, UnitSpec
+from thrift_trainer.coordinator.store_protocol import ResultKeeper, Store
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.round_state import Kept
+from thrift_trainer.engine.stream_records import TakenUp
+from thrift_trainer.engine.tasks import Tensors
+from thrift_trainer.training.compression import decompress
+from thrift_trainer.training.outputs.checked_npz import read_npz
+from thrift_trainer.training.units import UnitResult, UnitSpec
 
 log = logging.getLogger("coordinator.run")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from coordinator.postgres_store import PostgresRunStore
+from thrift_trainer.coordinator.postgres_store import PostgresRunStore
 
 log = logging.getLogger("coordinator.leadership")
 LEASE_SECONDS = 6.0

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from coordinator.ledger_sql import NODE_RECORD_COLUMNS, LedgerSql
-from coordinator.ledger_steps import run_record, unfinished
-from coordinator.store_calls import reads_what_was_written
-from coordinator.store_records import (
+from thrift_trainer.coordinator.ledger_sql import NODE_RECORD_COLUMNS, LedgerSql
+from thrift_trainer.coordinator.ledger_steps import run_record, unfinished
+from thrift_trainer.coordinator.store_calls import reads_what_was_written
+from thrift_trainer.coordinator.store_records import (
     MAX_LIST,
     UNIT_STATUSES,
     UNSETTLED,

@@ -8,7 +8,7 @@ else in these statements is SQL that SQLite and PostgreSQL both take as it is.
 
 from __future__ import annotations
 
-from coordinator.store_records import UNSETTLED
+from thrift_trainer.coordinator.store_records import UNSETTLED
 
 # The columns of a RunRecord, and of a NodeRecord (the names are the record's fields).
 _RUN_COLUMNS = ("id, created, state, algorithm, model, dataset, rounds, config, policy, "

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
-from coordinator.ledger_sql import LedgerSql
-from coordinator.store_protocol import Database
-from coordinator.store_records import (
+from thrift_trainer.coordinator.ledger_sql import LedgerSql
+from thrift_trainer.coordinator.store_protocol import Database
+from thrift_trainer.coordinator.store_records import (
     COUNTED_FAILURES,
     LATE_ENDS,
     MAX_UNITS_PER_CALL,

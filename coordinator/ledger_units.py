@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from coordinator.ledger_sql import LedgerSql
-from coordinator.ledger_steps import (
+from thrift_trainer.coordinator.ledger_sql import LedgerSql
+from thrift_trainer.coordinator.ledger_steps import (
     after_attempt,
     check_live_attempt,
     check_new_units,
@@ -20,8 +20,8 @@ from coordinator.ledger_steps import (
     unit_status,
     update_unit,
 )
-from coordinator.store_calls import rides_out_outages
-from coordinator.store_records import (
+from thrift_trainer.coordinator.store_calls import rides_out_outages
+from thrift_trainer.coordinator.store_records import (
     ATTEMPT_ENDS,
     MOVES,
     NODE_OUTCOMES,

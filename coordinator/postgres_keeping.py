@@ -16,14 +16,14 @@ from pathlib import Path
 
 import psycopg
 
-from coordinator import drills
-from coordinator.kept_results import StoredResult
-from coordinator.ledger_steps import null_if_nan
-from coordinator.postgres_location import without_passwords
-from coordinator.postgres_session import PostgresSession, first_line
-from coordinator.store_calls import reads_what_was_written, rides_out_outages
-from coordinator.store_records import RunStoreError
-from coordinator.write_behind import Call, WriteBehind
+from thrift_trainer.coordinator import drills
+from thrift_trainer.coordinator.kept_results import StoredResult
+from thrift_trainer.coordinator.ledger_steps import null_if_nan
+from thrift_trainer.coordinator.postgres_location import without_passwords
+from thrift_trainer.coordinator.postgres_session import PostgresSession, first_line
+from thrift_trainer.coordinator.store_calls import reads_what_was_written, rides_out_outages
+from thrift_trainer.coordinator.store_records import RunStoreError
+from thrift_trainer.coordinator.write_behind import Call, WriteBehind
 
 log = logging.getLogger("coordinator.store")
 FILE_PART_BYTES = 16 * 2**20

@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from engine.ledger import RunStoreError
+from thrift_trainer.engine.ledger import RunStoreError
 
 SCHEMES = ("postgresql://", "postgres://")
 HIDDEN = "***"

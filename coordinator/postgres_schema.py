@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from coordinator.ledger_sql import POSTGRES
-from coordinator.store_protocol import Database
-from coordinator.store_records import SchemaError
+from thrift_trainer.coordinator.ledger_sql import POSTGRES
+from thrift_trainer.coordinator.store_protocol import Database
+from thrift_trainer.coordinator.store_records import SchemaError
 
 log = logging.getLogger("coordinator.store")
 SCHEMA_VERSION = 2  # 2: kept_results

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from coordinator.postgres_location import without_passwords
+from thrift_trainer.coordinator.postgres_location import without_passwords
 
 
 class PostgresSession:

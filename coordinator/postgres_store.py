@@ -34,26 +34,26 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from coordinator.ledger_sql import POSTGRES
-from coordinator.postgres_keeping import FILE_PART_BYTES, KeepsFilesAndResults
-from coordinator.postgres_location import (  # noqa: F401 - is_postgres_url: for the cli
+from thrift_trainer.coordinator.ledger_sql import POSTGRES
+from thrift_trainer.coordinator.postgres_keeping import FILE_PART_BYTES, KeepsFilesAndResults
+from thrift_trainer.coordinator.postgres_location import (  # noqa: F401 - is_postgres_url: for the cli
     is_postgres_url,
     parameters,
     redacted,
     without_passwords,
 )
-from coordinator.postgres_schema import SCHEMA_VERSION, check_schema
-from coordinator.postgres_session import PostgresSession, connect_problem, first_line
-from coordinator.sql_ledger import SqlLedger
-from coordinator.store_outage import (
+from thrift_trainer.coordinator.postgres_schema import SCHEMA_VERSION, check_schema
+from thrift_trainer.coordinator.postgres_session import PostgresSession, connect_problem, first_line
+from thrift_trainer.coordinator.sql_ledger import SqlLedger
+from thrift_trainer.coordinator.store_outage import (
     OUTAGE_SECONDS,
     ConnectionLost,
     LeadershipLost,
     OutageRider,
 )
-from coordinator.store_records import RunStoreError, StoreUnavailable
-from coordinator.write_behind import Call
-from engine import runtime
+from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
+from thrift_trainer.coordinator.write_behind import Call
+from thrift_trainer.engine import runtime
 
 __all__ = ["FILE_PART_BYTES", "OUTAGE_SECONDS", "SCHEMA_VERSION", "ConnectionLost",
            "LeadershipLost", "NotLeading", "PostgresRunStore", "is_postgres_url", "redacted"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.records import NodeSummary, RoundMetrics
+from thrift_trainer.engine.records import NodeSummary, RoundMetrics
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.records import InvalidRun, RunRequest
-from training.algorithms.config_checks import shown
-from training.models.mlp import MLPSpec
-from training.models.names import NAME_LIMIT  # of an algorithm's name too
-from wire import security
+from thrift_trainer.coordinator.records import InvalidRun, RunRequest
+from thrift_trainer.training.algorithms.config_checks import shown
+from thrift_trainer.training.models.mlp import MLPSpec
+from thrift_trainer.training.models.names import NAME_LIMIT  # of an algorithm's name too
+from thrift_trainer.wire import security
 
 DATASET_LIMIT = 255  # characters of a data set name (a folder under the data root)
 EPOCH_KEYS = ("epochs", "local_epochs", "disc_steps")  # passes or steps a node makes per unit

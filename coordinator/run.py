@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.checkpoint import (
+from thrift_trainer.coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     CheckpointError,
@@ -19,32 +19,43 @@ from coordinator.checkpoint import (
     load_request,
     metrics_of,
 )
-from coordinator.kept_results import KeptResults
-from coordinator.leadership import LEASE_SECONDS
-from coordinator.postgres_store import OUTAGE_SECONDS
-from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
-from coordinator.request_checks import RequestLimits
-from coordinator.run_folder import RunFolder
-from coordinator.run_setup import RUN_ID, check_run_id, prepare
-from coordinator.run_setup import describe as describe_run
-from coordinator.run_tasks import RunTasks
-from coordinator.store_protocol import RunFiles, Store
-from coordinator.store_records import RunStoreError, StoreUnavailable
-from coordinator.training_loop import LoopParts, TrainingLoop
-from engine import runtime
-from engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
-from engine.ledger import UnitLedger
-from engine.node_checks import check_nodes
-from engine.nodes.client import RunQuery
-from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
-from engine.nodes.membership import Membership
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.nodes.quorum import TooFewNodes, wait_for_nodes
-from engine.nodes.run_nodes import Dial, RunNodes
-from engine.policies import make_policy
-from engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
-from engine.round_engine import (
+from thrift_trainer.coordinator.kept_results import KeptResults
+from thrift_trainer.coordinator.leadership import LEASE_SECONDS
+from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS
+from thrift_trainer.coordinator.records import (
+    InvalidRun,
+    RunFailed,
+    RunOutcome,
+    RunRequest,
+    RunStopped,
+)
+from thrift_trainer.coordinator.request_checks import RequestLimits
+from thrift_trainer.coordinator.run_folder import RunFolder
+from thrift_trainer.coordinator.run_setup import RUN_ID, check_run_id, prepare
+from thrift_trainer.coordinator.run_setup import describe as describe_run
+from thrift_trainer.coordinator.run_tasks import RunTasks
+from thrift_trainer.coordinator.store_protocol import RunFiles, Store
+from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
+from thrift_trainer.coordinator.training_loop import LoopParts, TrainingLoop
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.node_checks import check_nodes
+from thrift_trainer.engine.nodes.client import RunQuery
+from thrift_trainer.engine.nodes.liveness import (
+    DEAD_SECONDS,
+    HEARTBEAT_SECONDS,
+    SUSPECT_SECONDS,
+    HeartbeatMonitor,
+)
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.quorum import TooFewNodes, wait_for_nodes
+from thrift_trainer.engine.nodes.run_nodes import Dial, RunNodes
+from thrift_trainer.engine.policies import make_policy
+from thrift_trainer.engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
+from thrift_trainer.engine.round_engine import (
     EngineSettings,
     FatalNodeError,
     RoundEngine,
@@ -52,9 +63,9 @@ from engine.round_engine import (
     RunCancelledError,
     no_node_can_serve,
 )
-from engine.session_moves import drop_sessions
-from engine.warm_up import warm_up_nodes
-from training.units import Weights
+from thrift_trainer.engine.session_moves import drop_sessions
+from thrift_trainer.engine.warm_up import warm_up_nodes
+from thrift_trainer.training.units import Weights
 
 __all__ = ["RUN_ID", "CoordinatorSettings", "Run"]
 

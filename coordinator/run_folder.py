@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.checkpoint import (
+from thrift_trainer.coordinator.checkpoint import (
     CHECKPOINT_FILE,
     METRICS_FILE,
     REQUEST_FILE,
@@ -27,15 +27,15 @@ from coordinator.checkpoint import (
     save_checkpoint,
     save_request,
 )
-from coordinator.records import RunRequest
-from engine.phase_clock import PHASES_KEY
-from engine.records import RoundMetrics
-from training import plugins
-from training.algorithms.base import Algorithm
-from training.outputs.model_file import save_model
-from training.outputs.plots import due, metrics_line, save_curves, save_grid
-from training.outputs.torch_files import SAFETENSORS_FILE, save_safetensors
-from training.units import Weights
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.engine.phase_clock import PHASES_KEY
+from thrift_trainer.engine.records import RoundMetrics
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.outputs.model_file import save_model
+from thrift_trainer.training.outputs.plots import due, metrics_line, save_curves, save_grid
+from thrift_trainer.training.outputs.torch_files import SAFETENSORS_FILE, save_safetensors
+from thrift_trainer.training.units import Weights
 
 SAMPLE_COUNT, SAMPLE_SEED = 64, 2024  # every sample grid of a run shows the same noise
 MODEL_FILE = "model.npz"

@@ -17,25 +17,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from coordinator.records import InvalidRun, RunRequest
-from coordinator.request_checks import (
+from thrift_trainer.coordinator.records import InvalidRun, RunRequest
+from thrift_trainer.coordinator.request_checks import (
     RequestLimits,
     check_config,
     check_fields,
     check_model_bytes,
     check_units,
 )
-from training import hierarchy, schedule
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import Algorithm
-from training.compression import check_supported
-from training.data.letters import DataFormatError
-from training.data.paths import DataPathError, data_location
-from training.models.names import check_model_name, is_module_model
-from training.outputs.plots import check_outputs
-from training.plugins import PluginError
-from training.run_check import RunFacts, RunUnfit, run_facts
-from training.spec import RunSpec
+from thrift_trainer.training import hierarchy, schedule
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.compression import check_supported
+from thrift_trainer.training.data.letters import DataFormatError
+from thrift_trainer.training.data.paths import DataPathError, data_location
+from thrift_trainer.training.models.names import check_model_name, is_module_model
+from thrift_trainer.training.outputs.plots import check_outputs
+from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts
+from thrift_trainer.training.spec import RunSpec
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -63,10 +63,10 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from coordinator.ledger_sql import SQLITE
-from coordinator.sql_ledger import SqlLedger
-from coordinator.store_protocol import Database
-from coordinator.store_records import (  # noqa: F401 - the store's names, for its callers
+from thrift_trainer.coordinator.ledger_sql import SQLITE
+from thrift_trainer.coordinator.sql_ledger import SqlLedger
+from thrift_trainer.coordinator.store_protocol import Database
+from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store's names, for its callers
     UNIT_STATUSES,
     IllegalTransition,
     NodeRecord,
@@ -79,7 +79,7 @@ from coordinator.store_records import (  # noqa: F401 - the store's names, for i
     UnitEvent,
     UnknownRecord,
 )
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_SECONDS = 5.0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coordinator.records import RunRequest
-from engine import runtime
-from engine.tasks import Task, Tensors
-from training.units import TensorSpecs, UnitSpec, Weights
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.tasks import Task, Tensors
+from thrift_trainer.training.units import TensorSpecs, UnitSpec, Weights
 
 
 class RunTasks:

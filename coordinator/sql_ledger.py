@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from coordinator.ledger_queries import LedgerReads
-from coordinator.ledger_sql import LedgerSql
-from coordinator.ledger_steps import (
+from thrift_trainer.coordinator.ledger_queries import LedgerReads
+from thrift_trainer.coordinator.ledger_sql import LedgerSql
+from thrift_trainer.coordinator.ledger_steps import (
     check_text,
     close_attempts,
     move_unit_row,
@@ -26,17 +26,17 @@ from coordinator.ledger_steps import (
     run_state,
     settle,
 )
-from coordinator.ledger_units import UnitWrites
-from coordinator.store_calls import rides_out_outages
-from coordinator.store_protocol import Database
-from coordinator.store_records import (
+from thrift_trainer.coordinator.ledger_units import UnitWrites
+from thrift_trainer.coordinator.store_calls import rides_out_outages
+from thrift_trainer.coordinator.store_protocol import Database
+from thrift_trainer.coordinator.store_records import (
     END_STATES,
     MAX_LIST,
     UNSETTLED,
     IllegalTransition,
     RunStoreError,
 )
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 
 class SqlLedger(UnitWrites, LedgerReads):

@@ -7,11 +7,17 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from coordinator.records import InvalidRun, RunFailed, RunOutcome, RunRequest, RunStopped
-from engine.nodes.thrift_client import node_summary
-from engine.records import RoundMetrics, RunSnapshot
-from wire.generated import ttypes
-from wire.tensor_codec import dict_to_wire
+from thrift_trainer.coordinator.records import (
+    InvalidRun,
+    RunFailed,
+    RunOutcome,
+    RunRequest,
+    RunStopped,
+)
+from thrift_trainer.engine.nodes.thrift_client import node_summary
+from thrift_trainer.engine.records import RoundMetrics, RunSnapshot
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 
 def round_metrics(metrics: RoundMetrics) -> ttypes.RoundMetrics:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from coordinator.store_records import RunStoreError, StoreUnavailable
-from coordinator.write_behind import DEFERRED, Call, WriteBehind, run_of
-from engine import runtime
+from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
+from thrift_trainer.coordinator.write_behind import DEFERRED, Call, WriteBehind, run_of
+from thrift_trainer.engine import runtime
 
 log = logging.getLogger("coordinator.store")
 RETRY_SECONDS = 0.5

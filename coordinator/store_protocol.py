@@ -18,11 +18,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine.ledger import LedgerStore
+from thrift_trainer.engine.ledger import LedgerStore
 
 if TYPE_CHECKING:
-    from coordinator.kept_results import StoredResult
-    from coordinator.store_records import (
+    from thrift_trainer.coordinator.kept_results import StoredResult
+    from thrift_trainer.coordinator.store_records import (
         NodeRecord,
         RoundRecord,
         RunRecord,

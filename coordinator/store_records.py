@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.ledger import RunStoreError, StoreUnavailable
-from engine.records import NodeCounts
+from thrift_trainer.engine.ledger import RunStoreError, StoreUnavailable
+from thrift_trainer.engine.records import NodeCounts
 
 __all__ = ["RunStoreError", "StoreUnavailable"]  # the base errors, for the store's callers
 

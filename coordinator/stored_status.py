@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import time
 
-from coordinator.store_protocol import LedgerQueries
-from coordinator.store_records import NodeRecord, RoundRecord, RunRecord
-from engine.records import NodeSummary, RunSnapshot
+from thrift_trainer.coordinator.store_protocol import LedgerQueries
+from thrift_trainer.coordinator.store_records import NodeRecord, RoundRecord, RunRecord
+from thrift_trainer.engine.records import NodeSummary, RunSnapshot
 
 NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
 

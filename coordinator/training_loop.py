@@ -16,33 +16,33 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator import drills
-from coordinator.checkpoint import Checkpoint, CheckpointError
-from coordinator.kept_results import KeptResults
-from coordinator.records import RunRequest
-from coordinator.run_folder import RunFolder
-from coordinator.run_tasks import RunTasks, VersionCache
-from engine import runtime
-from engine.ledger import UnitLedger
-from engine.nodes.run_nodes import RunNodes
-from engine.pass_queue import PassQueue
-from engine.phase_clock import PhaseClock
-from engine.policies import Policy
-from engine.progress import RunProgress
-from engine.records import RoundMetrics
-from engine.residual_placement import ResidualPlacement
-from engine.round_engine import RoundEngine
-from engine.round_state import RoundOutcome
-from engine.session_moves import NodeSessions
-from engine.stream_records import RoundEnd, StreamPosition, VersionDue
-from engine.stream_state import StreamState
-from engine.tasks import Task, Tensors
-from engine.update_filters import NormLimit, UpdateFilter, round_filters
-from training.algorithms.base import Algorithm
-from training.compression import CompressionSettings, encode_weights
-from training.outputs.plots import due
-from training.schedule import ScheduleSettings, staleness_warning
-from training.units import RoundEval, UnitFailure, UnitResult, UnitSpec, Weights
+from thrift_trainer.coordinator import drills
+from thrift_trainer.coordinator.checkpoint import Checkpoint, CheckpointError
+from thrift_trainer.coordinator.kept_results import KeptResults
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.coordinator.run_folder import RunFolder
+from thrift_trainer.coordinator.run_tasks import RunTasks, VersionCache
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.run_nodes import RunNodes
+from thrift_trainer.engine.pass_queue import PassQueue
+from thrift_trainer.engine.phase_clock import PhaseClock
+from thrift_trainer.engine.policies import Policy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.records import RoundMetrics
+from thrift_trainer.engine.residual_placement import ResidualPlacement
+from thrift_trainer.engine.round_engine import RoundEngine
+from thrift_trainer.engine.round_state import RoundOutcome
+from thrift_trainer.engine.session_moves import NodeSessions
+from thrift_trainer.engine.stream_records import RoundEnd, StreamPosition, VersionDue
+from thrift_trainer.engine.stream_state import StreamState
+from thrift_trainer.engine.tasks import Task, Tensors
+from thrift_trainer.engine.update_filters import NormLimit, UpdateFilter, round_filters
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.compression import CompressionSettings, encode_weights
+from thrift_trainer.training.outputs.plots import due
+from thrift_trainer.training.schedule import ScheduleSettings, staleness_warning
+from thrift_trainer.training.units import RoundEval, UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.run")
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
+from thrift_trainer.engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
 
 log = logging.getLogger("coordinator.store")
 DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "node_answer",

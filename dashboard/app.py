@@ -19,9 +19,9 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from dashboard import run_files
-from dashboard.access import Access
-from dashboard.views import UnknownRunError, Views
+from thrift_trainer.dashboard import run_files
+from thrift_trainer.dashboard.access import Access
+from thrift_trainer.dashboard.views import UnknownRunError, Views
 
 STATIC = Path(__file__).resolve().parent / "static"
 NO_STORE = {"Cache-Control": "no-store"}  # live data: a browser must not keep old answers

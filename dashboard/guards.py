@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
 
-from wire.limits import ConnectionSlots, RefusalLog
+from thrift_trainer.wire.limits import ConnectionSlots, RefusalLog
 
 log = logging.getLogger("coordinator.dashboard")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from wire import arg_types
+from thrift_trainer.wire import arg_types
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,10 +20,10 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from coordinator.run_store import RunStoreError
-from dashboard import run_files
-from dashboard.views import Views
-from wire.stats import WIRE_STATS, WireStats
+from thrift_trainer.coordinator.run_store import RunStoreError
+from thrift_trainer.dashboard import run_files
+from thrift_trainer.dashboard.views import Views
+from thrift_trainer.wire.stats import WIRE_STATS, WireStats
 
 RUNS_EXPORTED = 20  # the newest runs of this process get per-run series
 NODE_OUTCOMES = ("accepted", "rejected", "delayed", "failed", "cancelled")

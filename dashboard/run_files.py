@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from coordinator.checkpoint import METRICS_FILE
-from engine.phase_clock import PHASES_KEY
+from thrift_trainer.coordinator.checkpoint import METRICS_FILE
+from thrift_trainer.engine.phase_clock import PHASES_KEY
 
 SAMPLES_DIR = "samples"
 SAMPLE_NAME = re.compile(r"^round_(\d{5,})\.png$")

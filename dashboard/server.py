@@ -18,18 +18,18 @@ from typing import Any
 
 import uvicorn
 
-from dashboard.access import Access
-from dashboard.app import build_app
-from dashboard.guards import (
+from thrift_trainer.dashboard.access import Access
+from thrift_trainer.dashboard.app import build_app
+from thrift_trainer.dashboard.guards import (
     MAX_HEAD_BYTES,
     REQUEST_SECONDS,
     BodyLimit,
     GuardedProtocol,
     Guards,
 )
-from dashboard.prometheus import TimedHandler, latency_histogram, registry_for
-from dashboard.views import Coordinator, Views
-from wire import security
+from thrift_trainer.dashboard.prometheus import TimedHandler, latency_histogram, registry_for
+from thrift_trainer.dashboard.views import Coordinator, Views
+from thrift_trainer.wire import security
 
 log = logging.getLogger("coordinator.dashboard")
 

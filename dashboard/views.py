@@ -15,12 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from coordinator.run import RUN_ID, CoordinatorSettings, Run
-from coordinator.store_protocol import LedgerQueries
-from coordinator.store_records import RunRecord, RunStoreError
-from coordinator.stored_status import stored_status
-from dashboard import run_files
-from engine.records import RunSnapshot
+from thrift_trainer.coordinator.run import RUN_ID, CoordinatorSettings, Run
+from thrift_trainer.coordinator.store_protocol import LedgerQueries
+from thrift_trainer.coordinator.store_records import RunRecord, RunStoreError
+from thrift_trainer.coordinator.stored_status import stored_status
+from thrift_trainer.dashboard import run_files
+from thrift_trainer.engine.records import RunSnapshot
 
 MAX_RUNS = 200  # runs listed on the runs page
 CORE_ROUND_KEYS = ("round", "validation_error", "validation_loss", "train_loss", "seconds",

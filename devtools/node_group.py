@@ -25,14 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compute_node.cli import startup_problem
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from training.data.paths import DEFAULT_DATA_ROOT
-from wire import security
-from wire.generated import ComputeNode
-from wire.launch import stop_on_signals
-from wire.rpc import DRAIN_SECONDS, ThriftServer
+from thrift_trainer.compute_node.cli import startup_problem
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.wire import security
+from thrift_trainer.wire.generated import ComputeNode
+from thrift_trainer.wire.launch import stop_on_signals
+from thrift_trainer.wire.rpc import DRAIN_SECONDS, ThriftServer
 
 BIND_RETRY_SECONDS = 0.1
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from enum import Enum
 
-from engine import runtime
-from engine.ledger import UnitLedger
-from engine.nodes.pool import NodeHandle
-from engine.progress import RunProgress
-from engine.tasks import TaskResult
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.tasks import TaskResult
 
 
 class AttemptEnd(Enum):

@@ -16,7 +16,7 @@ import logging
 from collections import deque
 from typing import Protocol
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 log = logging.getLogger("engine.cancels")
 

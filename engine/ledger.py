@@ -24,8 +24,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from engine import runtime
-from engine.records import RoundMetrics
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.records import RoundMetrics
 
 log = logging.getLogger("engine.ledger")
 STRICT_ENV = "TRAINER_STRICT_LEDGER"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 
-from engine import runtime
-from engine.nodes.client import RunQuery
-from engine.nodes.errors import NodeError
-from engine.nodes.pool import NodeHandle
-from engine.progress import RunProgress
-from training.run_check import RunFacts, unfit_reason
-from training.spec import RunSpec
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.client import RunQuery
+from thrift_trainer.engine.nodes.errors import NodeError
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.training.run_check import RunFacts, unfit_reason
+from thrift_trainer.training.spec import RunSpec
 
 log = logging.getLogger("coordinator")
 

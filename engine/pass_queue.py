@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from engine import runtime
-from engine.stream_records import StreamPosition, position_of, reopened
-from training.units import UnitSpec
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.stream_records import StreamPosition, position_of, reopened
+from thrift_trainer.training.units import UnitSpec
 
 
 class PassQueue:

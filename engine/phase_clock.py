@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 PHASES_KEY = "phase_seconds"  # where a metrics.jsonl row keeps them
 

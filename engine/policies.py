@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 RANDOM = 1
 LOAD_BALANCING = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from engine import runtime
-from engine.records import NodeSummary, RunSnapshot
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.records import NodeSummary, RunSnapshot
 
 RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
 

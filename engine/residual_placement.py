@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from training.units import UnitSpec
+from thrift_trainer.training.units import UnitSpec
 
 
 class ResidualPlacement:

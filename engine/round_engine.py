@@ -22,11 +22,11 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from engine import runtime
-from engine.attempt_log import AttemptEnd, AttemptLog
-from engine.cancels import CancelSender, shared_sender
-from engine.ledger import UnitLedger
-from engine.nodes.errors import (
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.attempt_log import AttemptEnd, AttemptLog
+from thrift_trainer.engine.cancels import CancelSender, shared_sender
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.errors import (
     AnswerTooLarge,
     AttemptAborted,
     NodeError,
@@ -35,16 +35,16 @@ from engine.nodes.errors import (
     NodeUnavailable,
     NodeUnfit,
 )
-from engine.nodes.pool import NodeHandle
-from engine.nodes.quorum import NodeGate, NodeMinimum
-from engine.policies import Policy
-from engine.progress import RunProgress
-from engine.round_state import RoundOutcome, RoundState
-from engine.stragglers import StragglerPolicy
-from engine.stream_records import RoundEnd, VersionDue
-from engine.stream_state import StreamState
-from engine.tasks import Task, TaskResult, TaskStatus
-from engine.update_filters import (
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.quorum import NodeGate, NodeMinimum
+from thrift_trainer.engine.policies import Policy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_state import RoundOutcome, RoundState
+from thrift_trainer.engine.stragglers import StragglerPolicy
+from thrift_trainer.engine.stream_records import RoundEnd, VersionDue
+from thrift_trainer.engine.stream_state import StreamState
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
+from thrift_trainer.engine.update_filters import (
     DEFAULT_FILTERS,
     Candidate,
     RoundView,
@@ -52,8 +52,14 @@ from engine.update_filters import (
     decoded,
     run_filters,
 )
-from engine.work_queue import WAIT_STEP_SECONDS, ResultSink, RoundFailed, Unit, WorkQueue
-from training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.engine.work_queue import (
+    WAIT_STEP_SECONDS,
+    ResultSink,
+    RoundFailed,
+    Unit,
+    WorkQueue,
+)
+from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 

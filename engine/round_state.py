@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from engine.tasks import TaskResult
-from engine.work_queue import (
+from thrift_trainer.engine.tasks import TaskResult
+from thrift_trainer.engine.work_queue import (
     WAIT_STEP_SECONDS,
     Kept,
     ResultSink,
@@ -19,7 +19,7 @@ from engine.work_queue import (
     Unit,
     WorkQueue,
 )
-from training.units import UnitFailure, UnitResult, UnitSpec, Weights
+from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
 # What a round's callers import from here with the barrier.
 __all__ = ["WAIT_STEP_SECONDS", "Kept", "ResultSink", "RoundFailed", "RoundOutcome",

@@ -11,7 +11,7 @@ thread at a time, so that one seed gives one exact sequence of events (see
 
 Use it like the standard library::
 
-    from engine import runtime
+    from thrift_trainer.engine import runtime
 
     started = runtime.monotonic()
     done = runtime.Event()

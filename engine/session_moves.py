@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from engine.nodes.client import NodeClient
-from engine.nodes.errors import NodeError, NodeRefused
-from engine.nodes.pool import NodeHandle
-from training.units import SessionMoved, SessionMoveError
+from thrift_trainer.engine.nodes.client import NodeClient
+from thrift_trainer.engine.nodes.errors import NodeError, NodeRefused
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.training.units import SessionMoved, SessionMoveError
 
 log = logging.getLogger("coordinator.sessions")
 T = TypeVar("T")

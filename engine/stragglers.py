@@ -24,13 +24,13 @@ import statistics
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from engine import runtime
-from engine.cancels import CancelSender
-from engine.nodes.pool import NodeHandle
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.cancels import CancelSender
+from thrift_trainer.engine.nodes.pool import NodeHandle
 
 if TYPE_CHECKING:
-    from engine.round_engine import EngineSettings
-    from engine.work_queue import WorkQueue
+    from thrift_trainer.engine.round_engine import EngineSettings
+    from thrift_trainer.engine.work_queue import WorkQueue
 
 log = logging.getLogger("coordinator.engine")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from engine import runtime
-from engine.ledger import UnitLedger
-from engine.stream_records import (
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.stream_records import (
     RoundEnd,
     StreamPosition,
     TakenUp,
@@ -50,10 +50,10 @@ from engine.stream_records import (
     position_of,
     reopened,
 )
-from engine.tasks import TaskResult
-from engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
-from training.schedule import ScheduleSettings, weighted
-from training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.engine.tasks import TaskResult
+from thrift_trainer.engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
+from thrift_trainer.training.schedule import ScheduleSettings, weighted
+from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
 
 
 @dataclass(eq=False)

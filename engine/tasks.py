@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.units import TensorSpecs
+from thrift_trainer.training.units import TensorSpecs
 
 Tensors = dict[str, np.ndarray]  # tensor name -> array
 

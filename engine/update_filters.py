@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.update_norms import NormGuard, RecentNorms
-from training.algorithms.base import Algorithm
-from training.compression import decompress
-from training.payload_checks import PayloadForm, check_payload
-from training.units import TensorSpecs, UnitSpec, Weights
-from training.update_checks import check_sample_count, check_update_form
+from thrift_trainer.engine.update_norms import NormGuard, RecentNorms
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.compression import decompress
+from thrift_trainer.training.payload_checks import PayloadForm, check_payload
+from thrift_trainer.training.units import TensorSpecs, UnitSpec, Weights
+from thrift_trainer.training.update_checks import check_sample_count, check_update_form
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 log = logging.getLogger("coordinator.engine")
 

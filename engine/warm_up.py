@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from engine import runtime
-from engine.nodes.pool import NodeHandle
-from engine.progress import RunProgress
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.progress import RunProgress
 
 log = logging.getLogger("coordinator")
 WARM_UP_MAX_SECONDS = 300.0  # then round 1 starts anyway, with the nodes still warming

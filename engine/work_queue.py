@@ -20,10 +20,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import runtime
-from engine.nodes.pool import NodeHandle
-from engine.tasks import TaskResult
-from training.units import UnitSpec, Weights
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.tasks import TaskResult
+from thrift_trainer.training.units import UnitSpec, Weights
 
 log = logging.getLogger("coordinator.engine")
 

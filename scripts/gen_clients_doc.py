@@ -24,7 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.run_config import (  # noqa: E402
+from thrift_trainer.training.run_config import (  # noqa: E402
     AGGREGATION,
     COMPRESSION,
     DATA,

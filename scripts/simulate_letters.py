@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.baselines.simulate import (  # noqa: E402
+from thrift_trainer.training.baselines.simulate import (  # noqa: E402
     DEFAULT_DATA_DIR,
     PRESETS,
     run_delta_averaging,
 )
-from training.models.mlp import OPTIMIZERS, LocalTraining, MLPSpec  # noqa: E402
-from training.server_optim import (  # noqa: E402
+from thrift_trainer.training.models.mlp import OPTIMIZERS, LocalTraining, MLPSpec  # noqa: E402
+from thrift_trainer.training.server_optim import (  # noqa: E402
     SERVER_OPTIMIZERS,
     ServerOptimizer,
     make_server_optimizer,

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.baselines.standalone_gan import score, train_standalone_gan  # noqa: E402
+from thrift_trainer.training.baselines.standalone_gan import score, train_standalone_gan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

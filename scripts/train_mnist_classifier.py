@@ -28,8 +28,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.data import mnist  # noqa: E402
-from training.outputs import gan_metrics  # noqa: E402
+from thrift_trainer.training.data import mnist  # noqa: E402
+from thrift_trainer.training.outputs import gan_metrics  # noqa: E402
 
 MIN_ACCURACY = 0.95
 MAX_SHIFT = 2

@@ -18,8 +18,8 @@ from thrift.Thrift import TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
 
 from devtools.local_cluster import Proc
-from wire import chunks
-from wire.transport import FramedSocketTransport, WireProtocolFactory
+from thrift_trainer.wire import chunks
+from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
 
 ATTACKER = "127.0.0.2"
 HOST = "127.0.0.1"

@@ -13,12 +13,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.nodes.thrift_client import (
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.thrift_client import (
     SessionRequests,
     mapped_errors,
     run_answer,
@@ -26,10 +26,10 @@ from engine.nodes.thrift_client import (
     task_result,
     work_request,
 )
-from engine.tasks import Task, TaskResult
-from training.data.paths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.stats import PayloadBytes
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.stats import PayloadBytes
 
 
 class InProcessNodeClient(SessionRequests):

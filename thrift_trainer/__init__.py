@@ -20,23 +20,23 @@ __version__ = "0.2.0"
 
 # public name -> "module:attribute" it is taken from
 _EXPORTS = {
-    "Algorithm": "training.algorithms.base:Algorithm",
-    "AveragingAlgorithm": "training.algorithms.base:AveragingAlgorithm",
-    "ConfigError": "training.algorithms.config_checks:ConfigError",
-    "RoundEval": "training.units:RoundEval",
-    "UnitFailure": "training.units:UnitFailure",
-    "UnitJob": "training.units:UnitJob",
-    "UnitOutput": "training.units:UnitOutput",
-    "UnitResult": "training.units:UnitResult",
-    "UnitSpec": "training.units:UnitSpec",
-    "Weights": "training.units:Weights",
-    "register_algorithm": "training.algorithms:register_algorithm",
-    "register_aggregation": "training.aggregation:register_aggregation",
-    "Codec": "training.codecs:Codec",
-    "register_codec": "training.codecs:register_codec",
-    "DataShape": "training.models.settings:DataShape",
-    "PluginError": "training.plugins:PluginError",
-    "load_weights": "training.outputs.torch_files:load_weights",
+    "Algorithm": "thrift_trainer.training.algorithms.base:Algorithm",
+    "AveragingAlgorithm": "thrift_trainer.training.algorithms.base:AveragingAlgorithm",
+    "ConfigError": "thrift_trainer.training.algorithms.config_checks:ConfigError",
+    "RoundEval": "thrift_trainer.training.units:RoundEval",
+    "UnitFailure": "thrift_trainer.training.units:UnitFailure",
+    "UnitJob": "thrift_trainer.training.units:UnitJob",
+    "UnitOutput": "thrift_trainer.training.units:UnitOutput",
+    "UnitResult": "thrift_trainer.training.units:UnitResult",
+    "UnitSpec": "thrift_trainer.training.units:UnitSpec",
+    "Weights": "thrift_trainer.training.units:Weights",
+    "register_algorithm": "thrift_trainer.training.algorithms:register_algorithm",
+    "register_aggregation": "thrift_trainer.training.aggregation:register_aggregation",
+    "Codec": "thrift_trainer.training.codecs:Codec",
+    "register_codec": "thrift_trainer.training.codecs:register_codec",
+    "DataShape": "thrift_trainer.training.models.settings:DataShape",
+    "PluginError": "thrift_trainer.training.plugins:PluginError",
+    "load_weights": "thrift_trainer.training.outputs.torch_files:load_weights",
     "MapDataset": "thrift_trainer.specs:MapDataset",
     "DatasetFactory": "thrift_trainer.specs:DatasetFactory",
     "ModelFactory": "thrift_trainer.specs:ModelFactory",
@@ -78,15 +78,15 @@ if TYPE_CHECKING:  # what type checkers and editors see
         MetricFunction,
         ModelFactory,
     )
-    from training.aggregation import register_aggregation
-    from training.algorithms import register_algorithm
-    from training.algorithms.base import Algorithm, AveragingAlgorithm
-    from training.algorithms.config_checks import ConfigError
-    from training.codecs import Codec, register_codec
-    from training.models.settings import DataShape
-    from training.outputs.torch_files import load_weights
-    from training.plugins import PluginError
-    from training.units import (
+    from thrift_trainer.training.aggregation import register_aggregation
+    from thrift_trainer.training.algorithms import register_algorithm
+    from thrift_trainer.training.algorithms.base import Algorithm, AveragingAlgorithm
+    from thrift_trainer.training.algorithms.config_checks import ConfigError
+    from thrift_trainer.training.codecs import Codec, register_codec
+    from thrift_trainer.training.models.settings import DataShape
+    from thrift_trainer.training.outputs.torch_files import load_weights
+    from thrift_trainer.training.plugins import PluginError
+    from thrift_trainer.training.units import (
         RoundEval,
         UnitFailure,
         UnitJob,

@@ -22,26 +22,26 @@ EXIT_FAILURE = 1
 
 def node() -> int:
     """``compute_node.py`` / ``trainer-node``."""
-    from compute_node.threads import limit_threads, threads_from_argv
+    from thrift_trainer.compute_node.threads import limit_threads, threads_from_argv
 
     # Before numpy or torch loads (compute_node.cli imports them): they read it only then.
     limit_threads(threads_from_argv(sys.argv[1:]))
     with requirements_checked():
-        from compute_node.cli import main
+        from thrift_trainer.compute_node.cli import main
     return main()
 
 
 def coordinator() -> int:
     """``coordinator_node.py`` / ``trainer-coordinator``."""
     with requirements_checked():
-        from coordinator.cli import main
+        from thrift_trainer.coordinator.cli import main
     return main()
 
 
 def client() -> int:
     """``client.py`` / ``trainer-client``."""
     with requirements_checked():
-        from client.cli import main
+        from thrift_trainer.client.cli import main
     return main()
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from training import plugins
-from training.schema import AggregationSettings, defaults
+from thrift_trainer.training import plugins
+from thrift_trainer.training.schema import AggregationSettings, defaults
 
 Weights = dict[str, np.ndarray]
 SECTION = "aggregation"  # the key of the rule's settings in an algorithm's config

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from training import plugins
+from thrift_trainer.training import plugins
 
 Parts = dict[str, np.ndarray]
 SEP = "#"

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.config_checks import ConfigError, section_mapping
-from training.codecs import SEP, codec_class, known_codecs
-from training.models.names import BUFFER
-from training.payload_checks import group_codecs, group_fields, split_payload
+from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.codecs import SEP, codec_class, known_codecs
+from thrift_trainer.training.models.names import BUFFER
+from thrift_trainer.training.payload_checks import group_codecs, group_fields, split_payload
 
 Weights = dict[str, np.ndarray]
 DEFAULT_TOPK_FRACTION = 0.01

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.config_checks import ConfigError
-from training.data import mnist
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
 # The fixed probe of a GAN's cheap per-round evaluation: real and fake images, and the

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.algorithms.base import Algorithm
-from training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
 
 SECTION = "hierarchy"
 KEYS = ("relay_local_rounds",)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from training.models.modules import float32_copy
+from thrift_trainer.training.models.modules import float32_copy
 
 ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 

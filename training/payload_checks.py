@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.codecs import SEP, codec_class
-from training.units import TensorSpecs
+from thrift_trainer.training.codecs import SEP, codec_class
+from thrift_trainer.training.units import TensorSpecs
 
 Groups = dict[str, dict[str, np.ndarray]]  # tensor name -> {"<codec>#<part>": array}
 

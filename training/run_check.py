@@ -14,10 +14,10 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training import plugins
-from training.algorithms import get_algorithm
-from training.models.names import is_module_model
-from training.spec import RunSpec
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.models.names import is_module_model
+from thrift_trainer.training.spec import RunSpec
 
 PLUGIN_KINDS = {"algorithm": "algorithm", "model": "model", "dataset": "data set"}
 
@@ -61,7 +61,7 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
         config = cls.check_config(spec.model, spec.algorithm_config())
         if not is_module_model(spec.model):
             return RunFacts(plugins.versions())
-        from training.algorithms import torch_model  # torch only for torch models
+        from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
 
         setup = torch_model.setup_of(spec.model, config, spec.dataset, Path(location))
         return RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,

@@ -24,15 +24,15 @@ from typing import Any
 
 import yaml
 
-from training import schema
-from training.compression import CompressionSettings
-from training.data.settings import DataSettings
-from training.hierarchy import HierarchySettings
-from training.models.names import check_model_name, is_module_model
-from training.models.settings import ModelSettings
-from training.plugins import is_plugin_name as _is_plugin
-from training.schedule import ScheduleSettings
-from training.spec import RunSpec
+from thrift_trainer.training import schema
+from thrift_trainer.training.compression import CompressionSettings
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.hierarchy import HierarchySettings
+from thrift_trainer.training.models.names import check_model_name, is_module_model
+from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.plugins import is_plugin_name as _is_plugin
+from thrift_trainer.training.schedule import ScheduleSettings
+from thrift_trainer.training.spec import RunSpec
 
 # The documented defaults live in the package (config.yaml at the repository root links to
 # it), so an installed trainer has them too.

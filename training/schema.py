@@ -22,7 +22,7 @@ import functools
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from training.models.settings import ModelSettings
+from thrift_trainer.training.models.settings import ModelSettings
 
 INHERIT = {"null": "run"}  # null in config.yaml: the run key of the same name
 NULL_IS_DEFAULT = {"null": "default"}  # null in config.yaml: the algorithm's default

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from training.aggregation import weighted_mean
+from thrift_trainer.training.aggregation import weighted_mean
 
 Params = dict[str, np.ndarray]
 

@@ -31,16 +31,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training import compression, hierarchy, plugins, schedule
-from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.config_checks import ConfigError
-from training.compression import CompressionSettings
-from training.data.settings import SECTION as DATA
-from training.data.settings import DataSettings, DataSettingsError
-from training.hierarchy import HierarchySettings
-from training.models.settings import SECTION as MODEL
-from training.models.settings import ModelSettings, ModelSettingsError
-from training.schedule import ScheduleSettings
+from thrift_trainer.training import compression, hierarchy, plugins, schedule
+from thrift_trainer.training.aggregation import SECTION as AGGREGATION
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.compression import CompressionSettings
+from thrift_trainer.training.data.settings import SECTION as DATA
+from thrift_trainer.training.data.settings import DataSettings, DataSettingsError
+from thrift_trainer.training.hierarchy import HierarchySettings
+from thrift_trainer.training.models.settings import SECTION as MODEL
+from thrift_trainer.training.models.settings import ModelSettings, ModelSettingsError
+from thrift_trainer.training.schedule import ScheduleSettings
 
 EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training import aggregation
-from training.units import UnitOutput
+from thrift_trainer.training import aggregation
+from thrift_trainer.training.units import UnitOutput
 
 
 def part_bounds(size: int, part: int, parts: int, block: int = 1) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from training.cancel import UnitControl
+from thrift_trainer.training.cancel import UnitControl
 
 Weights = dict[str, np.ndarray]
 TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)

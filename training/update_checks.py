@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from training.units import TensorSpecs
+from thrift_trainer.training.units import TensorSpecs
 
 
 def specs_of(weights: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, tuple]:

@@ -30,9 +30,9 @@ from typing import Any
 from thrift.protocol.TProtocol import TProtocolBase, TProtocolException
 from thrift.Thrift import TApplicationException, TMessageType
 
-from wire import frame_scan
-from wire.generated import ttypes
-from wire.transport import FramedSocketTransport
+from thrift_trainer.wire import frame_scan
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.transport import FramedSocketTransport
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from thrift.protocol.TProtocol import TProtocolException
 from thrift.Thrift import TApplicationException, TException
 from thrift.transport.TTransport import TTransportException
 
-from wire.chunks import MessageRefused, PeerRefusedMessage
-from wire.generated import ttypes
-from wire.transport import WrongProtocol
+from thrift_trainer.wire.chunks import MessageRefused, PeerRefusedMessage
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.transport import WrongProtocol
 
 
 class WireError(Exception):

@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from wire import security
+from thrift_trainer.wire import security
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 from thrift.protocol.TBinaryProtocol import TBinaryProtocolFactory
 from thrift.TSerialization import deserialize, serialize
 
-from wire.generated import ttypes
+from thrift_trainer.wire.generated import ttypes
 
 # method -> (request type, result type)
 RELAYED_CALLS: dict[str, tuple[type, type]] = {

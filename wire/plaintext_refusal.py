@@ -22,7 +22,7 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException, TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
 
-from wire import frame_scan
+from thrift_trainer.wire import frame_scan
 
 MESSAGE = ("this server accepts only TLS connections; give the connecting side --tls-ca with "
            "the CA that signed the server's certificate")

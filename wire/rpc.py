@@ -30,12 +30,12 @@ from thrift.protocol.TProtocol import TProtocolBase
 from thrift.Thrift import TProcessor
 from thrift.transport.TTransport import TTransportException
 
-from wire import auth, plaintext_refusal, security
-from wire.chunks import MessageLimits
-from wire.errors import ConnectionFailed
-from wire.handler_errors import releasing_processor
-from wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
-from wire.transport import (
+from thrift_trainer.wire import auth, plaintext_refusal, security
+from thrift_trainer.wire.chunks import MessageLimits
+from thrift_trainer.wire.errors import ConnectionFailed
+from thrift_trainer.wire.handler_errors import releasing_processor
+from thrift_trainer.wire.limits import ConnectionSlots, FrameBudget, RefusalLog, ServerLimits
+from thrift_trainer.wire.transport import (
     FramedSocketTransport,
     IdleTimeout,
     ServerReads,

@@ -16,10 +16,10 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from wire import arg_types, chunks
-from wire.chunks import MessageLimits
-from wire.limits import ServerLimits
-from wire.transport import DEFAULT_MAX_FRAME_BYTES
+from thrift_trainer.wire import arg_types, chunks
+from thrift_trainer.wire.chunks import MessageLimits
+from thrift_trainer.wire.limits import ServerLimits
+from thrift_trainer.wire.transport import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
 

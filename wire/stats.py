@@ -186,7 +186,7 @@ class _CountingTransport(TTransportBase):
 def encoded_size(struct_: Any) -> int:
     """Bytes of a Thrift struct in the binary protocol, counted without encoding it (a
     unit's weights are not copied to learn their size)."""
-    from wire.transport import WireProtocol  # which imports this module
+    from thrift_trainer.wire.transport import WireProtocol  # which imports this module
 
     counter = _CountingTransport()
     struct_.write(WireProtocol(counter))

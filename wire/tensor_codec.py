@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from wire.generated import ttypes
+from thrift_trainer.wire.generated import ttypes
 
 ALLOWED_DTYPES: frozenset[str] = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}

@@ -46,10 +46,10 @@ from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TTransportBase, TTransportException
 
-from wire import chunks
-from wire import stats as wire_stats
-from wire.chunks import MessageLimits, MessageRefused, PeerRefusedMessage
-from wire.limits import FrameBudget
+from thrift_trainer.wire import chunks
+from thrift_trainer.wire import stats as wire_stats
+from thrift_trainer.wire.chunks import MessageLimits, MessageRefused, PeerRefusedMessage
+from thrift_trainer.wire.limits import FrameBudget
 
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 DEFAULT_CONTAINER_LIMIT = 1_000_000

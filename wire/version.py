@@ -1,6 +1,6 @@
 """The protocol-version handshake every service performs on its first call."""
 
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 # What a coordinator's ping answers as its node_id: a client checks that it reached one.
 COORDINATOR_ID = "coordinator"

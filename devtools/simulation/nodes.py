@@ -26,24 +26,24 @@ from typing import Any
 
 import numpy as np
 
-from engine import runtime
-from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
-from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable
-from engine.nodes.membership import Membership
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.nodes.thrift_client import task_result, work_request
-from engine.tasks import Task, TaskResult
-from training.algorithms import get_algorithm
-from training.cancel import UnitCancelled, UnitControl
-from training.compression import compress_update, decompress
-from training.data.paths import data_location
-from training.payload_checks import PayloadForm, check_payload
-from training.spec import RunSpec
-from training.units import UnitJob, UnitSpec
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.stats import PayloadBytes
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
+from thrift_trainer.engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.thrift_client import task_result, work_request
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.compression import compress_update, decompress
+from thrift_trainer.training.data.paths import data_location
+from thrift_trainer.training.payload_checks import PayloadForm, check_payload
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.training.units import UnitJob, UnitSpec
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.stats import PayloadBytes
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 log = logging.getLogger("simulation.nodes")
 

@@ -39,24 +39,24 @@ from typing import Any
 
 import numpy as np
 
-from coordinator import run_folder
-from coordinator.records import RunRequest
-from coordinator.run import CoordinatorSettings, Run
-from coordinator.run_store import RunStore
 from devtools.ledger_audit import RunShape, audit
 from devtools.simulation.accounting import discard_streak, failure_accounting
 from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.scheduler import SimHang, SimRuntime
-from engine import runtime
-from engine.ledger import STRICT_ENV, StoreUnavailable
-from engine.nodes.membership import Membership
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.round_engine import EngineSettings
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.run_config import load_run_config
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.coordinator import run_folder
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.coordinator.run import CoordinatorSettings, Run
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import STRICT_ENV, StoreUnavailable
+from thrift_trainer.engine.nodes.membership import Membership
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.round_engine import EngineSettings
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.run_config import load_run_config
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 log = logging.getLogger("simulation")
 

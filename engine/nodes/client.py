@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.nodes.nodes_file import NodeAddress
-from engine.records import NodeSummary
-from engine.tasks import Task, TaskResult
-from training.run_check import RunFacts
-from wire.stats import PayloadBytes
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.records import NodeSummary
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.training.run_check import RunFacts
+from thrift_trainer.wire.stats import PayloadBytes
 
 AttemptKey = tuple[str, str, int]  # run_id, unit_id, attempt
 

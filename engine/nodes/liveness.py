@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 HEARTBEAT_SECONDS = 1.0  # how often the coordinator pings push nodes (pull nodes call in)
 SUSPECT_SECONDS = 3.0  # silence that makes a node suspect ...

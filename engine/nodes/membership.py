@@ -24,13 +24,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import runtime
-from engine.nodes.errors import NodeUnavailable
-from engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS, Liveness
-from engine.nodes.nodes_file import NodeAddress
-from wire.chunks import limit_text, size_text
-from wire.generated import ttypes
-from wire.stats import encoded_size
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.errors import NodeUnavailable
+from thrift_trainer.engine.nodes.liveness import (
+    DEAD_SECONDS,
+    HEARTBEAT_SECONDS,
+    SUSPECT_SECONDS,
+    Liveness,
+)
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.wire.chunks import limit_text, size_text
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.stats import encoded_size
 
 log = logging.getLogger("coordinator.members")
 

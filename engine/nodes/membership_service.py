@@ -7,9 +7,9 @@ Both answer from a `Membership` (``self.membership``).
 
 from __future__ import annotations
 
-from engine.nodes.membership import MemberError, Membership
-from wire.generated import ttypes
-from wire.version import check_protocol_version
+from thrift_trainer.engine.nodes.membership import MemberError, Membership
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.version import check_protocol_version
 
 
 class MembershipService:

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import runtime
-from engine.nodes.local_host import LOCAL, WILDCARDS, canonical_host
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.local_host import LOCAL, WILDCARDS, canonical_host
 
 log = logging.getLogger("coordinator.nodes")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from engine import runtime
-from engine.nodes.client import NodeClient, NodePing
-from engine.nodes.errors import NodeError
-from engine.nodes.liveness import Liveness
-from engine.policies import NodeView
-from engine.records import NodeCounts, NodeSummary
-from engine.tasks import Task, TaskResult, TaskStatus
-from wire.stats import PayloadBytes
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.client import NodeClient, NodePing
+from thrift_trainer.engine.nodes.errors import NodeError
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.policies import NodeView
+from thrift_trainer.engine.records import NodeCounts, NodeSummary
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
+from thrift_trainer.wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.nodes")
 

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import runtime
-from engine.nodes.client import NodePing, RunQuery
-from engine.nodes.errors import AttemptAborted, NodeRefused, NodeUnavailable, NodeUnfit
-from engine.nodes.membership import Member, Pending, UnitKey, key_of
-from engine.nodes.pool import NodeHandle
-from engine.nodes.thrift_client import SessionRequests, task_result, work_request
-from engine.tasks import Task, TaskResult
-from wire import node_calls
-from wire.generated import ttypes
-from wire.stats import PayloadBytes, encoded_size
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.client import NodePing, RunQuery
+from thrift_trainer.engine.nodes.errors import (
+    AttemptAborted,
+    NodeRefused,
+    NodeUnavailable,
+    NodeUnfit,
+)
+from thrift_trainer.engine.nodes.membership import Member, Pending, UnitKey, key_of
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.thrift_client import SessionRequests, task_result, work_request
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.wire import node_calls
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.stats import PayloadBytes, encoded_size
 
 QUICK_CALL_SECONDS = 15.0  # a relayed control call (drop_sessions) waits this long
 

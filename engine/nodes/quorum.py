@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine import runtime
-from engine.nodes.pool import NodeHandle
-from engine.progress import RunProgress
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.progress import RunProgress
 
 log = logging.getLogger("coordinator.engine")
 

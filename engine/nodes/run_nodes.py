@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from engine.nodes.liveness import Liveness
-from engine.nodes.local_host import canonical_host
-from engine.nodes.membership import Member, Membership
-from engine.nodes.nodes_file import NodeAddress, NodesFileError
-from engine.nodes.pool import NodeHandle
-from engine.nodes.pull_client import PullNodeHandle
-from engine.nodes.thrift_client import pushed_node
-from engine.records import NodeCounts, NodeSummary
-from wire.stats import PayloadBytes
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.nodes.local_host import canonical_host
+from thrift_trainer.engine.nodes.membership import Member, Membership
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress, NodesFileError
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.pull_client import PullNodeHandle
+from thrift_trainer.engine.nodes.thrift_client import pushed_node
+from thrift_trainer.engine.records import NodeCounts, NodeSummary
+from thrift_trainer.wire.stats import PayloadBytes
 
 log = logging.getLogger("coordinator.run")
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine import runtime
-from engine.tasks import Task
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.tasks import Task
 
 VERSIONS_PER_RUN = 2  # as many as a node keeps (compute_node/weight_cache.py)
 MAX_RUNS = 4

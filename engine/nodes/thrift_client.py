@@ -13,9 +13,9 @@ import contextlib
 from dataclasses import asdict
 from typing import Any
 
-from engine import runtime
-from engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
-from engine.nodes.errors import (
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.client import AttemptKey, NodePing, RunAnswer, RunQuery
+from thrift_trainer.engine.nodes.errors import (
     AnswerTooLarge,
     AttemptAborted,
     InvalidResult,
@@ -27,13 +27,13 @@ from engine.nodes.errors import (
     NodeUnavailable,
     NodeUnfit,
 )
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.nodes.sent_weights import SentWeights
-from engine.records import NodeSummary
-from engine.tasks import Task, TaskResult, TaskStatus, Tensors
-from training.run_check import RunFacts
-from wire.errors import (
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.sent_weights import SentWeights
+from thrift_trainer.engine.records import NodeSummary
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus, Tensors
+from thrift_trainer.training.run_check import RunFacts
+from thrift_trainer.wire.errors import (
     CALL_ERRORS,
     BadRequest,
     CallTimedOut,
@@ -44,10 +44,10 @@ from wire.errors import (
     mapped,
     wire_error,
 )
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ConnectionPool, transport_of
-from wire.stats import PayloadBytes
-from wire.tensor_codec import CodecError, dict_to_wire, specs_to_wire, wire_to_dict
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import ConnectionPool, transport_of
+from thrift_trainer.wire.stats import PayloadBytes
+from thrift_trainer.wire.tensor_codec import CodecError, dict_to_wire, specs_to_wire, wire_to_dict
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 _STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import gan_quality  # noqa: E402
 
-from training.outputs.plots import save_grid  # noqa: E402
+from thrift_trainer.training.outputs.plots import save_grid  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from devtools import gpt_example, torch_baselines
-from training import plugins
-from training.algorithms import torch_model
-from training.models import modules
-from training.models.module_training import evaluate
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms import torch_model
+from thrift_trainer.training.models import modules
+from thrift_trainer.training.models.module_training import evaluate
 
 TINY = {"block_size": 16, "d_model": 16, "n_layer": 1, "n_head": 2}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from training import plugins
-from training.models import modules
-from training.models.settings import DataShape
+from thrift_trainer.training import plugins
+from thrift_trainer.training.models import modules
+from thrift_trainer.training.models.settings import DataShape
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "plugin_overhead.py"
 _SPEC = importlib.util.spec_from_file_location("bench_plugin_overhead", _PATH)

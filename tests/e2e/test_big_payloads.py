@@ -27,8 +27,8 @@ from devtools import local_cluster as procs
 from tests.hostile import BROKEN_SEQUENCES, answer_to_announcement, chunked_call, hangs_up_within
 from tests.integration.test_relays import relay_over
 from tests.integration.test_wire_rpc import work
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 WIDE_MLP = textwrap.dedent('''
     from torch import nn

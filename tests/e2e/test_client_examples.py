@@ -28,8 +28,8 @@ from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.programs import missing_commands, require
 from tests.tls_certs import Certs, make_certs
-from training.outputs.model_file import load_model
-from wire.tensor_codec import ALLOWED_DTYPES, to_wire
+from thrift_trainer.training.outputs.model_file import load_model
+from thrift_trainer.wire.tensor_codec import ALLOWED_DTYPES, to_wire
 
 NODE_EXAMPLE = REPO / "examples" / "node"
 PYTHON_EXAMPLE = REPO / "examples" / "python" / "train.py"

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.checkpoint import Checkpoint, save_checkpoint
 from devtools.local_cluster import REPO, python_env
 from tests.hostile import lie_about_size
-from training.models import mlp
-from training.outputs.model_file import save_model
+from thrift_trainer.coordinator.checkpoint import Checkpoint, save_checkpoint
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.outputs.model_file import save_model
 
 SPEC = mlp.MLPSpec(hidden=(20,))
 RUN_ID = "damaged"

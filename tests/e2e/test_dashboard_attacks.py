@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import Cluster
 from tests.hostile import ATTACKER, attacker_socket, hangs_up_within, peak_bytes
 from tests.tls_certs import make_certs
-from wire.generated import Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire.generated import Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 TOKEN = "dashboard-attack-token"
 HOST = "127.0.0.1"

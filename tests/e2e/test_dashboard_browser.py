@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.checkpoint import METRICS_FILE
-from coordinator.run_store import RunStore
 from tests.conftest import Cluster
 from tests.programs import require
+from thrift_trainer.coordinator.checkpoint import METRICS_FILE
+from thrift_trainer.coordinator.run_store import RunStore
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver; never downloaded
 CHROMIUM = Path("/usr/bin/chromium")

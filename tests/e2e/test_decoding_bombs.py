@@ -20,8 +20,8 @@ from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient, peak_bytes, resident_bytes
 from tests.waiting import wait_until
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 MIB = 1024 * 1024
 BOMB_ELEMENTS = 1 << 27  # the most a topk part may claim: 1 GiB of float64

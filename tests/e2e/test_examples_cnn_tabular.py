@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from devtools.local_cluster import REPO
-from training.data import mnist
+from thrift_trainer.training.data import mnist
 
 CNN = REPO / "examples" / "cnn"
 TABULAR = REPO / "examples" / "tabular"

@@ -37,9 +37,9 @@ from thrift.transport.TTransport import TMemoryBuffer
 from devtools.local_cluster import Proc
 from tests.conftest import Cluster
 from tests.hostile import hangs_up_within, resident_bytes
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from wire.rpc import connect
-from wire.tensor_codec import dict_to_wire
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
+from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 SEED = 20240521
 CASES_PER_SERVER = 300

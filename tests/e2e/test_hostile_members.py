@@ -18,8 +18,8 @@ from devtools import local_cluster as procs
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient
 from tests.waiting import wait_until
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 TOKEN = "members-token"
 HOST = "127.0.0.1"

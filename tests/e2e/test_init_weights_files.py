@@ -12,8 +12,8 @@ import numpy as np
 
 from tests.conftest import Cluster
 from tests.hostile import lie_about_size, peak_bytes
-from training.models.modules import mlp_classifier
-from training.outputs.model_file import save_model
+from thrift_trainer.training.models.modules import mlp_classifier
+from thrift_trainer.training.outputs.model_file import save_model
 
 MIB = 1024 * 1024
 PEAK_GROWTH_LIMIT = 256 * MIB

@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-from compute_node.sessions import SessionStore
 from devtools.local_cluster import REPO, start_pull_node
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.pool import NodeHandle
-from engine.nodes.thrift_client import pushed_node
-from engine.session_moves import NodeSessions
-from engine.tasks import Task, TaskStatus
-from training.algorithms.fl_gan import FLGan
-from training.algorithms.md_gan import MDGan
-from training.algorithms.md_gan_node import Discriminator
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import gan_models
-from training.outputs import gan_metrics
-from training.outputs.model_file import load_model
-from training.units import UnitJob, UnitSpec
-from wire.tensor_codec import wire_to_dict
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pool import NodeHandle
+from thrift_trainer.engine.nodes.thrift_client import pushed_node
+from thrift_trainer.engine.session_moves import NodeSessions
+from thrift_trainer.engine.tasks import Task, TaskStatus
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.algorithms.md_gan_node import Discriminator
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.outputs import gan_metrics
+from thrift_trainer.training.outputs.model_file import load_model
+from thrift_trainer.training.units import UnitJob, UnitSpec
+from thrift_trainer.wire.tensor_codec import wire_to_dict
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 
 CNN = REPO / "examples" / "cnn"
 REFUSED = 2  # the client's exit status for a request the coordinator refuses

@@ -13,9 +13,9 @@ from devtools.local_cluster import REPO, run_client
 from tests.conftest import Cluster
 from tests.e2e.test_commands import run_script
 from tests.tls_certs import Certs, make_certs
-from wire import security
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire import security
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 TOKEN = "e2e-shared-token-1234"
 TWO_ROUNDS = ["letters", "2", "15", "20", "0.0001", "--compat"]

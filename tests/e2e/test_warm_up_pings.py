@@ -12,9 +12,9 @@ from devtools.local_cluster import REPO, Proc, python_env
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient, resident_bytes
 from tests.waiting import wait_until
-from training.models.names import BUILT_IN_MODELS
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import connect
+from thrift_trainer.training.models.names import BUILT_IN_MODELS
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import connect
 
 MIB = 1024 * 1024
 HOST = "127.0.0.1"

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.thrift_client import ThriftNodeClient
-from engine.tasks import Task, TaskResult, TaskStatus
-from training.models import mlp
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.thrift_client import ThriftNodeClient
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
+from thrift_trainer.training.models import mlp
 
 HOST = "127.0.0.1"
 HIDDEN = 200  # weights of about 70 kB (float64), far more than the rest of a request

@@ -30,12 +30,17 @@ from tests.hostile import (
     hangs_up_within,
 )
 from tests.integration.test_wire_rpc import EchoNode, work
-from wire.chunks import ChunkSequenceError, MessageLimits, MessageRefused, PeerRefusedMessage
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.limits import ServerLimits
-from wire.rpc import ThriftServer, connect, transport_of
-from wire.tensor_codec import from_wire, to_wire
-from wire.transport import FramedSocketTransport, WireProtocolFactory
+from thrift_trainer.wire.chunks import (
+    ChunkSequenceError,
+    MessageLimits,
+    MessageRefused,
+    PeerRefusedMessage,
+)
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.limits import ServerLimits
+from thrift_trainer.wire.rpc import ThriftServer, connect, transport_of
+from thrift_trainer.wire.tensor_codec import from_wire, to_wire
+from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

@@ -17,11 +17,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from coordinator.drills import DIES_AT_VARIABLE
-from coordinator.postgres_store import PostgresRunStore
 from devtools import local_cluster as procs
 from devtools.ledger_audit import RunShape, audit
-from training.outputs.model_file import load_model
+from thrift_trainer.coordinator.drills import DIES_AT_VARIABLE
+from thrift_trainer.coordinator.postgres_store import PostgresRunStore
+from thrift_trainer.training.outputs.model_file import load_model
 
 ROUNDS = 6
 # Server momentum keeps state between rounds: a takeover that lost it would change the bits.

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster as procs
-from training.outputs.model_file import load_model
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.training.outputs.model_file import load_model
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 ROUNDS = 6
 # Server momentum keeps state between rounds: a resume that lost it would change the bits.

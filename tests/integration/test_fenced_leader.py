@@ -19,8 +19,8 @@ from tests.integration.test_failover import (
     _same_weights,
     uninterrupted,
 )
-from wire.generated import Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire.generated import Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 __all__ = ["uninterrupted"]  # the module's fixture, shared with test_failover
 

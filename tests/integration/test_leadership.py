@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import psycopg
 import pytest
 
-from coordinator.handler import CoordinatorHandler
-from coordinator.leadership import Leader, LeaseKeeper
-from coordinator.postgres_store import LeadershipLost, PostgresRunStore
-from coordinator.records import RunFailed
-from coordinator.run import CoordinatorSettings
 from tests.waiting import wait_until
-from training.data.paths import DEFAULT_DATA_ROOT
-from wire.generated import ttypes
+from thrift_trainer.coordinator.handler import CoordinatorHandler
+from thrift_trainer.coordinator.leadership import Leader, LeaseKeeper
+from thrift_trainer.coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from thrift_trainer.coordinator.records import RunFailed
+from thrift_trainer.coordinator.run import CoordinatorSettings
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.wire.generated import ttypes
 
 LEASE = 0.5
 

@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compute_node import cli
-from compute_node.handler import run_unit
-from compute_node.local_workers import LocalWorkers, WorkerLost
 from devtools import local_cluster as procs
 from tests.waiting import wait_until
-from training.algorithms.delta_avg import DeltaAveraging
-from training.algorithms.fl_gan import FLGan
-from training.algorithms.sync_sgd import SyncSGD
-from training.cancel import UnitCancelled, UnitControl
-from training.unit_parts import weighted_mean
-from training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.compute_node import cli
+from thrift_trainer.compute_node.handler import run_unit
+from thrift_trainer.compute_node.local_workers import LocalWorkers, WorkerLost
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.unit_parts import weighted_mean
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
 
 DATA = procs.REPO / "data"
 LETTERS = ["--config", str(procs.REPO / "configs" / "letters_sync_sgd.yaml"),

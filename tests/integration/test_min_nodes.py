@@ -6,8 +6,8 @@ import json
 
 from devtools import local_cluster as procs
 from tests.waiting import wait_until
-from wire.generated import Coordinator, ttypes
-from wire.rpc import connect
+from thrift_trainer.wire.generated import Coordinator, ttypes
+from thrift_trainer.wire.rpc import connect
 
 LONG_RUN = ["letters", "30", "15", "20", "0.0001", "--compat"]
 # Every unit waits 0.2s on its node (policy 1, load 1.0), so 30 rounds take well over the

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.nodes.errors import (
+from thrift_trainer.engine.nodes.errors import (
     AttemptAborted,
     InvalidResult,
     NodeIncompatible,
@@ -19,11 +19,11 @@ from engine.nodes.errors import (
     NodeTimedOut,
     NodeUnavailable,
 )
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.thrift_client import ThriftNodeClient
-from engine.tasks import Task, TaskStatus
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ThriftServer
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.thrift_client import ThriftNodeClient
+from thrift_trainer.engine.tasks import Task, TaskStatus
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import ThriftServer
 
 HOST = "127.0.0.1"
 WAIT = 20.0

@@ -18,9 +18,9 @@ from thrift.Thrift import TApplicationException, TMessageType
 from thrift.transport.TTransport import TMemoryBuffer
 
 from tests.tls_certs import make_certs
-from wire import plaintext_refusal, security
-from wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
-from wire.rpc import ThriftServer
+from thrift_trainer.wire import plaintext_refusal, security
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, Coordinator, ttypes
+from thrift_trainer.wire.rpc import ThriftServer
 
 HOST = "127.0.0.1"
 WAIT = 10.0

@@ -12,9 +12,12 @@ import numpy as np
 import psycopg
 import pytest
 
-from coordinator import postgres_keeping
-from coordinator.kept_results import packed, unpacked
-from coordinator.postgres_store import (
+from tests.unit import test_run_store as sqlite_tests
+from tests.unit.test_run_store import A, B, FakeClock
+from tests.waiting import wait_until
+from thrift_trainer.coordinator import postgres_keeping
+from thrift_trainer.coordinator.kept_results import packed, unpacked
+from thrift_trainer.coordinator.postgres_store import (
     FILE_PART_BYTES,
     SCHEMA_VERSION,
     ConnectionLost,
@@ -23,10 +26,7 @@ from coordinator.postgres_store import (
     PostgresRunStore,
     redacted,
 )
-from coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
-from tests.unit import test_run_store as sqlite_tests
-from tests.unit.test_run_store import A, B, FakeClock
-from tests.waiting import wait_until
+from thrift_trainer.coordinator.run_store import RunStoreError, SchemaError, StoreUnavailable
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import pytest
 
 from devtools import local_cluster as procs
 from devtools.local_cluster import REPO
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.thrift_client import ThriftNodeClient
 from tests.tls_certs import make_certs
 from tests.waiting import wait_until
-from training.outputs.model_file import load_model
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.thrift_client import ThriftNodeClient
+from thrift_trainer.training.outputs.model_file import load_model
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 # sync SGD with K = N: every unit's gradient is used, so a relay's slices must add up to it

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.postgres_store import PostgresRunStore
-from coordinator.run_store import RunStore
-from coordinator.store_protocol import ResultKeeper, RunFiles, Store
 from tests.unit import test_run_store as ledger_tests
 from tests.unit.test_run_store import A, B, FakeClock, clock, store  # noqa: F401 - fixtures
+from thrift_trainer.coordinator.postgres_store import PostgresRunStore
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.coordinator.store_protocol import ResultKeeper, RunFiles, Store
 
 
 def _contract_tests() -> dict[str, Callable]:

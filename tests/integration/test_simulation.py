@@ -23,8 +23,8 @@ import pytest
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.shrink import problem_kind, shrink
 from devtools.simulation.world import simulate
-from engine.update_filters import Tensors
-from engine.work_queue import WorkQueue
+from thrift_trainer.engine.update_filters import Tensors
+from thrift_trainer.engine.work_queue import WorkQueue
 
 REPO = Path(__file__).resolve().parents[2]
 KEPT_PLANS = sorted((REPO / "tests" / "simulation_plans").glob("*.json"))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.postgres_store import ConnectionLost, PostgresRunStore
 from devtools import local_cluster as procs
 from tests.integration.test_failover import TRAIN
+from thrift_trainer.coordinator.postgres_store import ConnectionLost, PostgresRunStore
 
 OUTAGE = "2"  # seconds: --store-outage, short so that the test is
 AGAIN = ["letters", "2", "2", "16", "0.01"]  # the run after the outage: two rounds

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from client.cli import parse_train_args, train_config
 from devtools.local_cluster import REPO, run_client, write_nodes_file
-from training.algorithms.delta_avg import DeltaAveraging
-from training.outputs.model_file import load_model
-from training.units import UnitJob
+from thrift_trainer.client.cli import parse_train_args, train_config
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.outputs.model_file import load_model
+from thrift_trainer.training.units import UnitJob
 
 ASSIGNMENT = ["letters", "5", "15", "20", "0.0001", "--compat"]
 FAST_DELAY = ["--load-delay", "0.2"]

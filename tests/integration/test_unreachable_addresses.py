@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from thrift.Thrift import TApplicationException
 
-from client import session
 from tests.integration.test_node_client import closed_port
 from tests.unit.test_coordinator_handler import train_request
 from tests.unit.test_node_sessions import State, handler
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.client import session
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 
 def test_a_send_to_an_unreachable_node_answers_not_ok_with_the_reason() -> None:

@@ -24,10 +24,16 @@ from thrift.transport.TTransport import TMemoryBuffer
 from tests import waiting
 from tests.hostile import recv_exactly
 from tests.integration.test_wire_rpc import EchoNode, framed, hangs_up, work
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.limits import ServerLimits
-from wire.rpc import ACCEPT_BACKOFF_SECONDS, ConnectionPool, ThriftServer, connect, transport_of
-from wire.transport import WireProtocolFactory
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.limits import ServerLimits
+from thrift_trainer.wire.rpc import (
+    ACCEPT_BACKOFF_SECONDS,
+    ConnectionPool,
+    ThriftServer,
+    connect,
+    transport_of,
+)
+from thrift_trainer.wire.transport import WireProtocolFactory
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

@@ -20,9 +20,9 @@ from thrift.Thrift import TApplicationException
 from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TFramedTransport, TTransportException
 
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.limits import ServerLimits
-from wire.rpc import (
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.limits import ServerLimits
+from thrift_trainer.wire.rpc import (
     ConnectionFailed,
     ConnectionPool,
     ThriftServer,
@@ -30,8 +30,8 @@ from wire.rpc import (
     set_read_timeout,
     transport_of,
 )
-from wire.tensor_codec import dict_to_wire, from_wire, to_wire, wire_to_dict
-from wire.transport import FramedSocketTransport, WireProtocolFactory
+from thrift_trainer.wire.tensor_codec import dict_to_wire, from_wire, to_wire, wire_to_dict
+from thrift_trainer.wire.transport import FramedSocketTransport, WireProtocolFactory
 
 WAIT = 10.0  # upper bound of every wait in this file
 SERVER_MAX_FRAME = 64 * 1024 * 1024

@@ -21,10 +21,16 @@ from thrift.transport.TTransport import TTransportException
 
 from tests.integration.test_wire_rpc import PING, EchoNode, hangs_up, work
 from tests.tls_certs import Certs, make_certs
-from wire import security
-from wire.generated import ComputeNode, Coordinator, ttypes
-from wire.rpc import ConnectionFailed, ConnectionPool, ThriftServer, connect, transport_of
-from wire.tensor_codec import from_wire
+from thrift_trainer.wire import security
+from thrift_trainer.wire.generated import ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.rpc import (
+    ConnectionFailed,
+    ConnectionPool,
+    ThriftServer,
+    connect,
+    transport_of,
+)
+from thrift_trainer.wire.tensor_codec import from_wire
 
 WAIT = 10.0  # upper bound of every wait in this file
 HOST = "127.0.0.1"

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wire import stats
-from wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
-from wire.rpc import ThriftServer, connect, transport_of
-from wire.tensor_codec import to_wire
+from thrift_trainer.wire import stats
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
+from thrift_trainer.wire.rpc import ThriftServer, connect, transport_of
+from thrift_trainer.wire.tensor_codec import to_wire
 
 WAIT = 10.0
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from training import plugins
+from thrift_trainer.training import plugins
 
 
 @pytest.fixture

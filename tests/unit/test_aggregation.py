@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import cli
-from training.aggregation import aggregate, check_settings
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.delta_avg import DeltaAveraging
-from training.algorithms.fl_gan import FLGan
-from training.algorithms.md_gan import MDGan
-from training.algorithms.sync_sgd import SyncSGD
-from training.run_config import load_run_config
-from training.schema import AggregationSettings, defaults
-from training.units import UnitResult
+from thrift_trainer.client import cli
+from thrift_trainer.training.aggregation import aggregate, check_settings
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.run_config import load_run_config
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitResult
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "data" / "letters"  # 11 train_* files: 11 updates a round

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.run_store import RunStore
-from engine.attempt_log import AttemptEnd, AttemptLog
-from engine.ledger import UnitLedger
-from engine.progress import CANCELLED, RunProgress
-from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.engine.attempt_log import AttemptEnd, AttemptLog
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.progress import CANCELLED, RunProgress
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 
 # end -> the status the ledger gives the attempt and its unit (a unit still waiting)
 EXPECTED = {

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from wire.auth import TokenClient, TokenGuard, check_token, guard_processor, unwrap
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.auth import TokenClient, TokenGuard, check_token, guard_processor, unwrap
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 
 TOKEN = "s3cret-token"
 SERVICES = {"ComputeNode": ComputeNode, "Coordinator": Coordinator}

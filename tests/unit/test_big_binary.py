@@ -12,10 +12,10 @@ import numpy as np
 from thrift.Thrift import TMessageType
 from thrift.transport.TTransport import TTransportBase
 
-from wire import frame_scan
-from wire.generated import ComputeNode, ttypes
-from wire.tensor_codec import from_wire, to_wire
-from wire.transport import BIG_BINARY, WireProtocol
+from thrift_trainer.wire import frame_scan
+from thrift_trainer.wire.generated import ComputeNode, ttypes
+from thrift_trainer.wire.tensor_codec import from_wire, to_wire
+from thrift_trainer.wire.transport import BIG_BINARY, WireProtocol
 
 BIG = 2**31 + 8  # bytes: over what an i32 length says
 

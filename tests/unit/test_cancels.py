@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.cancels import CancelSender
+from thrift_trainer.engine.cancels import CancelSender
 
 
 class SlowNode:

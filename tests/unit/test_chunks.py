@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from wire import chunks
-from wire.chunks import ChunkSequenceError, Receipt
+from thrift_trainer.wire import chunks
+from thrift_trainer.wire.chunks import ChunkSequenceError, Receipt
 
 PEER = "127.0.0.1:9091"
 _WORD = struct.Struct("!I")

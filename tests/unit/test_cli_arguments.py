@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from client import cli as client_cli
-from compute_node import cli as node_cli
-from coordinator import cli as coordinator_cli
-from training.models.names import GAN_MODELS
+from thrift_trainer.client import cli as client_cli
+from thrift_trainer.compute_node import cli as node_cli
+from thrift_trainer.coordinator import cli as coordinator_cli
+from thrift_trainer.training.models.names import GAN_MODELS
 
 # Options where 0 is meaningful: any free port, no limit, no delay, from the first unit.
 ZERO_ALLOWED = {"port:listen", "--max-update-norm", "--load-delay", "--crash-after-units",
@@ -156,8 +156,8 @@ def test_status_and_runs_have_no_progress_display_to_quieten(command, capsys):
 
 
 def test_evaluate_refuses_an_option_that_does_not_apply_to_the_model(tmp_path, capsys):
-    from training.models import mlp
-    from training.outputs.model_file import save_model
+    from thrift_trainer.training.models import mlp
+    from thrift_trainer.training.outputs.model_file import save_model
 
     spec = mlp.MLPSpec()
     model = save_model(tmp_path / "m.npz", mlp.init_params(spec),

@@ -9,8 +9,8 @@ import re
 import pytest
 from rich.console import Console
 
-from client import display
-from wire.generated import ttypes
+from thrift_trainer.client import display
+from thrift_trainer.wire.generated import ttypes
 
 
 def rendered(renderable: object, width: int = 100) -> str:

@@ -7,8 +7,8 @@ import pytest
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
 
-from client import session
-from client.errors import (
+from thrift_trainer.client import session
+from thrift_trainer.client.errors import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -24,10 +24,10 @@ from client.errors import (
     coordinator_error,
     mapped_errors,
 )
-from wire.chunks import MessageRefused, PeerRefusedMessage
-from wire.errors import ConnectionFailed
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.transport import WrongProtocol
+from thrift_trainer.wire.chunks import MessageRefused, PeerRefusedMessage
+from thrift_trainer.wire.errors import ConnectionFailed
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.transport import WrongProtocol
 
 WHERE = "h:9095"
 REFUSED = "cannot connect to h:9095: connection refused (is the server running on that port?)"

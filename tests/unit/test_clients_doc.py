@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from devtools.local_cluster import REPO
-from training.schema import OutputSettings, defaults
-from wire import plaintext_refusal
-from wire.tensor_codec import ALLOWED_DTYPES
+from thrift_trainer.training.schema import OutputSettings, defaults
+from thrift_trainer.wire import plaintext_refusal
+from thrift_trainer.wire.tensor_codec import ALLOWED_DTYPES
 
 sys.path.insert(0, str(REPO / "scripts"))
 import gen_clients_doc  # noqa: E402 - a script, imported from scripts/

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compute_node.sessions import SessionStore
-from training.algorithms import ConfigError, get_algorithm
-from training.compression import (
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.compression import (
     NONE,
     CompressionSettings,
     check_supported,
@@ -19,7 +19,7 @@ from training.compression import (
     settings_from,
     split_config,
 )
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 
 def _update(seed: int = 0) -> dict[str, np.ndarray]:
@@ -243,7 +243,7 @@ def test_averaging_algorithms_accept_every_codec() -> None:
 
 
 def test_sync_sgd_residuals_follow_the_unit_slot() -> None:
-    from training.units import UnitSpec
+    from thrift_trainer.training.units import UnitSpec
     cls = get_algorithm("sync_sgd")
     config = {"units_per_iteration": 4}
     slots = [cls.unit_slot(UnitSpec(f"unit{n}-0-320", "f"), config) for n in (1, 5, 9, 2)]
@@ -255,11 +255,11 @@ def test_a_node_sends_topk_with_feedback_and_takes_fp16_weights() -> None:
     what was left out kept under the run and unit for the next update."""
     import json
 
-    from compute_node.handler import ComputeNodeHandler
-    from compute_node.load import LoadSimulator
-    from training.data.paths import DEFAULT_DATA_ROOT
-    from training.models import mlp
-    from wire.generated import PROTOCOL_VERSION, ttypes
+    from thrift_trainer.compute_node.handler import ComputeNodeHandler
+    from thrift_trainer.compute_node.load import LoadSimulator
+    from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+    from thrift_trainer.training.models import mlp
+    from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
     weights = mlp.init_params(mlp.MLPSpec(hidden=(20,)))
     settings = CompressionSettings(up="topk", down="fp16", topk_fraction=0.1)
@@ -282,7 +282,7 @@ def test_a_node_sends_topk_with_feedback_and_takes_fp16_weights() -> None:
 
 
 def test_the_run_config_sends_compression_only_when_a_codec_is_on() -> None:
-    from training.run_config import RunConfigError, load_run_config
+    from thrift_trainer.training.run_config import RunConfigError, load_run_config
 
     plain = load_run_config(None, [])
     assert "compression" not in plain.algorithm_config()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from training import schema
-from training.run_config import CONFIG_FILE, SECTIONS, file_defaults
+from thrift_trainer.training import schema
+from thrift_trainer.training.run_config import CONFIG_FILE, SECTIONS, file_defaults
 
 
 def _typed(value: object) -> object:

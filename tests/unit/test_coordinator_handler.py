@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.handler import CoordinatorHandler
-from coordinator.run import CoordinatorSettings
-from coordinator.store_lock import StoreInUse
-from training.data.paths import DEFAULT_DATA_ROOT
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.coordinator.handler import CoordinatorHandler
+from thrift_trainer.coordinator.run import CoordinatorSettings
+from thrift_trainer.coordinator.store_lock import StoreInUse
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 
 def handler(tmp_path: Path, nodes: str = "127.0.0.1,1\n") -> CoordinatorHandler:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dashboard import run_files
+from thrift_trainer.dashboard import run_files
 
 
 def _write(run_dir: Path, text: str) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.run import CoordinatorSettings
-from coordinator.run_store import RunStore
-from dashboard.views import Views
+from thrift_trainer.coordinator.run import CoordinatorSettings
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.dashboard.views import Views
 
 
 @dataclass

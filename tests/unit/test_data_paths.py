@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from training.data import paths
-from training.data.datasets import load_data
-from training.data.paths import DataPathError, data_location, resolve_under
-from training.data.settings import DataSettings
+from thrift_trainer.training.data import paths
+from thrift_trainer.training.data.datasets import load_data
+from thrift_trainer.training.data.paths import DataPathError, data_location, resolve_under
+from thrift_trainer.training.data.settings import DataSettings
 
 ROWS = "".join(f"{i % 7},{i % 5},{i % 2}\n" for i in range(20))
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from PIL import Image
 
-from training import plugins
-from training.data.datasets import DataError, held_out, load_data
-from training.data.letters import load_letters
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.data.settings import DataSettings
-from training.data.tables import TableError
-from training.plugins import PluginError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.data.datasets import DataError, held_out, load_data
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.data.tables import TableError
+from thrift_trainer.training.plugins import PluginError
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 

@@ -8,15 +8,15 @@ import threading
 
 import torch
 
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine
-from engine.tasks import Task
 from tests.inprocess import LocalNode
-from training.algorithms.md_gan import MDGan
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.units import UnitSpec
-from wire.rpc import ConnectionFailed
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.units import UnitSpec
+from thrift_trainer.wire.rpc import ConnectionFailed
 
 torch.set_num_threads(1)
 

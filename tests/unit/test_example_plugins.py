@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from compute_node.sessions import SessionStore
 from devtools.local_cluster import REPO
-from training.algorithms import ConfigError
-from training.compression import CompressionSettings, compress_update, decompress
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.plugins import allow, reset
-from training.units import UnitJob
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training.algorithms import ConfigError
+from thrift_trainer.training.compression import CompressionSettings, compress_update, decompress
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.plugins import allow, reset
+from thrift_trainer.training.units import UnitJob
 
 EXAMPLES = REPO / "examples" / "plugins"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wire.launch import exposure_warning
+from thrift_trainer.wire.launch import exposure_warning
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "node7.example"])

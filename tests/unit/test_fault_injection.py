@@ -8,16 +8,16 @@ import threading
 import numpy as np
 import pytest
 
-from compute_node import faults
-from compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faults
-from compute_node.handler import ComputeNodeHandler
 from tests.unit.test_node_handler import handler, request
 from tests.waiting import wait_until
-from training.algorithms.delta_avg import DeltaAveraging
-from training.cancel import UnitCancelled, UnitControl
-from training.units import UnitJob, UnitOutput, UnitSpec
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import wire_to_dict
+from thrift_trainer.compute_node import faults
+from thrift_trainer.compute_node.faults import FaultPlan, FaultyNode, corrupt_update, with_faults
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import wire_to_dict
 
 
 def update(seed: int = 0) -> dict[str, np.ndarray]:

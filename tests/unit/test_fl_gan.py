@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.fl_gan import FLGan
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.gan_training import shard_indices
-from training.models import gan_models
-from training.run_config import load_run_config
-from training.units import UnitJob, UnitResult
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.gan_training import shard_indices
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.run_config import load_run_config
+from thrift_trainer.training.units import UnitJob, UnitResult
 
 torch.set_num_threads(1)
 

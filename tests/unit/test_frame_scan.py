@@ -11,9 +11,9 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
 
-from wire.frame_scan import ScanError, scan_call, skip_value
-from wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
-from wire.tensor_codec import dict_to_wire
+from thrift_trainer.wire.frame_scan import ScanError, scan_call, skip_value
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 
 def message(method: str, args: Any, seqid: int = 9, strict: bool = True) -> memoryview:

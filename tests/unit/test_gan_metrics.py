@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import mnist
-from training.outputs import gan_metrics
-from training.outputs.gan_metrics import Gaussian, frechet_distance, inception_score, score_images
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.outputs import gan_metrics
+from thrift_trainer.training.outputs.gan_metrics import (
+    Gaussian,
+    frechet_distance,
+    inception_score,
+    score_images,
+)
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.models.gan_models import (
+from thrift_trainer.training.models.gan_models import (
     GAN_MODELS,
     GanSpec,
     build_gan,

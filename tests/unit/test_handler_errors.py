@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from wire.generated import ttypes
-from wire.handler_errors import ReleasingHandler
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.handler_errors import ReleasingHandler
 
 
 class Request:

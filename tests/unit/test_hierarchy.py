@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from compute_node import cli
-from compute_node.handler import run_unit, share_of
-from compute_node.relay import local_rounds, member_shares
-from training.algorithms import get_algorithm
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.delta_avg import DeltaAveraging
-from training.data.letters import load_letters
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.hierarchy import FLAT, check_usable, join_hierarchy, settings_from, split_hierarchy
-from training.units import UnitJob, UnitSpec
-from wire.generated import ttypes
+from thrift_trainer.compute_node import cli
+from thrift_trainer.compute_node.handler import run_unit, share_of
+from thrift_trainer.compute_node.relay import local_rounds, member_shares
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.hierarchy import (
+    FLAT,
+    check_usable,
+    join_hierarchy,
+    settings_from,
+    split_hierarchy,
+)
+from thrift_trainer.training.units import UnitJob, UnitSpec
+from thrift_trainer.wire.generated import ttypes
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 

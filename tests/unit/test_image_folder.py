@@ -9,7 +9,12 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data.image_folder import ImageFolder, ImageFolderError, list_images, load_image
+from thrift_trainer.training.data.image_folder import (
+    ImageFolder,
+    ImageFolderError,
+    list_images,
+    load_image,
+)
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.run_store import IllegalTransition, RunStore, StoreUnavailable, UnknownRecord
-from engine.ledger import UnitLedger
+from thrift_trainer.coordinator.run_store import (
+    IllegalTransition,
+    RunStore,
+    StoreUnavailable,
+    UnknownRecord,
+)
+from thrift_trainer.engine.ledger import UnitLedger
 
 
 def test_a_refused_write_is_only_logged_when_not_strict(

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data.letters import DataFormatError, load_letters
+from thrift_trainer.training.data.letters import DataFormatError, load_letters
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "letters"
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.waiting import wait_until
-from wire.limits import ConnectionSlots, FrameBudget, RefusalLog
+from thrift_trainer.wire.limits import ConnectionSlots, FrameBudget, RefusalLog
 
 WAIT = 10.0
 

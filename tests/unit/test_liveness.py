@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from engine.nodes.liveness import Liveness
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine
-from engine.round_state import RoundState
-from engine.stragglers import overdue_reason
-from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
-from training.units import UnitSpec
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+from thrift_trainer.engine.round_state import RoundState
+from thrift_trainer.engine.stragglers import overdue_reason
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
+from thrift_trainer.training.units import UnitSpec
 
 KEY = ("r1", "u1", 1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.load import LoadSimulator
 
 
 def rates(policy: int, load: float, draws: int = 4000) -> tuple[float, float]:

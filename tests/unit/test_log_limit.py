@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from wire.log_limit import RepeatLimiter, install, setup_logging
+from thrift_trainer.wire.log_limit import RepeatLimiter, install, setup_logging
 
 
 class FakeClock:

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from compute_node.sessions import SessionStore
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.md_gan import MDGan, resolve_k
-from training.algorithms.md_gan_node import FEEDBACK, ITERATION, session_name
-from training.algorithms.md_gan_swaps import derangement
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.gan_training import g_loss, noise
-from training.models import gan_models
-from training.run_config import load_run_config
-from training.units import SessionMoved, UnitJob, UnitResult, UnitSpec, Weights
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.md_gan import MDGan, resolve_k
+from thrift_trainer.training.algorithms.md_gan_node import FEEDBACK, ITERATION, session_name
+from thrift_trainer.training.algorithms.md_gan_swaps import derangement
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.gan_training import g_loss, noise
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.run_config import load_run_config
+from thrift_trainer.training.units import SessionMoved, UnitJob, UnitResult, UnitSpec, Weights
 
 torch.set_num_threads(1)
 

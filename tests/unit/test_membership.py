@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
-from engine import runtime
-from engine.nodes.errors import AttemptAborted, NodeUnavailable
-from engine.nodes.membership import Mailbox, MemberError, Membership
-from engine.nodes.pull_client import PullNodeHandle
-from engine.tasks import Task
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.nodes.errors import AttemptAborted, NodeUnavailable
+from thrift_trainer.engine.nodes.membership import Mailbox, MemberError, Membership
+from thrift_trainer.engine.nodes.pull_client import PullNodeHandle
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 V = PROTOCOL_VERSION
 FAR = 1e9  # a time to read silences at: equal readings mean no word in between

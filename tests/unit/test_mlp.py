@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.baselines.simulate import run_delta_averaging
-from training.models.mlp import (
+from thrift_trainer.training.baselines.simulate import run_delta_averaging
+from thrift_trainer.training.models.mlp import (
     LocalTraining,
     MLPSpec,
     evaluate,
@@ -22,7 +22,7 @@ from training.models.mlp import (
     predict,
     train_local,
 )
-from training.server_optim import make_server_optimizer, weighted_average
+from thrift_trainer.training.server_optim import make_server_optimizer, weighted_average
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "letters"
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import mnist
-from training.data.mnist import IdxFormatError, read_idx
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.data.mnist import IdxFormatError, read_idx
 
 torch.set_num_threads(1)
 

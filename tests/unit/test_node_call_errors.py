@@ -7,18 +7,18 @@ import pytest
 from thrift.Thrift import TApplicationException
 from thrift.transport.TTransport import TTransportException
 
-from compute_node import coordinator_link, session_service
-from compute_node.call_errors import (
+from thrift_trainer.compute_node import coordinator_link, session_service
+from thrift_trainer.compute_node.call_errors import (
     CallFailed,
     PeerRefused,
     PeerUnreachable,
     call_error,
     mapped_errors,
 )
-from compute_node.coordinator_link import CoordinatorLink, PullSettings, PullStopped
-from wire.chunks import PeerRefusedMessage
-from wire.errors import ConnectionFailed
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.compute_node.coordinator_link import CoordinatorLink, PullSettings, PullStopped
+from thrift_trainer.wire.chunks import PeerRefusedMessage
+from thrift_trainer.wire.errors import ConnectionFailed
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 UNREACHABLE = ConnectionFailed("cannot connect to h:1: connection refused")
 

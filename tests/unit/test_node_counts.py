@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from coordinator.run_store import RunStore
-from coordinator.stored_status import stored_status
-from engine.nodes.thrift_client import node_summary, summary_from_wire
-from engine.records import NodeCounts
-from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.coordinator.stored_status import stored_status
+from thrift_trainer.engine.nodes.thrift_client import node_summary, summary_from_wire
+from thrift_trainer.engine.records import NodeCounts
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 
 
 def answer(status: TaskStatus, compute: float = 0.0, delay: float = 0.0) -> TaskResult:

@@ -8,12 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import mlp
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import mlp
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [20]}
 

@@ -7,9 +7,15 @@ import time
 
 import pytest
 
-from engine.nodes.liveness import Liveness
-from engine.nodes.quorum import NodeGate, NodeMinimum, TooFewNodes, answering, wait_for_nodes
-from engine.progress import RunProgress
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.nodes.quorum import (
+    NodeGate,
+    NodeMinimum,
+    TooFewNodes,
+    answering,
+    wait_for_nodes,
+)
+from thrift_trainer.engine.progress import RunProgress
 
 
 class FakeNode:

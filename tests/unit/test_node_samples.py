@@ -8,12 +8,12 @@ import io
 
 from rich.console import Console
 
-from client import display
-from engine.attempt_log import AttemptLog
-from engine.ledger import UnitLedger
-from engine.progress import RunProgress
-from engine.tasks import TaskResult, TaskStatus
 from tests.inprocess import LocalNode
+from thrift_trainer.client import display
+from thrift_trainer.engine.attempt_log import AttemptLog
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
 
 
 def answer(status: TaskStatus, samples: int) -> TaskResult:

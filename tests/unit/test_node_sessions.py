@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from compute_node.sessions import SessionError, SessionStore
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.sessions import SessionError, SessionStore
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 
 class State:

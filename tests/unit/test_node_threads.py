@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compute_node.threads import THREAD_VARIABLES, limit_threads, threads_from_argv
+from thrift_trainer.compute_node.threads import THREAD_VARIABLES, limit_threads, threads_from_argv
 
 
 @pytest.mark.parametrize("argv, threads", [

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine.nodes import nodes_file
-from engine.nodes.nodes_file import (
+from thrift_trainer.engine.nodes import nodes_file
+from thrift_trainer.engine.nodes.nodes_file import (
     NodeAddress,
     NodesFile,
     NodesFileError,

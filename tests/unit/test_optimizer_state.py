@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.optimizer_state import ADAM_KEYS, load_optimizer_arrays, optimizer_arrays
+from thrift_trainer.training.optimizer_state import (
+    ADAM_KEYS,
+    load_optimizer_arrays,
+    optimizer_arrays,
+)
 
 
 def _stepped(seed: int) -> tuple[torch.nn.Linear, torch.optim.Adam]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.pass_queue import PassQueue
-from training.algorithms.sync_sgd import SyncSGD
-from training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.engine.pass_queue import PassQueue
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 
 # the letter rows in units of 2,000: a pass is units_per_epoch units
 ALGORITHM = SyncSGD("mlp", {"images_per_work_unit": 2000, "num_workunits_per_update": 2,

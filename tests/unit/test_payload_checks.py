@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.codecs import Codec, TopK
-from training.compression import compress
-from training.payload_checks import PayloadForm, check_payload
+from thrift_trainer.training.codecs import Codec, TopK
+from thrift_trainer.training.compression import compress
+from thrift_trainer.training.payload_checks import PayloadForm, check_payload
 
 WEIGHTS = {"w": np.ones((40, 30)), "b": np.ones(30)}
 SPECS = {name: (value.shape, value.dtype) for name, value in WEIGHTS.items()}
@@ -79,5 +79,5 @@ class Opaque(Codec):
 
 def test_a_codec_that_cannot_tell_its_shape_is_left_to_the_checks_after_decoding(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("training.payload_checks.codec_class", lambda name: Opaque)
+    monkeypatch.setattr("thrift_trainer.training.payload_checks.codec_class", lambda name: Opaque)
     check_payload({"w#opaque#bits": np.ones(3, np.uint8), "b": np.ones(30)}, form("opaque"))

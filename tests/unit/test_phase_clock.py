@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.phase_clock import PhaseClock
+from thrift_trainer.engine.phase_clock import PhaseClock
 
 
 def _ticks(*times: float):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compute_node.sessions import SessionStore
-from training import aggregation, codecs
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.config_checks import split_aggregation
-from training.compression import (
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training import aggregation, codecs
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.config_checks import split_aggregation
+from thrift_trainer.training.compression import (
     CompressionSettings,
     check_supported,
     compress,
@@ -18,8 +18,8 @@ from training.compression import (
     decompress,
     settings_from,
 )
-from training.plugins import allow
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.training.plugins import allow
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 # A plug-in codec: each tensor rounded to one decimal, sent as float32 (the rounding
 # error is what error feedback keeps).

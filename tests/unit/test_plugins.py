@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training import plugins
-from training.plugins import PluginError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.plugins import PluginError
 
 MODELS = """
 __version__ = "1.2"

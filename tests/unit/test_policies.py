@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.policies import (
+from thrift_trainer.engine.policies import (
     AdaptivePolicy,
     NodeView,
     Priors,

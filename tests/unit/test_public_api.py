@@ -14,8 +14,8 @@ def test_every_public_name_resolves_to_what_the_trainer_uses() -> None:
     assert set(tt.__all__) == {*_EXPORTS, *_SUBMODULES, "__version__"}
     for name in tt.__all__:
         assert getattr(tt, name) is not None, name
-    from training.algorithms.delta_avg import DeltaAveraging
-    from training.codecs import Codec
+    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+    from thrift_trainer.training.codecs import Codec
 
     assert tt.Codec is Codec and tt.algorithms.DeltaAveraging is DeltaAveraging
     assert issubclass(tt.algorithms.DeltaAveraging, tt.AveragingAlgorithm)

@@ -8,19 +8,25 @@ import json
 import numpy as np
 import pytest
 
-from client.display import refused_lines
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from engine.nodes.thrift_client import work_request
-from engine.tasks import Task
-from engine.update_filters import Candidate, NormLimit, RoundView, decoded, relayed_filters
-from engine.update_norms import RecentNorms
-from training.compression import compress
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import mlp
-from training.units import UnitOutput, UnitSpec
-from training.update_checks import specs_of
-from wire.tensor_codec import specs_from_wire, specs_to_wire
+from thrift_trainer.client.display import refused_lines
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.engine.nodes.thrift_client import work_request
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.engine.update_filters import (
+    Candidate,
+    NormLimit,
+    RoundView,
+    decoded,
+    relayed_filters,
+)
+from thrift_trainer.engine.update_norms import RecentNorms
+from thrift_trainer.training.compression import compress
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.units import UnitOutput, UnitSpec
+from thrift_trainer.training.update_checks import specs_of
+from thrift_trainer.wire.tensor_codec import specs_from_wire, specs_to_wire
 
 WEIGHTS = {"W": np.ones((4, 3)), "b": np.zeros(3)}
 SLICE = UnitSpec("u1~r0", "", 0, 100)  # 100 examples

@@ -8,20 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from client.cli import parse_train_args
-from coordinator.cli import build_parser, settings_from
-from coordinator.handler import CoordinatorHandler
-from coordinator.records import RunRequest
-from coordinator.request_checks import RequestLimits, check_config, check_fields, mlp_bytes
-from coordinator.run import CoordinatorSettings
 from tests.unit.test_coordinator_handler import train_request
-from training.algorithms import get_algorithm
-from training.compression import split_config
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import mlp
-from training.run_config import RunConfigError, load_run_config
-from training.schedule import split_schedule
-from wire.generated import ttypes
+from thrift_trainer.client.cli import parse_train_args
+from thrift_trainer.coordinator.cli import build_parser, settings_from
+from thrift_trainer.coordinator.handler import CoordinatorHandler
+from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.coordinator.request_checks import (
+    RequestLimits,
+    check_config,
+    check_fields,
+    mlp_bytes,
+)
+from thrift_trainer.coordinator.run import CoordinatorSettings
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.compression import split_config
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.run_config import RunConfigError, load_run_config
+from thrift_trainer.training.schedule import split_schedule
+from thrift_trainer.wire.generated import ttypes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.residual_placement import ResidualPlacement
-from training.algorithms import get_algorithm
-from training.units import UnitSpec
+from thrift_trainer.engine.residual_placement import ResidualPlacement
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.units import UnitSpec
 
 
 def _units(round_index: int) -> list[UnitSpec]:

@@ -10,26 +10,31 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from compute_node.load import LoadSimulator
-from engine.nodes.errors import AnswerTooLarge, NodeUnavailable, NodeUnfit
-from engine.nodes.liveness import Liveness
-from engine.nodes.thrift_client import node_error
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine, RoundFailed, RunCancelledError
-from engine.round_state import Kept, RoundState
-from engine.tasks import Task, TaskResult
-from engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
-from engine.update_norms import NormGuard, update_norm
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
-from training.algorithms.base import combine
-from training.algorithms.delta_avg import DeltaAveraging
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.schema import AggregationSettings, defaults
-from training.units import UnitSpec
-from wire.chunks import MessageRefused, PeerRefusedMessage
-from wire.rpc import ConnectionFailed
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.engine.nodes.errors import AnswerTooLarge, NodeUnavailable, NodeUnfit
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.nodes.thrift_client import node_error
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import (
+    EngineSettings,
+    RoundEngine,
+    RoundFailed,
+    RunCancelledError,
+)
+from thrift_trainer.engine.round_state import Kept, RoundState
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
+from thrift_trainer.engine.update_norms import NormGuard, update_norm
+from thrift_trainer.training.algorithms.base import combine
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitSpec
+from thrift_trainer.wire.chunks import MessageRefused, PeerRefusedMessage
+from thrift_trainer.wire.rpc import ConnectionFailed
 
 CONFIG = {"epochs": 2, "eta": 0.0001, "hidden": [8]}
 ALGORITHM = DeltaAveraging("mlp", CONFIG, DEFAULT_DATA_ROOT / "letters")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from client.model_commands import ModelCommandError, export
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.outputs.model_file import OPTIMIZER_PREFIX, save_model
-from training.outputs.torch_files import load_weights, read_safetensors
-from training.run_check import RunFacts, RunUnfit, run_facts, unfit_reason
-from training.spec import RunSpec
+from thrift_trainer.client.model_commands import ModelCommandError, export
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.outputs.model_file import OPTIMIZER_PREFIX, save_model
+from thrift_trainer.training.outputs.torch_files import load_weights, read_safetensors
+from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts, unfit_reason
+from thrift_trainer.training.spec import RunSpec
 
 SPEC = RunSpec.parse("sync_sgd", "my_models:Net", "letters", "{}")
 OURS = RunFacts({"my_models": "1.0"}, "m1", "d1", 100)

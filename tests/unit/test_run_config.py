@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from client import cli
-from training.run_config import CONFIG_FILE, RunConfigError, load_run_config
-from training.schema import AggregationSettings, DeltaAvgSettings, defaults
+from thrift_trainer.client import cli
+from thrift_trainer.training.run_config import CONFIG_FILE, RunConfigError, load_run_config
+from thrift_trainer.training.schema import AggregationSettings, DeltaAvgSettings, defaults
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -260,7 +260,7 @@ def test_client_bad_config_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_sync_sgd_section_matches_the_algorithm_for_every_model():
-    from training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
+    from thrift_trainer.training.algorithms.sync_sgd import ALL_KEYS, SyncSGD, defaults_for
 
     section = load_run_config(None, []).section("sync_sgd")
     assert set(section) == ALL_KEYS

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.nodes.liveness import Liveness
-from engine.nodes.membership import Member
-from engine.nodes.nodes_file import NodeAddress
-from engine.nodes.run_nodes import RunNodes
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.nodes.membership import Member
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.run_nodes import RunNodes
 
 
 class FakeMembership:

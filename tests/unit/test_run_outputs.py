@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.outputs.plots import (
+from thrift_trainer.training.outputs.plots import (
     check_outputs,
     curve_series,
     due,
@@ -71,7 +71,7 @@ def test_metrics_lines_are_json_with_null_for_unmeasured_values():
 
 
 def test_a_null_metric_reads_back_as_nan_when_a_run_resumes():
-    from coordinator.checkpoint import metrics_of
+    from thrift_trainer.coordinator.checkpoint import metrics_of
 
     row = json.loads(metrics_line({"round": 2, "validation_error": math.nan,
                                    "validation_loss": math.nan, "train_loss": 0.5,

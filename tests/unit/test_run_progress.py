@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.progress import COMPLETED, RunProgress
-from engine.records import NodeSummary
+from thrift_trainer.engine.progress import COMPLETED, RunProgress
+from thrift_trainer.engine.records import NodeSummary
 
 
 def summary(state: str) -> NodeSummary:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from training.compression import CompressionSettings
-from training.spec import RunSpec, SpecError
+from thrift_trainer.training.compression import CompressionSettings
+from thrift_trainer.training.spec import RunSpec, SpecError
 
 
 def _spec(config: dict) -> RunSpec:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.run_store import (
+from thrift_trainer.coordinator.run_store import (
     SCHEMA_VERSION,
     UNIT_STATUSES,
     IllegalTransition,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 REPO = Path(__file__).resolve().parents[2]
 # The engine, and the coordinator's run loop and run store that the simulator runs with it.

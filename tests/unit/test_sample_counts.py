@@ -8,24 +8,24 @@ import threading
 import numpy as np
 import pytest
 
-from compute_node.faults import corrupt_output
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine
-from engine.tasks import Task, TaskResult
-from engine.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
 from tests.inprocess import LocalNode
-from training.algorithms.base import combine
-from training.algorithms.delta_avg import DeltaAveraging
-from training.algorithms.fl_gan import FLGan
-from training.algorithms.md_gan import MDGan
-from training.algorithms.sync_sgd import SyncSGD
-from training.data.letters import load_letters
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.gan_training import shard_indices, training_size
-from training.schema import AggregationSettings, defaults
-from training.units import UnitJob, UnitOutput, UnitSpec
-from training.update_checks import check_sample_count
+from thrift_trainer.compute_node.faults import corrupt_output
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.engine.update_filters import DEFAULT_FILTERS, SampleCount, UpdateFilter
+from thrift_trainer.training.algorithms.base import combine
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.gan_training import shard_indices, training_size
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.training.update_checks import check_sample_count
 
 LETTERS = DEFAULT_DATA_ROOT / "letters"
 MNIST = DEFAULT_DATA_ROOT / "mnist"

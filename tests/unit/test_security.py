@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.tls_certs import Certs, make_certs
-from wire import chunks, security
-from wire.limits import ServerLimits
-from wire.security import MIB, SecurityError, from_args, read_token_file, token_from
+from thrift_trainer.wire import chunks, security
+from thrift_trainer.wire.limits import ServerLimits
+from thrift_trainer.wire.security import MIB, SecurityError, from_args, read_token_file, token_from
 
 
 @pytest.fixture(scope="module")

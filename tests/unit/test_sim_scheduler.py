@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from devtools.simulation.scheduler import SimHang, SimRuntime
-from engine import runtime
+from thrift_trainer.engine import runtime
 
 
 def simulate(seed: int, main, max_time: float = 1e6) -> SimRuntime:

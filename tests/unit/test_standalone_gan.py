@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from compute_node.sessions import SessionStore
-from training.algorithms.md_gan import MDGan
-from training.baselines.standalone import train_in_process
-from training.baselines.standalone_gan import train_standalone_gan
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import gan_models
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.baselines.standalone import train_in_process
+from thrift_trainer.training.baselines.standalone_gan import train_standalone_gan
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import gan_models
 
 torch.set_num_threads(1)
 

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from engine.nodes.errors import AttemptAborted
-from engine.policies import AdaptivePolicy, RoundRobinPolicy
-from engine.round_engine import EngineSettings
-from engine.stragglers import MEASURED_DEADLINE_FLOOR, backup_threshold
-from engine.tasks import Task, TaskResult
 from tests.inprocess import LocalNode
 from tests.unit.test_round_engine import build, engine, units
+from thrift_trainer.engine.nodes.errors import AttemptAborted
+from thrift_trainer.engine.policies import AdaptivePolicy, RoundRobinPolicy
+from thrift_trainer.engine.round_engine import EngineSettings
+from thrift_trainer.engine.stragglers import MEASURED_DEADLINE_FLOOR, backup_threshold
+from thrift_trainer.engine.tasks import Task, TaskResult
 
 
 def test_backup_threshold_is_four_unit_times_with_a_floor():

@@ -10,31 +10,31 @@ from contextlib import closing
 import numpy as np
 import pytest
 
-from coordinator.run_store import RunStore
-from engine.ledger import UnitLedger
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.records import RoundMetrics
-from engine.round_engine import EngineSettings, RoundEngine, RoundFailed
-from engine.stream_records import RoundEnd, StreamPosition, TakenUp, VersionDue
-from engine.stream_state import StreamState
-from engine.tasks import Task, TaskResult, TaskStatus
-from engine.update_filters import DEFAULT_FILTERS
 from tests.inprocess import LocalNode
-from training.aggregation import aggregate
-from training.algorithms import get_algorithm
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.delta_avg import DeltaAveraging
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.schedule import (
+from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.records import RoundMetrics
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine, RoundFailed
+from thrift_trainer.engine.stream_records import RoundEnd, StreamPosition, TakenUp, VersionDue
+from thrift_trainer.engine.stream_state import StreamState
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
+from thrift_trainer.engine.update_filters import DEFAULT_FILTERS
+from thrift_trainer.training.aggregation import aggregate
+from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.schedule import (
     ScheduleSettings,
     check_usable,
     settings_from,
     staleness_warning,
     weighted,
 )
-from training.schema import AggregationSettings, defaults
-from training.units import UnitResult, UnitSpec
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitResult, UnitSpec
 
 NODE = LocalNode(0)
 

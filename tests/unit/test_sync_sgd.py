@@ -14,21 +14,21 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
-from engine.policies import RoundRobinPolicy
-from engine.progress import RunProgress
-from engine.round_engine import EngineSettings, RoundEngine
-from engine.tasks import Task
 from tests.inprocess import LocalNode
-from training.algorithms import ConfigError, get_algorithm
-from training.algorithms.base import combine
-from training.algorithms.sync_gan import unit_noise
-from training.algorithms.sync_sgd import SyncSGD
-from training.data import mnist
-from training.data.letters import load_letters
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import gan_models, mlp
-from training.schema import AggregationSettings, defaults
-from training.units import UnitJob, UnitResult, UnitSpec, Weights
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.training.algorithms import ConfigError, get_algorithm
+from thrift_trainer.training.algorithms.base import combine
+from thrift_trainer.training.algorithms.sync_gan import unit_noise
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import gan_models, mlp
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec, Weights
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from thrift.transport.TTransport import TMemoryBuffer
 
-from wire.generated import ttypes
-from wire.tensor_codec import (
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.tensor_codec import (
     ALLOWED_DTYPES,
     CodecError,
     dict_to_wire,
@@ -15,7 +15,7 @@ from wire.tensor_codec import (
     to_wire,
     wire_to_dict,
 )
-from wire.transport import WireProtocolFactory
+from thrift_trainer.wire.transport import WireProtocolFactory
 
 RNG = np.random.default_rng(7)
 

@@ -11,19 +11,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.delta_avg import DeltaAveraging
-from training.algorithms.sync_sgd import SyncSGD
-from training.data.datasets import load_data
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.data.settings import DataSettings
-from training.models import modules, objectives
-from training.models.module_training import ModelSetup, mean_gradients
-from training.models.names import BUFFER, GRAD
-from training.models.settings import DataShape, ModelSettings
-from training.plugins import PluginError
-from training.server_optim import make_server_optimizer
-from training.spec import RunSpec
-from training.units import UnitJob, UnitResult, UnitSpec
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.data.datasets import load_data
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.models import modules, objectives
+from thrift_trainer.training.models.module_training import ModelSetup, mean_gradients
+from thrift_trainer.training.models.names import BUFFER, GRAD
+from thrift_trainer.training.models.settings import DataShape, ModelSettings
+from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.server_optim import make_server_optimizer
+from thrift_trainer.training.spec import RunSpec
+from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
 
 torch.set_num_threads(1)
 LETTERS = DEFAULT_DATA_ROOT / "letters"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from client.display import transfer_line
+from thrift_trainer.client.display import transfer_line
 
 
 def _line(compression: dict) -> str:

@@ -8,21 +8,21 @@ import threading
 import pytest
 import torch
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from compute_node.sessions import SessionStore
 from tests.waiting import wait_until
-from training.algorithms.base import Algorithm
-from training.algorithms.delta_avg import DeltaAveraging
-from training.algorithms.fl_gan import FLGan
-from training.algorithms.md_gan import MDGan
-from training.algorithms.sync_sgd import SyncSGD
-from training.cancel import UnitCancelled, UnitControl
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import mlp
-from training.units import UnitJob
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import dict_to_wire
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.sessions import SessionStore
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+from thrift_trainer.training.algorithms.fl_gan import FLGan
+from thrift_trainer.training.algorithms.md_gan import MDGan
+from thrift_trainer.training.algorithms.sync_sgd import SyncSGD
+from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.units import UnitJob
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 torch.set_num_threads(1)
 

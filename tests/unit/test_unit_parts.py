@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.unit_parts import part_bounds, weighted_mean
-from training.units import UnitOutput
+from thrift_trainer.training.unit_parts import part_bounds, weighted_mean
+from thrift_trainer.training.units import UnitOutput
 
 
 @pytest.mark.parametrize(("size", "parts", "block"), [(320, 2, 32), (330, 2, 32), (100, 3, 1),

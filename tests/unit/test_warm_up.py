@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 
-from compute_node import warm_up as node_warm_up
-from engine.progress import RunProgress
-from engine.warm_up import warm_up_nodes
 from tests.inprocess import LocalNode
 from tests.waiting import wait_until
-from training.models.names import BUILT_IN_MODELS, GAN_MODELS
-from wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.compute_node import warm_up as node_warm_up
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.warm_up import warm_up_nodes
+from thrift_trainer.training.models.names import BUILT_IN_MODELS, GAN_MODELS
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 
 
 def test_a_node_warms_up_in_the_background_and_says_so_in_its_pings(monkeypatch):

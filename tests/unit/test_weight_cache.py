@@ -9,15 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from compute_node.handler import ComputeNodeHandler
-from compute_node.load import LoadSimulator
-from compute_node.weight_cache import WeightCache
-from engine.nodes.sent_weights import SentWeights
-from engine.tasks import Task
-from training.data.paths import DEFAULT_DATA_ROOT
-from training.models import mlp
-from wire.generated import PROTOCOL_VERSION, ttypes
-from wire.tensor_codec import dict_to_wire, wire_to_dict
+from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.weight_cache import WeightCache
+from thrift_trainer.engine.nodes.sent_weights import SentWeights
+from thrift_trainer.engine.tasks import Task
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.models import mlp
+from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
+from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
 CONFIG = {"epochs": 1, "eta": 0.0001, "hidden": [20]}
 

@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from engine.round_state import RoundState
-from engine.tasks import TaskResult, TaskStatus
-from training.algorithms.base import combine
-from training.schema import AggregationSettings, defaults
-from training.units import UnitResult, UnitSpec
+from thrift_trainer.engine.round_state import RoundState
+from thrift_trainer.engine.tasks import TaskResult, TaskStatus
+from thrift_trainer.training.algorithms.base import combine
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import UnitResult, UnitSpec
 
 
 def updates(n: int, seed: int = 0) -> list[tuple[dict, int]]:

@@ -11,10 +11,10 @@ from thrift.protocol.TProtocol import TProtocolException
 from thrift.Thrift import TApplicationException, TException
 from thrift.transport.TTransport import TTransportException
 
-from wire import errors
-from wire.chunks import ChunkSequenceError, MessageRefused, PeerRefusedMessage
-from wire.generated import ttypes
-from wire.transport import IdleTimeout, WrongProtocol
+from thrift_trainer.wire import errors
+from thrift_trainer.wire.chunks import ChunkSequenceError, MessageRefused, PeerRefusedMessage
+from thrift_trainer.wire.generated import ttypes
+from thrift_trainer.wire.transport import IdleTimeout, WrongProtocol
 
 
 @pytest.mark.parametrize(("low_level", "mapped", "message"), [

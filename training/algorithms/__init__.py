@@ -1,14 +1,14 @@
 """Training algorithms, by name."""
 
-from training.algorithms.base import Algorithm
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.registry import Registry
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.registry import Registry
 
 ALGORITHMS = Registry()
-ALGORITHMS.register("delta_avg", "training.algorithms.delta_avg:DeltaAveraging")
-ALGORITHMS.register("sync_sgd", "training.algorithms.sync_sgd:SyncSGD")
-ALGORITHMS.register("md_gan", "training.algorithms.md_gan:MDGan")
-ALGORITHMS.register("fl_gan", "training.algorithms.fl_gan:FLGan")
+ALGORITHMS.register("delta_avg", "thrift_trainer.training.algorithms.delta_avg:DeltaAveraging")
+ALGORITHMS.register("sync_sgd", "thrift_trainer.training.algorithms.sync_sgd:SyncSGD")
+ALGORITHMS.register("md_gan", "thrift_trainer.training.algorithms.md_gan:MDGan")
+ALGORITHMS.register("fl_gan", "thrift_trainer.training.algorithms.fl_gan:FLGan")
 
 
 def register_algorithm(name: str, algorithm: type[Algorithm]) -> None:

@@ -35,15 +35,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from training import aggregation
-from training.algorithms.config_checks import (
+from thrift_trainer.training import aggregation
+from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     checked_fields,
     split_aggregation,
     with_workload,
 )
-from training.schema import AggregationSettings, defaults
-from training.units import (
+from thrift_trainer.training.schema import AggregationSettings, defaults
+from thrift_trainer.training.units import (
     RoundEval,
     SessionMoves,
     TensorSpecs,
@@ -54,7 +54,7 @@ from training.units import (
     UnitSpec,
     Weights,
 )
-from training.update_checks import check_sample_count, check_update_form
+from thrift_trainer.training.update_checks import check_sample_count, check_update_form
 
 log = logging.getLogger("coordinator.aggregation")
 

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training import aggregation
+from thrift_trainer.training import aggregation
 
 MAX_FLOAT_INT = 2**1023  # larger ints do not fit a float
 

@@ -21,24 +21,32 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from training import server_optim
-from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import AveragingAlgorithm
-from training.algorithms.config_checks import (
+from thrift_trainer.training import server_optim
+from thrift_trainer.training.aggregation import SECTION as AGGREGATION
+from thrift_trainer.training.algorithms.base import AveragingAlgorithm
+from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
     check_type,
     split_aggregation,
     with_workload,
 )
-from training.algorithms.delta_plans import LettersPlan, RangePlan
-from training.data.letters import load_letters
-from training.models import mlp
-from training.models.names import BUFFER, is_module_model
-from training.schema import DeltaAvgSettings, defaults
-from training.unit_parts import part_bounds
-from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights, unit_seed
-from training.update_checks import specs_of
+from thrift_trainer.training.algorithms.delta_plans import LettersPlan, RangePlan
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.models.names import BUFFER, is_module_model
+from thrift_trainer.training.schema import DeltaAvgSettings, defaults
+from thrift_trainer.training.unit_parts import part_bounds
+from thrift_trainer.training.units import (
+    RoundEval,
+    TensorSpecs,
+    UnitJob,
+    UnitOutput,
+    UnitSpec,
+    Weights,
+    unit_seed,
+)
+from thrift_trainer.training.update_checks import specs_of
 
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
 MLP_OPTIMIZERS = ("gd", "sgd", "adam")  # the numpy MLP's (training/models/mlp.py)
@@ -165,8 +173,8 @@ class DeltaAveraging(AveragingAlgorithm):
     def _train_range(cls, job: UnitJob, dataset_dir: Path, start: int,
                      stop: int) -> UnitOutput:
         """A torch model's local training on examples ``[start, stop)``."""
-        from training.algorithms import torch_model  # torch only for torch models
-        from training.models.module_training import LocalSteps
+        from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
+        from thrift_trainer.training.models.module_training import LocalSteps
 
         config = cls.check_config(job.model, job.config)
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from training import server_optim
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.letters_files import train_files, validation_data
-from training.data.letters import load_letters
-from training.models import mlp
-from training.units import RoundEval, TensorSpecs, UnitSpec, Weights
+from thrift_trainer.training import server_optim
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.letters_files import train_files, validation_data
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.units import RoundEval, TensorSpecs, UnitSpec, Weights
 
 
 class LettersPlan:
@@ -47,7 +47,7 @@ class RangePlan:
 
     def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
                  model: str, dataset: str, dataset_dir: Path) -> None:
-        from training.algorithms import torch_model  # torch only for torch models
+        from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
 
         self.state = torch_model.LocalState(
             torch_model.setup_of(model, config, dataset, dataset_dir), config["seed"],
@@ -71,7 +71,7 @@ class RangePlan:
         return self.state.description()
 
     def expected_update(self, weights: Weights) -> TensorSpecs:
-        from training.algorithms import torch_model
+        from thrift_trainer.training.algorithms import torch_model
 
         return torch_model.expected_update(self.state.module, weights, gradients=False)
 

@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.aggregation import SECTION as AGGREGATION
-from training.algorithms.base import AveragingAlgorithm
-from training.algorithms.config_checks import (
+from thrift_trainer.training.aggregation import SECTION as AGGREGATION
+from thrift_trainer.training.algorithms.base import AveragingAlgorithm
+from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
     check_type,
     split_aggregation,
 )
-from training.data import mnist
-from training.gan_training import (
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.gan_training import (
     PROBE_SEED,
     PROBE_SIZE,
     adam,
@@ -53,12 +53,19 @@ from training.gan_training import (
     slot_unit_id,
     training_size,
 )
-from training.models import gan_models
-from training.outputs import gan_metrics
-from training.schema import FlGanSettings, defaults
-from training.unit_parts import part_bounds
-from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
-from training.update_checks import specs_of
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.outputs import gan_metrics
+from thrift_trainer.training.schema import FlGanSettings, defaults
+from thrift_trainer.training.unit_parts import part_bounds
+from thrift_trainer.training.units import (
+    RoundEval,
+    TensorSpecs,
+    UnitJob,
+    UnitOutput,
+    UnitSpec,
+    Weights,
+)
+from thrift_trainer.training.update_checks import specs_of
 
 MODELS = tuple(name for name in gan_models.GAN_MODELS if gan_models.is_mnist_model(name))
 UNIT_TAG = "fl"

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.config_checks import ConfigError
-from training.data.letters import load_letters
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.data.letters import load_letters
 
 
 def train_files(folder: Path) -> list[Path]:

@@ -51,9 +51,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.algorithms.base import Algorithm
-from training.algorithms.config_checks import ConfigError, check_type, split_aggregation
-from training.algorithms.md_gan_node import (
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.config_checks import (
+    ConfigError,
+    check_type,
+    split_aggregation,
+)
+from thrift_trainer.training.algorithms.md_gan_node import (
     D_STATS,
     FEEDBACK,
     ITERATION,
@@ -62,9 +66,13 @@ from training.algorithms.md_gan_node import (
     X_G,
     train_slot,
 )
-from training.algorithms.md_gan_swaps import DiscriminatorSwaps, SwapStats, session_sizes
-from training.data.mnist import IMAGES_FILE
-from training.gan_training import (
+from thrift_trainer.training.algorithms.md_gan_swaps import (
+    DiscriminatorSwaps,
+    SwapStats,
+    session_sizes,
+)
+from thrift_trainer.training.data.mnist import IMAGES_FILE
+from thrift_trainer.training.gan_training import (
     adam,
     check_adam,
     check_positive,
@@ -74,12 +82,16 @@ from training.gan_training import (
     slot_unit_id,
     training_size,
 )
-from training.models import gan_models
-from training.models.modules import float32_copy
-from training.optimizer_state import ADAM_KEYS, load_optimizer_arrays, optimizer_arrays
-from training.outputs import gan_metrics
-from training.schema import MdGanSettings, defaults
-from training.units import (
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.models.modules import float32_copy
+from thrift_trainer.training.optimizer_state import (
+    ADAM_KEYS,
+    load_optimizer_arrays,
+    optimizer_arrays,
+)
+from thrift_trainer.training.outputs import gan_metrics
+from thrift_trainer.training.schema import MdGanSettings, defaults
+from thrift_trainer.training.units import (
     RoundEval,
     UnitFailure,
     UnitJob,

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.algorithms.config_checks import ConfigError
-from training.gan_training import (
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.gan_training import (
     adam,
     batch_indices,
     d_step,
@@ -35,10 +35,14 @@ from training.gan_training import (
     shard_indices,
     training_size,
 )
-from training.models import gan_models
-from training.models.modules import float32_copy
-from training.optimizer_state import ADAM_KEYS, load_optimizer_arrays, optimizer_arrays
-from training.units import UnitJob, UnitOutput, Weights
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.models.modules import float32_copy
+from thrift_trainer.training.optimizer_state import (
+    ADAM_KEYS,
+    load_optimizer_arrays,
+    optimizer_arrays,
+)
+from thrift_trainer.training.units import UnitJob, UnitOutput, Weights
 
 log = logging.getLogger("training.md_gan")
 

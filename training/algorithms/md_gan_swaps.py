@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from training.algorithms.md_gan_node import Discriminator, session_name
-from training.gan_training import slot_of
-from training.models import gan_models
-from training.units import SessionMoved, SessionMoveError, SessionMoves
+from thrift_trainer.training.algorithms.md_gan_node import Discriminator, session_name
+from thrift_trainer.training.gan_training import slot_of
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.units import SessionMoved, SessionMoveError, SessionMoves
 
 log = logging.getLogger("training.md_gan")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from training import plugins
-from training.algorithms.base import Algorithm
-from training.algorithms.config_checks import ConfigError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.algorithms.config_checks import ConfigError
 
 
 @dataclass

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.algorithms.config_checks import ConfigError
-from training.algorithms.letters_files import train_files
-from training.data import image_folder, mnist
-from training.data.letters import load_letters
-from training.gan_training import PROBE_SIZE
-from training.models import gan_models
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.algorithms.letters_files import train_files
+from thrift_trainer.training.data import image_folder, mnist
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.gan_training import PROBE_SIZE
+from thrift_trainer.training.models import gan_models
 
 
 class LettersPart:

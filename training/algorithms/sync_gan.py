@@ -36,15 +36,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training.algorithms.config_checks import ConfigError
-from training.cancel import no_step
-from training.gan_training import PROBE_SEED
-from training.models import gan_models
-from training.models.modules import copy_into, float32_copy
-from training.models.names import BUFFER, GRAD
-from training.models.pool import ModulePool
-from training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
-from training.update_checks import check_combined_names
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.gan_training import PROBE_SEED
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.models.modules import copy_into, float32_copy
+from thrift_trainer.training.models.names import BUFFER, GRAD
+from thrift_trainer.training.models.pool import ModulePool
+from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
+from thrift_trainer.training.update_checks import check_combined_names
 
 
 def unit_noise(z_dim: int, n: int, seed: int, round_index: int, unit_id: str) -> torch.Tensor:

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.algorithms.letters_files import validation_data
-from training.models import mlp
-from training.models.modules import float32_copy
-from training.models.names import GRAD
-from training.units import RoundEval, UnitJob, UnitOutput, Weights
-from training.update_checks import check_combined_names
+from thrift_trainer.training.algorithms.letters_files import validation_data
+from thrift_trainer.training.models import mlp
+from thrift_trainer.training.models.modules import float32_copy
+from thrift_trainer.training.models.names import GRAD
+from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights
+from thrift_trainer.training.update_checks import check_combined_names
 
 
 def mlp_spec(config: Mapping[str, Any]) -> mlp.MLPSpec:

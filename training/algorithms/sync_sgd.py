@@ -48,27 +48,34 @@ from typing import Any
 
 import numpy as np
 
-from training import schema
-from training.aggregation import SECTION as AGGREGATION
-from training.algorithms import torch_model
-from training.algorithms.base import AveragingAlgorithm
-from training.algorithms.config_checks import (
+from thrift_trainer.training import schema
+from thrift_trainer.training.aggregation import SECTION as AGGREGATION
+from thrift_trainer.training.algorithms import torch_model
+from thrift_trainer.training.algorithms.base import AveragingAlgorithm
+from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
     check_type,
     split_aggregation,
     with_workload,
 )
-from training.algorithms.sync_data import Examples, TrainingPart, training_part
-from training.algorithms.sync_gan import GanState, run_gan_unit
-from training.algorithms.sync_mlp import MlpState, run_mlp_unit
-from training.models import gan_models
-from training.models.names import BUFFER, GAN_MODELS, GRAD, is_module_model
-from training.optimizer_state import load_optimizer_arrays, optimizer_arrays
-from training.outputs import gan_metrics
-from training.unit_parts import part_bounds
-from training.units import RoundEval, TensorSpecs, UnitJob, UnitOutput, UnitSpec, Weights
-from training.update_checks import specs_of
+from thrift_trainer.training.algorithms.sync_data import Examples, TrainingPart, training_part
+from thrift_trainer.training.algorithms.sync_gan import GanState, run_gan_unit
+from thrift_trainer.training.algorithms.sync_mlp import MlpState, run_mlp_unit
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.models.names import BUFFER, GAN_MODELS, GRAD, is_module_model
+from thrift_trainer.training.optimizer_state import load_optimizer_arrays, optimizer_arrays
+from thrift_trainer.training.outputs import gan_metrics
+from thrift_trainer.training.unit_parts import part_bounds
+from thrift_trainer.training.units import (
+    RoundEval,
+    TensorSpecs,
+    UnitJob,
+    UnitOutput,
+    UnitSpec,
+    Weights,
+)
+from thrift_trainer.training.update_checks import specs_of
 
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
 # One config file serves every model, so keys meant for the other kind of model are

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import server_optim
-from training.algorithms.config_checks import ConfigError
-from training.data.datasets import folder_stamp
-from training.data.settings import SECTION as DATA
-from training.data.settings import DataSettings
-from training.models import modules
-from training.models.module_training import (
+from thrift_trainer.training import server_optim
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.data.datasets import folder_stamp
+from thrift_trainer.training.data.settings import SECTION as DATA
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.models import modules
+from thrift_trainer.training.models.module_training import (
     LocalSteps,
     ModelSetup,
     buffers_of,
@@ -44,12 +44,12 @@ from training.models.module_training import (
     mean_gradients,
     train_locally,
 )
-from training.models.names import BUFFER, GRAD
-from training.models.settings import SECTION as MODEL
-from training.models.settings import ModelSettings
-from training.outputs.torch_files import load_weights as load_weights_file
-from training.plugins import PluginError
-from training.units import RoundEval, UnitJob, UnitOutput, Weights
+from thrift_trainer.training.models.names import BUFFER, GRAD
+from thrift_trainer.training.models.settings import SECTION as MODEL
+from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.outputs.torch_files import load_weights as load_weights_file
+from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 BETAS = (0.9, 0.999)

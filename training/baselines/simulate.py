@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.letters import load_letters
-from training.models.mlp import (
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.models.mlp import (
     LocalTraining,
     MLPSpec,
     evaluate,
     init_params,
     train_local,
 )
-from training.server_optim import (
+from thrift_trainer.training.server_optim import (
     ServerOptimizer,
     make_server_optimizer,
     weighted_average,

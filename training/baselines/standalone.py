@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.algorithms.base import Algorithm
-from training.units import UnitJob, UnitResult, Weights
+from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.units import UnitJob, UnitResult, Weights
 
 
 def train_in_process(algorithm: Algorithm, rounds: int,

@@ -17,16 +17,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data import mnist
-from training.gan_training import (
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.gan_training import (
     alternating_step,
     batch_indices,
     noise,
     real_batch,
     training_size,
 )
-from training.models import gan_models
-from training.outputs import gan_metrics
+from thrift_trainer.training.models import gan_models
+from thrift_trainer.training.outputs import gan_metrics
 
 
 def train_standalone_gan(model: str, batch_size: int, iterations: int,

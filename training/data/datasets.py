@@ -30,16 +30,16 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from training import plugins
-from training.data import mnist
-from training.data.image_classes import read_class_folders
-from training.data.letters import load_letters
-from training.data.paths import DataPathError, resolve_under
-from training.data.settings import DataSettings
-from training.data.tables import read_tables
-from training.models.settings import DataShape
-from training.outputs.checked_npz import read_npz
-from training.plugins import PluginError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.data.image_classes import read_class_folders
+from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import DataPathError, resolve_under
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.data.tables import read_tables
+from thrift_trainer.training.models.settings import DataShape
+from thrift_trainer.training.outputs.checked_npz import read_npz
+from thrift_trainer.training.plugins import PluginError
 
 SPLIT_SEED = 0  # the held-out choice of validation_fraction, the same on every node
 SAMPLED_ITEMS = 3  # items of a plug-in data set hashed when it has no fingerprint()

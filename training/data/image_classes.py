@@ -13,7 +13,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from training.data.image_folder import ImageFolderError, _resize_and_crop, list_images
+from thrift_trainer.training.data.image_folder import (
+    ImageFolderError,
+    _resize_and_crop,
+    list_images,
+)
 
 
 @dataclass(frozen=True)

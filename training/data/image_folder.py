@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from training.data.mnist import check_index_range, pixels_to_tensor
+from thrift_trainer.training.data.mnist import check_index_range, pixels_to_tensor
 
 EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 DEFAULT_SIZE = 64

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 
 DEFAULT_MNIST_DIR = DEFAULT_DATA_ROOT / "mnist"
 IMAGES_FILE = "t10k-images-idx3-ubyte.gz"

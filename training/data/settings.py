@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from training.settings_section import SettingsSection
+from thrift_trainer.training.settings_section import SettingsSection
 
 SECTION = "data"
 FORMATS = ("auto", "letters", "mnist", "csv", "tsv", "images", "arrays")

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.models.modules import copy_into, float32_copy
+from thrift_trainer.training.models.modules import copy_into, float32_copy
 
 ARCHITECTURES = ("dcgan28", "dcgan64", "mlp28")
 IMAGE_SHAPES = {"dcgan28": (1, 28, 28), "dcgan64": (3, 64, 64), "mlp28": (1, 28, 28)}

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from training.cancel import no_step
+from thrift_trainer.training.cancel import no_step
 
 Params = dict[str, np.ndarray]
 

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.cancel import no_step
-from training.data.datasets import LoadedData, Split, load_data
-from training.data.settings import DataSettings
-from training.models import modules, objectives
-from training.models.names import BUFFER, GRAD
-from training.models.pool import ModulePool
-from training.models.settings import ModelSettings
-from training.plugins import PluginError
+from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.data.datasets import LoadedData, Split, load_data
+from thrift_trainer.training.data.settings import DataSettings
+from thrift_trainer.training.models import modules, objectives
+from thrift_trainer.training.models.names import BUFFER, GRAD
+from thrift_trainer.training.models.pool import ModulePool
+from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.plugins import PluginError
 
 Weights = dict[str, np.ndarray]
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import plugins
-from training.models.settings import DataShape
-from training.plugins import PluginError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.models.settings import DataShape
+from thrift_trainer.training.plugins import PluginError
 
 Weights = dict[str, np.ndarray]
 DATA_ARGUMENTS = ("in_features", "num_classes", "input_shape")

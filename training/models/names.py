@@ -7,7 +7,7 @@ which path a model takes from its name alone: a built-in torch model, or a plug-
 
 from __future__ import annotations
 
-from training import plugins
+from thrift_trainer.training import plugins
 
 BUILT_IN_TORCH_MODELS = ("mlp_classifier",)  # training/models/modules.py's BUILT_IN
 GAN_MODELS = ("dcgan28", "dcgan28-wide", "dcgan28-tiny", "dcgan64", "dcgan64-tiny", "mlpgan28",

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from training import plugins
-from training.models.settings import ModelSettings
-from training.plugins import PluginError
+from thrift_trainer.training import plugins
+from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.plugins import PluginError
 
 Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[nn.Module, torch.Tensor, torch.Tensor], float]

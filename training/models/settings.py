@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.settings_section import SettingsSection
+from thrift_trainer.training.settings_section import SettingsSection
 
 SECTION = "model"
 LOSSES = ("auto", "cross_entropy", "mse")

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data import mnist
-from training.outputs.checked_npz import read_npz
+from thrift_trainer.training.data import mnist
+from thrift_trainer.training.outputs.checked_npz import read_npz
 
 DEFAULT_CLASSIFIER = mnist.DEFAULT_MNIST_DIR / "classifier.npz"
 DEFAULT_N = 2_000

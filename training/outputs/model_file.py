@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from training.outputs.checked_npz import ArrayFileError, read_npz
+from thrift_trainer.training.outputs.checked_npz import ArrayFileError, read_npz
 
 _DESCRIPTION_KEY = "__model__"
 # A run's checkpoint keeps the algorithm's optimizer state beside the weights, its

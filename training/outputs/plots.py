@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from training.schema import OutputSettings, defaults
+from thrift_trainer.training.schema import OutputSettings, defaults
 
 MAX_EVAL_N = 100_000  # images generated and scored per evaluation, on the coordinator
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from training.outputs.model_file import (
+from thrift_trainer.training.outputs.model_file import (
     OPTIMIZER_PREFIX,
     ModelFileError,
     load_model,
