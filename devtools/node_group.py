@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from thrift_trainer.compute_node.cli import startup_problem
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.training.data import paths
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.wire import security
 from thrift_trainer.wire.generated import ComputeNode
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="load simulation seed; node i uses seed + i (default: random)")
     parser.add_argument("--data-root", default=str(DEFAULT_DATA_ROOT),
                         help="folder holding the data sets (default: %(default)s)")
+    paths.add_argument(parser)  # --follow-data-links, as compute_node.py has it
     parser.add_argument("--bind-wait", type=float, default=10.0, metavar="SECONDS",
                         help="how long to retry a port that is still in use (default 10)")
     parser.add_argument("--log-level", default="WARNING",
