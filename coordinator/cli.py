@@ -171,10 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                         default=EngineSettings.deadline_floor,
                         metavar="SECONDS",
                         help="a unit may go --deadline-factor times its node's unit time "
-                             "without progress, at least this and at most --rpc-timeout; a "
-                             "unit past it is reclaimed and issued again (batches done and "
-                             "time in a load delay count as progress) "
-                             f"(default {EngineSettings.deadline_floor:g})")
+                             "without progress, at most --rpc-timeout and at least this "
+                             "while the node has no measured unit time (then at least 5 s, "
+                             "or this if lower); a unit past it is reclaimed and issued "
+                             "again (batches done and time in a load delay count as "
+                             f"progress) (default {EngineSettings.deadline_floor:g})")
     parser.add_argument("--deadline-factor", type=arg_types.positive_float,
                         default=EngineSettings.deadline_factor,
                         metavar="X",
