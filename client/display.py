@@ -276,7 +276,8 @@ def headline(data: dict[str, Any]) -> list[str]:
     """The result's first lines: the MLP's validation error; for a GAN its latest IS and
     FID, and the discriminator's probe error under its own name."""
     if not data.get("gan"):
-        return [f"Final validation error: {data['validation_error']:.4f}"]
+        return [f"Final validation error: {data['validation_error']:.4f}",
+                *client_lines(data.get("latest_scores"))]
     scores = data.get("latest_scores")
     if scores:
         n = f", {scores['n']:.0f} images" if "n" in scores else ""
@@ -289,6 +290,17 @@ def headline(data: dict[str, Any]) -> list[str]:
         quality = "IS and FID: not scored (outputs.eval_every is 0)"
     return [quality,
             f"Discriminator probe error: {data['validation_error']:.4f} {PROBE_NOTE}"]
+
+
+def client_lines(scores: dict[str, float] | None) -> list[str]:
+    """A run with federated clients: its last round's clients and the spread of their
+    training losses (coordinator/client_files.py's fairness figures)."""
+    if not scores or "client_loss_mean" not in scores:
+        return []
+    return [f"Clients (round {scores['round']:.0f}): {scores['clients_trained']:.0f} "
+            f"trained, training loss mean {scores['client_loss_mean']:.4f}, worst 10% "
+            f"{scores['client_loss_worst10']:.4f}, spread (std) "
+            f"{scores['client_loss_std']:.4f}"]
 
 
 def _evaluated(data: dict[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from thrift_trainer.compute_node.local_workers import WorkerLost, attach, check_
 from thrift_trainer.compute_node.threads import limit_threads
 from thrift_trainer.compute_node.warm_up import warm_up_problem
 from thrift_trainer.training import plugins
+from thrift_trainer.training.clients.held import HeldClients
 from thrift_trainer.training.data import paths
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.wire import arg_types, security
@@ -70,6 +71,14 @@ def build_parser(pull: bool = False) -> argparse.ArgumentParser:
                         help="folder holding the data sets; unit files are resolved under it "
                              "and paths that escape it are refused (default: %(default)s)")
     paths.add_argument(parser)
+    parser.add_argument("--clients", type=_held_clients, default=None, metavar="INDICES",
+                        help="the federated clients whose data this node holds, e.g. 0-49 or "
+                             "0-9,20-29: units of a run's other clients never come here "
+                             "(default: every client; docs/federated-data.md)")
+    parser.add_argument("--private-label-counts", action="store_true",
+                        help="with node-resident clients (clients.placement nodes): announce "
+                             "only the size of this node's data at a run's check, not how "
+                             "many examples of each label it holds")
     parser.add_argument("--load-delay", type=arg_types.non_negative_seconds, default=3.0,
                         help="seconds a delayed unit waits before it is trained (default 3)")
     parser.add_argument("--seed", type=arg_types.seed, default=None,
@@ -149,6 +158,13 @@ def apply_threads(threads: int | None) -> str:
     return f"{count} thread{'s' if count > 1 else ''}"
 
 
+def _held_clients(text: str) -> HeldClients:
+    try:
+        return HeldClients.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _host_ports(text: str) -> list[tuple[str, int]]:
     """HOST:PORT, or several of them separated by commas."""
     addresses = []
@@ -182,6 +198,9 @@ def startup_problem(args: argparse.Namespace) -> tuple[str, int] | None:
     if not os.path.isdir(args.data_root):
         return f"data root {args.data_root} does not exist", 1
     paths.follow_links(args.follow_data_links)
+    if getattr(args, "clients", None) is not None and getattr(args, "pull", None):
+        return ("--clients is for pushed nodes and relays: a pull node holds every client "
+                "of a run"), 2
     if getattr(args, "members_port", None) is not None and args.relay is None:
         return "--members-port is for a relay's members: give --relay NODES_FILE too", 2
     security_problem = security.configure_from_args(args, serves=True)
@@ -225,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = ComputeNodeHandler(args.node_id or "", args.data_root, load, device=args.device) \
         if relay is None else _relay_handler(args, load)
     plain.link_delay = getattr(args, "link_delay_ms", 0.0) / 1000
+    plain.held_clients = args.clients
+    plain.private_label_counts = args.private_label_counts
     try:
         workers = attach(plain, args.workers, args.device)  # before faults: they wrap it
     except WorkerLost as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,6 +23,8 @@ from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms import ConfigError, get_algorithm
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.clients.held import HeldClients
+from thrift_trainer.training.clients.settings import client_index
 from thrift_trainer.training.compression import CompressionSettings, compress_update, decompress
 from thrift_trainer.training.data.letters import DataFormatError
 from thrift_trainer.training.data.paths import DataPathError, data_location, resolve_under
@@ -116,6 +119,10 @@ class ComputeNodeHandler(SessionService):
         # What computes the units when not this process alone (the coordinator's node
         # table shows it): a relay's group, local workers.
         self.role: str | None = None
+        # The federated clients whose data this node holds (--clients); None: every one.
+        self.held_clients: HeldClients | None = None
+        # Node-resident clients: whether its run checks leave out its label counts.
+        self.private_label_counts = False
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
@@ -235,7 +242,8 @@ class ComputeNodeHandler(SessionService):
             if request.unit_path:  # a unit that is a file of the data set (not a range)
                 self._check_unit_file(resolve_under(run.location, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
-                            request.index_stop)
+                            request.index_stop, client=request.client)
+            self._check_holds(unit.client, run.spec)
             share = share_of(request)
             expected = None if request.expected_update is None \
                 else specs_from_wire(request.expected_update)
@@ -278,10 +286,25 @@ class ComputeNodeHandler(SessionService):
             facts = run_facts(spec, data_location(self.data_root, request.dataset))
         except (RunUnfit, ConfigError, DataPathError) as exc:
             return ttypes.RunCheck(ok=False, problem=str(exc), plugins=plugins.versions())
-        return ttypes.RunCheck(ok=True, plugins=facts.plugins,
-                               model_fingerprint=facts.model_fingerprint or None,
-                               data_fingerprint=facts.data_fingerprint or None,
-                               data_size=facts.data_size or None)
+        answer = ttypes.RunCheck(ok=True, plugins=facts.plugins,
+                                 model_fingerprint=facts.model_fingerprint or None,
+                                 data_fingerprint=facts.data_fingerprint or None,
+                                 data_size=facts.data_size or None,
+                                 partition_fingerprint=facts.partition or None,
+                                 clients=self._held_names(spec))
+        if spec.clients.on_nodes:  # its own data is its client: names and sizes, no data
+            answer.client_sizes = {self.node_id: facts.own_size}
+            if not self.private_label_counts and facts.own_labels is not None:
+                answer.client_labels = {self.node_id: json.dumps(facts.own_labels)}
+        return answer
+
+    def _held_names(self, spec: RunSpec) -> list[str] | None:
+        """The run's clients this node holds, when only some; None: every one."""
+        if spec.clients.on_nodes:
+            return [self.node_id]
+        if self.held_clients is None or not spec.clients.enabled:
+            return None
+        return self.held_clients.names(spec.clients.count)
 
     def _check_fit(self, spec: RunSpec, location: Path) -> None:
         """RunUnfit unless this node builds what the coordinator built (a unit's
@@ -291,6 +314,21 @@ class ComputeNodeHandler(SessionService):
         reason = unfit_reason(spec.expect, run_facts(spec, location), spec)
         if reason:
             raise RunUnfit(reason)
+
+    def _check_holds(self, client: str | None, spec: RunSpec) -> None:
+        """A node computes only the clients whose data it holds."""
+        if client is None:
+            return
+        if spec.clients.on_nodes:
+            if client != self.node_id:
+                raise DataPathError(f"node {self.node_id} holds only its own client, not "
+                                    f"{client}")
+            return
+        if self.held_clients is None:
+            return
+        if client_index(client, spec.clients.count) not in self.held_clients:
+            raise DataPathError(f"node {self.node_id} does not hold {client} (it holds "
+                                f"clients {self.held_clients})")
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """A node computes on its own copy of the data: the unit's file must be there."""

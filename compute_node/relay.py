@@ -257,7 +257,7 @@ class RelayRunner:
                     weights=weights, scheduling_policy=self.policy_number,
                     index_start=unit.index_start, index_stop=unit.index_stop,
                     model_version=job.model_version, share=share,
-                    expected_update=job.expected_update)
+                    expected_update=job.expected_update, client=unit.client)
 
 
 def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int] | None]:

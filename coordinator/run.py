@@ -20,6 +20,7 @@ from thrift_trainer.coordinator.checkpoint import (
     load_request,
     metrics_of,
 )
+from thrift_trainer.coordinator.client_files import client_rows, fairness
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
 from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS
@@ -365,6 +366,23 @@ class Run:
             self._nodes.leave_out(node)
         if unfit and not self.nodes:
             raise RoundFailed(no_node_can_serve(unfit), [n.name for n in unfit])
+        if self.spec.clients.on_nodes:
+            self._take_node_clients()
+
+    def _take_node_clients(self) -> None:
+        """Node-resident clients: each checked node's own data is a client, as it
+        announced it (name, examples, label counts); the run folder keeps them."""
+        sizes = {name: size for node in self.nodes for name, size in node.client_sizes.items()}
+        labels = {name: counts for node in self.nodes
+                  for name, counts in node.client_labels.items()}
+        if not sizes:
+            raise RoundFailed("no node announced a client of its own data (clients.placement "
+                              "nodes needs pushed nodes that check the run)",
+                              [n.name for n in self.nodes])
+        record = self.algorithm.take_clients(sizes, labels)
+        self.folder.keep_partition(record)
+        log.info("run %s: %d node-resident clients, %s examples", self.run_id, len(sizes),
+                 f"{sum(sizes.values()):,}")
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         """Take in the checkpoint's optimizer, random state and metrics, or raise
@@ -441,8 +459,14 @@ class Run:
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]
                                     + outcome.discarded)
-            weights = self.algorithm.aggregate(round_index, weights, outcome.results,
-                                               outcome.failures)
+            if outcome.results:
+                weights = self.algorithm.aggregate(round_index, weights, outcome.results,
+                                                   outcome.failures)
+            else:  # every client of the round dropped out: nothing to apply
+                log.warning("round %d: every client asked dropped out (no live node holds "
+                            "them); the model is unchanged", round_index)
+        clients = client_rows(round_index, outcome.results, outcome.failures, outcome.dropped)
+        self.folder.append_clients(clients)
         with clock.phase("after_round"):
             if self._residuals is not None:
                 self._residuals.note(units, outcome.placement)
@@ -453,17 +477,19 @@ class Run:
         metrics = self._round_written(
             RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
                      outcome.discarded, position), started, bytes_before, update_started,
-            clock)
+            clock, fairness(clients))
         return weights, metrics
 
     def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],
                        update_started: float | None = None,
-                       clock: PhaseClock | None = None) -> RoundMetrics:
+                       clock: PhaseClock | None = None,
+                       client_figures: dict[str, float] | None = None) -> RoundMetrics:
         """Evaluate a round's weights and write the round out: ledger, sample grid,
         metrics and, last, the checkpoint. ``update_started``: when the round's update began
         (None in the asynchronous modes, whose updates are spread over the round);
         ``clock``: the round's phases so far (None where a round has no phases: the
-        asynchronous modes)."""
+        asynchronous modes); ``client_figures``: the fairness figures of the round's
+        federated clients (coordinator/client_files.py), kept with its scores."""
         round_index, weights = end.round, end.weights
         clock = clock or PhaseClock()
         with clock.phase("evaluate"):
@@ -483,6 +509,8 @@ class Run:
                  end.results, len(end.discarded), metrics.seconds)
         with clock.phase("score"):
             self._score(round_index, weights, metrics)
+            if client_figures:
+                metrics.scores = {**(metrics.scores or {}), **client_figures}
         with clock.phase("ledger"):
             self.ledger.round_ended(metrics, end.results, len(end.discarded))
             self.ledger.check()  # a round the store missed must not be checkpointed
@@ -579,7 +607,7 @@ class Run:
             config_json=self._config_json, weights=weights,
             scheduling_policy=self.settings.policy, index_start=unit.index_start,
             index_stop=unit.index_stop, model_version=model_version,
-            expected_update=self._expected_update)
+            expected_update=self._expected_update, client=unit.client)
 
 
 def _position(checkpoint: Checkpoint | None) -> StreamPosition | None:

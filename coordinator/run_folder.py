@@ -1,5 +1,8 @@
 """What a run writes in its folder (`<run root>/<run id>/`), in one place.
 
+A run with federated clients also keeps ``partition.json`` and ``partition.png`` and, per
+round, its clients' lines of ``clients.jsonl`` (coordinator/client_files.py).
+
 At the start ``run.json`` (the run as it was set up) and ``request.json`` (what a resume
 needs); after every round a row of ``metrics.jsonl``, the sample grid when one is due and,
 last, ``checkpoint.npz``, the commit point a resume starts from (so the metrics and the
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from thrift_trainer.coordinator import client_files
 from thrift_trainer.coordinator.checkpoint import (
     CHECKPOINT_FILE,
     METRICS_FILE,
@@ -32,6 +36,7 @@ from thrift_trainer.engine.phase_clock import PHASES_KEY
 from thrift_trainer.engine.records import RoundMetrics
 from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms.base import Algorithm
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
 from thrift_trainer.training.outputs.model_file import save_model
 from thrift_trainer.training.outputs.plots import due, metrics_line, save_curves, save_grid
 from thrift_trainer.training.outputs.torch_files import SAFETENSORS_FILE, save_safetensors
@@ -66,12 +71,23 @@ class RunFolder:
                                             encoding="utf-8")
         save_request(self.path, request)
         self._kept(REQUEST_FILE)
+        if self.algorithm.partition is not None:
+            self.keep_partition(self.algorithm.partition)
+
+    def keep_partition(self, record: PartitionRecord) -> None:
+        """partition.json: the run's clients, their sizes and label counts."""
+        client_files.write_partition(self.path, record)
 
     def restore(self, last_round: int) -> None:
         """The rows of rounds up to ``last_round`` (a resume's checkpoint): later rows, of
         rounds the checkpoint does not cover, are dropped from metrics.jsonl."""
         self.rows = [{k: v for k, v in row.items() if k not in ("discarded", PHASES_KEY)}
                      for row in metrics_until(self.path, last_round)]
+        client_files.keep_until(self.path, last_round)
+
+    def append_clients(self, rows: list[dict[str, Any]]) -> None:
+        """A round's lines of clients.jsonl (coordinator/client_files.py)."""
+        client_files.append_clients(self.path, rows)
 
     def append_round(self, metrics: RoundMetrics, discarded: list[str],
                      traffic: dict[str, int], phases: dict[str, float]) -> None:
@@ -111,6 +127,9 @@ class RunFolder:
             "model": self.algorithm.model, "description": description, "config": config,
             "plugins": plugins.versions()})
         save_curves(self.rows, self.path / "curves.png")
+        if self.algorithm.partition is not None:
+            client_files.draw_partition(self.algorithm.partition,
+                                        self.path / client_files.PARTITION_PICTURE)
         return model_path
 
     @property

@@ -136,6 +136,7 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     hierarchy.check_usable(spec.hierarchy, cls)
     check_supported(spec.compression, cls.name, cls.compression_codecs(spec.model))
     schedule.check_usable(spec.schedule, cls, deterministic)
+    _check_clients(spec, cls)
     if spec.schedule.asynchronous and spec.compression.keeps_residuals:
         # residuals are kept per unit slot, and a stream's units change with every pass
         raise ConfigError(f"compression.up: topk cannot be used in {spec.schedule.mode!r} "
@@ -143,6 +144,18 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     config = spec.algorithm_config()
     check_config(cls.check_config(spec.model, config), limits)
     return cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
+
+
+def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
+    """ConfigError, in one line, for a run with clients that cannot have them."""
+    if not spec.clients.enabled:
+        return
+    problem = cls.takes_clients(spec.model)
+    if problem is None and spec.schedule.asynchronous:
+        problem = (f"schedule.mode {spec.schedule.mode!r} does not sample clients yet; "
+                   f"use sync rounds")
+    if problem is not None:
+        raise ConfigError(f"clients: {problem}")
 
 
 def _outputs(outputs_json: str | None) -> dict[str, int]:

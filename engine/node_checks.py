@@ -69,4 +69,14 @@ def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts | dict,
     node.liveness.heard()
     if answer.problem is not None:
         return answer.problem
-    return unfit_reason(facts, answer.facts, spec) if answer.facts is not None else None
+    if answer.facts is None:
+        return None
+    if answer.facts.clients is not None:  # it holds only these clients' data
+        node.clients = frozenset(answer.facts.clients)
+    if spec.clients.on_nodes:  # its own data is its client
+        if len(answer.facts.clients or ()) != 1 or answer.facts.own_size < 1:
+            return "announces no client of its own data (is it an older node?)"
+        name = answer.facts.clients[0]
+        node.client_sizes = {name: answer.facts.own_size}
+        node.client_labels = {name: answer.facts.own_labels}
+    return unfit_reason(facts, answer.facts, spec)

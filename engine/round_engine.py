@@ -229,7 +229,7 @@ class RoundEngine:
         next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
         while not state.wait_finished(WAIT_STEP_SECONDS):
             next_check = self._tick(state, next_check)
-        if state.completed == 0:
+        if state.completed == 0 and not state.all_dropped:
             raise RoundFailed(f"every unit of round {state.round_index} failed; last error: "
                               f"{state.last_error}", [n.name for n in self.nodes])
 
@@ -288,12 +288,19 @@ class RoundEngine:
         if not self.gate.wait_open(WAIT_STEP_SECONDS):  # paused: too few nodes answer
             state.requeue(unit, wait_seconds=0)
             return
+        if self._no_live_holder(unit.spec):
+            if state.drop(unit, f"no live node holds {unit.spec.client}"):
+                log.info("round %d: %s dropped out: no live node holds it",
+                         state.round_index, unit.spec.client)
+            else:  # an attempt still out decides first
+                state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS, wait_first=True)
+            return
         order = self._order(state, unit)
         if not order:  # every node it could go to is benched: wait, at least a step (the
             # soonest node back may be one that already holds the unit, which it cannot go
             # to, and waiting no time would spin a core)
             state.requeue(unit, wait_seconds=max(WAIT_STEP_SECONDS, self._until_unbenched(
-                runtime.monotonic())))
+                runtime.monotonic())), wait_first=unit.spec.client is not None)
             return
         for index in self._candidates(state, unit, order):
             if state.is_over(unit):
@@ -312,7 +319,7 @@ class RoundEngine:
         """
         now = runtime.monotonic()
         busy = state.nodes_of(unit)
-        views = [n.view(now) for n in self.nodes]
+        views = [n.view(now) for n in self.nodes if n.holds(unit.spec.client)]
         free = [v for v in views if v.index not in busy]
         if state.fills_evenly and free:
             # A stream fills nodes evenly: a unit goes to a node with nothing out while
@@ -320,6 +327,16 @@ class RoundEngine:
             fewest = min(v.in_flight for v in free)
             free = [v for v in free if v.in_flight == fewest]
         return self._preferred_first(self.policy.order(free or views), unit.spec)
+
+    def _no_live_holder(self, spec: UnitSpec) -> bool:
+        """Whether the unit is a client's that no node of the run holding it is alive to
+        compute (a silent node is suspect after a few seconds): a client's unit is retried
+        only on its holders, and with none left it drops out of the round."""
+        if spec.client is None:
+            return False
+        now = runtime.monotonic()
+        return not any(n.holds(spec.client) and n.liveness.state(now) == "alive"
+                       for n in self.nodes)
 
     def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:
         """The unit's preferred node (the one holding its session) first, when the policy

@@ -8,7 +8,7 @@ queue, attempts, backups and failure counts are the work queue's (engine/work_qu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import (
@@ -33,6 +33,7 @@ class RoundOutcome:
     results: list[UnitResult]
     failures: list[UnitFailure]
     train_loss: float
+    dropped: list[UnitFailure] = field(default_factory=list)  # no live holder of its client
 
     @property
     def completed(self) -> int:
@@ -75,14 +76,20 @@ class RoundState(WorkQueue):
 
     # ------------------------------------------------------------ scheduling
     def _may_requeue(self, unit: Unit) -> bool:
-        return not unit.done and not unit.discarded and unit.reserved == 1
+        return not unit.settled and unit.reserved == 1
 
     def units_per_round(self) -> int:
         return self.quorum
 
     # --------------------------------------------------------------- attempts
     def _after_failure(self, unit: Unit) -> None:
-        self._check_over()  # a discarded unit may have been the round's last
+        self._check_over()  # a discarded or dropped unit may have been the round's last
+
+    @property
+    def all_dropped(self) -> bool:
+        """Every unit dropped out (no live node held any of their clients)."""
+        with self._cond:
+            return bool(self.units) and all(u.dropped for u in self.units)
 
     def complete(self, unit: Unit, update: Weights, result: TaskResult,
                  node: str | None = None, on_kept: Callable[[], None] | None = None,
@@ -92,7 +99,7 @@ class RoundState(WorkQueue):
         which must precede the round's record that cancels what it left unsettled).
         A round's results are never too stale: ``on_stale`` is for streams."""
         with self._cond:
-            if unit.done or self._over:
+            if unit.settled or self._over:
                 return False
             unit.done = True
             self.results[unit.index] = UnitResult(unit.spec, update, result.num_samples,
@@ -108,7 +115,7 @@ class RoundState(WorkQueue):
         return Kept(self.round_index, unit.spec, attempt, node, result)
 
     def _check_over(self) -> None:
-        settled = sum(1 for u in self.units if u.done or u.discarded)
+        settled = sum(1 for u in self.units if u.settled)
         if self.completed >= self.quorum or settled == len(self.units):
             self._over = True
 
@@ -125,7 +132,8 @@ class RoundState(WorkQueue):
         with self._cond:
             results = [self.results[index] for index in sorted(self.results)]
             failures = [UnitFailure(u.spec, u.last_error) for u in self.units if u.discarded]
+            dropped = [UnitFailure(u.spec, u.last_error) for u in self.units if u.dropped]
         samples = sum(r.num_samples for r in results)
         loss = (sum(r.loss * r.num_samples for r in results) / samples if samples
                 else float("nan"))
-        return RoundOutcome(results, failures, loss)
+        return RoundOutcome(results, failures, loss, dropped)

@@ -48,6 +48,7 @@ class Task:
     share: tuple[int, int] | None = None
     # the tensors a result's update must have, for a relay to check its members' results
     expected_update: TensorSpecs | None = None
+    client: str | None = None  # the federated client whose examples the unit trains on
 
     @property
     def version(self) -> int:

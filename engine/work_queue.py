@@ -64,7 +64,14 @@ class Unit:
     started: dict[int, tuple[NodeHandle, float]] = field(default_factory=dict)
     done: bool = False
     discarded: bool = False
+    # No live node holds the unit's client: it drops out of the round, neither failed nor
+    # lost (training/clients/).
+    dropped: bool = False
     last_error: str = ""
+
+    @property
+    def settled(self) -> bool:
+        return self.done or self.discarded or self.dropped
 
 
 class WorkQueue:
@@ -90,8 +97,7 @@ class WorkQueue:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
         so no path can lose a unit."""
         for unit in self.units:
-            if not (unit.done or unit.discarded or unit.reserved or unit.started
-                    or unit in self._queue):
+            if not (unit.settled or unit.reserved or unit.started or unit in self._queue):
                 log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
                 self._queue.append(unit)
 
@@ -114,13 +120,17 @@ class WorkQueue:
                 self._cond.wait(WAIT_STEP_SECONDS)
             return None
 
-    def requeue(self, unit: Unit, wait_seconds: float) -> None:
+    def requeue(self, unit: Unit, wait_seconds: float, wait_first: bool = False) -> None:
         """Queue a unit no node took, where the settlement says it still needs one; then
-        wait ``wait_seconds`` (a back-off) unless something changes first."""
+        wait ``wait_seconds`` (a back-off) unless something changes first. ``wait_first``:
+        wait before queueing it, holding it (when none of its nodes can take it yet, no
+        other worker should take it meanwhile, only to find the same)."""
         with self._cond:
+            if wait_first and wait_seconds > 0:
+                self._cond.wait(wait_seconds)
             if self._may_requeue(unit):
                 self._queue.append(unit)
-            if wait_seconds > 0:
+            if not wait_first and wait_seconds > 0:
                 self._cond.wait(wait_seconds)
 
     def _may_issue(self, backups_only: bool) -> bool:
@@ -155,7 +165,7 @@ class WorkQueue:
             return None
         now = runtime.monotonic()
         slow = [u for u in self.units
-                if not u.done and not u.discarded and u.started
+                if not u.settled and u.started
                 and u.reserved == len(u.started) < self.max_attempts
                 and now - max(t for _, t in u.started.values()) > backup_after]
         return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
@@ -184,7 +194,7 @@ class WorkQueue:
 
     def is_over(self, unit: Unit) -> bool:
         with self._cond:
-            return self._over or unit.done or unit.discarded
+            return self._over or unit.settled
 
     # --------------------------------------------------------------- attempts
     def start_attempt(self, unit: Unit, node: NodeHandle,
@@ -192,7 +202,7 @@ class WorkQueue:
         """A new attempt's number, or None when the unit settled meanwhile. `on_started`
         (the ledger's record) runs under the lock, so no completion can come between."""
         with self._cond:
-            if self._over or unit.done or unit.discarded:
+            if self._over or unit.settled:
                 return None
             unit.attempts += 1
             unit.started[unit.attempts] = (node, runtime.monotonic())
@@ -233,6 +243,19 @@ class WorkQueue:
 
     def _after_failure(self, unit: Unit) -> None:
         """What a failure changes beyond the unit (under the lock); nothing by default."""
+
+    def drop(self, unit: Unit, reason: str) -> bool:
+        """Settle a unit that no live node can compute (its client's holders are away):
+        it drops out of the work, neither failed nor lost. False when it settled before."""
+        with self._cond:
+            if unit.settled or unit.started:  # an attempt out decides
+                return False
+            unit.dropped, unit.last_error = True, reason
+            if unit in self._queue:
+                self._queue.remove(unit)
+            self._after_failure(unit)
+            self._cond.notify_all()
+            return True
 
     def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
         """What ``keep_result`` is told of a result ``complete`` kept."""

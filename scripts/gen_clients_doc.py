@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from thrift_trainer.training.run_config import (  # noqa: E402
     AGGREGATION,
+    CLIENTS,
     COMPRESSION,
     DATA,
     HIERARCHY,
@@ -102,6 +103,9 @@ def destination(section: str) -> str:
     if section == HIERARCHY:
         return ("sent inside `config_json` as the object under `\"hierarchy\"`, only when "
                 "`relay_local_rounds` is not 1")
+    if section == CLIENTS:
+        return ("sent inside `config_json` as the object under `\"clients\"`, only when "
+                "`count` is not 0")
     if section == DATA:
         return ("sent inside `config_json` as the object under `\"data\"`, holding the keys "
                 "that differ from their defaults (torch models only)")

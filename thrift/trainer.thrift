@@ -97,6 +97,9 @@ struct WorkRequest {
   19: optional list<Tensor> expected_update, // the tensors a result's update must have (name,
                                      // dtype, shape; no data), as the coordinator checks it:
                                      // a relay checks its members' results against them
+  20: optional string client,        // the federated client whose data the unit trains on
+                                     // ("client7"): its examples, as the node's partition
+                                     // of the run's data set deals them (clients section)
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -132,6 +135,14 @@ struct RunCheck {
   4: optional string model_fingerprint,    // a torch model's parameter names, shapes, dtypes
   5: optional string data_fingerprint,     // its copy of the data set
   6: optional i64 data_size,               // examples of the data set's training part
+  7: optional string partition_fingerprint, // its partition of the data set into the run's
+                                            // clients (clients section), if the run has them
+  8: optional list<string> clients,         // the clients it holds, when it holds only some
+                                            // (started with --clients, or its own data is
+                                            // its client: placement nodes); absent: every one
+  9: optional map<string, i64> client_sizes, // placement nodes: its clients' training examples
+  10: optional map<string, string> client_labels, // ... and label counts, as JSON objects
+                                            // (absent under --private-label-counts)
 }
 
 struct CancelUnitRequest {

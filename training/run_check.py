@@ -34,13 +34,23 @@ class RunFacts:
     model_fingerprint: str = ""  # a torch model's state names, shapes and dtypes
     data_fingerprint: str = ""  # its copy of the data set
     data_size: int = 0  # examples of the training part
+    partition: str = ""  # fingerprint of its partition of the data set into the run's clients
+    # The clients a node holds, when only some (compute_node.py --clients); None: every one.
+    clients: tuple[str, ...] | None = None
+    # Node-resident clients (placement nodes): the examples of this process's own data and
+    # its label counts (None: its operator keeps them private).
+    own_size: int = 0
+    own_labels: dict[int, int] | None = None
 
     def expectation(self) -> dict[str, object]:
         """What units carry for nodes to check themselves against (config's ``expect``)."""
         if not self.model_fingerprint:
             return {}
-        return {"model": self.model_fingerprint, "data": self.data_fingerprint,
-                "size": self.data_size}
+        expected: dict[str, object] = {"model": self.model_fingerprint,
+                                       "data": self.data_fingerprint, "size": self.data_size}
+        if self.partition:
+            expected["partition"] = self.partition
+        return expected
 
 
 def run_facts(spec: RunSpec, location: Path) -> RunFacts:
@@ -65,11 +75,34 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
 
         setup = torch_model.setup_of(spec.model, config, spec.dataset, Path(location))
         return RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,
-                        len(setup.data.train))
+                        len(setup.data.train), _partition(setup, spec, config),
+                        own_size=len(setup.data.train), own_labels=_label_counts(setup, spec))
     except (plugins.PluginError, ValueError) as exc:  # ConfigError and DataError too
         text = str(exc)
         raise RunUnfit(text if text.startswith("lacks ") else
                        f"cannot serve the run: {text}") from None
+
+
+def _partition(setup: object, spec: RunSpec, config: dict) -> str:
+    """The fingerprint of this process's partition into the run's clients ("" without, and
+    for node-resident clients, which are no partition of a shared data set)."""
+    if not spec.clients.enabled or spec.clients.on_nodes:
+        return ""
+    from thrift_trainer.training.clients.data_parts import parts_of
+
+    return parts_of(setup, spec.clients, config["seed"])[1].fingerprint
+
+
+def _label_counts(setup: object, spec: RunSpec) -> dict[int, int] | None:
+    """Node-resident clients: the label counts of this process's training part."""
+    if not spec.clients.on_nodes:
+        return None
+    import numpy as np
+
+    from thrift_trainer.training.clients.data_parts import training_labels
+
+    kinds, counts = np.unique(training_labels(setup), return_counts=True)
+    return {int(k): int(n) for k, n in zip(kinds, counts, strict=True)}
 
 
 def unfit_reason(expected: RunFacts | dict, found: RunFacts, spec: RunSpec) -> str | None:
@@ -83,6 +116,8 @@ def unfit_reason(expected: RunFacts | dict, found: RunFacts, spec: RunSpec) -> s
         return (f"builds model {spec.model} with other parameters (names, shapes or dtypes "
                 f"differ: fingerprint {found.model_fingerprint}, the coordinator's "
                 f"{expected.get('model')}); is it the same version of the plug-in?")
+    if spec.clients.on_nodes:  # each node's own data: different files are expected
+        return None
     if expected.get("size") != found.data_size:
         return (f"holds another copy of data set {spec.dataset}: {found.data_size} training "
                 f"examples, the coordinator's {expected.get('size')}")
@@ -90,4 +125,9 @@ def unfit_reason(expected: RunFacts | dict, found: RunFacts, spec: RunSpec) -> s
         return (f"holds another copy of data set {spec.dataset}: its files differ from the "
                 f"coordinator's (fingerprint {found.data_fingerprint}, the coordinator's "
                 f"{expected.get('data')})")
+    if expected.get("partition", "") != found.partition:
+        return (f"deals data set {spec.dataset} to the run's clients otherwise (partition "
+                f"{found.partition or 'none'}, the coordinator's "
+                f"{expected.get('partition') or 'none'}); is it the same version of the "
+                f"partitioner?")
     return None

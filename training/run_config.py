@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from thrift_trainer.training import schema
+from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.compression import CompressionSettings
 from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.data.settings import DataSettings
@@ -45,8 +46,10 @@ AGGREGATION = "aggregation"  # travels inside the algorithm's config (training/a
 SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordinator
 HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
 DATA = "data"  # a torch model's data settings, sent as the request config's "data"
+CLIENTS = "clients"  # the run's federated clients (training/clients/settings.py)
 MODEL = "model"  # the request config's key of run.model_args, loss, metric, init_weights
-NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA)
+NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA,
+                  CLIENTS)
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
 MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
               "init_weights": "init_weights"}
@@ -56,7 +59,8 @@ SECTIONS: dict[str, type] = {
     "sync_sgd": schema.SyncSgdSettings, "md_gan": schema.MdGanSettings,
     "fl_gan": schema.FlGanSettings, AGGREGATION: schema.AggregationSettings,
     COMPRESSION: CompressionSettings, SCHEDULE: ScheduleSettings,
-    HIERARCHY: HierarchySettings, DATA: DataSettings, OUTPUTS: schema.OutputSettings,
+    HIERARCHY: HierarchySettings, DATA: DataSettings, CLIENTS: ClientsSettings,
+    OUTPUTS: schema.OutputSettings,
 }
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -118,7 +122,8 @@ class RunConfig:
                        schedule=ScheduleSettings(**self.section(SCHEDULE)),
                        hierarchy=HierarchySettings(**self.section(HIERARCHY)),
                        model_settings=ModelSettings(**copy.deepcopy(model)),
-                       data=DataSettings(**self.section(DATA)))
+                       data=DataSettings(**self.section(DATA)),
+                       clients=ClientsSettings(**self.section(CLIENTS)))
 
     def algorithm_config(self) -> dict[str, Any]:
         """What the train request carries as config_json, as a dict."""

@@ -8,6 +8,7 @@ own keys, plus one key per shared section when it is not the default:
 * ``compression``: how updates and weights travel (training/compression.py),
 * ``schedule``: sync, async or buffered (training/schedule.py),
 * ``hierarchy``: how relays train their groups (training/hierarchy.py),
+* ``clients``: the run's federated clients (training/clients/settings.py),
 * ``model``: a torch model's arguments, loss, metric and starting weights
   (training/models/settings.py),
 * ``data``: how a torch model's data set is read (training/data/settings.py);
@@ -34,6 +35,8 @@ from typing import Any
 from thrift_trainer.training import compression, hierarchy, plugins, schedule
 from thrift_trainer.training.aggregation import SECTION as AGGREGATION
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.clients import settings as clients
+from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.compression import CompressionSettings
 from thrift_trainer.training.data.settings import SECTION as DATA
 from thrift_trainer.training.data.settings import DataSettings, DataSettingsError
@@ -44,7 +47,7 @@ from thrift_trainer.training.schedule import ScheduleSettings
 
 EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,
-                   MODEL, DATA, EXPECT)
+                   MODEL, DATA, EXPECT, clients.SECTION)
 
 
 class SpecError(ConfigError):
@@ -64,6 +67,7 @@ class RunSpec:
     model_settings: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
     expect: dict[str, Any] = field(default_factory=dict)
+    clients: ClientsSettings = clients.NONE
 
     @classmethod
     def parse(cls, algorithm: str, model: str, dataset: str,
@@ -82,7 +86,8 @@ class RunSpec:
                 schedule=schedule.settings_from(config.get(schedule.SECTION)),
                 hierarchy=hierarchy.settings_from(config.get(hierarchy.SECTION)),
                 model_settings=ModelSettings.from_mapping(config.get(MODEL)),
-                data=DataSettings.from_mapping(config.get(DATA)), expect=expect)
+                data=DataSettings.from_mapping(config.get(DATA)), expect=expect,
+                clients=clients.settings_from(config.get(clients.SECTION)))
         except (ConfigError, DataSettingsError, ModelSettingsError) as exc:
             raise SpecError(str(exc)) from None
 
@@ -119,7 +124,7 @@ class RunSpec:
             config[MODEL] = self.model_settings.changed()
         if self.data.changed():
             config[DATA] = self.data.changed()
-        return config
+        return clients.join_clients(config, self.clients)
 
     def config_dict(self, checked_config: Mapping[str, Any] | None = None, *,
                     with_schedule: bool = False) -> dict[str, Any]:

@@ -27,7 +27,8 @@ TensorSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, 
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """One work unit of a round: a file of the data set, or an index range inside one."""
+    """One work unit of a round: a file of the data set, an index range inside one, or a
+    federated client's examples."""
 
     unit_id: str
     unit_path: str
@@ -36,6 +37,9 @@ class UnitSpec:
     # Name ("host:port") of the node to try first, e.g. the one holding the unit's session;
     # the engine falls back to any node when that one is gone or benched.
     preferred_node: str | None = None
+    # The federated client whose examples the unit trains on (training/clients/): it goes
+    # only to a node that holds that client; None: the unit is the data set's to share.
+    client: str | None = None
 
 
 @dataclass

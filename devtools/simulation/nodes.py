@@ -171,7 +171,7 @@ class SimNode:
         check_payload(payload, PayloadForm(spec.compression.down))
         weights = {name: value.copy() for name, value in decompress(payload).items()}
         unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
-                        request.index_stop)
+                        request.index_stop, client=request.client)
         job = UnitJob(request.run_id, request.round, unit, request.model, config, weights,
                       control=UnitControl(), algorithm=request.algorithm,
                       dataset=request.dataset, config_json=request.config_json or "",

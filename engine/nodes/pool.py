@@ -40,6 +40,12 @@ class NodeHandle:
         self._benched_until = 0.0
         self._bench_seconds = 0.0
         self.left_out: str | None = None  # why the run does without this node, if it does
+        # The federated clients whose data it holds (its run check says); None: every one.
+        self.clients: frozenset[str] | None = None
+        # Node-resident clients (its own data is its client): their examples and label
+        # counts as it announced them (None: kept private).
+        self.client_sizes: dict[str, int] = {}
+        self.client_labels: dict[str, dict[int, int] | None] = {}
         self.refused: str | None = None  # why its last refused result was refused
 
     @property
@@ -160,6 +166,10 @@ class NodeHandle:
         with self._lock:
             first, self.left_out = self.left_out is None, self.left_out or reason
         return first
+
+    def holds(self, client: str | None) -> bool:
+        """Whether the node can compute a unit of ``client`` (None: a unit of no client)."""
+        return client is None or self.clients is None or client in self.clients
 
     def unit_seconds(self) -> float | None:
         """This node's recent undelayed unit time (a moving average), once it has one."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -68,7 +69,7 @@ def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
         weights_cached=True if cached else None,
         part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None,
         expected_update=None if task.expected_update is None
-        else specs_to_wire(task.expected_update))
+        else specs_to_wire(task.expected_update), client=task.client)
 
 
 def run_check_request(query: RunQuery) -> ttypes.RunCheckRequest:
@@ -83,7 +84,23 @@ def run_answer(answer: ttypes.RunCheck) -> RunAnswer:
     if not answer.model_fingerprint:  # no torch model, or a relay whose members it could
         return RunAnswer()              # not ask: nothing to compare
     return RunAnswer(RunFacts(dict(answer.plugins or {}), answer.model_fingerprint,
-                              answer.data_fingerprint or "", answer.data_size or 0))
+                              answer.data_fingerprint or "", answer.data_size or 0,
+                              answer.partition_fingerprint or "",
+                              None if answer.clients is None else tuple(answer.clients),
+                              own_size=sum((answer.client_sizes or {}).values()),
+                              own_labels=_own_labels(answer)))
+
+
+def _own_labels(answer: ttypes.RunCheck) -> dict[int, int] | None:
+    """A node-resident client's label counts as its node announced them (JSON), if it did;
+    a malformed announcement counts as none."""
+    for text in (answer.client_labels or {}).values():
+        try:
+            counts = json.loads(text)
+            return {int(label): int(n) for label, n in counts.items()}
+        except (ValueError, TypeError, AttributeError):
+            return None
+    return None
 
 
 class _LastEncoded:

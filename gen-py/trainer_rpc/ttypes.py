@@ -682,12 +682,13 @@ class WorkRequest(object):
      - part
      - parts
      - expected_update
+     - client
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, client=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -707,6 +708,7 @@ class WorkRequest(object):
         self.part = part
         self.parts = parts
         self.expected_update = expected_update
+        self.client = client
         self.token = token
 
     def read(self, iprot):
@@ -825,6 +827,11 @@ class WorkRequest(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 20:
+                if ftype == TType.STRING:
+                    self.client = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -921,6 +928,10 @@ class WorkRequest(object):
             for iter27 in self.expected_update:
                 iter27.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.client is not None:
+            oprot.writeFieldBegin('client', TType.STRING, 20)
+            oprot.writeString(self.client.encode('utf-8') if sys.version_info[0] == 2 else self.client)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -1304,17 +1315,25 @@ class RunCheck(object):
      - model_fingerprint
      - data_fingerprint
      - data_size
+     - partition_fingerprint
+     - clients
+     - client_sizes
+     - client_labels
 
     """
 
 
-    def __init__(self, ok=None, problem=None, plugins=None, model_fingerprint=None, data_fingerprint=None, data_size=None,):
+    def __init__(self, ok=None, problem=None, plugins=None, model_fingerprint=None, data_fingerprint=None, data_size=None, partition_fingerprint=None, clients=None, client_sizes=None, client_labels=None,):
         self.ok = ok
         self.problem = problem
         self.plugins = plugins
         self.model_fingerprint = model_fingerprint
         self.data_fingerprint = data_fingerprint
         self.data_size = data_size
+        self.partition_fingerprint = partition_fingerprint
+        self.clients = clients
+        self.client_sizes = client_sizes
+        self.client_labels = client_labels
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1361,6 +1380,43 @@ class RunCheck(object):
                     self.data_size = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.STRING:
+                    self.partition_fingerprint = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.LIST:
+                    self.clients = []
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.clients.append(_elem47)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.MAP:
+                    self.client_sizes = {}
+                    (_ktype49, _vtype50, _size48) = iprot.readMapBegin()
+                    for _i52 in range(_size48):
+                        _key53 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val54 = iprot.readI64()
+                        self.client_sizes[_key53] = _val54
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 10:
+                if ftype == TType.MAP:
+                    self.client_labels = {}
+                    (_ktype56, _vtype57, _size55) = iprot.readMapBegin()
+                    for _i59 in range(_size55):
+                        _key60 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val61 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.client_labels[_key60] = _val61
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1382,9 +1438,9 @@ class RunCheck(object):
         if self.plugins is not None:
             oprot.writeFieldBegin('plugins', TType.MAP, 3)
             oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.plugins))
-            for kiter42, viter43 in self.plugins.items():
-                oprot.writeString(kiter42.encode('utf-8') if sys.version_info[0] == 2 else kiter42)
-                oprot.writeString(viter43.encode('utf-8') if sys.version_info[0] == 2 else viter43)
+            for kiter62, viter63 in self.plugins.items():
+                oprot.writeString(kiter62.encode('utf-8') if sys.version_info[0] == 2 else kiter62)
+                oprot.writeString(viter63.encode('utf-8') if sys.version_info[0] == 2 else viter63)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.model_fingerprint is not None:
@@ -1398,6 +1454,33 @@ class RunCheck(object):
         if self.data_size is not None:
             oprot.writeFieldBegin('data_size', TType.I64, 6)
             oprot.writeI64(self.data_size)
+            oprot.writeFieldEnd()
+        if self.partition_fingerprint is not None:
+            oprot.writeFieldBegin('partition_fingerprint', TType.STRING, 7)
+            oprot.writeString(self.partition_fingerprint.encode('utf-8') if sys.version_info[0] == 2 else self.partition_fingerprint)
+            oprot.writeFieldEnd()
+        if self.clients is not None:
+            oprot.writeFieldBegin('clients', TType.LIST, 8)
+            oprot.writeListBegin(TType.STRING, len(self.clients))
+            for iter64 in self.clients:
+                oprot.writeString(iter64.encode('utf-8') if sys.version_info[0] == 2 else iter64)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.client_sizes is not None:
+            oprot.writeFieldBegin('client_sizes', TType.MAP, 9)
+            oprot.writeMapBegin(TType.STRING, TType.I64, len(self.client_sizes))
+            for kiter65, viter66 in self.client_sizes.items():
+                oprot.writeString(kiter65.encode('utf-8') if sys.version_info[0] == 2 else kiter65)
+                oprot.writeI64(viter66)
+            oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.client_labels is not None:
+            oprot.writeFieldBegin('client_labels', TType.MAP, 10)
+            oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.client_labels))
+            for kiter67, viter68 in self.client_labels.items():
+                oprot.writeString(kiter67.encode('utf-8') if sys.version_info[0] == 2 else kiter67)
+                oprot.writeString(viter68.encode('utf-8') if sys.version_info[0] == 2 else viter68)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1733,21 +1816,21 @@ class NodeInfo(object):
             elif fid == 8:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype47, _size44) = iprot.readListBegin()
-                    for _i48 in range(_size44):
-                        _elem49 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem49)
+                    (_etype72, _size69) = iprot.readListBegin()
+                    for _i73 in range(_size69):
+                        _elem74 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem74)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 9:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype51, _vtype52, _size50) = iprot.readMapBegin()
-                    for _i54 in range(_size50):
-                        _key55 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val56 = iprot.readI64()
-                        self.progress[_key55] = _val56
+                    (_ktype76, _vtype77, _size75) = iprot.readMapBegin()
+                    for _i79 in range(_size75):
+                        _key80 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val81 = iprot.readI64()
+                        self.progress[_key80] = _val81
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -1764,11 +1847,11 @@ class NodeInfo(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype60, _size57) = iprot.readListBegin()
-                    for _i61 in range(_size57):
-                        _elem62 = NodeSummary()
-                        _elem62.read(iprot)
-                        self.members.append(_elem62)
+                    (_etype85, _size82) = iprot.readListBegin()
+                    for _i86 in range(_size82):
+                        _elem87 = NodeSummary()
+                        _elem87.read(iprot)
+                        self.members.append(_elem87)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1813,16 +1896,16 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter63 in self.delaying:
-                oprot.writeString(iter63.encode('utf-8') if sys.version_info[0] == 2 else iter63)
+            for iter88 in self.delaying:
+                oprot.writeString(iter88.encode('utf-8') if sys.version_info[0] == 2 else iter88)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter64, viter65 in self.progress.items():
-                oprot.writeString(kiter64.encode('utf-8') if sys.version_info[0] == 2 else kiter64)
-                oprot.writeI64(viter65)
+            for kiter89, viter90 in self.progress.items():
+                oprot.writeString(kiter89.encode('utf-8') if sys.version_info[0] == 2 else kiter89)
+                oprot.writeI64(viter90)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.warming_up is not None:
@@ -1836,8 +1919,8 @@ class NodeInfo(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter66 in self.members:
-                iter66.write(oprot)
+            for iter91 in self.members:
+                iter91.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2007,11 +2090,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype70, _size67) = iprot.readListBegin()
-                    for _i71 in range(_size67):
-                        _elem72 = Tensor()
-                        _elem72.read(iprot)
-                        self.tensors.append(_elem72)
+                    (_etype95, _size92) = iprot.readListBegin()
+                    for _i96 in range(_size92):
+                        _elem97 = Tensor()
+                        _elem97.read(iprot)
+                        self.tensors.append(_elem97)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2041,8 +2124,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter73 in self.tensors:
-                iter73.write(oprot)
+            for iter98 in self.tensors:
+                iter98.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -2128,11 +2211,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype77, _size74) = iprot.readListBegin()
-                    for _i78 in range(_size74):
-                        _elem79 = Tensor()
-                        _elem79.read(iprot)
-                        self.tensors.append(_elem79)
+                    (_etype102, _size99) = iprot.readListBegin()
+                    for _i103 in range(_size99):
+                        _elem104 = Tensor()
+                        _elem104.read(iprot)
+                        self.tensors.append(_elem104)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2170,8 +2253,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter80 in self.tensors:
-                iter80.write(oprot)
+            for iter105 in self.tensors:
+                iter105.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2799,11 +2882,11 @@ class NodeSummary(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype84, _size81) = iprot.readListBegin()
-                    for _i85 in range(_size81):
-                        _elem86 = NodeSummary()
-                        _elem86.read(iprot)
-                        self.members.append(_elem86)
+                    (_etype109, _size106) = iprot.readListBegin()
+                    for _i110 in range(_size106):
+                        _elem111 = NodeSummary()
+                        _elem111.read(iprot)
+                        self.members.append(_elem111)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2887,8 +2970,8 @@ class NodeSummary(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter87 in self.members:
-                iter87.write(oprot)
+            for iter112 in self.members:
+                iter112.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.samples is not None:
@@ -3000,11 +3083,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype89, _vtype90, _size88) = iprot.readMapBegin()
-                    for _i92 in range(_size88):
-                        _key93 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val94 = iprot.readDouble()
-                        self.scores[_key93] = _val94
+                    (_ktype114, _vtype115, _size113) = iprot.readMapBegin()
+                    for _i117 in range(_size113):
+                        _key118 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val119 = iprot.readDouble()
+                        self.scores[_key118] = _val119
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3045,9 +3128,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter95, viter96 in self.scores.items():
-                oprot.writeString(kiter95.encode('utf-8') if sys.version_info[0] == 2 else kiter95)
-                oprot.writeDouble(viter96)
+            for kiter120, viter121 in self.scores.items():
+                oprot.writeString(kiter120.encode('utf-8') if sys.version_info[0] == 2 else kiter120)
+                oprot.writeDouble(viter121)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3147,33 +3230,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype100, _size97) = iprot.readListBegin()
-                    for _i101 in range(_size97):
-                        _elem102 = RoundMetrics()
-                        _elem102.read(iprot)
-                        self.history.append(_elem102)
+                    (_etype125, _size122) = iprot.readListBegin()
+                    for _i126 in range(_size122):
+                        _elem127 = RoundMetrics()
+                        _elem127.read(iprot)
+                        self.history.append(_elem127)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype106, _size103) = iprot.readListBegin()
-                    for _i107 in range(_size103):
-                        _elem108 = NodeSummary()
-                        _elem108.read(iprot)
-                        self.nodes.append(_elem108)
+                    (_etype131, _size128) = iprot.readListBegin()
+                    for _i132 in range(_size128):
+                        _elem133 = NodeSummary()
+                        _elem133.read(iprot)
+                        self.nodes.append(_elem133)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype112, _size109) = iprot.readListBegin()
-                    for _i113 in range(_size109):
-                        _elem114 = Tensor()
-                        _elem114.read(iprot)
-                        self.weights.append(_elem114)
+                    (_etype137, _size134) = iprot.readListBegin()
+                    for _i138 in range(_size134):
+                        _elem139 = Tensor()
+                        _elem139.read(iprot)
+                        self.weights.append(_elem139)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3242,22 +3325,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter115 in self.history:
-                iter115.write(oprot)
+            for iter140 in self.history:
+                iter140.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter116 in self.nodes:
-                iter116.write(oprot)
+            for iter141 in self.nodes:
+                iter141.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter117 in self.weights:
-                iter117.write(oprot)
+            for iter142 in self.weights:
+                iter142.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3668,11 +3751,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype121, _size118) = iprot.readListBegin()
-                    for _i122 in range(_size118):
-                        _elem123 = NodeSummary()
-                        _elem123.read(iprot)
-                        self.nodes.append(_elem123)
+                    (_etype146, _size143) = iprot.readListBegin()
+                    for _i147 in range(_size143):
+                        _elem148 = NodeSummary()
+                        _elem148.read(iprot)
+                        self.nodes.append(_elem148)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3684,22 +3767,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype127, _size124) = iprot.readListBegin()
-                    for _i128 in range(_size124):
-                        _elem129 = UnitInfo()
-                        _elem129.read(iprot)
-                        self.unfinished.append(_elem129)
+                    (_etype152, _size149) = iprot.readListBegin()
+                    for _i153 in range(_size149):
+                        _elem154 = UnitInfo()
+                        _elem154.read(iprot)
+                        self.unfinished.append(_elem154)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype131, _vtype132, _size130) = iprot.readMapBegin()
-                    for _i134 in range(_size130):
-                        _key135 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val136 = iprot.readI64()
-                        self.ledger[_key135] = _val136
+                    (_ktype156, _vtype157, _size155) = iprot.readMapBegin()
+                    for _i159 in range(_size155):
+                        _key160 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val161 = iprot.readI64()
+                        self.ledger[_key160] = _val161
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3815,8 +3898,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter137 in self.nodes:
-                iter137.write(oprot)
+            for iter162 in self.nodes:
+                iter162.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3826,16 +3909,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter138 in self.unfinished:
-                iter138.write(oprot)
+            for iter163 in self.unfinished:
+                iter163.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter139, viter140 in self.ledger.items():
-                oprot.writeString(kiter139.encode('utf-8') if sys.version_info[0] == 2 else kiter139)
-                oprot.writeI64(viter140)
+            for kiter164, viter165 in self.ledger.items():
+                oprot.writeString(kiter164.encode('utf-8') if sys.version_info[0] == 2 else kiter164)
+                oprot.writeI64(viter165)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -4144,11 +4227,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype144, _size141) = iprot.readListBegin()
-                    for _i145 in range(_size141):
-                        _elem146 = RunStatus()
-                        _elem146.read(iprot)
-                        self.runs.append(_elem146)
+                    (_etype169, _size166) = iprot.readListBegin()
+                    for _i170 in range(_size166):
+                        _elem171 = RunStatus()
+                        _elem171.read(iprot)
+                        self.runs.append(_elem171)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4165,8 +4248,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter147 in self.runs:
-                iter147.write(oprot)
+            for iter172 in self.runs:
+                iter172.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4499,21 +4582,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype151, _size148) = iprot.readListBegin()
-                    for _i152 in range(_size148):
-                        _elem153 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem153)
+                    (_etype176, _size173) = iprot.readListBegin()
+                    for _i177 in range(_size173):
+                        _elem178 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem178)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype155, _vtype156, _size154) = iprot.readMapBegin()
-                    for _i158 in range(_size154):
-                        _key159 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val160 = iprot.readI64()
-                        self.progress[_key159] = _val160
+                    (_ktype180, _vtype181, _size179) = iprot.readMapBegin()
+                    for _i183 in range(_size179):
+                        _key184 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val185 = iprot.readI64()
+                        self.progress[_key184] = _val185
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4552,16 +4635,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter161 in self.delaying:
-                oprot.writeString(iter161.encode('utf-8') if sys.version_info[0] == 2 else iter161)
+            for iter186 in self.delaying:
+                oprot.writeString(iter186.encode('utf-8') if sys.version_info[0] == 2 else iter186)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter162, viter163 in self.progress.items():
-                oprot.writeString(kiter162.encode('utf-8') if sys.version_info[0] == 2 else kiter162)
-                oprot.writeI64(viter163)
+            for kiter187, viter188 in self.progress.items():
+                oprot.writeString(kiter187.encode('utf-8') if sys.version_info[0] == 2 else kiter187)
+                oprot.writeI64(viter188)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.secret is not None:
@@ -4626,10 +4709,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype167, _size164) = iprot.readListBegin()
-                    for _i168 in range(_size164):
-                        _elem169 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem169)
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem194)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4650,8 +4733,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter170 in self.cancel:
-                oprot.writeString(iter170.encode('utf-8') if sys.version_info[0] == 2 else iter170)
+            for iter195 in self.cancel:
+                oprot.writeString(iter195.encode('utf-8') if sys.version_info[0] == 2 else iter195)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5543,7 +5626,7 @@ WorkRequest.thrift_spec = (
     (17, TType.I32, 'part', None, None, ),  # 17
     (18, TType.I32, 'parts', None, None, ),  # 18
     (19, TType.LIST, 'expected_update', (TType.STRUCT, [Tensor, None], False), None, ),  # 19
-    None,  # 20
+    (20, TType.STRING, 'client', 'UTF8', None, ),  # 20
     None,  # 21
     None,  # 22
     None,  # 23
@@ -5753,6 +5836,10 @@ RunCheck.thrift_spec = (
     (4, TType.STRING, 'model_fingerprint', 'UTF8', None, ),  # 4
     (5, TType.STRING, 'data_fingerprint', 'UTF8', None, ),  # 5
     (6, TType.I64, 'data_size', None, None, ),  # 6
+    (7, TType.STRING, 'partition_fingerprint', 'UTF8', None, ),  # 7
+    (8, TType.LIST, 'clients', (TType.STRING, 'UTF8', False), None, ),  # 8
+    (9, TType.MAP, 'client_sizes', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
+    (10, TType.MAP, 'client_labels', (TType.STRING, 'UTF8', TType.STRING, 'UTF8', False), None, ),  # 10
 )
 all_structs.append(CancelUnitRequest)
 CancelUnitRequest.thrift_spec = (

@@ -62,8 +62,8 @@ def _numeric_actions() -> list[tuple[str, argparse.ArgumentParser, list[str], st
             if action.type is None:
                 continue
             option = action.option_strings[0] if action.option_strings else action.dest
-            if option in ("--pull", "--register", "--hidden"):
-                continue  # HOST:PORT and size lists: checked by their own tests
+            if option in ("--pull", "--register", "--hidden", "--clients"):
+                continue  # HOST:PORT, size and index lists: checked by their own tests
             key = "port:listen" if option == "port" and listens else option
             found.append((name, parser, positionals, option, not action.option_strings, key))
     return found

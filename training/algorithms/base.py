@@ -42,6 +42,7 @@ from thrift_trainer.training.algorithms.config_checks import (
     split_aggregation,
     with_workload,
 )
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
 from thrift_trainer.training.schema import AggregationSettings, defaults
 from thrift_trainer.training.units import (
     RoundEval,
@@ -93,6 +94,27 @@ class Algorithm(ABC):
     # True: `run_unit_part` computes a share of a unit, so a node's local workers split
     # one unit between them (compute_node/local_workers.py, training/unit_parts.py).
     splits_units: ClassVar[bool] = False
+    # True: a run may give it federated clients (training/clients/: the `clients` section);
+    # `takes_clients` says for which models.
+    clients: ClassVar[bool] = False
+
+    def take_clients(self, sizes: dict[str, int],
+                     labels: dict[str, dict[int, int] | None]) -> PartitionRecord:
+        """Take node-resident clients as their nodes announced them (only algorithms whose
+        `takes_clients` allows a run clients are asked)."""
+        raise NotImplementedError(f"{self.name} has no federated clients")
+
+    @property
+    def partition(self) -> PartitionRecord | None:
+        """The run's partition into federated clients, for the run folder; None without."""
+        return None
+
+    @classmethod
+    def takes_clients(cls, model: str) -> str | None:
+        """Why this algorithm cannot train ``model`` on federated clients, or None."""
+        if not cls.clients:
+            return f"{cls.name} does not train on federated clients (delta_avg does)"
+        return None
 
     # ------------------------------------------------------------- node half
     @classmethod

@@ -39,8 +39,10 @@ def check_type(key: str, value: Any, default: Any) -> Any:
 
 
 # A torch model's settings in an algorithm's config (training/spec.py): checked by the spec
-# and read by training/algorithms/torch_model.py, passed through by `check_config`.
-WORKLOAD_SECTIONS = ("model", "data")
+# and read by training/algorithms/torch_model.py, passed through by `check_config`; and the
+# run's federated clients (training/clients/settings.py), read by the algorithms that take
+# them (`Algorithm.takes_clients`).
+WORKLOAD_SECTIONS = ("model", "data", "clients")
 
 
 def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -56,7 +58,8 @@ def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[s
 
 
 def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``checked`` with the `model` and `data` sections of ``config``, where it has them."""
+    """``checked`` with the `model`, `data` and `clients` sections of ``config``, where it
+    has them."""
     return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
 
 

@@ -31,7 +31,10 @@ from thrift_trainer.training.algorithms.config_checks import (
     split_aggregation,
     with_workload,
 )
-from thrift_trainer.training.algorithms.delta_plans import LettersPlan, RangePlan
+from thrift_trainer.training.algorithms.delta_plans import ClientPlan, LettersPlan, RangePlan
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.settings import SECTION as CLIENTS
+from thrift_trainer.training.clients.settings import settings_from as clients_settings
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
@@ -58,7 +61,15 @@ class DeltaAveraging(AveragingAlgorithm):
     models = ("mlp",)
     splits_units = True
     asynchronous = True  # deltas can be applied one by one as they arrive
+    clients = True  # a torch model's units may be federated clients (training/clients/)
     local_rounds = True  # a delta is a change of the model, which relays can apply
+
+    @classmethod
+    def takes_clients(cls, model: str) -> str | None:
+        if model == "mlp":
+            return ("the letters MLP's units are its train_* files; federated clients are "
+                    "for torch models (mlp_classifier or a plug-in)")
+        return None
 
     @property
     def uses_torch(self) -> bool:  # type: ignore[override]
@@ -133,7 +144,10 @@ class DeltaAveraging(AveragingAlgorithm):
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         if job.model != "mlp":
-            return cls._train_range(job, dataset_dir, *_index_range(job.unit))
+            output = cls._train_examples(job, dataset_dir, cls._examples(job))
+            if output is None:
+                raise ConfigError(f"unit {job.unit.unit_id} holds no example")
+            return output
         return cls._train_rows(job, *load_letters(dataset_dir / job.unit.unit_path))
 
     @classmethod
@@ -142,10 +156,13 @@ class DeltaAveraging(AveragingAlgorithm):
         """Local training on a share of the unit's rows; the node averages the shares'
         deltas (local averaging, not one sequential training of the unit)."""
         if job.model != "mlp":
-            start, stop = _index_range(job.unit)
-            lo, hi = part_bounds(stop - start, part, parts)
-            return cls._train_range(job, dataset_dir, start + lo, start + hi) \
-                if hi > lo else None
+            examples = cls._examples(job)
+
+            def share(setup: Any) -> Any:
+                chosen = examples(setup)
+                lo, hi = part_bounds(len(chosen), part, parts)
+                return chosen[lo:hi]
+            return cls._train_examples(job, dataset_dir, share)
         features, labels = load_letters(dataset_dir / job.unit.unit_path)
         lo, hi = part_bounds(len(labels), part, parts)
         return cls._train_rows(job, features[lo:hi], labels[lo:hi]) if hi > lo else None
@@ -170,9 +187,26 @@ class DeltaAveraging(AveragingAlgorithm):
         )
 
     @classmethod
-    def _train_range(cls, job: UnitJob, dataset_dir: Path, start: int,
-                     stop: int) -> UnitOutput:
-        """A torch model's local training on examples ``[start, stop)``."""
+    def _examples(cls, job: UnitJob) -> Callable[[Any], Any]:
+        """The unit's examples of a torch model's training part: its client's part, or
+        its index range."""
+        from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
+
+        if job.unit.client is None:
+            return torch_model.index_range(*_index_range(job.unit))
+        from thrift_trainer.training.clients import data_parts
+
+        config = cls.unit_config(job)
+        settings = clients_settings(config.get(CLIENTS))
+        if settings.on_nodes:  # the node's own data is the client (its node checked it)
+            return data_parts.all_examples
+        return data_parts.client_examples(job.unit.client, settings, config["seed"])
+
+    @classmethod
+    def _train_examples(cls, job: UnitJob, dataset_dir: Path,
+                        examples: Callable[[Any], Any]) -> UnitOutput | None:
+        """A torch model's local training on ``examples(setup)``; None when there are none
+        (an empty share of a unit)."""
         from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
         from thrift_trainer.training.models.module_training import LocalSteps
 
@@ -181,7 +215,7 @@ class DeltaAveraging(AveragingAlgorithm):
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
                            seed=unit_seed(config["seed"], job.round, job.unit.unit_id))
-        return torch_model.local_unit(job, dataset_dir, start, stop, local,
+        return torch_model.local_unit(job, dataset_dir, examples, local,
                                       cls.local_penalty(job))
 
     @classmethod
@@ -199,19 +233,44 @@ class DeltaAveraging(AveragingAlgorithm):
         self.optimizer = server_optim.make_server_optimizer(
             self.config["server_optimizer"], **_server_kwargs(self.config)
         )
+        clients = clients_settings(self.config.get(CLIENTS))
         if model == "mlp":
             self._plan: LettersPlan | RangePlan = LettersPlan(_spec(self.config), dataset_dir)
+        elif clients.enabled:
+            self._plan = ClientPlan(self.config, self.optimizer, model, self.dataset,
+                                    dataset_dir, clients)
         else:
             self._plan = RangePlan(self.config, self.optimizer, model, self.dataset,
                                     dataset_dir)
-        # every unit of a round is averaged
-        check_round_size(self.config[AGGREGATION], len(self._plan.units))
+        # every unit of a round is averaged (node-resident clients: once they are known)
+        if not clients.on_nodes:
+            check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
 
     def initial_weights(self) -> Weights:
         return self._plan.initial_weights(self.config["seed"])
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
+        if isinstance(self._plan, RangePlan):
+            return self._plan.round_units(round_index)
         return list(self._plan.units)
+
+    def quorum(self, num_units: int) -> int:
+        """All of a round's units; with over-selected clients, the round's target."""
+        if isinstance(self._plan, RangePlan):
+            return self._plan.quorum(num_units)
+        return num_units
+
+    def take_clients(self, sizes: dict[str, int],
+                     labels: dict[str, dict[int, int] | None]) -> PartitionRecord:
+        if not isinstance(self._plan, ClientPlan):
+            raise ConfigError("this run has no node-resident clients")
+        record = self._plan.take_clients(sizes, labels)
+        check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
+        return record
+
+    @property
+    def partition(self) -> PartitionRecord | None:
+        return self._plan.partition if isinstance(self._plan, ClientPlan) else None
 
     def unit_samples(self, unit: UnitSpec) -> int | None:
         return self._plan.samples(unit)

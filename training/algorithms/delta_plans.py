@@ -1,6 +1,7 @@
 """delta_avg's units and coordinator model, by kind of model: the letters MLP (one unit per
-``train_*`` file, numpy) and any torch model (index ranges of its training part, its
-state and server optimizer in training/algorithms/torch_model.py)."""
+``train_*`` file, numpy), any torch model (index ranges of its training part, its
+state and server optimizer in training/algorithms/torch_model.py), and a torch model
+trained on federated clients (one unit per client sampled for the round)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 from thrift_trainer.training import server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.algorithms.letters_files import train_files, validation_data
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.units import RoundEval, TensorSpecs, UnitSpec, Weights
@@ -74,6 +77,64 @@ class RangePlan:
         from thrift_trainer.training.algorithms import torch_model
 
         return torch_model.expected_update(self.state.module, weights, gradients=False)
+
+    def round_units(self, round_index: int) -> list[UnitSpec]:
+        return list(self.units)
+
+    def quorum(self, units: int) -> int:
+        return units
+
+
+class ClientPlan(RangePlan):
+    """A torch model on federated clients: the training part dealt to the clients by the
+    run's partition (computed here as on every node, training/clients/data_parts.py), one
+    unit per client sampled for a round, weighed by the client's examples."""
+
+    def __init__(self, config: Mapping[str, Any], optimizer: server_optim.ServerOptimizer,
+                 model: str, dataset: str, dataset_dir: Path,
+                 clients: ClientsSettings) -> None:
+        from thrift_trainer.training.clients.data_parts import parts_of
+
+        super().__init__(config, optimizer, model, dataset, dataset_dir)
+        self.clients, self.seed = clients, config["seed"]
+        self.record = PartitionRecord("nodes", self.seed, "", [])
+        self._set_sizes({})
+        if not clients.on_nodes:  # node-resident clients are known once nodes announce them
+            parts, self.record = parts_of(self.state.setup, clients, self.seed)
+            self._set_sizes({name: len(part) for name, part in zip(clients.names(), parts,
+                                                                   strict=True)})
+
+    def _set_sizes(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes
+        # a client with no example has nothing to train (a plug-in rule may leave one)
+        self.units = [UnitSpec(unit_id=name, unit_path="", client=name)
+                      for name, size in self.sizes.items() if size]
+        self._by_name = {unit.unit_id: unit for unit in self.units}
+
+    def take_clients(self, sizes: dict[str, int],
+                     labels: dict[str, dict[int, int] | None]) -> PartitionRecord:
+        """Node-resident clients as their nodes announced them (name -> examples, and label
+        counts where they were given); returns their record."""
+        names = sorted(sizes)
+        self._set_sizes({name: sizes[name] for name in names})
+        self.record = PartitionRecord("nodes", self.seed, "", [sizes[n] for n in names],
+                                      [labels.get(n) or {} for n in names], names=names)
+        return self.record
+
+    def round_units(self, round_index: int) -> list[UnitSpec]:
+        chosen = self.clients.sampled(round_index, self.seed, list(self._by_name))
+        return [self._by_name[name] for name in chosen]
+
+    def quorum(self, units: int) -> int:
+        """Over-selected rounds close at the target count; the late units are cancelled."""
+        return min(units, self.clients.target(len(self.units)))
+
+    def samples(self, unit: UnitSpec) -> int | None:
+        return self.sizes.get(unit.client or "")
+
+    @property
+    def partition(self) -> PartitionRecord:
+        return self.record
 
 
 

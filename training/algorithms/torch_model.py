@@ -169,24 +169,36 @@ def _optimizer(config: Mapping[str, Any], module: nn.Module) -> torch.optim.Opti
 
 
 # ------------------------------------------------------------------ delta_avg
-def local_unit(job: UnitJob, location: Path, start: int, stop: int, local: LocalSteps,
+def local_unit(job: UnitJob, location: Path, examples: Callable[[ModelSetup], np.ndarray],
+               local: LocalSteps,
                penalty: Callable[[nn.Module, Weights], torch.Tensor] | None = None
-               ) -> UnitOutput:
-    """Local training on examples ``[start, stop)``: the parameters' change, the buffers.
-    ``penalty(module, weights)``: a term added to each step's loss, given the module and
-    the round's weights (e.g. FedProx's proximal term)."""
+               ) -> UnitOutput | None:
+    """Local training on the training part's ``examples(setup)`` (a range, or a client's
+    part): the parameters' change, the buffers. ``penalty(module, weights)``: a term added
+    to each step's loss, given the module and the round's weights (e.g. FedProx's
+    proximal term). None when there are no examples (an empty share of a unit)."""
     setup = job_setup(job, location)
-    _check_range(setup, start, stop)
+    chosen = examples(setup)
+    if len(chosen) == 0:
+        return None
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
         term = None if penalty is None else functools.partial(penalty, weights=job.weights)
-        state, loss = train_locally(setup, module, start, stop, local, job.control.step,
+        state, loss = train_locally(setup, module, chosen, local, job.control.step,
                                     job.device, term)
         buffers = buffers_of(module)
     params = modules.parameter_names(module)
     update = {name: state[name] - job.weights[name] for name in params}
     update.update(buffers)
-    return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
+    return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
+
+
+def index_range(start: int, stop: int) -> Callable[[ModelSetup], np.ndarray]:
+    """The examples ``[start, stop)`` of a setup's training part, once they are inside it."""
+    def examples(setup: ModelSetup) -> np.ndarray:
+        _check_range(setup, start, stop)
+        return np.arange(start, stop)
+    return examples
 
 
 class LocalState(CoordinatorModel):

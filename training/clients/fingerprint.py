@@ -44,6 +44,8 @@ class PartitionRecord:
     sizes: list[int]
     label_counts: list[dict[int, int]] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    # the clients' names, where they are not client0, client1, ... (node-resident clients)
+    names: list[str] = field(default_factory=list)
 
     @property
     def clients(self) -> int:

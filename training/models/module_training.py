@@ -128,19 +128,20 @@ class LocalSteps:
 Penalty = Callable[[nn.Module], torch.Tensor]  # a term added to every local step's loss
 
 
-def train_locally(setup: ModelSetup, module: nn.Module, start: int, stop: int,
+def train_locally(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
                   local: LocalSteps, step: Callable[[], None] = no_step,
                   device: str = "cpu", penalty: Penalty | None = None
                   ) -> tuple[Weights, float]:
-    """Train ``module`` (holding the round's weights) on examples ``[start, stop)``; returns
-    its new state (parameters and buffers, by name) and the mean training loss (without
-    ``penalty``, which an algorithm may add to each step's loss, e.g. FedProx's)."""
+    """Train ``module`` (holding the round's weights) on the training part's ``examples``
+    (indices: a unit's range, or a client's part); returns its new state (parameters and
+    buffers, by name) and the mean training loss (without ``penalty``, which an algorithm
+    may add to each step's loss, e.g. FedProx's)."""
     module.train()
     optimizer = _optimizer(local, module)
     rng = np.random.default_rng(local.seed)
-    batch = stop - start if local.optimizer == "gd" else local.batch_size
+    batch = len(examples) if local.optimizer == "gd" else local.batch_size
     loss_sum, count = 0.0, 0
-    for indices in _local_batches(start, stop, batch, local, rng):
+    for indices in _local_batches(examples, batch, local, rng):
         step()
         inputs, targets = _on(device, *setup.data.train.take(indices))
         optimizer.zero_grad(set_to_none=True)
@@ -152,19 +153,19 @@ def train_locally(setup: ModelSetup, module: nn.Module, start: int, stop: int,
     return modules.state_arrays(module), loss_sum / max(count, 1)
 
 
-def _local_batches(start: int, stop: int, batch: int, local: LocalSteps,
+def _local_batches(examples: np.ndarray, batch: int, local: LocalSteps,
                    rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Shuffled batches over the unit: ``epochs`` passes, or ``steps`` batches."""
+    """Shuffled batches over the examples: ``epochs`` passes, or ``steps`` batches."""
     done = 0
     while True:
-        order = start + rng.permutation(stop - start) if local.optimizer != "gd" else \
-            np.arange(start, stop)
+        order = examples[rng.permutation(len(examples))] if local.optimizer != "gd" else \
+            examples
         for first in range(0, len(order), batch):
             yield order[first:first + batch]
             done += 1
             if local.steps and done >= local.steps:
                 return
-        if not local.steps and done >= local.epochs * -(-(stop - start) // batch):
+        if not local.steps and done >= local.epochs * -(-len(examples) // batch):
             return
 
 

@@ -1,0 +1,121 @@
+"""What a run with federated clients keeps of them in its folder.
+
+* ``partition.json``: the partition (partitioner, seed, fingerprint, each client's size and
+  label counts), written as the run starts, so that a split can be shown and reproduced;
+  ``partition.png``, drawn with the run's curves at its end, pictures it (label counts per
+  client, as FL papers picture a split).
+* ``clients.jsonl``: one line per client and round it was asked in: ``round``,
+  ``client``, ``examples``, ``train_loss`` (its local training's mean loss), ``node`` (its
+  holder that computed it), or ``dropped``/``failed`` with the reason.
+* the summary's fairness figures over the clients' latest training losses: mean, worst
+  10 % and spread (standard deviation), as FL papers report them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.units import UnitFailure, UnitResult
+
+PARTITION_FILE = "partition.json"
+PARTITION_PICTURE = "partition.png"
+CLIENTS_FILE = "clients.jsonl"
+MOST_CLIENTS_DRAWN = 2_000  # clients drawn in partition.png: beyond, the first ones
+
+
+def write_partition(run_dir: Path, record: PartitionRecord) -> None:
+    (run_dir / PARTITION_FILE).write_text(record.to_json() + "\n", encoding="utf-8")
+
+
+def client_rows(round_index: int, results: Sequence[UnitResult],
+                failures: Sequence[UnitFailure],
+                dropped: Sequence[UnitFailure]) -> list[dict[str, Any]]:
+    """The lines of clients.jsonl for one round, in client order."""
+    rows: list[dict[str, Any]] = [
+        {"round": round_index, "client": r.unit.client, "examples": r.num_samples,
+         "train_loss": r.loss if math.isfinite(r.loss) else None, "node": r.node}
+        for r in results if r.unit.client is not None]
+    for key, settled in (("failed", failures), ("dropped", dropped)):
+        rows += [{"round": round_index, "client": f.unit.client, key: f.reason}
+                 for f in settled if f.unit.client is not None]
+    return sorted(rows, key=lambda row: _client_order(row["client"]))
+
+
+def append_clients(run_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        with open(run_dir / CLIENTS_FILE, "a", encoding="utf-8") as out:
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def read_clients(run_dir: Path, last_round: int | None = None) -> list[dict[str, Any]]:
+    """clients.jsonl's lines (up to ``last_round``); none when there is no file."""
+    path = run_dir / CLIENTS_FILE
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return [row for row in rows if last_round is None or row["round"] <= last_round]
+
+
+def keep_until(run_dir: Path, last_round: int) -> None:
+    """Drop the lines of rounds after ``last_round`` (a resume's checkpoint)."""
+    path = run_dir / CLIENTS_FILE
+    if path.is_file():
+        rows = read_clients(run_dir, last_round)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def fairness(rows: Sequence[dict[str, Any]]) -> dict[str, float | int]:
+    """Over each client's latest training loss: how many clients took part, and the mean,
+    the mean of the worst 10 % (at least one client) and the standard deviation."""
+    latest: dict[str, float] = {}
+    for row in rows:
+        if row.get("train_loss") is not None:
+            latest[row["client"]] = row["train_loss"]
+    if not latest:
+        return {}
+    losses = np.sort(np.array(list(latest.values()), dtype=np.float64))[::-1]
+    worst = losses[:max(1, math.ceil(0.1 * losses.size))]
+    return {"clients_trained": int(losses.size), "client_loss_mean": float(losses.mean()),
+            "client_loss_worst10": float(worst.mean()),
+            "client_loss_std": float(losses.std())}
+
+
+def draw_partition(record: PartitionRecord, path: Path) -> None:
+    """Each client's label counts as one column of a heat map (label against client):
+    one image, however many clients, where bars would cost a patch per client and label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    shown = record.label_counts[:MOST_CLIENTS_DRAWN]
+    labels = sorted({label for counts in shown for label in counts})
+    grid = np.array([[counts.get(label, 0) for counts in shown] for label in labels],
+                    dtype=float).reshape(len(labels), len(shown))
+    fig, axis = plt.subplots(figsize=(min(14.0, 4 + 0.05 * len(shown)),
+                                      min(8.0, 2 + 0.15 * len(labels))))
+    image = axis.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis")
+    fig.colorbar(image, ax=axis, label="examples")
+    more = f" (first {MOST_CLIENTS_DRAWN} of {record.clients})" \
+        if record.clients > MOST_CLIENTS_DRAWN else ""
+    axis.set_title(f"{record.partitioner} partition, seed {record.seed}{more}")
+    axis.set_xlabel("client")
+    axis.set_ylabel("label")
+    if len(labels) <= 30:
+        axis.set_yticks(range(len(labels)), [str(label) for label in labels], fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _client_order(name: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return (int(digits) if digits else -1, name)

@@ -1,0 +1,236 @@
+"""Federated clients through real processes: the letters data dealt to clients by a seeded
+rule, two nodes that each hold some of them (``--clients``), a few clients sampled per
+round. Each client's units go only to its holder, the final model is the weighted FedAvg of
+exactly those clients computed in one process, the run folder keeps the partition and the
+clients' lines, and a holder killed mid-run drops its clients while the run goes on."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from devtools import local_cluster
+from tests.conftest import Cluster
+from thrift_trainer.training.outputs.model_file import load_model
+
+pytestmark = pytest.mark.processes
+
+CLIENTS = 12
+FEDERATED = ["--set", "run.model=mlp_classifier", "--set", "run.dataset=letters",
+             "--set", "data.format=letters", "--set", "run.algorithm=delta_avg",
+             "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
+             "--set", "delta_avg.eta=0.05", "--set", "delta_avg.batch_size=50",
+             "--set", f"clients.count={CLIENTS}", "--set", "clients.partition=dirichlet",
+             "--set", "clients.alpha=0.5", "--set", "clients.per_round=4"]
+
+
+def _run_dir(cluster: Cluster, result: dict) -> Path:
+    return cluster.workdir / "runs" / result["run_id"]
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+
+
+def _attempt_nodes(store: Path, run_id: str) -> dict[str, set[str]]:
+    """client -> the ports of the nodes the run store's ledger sent any attempt of it to."""
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        rows = db.execute("SELECT unit_id, node FROM attempts WHERE run_id = ?",
+                          (run_id,)).fetchall()
+    placed: dict[str, set[str]] = {}
+    for unit, node in rows:
+        placed.setdefault(unit, set()).add(node.rpartition(":")[2])
+    return placed
+
+
+def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(cluster):
+    low = cluster.add_node(0.0, "--clients", "0-5")
+    high = cluster.add_node(0.0, "--clients", "6-11")
+    store = cluster.workdir / "store.sqlite"
+    cluster.start_coordinator(2, "--store", str(store))
+    result = cluster.train_json(*FEDERATED, "--set", "run.rounds=3")
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    trained = [line for line in lines if "node" in line]
+    assert len(trained) == 3 * 4, lines  # 4 clients a round, none dropped or failed
+    holder = {str(low.port): range(0, 6), str(high.port): range(6, 12)}
+    for line in trained:
+        index = int(line["client"].removeprefix("client"))
+        port = line["node"].rpartition(":")[2]
+        assert index in holder[port], line  # a client's result came from its holder
+    attempts = _attempt_nodes(store, result["run_id"])
+    assert set(attempts) == {line["client"] for line in trained}, attempts
+    for client, ports in attempts.items():  # every attempt went to the holder
+        assert all(int(client[6:]) in holder[port] for port in ports), (client, ports)
+    partition = json.loads((run_dir / "partition.json").read_text())
+    assert partition["partitioner"] == "dirichlet" and len(partition["sizes"]) == CLIENTS
+    for line in trained:
+        assert line["examples"] == partition["sizes"][int(line["client"][6:])], line
+    assert (run_dir / "partition.png").stat().st_size > 0
+    weights, _ = load_model(run_dir / "model.npz")
+    expected = _in_process_fedavg(cluster.workdir, trained, rounds=3)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _in_process_fedavg(workdir: Path, trained: list[dict], rounds: int) -> dict:
+    """The same rounds computed in this process: each round's clients (as the run's lines
+    name them) trained from the round's weights, their deltas averaged by examples."""
+    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+    from thrift_trainer.training.run_config import load_run_config
+    from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
+
+    spec = load_run_config(None, _overrides()).to_spec()
+    config = spec.algorithm_config()
+    data = workdir / "data" / "letters" if (workdir / "data").is_dir() else \
+        Path(__file__).resolve().parents[2] / "data" / "letters"
+    algorithm = DeltaAveraging("mlp_classifier", config, data, "letters")
+    weights = algorithm.initial_weights()
+    checked = DeltaAveraging.check_config("mlp_classifier", config)
+    for round_index in range(1, rounds + 1):
+        clients = sorted((line["client"] for line in trained if line["round"] == round_index),
+                         key=lambda name: int(name[6:]))
+        results = []
+        for client in clients:
+            unit = UnitSpec(unit_id=client, unit_path="", client=client)
+            job = UnitJob("replay", round_index, unit, "mlp_classifier", config,
+                          {k: v.copy() for k, v in weights.items()}, dataset="letters",
+                          checked_config=checked)
+            output = DeltaAveraging.run_unit(job, data)
+            results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
+        weights = algorithm.aggregate(round_index, weights, results, [])
+    return weights
+
+
+def _overrides() -> list[str]:
+    return [FEDERATED[k + 1] for k in range(0, len(FEDERATED), 2)]
+
+
+def test_a_holder_killed_mid_run_drops_its_clients_until_it_is_back(cluster):
+    # the other holder computes slowly, so that the run outlasts the killed one's restart
+    cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "4")
+    doomed = cluster.add_node(0.0, "--clients", "6-11", "--crash-after-units", "3")
+    cluster.start_coordinator(2)
+    client = cluster.start_client(*FEDERATED, "--set", "run.rounds=30", "--json")
+    deadline = time.monotonic() + 60
+    while doomed.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not doomed.alive(), cluster.logs()  # it crashed as planned, mid-run
+    time.sleep(4)  # silent long enough to be suspect: its clients drop out meanwhile
+    back = local_cluster.start("compute_node.py", [str(doomed.port), "0.0", "--host",
+                                                   "127.0.0.1", "--clients", "6-11"],
+                               cluster.workdir, "node2-back")
+    cluster.nodes.append(back)
+    out, err = client.communicate(timeout=150)
+    assert client.returncode == 0, err + cluster.logs()
+    result = json.loads(out)
+    assert len(result["history"]) == 30, result
+    lines = _lines(_run_dir(cluster, result))
+    dropped = [line for line in lines if "dropped" in line]
+    assert dropped, lines
+    assert all(int(line["client"][6:]) >= 6 for line in dropped), dropped
+    assert not [line for line in lines if "failed" in line], lines
+    came_back = [line for line in lines if "node" in line and int(line["client"][6:]) >= 6
+                 and line["round"] > max(d["round"] for d in dropped)]
+    assert came_back, lines  # its clients took part again once it was back
+
+
+def test_a_thousand_clients_sampled_ten_a_round_on_two_nodes(cluster):
+    cluster.add_node(0.0, "--clients", "0-499")
+    cluster.add_node(0.0, "--clients", "500-999")
+    cluster.start_coordinator(2)
+    many = [item.replace(f"clients.count={CLIENTS}", "clients.count=1000")
+            .replace("clients.per_round=4", "clients.per_round=10")
+            .replace("clients.partition=dirichlet", "clients.partition=iid")
+            for item in FEDERATED]
+    result = cluster.train_json(*many, "--set", "run.rounds=3", "--set",
+                                "delta_avg.batch_size=8")
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    assert [sum(1 for line in lines if line["round"] == r and "node" in line)
+            for r in (1, 2, 3)] == [10, 10, 10], lines
+    asked = {line["client"] for line in lines}
+    assert len(asked) > 25  # each round samples its own ten of the thousand
+    assert len(json.loads((run_dir / "partition.json").read_text())["sizes"]) == 1000
+    assert result["history"][-1]["clients_trained"] == 10
+
+
+# ---------------------------------------------------------------- node-resident clients
+RESIDENT = [item for item in FEDERATED if not item.startswith("clients.")
+            and item != "--set"]
+
+
+def _own_letters(root: Path, files: range, keep) -> int:
+    """A node's own letters data under ``root``: the rows of the shipped train files
+    ``files`` whose label ``keep`` accepts, and the shipped validation file (so that every
+    node knows all 26 labels); returns its training rows."""
+    shipped = Path(__file__).resolve().parents[2] / "data" / "letters"
+    folder = root / "letters"
+    folder.mkdir(parents=True)
+    rows = [line for k in files
+            for line in (shipped / f"train_letters{k}.txt").read_text().splitlines()
+            if line.strip() and keep(int(line.rsplit(",", 1)[1]))]
+    (folder / "train_own.txt").write_text("\n".join(rows) + "\n")
+    (folder / "validate_letters.txt").write_text(
+        (shipped / "validate_letters.txt").read_text())
+    return len(rows)
+
+
+def test_nodes_with_their_own_data_train_fedavg_equal_to_an_in_process_replay(cluster):
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    sizes = {"a": _own_letters(roots["a"], range(1, 3), lambda label: label < 13),
+             "b": _own_letters(roots["b"], range(3, 8), lambda label: label >= 9)}
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_with_sets(RESIDENT + ["clients.placement=nodes",
+                                                        "run.rounds=3"]))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    assert record["names"] == ["site-a", "site-b"], record
+    assert record["sizes"] == [sizes["a"], sizes["b"]], record
+    assert max(int(label) for label in record["label_counts"][0]) < 13  # a's own labels
+    assert min(int(label) for label in record["label_counts"][1]) >= 9
+    lines = _lines(run_dir)
+    assert [(line["round"], line["client"], line["node"].rpartition(":")[2])
+            for line in lines] == [(r, f"site-{key}", str(nodes[key].port))
+                                   for r in (1, 2, 3) for key in "ab"], lines
+    weights, _ = load_model(run_dir / "model.npz")
+    expected = _resident_replay(roots, rounds=3)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _with_sets(overrides: list[str]) -> list[str]:
+    return [part for item in overrides for part in ("--set", item)]
+
+
+def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
+    """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
+    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+    from thrift_trainer.training.run_config import load_run_config
+    from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
+
+    spec = load_run_config(None, RESIDENT + ["clients.placement=nodes"]).to_spec()
+    config = spec.algorithm_config()
+    shipped = Path(__file__).resolve().parents[2] / "data" / "letters"
+    algorithm = DeltaAveraging("mlp_classifier", config, shipped, "letters")
+    checked = DeltaAveraging.check_config("mlp_classifier", config)
+    weights = algorithm.initial_weights()
+    for round_index in range(1, rounds + 1):
+        results = []
+        for key in "ab":
+            unit = UnitSpec(unit_id=f"site-{key}", unit_path="", client=f"site-{key}")
+            job = UnitJob("replay", round_index, unit, "mlp_classifier", config,
+                          {k: v.copy() for k, v in weights.items()}, dataset="letters",
+                          checked_config=checked)
+            output = DeltaAveraging.run_unit(job, roots[key] / "letters")
+            results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
+        weights = algorithm.aggregate(round_index, weights, results, [])
+    return weights

@@ -1,0 +1,158 @@
+"""A run's federated clients: the ``clients`` section of its configuration.
+
+* ``placement``: ``partition`` (research on one data set: every process deals the same data
+  set to the clients) or ``nodes`` (real federation: each node's own copy of
+  ``run.dataset``, whatever its files, sizes and labels, is one client, named by the
+  node's id; the coordinator's copy is its validation data and fixes the model's shape).
+* ``count``: partition: C clients, each a named piece of the training part (``client0``
+  ..); 0 (the default) has none: units are index ranges of the whole data set, as before.
+* ``partition``: the seeded rule that deals the examples (training/clients/partition.py:
+  iid, dirichlet, shards, classes, quantity, or a plug-in ``module:function``), with its
+  parameters ``alpha``, ``shards_per_client``, ``classes_per_client`` and ``size_skew``.
+  The seed is the algorithm's (its ``seed``, by default ``run.seed``).
+* ``per_round``: clients asked per round: 0 all of them, a count (>= 1), or a fraction in
+  (0, 1) of the clients there are; ``over_select`` >= 1 asks that many times more and
+  closes the round once the target count is in (Bonawitz et al. 2019); the late ones
+  are cancelled.
+
+Like ``hierarchy``, the section travels inside a request's config only when the run has
+clients, so a request without it is exactly what it was before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.clients import sampling
+from thrift_trainer.training.clients.errors import ClientsError
+from thrift_trainer.training.clients.partitioners import PARTITIONERS
+from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.plugins import is_plugin_name
+
+SECTION = "clients"
+MAX_CLIENTS = 1_000_000
+NAME_PREFIX = "client"
+
+
+PLACEMENTS = ("partition", "nodes")
+
+
+@dataclass(frozen=True)
+class ClientsSettings:
+    placement: str = "partition"
+    count: int = 0
+    partition: str = "iid"
+    alpha: float = 0.5
+    shards_per_client: int = 2
+    classes_per_client: int = 2
+    size_skew: float = 1.0
+    per_round: float = 0.0
+    over_select: float = 1.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.count > 0 or self.on_nodes
+
+    @property
+    def on_nodes(self) -> bool:
+        """Node-resident clients: each node's own data is its client."""
+        return self.placement == "nodes"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def partition_params(self) -> dict[str, Any]:
+        """The parameters of the chosen built-in rule (a plug-in takes none from here)."""
+        own = {"dirichlet": ("alpha",), "shards": ("shards_per_client",),
+               "classes": ("classes_per_client",), "quantity": ("size_skew",)}
+        return {key: getattr(self, key) for key in own.get(self.partition, ())}
+
+    def names(self) -> list[str]:
+        return [client_name(k) for k in range(self.count)]
+
+    def per_round_target(self, available: int | None = None) -> int | float:
+        """``per_round`` as `sampling.sample` takes it: a count, a fraction, or every
+        client (0) of ``available`` (default: ``count``)."""
+        if self.per_round == 0:
+            return max(1, self.count if available is None else available)
+        return int(self.per_round) if self.per_round >= 1 else self.per_round
+
+    def sampled(self, round_index: int, seed: int, available: list[str]) -> list[str]:
+        """The clients asked in ``round_index`` (1-based) among ``available``, with the
+        over-selection."""
+        if not available:
+            return []
+        return sampling.sample(round_index, seed, available,
+                               self.per_round_target(len(available)), self.over_select)
+
+    def target(self, available: int) -> int:
+        """Results a round of ``available`` clients closes at."""
+        return sampling.target_count(self.per_round_target(available), available) \
+            if available else 0
+
+
+NONE = ClientsSettings()
+KEYS = tuple(f.name for f in fields(ClientsSettings))
+
+
+def client_name(index: int) -> str:
+    return f"{NAME_PREFIX}{index}"
+
+
+def client_index(name: str, count: int) -> int:
+    """The index of ``client<k>``; ConfigError unless it names one of ``count`` clients."""
+    digits = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
+    if not digits.isdigit() or str(int(digits)) != digits or int(digits) >= count:
+        raise ConfigError(f"no client {name!r} among {count} clients")
+    return int(digits)
+
+
+def split_clients(config: Mapping[str, Any]) -> tuple[dict[str, Any], ClientsSettings]:
+    """A request's config without its ``clients`` key, and the checked settings."""
+    rest = {key: value for key, value in config.items() if key != SECTION}
+    return rest, settings_from(config.get(SECTION))
+
+
+def join_clients(config: Mapping[str, Any], settings: ClientsSettings) -> dict[str, Any]:
+    """The config a request carries: with the section only when the run has clients."""
+    return {**config, SECTION: settings.to_dict()} if settings.enabled else dict(config)
+
+
+def settings_from(raw: Any) -> ClientsSettings:
+    """Checked settings from a ``clients`` mapping; ConfigError names the bad key."""
+    if raw is None:
+        return NONE
+    raw = section_mapping(SECTION, raw, KEYS)
+    values = {key: checked_value(f"{SECTION}.{key}", raw.get(key, getattr(NONE, key)),
+                                 getattr(NONE, key), ConfigError) for key in KEYS}
+    settings = ClientsSettings(**values)
+    _check_ranges(settings)
+    return settings
+
+
+def _check_ranges(settings: ClientsSettings) -> None:
+    if settings.placement not in PLACEMENTS:
+        raise ConfigError(f"{SECTION}.placement must be one of {', '.join(PLACEMENTS)}, "
+                          f"got {settings.placement!r}")
+    if settings.on_nodes and settings.count:
+        raise ConfigError(f"{SECTION}.count is for placement partition; with placement "
+                          f"nodes each node's own data is a client (leave count at 0)")
+    if not 0 <= settings.count <= MAX_CLIENTS:
+        raise ConfigError(f"{SECTION}.count must be in 0..{MAX_CLIENTS}, got {settings.count}")
+    if settings.partition not in PARTITIONERS and not is_plugin_name(settings.partition):
+        raise ConfigError(f"{SECTION}.partition must be one of {', '.join(PARTITIONERS)} "
+                          f"or a plug-in module:function, got {settings.partition!r}")
+    per_round = settings.per_round
+    if not math.isfinite(per_round) or per_round < 0 or (
+            per_round >= 1 and per_round != int(per_round)):
+        raise ConfigError(f"{SECTION}.per_round must be 0 (every client), a whole count or "
+                          f"a fraction in (0, 1), got {per_round}")
+    try:
+        sampling.sample(1, 0, ["c"], settings.per_round_target() if settings.enabled else 1,
+                        settings.over_select)
+    except ClientsError as exc:
+        raise ConfigError(f"{SECTION}.{exc}") from None
