@@ -55,12 +55,22 @@ def append_clients(run_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def read_clients(run_dir: Path, last_round: int | None = None) -> list[dict[str, Any]]:
-    """clients.jsonl's lines (up to ``last_round``); none when there is no file."""
+    """clients.jsonl's complete lines (up to ``last_round``); none when there is no file.
+    A line being written (no newline yet) or damaged is skipped: readers (the dashboard)
+    read while the run writes."""
     path = run_dir / CLIENTS_FILE
-    if not path.is_file():
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
         return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    rows = []
+    for line in text.splitlines(keepends=True):
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("round"), int) and "client" in row:
+            rows.append(row)
     return [row for row in rows if last_round is None or row["round"] <= last_round]
 
 
@@ -70,6 +80,24 @@ def keep_until(run_dir: Path, last_round: int) -> None:
     if path.is_file():
         rows = read_clients(run_dir, last_round)
         path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def per_client(rows: Sequence[dict[str, Any]], most: int = 1_000) -> list[dict[str, Any]]:
+    """Each client's rounds as the dashboard's table shows them (the first ``most``
+    clients): rounds trained, dropped and failed, its examples, its latest training loss
+    and the round of it."""
+    table: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = table.setdefault(row["client"], {
+            "client": row["client"], "trained": 0, "dropped": 0, "failed": 0,
+            "examples": None, "train_loss": None, "last_round": None})
+        if "node" in row:
+            entry["trained"] += 1
+            entry.update(examples=row.get("examples"), train_loss=row.get("train_loss"),
+                         last_round=row["round"], node=row["node"])
+        else:
+            entry["dropped" if "dropped" in row else "failed"] += 1
+    return sorted(table.values(), key=lambda e: _client_order(e["client"]))[:most]
 
 
 def fairness(rows: Sequence[dict[str, Any]]) -> dict[str, float | int]:

@@ -353,15 +353,15 @@ class Run:
         if self.cancelled.is_set():
             raise RunCancelledError("run cancelled")
 
-    def _check_nodes(self) -> None:
-        """Leave out the nodes that cannot serve a run with plug-ins or a torch model
-        (engine/node_checks.py); RoundFailed when none can."""
+    def _check_nodes(self, nodes: list[NodeHandle] | None = None) -> None:
+        """Leave out the nodes (by default all) that cannot serve a run with plug-ins or a
+        torch model (engine/node_checks.py); RoundFailed when none can."""
         if self.setup.facts is None:
             return
         query = RunQuery(self.run_id, self.request.algorithm, self.request.model,
                          self.request.dataset, self._config_json)
-        unfit = check_nodes(self.nodes, query, self.setup.facts, self.spec, self.progress,
-                            self.cancelled)
+        unfit = check_nodes(self.nodes if nodes is None else nodes, query, self.setup.facts,
+                            self.spec, self.progress, self.cancelled)
         for node in unfit:
             self._nodes.leave_out(node)
         if unfit and not self.nodes:
@@ -369,9 +369,21 @@ class Run:
         if self.spec.clients.on_nodes:
             self._take_node_clients()
 
+    def _check_returned_nodes(self) -> None:
+        """A run with clients: ask the pushed nodes that could not be asked before round 1
+        (silent then) and answer heartbeats now which clients they hold; until they say,
+        they get no client's unit (engine/nodes/pool.py's `holds`)."""
+        unchecked = [n for n in self.nodes if not n.clients_checked
+                     and n.liveness.state() == "alive" and n.liveness.ever_heard]
+        if unchecked:
+            self._check_nodes(unchecked)
+
     def _take_node_clients(self) -> None:
         """Node-resident clients: each checked node's own data is a client, as it
         announced it (name, examples, label counts); the run folder keeps them."""
+        for node in self.nodes:
+            if not node.accepts_connections:  # a pull node was not asked: no client of its own
+                node.clients = frozenset()
         sizes = {name: size for node in self.nodes for name, size in node.client_sizes.items()}
         labels = {name: counts for node in self.nodes
                   for name, counts in node.client_labels.items()}
@@ -429,6 +441,8 @@ class Run:
                weights: Weights) -> tuple[Weights, RoundMetrics]:
         if self._nodes.refresh():  # nodes joined or left since the last round
             engine.set_nodes(self.nodes)
+        if self.spec.clients.enabled:
+            self._check_returned_nodes()
         started = runtime.monotonic()
         bytes_before = self.payload_totals()
         clock = PhaseClock()

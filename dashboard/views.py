@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from thrift_trainer.coordinator.client_files import per_client, read_clients
 from thrift_trainer.coordinator.run import RUN_ID, CoordinatorSettings, Run
 from thrift_trainer.coordinator.store_protocol import LedgerQueries
 from thrift_trainer.coordinator.store_records import RunRecord, RunStoreError
@@ -144,6 +145,7 @@ class Views:
                 "progress": _progress(run),
                 "rounds": self._rounds(run_id),
                 "nodes": self._nodes(run_id, run),
+                "clients": per_client(read_clients(self.run_dir(run_id))),
                 "samples": run_files.sample_rounds(self.run_dir(run_id))}
         try:
             view["unfinished"] = [asdict(u) for u in store.unfinished_units(run_id)]

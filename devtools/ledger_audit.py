@@ -21,6 +21,9 @@ class RunShape:
     units: int  # per round
     mode: str = "sync"  # schedule.mode
     results_per_round: int = 0  # asynchronous modes: results a round takes (0: units)
+    # (round, unit) of the federated clients that dropped out of a round, as the run's
+    # clients.jsonl says (no live node held them): the store cancels them at its end
+    dropped: frozenset[tuple[int, str]] = frozenset()
 
     @property
     def asynchronous(self) -> bool:
@@ -63,7 +66,7 @@ def audit(store: Path | str, run_id: str, s: RunShape) -> Ledger:
     else:
         db = sqlite3.connect(store)
     try:
-        ledger = _audit(db, run_id, s.rounds, s.units, s.asynchronous)
+        ledger = _audit(db, run_id, s.rounds, s.units, s.asynchronous, s.dropped)
         if s.asynchronous:
             ledger.checks = [*_stream_checks(db, run_id, s), *ledger.checks]
         return ledger
@@ -125,7 +128,8 @@ def _stream_checks(db: sqlite3.Connection, run_id: str, s: RunShape) -> list[Che
 
 
 def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int,
-           asynchronous: bool = False) -> Ledger:
+           asynchronous: bool = False,
+           dropped_units: frozenset[tuple[int, str]] = frozenset()) -> Ledger:
     def one(sql: str) -> int:
         return db.execute(sql, (run_id,)).fetchone()[0]
 
@@ -143,6 +147,9 @@ def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int,
                                "GROUP BY status", (run_id,)).fetchall())
     total = sum(statuses.values())
     settled = statuses.get("completed", 0) + statuses.get("discarded", 0)
+    cancelled = set(db.execute("SELECT round, unit_id FROM units WHERE run_id = ? AND "
+                               "status = 'cancelled'", (run_id,)).fetchall())
+    dropped = len(cancelled & dropped_units)
     wrong_counts = [r for r, done, dropped, _ in recorded
                     if (done, dropped) != (per_round.get(r, {}).get("completed", 0),
                                            per_round.get(r, {}).get("discarded", 0))]
@@ -157,9 +164,10 @@ def _audit(db: sqlite3.Connection, run_id: str, rounds: int, units: int,
         Check("every planned unit present", asynchronous or total == rounds * units and not short,
               f"{total} units = {rounds} rounds x {units}"
               + (f"; rounds with a wrong count: {short[:5]}" if short else "")),
-        Check("every unit completed or discarded", settled + leftovers == total,
+        Check("every unit completed or discarded", settled + leftovers + dropped == total,
               f"{settled} of {total}; statuses {statuses}"
-              + (f"; {leftovers} out when the run ended" if leftovers else "")),
+              + (f"; {leftovers} out when the run ended" if leftovers else "")
+              + (f"; {dropped} clients dropped out" if dropped else "")),
         Check("every discard has a reason", one(
             "SELECT COUNT(*) FROM units WHERE run_id = ? AND status = 'discarded' "
             "AND (last_reason IS NULL OR last_reason = '')") == 0,

@@ -69,6 +69,7 @@ def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts | dict,
     node.liveness.heard()
     if answer.problem is not None:
         return answer.problem
+    node.clients_checked = True
     if answer.facts is None:
         return None
     if answer.facts.clients is not None:  # it holds only these clients' data

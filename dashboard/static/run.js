@@ -1,4 +1,5 @@
-// A run's page: progress, a chart per metric, sample grids, nodes and unfinished units.
+// A run's page: progress, a chart per metric, sample grids, nodes, federated clients and
+// unfinished units.
 "use strict";
 
 const runId = decodeURIComponent(location.pathname.split("/").pop());
@@ -113,6 +114,15 @@ function renderNodes(nodes) {
   ]})), n => n.node);
 }
 
+function renderClients(clients) {
+  document.getElementById("clients-section").hidden = !clients || clients.length === 0;
+  fillTable(document.querySelector("#clients tbody"), (clients || []).map(c => ({client: c.client, cells: [
+    [c.client], [c.trained, "num"], [c.dropped, "num"], [c.failed, "num"],
+    [c.examples ?? "–", "num"], [c.train_loss === null ? "–" : c.train_loss.toFixed(4), "num"],
+    [c.last_round ?? "–", "num"], [c.node || "–"],
+  ]})), c => c.client);
+}
+
 function renderUnfinished(units, ledger) {
   fillTable(document.querySelector("#unfinished tbody"), units.map(u => ({key: u.round + "/" + u.unit_id, cells: [
     [u.round, "num"], [u.unit_id], [u.status], [u.node || "–"], [fmtSeconds(u.age_seconds), "num"],
@@ -151,5 +161,6 @@ poll("/api/runs/" + encodeURIComponent(runId), view => {
   for (const [title, names] of chartGroups(view.rounds)) drawChart(title, names, view.rounds);
   renderSamples(view.samples);
   renderNodes(view.nodes);
+  renderClients(view.clients);
   renderUnfinished(view.unfinished, view.ledger);
 });

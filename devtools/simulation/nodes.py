@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,11 @@ from thrift_trainer.engine.nodes.thrift_client import task_result, work_request
 from thrift_trainer.engine.tasks import Task, TaskResult
 from thrift_trainer.training.algorithms import get_algorithm
 from thrift_trainer.training.cancel import UnitCancelled, UnitControl
+from thrift_trainer.training.clients.settings import NAME_PREFIX
 from thrift_trainer.training.compression import compress_update, decompress
 from thrift_trainer.training.data.paths import data_location
 from thrift_trainer.training.payload_checks import PayloadForm, check_payload
+from thrift_trainer.training.run_check import run_facts
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.units import UnitJob, UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
@@ -50,6 +52,8 @@ log = logging.getLogger("simulation.nodes")
 UNIT_SECONDS = 1.0  # virtual seconds a unit takes on a healthy node
 POLL_SECONDS = 1.0  # how often a hung node looks whether it was released
 HOST = "sim"
+NODE_PORTS = 10000  # pushed node n<k> is sim:<10000 + k>
+REPLY_SECONDS = 0.01  # virtual seconds of a call a node answers at once (a refusal)
 
 
 @dataclass
@@ -94,6 +98,14 @@ class SimNode:
     faults: Faults = field(default_factory=Faults)
     units_done: int = 0
     lives: int = 0  # how many times its process died: a new life is a new process
+    held: tuple[int, int] | None = None  # the clients (first, last) it holds; None: all
+
+    def holds(self, client: str | None) -> bool:
+        """Whether it holds the data of ``client`` (a unit of no client: yes)."""
+        if client is None or self.held is None:
+            return True
+        first, last = self.held
+        return first <= int(client.removeprefix(NAME_PREFIX)) <= last
 
     def __post_init__(self) -> None:
         # One unit at a time, as a node computes them. Not a lock: a call whose caller's
@@ -211,7 +223,7 @@ class SimNodeClient:
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
-        self.address: NodeAddress | None = NodeAddress(HOST, 10000 + node.index)
+        self.address: NodeAddress | None = NodeAddress(HOST, NODE_PORTS + node.index)
         self.payload = PayloadBytes()
 
     def _reach(self) -> None:
@@ -220,6 +232,10 @@ class SimNodeClient:
 
     def train(self, task: Task) -> TaskResult:
         self._reach()
+        if not self.node.holds(task.client):  # as a real node refuses (InvalidRequest),
+            runtime.sleep(REPLY_SECONDS)  # after a round trip
+            raise NodeRefused(f"{self.address}: node {self.node.name} does not hold "
+                              f"{task.client}")
         node, key = self.node, task.key
         call = node.begin(key)
         try:
@@ -249,8 +265,15 @@ class SimNodeClient:
         return NodePing()
 
     def check_run(self, query: RunQuery) -> RunAnswer:
+        """Nothing to compare, except the clients a node holds (which the engine needs)."""
         self._reach()
-        return RunAnswer()
+        spec = RunSpec.parse(query.algorithm, query.model, query.dataset, query.config_json)
+        if not spec.clients.enabled or self.node.held is None:
+            return RunAnswer()
+        facts = run_facts(spec, data_location(self.node.data_root, query.dataset))
+        first, last = self.node.held
+        return RunAnswer(replace(facts, clients=tuple(
+            f"{NAME_PREFIX}{k}" for k in range(first, last + 1))))
 
     def send_session(self, *args: Any) -> int:
         raise NodeRefused("simulated nodes keep no sessions")
@@ -268,7 +291,7 @@ class SimNodeClient:
 
 
 def pushed_handle(node: SimNode) -> NodeHandle:
-    return NodeHandle(node.index, f"{HOST}:{10000 + node.index}", SimNodeClient(node))
+    return NodeHandle(node.index, f"{HOST}:{NODE_PORTS + node.index}", SimNodeClient(node))
 
 
 # ------------------------------------------------------------------ pull nodes

@@ -36,6 +36,7 @@ MAX_EVENTS = 6
 NODE_FAULTS = ("crash", "hang", "slow", "reject", "corrupt", "lose", "partition", "leave")
 ENDS = {"crash": "restart", "hang": "release", "partition": "heal", "leave": "join"}
 COORDINATOR_FAULTS = ("kill", "store_fail")
+CLIENT_PLANS = 0.3  # the share of sync plans drawn with federated clients
 
 
 @dataclass
@@ -74,6 +75,17 @@ class Plan:
     max_unit_failures: int = 10
     # A kept plan whose run must fail: what the reason says (empty: it must complete)
     expect_failure: str = ""
+    # Federated clients (sync plans): the letters data dealt to this many clients, half of
+    # them asked per round; each pushed node holds a block of them (--clients), pull nodes
+    # every one. 0: no clients (the letters MLP's file units).
+    clients: int = 0
+
+    def held_by(self, node: int) -> tuple[int, int] | None:
+        """The clients (first, last) pushed node ``node`` holds; None: every one."""
+        if not self.clients or node >= self.pushed:
+            return None
+        first = self.clients * node // self.pushed
+        return first, self.clients * (node + 1) // self.pushed - 1
 
     @property
     def deterministic(self) -> bool:
@@ -93,6 +105,12 @@ class Plan:
                 f"schedule.mode={self.mode}", "outputs.checkpoint_every=1"]
         if self.mode == "buffered":
             sets.append("schedule.buffer_size=2")
+        if self.clients:  # a torch model's clients (the letters MLP's units are its files)
+            sets = [s for s in sets if not s.startswith(("run.model=", "delta_avg.hidden"))]
+            sets += ["run.model=mlp_classifier", "data.format=letters",
+                     "delta_avg.local_optimizer=sgd", "delta_avg.batch_size=100",
+                     f"clients.count={self.clients}",
+                     f"clients.per_round={max(1, self.clients // 2)}"]
         return sets
 
     def reference_key(self) -> tuple[str, ...]:
@@ -131,6 +149,8 @@ class Plan:
             raise ValueError("a plan needs at least one node (pushed + pulled)")
         if self.rounds < 1 or self.epochs < 1:
             raise ValueError("rounds and epochs must be at least 1")
+        if self.clients and (self.mode != "sync" or self.clients < self.pushed):
+            raise ValueError("clients are for sync plans, at least one per pushed node")
         kinds = set(NODE_FAULTS) | set(ENDS.values()) | set(COORDINATOR_FAULTS) | {"duplicate"}
         for event in self.events:
             if event.kind not in kinds:
@@ -143,6 +163,8 @@ class Plan:
 
     def __str__(self) -> str:
         nodes = f"{self.pushed} pushed + {self.pulled} pull nodes"
+        if self.clients:
+            nodes += f", {self.clients} clients"
         events = "; ".join(str(e) for e in self.events) or "no faults"
         return f"seed {self.seed}: {self.mode}, {nodes}, {self.rounds} rounds; {events}"
 
@@ -174,6 +196,8 @@ class Plan:
                 plan.events.append(Event(round(rng.uniform(at + 1.0, span), 1), kind, node,
                                          reset))
         plan.events.sort(key=lambda e: e.at)
+        if plan.mode == "sync" and rng.random() < CLIENT_PLANS:
+            plan.clients = rng.choice((4, 8, 12))
         return plan
 
 

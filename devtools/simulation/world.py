@@ -41,7 +41,7 @@ import numpy as np
 
 from devtools.ledger_audit import RunShape, audit
 from devtools.simulation.accounting import discard_streak, failure_accounting
-from devtools.simulation.nodes import HOST, SimNode, SimNodeClient, pull_worker
+from devtools.simulation.nodes import HOST, NODE_PORTS, SimNode, SimNodeClient, pull_worker
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.scheduler import SimHang, SimRuntime
 from thrift_trainer.coordinator import run_folder
@@ -222,7 +222,7 @@ class World:
         try:
             settings = self._settings()
             self.store = FailingStore(settings.store_path)
-            addresses = [NodeAddress(HOST, 10000 + n.index) for n in self.nodes
+            addresses = [NodeAddress(HOST, NODE_PORTS + n.index) for n in self.nodes
                          if not n.pull]
             if self.incarnation == 1:
                 self.run = Run(self._request(), addresses, settings, self.store,
@@ -256,7 +256,7 @@ class World:
         plan = self.plan
         for index in range(plan.nodes):
             self.nodes.append(SimNode(f"n{index}", index, DEFAULT_DATA_ROOT, self.sim,
-                                      pull=index >= plan.pushed))
+                                      pull=index >= plan.pushed, held=plan.held_by(index)))
 
     def _start_pull_nodes(self) -> None:
         for node in self.nodes:
@@ -326,7 +326,7 @@ class World:
                                   max_unit_failures=plan.max_unit_failures))
 
     def _dial(self, index: int, address: NodeAddress) -> NodeHandle:
-        node = self.nodes[address.port - 10000]
+        node = self.nodes[address.port - NODE_PORTS]
         return NodeHandle(index, f"{HOST}:{address.port}", SimNodeClient(node))
 
     def _request(self) -> RunRequest:
@@ -356,19 +356,52 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
     if outcome.state != "completed":
         problems.append(f"the run did not complete: {outcome.reason}")
         return problems
-    shape = RunShape(plan.rounds, LETTERS_UNITS, plan.mode,
-                     LETTERS_UNITS if plan.mode != "buffered" else -(-LETTERS_UNITS // 2) * 2)
+    units = max(1, plan.clients // 2) if plan.clients else LETTERS_UNITS
+    dropped = dropped_clients(world, run_id)
+    shape = RunShape(plan.rounds, units, plan.mode,
+                     units if plan.mode != "buffered" else -(-units // 2) * 2, dropped)
     ledger = audit(store, run_id, shape)
     problems += [f"ledger: {c.name}: {c.detail}" for c in ledger.checks if not c.ok]
+    problems += client_placement(plan, store, run_id)
     # A discard (the policy, which the failure accounting holds to its count) leaves a
-    # unit's result out: the run's weights are then not those of the run without faults.
-    discarded = ledger.statuses.get("discarded", 0)
+    # unit's result out, and so does a client that dropped out of a round (its holder was
+    # away): the run's weights are then not those of the run without faults.
+    discarded = ledger.statuses.get("discarded", 0) + len(dropped)
     if reference and plan.deterministic and not discarded and outcome.weights != reference:
         problems.append(f"the final weights {outcome.weights[:12]} differ from the run "
                         f"without faults ({reference[:12]})")
     if outcome.incarnations == 1:  # a resumed run's engine counted only its own part
         problems += node_counts(world, f"sim{plan.seed}")
     return problems
+
+
+def client_placement(plan: Plan, store: Path, run_id: str) -> list[str]:
+    """Every attempt of a client's unit went to a node that holds the client."""
+    if not plan.clients:
+        return []
+    db = sqlite3.connect(store)
+    try:
+        rows = db.execute("SELECT DISTINCT unit_id, node FROM attempts WHERE run_id = ?",
+                          (run_id,)).fetchall()
+    finally:
+        db.close()
+    problems = []
+    for client, node in rows:
+        index = int(node.rpartition(":")[2]) - NODE_PORTS if node.startswith(HOST) else None
+        held = plan.held_by(index) if index is not None else None
+        if held is not None and not held[0] <= int(client.removeprefix("client")) <= held[1]:
+            problems.append(f"a unit of {client} went to node n{index}, which does not hold "
+                            f"it (it holds clients {held[0]}-{held[1]})")
+    return problems[:5]
+
+
+def dropped_clients(world: World, run_id: str) -> frozenset[tuple[int, str]]:
+    """(round, client) of the clients that dropped out of a round (clients.jsonl)."""
+    path = world.workdir / "runs" / run_id / "clients.jsonl"
+    if not path.is_file():
+        return frozenset()
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return frozenset((row["round"], row["client"]) for row in rows if "dropped" in row)
 
 
 def failures(outcome: Outcome, store: Path, run_id: str) -> list[str]:

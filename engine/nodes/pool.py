@@ -40,8 +40,12 @@ class NodeHandle:
         self._benched_until = 0.0
         self._bench_seconds = 0.0
         self.left_out: str | None = None  # why the run does without this node, if it does
-        # The federated clients whose data it holds (its run check says); None: every one.
+        # The federated clients whose data it holds, as its run check said (None: every
+        # one). Until a pushed node has answered the check it holds none: a node started
+        # with --clients would refuse the others. A pull node is never asked (it holds
+        # every client of a partitioned run).
         self.clients: frozenset[str] | None = None
+        self.clients_checked = not client.accepts_connections
         # Node-resident clients (its own data is its client): their examples and label
         # counts as it announced them (None: kept private).
         self.client_sizes: dict[str, int] = {}
@@ -169,7 +173,9 @@ class NodeHandle:
 
     def holds(self, client: str | None) -> bool:
         """Whether the node can compute a unit of ``client`` (None: a unit of no client)."""
-        return client is None or self.clients is None or client in self.clients
+        if client is None:
+            return True
+        return self.clients_checked and (self.clients is None or client in self.clients)
 
     def unit_seconds(self) -> float | None:
         """This node's recent undelayed unit time (a moving average), once it has one."""

@@ -172,3 +172,34 @@ def test_the_pages_of_a_stored_run_show_its_metrics_and_nodes_as_it_ended(
     assert "alive" in browser.find_element(By.CSS_SELECTOR, "#nodes tbody").text
     until("the score measured once is drawn",
           lambda: series_pixels(browser, "#chart-inception-score") > 0)
+
+
+def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spread(
+        cluster: Cluster, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cluster.add_node(0.0, "--clients", "0-3")
+    cluster.add_node(0.0, "--clients", "4-7")
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+    result = cluster.train_json(
+        "--set", "run.model=mlp_classifier", "--set", "data.format=letters",
+        "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
+        "--set", "clients.count=8", "--set", "clients.per_round=3", "--set", "run.rounds=3")
+    browser.get(f"{url}runs/{result['run_id']}")
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+        lambda _: browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"),
+        message=cluster.logs()[-3000:])
+    rows = [tr.text for tr in browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr")]
+    trained = {line["client"] for line in _client_lines(cluster, result["run_id"])}
+    assert [row.split()[0] for row in rows] == sorted(trained, key=lambda c: int(c[6:]))
+    assert sum(int(row.split()[1]) for row in rows) == 9  # 3 clients a round, 3 rounds
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+        lambda _: series_pixels(browser, "#chart-client-loss-worst10") > 0,
+        message="the worst 10 % of the clients' losses is charted")
+
+
+def _client_lines(cluster: Cluster, run_id: str) -> list[dict]:
+    path = cluster.workdir / "runs" / run_id / "clients.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]

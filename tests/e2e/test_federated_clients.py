@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from thrift_trainer.training.outputs.model_file import load_model
 pytestmark = pytest.mark.processes
 
 CLIENTS = 12
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "letters"
 FEDERATED = ["--set", "run.model=mlp_classifier", "--set", "run.dataset=letters",
              "--set", "data.format=letters", "--set", "run.algorithm=delta_avg",
              "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
@@ -74,30 +76,27 @@ def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(clus
         assert line["examples"] == partition["sizes"][int(line["client"][6:])], line
     assert (run_dir / "partition.png").stat().st_size > 0
     weights, _ = load_model(run_dir / "model.npz")
-    expected = _in_process_fedavg(cluster.workdir, trained, rounds=3)
+    expected = _partitioned_replay(trained, rounds=3)
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def _in_process_fedavg(workdir: Path, trained: list[dict], rounds: int) -> dict:
-    """The same rounds computed in this process: each round's clients (as the run's lines
-    name them) trained from the round's weights, their deltas averaged by examples."""
+def _replay(overrides: list[str], rounds: int,
+            clients_of: Callable[[int], list[tuple[str, Path]]]) -> dict:
+    """FedAvg computed in this process: in each round, the clients ``clients_of(round)``
+    names (with the folder of each one's data) trained from the round's weights, their
+    deltas averaged by examples, as the run's algorithm does; the final weights."""
     from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
     from thrift_trainer.training.run_config import load_run_config
     from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
 
-    spec = load_run_config(None, _overrides()).to_spec()
-    config = spec.algorithm_config()
-    data = workdir / "data" / "letters" if (workdir / "data").is_dir() else \
-        Path(__file__).resolve().parents[2] / "data" / "letters"
-    algorithm = DeltaAveraging("mlp_classifier", config, data, "letters")
-    weights = algorithm.initial_weights()
+    config = load_run_config(None, overrides).to_spec().algorithm_config()
+    algorithm = DeltaAveraging("mlp_classifier", config, SHIPPED, "letters")
     checked = DeltaAveraging.check_config("mlp_classifier", config)
+    weights = algorithm.initial_weights()
     for round_index in range(1, rounds + 1):
-        clients = sorted((line["client"] for line in trained if line["round"] == round_index),
-                         key=lambda name: int(name[6:]))
         results = []
-        for client in clients:
+        for client, data in clients_of(round_index):
             unit = UnitSpec(unit_id=client, unit_path="", client=client)
             job = UnitJob("replay", round_index, unit, "mlp_classifier", config,
                           {k: v.copy() for k, v in weights.items()}, dataset="letters",
@@ -106,6 +105,15 @@ def _in_process_fedavg(workdir: Path, trained: list[dict], rounds: int) -> dict:
             results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
         weights = algorithm.aggregate(round_index, weights, results, [])
     return weights
+
+
+def _partitioned_replay(trained: list[dict], rounds: int) -> dict:
+    """Each round's clients as the run's lines name them, on the shipped data."""
+    def clients_of(round_index: int) -> list[tuple[str, Path]]:
+        names = sorted((line["client"] for line in trained if line["round"] == round_index),
+                       key=lambda name: int(name[6:]))
+        return [(name, SHIPPED) for name in names]
+    return _replay(_overrides(), rounds, clients_of)
 
 
 def _overrides() -> list[str]:
@@ -141,7 +149,7 @@ def test_a_holder_killed_mid_run_drops_its_clients_until_it_is_back(cluster):
     assert came_back, lines  # its clients took part again once it was back
 
 
-def test_a_thousand_clients_sampled_ten_a_round_on_two_nodes(cluster):
+def test_a_thousand_clients_sampled_ten_a_round_over_selected_on_two_nodes(cluster):
     cluster.add_node(0.0, "--clients", "0-499")
     cluster.add_node(0.0, "--clients", "500-999")
     cluster.start_coordinator(2)
@@ -149,8 +157,9 @@ def test_a_thousand_clients_sampled_ten_a_round_on_two_nodes(cluster):
             .replace("clients.per_round=4", "clients.per_round=10")
             .replace("clients.partition=dirichlet", "clients.partition=iid")
             for item in FEDERATED]
+    # 13 asked a round (over-selected by 30 %), closed at the first 10 in
     result = cluster.train_json(*many, "--set", "run.rounds=3", "--set",
-                                "delta_avg.batch_size=8")
+                                "delta_avg.batch_size=8", "--set", "clients.over_select=1.3")
     run_dir = _run_dir(cluster, result)
     lines = _lines(run_dir)
     assert [sum(1 for line in lines if line["round"] == r and "node" in line)
@@ -170,15 +179,14 @@ def _own_letters(root: Path, files: range, keep) -> int:
     """A node's own letters data under ``root``: the rows of the shipped train files
     ``files`` whose label ``keep`` accepts, and the shipped validation file (so that every
     node knows all 26 labels); returns its training rows."""
-    shipped = Path(__file__).resolve().parents[2] / "data" / "letters"
     folder = root / "letters"
     folder.mkdir(parents=True)
     rows = [line for k in files
-            for line in (shipped / f"train_letters{k}.txt").read_text().splitlines()
+            for line in (SHIPPED / f"train_letters{k}.txt").read_text().splitlines()
             if line.strip() and keep(int(line.rsplit(",", 1)[1]))]
     (folder / "train_own.txt").write_text("\n".join(rows) + "\n")
     (folder / "validate_letters.txt").write_text(
-        (shipped / "validate_letters.txt").read_text())
+        (SHIPPED / "validate_letters.txt").read_text())
     return len(rows)
 
 
@@ -213,24 +221,5 @@ def _with_sets(overrides: list[str]) -> list[str]:
 
 def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
     """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
-    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
-    from thrift_trainer.training.run_config import load_run_config
-    from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
-
-    spec = load_run_config(None, RESIDENT + ["clients.placement=nodes"]).to_spec()
-    config = spec.algorithm_config()
-    shipped = Path(__file__).resolve().parents[2] / "data" / "letters"
-    algorithm = DeltaAveraging("mlp_classifier", config, shipped, "letters")
-    checked = DeltaAveraging.check_config("mlp_classifier", config)
-    weights = algorithm.initial_weights()
-    for round_index in range(1, rounds + 1):
-        results = []
-        for key in "ab":
-            unit = UnitSpec(unit_id=f"site-{key}", unit_path="", client=f"site-{key}")
-            job = UnitJob("replay", round_index, unit, "mlp_classifier", config,
-                          {k: v.copy() for k, v in weights.items()}, dataset="letters",
-                          checked_config=checked)
-            output = DeltaAveraging.run_unit(job, roots[key] / "letters")
-            results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
-        weights = algorithm.aggregate(round_index, weights, results, [])
-    return weights
+    sites = [(f"site-{key}", roots[key] / "letters") for key in "ab"]
+    return _replay(RESIDENT + ["clients.placement=nodes"], rounds, lambda _: sites)

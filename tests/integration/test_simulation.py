@@ -169,3 +169,28 @@ def test_the_failure_accounting_holds_discards_to_the_plans_limit(
         problems = simulate(plan).problems
         assert any(p.startswith("failure accounting: ") and SAID[off_by] in p
                    for p in problems), problems
+
+
+def test_a_client_plan_passes_and_a_unit_sent_past_its_holders_is_found_and_shrunk(
+        monkeypatch) -> None:
+    """Plans with clients: each pushed node holds a block of them. The planted bug: the
+    engine forgets which nodes hold a client, so a client's unit may go to a node without
+    its data. The run's ledger shows it; the shrinker keeps a plan without faults."""
+    from thrift_trainer.engine.nodes.pool import NodeHandle
+
+    drawn = Plan(seed=8, mode="sync", pushed=3, rounds=2, clients=6, events=[
+        Event(1.0, "slow", 0, 2.0), Event(2.0, "crash", 2), Event(7.0, "restart", 2),
+        Event(9.0, "slow", 0, 1.0)])
+    assert not simulate(drawn).problems
+    monkeypatch.setattr(NodeHandle, "holds", lambda self, client: True)
+
+    def verdict(plan: Plan) -> str | None:
+        problems = simulate(plan).problems
+        return problem_kind(problems[0]) if problems else None
+
+    problems = simulate(drawn).problems
+    assert any("does not hold" in p for p in problems), problems
+    smallest, _ = shrink(drawn, verdict)
+    assert smallest.events == [] and smallest.rounds == 1, smallest
+    monkeypatch.undo()
+    assert not simulate(smallest).problems
