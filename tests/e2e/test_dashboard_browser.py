@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +200,12 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: series_pixels(browser, "#chart-client-loss-worst10") > 0,
         message="the worst 10 % of the clients' losses is charted")
+    with urllib.request.urlopen(f"{url}metrics", timeout=WAIT) as response:
+        metrics = response.read().decode()
+    for figure in ("clients_trained", "client_loss_mean", "client_loss_worst10"):
+        assert re.search(rf'trainer_run_metric{{metric="{figure}",run="{result["run_id"]}"}} '
+                         r"[0-9.e+-]+", metrics), figure  # aggregates, no per-client series
+    assert "client0" not in metrics
 
 
 def _client_lines(cluster: Cluster, run_id: str) -> list[dict]:
