@@ -346,6 +346,7 @@ def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
             "stale": s.stale, "cancelled": s.cancelled, "epoch": s.epoch,
             "train_loss": s.train_loss, "mode": s.mode or "sync", **stream_dict(s),
             **({"leader": s.leader} if s.leader is not None else {}),
+            **({"clients": dict(s.clients)} if s.clients else {}),
             "message": s.message, "nodes": [node_dict(n) for n in s.nodes],
             "ledger": dict(s.ledger or {}),
             "unfinished": [{"round": u.round, "unit": u.unit_id, "status": u.status,
@@ -378,6 +379,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
     if s.pass_index is not None:
         console.print(f"  {s.mode}: model version {s.model_version}, pass {s.pass_index}: "
                       f"todo {s.todo}, pending {s.pending}, done {s.done}")
+    for line in client_lines({"round": s.round, **s.clients} if s.clients else None):
+        console.print(f"  {line}")
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
         console.print(f"  units by status: {counts}")

@@ -525,6 +525,7 @@ class Run:
             self._score(round_index, weights, metrics)
             if client_figures:
                 metrics.scores = {**(metrics.scores or {}), **client_figures}
+                self.progress.clients_done(client_figures)
         with clock.phase("ledger"):
             self.ledger.round_ended(metrics, end.results, len(end.discarded))
             self.ledger.check()  # a round the store missed must not be checkpointed

@@ -35,6 +35,7 @@ class RunProgress:
         self.cancelled = 0
         self.epoch: float | None = None
         self.train_loss: float | None = None
+        self.client_figures: dict[str, float] = {}  # federated clients (clients_done)
         # The nodes as the run ended: their heartbeats stop with the run, so their live
         # state would drift to "dead" while they are still up.
         self._final_nodes: list[NodeSummary] | None = None
@@ -61,6 +62,11 @@ class RunProgress:
             self.train_loss = None if math.isnan(train_loss) else train_loss
             if not math.isnan(validation_error):
                 self.validation_error = validation_error
+
+    def clients_done(self, figures: dict[str, float]) -> None:
+        """A run with federated clients: its latest round's fairness figures."""
+        with self._lock:
+            self.client_figures = dict(figures)
 
     def waiting(self, message: str | None) -> None:
         """Show why a running run waits (too few nodes), or clear it with None."""
@@ -100,4 +106,5 @@ class RunProgress:
                 epoch=self.epoch, train_loss=self.train_loss, mode=self.mode,
                 model_version=stream.get("version"), pass_index=stream.get("pass"),
                 todo=stream.get("todo"), pending=stream.get("pending"), done=stream.get("done"),
+                clients=dict(self.client_figures) if self.client_figures else None,
             )

@@ -84,3 +84,4 @@ class RunSnapshot:
     todo: int | None = None
     pending: int | None = None
     done: int | None = None
+    clients: dict[str, float] | None = None  # federated clients: the latest round's figures

@@ -357,6 +357,9 @@ struct RunStatus {
   25: optional i64 done,               // units of the newest pass whose result was kept
   26: optional string leader,          // coordinators sharing a PostgreSQL store: "host:port"
                                        // of the one that leads (this one's when it leads)
+  27: optional map<string, double> clients, // a run with federated clients: its latest
+                                       // round's clients_trained, client_loss_mean,
+                                       // client_loss_worst10 and client_loss_std
 }
 
 struct CancelRunRequest {

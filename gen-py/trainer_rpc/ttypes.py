@@ -3652,11 +3652,12 @@ class RunStatus(object):
      - pending
      - done
      - leader
+     - clients
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3683,6 +3684,7 @@ class RunStatus(object):
         self.pending = pending
         self.done = done
         self.leader = leader
+        self.clients = clients
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3841,6 +3843,17 @@ class RunStatus(object):
                     self.leader = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 27:
+                if ftype == TType.MAP:
+                    self.clients = {}
+                    (_ktype163, _vtype164, _size162) = iprot.readMapBegin()
+                    for _i166 in range(_size162):
+                        _key167 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val168 = iprot.readDouble()
+                        self.clients[_key167] = _val168
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3898,8 +3911,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter162 in self.nodes:
-                iter162.write(oprot)
+            for iter169 in self.nodes:
+                iter169.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3909,16 +3922,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter163 in self.unfinished:
-                iter163.write(oprot)
+            for iter170 in self.unfinished:
+                iter170.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter164, viter165 in self.ledger.items():
-                oprot.writeString(kiter164.encode('utf-8') if sys.version_info[0] == 2 else kiter164)
-                oprot.writeI64(viter165)
+            for kiter171, viter172 in self.ledger.items():
+                oprot.writeString(kiter171.encode('utf-8') if sys.version_info[0] == 2 else kiter171)
+                oprot.writeI64(viter172)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -3964,6 +3977,14 @@ class RunStatus(object):
         if self.leader is not None:
             oprot.writeFieldBegin('leader', TType.STRING, 26)
             oprot.writeString(self.leader.encode('utf-8') if sys.version_info[0] == 2 else self.leader)
+            oprot.writeFieldEnd()
+        if self.clients is not None:
+            oprot.writeFieldBegin('clients', TType.MAP, 27)
+            oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.clients))
+            for kiter173, viter174 in self.clients.items():
+                oprot.writeString(kiter173.encode('utf-8') if sys.version_info[0] == 2 else kiter173)
+                oprot.writeDouble(viter174)
+            oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4227,11 +4248,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype169, _size166) = iprot.readListBegin()
-                    for _i170 in range(_size166):
-                        _elem171 = RunStatus()
-                        _elem171.read(iprot)
-                        self.runs.append(_elem171)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = RunStatus()
+                        _elem180.read(iprot)
+                        self.runs.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4248,8 +4269,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter172 in self.runs:
-                iter172.write(oprot)
+            for iter181 in self.runs:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4582,21 +4603,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype176, _size173) = iprot.readListBegin()
-                    for _i177 in range(_size173):
-                        _elem178 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem178)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype180, _vtype181, _size179) = iprot.readMapBegin()
-                    for _i183 in range(_size179):
-                        _key184 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val185 = iprot.readI64()
-                        self.progress[_key184] = _val185
+                    (_ktype189, _vtype190, _size188) = iprot.readMapBegin()
+                    for _i192 in range(_size188):
+                        _key193 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val194 = iprot.readI64()
+                        self.progress[_key193] = _val194
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4635,16 +4656,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter186 in self.delaying:
-                oprot.writeString(iter186.encode('utf-8') if sys.version_info[0] == 2 else iter186)
+            for iter195 in self.delaying:
+                oprot.writeString(iter195.encode('utf-8') if sys.version_info[0] == 2 else iter195)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter187, viter188 in self.progress.items():
-                oprot.writeString(kiter187.encode('utf-8') if sys.version_info[0] == 2 else kiter187)
-                oprot.writeI64(viter188)
+            for kiter196, viter197 in self.progress.items():
+                oprot.writeString(kiter196.encode('utf-8') if sys.version_info[0] == 2 else kiter196)
+                oprot.writeI64(viter197)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.secret is not None:
@@ -4709,10 +4730,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype192, _size189) = iprot.readListBegin()
-                    for _i193 in range(_size189):
-                        _elem194 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem194)
+                    (_etype201, _size198) = iprot.readListBegin()
+                    for _i202 in range(_size198):
+                        _elem203 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem203)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4733,8 +4754,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter195 in self.cancel:
-                oprot.writeString(iter195.encode('utf-8') if sys.version_info[0] == 2 else iter195)
+            for iter204 in self.cancel:
+                oprot.writeString(iter204.encode('utf-8') if sys.version_info[0] == 2 else iter204)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -6800,6 +6821,7 @@ RunStatus.thrift_spec = (
     (24, TType.I64, 'pending', None, None, ),  # 24
     (25, TType.I64, 'done', None, None, ),  # 25
     (26, TType.STRING, 'leader', 'UTF8', None, ),  # 26
+    (27, TType.MAP, 'clients', (TType.STRING, 'UTF8', TType.DOUBLE, None, False), None, ),  # 27
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

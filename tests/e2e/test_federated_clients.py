@@ -168,6 +168,11 @@ def test_a_thousand_clients_sampled_ten_a_round_over_selected_on_two_nodes(clust
     assert len(asked) > 25  # each round samples its own ten of the thousand
     assert len(json.loads((run_dir / "partition.json").read_text())["sizes"]) == 1000
     assert result["history"][-1]["clients_trained"] == 10
+    status = local_cluster.run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
+                                       result["run_id"], "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    figures = json.loads(status.stdout)["clients"]
+    assert figures["clients_trained"] == 10 and figures["client_loss_mean"] > 0, figures
 
 
 # ---------------------------------------------------------------- node-resident clients
