@@ -36,7 +36,7 @@ import numpy as np
 from thrift_trainer.coordinator.store_protocol import ResultKeeper, Store
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.round_state import Kept
-from thrift_trainer.engine.stream_state import TakenUp
+from thrift_trainer.engine.stream_records import TakenUp
 from thrift_trainer.engine.tasks import Tensors
 from thrift_trainer.training.compression import decompress
 from thrift_trainer.training.outputs.checked_npz import read_npz

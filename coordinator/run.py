@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from thrift_trainer.coordinator import drills
 from thrift_trainer.coordinator.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -20,7 +19,6 @@ from thrift_trainer.coordinator.checkpoint import (
     load_request,
     metrics_of,
 )
-from thrift_trainer.coordinator.client_files import client_rows, fairness
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
 from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS
@@ -35,8 +33,10 @@ from thrift_trainer.coordinator.request_checks import RequestLimits
 from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_setup import RUN_ID, check_run_id, prepare
 from thrift_trainer.coordinator.run_setup import describe as describe_run
+from thrift_trainer.coordinator.run_tasks import RunTasks
 from thrift_trainer.coordinator.store_protocol import RunFiles, Store
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
+from thrift_trainer.coordinator.training_loop import LoopParts, TrainingLoop
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
 from thrift_trainer.engine.ledger import UnitLedger
@@ -53,12 +53,8 @@ from thrift_trainer.engine.nodes.nodes_file import NodeAddress
 from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.nodes.quorum import TooFewNodes, wait_for_nodes
 from thrift_trainer.engine.nodes.run_nodes import Dial, RunNodes
-from thrift_trainer.engine.pass_queue import PassQueue
-from thrift_trainer.engine.phase_clock import PhaseClock
 from thrift_trainer.engine.policies import make_policy
 from thrift_trainer.engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
-from thrift_trainer.engine.records import RoundMetrics
-from thrift_trainer.engine.residual_placement import ResidualPlacement
 from thrift_trainer.engine.round_engine import (
     EngineSettings,
     FatalNodeError,
@@ -67,16 +63,9 @@ from thrift_trainer.engine.round_engine import (
     RunCancelledError,
     no_node_can_serve,
 )
-from thrift_trainer.engine.session_moves import NodeSessions, drop_sessions
-from thrift_trainer.engine.stream_state import RoundEnd, StreamPosition, StreamState
-from thrift_trainer.engine.tasks import Task, Tensors
-from thrift_trainer.engine.update_filters import NormLimit, round_filters
+from thrift_trainer.engine.session_moves import drop_sessions
 from thrift_trainer.engine.warm_up import warm_up_nodes
-from thrift_trainer.engine.work_queue import ResultSink
-from thrift_trainer.training.compression import encode_weights
-from thrift_trainer.training.outputs.plots import due
-from thrift_trainer.training.schedule import staleness_warning
-from thrift_trainer.training.units import RoundEval, TensorSpecs, UnitSpec, Weights
+from thrift_trainer.training.units import Weights
 
 __all__ = ["RUN_ID", "CoordinatorSettings", "Run"]
 
@@ -147,32 +136,25 @@ class Run:
         planned = setup.units_per_round
         # asynchronous modes: versions per round; by default as many as make a sync round's
         # number of units (one per result in async mode)
-        self._updates_per_round = (self.schedule.updates_per_round or
-                                   -(-planned // self.schedule.results_per_version))
-        units_per_round = (self._updates_per_round * self.schedule.results_per_version
+        updates_per_round = (self.schedule.updates_per_round or
+                             -(-planned // self.schedule.results_per_version))
+        units_per_round = (updates_per_round * self.schedule.results_per_version
                            if self.schedule.asynchronous else self.algorithm.quorum(planned))
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     self._nodes.summaries)
         self.progress.mode = self.schedule.mode
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
-        self._kept = KeptResults(store, self.ledger, self.run_id, self.folder.checkpoint_due,
-                                 None if resume_from is None else resume_from.round)
-        self._norm_limit = NormLimit(settings.engine.max_update_norm)  # keeps its history
         self._policy = make_policy(settings.policy, settings.seed)
-        # topk residuals live on the node that computed a slot: its units go back there
-        self._residuals = ResidualPlacement(
-            lambda unit: self.algorithm.unit_slot(unit, self.algorithm.config)) \
-            if self.compression.keeps_residuals else None
-        self._planned = planned
-        self._expected_update: TensorSpecs | None = None  # known once training starts
-        # sync rounds of an algorithm that draws them from passes over the data
-        self._passes = PassQueue(self.algorithm.plan_pass, _position(resume_from)) \
-            if self.algorithm.rounds_from_passes and not self.schedule.asynchronous else None
-        if self._passes is not None:
-            passes = self._passes
-            self.progress.stream_counts = lambda: {**passes.counts(),
-                                                   "version": self.progress.round}
+        kept = KeptResults(store, self.ledger, self.run_id, self.folder.checkpoint_due,
+                           None if resume_from is None else resume_from.round)
+        self._loop = TrainingLoop(LoopParts(
+            self.run_id, request, self.algorithm, self.schedule, self.compression,
+            self.outputs, self.folder, self.progress, self.ledger, self._nodes, kept,
+            self._policy, RunTasks(self.run_id, request, self._config_json, settings.policy),
+            settings.engine.max_update_norm,
+            self._check_returned_nodes if self.spec.clients.enabled else None),
+            planned, updates_per_round, resume_from, self.resumed)
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -293,8 +275,6 @@ class Run:
         if not self._folder_started:  # a resumed run, or one without a store
             self._start_folder()
         weights, done = self._starting_point()
-        # what results must hold, sent with each unit so that relays check their members'
-        self._expected_update = self.algorithm.expected_update(weights)
         history = [metrics_of(row) for row in self.folder.rows]
         heartbeats = HeartbeatMonitor(lambda: list(self.nodes), self.settings.heartbeat_seconds,
                                       self.ledger.node_heartbeats).start()
@@ -305,17 +285,9 @@ class Run:
                 warm_up_nodes(self.nodes, self.request.model, self.progress, self.cancelled)
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
-                                 self.ledger, self._cancels)
-            engine.refresh_nodes = lambda: self.nodes if self._nodes.refresh() else None
-            engine.on_left_out = self._nodes.leave_out
-            if self.schedule.asynchronous:
-                if done < self.request.rounds:  # (resumed after its last checkpoint, a run
-                    # has only its end to write)
-                    weights = self._stream(engine, done, weights, history)
-            else:
-                for round_index in range(done + 1, self.request.rounds + 1):
-                    weights, metrics = self._round(engine, round_index, weights)
-                    history.append(metrics)
+                                 self.ledger, self._cancels, refresh_nodes=self._joined,
+                                 on_left_out=self._nodes.leave_out)
+            weights = self._loop.run(engine, weights, done, history)
         finally:
             heartbeats.stop()
         engine.log.stop_counting()  # the node table below is the run's final one
@@ -338,6 +310,10 @@ class Run:
         down, up = self._nodes.payload.totals()
         return {"bytes_up": up, "bytes_down": down, "aggregation": self.spec.aggregation_rule,
                 "compression_json": json.dumps(self.compression.to_dict())}
+
+    def _joined(self) -> list[NodeHandle] | None:
+        """The run's nodes if nodes joined or left since asked last, else None."""
+        return self.nodes if self._nodes.refresh() else None
 
     def payload_totals(self) -> tuple[int, int]:
         """(down, up): bytes of the run's training calls so far."""
@@ -437,160 +413,6 @@ class Run:
         """Nodes that cannot serve the run (engine/node_checks.py), each saying why."""
         return self._nodes.left_out
 
-    def _round(self, engine: RoundEngine, round_index: int,
-               weights: Weights) -> tuple[Weights, RoundMetrics]:
-        if self._nodes.refresh():  # nodes joined or left since the last round
-            engine.set_nodes(self.nodes)
-        if self.spec.clients.enabled:
-            self._check_returned_nodes()
-        started = runtime.monotonic()
-        bytes_before = self.payload_totals()
-        clock = PhaseClock()
-        with clock.phase("plan"):
-            units = self._passes.take(self._planned) if self._passes is not None \
-                else self.algorithm.plan_round(round_index)
-            if self._residuals is not None:
-                units = self._residuals.prefer(units)
-            # compressed once, sent with every unit
-            sent_weights = encode_weights(weights, self.compression)
-
-        def build(unit: UnitSpec, attempt: int) -> Task:
-            own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
-            payload = sent_weights if own is None else own
-            return self._task(round_index, unit, attempt, payload)
-
-        with clock.phase("units"):
-            earlier = self.ledger.plan_units(round_index, [unit.unit_id for unit in units])
-            self.ledger.check()
-            outcome = engine.run_round(
-                round_index, units, self.algorithm.quorum(len(units)), build,
-                round_filters(self.algorithm, weights, self._norm_limit, self.compression.up),
-                earlier_attempts=earlier, taken_up=self._kept.taken_up(round_index, units),
-                keep_result=self._result_keeper())
-        update_started = runtime.monotonic()
-        drills.point("aggregate", round_index)
-        with clock.phase("aggregate"):
-            if self._passes is not None:  # what the round did not use comes round again
-                self._passes.settle([r.unit.unit_id for r in outcome.results]
-                                    + outcome.discarded)
-            if outcome.results:
-                weights = self.algorithm.aggregate(round_index, weights, outcome.results,
-                                                   outcome.failures)
-            else:  # every client of the round dropped out: nothing to apply
-                log.warning("round %d: every client asked dropped out (no live node holds "
-                            "them); the model is unchanged", round_index)
-        clients = client_rows(round_index, outcome.results, outcome.failures, outcome.dropped)
-        self.folder.append_clients(clients)
-        with clock.phase("after_round"):
-            if self._residuals is not None:
-                self._residuals.note(units, outcome.placement)
-            self.algorithm.after_round(round_index, NodeSessions(
-                self.run_id, self.nodes, outcome.placement,
-                cannot_dial=lambda node: not node.accepts_connections))
-        position = self._passes.position() if self._passes is not None else None
-        metrics = self._round_written(
-            RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
-                     outcome.discarded, position), started, bytes_before, update_started,
-            clock, fairness(clients))
-        return weights, metrics
-
-    def _round_written(self, end: RoundEnd, started: float, bytes_before: tuple[int, int],
-                       update_started: float | None = None,
-                       clock: PhaseClock | None = None,
-                       client_figures: dict[str, float] | None = None) -> RoundMetrics:
-        """Evaluate a round's weights and write the round out: ledger, sample grid,
-        metrics and, last, the checkpoint. ``update_started``: when the round's update began
-        (None in the asynchronous modes, whose updates are spread over the round);
-        ``clock``: the round's phases so far (None where a round has no phases: the
-        asynchronous modes); ``client_figures``: the fairness figures of the round's
-        federated clients (coordinator/client_files.py), kept with its scores."""
-        round_index, weights = end.round, end.weights
-        clock = clock or PhaseClock()
-        with clock.phase("evaluate"):
-            evaluation = self._evaluate(round_index, weights)
-        now = runtime.monotonic()
-        metrics = RoundMetrics(
-            round=round_index, validation_error=evaluation.validation_error,
-            validation_loss=evaluation.validation_loss, train_loss=end.train_loss,
-            seconds=now - started,
-            update_seconds=now - update_started if update_started is not None else 0.0)
-        # asynchronous modes count passes instead (the status shows them)
-        epochs = None if self.schedule.asynchronous else self.algorithm.epochs_done(round_index)
-        self.progress.round_done(round_index, evaluation.validation_error, end.train_loss,
-                                 epochs)
-        log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
-                 round_index, self.request.rounds, evaluation.validation_error,
-                 end.results, len(end.discarded), metrics.seconds)
-        with clock.phase("score"):
-            self._score(round_index, weights, metrics)
-            if client_figures:
-                metrics.scores = {**(metrics.scores or {}), **client_figures}
-                self.progress.clients_done(client_figures)
-        with clock.phase("ledger"):
-            self.ledger.round_ended(metrics, end.results, len(end.discarded))
-            self.ledger.check()  # a round the store missed must not be checkpointed
-        with clock.phase("samples"):
-            self.folder.write_samples(round_index, weights)
-        (down, up), (down_before, up_before) = self.payload_totals(), bytes_before
-        self.folder.append_round(metrics, end.discarded,
-                                 {"bytes_down": down - down_before, "bytes_up": up - up_before},
-                                 clock.rounded())
-        # The checkpoint comes last: it is the commit point a resume starts from, so the
-        # metrics and the ledger already hold every round it covers.
-        self.folder.write_checkpoint(Checkpoint(
-            round_index, weights, self.algorithm.state_dict(), self._policy.random_state(),
-            None if end.position is None else end.position.to_dict()))
-        return metrics
-
-    def _stream(self, engine: RoundEngine, done: int, weights: Weights,
-                history: list[RoundMetrics]) -> Weights:
-        """The rounds after ``done`` in an asynchronous mode (engine/stream_state.py):
-        units flow without barriers and each round is written out as its last version is
-        made. Returns the last round's weights."""
-        position = _position(self.resume_from)
-        if self.resumed:  # the units the resume reopened, into the round it starts with
-            self.ledger.gather_units(done, done + 1, "reopened: gathered into the round "
-                                     "the resumed run starts with")
-        state = StreamState(
-            weights=weights, first_round=done + 1, last_round=self.request.rounds,
-            updates_per_round=self._updates_per_round, schedule=self.schedule,
-            plan_pass=self.algorithm.plan_pass,
-            apply=lambda round_index, current, results: self.algorithm.aggregate(
-                round_index, current, results, []),
-            scalable=self.algorithm.staleness_scaled, ledger=self.ledger,
-            max_attempts=2 * max(1, len(self.nodes)), position=position,
-            taken_up=self._kept.taken_up_stream(done + 1))
-        state.keep_result = self._result_keeper()
-        self.progress.stream_counts = state.counts
-        self._warn_of_staleness()
-        encoded = _VersionCache(lambda w: encode_weights(w, self.compression))
-        clock = {"started": runtime.monotonic(), "bytes": self.payload_totals()}
-
-        def build(unit: UnitSpec, attempt: int) -> Task:
-            round_index, version, current = state.newest()
-            return self._task(round_index, unit, attempt, encoded.get(version, current),
-                              model_version=version)
-
-        def written(end: RoundEnd) -> None:
-            history.append(self._round_written(end, clock["started"], clock["bytes"]))
-            clock.update(started=runtime.monotonic(), bytes=self.payload_totals())
-            if self._nodes.refresh():  # nodes joined or left during the round
-                engine.set_nodes(self.nodes)
-
-        engine.run_stream(state, build, round_filters(self.algorithm, weights, self._norm_limit,
-                                                      self.compression.up), written)
-        return state.weights
-
-    def _result_keeper(self) -> ResultSink | None:
-        """What keeps the results a round or stream keeps, where the store keeps them."""
-        return self._kept.keep if self._kept.enabled else None
-
-    def _warn_of_staleness(self) -> None:
-        """A bound below the usual staleness has most results computed again: say so once."""
-        warning = staleness_warning(self.schedule, len(self.nodes))
-        if warning:
-            log.warning("run %s: %s", self.run_id, warning)
-
     def _engine_settings(self) -> EngineSettings:
         """No backup attempts for an algorithm whose units change state on their node, nor
         with topk updates: a duplicate would update a second residual of the slot, and the
@@ -598,55 +420,3 @@ class Run:
         if self.algorithm.allows_backups and not self.compression.keeps_residuals:
             return self.settings.engine
         return replace(self.settings.engine, speculation=False)
-
-    def _evaluate(self, round_index: int, weights: Weights) -> RoundEval:
-        """The validation metrics every `eval_every` rounds (and after the last); NaN between."""
-        if due(self.outputs["eval_every"], round_index, self.request.rounds):
-            return self.algorithm.evaluate(weights)
-        return RoundEval(validation_error=math.nan, validation_loss=math.nan)
-
-    def _score(self, round_index: int, weights: Weights, metrics: RoundMetrics) -> None:
-        """Offline scores (IS, FID) into the round's metrics, when they are due."""
-        if due(self.outputs["eval_every"], round_index, self.request.rounds):
-            metrics.scores = self.algorithm.score(weights, self.outputs["eval_n"]) or None
-            if metrics.scores:
-                log.info("round %d scores: %s", round_index, ", ".join(
-                    f"{k} {v:.4g}" for k, v in metrics.scores.items()))
-
-    def _task(self, round_index: int, unit: UnitSpec, attempt: int,
-              weights: Tensors, model_version: int | None = None) -> Task:
-        return Task(
-            run_id=self.run_id, round=round_index,
-            unit_id=unit.unit_id, attempt=attempt, algorithm=self.request.algorithm,
-            model=self.request.model, dataset=self.request.dataset, unit_path=unit.unit_path,
-            config_json=self._config_json, weights=weights,
-            scheduling_policy=self.settings.policy, index_start=unit.index_start,
-            index_stop=unit.index_stop, model_version=model_version,
-            expected_update=self._expected_update, client=unit.client)
-
-
-def _position(checkpoint: Checkpoint | None) -> StreamPosition | None:
-    """Where the checkpoint left the passes over the data, if it says."""
-    if checkpoint is None or checkpoint.stream is None:
-        return None
-    try:
-        return StreamPosition.from_dict(checkpoint.stream)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"the checkpoint's stream position is damaged: {exc}") from None
-
-
-class _VersionCache:
-    """The weights of the newest version as sent (compressed once per version, not once per
-    task): asynchronous modes make a new version per result, and tasks in between share it."""
-
-    def __init__(self, encode: Callable[[Weights], Tensors]) -> None:
-        self._encode = encode
-        self._lock = runtime.Lock()
-        self._version: int | None = None
-        self._payload: Tensors = {}
-
-    def get(self, version: int, weights: Weights) -> Tensors:
-        with self._lock:
-            if version != self._version:
-                self._version, self._payload = version, self._encode(weights)
-            return self._payload

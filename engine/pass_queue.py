@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from thrift_trainer.engine import runtime
-from thrift_trainer.engine.stream_state import StreamPosition, position_of, reopened
+from thrift_trainer.engine.stream_records import StreamPosition, position_of, reopened
 from thrift_trainer.training.units import UnitSpec
 
 

@@ -41,7 +41,8 @@ from thrift_trainer.engine.policies import Policy
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.round_state import RoundOutcome, RoundState
 from thrift_trainer.engine.stragglers import StragglerPolicy
-from thrift_trainer.engine.stream_state import RoundEnd, StreamState
+from thrift_trainer.engine.stream_records import RoundEnd, VersionDue
+from thrift_trainer.engine.stream_state import StreamState
 from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
 from thrift_trainer.engine.update_filters import (
     DEFAULT_FILTERS,
@@ -107,7 +108,13 @@ class RoundEngine:
     def __init__(self, run_id: str, nodes: list[NodeHandle], policy: Policy,
                  settings: EngineSettings, progress: RunProgress,
                  cancelled: runtime.EventLike, ledger: UnitLedger | None = None,
-                 cancels: CancelSender | None = None) -> None:
+                 cancels: CancelSender | None = None,
+                 refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None,
+                 on_left_out: Callable[[NodeHandle], None] = lambda node: None) -> None:
+        """``refresh_nodes``: called while paused to take in nodes that joined (file,
+        registrations), None when none did; ``on_left_out``: told of a node that cannot
+        serve the run (NodeUnfit), so that it stays out of later rounds too (the engine
+        stops using it at once)."""
         self.run_id = run_id
         self.cancels = cancels or shared_sender()
         self.ledger = ledger or UnitLedger(None, run_id)
@@ -123,11 +130,8 @@ class RoundEngine:
         self._last_contact = runtime.monotonic()
         self.gate = NodeGate(NodeMinimum(settings.min_nodes, settings.pause_below_min,
                                          settings.max_pause, settings.grace_seconds), progress)
-        # While paused, called to take in nodes that joined (file, registrations).
-        self.refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None
-        # Told of a node that cannot serve the run (NodeUnfit), so that it stays out of
-        # later rounds too; the engine stops using it at once.
-        self.on_left_out: Callable[[NodeHandle], None] = lambda node: None
+        self.refresh_nodes = refresh_nodes
+        self.on_left_out = on_left_out
         self.left_out: list[NodeHandle] = []
 
     def set_nodes(self, nodes: list[NodeHandle]) -> None:
@@ -168,12 +172,14 @@ class RoundEngine:
             self._stop(state)
         return state.outcome()
 
-    def run_stream(self, state: StreamState, build_task: TaskBuilder,
-                   filters: Sequence[UpdateFilter],
-                   on_round_end: Callable[[RoundEnd], None]) -> None:
-        """Run an asynchronous run's units (engine/stream_state.py) until its last
-        round ends. ``on_round_end`` writes each round out while the state holds its
-        version; the workers go on computing meanwhile."""
+    def stream(self, state: StreamState, build_task: TaskBuilder,
+               filters: Sequence[UpdateFilter]) -> Iterator[VersionDue | RoundEnd]:
+        """Run an asynchronous run's units (engine/stream_state.py) until its last round
+        ends, handing the training loop what it is to do as it comes: a `VersionDue`,
+        which the loop answers with `state.applied` before asking for the next, and each
+        `RoundEnd`, which it writes out while the state holds its version (the workers go
+        on computing meanwhile). Close it (`contextlib.closing`) to stop the workers when
+        the loop stops early."""
         self._filters = list(filters)
         state.max_in_flight = self._stream_capacity(state)
         self._start_filters(state)
@@ -183,17 +189,24 @@ class RoundEngine:
         try:
             while True:
                 next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
-                while state.round_end is None and not state.over:
-                    state.wait_event(WAIT_STEP_SECONDS)
-                    next_check = self._tick(state, next_check)
+                while (event := state.pending()) is None or isinstance(event, VersionDue):
+                    if event is not None:
+                        yield event
+                        if state.pending() is event:
+                            raise RuntimeError("the training loop did not make the version "
+                                               "that was due (StreamState.applied)")
+                    elif state.over:
+                        break
+                    else:
+                        state.wait_event(WAIT_STEP_SECONDS)
+                        next_check = self._tick(state, next_check)
                 if state.fatal:
                     raise state.fatal
-                ended = state.round_end
-                if ended is None:
+                if event is None:
                     return
                 for update_filter in self._filters:
                     update_filter.end_round()
-                on_round_end(ended)
+                yield event
                 state.max_in_flight = self._stream_capacity(state)
                 self._start_filters(state)
                 state.round_written()

@@ -3,11 +3,16 @@
 It is the work queue's other settlement (engine/work_queue.py): the round engine's workers
 drive it exactly as they drive a round (`round_state`): they take units, start attempts and
 report results. The difference is what a result does.
-In a round it waits for the barrier; here it is applied as it arrives (``async``) or
-once ``buffer_size`` results are in (``buffered``), and every application makes a new
-version of the global model. Tasks are built from the newest version; a result computed
-from a version more than ``max_staleness`` behind is refused as stale and its unit goes
-back to the front of the queue, to be computed again from fresh weights.
+In a round it waits for the barrier; here it goes into a buffer that is full at once
+(``async``) or once ``buffer_size`` results are in (``buffered``), and every full buffer
+makes a new version of the global model. The stream does not make the version itself: it
+hands the buffer to the training loop (coordinator/training_loop.py) as a `VersionDue`,
+through the round engine's `stream`, and the loop answers with the new weights
+(`applied`). Until it has, no further result is kept and no task is built, so every
+result's staleness counts every version made before it, as if the version had been made
+at once. Tasks are built from the newest version; a result computed from a version more
+than ``max_staleness`` behind is refused as stale and its unit goes back to the front of
+the queue, to be computed again from fresh weights.
 
 Units come in PASSES over the data (the algorithm's `plan_pass`): a pass's units wait in
 TODO, are PENDING while a node holds them, and are DONE once their result is kept. When
@@ -17,11 +22,12 @@ TODO with one failure more, and is discarded for this pass after `max_unit_failu
 
 Every ``updates_per_round`` versions make a ROUND, so evaluation, metrics, checkpoints
 and ``--rounds`` mean what they mean in sync mode. When a round's last version is made,
-the state records a `RoundEnd` for the run to write out, and holds further versions back
-until the run says it is written (`round_written`): the checkpoint then holds exactly that
-version. The run store records a unit in the round whose version took its result: at a
-round's end the units still waiting or computing move on into the next round, so a resume
-from a round's checkpoint reopens exactly the units whose results it does not hold.
+the state records a `RoundEnd` for the training loop to write out, and holds further
+versions back until the loop says it is written (`round_written`): the checkpoint then
+holds exactly that version. The run store records a unit in the round whose version took
+its result: at a round's end the units still waiting or computing move on into the next
+round, so a resume from a round's checkpoint reopens exactly the units whose results it
+does not hold.
 
 One re-entrant lock guards it all, and the engine writes the ledger under it
 (`recording`), so no attempt is recorded in a round its unit has just left.
@@ -29,85 +35,25 @@ One re-entrant lock guards it all, and the engine writes the ledger under it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.stream_records import (
+    RoundEnd,
+    StreamPosition,
+    TakenUp,
+    VersionDue,
+    position_of,
+    reopened,
+)
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
 from thrift_trainer.training.schedule import ScheduleSettings, weighted
 from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
-
-# (round, weights, results) -> the next weights: the algorithm's aggregate
-ApplyResults = Callable[[int, Weights, list[UnitResult]], Weights]
-
-
-@dataclass(frozen=True)
-class StreamPosition:
-    """Where a checkpoint left the passes: the newest pass, and every unit (of any pass)
-    whose result the checkpoint's weights do not hold yet, by pass."""
-
-    pass_index: int
-    open_units: dict[int, tuple[str, ...]]
-
-    def to_dict(self) -> dict[str, object]:
-        return {"pass": self.pass_index,
-                "open": {str(p): list(ids) for p, ids in self.open_units.items()}}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, object]) -> StreamPosition:
-        open_units = data.get("open", {})
-        if not isinstance(open_units, dict) or not isinstance(data.get("pass"), int):
-            raise ValueError("a stream position needs 'pass' (int) and 'open' (object)")
-        return cls(int(data["pass"]), {int(p): tuple(str(u) for u in ids)
-                                       for p, ids in open_units.items()})
-
-
-def reopened(position: StreamPosition,
-             plan_pass: Callable[[int], list[UnitSpec]]) -> list[tuple[int, UnitSpec]]:
-    """The units ``position`` holds open, as (pass, unit) in pass and plan order."""
-    units = []
-    for pass_index in sorted(position.open_units):
-        wanted = set(position.open_units[pass_index])
-        units += [(pass_index, spec) for spec in plan_pass(pass_index) if spec.unit_id in wanted]
-    return units
-
-
-def position_of(pass_index: int, open_units: Iterable[tuple[int, str]]) -> StreamPosition:
-    """A position at pass ``pass_index`` with ``open_units`` as (pass, unit id)."""
-    by_pass: dict[int, list[str]] = {}
-    for unit_pass, unit_id in open_units:
-        by_pass.setdefault(unit_pass, []).append(unit_id)
-    return StreamPosition(pass_index, {p: tuple(ids) for p, ids in by_pass.items()})
-
-
-@dataclass
-class RoundEnd:
-    """A round of an asynchronous run reached its last version."""
-
-    round: int
-    version: int
-    weights: Weights
-    results: int  # results applied during the round
-    train_loss: float
-    discarded: list[str]
-    position: StreamPosition | None  # None for a sync round
-
-
-@dataclass(frozen=True)
-class TakenUp:
-    """A result kept before the run resumed (coordinator/kept_results.py): applied again,
-    in the order it was first kept, as it was then."""
-
-    unit_id: str
-    pass_index: int
-    staleness: int  # versions behind the newest when it was kept
-    update: Weights
-    num_samples: int
-    loss: float
-    node: str | None
 
 
 @dataclass(eq=False)
@@ -134,7 +80,7 @@ class StreamState(WorkQueue):
 
     def __init__(self, *, weights: Weights, first_round: int, last_round: int,
                  updates_per_round: int, schedule: ScheduleSettings,
-                 plan_pass: Callable[[int], list[UnitSpec]], apply: ApplyResults,
+                 plan_pass: Callable[[int], list[UnitSpec]],
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
                  position: StreamPosition | None = None,
                  taken_up: list[TakenUp] | None = None) -> None:
@@ -150,20 +96,23 @@ class StreamState(WorkQueue):
         self.updates_per_round = updates_per_round
         self.schedule = schedule
         self.max_in_flight = 1  # units out at once: the run keeps it at its node count
-        self._plan_pass, self._apply, self._scalable = plan_pass, apply, scalable
+        self._plan_pass, self._scalable = plan_pass, scalable
         self._ledger = ledger
         self._buffer: list[tuple[UnitResult, float]] = []
+        self._due: VersionDue | None = None  # a full buffer the training loop has not applied
+        self._taking_up: deque[tuple[UnitResult, int]] = deque()  # (result, staleness)
         self._tally = _RoundTally()
         self._done_in_pass = 0
         self._pass_size = 1  # units a pass plans (known once one starts)
         self._discarded_in_a_row = 0  # units discarded since a result was last kept
         self._leftovers: list[StreamUnit] = []  # settled, with attempts still out
-        self.round_end: RoundEnd | None = None  # written by the run, then round_written()
+        self.round_end: RoundEnd | None = None  # written by the loop, then round_written()
         self.pass_index = 0
         self._taken_ahead: dict[int, set[str]] = {}  # later passes' units already kept
         if position is not None:
             self._reopen(position)
-        self._take_up(taken_up or [])
+        with self._cond:  # a version it makes due is announced under the lock
+            self._take_up(taken_up or [])
 
     # ----------------------------------------------------------------- passes
     def _reopen(self, position: StreamPosition) -> None:
@@ -175,8 +124,9 @@ class StreamState(WorkQueue):
 
     def _take_up(self, taken_up: list[TakenUp]) -> None:
         """Keep again, in their order, the results kept before the run resumed: the
-        versions they made come back as they were made, and their units (a later pass's
-        too) are not issued again."""
+        versions they made come back as they were made (each as the training loop applies
+        the one before: `_keep_taken`), and their units (a later pass's too) are not issued
+        again."""
         for taken in taken_up:
             unit = next((u for u in self.units if u.spec.unit_id == taken.unit_id), None)
             if unit is not None:  # open at the checkpoint
@@ -188,8 +138,14 @@ class StreamState(WorkQueue):
                 spec = next(u for u in self._plan_pass(taken.pass_index)
                             if u.unit_id == taken.unit_id)
                 self._taken_ahead.setdefault(taken.pass_index, set()).add(taken.unit_id)
-            self._keep(UnitResult(spec, taken.update, taken.num_samples, taken.loss,
-                                  taken.node), taken.staleness)
+            self._taking_up.append((UnitResult(spec, taken.update, taken.num_samples,
+                                               taken.loss, taken.node), taken.staleness))
+        self._keep_taken()
+
+    def _keep_taken(self) -> None:
+        """Keep the taken-up results up to the next full buffer (under the lock)."""
+        while self._taking_up and self._due is None and self.round_end is None:
+            self._keep(*self._taking_up.popleft())
 
     def _start_pass(self) -> None:
         self.pass_index += 1
@@ -239,8 +195,10 @@ class StreamState(WorkQueue):
         return self.updates_per_round * self.schedule.results_per_version
 
     def newest(self) -> tuple[int, int, Weights]:
-        """(round in progress, version, weights) of the newest version, for a new task."""
+        """(round in progress, version, weights) of the newest version, for a new task:
+        once the training loop has made the version a full buffer asks for."""
         with self._cond:
+            self._wait_for(self._version_pending)
             return self.round_index, self.version, self.weights
 
     def ledger_round(self, unit: Unit) -> int:
@@ -280,12 +238,14 @@ class StreamState(WorkQueue):
                  node: str | None = None, on_kept: Callable[[], None] | None = None,
                  on_stale: Callable[[str], None] | None = None) -> bool:
         """Keep a result if its unit is open and it is fresh enough (``on_kept`` records
-        it), apply the buffer when it is full; a result too stale is refused
+        it), hand the buffer to the training loop when it is full; a result too stale is
+        refused
         (``on_stale`` records why) and its unit queued first to be computed again."""
         with self._cond:
-            # Held while a round end is written: a result kept now belongs to the next
-            # round, and the buffer is always empty when a round ends.
-            self._wait_for_round_written()
+            # Held while a version is made and while a round end is written: a result
+            # kept then would count too few versions behind, or belong to the next
+            # round (the buffer is always empty when a round ends).
+            self._wait_for(self._loop_busy)
             if self.is_over(unit):
                 return False
             staleness = self.version - result.model_version
@@ -312,11 +272,16 @@ class StreamState(WorkQueue):
             return True
 
     def _keep(self, result: UnitResult, staleness: int) -> None:
-        """Buffer a kept result; apply the buffer once it is full."""
+        """Buffer a kept result; once the buffer is full it is due as the next version."""
         self._discarded_in_a_row = 0
         self._buffer.append((result, self.schedule.weight(max(staleness, 0))))
         if len(self._buffer) >= self.schedule.results_per_version:
-            self._apply_buffer()
+            results = [r for r, _ in self._buffer]
+            factors = [f for _, f in self._buffer]
+            self._buffer = []
+            self._due = VersionDue(self.round_index,
+                                   weighted(results, factors, self._scalable))
+            self._cond.notify_all()
 
     def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:
         """A kept result, with its round, its place among the round's results and its
@@ -339,25 +304,42 @@ class StreamState(WorkQueue):
         return self.units + self._leftovers
 
     # --------------------------------------------------------------- versions
-    def _wait_for_round_written(self) -> None:
-        """Hold a new version back while the last round's end is being written, so its
-        checkpoint and evaluation see exactly that round's version."""
-        while self.round_end is not None and not self._over and self.fatal is None:
+    def _version_pending(self) -> bool:
+        """A full buffer (or a taken-up result) waits for the training loop."""
+        return self._due is not None or bool(self._taking_up)
+
+    def _loop_busy(self) -> bool:
+        """The training loop makes a version or writes a round end."""
+        return self.round_end is not None or self._version_pending()
+
+    def _wait_for(self, busy: Callable[[], bool]) -> None:
+        """Wait (under the lock) while ``busy``, unless the stream is over or failed."""
+        while busy() and not self._over and self.fatal is None:
             self._cond.wait(WAIT_STEP_SECONDS)
 
-    def _apply_buffer(self) -> None:
-        results = [r for r, _ in self._buffer]
-        factors = [f for _, f in self._buffer]
-        self._buffer = []
-        self.weights = self._apply(self.round_index, self.weights,
-                                   weighted(results, factors, self._scalable))
-        self.version += 1
-        tally = self._tally
-        tally.results += len(results)
-        tally.samples += sum(r.num_samples for r in results)
-        tally.loss_sum += sum(r.loss * r.num_samples for r in results)
-        if self.version >= self.round_index * self.updates_per_round:
-            self._end_round()
+    def pending(self) -> VersionDue | RoundEnd | None:
+        """What the training loop is to do next: make a version, or write a round's end."""
+        with self._cond:
+            return self._due or self.round_end
+
+    def applied(self, weights: Weights) -> None:
+        """The training loop made the due version: it is the newest now, and the round
+        ends with it if it is the round's last."""
+        with self._cond:
+            due = self._due
+            if due is None:
+                raise ValueError("no version is due")
+            self._due = None
+            self.weights = weights
+            self.version += 1
+            tally = self._tally
+            tally.results += len(due.results)
+            tally.samples += sum(r.num_samples for r in due.results)
+            tally.loss_sum += sum(r.loss * r.num_samples for r in due.results)
+            if self.version >= self.round_index * self.updates_per_round:
+                self._end_round()
+            self._keep_taken()
+            self._cond.notify_all()
 
     def _end_round(self) -> None:
         tally, ended = self._tally, self.round_index
@@ -381,15 +363,18 @@ class StreamState(WorkQueue):
                            ((unit.pass_index, unit.spec.unit_id) for unit in self.units))
 
     def round_written(self) -> None:
-        """The run has written the pending `round_end`: versions may move on."""
+        """The training loop has written the pending `round_end`: versions may move on."""
         with self._cond:
             self.round_end = None
+            self._keep_taken()
             self._cond.notify_all()
 
     # ------------------------------------------------------------------- end
     def wait_event(self, timeout: float) -> None:
-        """Wait until a round ends, the run is over or failed, or ``timeout`` passes."""
+        """Wait until a version is due, a round ends, the run is over or failed, or
+        ``timeout`` passes."""
         with self._cond:
-            if self.round_end is None and not self._over and self.fatal is None:
+            if (self._due is None and self.round_end is None and not self._over
+                    and self.fatal is None):
                 self._cond.wait(timeout)
 

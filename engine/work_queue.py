@@ -5,9 +5,10 @@ and report what happened; the queue decides what is queued, what is a backup can
 and when the work is over. What a kept result does, where units come from once the
 queue runs dry and when the work is over is the SETTLEMENT, a subclass's few hooks:
 a round's barrier (engine/round_state.py: results wait for the round's quorum) or an
-asynchronous run's stream buffer (engine/stream_state.py: results are applied as they
-come, units come in passes over the data). The engine drives both through this class
-alone. How late units are noticed and issued again is engine/stragglers.py.
+asynchronous run's stream buffer (engine/stream_state.py: results fill a buffer, each
+full one a version the training loop makes, units come in passes over the data). The
+engine drives both through this class alone. How late units are noticed and issued
+again is engine/stragglers.py.
 """
 
 from __future__ import annotations

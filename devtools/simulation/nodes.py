@@ -108,11 +108,18 @@ class SimNode:
         return first <= int(client.removeprefix(NAME_PREFIX)) <= last
 
     def __post_init__(self) -> None:
-        # One unit at a time, as a node computes them. Not a lock: a call whose caller's
-        # process was killed mid-unit must not hold the node forever (the node finishes
-        # the unit; its answer goes nowhere), so the holder is checked for being alive.
+        # One unit at a time, as a node computes them. Not a lock, nor a condition over
+        # one: a pushed node computes in its caller's thread, and a call whose caller's
+        # process was killed must not hold the node forever (the node finishes the unit;
+        # its answer goes nowhere). A kill freezes the caller's threads wherever they
+        # are, inside a lock's critical section too, and a simulated lock a frozen thread
+        # holds is never released: the node's other callers, the resumed coordinator's,
+        # would wait for it for good. So the turn is the holder alone, checked for being
+        # alive, and an event that tells the waiters it is free; between the scheduler's
+        # switches nothing else runs, so looking at the holder and taking the turn is
+        # one step.
         self._holder: Any = None
-        self._turn = runtime.Condition()
+        self._turn_free = runtime.Event()
         self._rng = runtime.Random()
         self._calls: dict[AttemptKey, Call] = {}
         self._cancelled: set[AttemptKey] = set()
@@ -162,15 +169,14 @@ class SimNode:
 
     def _take_turn(self) -> None:
         me = self.sim.current()
-        with self._turn:
-            while self._holder is not None and not self._holder.frozen:
-                self._turn.wait(POLL_SECONDS)
-            self._holder = me
+        while self._holder is not None and not self._holder.frozen:
+            self._turn_free.clear()
+            self._turn_free.wait(POLL_SECONDS)  # (a frozen holder never ends its turn)
+        self._holder = me
 
     def _end_turn(self) -> None:
-        with self._turn:
-            self._holder = None
-            self._turn.notify_all()
+        self._holder = None
+        self._turn_free.set()
 
     def _run_unit(self, request: ttypes.WorkRequest) -> tuple[dict[str, np.ndarray], Any]:
         """The unit's update as the node would send it (compressed as the run says)."""

@@ -16,6 +16,8 @@ from thrift_trainer.engine import runtime
 REPO = Path(__file__).resolve().parents[2]
 # The engine, and the coordinator's run loop and run store that the simulator runs with it.
 SOURCES = sorted((REPO / "engine").rglob("*.py")) + [REPO / "coordinator" / "run.py",
+                                                    REPO / "coordinator" / "training_loop.py",
+                                                    REPO / "coordinator" / "run_tasks.py",
                                                     REPO / "coordinator" / "run_store.py"]
 SEAM = REPO / "engine" / "runtime.py"
 # Modules whose clocks, threads, waits or random numbers would escape the runtime.

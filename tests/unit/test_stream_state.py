@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.records import RoundMetrics
 from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine, RoundFailed
-from thrift_trainer.engine.stream_state import StreamPosition, StreamState, TakenUp
+from thrift_trainer.engine.stream_records import RoundEnd, StreamPosition, TakenUp, VersionDue
+from thrift_trainer.engine.stream_state import StreamState
 from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
 from thrift_trainer.engine.update_filters import DEFAULT_FILTERS
 from thrift_trainer.training.aggregation import aggregate
@@ -42,7 +44,7 @@ def plan(pass_index: int) -> list[UnitSpec]:
 
 
 class Recorder:
-    """An `apply` that adds the weighted mean of its results, and keeps what it got."""
+    """A version maker that adds the weighted mean of its results, and keeps what it got."""
 
     def __init__(self) -> None:
         self.calls: list[list[UnitResult]] = []
@@ -54,14 +56,44 @@ class Recorder:
         return {name: weights[name] + step[name] for name in weights}
 
 
+MakeVersion = Callable[[int, dict, list[UnitResult]], dict]
+
+
+class Served(StreamState):
+    """A stream whose due versions the test makes as the training loop makes them
+    (coordinator/training_loop.py), with ``make``: (round, weights, results) -> weights."""
+
+    def __init__(self, make: MakeVersion, **kwargs) -> None:
+        self.make = make
+        super().__init__(**kwargs)
+        self.serve()  # the versions of the results it took up
+
+    def serve(self) -> None:
+        """Make every version that is due, as the loop does when the stream yields it."""
+        while isinstance(due := self.pending(), VersionDue):
+            self.applied(self.make(due.round, self.weights, due.results))
+
+
+def drive(engine: RoundEngine, state: Served, build: Callable[[UnitSpec, int], Task],
+          written: Callable[[RoundEnd], None] = lambda end: None) -> None:
+    """The training loop over an engine's stream: each version made, each round end
+    written."""
+    with closing(engine.stream(state, build, DEFAULT_FILTERS)) as events:
+        for event in events:
+            if isinstance(event, VersionDue):
+                state.applied(state.make(event.round, state.weights, event.results))
+            else:
+                written(event)
+
+
 def stream(schedule: ScheduleSettings, *, rounds: int = 5, updates_per_round: int = 2,
            ledger: UnitLedger | None = None, position: StreamPosition | None = None,
            recorder: Recorder | None = None, max_in_flight: int = 10,
-           taken_up: list[TakenUp] | None = None) -> StreamState:
-    state = StreamState(
-        weights={"w": np.zeros(2)}, first_round=1, last_round=rounds,
-        updates_per_round=updates_per_round, schedule=schedule, plan_pass=plan,
-        apply=recorder or Recorder(), scalable=lambda name: name != "bn",
+           taken_up: list[TakenUp] | None = None) -> Served:
+    state = Served(
+        recorder or Recorder(), weights={"w": np.zeros(2)}, first_round=1,
+        last_round=rounds, updates_per_round=updates_per_round, schedule=schedule,
+        plan_pass=plan, scalable=lambda name: name != "bn",
         ledger=ledger or UnitLedger(None, "r1"), max_attempts=4, position=position,
         taken_up=taken_up)
     state.max_in_flight = max_in_flight
@@ -78,10 +110,11 @@ def take(state: StreamState):
     return unit
 
 
-def finish(state: StreamState, unit, res: TaskResult, **hooks) -> bool:
+def finish(state: Served, unit, res: TaskResult, **hooks) -> bool:
     attempt = state.start_attempt(unit, NODE)
     state.end_attempt(unit, attempt)
     kept = state.complete(unit, res.update, res, "n0", **hooks)
+    state.serve()
     state.release(unit)
     return kept
 
@@ -223,6 +256,7 @@ def test_a_resumed_stream_keeps_the_taken_up_results_again_in_their_order():
     def keep(unit, res: TaskResult) -> None:
         attempt = state_attempt(first, unit)
         assert first.complete(unit, res.update, res, "n0")
+        first.serve()
         kept.append(first.kept(unit, attempt, "n0", res))
 
     keep(take(first), result(0, 1.0))
@@ -283,6 +317,44 @@ def test_no_more_units_go_out_than_max_in_flight():
     assert got == [None]
 
 
+def test_a_due_version_holds_results_and_tasks_back_until_the_loop_makes_it():
+    """The stream hands a full buffer to the training loop and waits for its answer:
+    meanwhile no task is built and no result kept, so each result's staleness counts
+    every version made before it."""
+    recorder = Recorder()
+    state = stream(ScheduleSettings(mode="async", max_staleness=5), recorder=recorder,
+                   updates_per_round=10)
+    units = [take(state) for _ in range(3)]
+
+    def held_until_made(call) -> list:
+        got: list = []
+        thread = threading.Thread(target=lambda: got.append(call()))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive() and not got  # waits for the loop
+        due = state.pending()
+        state.applied(recorder(due.round, state.weights, due.results))
+        thread.join(5)
+        return got
+
+    assert state.complete(units[0], {"w": np.ones(2)}, result(0), "n0")
+    due = state.pending()
+    assert isinstance(due, VersionDue) and (due.round, len(due.results)) == (1, 1)
+    assert state.version == 0 and not recorder.calls  # made by the loop, not the stream
+    assert held_until_made(state.newest)[0][1] == 1  # built from the version made
+    attempt = state_attempt(state, units[1])
+    assert state.complete(units[1], {"w": np.ones(2)}, result(0), "n0")
+    later = state_attempt(state, units[2])
+    assert held_until_made(lambda: state.complete(units[2], {"w": np.ones(2)}, result(0),
+                                                  "n0")) == [True]
+    assert state.kept(units[1], attempt, "n0", result(0)).staleness == 1
+    assert state.kept(units[2], later, "n0", result(0)).staleness == 2  # counts version 2
+    state.serve()
+    assert state.version == 3 and len(recorder.calls) == 3
+    with pytest.raises(ValueError, match="no version is due"):
+        state.applied(state.weights)
+
+
 def test_a_round_ends_after_its_versions_and_holds_the_next_until_written(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=3,
@@ -299,6 +371,7 @@ def test_a_round_ends_after_its_versions_and_holds_the_next_until_written(tmp_pa
         state.complete(unit, {"w": np.ones(2)}, result(state.version), "n0",
                        on_kept=lambda u=unit, a=attempt: ledger.finished(
                            state.ledger_round(u), u.spec.unit_id, a, NODE.name, "completed"))
+        state.serve()
     end = state.round_end
     assert (end.round, end.version, end.results) == (1, 2, 2)
     assert end.position.open_units == {1: ("u0.p1",)}  # still out: not in the weights
@@ -353,14 +426,14 @@ def test_asynchronous_modes_are_never_deterministic():
 
 
 def async_stream(algorithm: DeltaAveraging, rounds: int, ledger: UnitLedger, policy: int,
-                 prefetch: int = 0) -> tuple[StreamState, Callable[[UnitSpec, int], Task]]:
+                 prefetch: int = 0) -> tuple[Served, Callable[[UnitSpec, int], Task]]:
     """An async delta_avg stream of 11 versions a round, and the task builder of its run."""
-    state = StreamState(
+    state = Served(
+        lambda r, w, results: algorithm.aggregate(r, w, results, []),
         weights=algorithm.initial_weights(), first_round=1, last_round=rounds,
         updates_per_round=11, schedule=ScheduleSettings(mode="async", prefetch=prefetch),
-        plan_pass=algorithm.plan_pass,
-        apply=lambda r, w, results: algorithm.aggregate(r, w, results, []),
-        scalable=algorithm.staleness_scaled, ledger=ledger, max_attempts=6)
+        plan_pass=algorithm.plan_pass, scalable=algorithm.staleness_scaled, ledger=ledger,
+        max_attempts=6)
 
     def build(unit: UnitSpec, attempt: int) -> Task:
         round_index, version, weights = state.newest()
@@ -393,7 +466,7 @@ def test_the_engine_streams_units_over_in_process_nodes_and_the_ledger_adds_up(t
         ledger.round_ended(RoundMetrics(end.round, 0.5, 1.0, end.train_loss, 0.1), end.results,
                            len(end.discarded))
 
-    engine.run_stream(state, build, DEFAULT_FILTERS, written)
+    drive(engine, state, build, written)
     assert ends == [(1, 11, 11), (2, 22, 11), (3, 33, 11)]
     for round_index in (1, 2, 3):  # each round holds exactly the results its versions took
         assert store.ledger_counts("r1", round_index)["completed"] == 11
@@ -430,7 +503,7 @@ def test_a_stream_sends_units_to_idle_nodes_not_behind_a_slow_one():
     engine = RoundEngine("r1", nodes, RoundRobinPolicy(), EngineSettings(speculation=False),
                          RunProgress("r1", 2, 11, lambda: []), threading.Event())
     state, build = async_stream(algorithm, rounds=2, ledger=UnitLedger(None, "r1"), policy=1)
-    engine.run_stream(state, build, DEFAULT_FILTERS, lambda end: None)
+    drive(engine, state, build)
     assert state.version == 22
     assert slow.most == 1 and quick.most == 1  # one unit per node at a time
     assert quick.calls > 2 * slow.calls  # the quick node was not kept waiting its turn
@@ -444,7 +517,7 @@ def test_prefetch_sends_each_node_its_next_unit_while_it_computes():
                          RunProgress("r1", 2, 11, lambda: []), threading.Event())
     state, build = async_stream(algorithm, rounds=2, ledger=UnitLedger(None, "r1"), policy=1,
                                 prefetch=1)
-    engine.run_stream(state, build, DEFAULT_FILTERS, lambda end: None)
+    drive(engine, state, build)
     assert state.version == 22
     assert [node.most for node in nodes] == [2, 2]  # a unit waiting behind each one computing
     assert abs(nodes[0].calls - nodes[1].calls) <= 2  # filled evenly
