@@ -277,24 +277,34 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
 def findings(runs: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
     """The paper's two findings at each target: every FedAvg row needs fewer rounds than
     FedSGD on the same split, and every row needs more rounds on the non-IID split than
-    on the IID one (None where a run that would decide it is missing; a run that missed
-    its target counts as its budget plus one)."""
+    on the IID one. True or False where the runs decide it; None where a run that would
+    decide it is missing, or missed its target within a budget that leaves it open."""
     found = {(run["partition"], run["config"]): run for run in runs}
 
-    def cost(run: dict[str, Any], key: str) -> int:
-        rounds = run["rounds_to"][key]
-        return rounds if rounds is not None else run["budget"] + 1
+    def fewer(a: dict[str, Any], b: dict[str, Any], key: str) -> bool | None:
+        """Did run ``a`` reach the target in fewer rounds than run ``b``?"""
+        ra, rb = a["rounds_to"][key], b["rounds_to"][key]
+        if ra is not None and (rb is not None or ra <= b["rounds_run"]):
+            return rb is None or ra < rb
+        if rb is not None and a["rounds_run"] >= rb:
+            return False  # a was still short of it at b's count
+        return None
+
+    def all_of(verdicts: list[bool | None]) -> bool | None:
+        if not verdicts or None in verdicts and False not in verdicts:
+            return None
+        return all(verdicts)
 
     out: dict[str, Any] = {}
     for target in targets:
         key = f"{target:g}"
-        fewer = [cost(found[(p, c)], key) < cost(found[(p, "fedsgd")], key)
-                 for p in PARTITIONS for c in CONFIGS if c != "fedsgd"
-                 if (p, c) in found and (p, "fedsgd") in found]
-        more = [cost(found[("shards", c)], key) > cost(found[("iid", c)], key)
-                for c in CONFIGS if ("shards", c) in found and ("iid", c) in found]
-        out[key] = {"fedavg_fewer_rounds_than_fedsgd": all(fewer) if fewer else None,
-                    "non_iid_more_rounds_than_iid": all(more) if more else None}
+        faster = [fewer(found[(p, c)], found[(p, "fedsgd")], key)
+                  for p in PARTITIONS for c in CONFIGS if c != "fedsgd"
+                  if (p, c) in found and (p, "fedsgd") in found]
+        slower = [fewer(found[("iid", c)], found[("shards", c)], key)
+                  for c in CONFIGS if ("shards", c) in found and ("iid", c) in found]
+        out[key] = {"fedavg_fewer_rounds_than_fedsgd": all_of(faster),
+                    "non_iid_more_rounds_than_iid": all_of(slower)}
     return out
 
 
