@@ -43,6 +43,17 @@ sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cann
 ONE_AT_A_TIME = {"test_big_payloads.py", "test_soak.py"}
 
 
+# The longest tests' modules, longest first (measured with --durations): under pytest-xdist
+# they start before the rest rather than last on one worker while the others are idle.
+# (xdist first hands out the groups, most tests first, then the other tests in this order.)
+SLOW_FIRST = ("test_install.py", "test_relays.py", "test_own_model_features.py",
+              "test_compression_runs.py", "test_md_gan_cluster.py", "test_readme_own_model.py",
+              "test_plugin_examples.py", "test_async_runs.py", "test_cancel.py",
+              "test_simulation.py", "test_examples_cnn_tabular.py", "test_example_gpt.py",
+              "test_bad_plugins.py", "test_training_runs.py", "test_fenced_leader.py",
+              "test_faults.py", "test_store_outage.py", "test_robust_aggregation.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     marked = [TESTS / directory for directory in MARKED_DIRECTORIES]
     for item in items:
@@ -50,6 +61,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.processes)
         if item.path.name in ONE_AT_A_TIME:
             item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
+        elif _uses_a_module_fixture(item):
+            # one worker runs them, so the module's fixture is set up once, not once per
+            # worker that gets one of them
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS).as_posix()))
+    rank = {name: index for index, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules stay whole
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        definitions[-1].scope == "module" for definitions in info.name2fixturedefs.values())
 
 
 @pytest.fixture(autouse=True)
