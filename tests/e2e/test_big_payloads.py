@@ -292,7 +292,8 @@ def test_limits_too_small_for_the_model_say_which_on_which_process(wide):
     wide.add_node(0.0, *WIRE)
     small = wide.add_node(0.0, *WIRE, "--max-message-mb", "2")
     wide.start_coordinator(2, *WIRE)
-    done = wide.client(*RUN, "--max-message-mb", "2", timeout=300)
+    # one round: the final model is what the client refuses
+    done = wide.client(*RUN, "--set", "run.rounds=1", "--max-message-mb", "2", timeout=300)
     assert done.returncode == 1, done.stderr
     assert "this client refused a message of 4.2 MiB" in done.stderr
     assert "(--max-message-mb 2): raise --max-message-mb here" in done.stderr
