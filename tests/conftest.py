@@ -41,6 +41,22 @@ sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cann
 # under pytest-xdist (scripts/test.sh) they share one worker, one after another, so that
 # two of them never run at once on a 24 GiB machine.
 ONE_AT_A_TIME = {"test_big_payloads.py", "test_soak.py"}
+# Modules whose tests share a module-scoped fixture that starts processes or trains: under
+# pytest-xdist each runs on one worker, so the fixture is set up once rather than once on
+# every worker that gets one of its tests (bench/mdgan_paper.py --quick took a minute or
+# more, up to four times).
+SHARED_SETUP = {"test_mdgan_paper.py", "test_plugin_names.py", "test_dashboard_http.py",
+                "test_secure_cluster.py", "test_client_examples.py"}
+# The longest tests' modules, longest first (measured with --durations): under pytest-xdist
+# they start before the rest rather than last on one worker while the others are idle.
+# (The scheduler below first hands out the groups, most tests first, then the other tests
+# in this order.)
+SLOW_FIRST = ("test_install.py", "test_relays.py", "test_own_model_features.py",
+              "test_compression_runs.py", "test_md_gan_cluster.py", "test_readme_own_model.py",
+              "test_plugin_examples.py", "test_async_runs.py", "test_cancel.py",
+              "test_simulation.py", "test_examples_cnn_tabular.py", "test_example_gpt.py",
+              "test_bad_plugins.py", "test_training_runs.py", "test_fenced_leader.py",
+              "test_faults.py", "test_store_outage.py", "test_robust_aggregation.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -48,8 +64,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(directory in item.path.parents for directory in marked):
             item.add_marker(pytest.mark.processes)
-        if item.path.name in ONE_AT_A_TIME:
-            item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
+    rank = {name: index for index, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules stay whole
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201
+    """--dist loadgroup with the groups above, read from each test's id. (pytest-xdist's own
+    xdist_group marker groups nothing under pytest 9: it appends the group to an id that
+    pytest no longer reads.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            name = path.rsplit("/", 1)[-1]
+            if name in ONE_AT_A_TIME:
+                return "one_at_a_time"
+            return path if name in SHARED_SETUP else nodeid
+
+    return Groups(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -57,11 +57,12 @@ def wide(cluster):
     return cluster
 
 
-def trained(cluster, *extra: str) -> dict:
-    result = cluster.train_json(*RUN, *extra, timeout=300)
-    assert result["rounds"] == 3, result
-    assert result["bytes_down"] >= 6 * MODEL_BYTES  # two units a round, weights each
-    assert result["bytes_up"] >= 6 * MODEL_BYTES
+def trained(cluster, *extra: str, rounds: int = 3) -> dict:
+    result = cluster.train_json(*RUN, "--set", f"run.rounds={rounds}", *extra, timeout=300)
+    assert result["rounds"] == rounds, result
+    units = 2 * rounds  # two units a round, weights each
+    assert result["bytes_down"] >= units * MODEL_BYTES
+    assert result["bytes_up"] >= units * MODEL_BYTES
     assert np.isfinite([h["validation_error"] for h in result["history"]]).all()
     return result
 
@@ -220,20 +221,20 @@ def test_an_interrupted_transfer_fails_that_attempt_only(wide, proxies):
     """A connection cut while the weights arrive, one cut while the update leaves, and the
     node killed while weights arrive: each time the unit goes to the other node and nothing
     half-received is used, so each deterministic run ends with the very weights of the same
-    run on the steady node alone."""
+    run on the steady node alone. Two rounds each: the first unit the victim gets is cut."""
     steady = wide.add_node(0.0, *WIRE)
     victim = wide.add_node(0.0, *WIRE)
     nodes_file = wide.workdir / "nodes.txt"
     nodes_file.write_text(f"{HOST},{steady.port}\n")
     wide.coordinator = procs.start_coordinator(wide.workdir, nodes_file, 2, *WIRE,
                                                "--deterministic")
-    reference = _model(wide, trained(wide, "--set", "run.seed=3")["run_id"])
+    reference = _model(wide, trained(wide, "--set", "run.seed=3", rounds=2)["run_id"])
     kill = lambda pair: os.kill(victim.popen.pid, signal.SIGKILL)  # noqa: E731
     for direction, cut in (("request", _hang_up), ("reply", _hang_up), ("request", kill)):
         proxy = CuttingProxy(victim.port, direction, after=MODEL_BYTES // 2, cut=cut)
         proxies.append(proxy)
         nodes_file.write_text(f"{HOST},{steady.port}\n{HOST},{proxy.port}\n")
-        result = trained(wide, "--set", "run.seed=3")
+        result = trained(wide, "--set", "run.seed=3", rounds=2)
         assert proxy.fired.is_set(), f"the {direction} was never interrupted"
         through = {n["node"]: n for n in result["nodes"]}[f"{HOST}:{proxy.port}"]
         assert through["failed"] >= 1, through
@@ -292,7 +293,8 @@ def test_limits_too_small_for_the_model_say_which_on_which_process(wide):
     wide.add_node(0.0, *WIRE)
     small = wide.add_node(0.0, *WIRE, "--max-message-mb", "2")
     wide.start_coordinator(2, *WIRE)
-    done = wide.client(*RUN, "--max-message-mb", "2", timeout=300)
+    # one round: the final model is what the client refuses
+    done = wide.client(*RUN, "--set", "run.rounds=1", "--max-message-mb", "2", timeout=300)
     assert done.returncode == 1, done.stderr
     assert "this client refused a message of 4.2 MiB" in done.stderr
     assert "(--max-message-mb 2): raise --max-message-mb here" in done.stderr

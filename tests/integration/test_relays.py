@@ -161,11 +161,11 @@ def test_a_relay_trains_its_group_in_local_rounds(cluster):
     relay = relay_over(cluster, "relay", members)
     cluster.start_coordinator(2, "--no-speculation", nodes=[relay])
     recommended = ["--config", str(REPO / "configs" / "letters_recommended.yaml"),
-                   "--set", "run.rounds=2"]
+                   "--set", "run.rounds=2", "--set", "delta_avg.epochs=1"]
     result = cluster.train_json(*recommended, "--set", "hierarchy.relay_local_rounds=3",
                                 timeout=300.0)
     assert result["rounds"] == 2 and result["units"]["done"] == 22
-    assert result["validation_error"] < 0.6  # it learns (0.36 after 2 rounds; chance 0.96)
+    assert result["validation_error"] < 0.6  # it learns (chance: 0.96)
     # every unit: 3 rounds of one share on each member, as the relay's engine counted
     (top,) = result["nodes"]
     assert sum(m["accepted"] for m in top["members"]) >= 22 * 3 * 2, top
