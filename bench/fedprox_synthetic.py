@@ -10,8 +10,9 @@ epochs drawn uniformly in 1..E. Three methods:
 * FedProx, mu = 0: the stragglers' partial work kept (the paper's middle curve);
 * FedProx, mu = 1: partial work kept, proximal term mu/2 ||w - w_round||^2.
 
-Everything runs through real processes: 2 compute nodes and a coordinator on 127.0.0.1,
-each allowing the plug-ins of bench/fedprox_plugins.py (the data set, the one-client-per-
+Everything runs through real processes: 2 compute nodes and a coordinator on 127.0.0.1
+(``--max-update-norm 0``: no update-norm guard, as the paper's server), each allowing the
+plug-ins of bench/fedprox_plugins.py (the data set, the one-client-per-
 device partitioner, the model and FedProx with stragglers), ended by their PIDs.
 
 The loss reported is the global model's training loss over all 30 devices' training
@@ -57,6 +58,9 @@ from devtools.throughput import LocalCluster  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "fedprox_synthetic.json"
 PLOT = REPO / "docs" / "images" / "fedprox_synthetic.png"
 PLUGIN_ARGS = ("--plugins", "fedprox_plugins", "--plugin-dir", str(REPO / "bench"))
+# The paper's server averages whatever comes: no update-norm guard, which would refuse a
+# client's full update when the round's other results are dropped stragglers' single steps.
+COORDINATOR_ARGS = (*PLUGIN_ARGS, "--no-speculation", "--max-update-norm", "0")
 DEVICES, PER_ROUND = 30, 10
 
 
@@ -350,8 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fedprox-") as tmp:
         workdir = args.workdir or Path(tmp)
-        with LocalCluster(2, workdir, PLUGIN_ARGS, (*PLUGIN_ARGS, "--no-speculation")) \
-                as cluster:
+        with LocalCluster(2, workdir, PLUGIN_ARGS, COORDINATOR_ARGS) as cluster:
             for pair in args.synthetic:
                 for share, key in runs_of(args):
                     run = one_run(cluster, args, pair, share, method_of(key), workdir)
