@@ -13,6 +13,12 @@ within the wait): far above all of them, not just above a few small ones, since 
 updates of an unstable round can differ twenty-fold. The first updates of a run set
 the scale, so the check starts once `warmup` of them are in. The recent norms are a run's
 (`RecentNorms`): guards of rounds that run at once (a relay's units) may share them.
+
+A hard batch is not a lie: a unit whose gradient spikes gives the same large update on
+every node that computes it, and refusing it again on each would only burn the round's time
+(and discard the unit). So a refused norm is remembered with its unit and node; when
+another node's result for the same unit comes with the same norm (to `AGREEMENT`, relative),
+two nodes vouch for it and it is accepted, with a warning. A lying node cannot do that alone.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ log = logging.getLogger("coordinator.engine")
 
 RECENT = 64
 PEERS = 4  # updates of other nodes in the round a large one must dwarf to be refused
+AGREEMENT = 1e-4  # relative difference under which two nodes' norms of a unit agree
+REFUSED_KEPT = 256  # refused (unit, node, norm) remembered for agreement, the latest
 
 
 class RecentNorms:
@@ -67,6 +75,7 @@ class NormGuard:
         self._round_over = False
         self._warned_unstable = False
         self._anonymous = itertools.count()
+        self._refused: deque[tuple[Hashable, str, float]] = deque(maxlen=REFUSED_KEPT)
         self._cond = runtime.Condition()
 
     def start_round(self, units: int, nodes: int) -> None:
@@ -96,11 +105,33 @@ class NormGuard:
             if typical is None or norm <= self.factor * typical:
                 self._recent.add(norm)
                 return norm
+            if self._vouched(unit, node, norm):
+                self._recent.add(norm)
+                return norm
             peers = self._wait_for_peers(key, node, norm, runtime.monotonic() + wait_seconds,
                                          should_stop)
-            self._judge(norm, typical, peers)
+            try:
+                self._judge(norm, typical, peers)
+            except ValueError:
+                if unit is not None:
+                    self._refused.append((unit, node, norm))
+                raise
             self._recent.add(norm)
         return norm
+
+    def _vouched(self, unit: Hashable | None, node: str, norm: float) -> bool:
+        """Whether another node's refused result of `unit` had the same norm: a hard batch
+        both computed alike, not a lie (warned about, so a spike shows in the log)."""
+        if unit is None:
+            return False
+        for refused_unit, other, refused_norm in self._refused:
+            if (refused_unit == unit and other != node
+                    and abs(refused_norm - norm) <= AGREEMENT * max(refused_norm, norm)):
+                log.warning("unit %s: update norm %.4g is far above the recent ones, but "
+                            "nodes %s and %s computed it alike: a hard batch, accepted",
+                            unit, norm, other, node)
+                return True
+        return False
 
     def _typical(self) -> float | None:
         """The median of recent accepted norms, once the check applies; else None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -411,6 +412,28 @@ def test_norm_guard_judges_a_large_update_against_its_peers():
     assert accepted == {"a": 100.0, "b": 120.0, "c": 140.0}
     with pytest.raises(ValueError, match=r"x the largest of 3 other nodes' updates"):
         guard.check({"w": np.full(4, 1e6)}, "d", node="d")
+
+
+def test_a_hard_batch_two_nodes_compute_alike_is_accepted_not_recomputed_forever(caplog):
+    """A spike that is the data's, not a node's: the second node's result of the unit has
+    the norm the first's was refused at, so the guard accepts it; a different norm from
+    the other node, or the same node again, is still refused."""
+    guard = NormGuard(factor=10.0, warmup=3)
+    for unit in "abc":
+        guard.check({"w": np.ones(4)}, unit)  # recent scale: norm 2
+    guard.start_round(1, nodes=2)  # a round of one unit: no peers to vouch for a spike
+    spike = {"w": np.full(4, 90.0)}  # 90x the scale
+    with pytest.raises(ValueError, match="no other node's update"):
+        guard.check(spike, "u7", node="node-a")
+    with pytest.raises(ValueError):
+        guard.check(spike, "u7", node="node-a")  # the same node again vouches for nothing
+    with pytest.raises(ValueError):
+        guard.check({"w": np.full(4, 95.0)}, "u7", node="node-b")  # not the same update
+    with pytest.raises(ValueError):
+        guard.check(spike, "u8", node="node-b")  # the same norm for another unit
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        assert guard.check(spike, "u7", node="node-b") == 180.0
+    assert "nodes node-a and node-b computed it alike: a hard batch" in caplog.text
 
 
 def test_a_unit_past_its_failure_limit_is_not_queued_beside_its_attempts_still_out():
