@@ -5,7 +5,8 @@ The positional form trains (the default command):
 and so does the configuration form, where a YAML recipe (config.yaml's layout, configs/)
 replaces data_dir..eta and the model options:
     python client.py <coordinator_ip> <port> --config PATH [--set SECTION.KEY=VALUE ...]
-Other actions are subcommands: status, runs, attach, cancel, evaluate, predict.
+Other actions are subcommands: status, runs, attach, cancel, evaluate, predict, export,
+compare (finished runs side by side) and sweep (a grid of settings over seeds).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import argparse
 import json
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, NoReturn
 
-from thrift_trainer.client import display
+from thrift_trainer.client import display, sweep
+from thrift_trainer.client.compare import CompareError, compare, save_record, table_lines
 from thrift_trainer.client.errors import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
@@ -47,7 +50,8 @@ from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.log_limit import setup_logging
 from thrift_trainer.wire.tensor_codec import wire_to_dict
 
-SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict", "export")
+SUBCOMMANDS = ("status", "runs", "attach", "cancel", "evaluate", "predict", "export",
+               "compare", "sweep")
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 a failure (one line on stderr), 2 bad arguments or a bad\n"
     "  configuration (one the coordinator refused before the run included),\n"
@@ -310,7 +314,57 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default=None, metavar="PATH",
                     help="the safetensors file (default: the model's path with the suffix "
                          ".safetensors)")
+    add_compare_parser(sub)
+    add_sweep_parser(sub)
     return parser
+
+
+def add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    cmp = sub.add_parser(
+        "compare", help="finished runs side by side: a table and one picture of their curves",
+        description="Compare finished runs: a table of final and best figures (runs that\n"
+                    "differ only in their seed: mean ± spread) and one picture of their\n"
+                    "curves overlaid.",
+        epilog="A RUN is a coordinator's run folder (runs/ID), a client's record of a run\n"
+               "(models/ID.json, written beside each model), or a run id looked up in\n"
+               "./models and ./runs.\n  python client.py compare runs/fedavg runs/fedprox "
+               "--out fedprox.png", formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp.add_argument("runs", nargs="+", metavar="RUN", help="run folder, record or run id")
+    cmp.add_argument("--out", default="compare.png", metavar="PATH",
+                     help="the picture (default: compare.png)")
+    cmp.add_argument("--title", default="", help="the picture's title")
+    cmp.add_argument("--json", action="store_true", help="print the table as JSON")
+
+
+def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    sw = sub.add_parser(
+        "sweep", help="train a grid of settings over seeds, one run after another, and "
+                      "compare them",
+        description=sweep.__doc__.split("\n\n")[0],
+        epilog="Example:\n  python client.py sweep localhost 9095 --config "
+               "configs/letters_recommended.yaml \\\n      --grid delta_avg.eta=0.01,0.1 "
+               "--seeds 1,2,3\nValues are YAML, split on commas outside brackets: --grid "
+               "delta_avg.hidden=[64,64],[128]",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_endpoint(sw)
+    add_config_options(sw)
+    sw.add_argument("--grid", action="append", default=[], metavar="SECTION.KEY=V1,V2",
+                    help="a key and the values it takes, repeatable (every combination runs)")
+    sw.add_argument("--seeds", type=sweep.parse_seeds, default=None, metavar="S1,S2",
+                    help="run.seed values each combination runs with (default: the "
+                         "configuration's seed)")
+    sw.add_argument("--name", default=None,
+                    help="the sweep's name, the prefix of its run ids (default: "
+                         "sweep-<date>-<time>)")
+    sw.add_argument("--out", default=None, metavar="DIR",
+                    help="folder for the models, records and comparison (default: "
+                         "sweeps/<name>)")
+    sw.add_argument("--poll", type=arg_types.seconds, default=0.5, metavar="SECONDS",
+                    help="progress refresh interval (default 0.5)")
+    sw.add_argument("--dead-after", type=arg_types.seconds, default=15.0, metavar="SECONDS",
+                    help="give up on a run when the coordinator has not answered for this "
+                         "long (default 15)")
+    add_output_flags(sw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,13 +434,62 @@ def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
 def run_train(args: argparse.Namespace) -> int:
     run_id = args.run_id or uuid.uuid4().hex[:12]
     request = train_request(args, run_id)
-    coordinators = coordinators_of(args)
+    result = train_and_keep(coordinators_of(args), request, Path(args.out), args)
+    display.print_result(result, args.json)
+    return 0
+
+
+def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, folder: Path,
+                   args: argparse.Namespace) -> dict[str, Any]:
+    """Train `request` with progress, save its model and the record `compare` reads in
+    `folder`, and return the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
-    model_path = save_model(Path(args.out) / f"{run_id}.npz", wire_to_dict(result.weights),
+    model_path = save_model(folder / f"{request.run_id}.npz", wire_to_dict(result.weights),
                             json.loads(result.model_json))
-    display.print_result(display.result_dict(result, str(model_path)), args.json)
+    shown = display.result_dict(result, str(model_path))
+    save_record(folder / f"{request.run_id}.json", request, shown)
+    return shown
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    try:
+        compared = compare(args.runs, args.out, search=[Path("models"), Path("runs")],
+                           title=args.title)
+    except CompareError as exc:
+        raise ClientError(str(exc), exit_code=EXIT_USAGE) from None
+    if args.json:
+        print(json.dumps(compared, indent=1))
+    else:
+        print("\n".join(table_lines(compared["settings"])))
+        print(f"picture: {compared['picture']}")
     return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    if not args.grid and not args.seeds:
+        raise ClientError("a sweep needs --grid SECTION.KEY=V1,V2 and/or --seeds S1,S2",
+                          exit_code=EXIT_USAGE)
+    name = args.name or time.strftime("sweep-%Y%m%d-%H%M%S")
+    folder = Path(args.out or Path("sweeps") / name)
+    try:
+        grid = sweep.parse_grid(args.grid)
+    except ValueError as exc:
+        raise ClientError(str(exc), exit_code=EXIT_USAGE) from None
+
+    def build(sets: list[str], run_id: str) -> ttypes.TrainRequest:
+        return train_request(argparse.Namespace(config=args.config, set=sets), run_id)
+
+    try:
+        planned = sweep.plan(name, grid, args.seeds, args.set, build)
+    except (ValueError, RunConfigError) as exc:
+        raise ClientError(f"the sweep was not started: {exc}", exit_code=EXIT_USAGE) from None
+    coordinators = coordinators_of(args)
+    say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    records, failures = sweep.run_all(
+        planned, folder, lambda run: train_and_keep(coordinators, run.request, folder, args),
+        say)
+    return sweep.finish(records, failures, folder, name, args.json)
 
 
 def run_subcommand(args: argparse.Namespace) -> int:
@@ -398,6 +501,10 @@ def run_subcommand(args: argparse.Namespace) -> int:
     if args.command == "export":
         print(f"wrote {export(args.model, args.out)}")
         return 0
+    if args.command == "compare":
+        return run_compare(args)
+    if args.command == "sweep":
+        return run_sweep(args)
     coordinators = coordinators_of(args)
     if args.command == "attach":
         with display.ProgressView(quiet=args.quiet or args.json) as view:
