@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from thrift_trainer.coordinator import tracking
 from thrift_trainer.coordinator.checkpoint import CheckpointError
 from thrift_trainer.coordinator.handler import CoordinatorHandler
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder a run's starting weights (run.init_weights) may come "
                              "from, besides the data root and the run folders; repeat it "
                              "or give a comma-separated list. Any other path is refused")
+    parser.add_argument("--track", action="append", default=[], type=_track_target,
+                        metavar="KIND:WHERE",
+                        help="also write every run's figures, settings and model to "
+                             "tensorboard:DIR (event files in DIR/<run id>) or mlflow:URI (an "
+                             "MLflow run per run, e.g. mlflow:sqlite:///mlflow.db); repeatable; "
+                             "needs pip install 'thrift-trainer[tracking]'")
     parser.add_argument("--store", default=None, metavar="PATH_OR_URL",
                         help="run store: runs, rounds, every unit's status changes, node "
                              "statistics. A file path is an SQLite store for this coordinator "
@@ -236,7 +243,16 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
                                store_url=args.store if uses_postgres else None,
                                lease_seconds=args.lease, store_outage=args.store_outage,
                                limits=limits_from(args),
-                               weights_dirs=weights_folders(args.weights_dir))
+                               weights_dirs=weights_folders(args.weights_dir),
+                               track=tuple(args.track))
+
+
+def _track_target(text: str) -> str:
+    """--track's argparse type: a known kind whose package is installed."""
+    try:
+        return tracking.check_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

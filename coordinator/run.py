@@ -36,6 +36,7 @@ from thrift_trainer.coordinator.run_setup import describe as describe_run
 from thrift_trainer.coordinator.run_tasks import RunTasks
 from thrift_trainer.coordinator.store_protocol import RunFiles, Store
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
+from thrift_trainer.coordinator.tracking import Trackers
 from thrift_trainer.coordinator.training_loop import LoopParts, TrainingLoop
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.cancels import END_OF_RUN_WAIT_SECONDS, shared_sender
@@ -91,6 +92,7 @@ class CoordinatorSettings:
     limits: RequestLimits = field(default_factory=RequestLimits)  # the most a request may ask
     wait_for_nodes: int = 0  # nodes that must have answered before the first round
     weights_dirs: tuple[Path, ...] = ()  # run.init_weights from here too (--weights-dir)
+    track: tuple[str, ...] = ()  # every run's figures also go there (--track)
 
 
 class Run:
@@ -122,7 +124,7 @@ class Run:
         keep = (lambda name, path, round_index: store.store_file(
             self.run_id, name, path, round_index)) if isinstance(store, RunFiles) else None
         self.folder = RunFolder(self.run_dir, self.algorithm, self.outputs, request.rounds,
-                                keep)
+                                keep, Trackers(settings.track))
         self._nodes = RunNodes(
             self.run_id, nodes, rpc_timeout=settings.rpc_timeout,
             connect_timeout=settings.connect_timeout, suspect_seconds=settings.suspect_seconds,
@@ -258,6 +260,7 @@ class Run:
         self.ledger.run_ended(state, message)
         if state == COMPLETED:
             self.ledger.check()
+        self.folder.end_tracking(state)
         self.progress.end(state, message)
 
     def _store_failed(self, exc: StoreUnavailable) -> RunFailed:

@@ -9,6 +9,9 @@ last, ``checkpoint.npz``, the commit point a resume starts from (so the metrics 
 ledger already hold every round it covers); at the end ``model.npz``, ``model.safetensors``
 (for plain torch: training/outputs/torch_files.py) and ``curves.png``.
 
+Trackers (coordinator/tracking.py: TensorBoard, MLflow) get the same: the run's description
+at the start, each round's row, and the final files at the end.
+
 With a run store that keeps files (PostgreSQL's), request.json, metrics.jsonl and the
 checkpoint are also written there as they change (``keep``), so a coordinator on another
 machine can carry the run on from the database alone.
@@ -32,6 +35,7 @@ from thrift_trainer.coordinator.checkpoint import (
     save_request,
 )
 from thrift_trainer.coordinator.records import RunRequest
+from thrift_trainer.coordinator.tracking import Trackers
 from thrift_trainer.engine.phase_clock import PHASES_KEY
 from thrift_trainer.engine.records import RoundMetrics
 from thrift_trainer.training import plugins
@@ -50,8 +54,8 @@ class RunFolder:
     """The files of one run; `rows` are its metrics so far, for the curves."""
 
     def __init__(self, run_dir: Path, algorithm: Algorithm, outputs: dict[str, int],
-                 rounds: int, keep: Callable[[str, Path, int | None], None] | None = None
-                 ) -> None:
+                 rounds: int, keep: Callable[[str, Path, int | None], None] | None = None,
+                 trackers: Trackers | None = None) -> None:
         """``keep(name, path, round)``: copy a file the resume needs into the run store
         (``round``: the checkpoint's, for a drill's point of death)."""
         self.path = run_dir
@@ -60,6 +64,7 @@ class RunFolder:
         self.rounds = rounds
         self.rows: list[dict[str, Any]] = []
         self._keep = keep
+        self.trackers = trackers or Trackers(())
 
     def _kept(self, name: str, round_index: int | None = None) -> None:
         if self._keep is not None:
@@ -73,6 +78,7 @@ class RunFolder:
         self._kept(REQUEST_FILE)
         if self.algorithm.partition is not None:
             self.keep_partition(self.algorithm.partition)
+        self.trackers.start(str(description.get("run_id", self.path.name)), description)
 
     def keep_partition(self, record: PartitionRecord) -> None:
         """partition.json: the run's clients, their sizes and label counts."""
@@ -101,6 +107,7 @@ class RunFolder:
         with open(self.path / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(metrics_line(row))
         self._kept(METRICS_FILE)
+        self.trackers.log_round(metrics.round, row)
 
     def write_samples(self, round_index: int, weights: Weights) -> None:
         """This round's sample grid, when it is due (and the algorithm makes images)."""
@@ -130,7 +137,14 @@ class RunFolder:
         if self.algorithm.partition is not None:
             client_files.draw_partition(self.algorithm.partition,
                                         self.path / client_files.PARTITION_PICTURE)
+        self.trackers.finish("completed", [
+            self.path / name for name in (SAFETENSORS_FILE, "curves.png", METRICS_FILE,
+                                          client_files.PARTITION_PICTURE)])
         return model_path
+
+    def end_tracking(self, state: str) -> None:
+        """The run ended `state` (failed, cancelled): its trackers end so too (once)."""
+        self.trackers.finish(state)
 
     @property
     def checkpoint_path(self) -> Path:
