@@ -151,9 +151,10 @@ def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
     if not spec.clients.enabled:
         return
     problem = cls.takes_clients(spec.model)
-    if problem is None and spec.schedule.asynchronous:
-        problem = (f"schedule.mode {spec.schedule.mode!r} does not sample clients yet; "
-                   f"use sync rounds")
+    if problem is None and spec.schedule.asynchronous and spec.clients.over_select != 1:
+        # a stream draws a new client whenever one finishes: there is no round to close
+        problem = (f"over_select has no meaning in {spec.schedule.mode!r} mode (a new client "
+                   f"is drawn as each one finishes); leave it at 1 or use sync rounds")
     if problem is not None:
         raise ConfigError(f"clients: {problem}")
 

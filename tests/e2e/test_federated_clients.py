@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -229,3 +230,43 @@ def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
     """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
     sites = [(f"site-{key}", roots[key] / "letters") for key in "ab"]
     return _replay(RESIDENT + ["clients.placement=nodes"], rounds, lambda _: sites)
+
+
+# ------------------------------------------------ buffered asynchronous training (FedBuff)
+FEDBUFF_CLIENTS = 20
+
+
+def test_buffered_mode_draws_clients_only_to_their_holders_and_applies_each_buffer(cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9")
+    cluster.add_node(0.0)  # holds every client
+    store = cluster.workdir / "store.sqlite"
+    cluster.start_coordinator(2, "--store", str(store))
+    sets = [item.replace(f"clients.count={CLIENTS}", f"clients.count={FEDBUFF_CLIENTS}")
+            for item in FEDERATED]
+    # 4 clients train at once (2 nodes, each with one unit sent ahead); a version every 3
+    # results, 2 versions a round (4 clients a round, in whole buffers)
+    result = cluster.train_json(*sets, "--set", "run.rounds=3", "--set",
+                                "schedule.mode=buffered", "--set", "schedule.buffer_size=3",
+                                "--set", "schedule.prefetch=1", "--set",
+                                "schedule.max_staleness=20")
+    assert len(result["history"]) == 3, result
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    trained = [line for line in lines if "node" in line]
+    assert not [line for line in lines if "node" not in line], lines  # none failed, dropped
+    # every version applied exactly one full buffer, in the round it belongs to
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 7)], trained
+    assert all(line["round"] == (line["version"] + 1) // 2 for line in trained), trained
+    partition = json.loads((run_dir / "partition.json").read_text())
+    for line in trained:
+        assert line["examples"] == partition["sizes"][int(line["client"][6:])], line
+        if line["node"].endswith(f":{half.port}"):
+            assert int(line["client"][6:]) < 10, line  # the half node computed its own
+    attempts = _attempt_nodes(store, result["run_id"])
+    assert all(unit.partition(".d")[0].startswith("client") for unit in attempts), attempts
+    for unit, ports in attempts.items():  # every attempt of a client went to a holder
+        if int(unit.partition(".d")[0][6:]) >= 10:
+            assert str(half.port) not in ports, (unit, ports)
+    assert len({line["client"] for line in trained}) > 6  # drawn among many clients
+    assert result["history"][-1]["clients_trained"] > 0
