@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.stream_records import (
     ClientEnd,
     RoundEnd,
@@ -187,14 +188,28 @@ class StreamState(WorkQueue):
     def _issue(self, unit: StreamUnit) -> StreamUnit:
         """A unit leaving TODO for the first time enters the run store (in the round in
         progress), so the store holds the units that were sent, not whole passes; one a
-        resume reopened is adopted with the attempts it had."""
+        resume reopened is adopted with the attempts it had. A client's draw enters it
+        with its first attempt instead: one that drops out (no live holder) was never
+        sent, and leaves nothing in the store to carry from round to round."""
+        if self._draws is None:
+            self._enter(unit)
+        unit.reserved += 1
+        return unit
+
+    def _enter(self, unit: StreamUnit) -> None:
         if not unit.planned:
             earlier = self._ledger.plan_pass_units(self.round_index, unit.pass_index,
                                                    [unit.spec.unit_id])
             unit.attempts = earlier.get(unit.spec.unit_id, 0)
             unit.ledger_round, unit.planned = self.round_index, True
-        unit.reserved += 1
-        return unit
+
+    def start_attempt(self, unit: Unit, node: NodeHandle,
+                      on_started: Callable[[int], None] | None = None) -> int | None:
+        """A client's draw enters the run store with its first attempt (see `_issue`)."""
+        with self._cond:
+            if isinstance(unit, StreamUnit) and not (self._over or unit.settled):
+                self._enter(unit)
+            return super().start_attempt(unit, node, on_started)
 
     # ------------------------------------------------------------ scheduling
     def _may_issue(self, backups_only: bool) -> bool:

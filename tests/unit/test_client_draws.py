@@ -3,15 +3,23 @@ next, how many train at once, and what a round's end says of them."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from tests.unit.test_stream_state import NODE, Recorder, Served, result, take
+from tests.inprocess import LocalNode
+from tests.unit.test_stream_state import NODE, Recorder, Served, drive, result, take
 from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.liveness import Liveness
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
 from thrift_trainer.engine.stream_records import RoundEnd, StreamPosition
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
 from thrift_trainer.training.clients.errors import ClientsError
 from thrift_trainer.training.clients.sampling import stream_draw
 from thrift_trainer.training.schedule import ScheduleSettings
@@ -143,3 +151,63 @@ def test_a_resumed_stream_reopens_its_open_draws_and_draws_after_them():
     state = client_stream(draws(), position=position)
     assert [take(state).spec.unit_id for _ in range(3)][:2] == ["client3.d6", "client9.d7"]
     assert state.pass_index == 8
+
+
+# ------------------------------------------------------------ through the round engine
+class Holder(LocalNode):
+    """A node holding some clients, whose units answer at once with a delta of ones."""
+
+    def __init__(self, index: int, held: range, alive: bool = True) -> None:
+        super().__init__(index)
+        self.clients = frozenset(f"client{k}" for k in held)
+        self.clients_checked = True
+        self.trained: list[str] = []
+        self.training: set[str] = set()
+        self.most = 0
+        self._count = threading.Lock()
+        if not alive:  # silent since it was created: suspect at once, never alive
+            self.liveness = Liveness(suspect=0.0, dead=3600.0)
+
+    def train(self, task: Task) -> TaskResult:
+        with self._count:
+            # a client twice at once fails the worker, and with it the stream
+            assert task.client not in self.training, f"{task.client} twice at once"
+            self.trained.append(task.client)
+            self.training.add(task.client)
+            self.most = max(self.most, len(self.training))
+        time.sleep(0.01)  # compute time, so that several units are out at once
+        with self._count:
+            self.training.discard(task.client)
+        return TaskResult(TaskStatus.COMPLETED, {"w": np.ones(2)}, 10, task.model_version or 0)
+
+
+def test_the_engine_sends_each_draw_to_a_holder_and_drops_the_clients_of_a_silent_one():
+    away, here = Holder(0, range(0, 5), alive=False), Holder(1, range(5, 10))
+    engine = RoundEngine("r1", [away, here], RoundRobinPolicy(),
+                         EngineSettings(speculation=False), RunProgress("r1", 3, 4, lambda: []),
+                         threading.Event())
+    chooser = ClientDraws(3, lambda: list(UNITS[:10]),
+                          lambda name: any(n.holds(name) for n in engine.nodes),
+                          lambda capacity: 3)
+    state = client_stream(chooser, rounds=3, updates_per_round=2, buffer_size=2)
+    state.max_in_flight = 8
+
+    def build(unit: UnitSpec, attempt: int) -> Task:
+        round_index, version, weights = state.newest()
+        return Task(run_id="r1", round=round_index, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm="delta_avg", model="mlp_classifier", dataset="letters",
+                    unit_path="", config_json="{}", weights=weights, scheduling_policy=2,
+                    model_version=version, client=unit.client)
+
+    ends: list[RoundEnd] = []
+    drive(engine, state, build, ends.append)
+    assert [end.version for end in ends] == [2, 4, 6]
+    assert not away.trained and set(here.trained) <= {f"client{k}" for k in range(5, 10)}
+    assert here.most <= 3  # the concurrency
+    for end in ends:
+        kept = [e for e in end.clients if e.result is not None]
+        dropped = [e.failure.unit.client for e in end.clients if e.dropped]
+        assert len(kept) == 4 and all(e.result.node == here.name for e in kept)
+        assert len(dropped) == len(set(dropped))  # out of the round once dropped
+        assert set(dropped) <= {f"client{k}" for k in range(5)}
+    assert any(e.dropped for end in ends for e in end.clients)
