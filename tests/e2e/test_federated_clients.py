@@ -270,3 +270,49 @@ def test_buffered_mode_draws_clients_only_to_their_holders_and_applies_each_buff
             assert str(half.port) not in ports, (unit, ports)
     assert len({line["client"] for line in trained}) > 6  # drawn among many clients
     assert result["history"][-1]["clients_trained"] > 0
+
+
+def _fedbuff_sets(rounds: int) -> list[str]:
+    sets = [item.replace(f"clients.count={CLIENTS}", f"clients.count={FEDBUFF_CLIENTS}")
+            for item in FEDERATED]
+    return [*sets, "--set", f"run.rounds={rounds}", "--set", "schedule.mode=buffered",
+            "--set", "schedule.buffer_size=3", "--set", "schedule.prefetch=1",
+            "--set", "schedule.max_staleness=20"]
+
+
+def test_a_buffered_run_with_clients_resumes_after_a_kill_and_applies_each_buffer_once(
+        cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9", "--slowdown", "4")
+    cluster.add_node(0.0, "--slowdown", "4")
+    cluster.start_coordinator(2)
+    client = cluster.start_client(*_fedbuff_sets(12), "--run-id", "fedbuff", "--quiet",
+                                  "--dead-after", "3")
+    try:
+        cluster.coordinator.wait_for(r"round 3/12", timeout=120)
+        cluster.coordinator.kill()  # SIGKILL: the draws out and the buffer are lost
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume fedbuff" in err, err
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "fedbuff")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "fedbuff", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    assert json.loads(attached.stdout)["state"] == "completed"
+    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
+    assert 2 <= resumed_after < 12
+    lines = _lines(cluster.workdir / "runs" / "fedbuff")
+    trained = [line for line in lines if "node" in line]
+    # each of the 24 versions applied exactly one buffer of 3 clients: none twice, none lost
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 25)], trained
+    assert all(line["round"] == (line["version"] + 1) // 2 for line in trained), trained
+    for line in trained:
+        if line["node"].endswith(f":{half.port}"):
+            assert int(line["client"][6:]) < 10, line
+    rows = (cluster.workdir / "runs" / "fedbuff" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["round"] for row in rows] == list(range(1, 13))
+    assert all(json.loads(row)["clients_trained"] >= 1 for row in rows)
