@@ -316,3 +316,21 @@ def test_a_buffered_run_with_clients_resumes_after_a_kill_and_applies_each_buffe
     rows = (cluster.workdir / "runs" / "fedbuff" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(row)["round"] for row in rows] == list(range(1, 13))
     assert all(json.loads(row)["clients_trained"] >= 1 for row in rows)
+
+
+def test_nodes_with_their_own_data_train_in_buffered_mode(cluster):
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    _own_letters(roots["a"], range(1, 3), lambda label: label < 13)
+    _own_letters(roots["b"], range(3, 6), lambda label: label >= 9)
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_with_sets(RESIDENT + [
+        "clients.placement=nodes", "run.rounds=3", "schedule.mode=buffered",
+        "schedule.buffer_size=2", "schedule.updates_per_round=2"]))
+    assert len(result["history"]) == 3, result
+    trained = [line for line in _lines(_run_dir(cluster, result)) if "node" in line]
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 2) for version in range(1, 7)], trained
+    for line in trained:  # each site's own data trained on that site alone
+        assert line["node"].endswith(f":{nodes[line['client'][-1]].port}"), line

@@ -106,6 +106,9 @@ def _prepare(overrides: list[str]):
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
       "clients.count=4", "clients.over_select=1.5"], "over_select has no meaning in "
      "'buffered' mode"),
+    (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=async",
+      "clients.placement=nodes"], "placement nodes in 'async' mode needs "
+     "schedule.updates_per_round"),
 ])
 def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     from thrift_trainer.coordinator.run_setup import InvalidRun
