@@ -6,7 +6,10 @@
   client, as FL papers picture a split).
 * ``clients.jsonl``: one line per client and round it was asked in: ``round``,
   ``client``, ``examples``, ``train_loss`` (its local training's mean loss), ``node`` (its
-  holder that computed it), or ``dropped``/``failed`` with the reason.
+  holder that computed it), or ``dropped``/``failed`` with the reason. In the async and
+  buffered modes, one line per client unit (a client may train several times a round),
+  with ``version``: the global-model version its delta was applied in, or the newest
+  version when it failed or dropped out.
 * the summary's fairness figures over the clients' latest training losses: mean, worst
   10 % and spread (standard deviation), as FL papers report them.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from thrift_trainer.engine.stream_records import ClientEnd
 from thrift_trainer.training.clients.fingerprint import PartitionRecord
 from thrift_trainer.training.units import UnitFailure, UnitResult
 
@@ -46,6 +50,24 @@ def client_rows(round_index: int, results: Sequence[UnitResult],
         rows += [{"round": round_index, "client": f.unit.client, key: f.reason}
                  for f in settled if f.unit.client is not None]
     return sorted(rows, key=lambda row: _client_order(row["client"]))
+
+
+def stream_client_rows(round_index: int, ends: Sequence[ClientEnd]) -> list[dict[str, Any]]:
+    """The lines of clients.jsonl for one round of an asynchronous run: one per client
+    unit, by version, then client."""
+    rows: list[dict[str, Any]] = []
+    for end in ends:
+        if end.result is not None:
+            r = end.result
+            rows.append({"round": round_index, "version": end.version, "client": r.unit.client,
+                         "examples": r.num_samples,
+                         "train_loss": r.loss if math.isfinite(r.loss) else None,
+                         "node": r.node})
+        elif end.failure is not None:
+            rows.append({"round": round_index, "version": end.version,
+                         "client": end.failure.unit.client,
+                         "dropped" if end.dropped else "failed": end.failure.reason})
+    return sorted(rows, key=lambda row: (row["version"], _client_order(row["client"])))
 
 
 def append_clients(run_dir: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -152,10 +152,23 @@ def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
         return
     problem = cls.takes_clients(spec.model)
     if problem is None and spec.schedule.asynchronous:
-        problem = (f"schedule.mode {spec.schedule.mode!r} does not sample clients yet; "
-                   f"use sync rounds")
+        problem = _stream_problem(spec)
     if problem is not None:
         raise ConfigError(f"clients: {problem}")
+
+
+def _stream_problem(spec: RunSpec) -> str | None:
+    """Why a run's clients cannot be drawn in its asynchronous mode (FedBuff), or None."""
+    mode = spec.schedule.mode
+    if spec.clients.over_select != 1:  # a new client is drawn as each one finishes
+        return (f"over_select has no meaning in {mode!r} mode (a new client is drawn as "
+                f"each one finishes); leave it at 1 or use sync rounds")
+    if spec.clients.on_nodes and not spec.schedule.updates_per_round:
+        # a round's default size comes from the clients, unknown before nodes announce them
+        return (f"placement nodes in {mode!r} mode needs schedule.updates_per_round "
+                f"(versions per round): its clients are known only once their nodes "
+                f"announce them")
+    return None
 
 
 def _outputs(outputs_json: str | None) -> dict[str, int]:

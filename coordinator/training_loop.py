@@ -19,12 +19,13 @@ from typing import Any
 
 from thrift_trainer.coordinator import drills
 from thrift_trainer.coordinator.checkpoint import Checkpoint, CheckpointError
-from thrift_trainer.coordinator.client_files import client_rows, fairness
+from thrift_trainer.coordinator.client_files import client_rows, fairness, stream_client_rows
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_tasks import RunTasks, VersionCache
 from thrift_trainer.engine import runtime
+from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.nodes.run_nodes import RunNodes
 from thrift_trainer.engine.pass_queue import PassQueue
@@ -193,7 +194,7 @@ class TrainingLoop:
             plan_pass=self.algorithm.plan_pass, scalable=self.algorithm.staleness_scaled,
             ledger=parts.ledger, max_attempts=2 * max(1, len(parts.nodes.nodes)),
             position=position,
-            taken_up=parts.kept.taken_up_stream(done + 1))
+            taken_up=parts.kept.taken_up_stream(done + 1), draws=self._draws(engine))
         state.keep_result = parts.kept.keep if parts.kept.enabled else None
         parts.progress.stream_counts = state.counts
         self._warn_of_staleness()
@@ -205,16 +206,42 @@ class TrainingLoop:
                                     model_version=version)
 
         started, bytes_before = runtime.monotonic(), self._payload_totals()
+        self._before_round()
         with closing(engine.stream(state, build, self._filters(weights))) as events:
             for event in events:
                 if isinstance(event, VersionDue):
                     weights = self._aggregate(event.round, weights, event.results)
                     state.applied(weights)
                     continue
-                history.append(self._write_round(event, started, bytes_before))
+                history.append(self._write_stream_round(event, started, bytes_before))
                 started, bytes_before = runtime.monotonic(), self._payload_totals()
                 self._refresh_nodes(engine)  # nodes joined or left during the round
+                self._before_round()
         return weights
+
+    def _draws(self, engine: RoundEngine) -> ClientDraws | None:
+        """A run with federated clients draws them as its units (FedBuff), among the
+        clients a node of the run holds (the engine's nodes, read at each draw)."""
+        algorithm = self.algorithm
+        if algorithm.client_units() is None:
+            return None
+        return ClientDraws(
+            algorithm.config["seed"], lambda: algorithm.client_units() or [],
+            lambda client: any(node.holds(client) for node in engine.nodes),
+            algorithm.clients_at_once)
+
+    def _write_stream_round(self, end: RoundEnd, started: float,
+                            bytes_before: tuple[int, int]) -> RoundMetrics:
+        """An asynchronous round written out, with its clients' lines and figures."""
+        if not end.clients:
+            return self._write_round(end, started, bytes_before)
+        clients = stream_client_rows(end.round, end.clients)
+        self.parts.folder.append_clients(clients)
+        return self._write_round(end, started, bytes_before, client_figures=fairness(clients))
+
+    def _before_round(self) -> None:
+        if self.parts.before_round is not None:
+            self.parts.before_round()
 
     def _warn_of_staleness(self) -> None:
         """A bound below the usual staleness has most results computed again: say so once."""

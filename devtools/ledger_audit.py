@@ -24,6 +24,9 @@ class RunShape:
     # (round, unit) of the federated clients that dropped out of a round, as the run's
     # clients.jsonl says (no live node held them): the store cancels them at its end
     dropped: frozenset[tuple[int, str]] = frozenset()
+    # asynchronous modes: units a pass over the data plans (0: units); a stream of client
+    # draws (FedBuff) makes each draw a pass of its own, 1
+    units_per_pass: int = 0
 
     @property
     def asynchronous(self) -> bool:
@@ -114,7 +117,8 @@ def _stream_checks(db: sqlite3.Connection, run_id: str, s: RunShape) -> list[Che
         counts = passes.setdefault(-1 if pass_index is None else pass_index, {})
         counts[key] = counts.get(key, 0) + n
     full = sorted(p for p in passes if p > 0)[:-1]  # the newest pass may still be partial
-    open_passes = [p for p in full if sum(passes[p].values()) != s.units or set(passes[p])
+    per_pass = s.units_per_pass or s.units
+    open_passes = [p for p in full if sum(passes[p].values()) != per_pass or set(passes[p])
                    - {"completed", "discarded", "cancelled at the end"}]
     return [
         Check("each round took its results", not wrong,

@@ -5,9 +5,9 @@ a resumed stream takes up again."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,18 @@ class VersionDue:
     results: list[UnitResult]
 
 
+@dataclass(frozen=True)
+class ClientEnd:
+    """A federated client's unit settled in an asynchronous round: its result (tensors
+    left out) applied in ``version``, or its failure, or its dropping out (no live holder)
+    while ``version`` was the newest."""
+
+    version: int
+    result: UnitResult | None
+    failure: UnitFailure | None = None
+    dropped: bool = False
+
+
 @dataclass
 class RoundEnd:
     """A round reached its end: a sync round's update, or an asynchronous round's last
@@ -71,6 +83,9 @@ class RoundEnd:
     train_loss: float
     discarded: list[str]
     position: StreamPosition | None  # None for a sync round
+    # an asynchronous round's federated clients, in the order they settled (a sync
+    # round's are in its outcome)
+    clients: list[ClientEnd] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

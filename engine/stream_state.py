@@ -29,6 +29,13 @@ its result: at a round's end the units still waiting or computing move on into t
 round, so a resume from a round's checkpoint reopens exactly the units whose results it
 does not hold.
 
+A run with federated clients draws them instead of running passes (FedBuff,
+engine/client_draws.py): at most `concurrency` clients train at once, each unit is one
+client's draw, and a new client is drawn whenever fewer are out. A client no live node
+holds drops out of the round (neither failed nor discarded) and is not drawn again
+until the next round; the round's end lists each client's kept, failed and dropped
+units with the version each was applied in or left at (`RoundEnd.clients`).
+
 One re-entrant lock guards it all, and the engine writes the ledger under it
 (`recording`), so no attempt is recorded in a round its unit has just left.
 """
@@ -41,8 +48,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from thrift_trainer.engine import runtime
+from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.stream_records import (
+    ClientEnd,
     RoundEnd,
     StreamPosition,
     TakenUp,
@@ -53,7 +63,7 @@ from thrift_trainer.engine.stream_records import (
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
 from thrift_trainer.training.schedule import ScheduleSettings, weighted
-from thrift_trainer.training.units import UnitResult, UnitSpec, Weights
+from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
 
 @dataclass(eq=False)
@@ -70,6 +80,7 @@ class _RoundTally:
     loss_sum: float = 0.0
     samples: int = 0
     discarded: list[str] = field(default_factory=list)
+    clients: list[ClientEnd] = field(default_factory=list)  # a run with client draws
 
 
 class StreamState(WorkQueue):
@@ -83,9 +94,11 @@ class StreamState(WorkQueue):
                  plan_pass: Callable[[int], list[UnitSpec]],
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
                  position: StreamPosition | None = None,
-                 taken_up: list[TakenUp] | None = None) -> None:
+                 taken_up: list[TakenUp] | None = None,
+                 draws: ClientDraws | None = None) -> None:
         """``position``: where the checkpoint a resumed run starts from left the passes;
-        ``taken_up``: the results its first round had kept before, in their order."""
+        ``taken_up``: the results its first round had kept before, in their order;
+        ``draws``: a run with federated clients draws them (module docstring)."""
         self._lock = runtime.RLock()  # re-entrant: ledger writes nest (see `recording`)
         super().__init__([], max_attempts, self._lock)
         self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
@@ -109,6 +122,8 @@ class StreamState(WorkQueue):
         self.round_end: RoundEnd | None = None  # written by the loop, then round_written()
         self.pass_index = 0
         self._taken_ahead: dict[int, set[str]] = {}  # later passes' units already kept
+        self._draws = draws
+        self._away: set[str] = set()  # clients dropped out of the round in progress
         if position is not None:
             self._reopen(position)
         with self._cond:  # a version it makes due is announced under the lock
@@ -118,6 +133,12 @@ class StreamState(WorkQueue):
     def _reopen(self, position: StreamPosition) -> None:
         """The units a checkpoint did not hold, queued again in pass order."""
         self.pass_index = position.pass_index
+        if self._draws is not None:  # each open draw rebuilt from its id
+            self._pass_size = self._draws.size()
+            for pass_index in sorted(position.open_units):
+                self._enqueue(pass_index, [self._draws.spec_of(unit_id)
+                                           for unit_id in position.open_units[pass_index]])
+            return
         self._pass_size = max(1, len(self._plan_pass(self.pass_index)))  # a whole pass's
         for pass_index, spec in reopened(position, self._plan_pass):
             self._enqueue(pass_index, [spec])
@@ -134,6 +155,9 @@ class StreamState(WorkQueue):
                 self._queue.remove(unit)
                 spec = unit.spec
                 self._done_in_pass += taken.pass_index == self.pass_index
+            elif self._draws is not None:  # a draw made after the checkpoint
+                spec = self._draws.spec_of(taken.unit_id)
+                self.pass_index = max(self.pass_index, taken.pass_index)  # ids stay unique
             else:  # of a pass that started after the checkpoint
                 spec = next(u for u in self._plan_pass(taken.pass_index)
                             if u.unit_id == taken.unit_id)
@@ -164,23 +188,54 @@ class StreamState(WorkQueue):
     def _issue(self, unit: StreamUnit) -> StreamUnit:
         """A unit leaving TODO for the first time enters the run store (in the round in
         progress), so the store holds the units that were sent, not whole passes; one a
-        resume reopened is adopted with the attempts it had."""
+        resume reopened is adopted with the attempts it had. A client's draw enters it
+        with its first attempt instead: one that drops out (no live holder) was never
+        sent, and leaves nothing in the store to carry from round to round."""
+        if self._draws is None:
+            self._enter(unit)
+        unit.reserved += 1
+        return unit
+
+    def _enter(self, unit: StreamUnit) -> None:
         if not unit.planned:
             earlier = self._ledger.plan_pass_units(self.round_index, unit.pass_index,
                                                    [unit.spec.unit_id])
             unit.attempts = earlier.get(unit.spec.unit_id, 0)
             unit.ledger_round, unit.planned = self.round_index, True
-        unit.reserved += 1
-        return unit
+
+    def start_attempt(self, unit: Unit, node: NodeHandle,
+                      on_started: Callable[[int], None] | None = None) -> int | None:
+        """A client's draw enters the run store with its first attempt (see `_issue`)."""
+        with self._cond:
+            if isinstance(unit, StreamUnit) and not (self._over or unit.settled):
+                self._enter(unit)
+            return super().start_attempt(unit, node, on_started)
 
     # ------------------------------------------------------------ scheduling
     def _may_issue(self, backups_only: bool) -> bool:
-        """A queued unit goes out while fewer than `max_in_flight` are out."""
-        return not backups_only and self._in_flight() < self.max_in_flight
+        """A queued unit goes out while fewer than `max_in_flight` are out (with client
+        draws: fewer than the clients that train at once)."""
+        limit = self.max_in_flight if self._draws is None \
+            else self._draws.concurrency(self.max_in_flight)
+        return not backups_only and self._in_flight() < limit
 
     def _refill(self) -> None:
-        """TODO is empty: the next pass starts."""
-        self._start_pass()
+        """TODO is empty: the next pass starts, or the next client is drawn."""
+        if self._draws is None:
+            self._start_pass()
+            return
+        spec = self._draws.draw(self.version, self.pass_index + 1, self._busy_clients())
+        if spec is not None:
+            self.pass_index += 1
+            self._pass_size = self._draws.size()
+            self._enqueue(self.pass_index, [spec])
+
+    def _busy_clients(self) -> set[str]:
+        """Clients not to draw now: training (queued, out, or a leftover attempt still
+        computing one) or dropped out of the round."""
+        out = [u.spec.client for u in self.units] + \
+            [u.spec.client for u in self._leftovers if u.started]
+        return {client for client in out if client is not None} | self._away
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
@@ -225,9 +280,16 @@ class StreamState(WorkQueue):
         no result will ever be kept (every node's is refused, say): the stream fails then,
         as a round whose every unit failed does, instead of passing over the data for
         ever."""
+        if unit.dropped and unit in self.units:  # no live holder: out of this round
+            self._settle(unit)
+            self._note_client(unit, dropped=unit.last_error)
+            if unit.spec.client is not None:
+                self._away.add(unit.spec.client)
+            return
         if unit.discarded and unit in self.units:  # (once: a unit fails no more after)
             self._settle(unit)
             self._tally.discarded.append(unit.spec.unit_id)
+            self._note_client(unit, failed=unit.last_error)
             self._discarded_in_a_row += 1
             if self._discarded_in_a_row >= self._pass_size and self.fatal is None:
                 self.fail(RoundFailed(
@@ -336,6 +398,9 @@ class StreamState(WorkQueue):
             tally.results += len(due.results)
             tally.samples += sum(r.num_samples for r in due.results)
             tally.loss_sum += sum(r.loss * r.num_samples for r in due.results)
+            tally.clients += [ClientEnd(self.version, UnitResult(r.unit, {}, r.num_samples,
+                                                                 r.loss, r.node))
+                              for r in due.results if r.unit.client is not None]
             if self.version >= self.round_index * self.updates_per_round:
                 self._end_round()
             self._keep_taken()
@@ -346,8 +411,10 @@ class StreamState(WorkQueue):
         self.round_end = RoundEnd(
             round=ended, version=self.version, weights=self.weights, results=tally.results,
             train_loss=tally.loss_sum / tally.samples if tally.samples else float("nan"),
-            discarded=list(tally.discarded), position=self._position())
+            discarded=list(tally.discarded), position=self._position(),
+            clients=list(tally.clients))
         self._tally = _RoundTally()
+        self._away = set()  # clients that dropped out may be drawn again
         if ended >= self.last_round:
             self._over = True  # the run's last round: what is still out is left unsettled
             return
@@ -361,6 +428,15 @@ class StreamState(WorkQueue):
     def _position(self) -> StreamPosition:
         return position_of(self.pass_index,
                            ((unit.pass_index, unit.spec.unit_id) for unit in self.units))
+
+    def _note_client(self, unit: Unit, failed: str | None = None,
+                     dropped: str | None = None) -> None:
+        """A client's unit left without a result: its line of the round (the version it
+        left at is the newest then)."""
+        if unit.spec.client is not None:
+            self._tally.clients.append(ClientEnd(
+                self.version, None, UnitFailure(unit.spec, failed or dropped or ""),
+                dropped=dropped is not None))
 
     def round_written(self) -> None:
         """The training loop has written the pending `round_end`: versions may move on."""

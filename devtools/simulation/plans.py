@@ -36,7 +36,7 @@ MAX_EVENTS = 6
 NODE_FAULTS = ("crash", "hang", "slow", "reject", "corrupt", "lose", "partition", "leave")
 ENDS = {"crash": "restart", "hang": "release", "partition": "heal", "leave": "join"}
 COORDINATOR_FAULTS = ("kill", "store_fail")
-CLIENT_PLANS = 0.3  # the share of sync plans drawn with federated clients
+CLIENT_PLANS = 0.3  # the share of plans drawn with federated clients
 
 
 @dataclass
@@ -75,9 +75,10 @@ class Plan:
     max_unit_failures: int = 10
     # A kept plan whose run must fail: what the reason says (empty: it must complete)
     expect_failure: str = ""
-    # Federated clients (sync plans): the letters data dealt to this many clients, half of
-    # them asked per round; each pushed node holds a block of them (--clients), pull nodes
-    # every one. 0: no clients (the letters MLP's file units).
+    # Federated clients: the letters data dealt to this many clients, half of them asked
+    # per round (async and buffered: training at once, FedBuff); each pushed node holds a
+    # block of them (--clients), pull nodes every one. 0: no clients (the letters MLP's
+    # file units).
     clients: int = 0
 
     def held_by(self, node: int) -> tuple[int, int] | None:
@@ -149,8 +150,8 @@ class Plan:
             raise ValueError("a plan needs at least one node (pushed + pulled)")
         if self.rounds < 1 or self.epochs < 1:
             raise ValueError("rounds and epochs must be at least 1")
-        if self.clients and (self.mode != "sync" or self.clients < self.pushed):
-            raise ValueError("clients are for sync plans, at least one per pushed node")
+        if self.clients and self.clients < self.pushed:
+            raise ValueError("a plan with clients has at least one per pushed node")
         kinds = set(NODE_FAULTS) | set(ENDS.values()) | set(COORDINATOR_FAULTS) | {"duplicate"}
         for event in self.events:
             if event.kind not in kinds:
@@ -196,7 +197,7 @@ class Plan:
                 plan.events.append(Event(round(rng.uniform(at + 1.0, span), 1), kind, node,
                                          reset))
         plan.events.sort(key=lambda e: e.at)
-        if plan.mode == "sync" and rng.random() < CLIENT_PLANS:
+        if rng.random() < CLIENT_PLANS:  # (drawn last: a plan's other draws stay as they were)
             plan.clients = rng.choice((4, 8, 12))
         return plan
 

@@ -359,7 +359,8 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
     units = max(1, plan.clients // 2) if plan.clients else LETTERS_UNITS
     dropped = dropped_clients(world, run_id)
     shape = RunShape(plan.rounds, units, plan.mode,
-                     units if plan.mode != "buffered" else -(-units // 2) * 2, dropped)
+                     units if plan.mode != "buffered" else -(-units // 2) * 2, dropped,
+                     units_per_pass=1 if plan.clients else 0)  # a stream's draws: one each
     ledger = audit(store, run_id, shape)
     problems += [f"ledger: {c.name}: {c.detail}" for c in ledger.checks if not c.ok]
     problems += client_placement(plan, store, run_id)
@@ -389,7 +390,8 @@ def client_placement(plan: Plan, store: Path, run_id: str) -> list[str]:
     for client, node in rows:
         index = int(node.rpartition(":")[2]) - NODE_PORTS if node.startswith(HOST) else None
         held = plan.held_by(index) if index is not None else None
-        if held is not None and not held[0] <= int(client.removeprefix("client")) <= held[1]:
+        index_of = int(client.partition(".d")[0].removeprefix("client"))  # a draw: client3.d7
+        if held is not None and not held[0] <= index_of <= held[1]:
             problems.append(f"a unit of {client} went to node n{index}, which does not hold "
                             f"it (it holds clients {held[0]}-{held[1]})")
     return problems[:5]
@@ -413,7 +415,8 @@ def failures(outcome: Outcome, store: Path, run_id: str) -> list[str]:
     problems = failure_accounting(store, run_id, plan.max_unit_failures)
     if plan.mode != "sync":
         reason = outcome.reason if outcome.state == "failed" else ""
-        problems += discard_streak(store, run_id, LETTERS_UNITS, reason)
+        # a stream of client draws fails after as many discards as there are clients
+        problems += discard_streak(store, run_id, plan.clients or LETTERS_UNITS, reason)
     return problems
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -229,3 +230,107 @@ def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
     """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
     sites = [(f"site-{key}", roots[key] / "letters") for key in "ab"]
     return _replay(RESIDENT + ["clients.placement=nodes"], rounds, lambda _: sites)
+
+
+# ------------------------------------------------ buffered asynchronous training (FedBuff)
+FEDBUFF_CLIENTS = 20
+
+
+def test_buffered_mode_draws_clients_only_to_their_holders_and_applies_each_buffer(cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9")
+    cluster.add_node(0.0)  # holds every client
+    store = cluster.workdir / "store.sqlite"
+    cluster.start_coordinator(2, "--store", str(store))
+    sets = [item.replace(f"clients.count={CLIENTS}", f"clients.count={FEDBUFF_CLIENTS}")
+            for item in FEDERATED]
+    # 4 clients train at once (2 nodes, each with one unit sent ahead); a version every 3
+    # results, 2 versions a round (4 clients a round, in whole buffers)
+    result = cluster.train_json(*sets, "--set", "run.rounds=3", "--set",
+                                "schedule.mode=buffered", "--set", "schedule.buffer_size=3",
+                                "--set", "schedule.prefetch=1", "--set",
+                                "schedule.max_staleness=20")
+    assert len(result["history"]) == 3, result
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    trained = [line for line in lines if "node" in line]
+    assert not [line for line in lines if "node" not in line], lines  # none failed, dropped
+    # every version applied exactly one full buffer, in the round it belongs to
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 7)], trained
+    assert all(line["round"] == (line["version"] + 1) // 2 for line in trained), trained
+    partition = json.loads((run_dir / "partition.json").read_text())
+    for line in trained:
+        assert line["examples"] == partition["sizes"][int(line["client"][6:])], line
+        if line["node"].endswith(f":{half.port}"):
+            assert int(line["client"][6:]) < 10, line  # the half node computed its own
+    attempts = _attempt_nodes(store, result["run_id"])
+    assert all(unit.partition(".d")[0].startswith("client") for unit in attempts), attempts
+    for unit, ports in attempts.items():  # every attempt of a client went to a holder
+        if int(unit.partition(".d")[0][6:]) >= 10:
+            assert str(half.port) not in ports, (unit, ports)
+    assert len({line["client"] for line in trained}) > 6  # drawn among many clients
+    assert result["history"][-1]["clients_trained"] > 0
+
+
+def _fedbuff_sets(rounds: int) -> list[str]:
+    sets = [item.replace(f"clients.count={CLIENTS}", f"clients.count={FEDBUFF_CLIENTS}")
+            for item in FEDERATED]
+    return [*sets, "--set", f"run.rounds={rounds}", "--set", "schedule.mode=buffered",
+            "--set", "schedule.buffer_size=3", "--set", "schedule.prefetch=1",
+            "--set", "schedule.max_staleness=20"]
+
+
+def test_a_buffered_run_with_clients_resumes_after_a_kill_and_applies_each_buffer_once(
+        cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9", "--slowdown", "4")
+    cluster.add_node(0.0, "--slowdown", "4")
+    cluster.start_coordinator(2)
+    client = cluster.start_client(*_fedbuff_sets(12), "--run-id", "fedbuff", "--quiet",
+                                  "--dead-after", "3")
+    try:
+        cluster.coordinator.wait_for(r"round 3/12", timeout=120)
+        cluster.coordinator.kill()  # SIGKILL: the draws out and the buffer are lost
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume fedbuff" in err, err
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "fedbuff")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "fedbuff", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    assert json.loads(attached.stdout)["state"] == "completed"
+    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
+    assert 2 <= resumed_after < 12
+    lines = _lines(cluster.workdir / "runs" / "fedbuff")
+    trained = [line for line in lines if "node" in line]
+    # each of the 24 versions applied exactly one buffer of 3 clients: none twice, none lost
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 25)], trained
+    assert all(line["round"] == (line["version"] + 1) // 2 for line in trained), trained
+    for line in trained:
+        if line["node"].endswith(f":{half.port}"):
+            assert int(line["client"][6:]) < 10, line
+    rows = (cluster.workdir / "runs" / "fedbuff" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["round"] for row in rows] == list(range(1, 13))
+    assert all(json.loads(row)["clients_trained"] >= 1 for row in rows)
+
+
+def test_nodes_with_their_own_data_train_in_buffered_mode(cluster):
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    _own_letters(roots["a"], range(1, 3), lambda label: label < 13)
+    _own_letters(roots["b"], range(3, 6), lambda label: label >= 9)
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_with_sets(RESIDENT + [
+        "clients.placement=nodes", "run.rounds=3", "schedule.mode=buffered",
+        "schedule.buffer_size=2", "schedule.updates_per_round=2"]))
+    assert len(result["history"]) == 3, result
+    trained = [line for line in _lines(_run_dir(cluster, result)) if "node" in line]
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 2) for version in range(1, 7)], trained
+    for line in trained:  # each site's own data trained on that site alone
+        assert line["node"].endswith(f":{nodes[line['client'][-1]].port}"), line

@@ -103,8 +103,12 @@ def _prepare(overrides: list[str]):
     (["clients.count=4"], "the letters MLP's units are its train_\\* files"),
     (["run.algorithm=md_gan", "run.model=dcgan28-tiny", "run.dataset=mnist",
       "clients.count=4"], "md_gan does not train on federated clients"),
+    (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
+      "clients.count=4", "clients.over_select=1.5"], "over_select has no meaning in "
+     "'buffered' mode"),
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=async",
-      "clients.count=4"], "does not sample clients yet"),
+      "clients.placement=nodes"], "placement nodes in 'async' mode needs "
+     "schedule.updates_per_round"),
 ])
 def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     from thrift_trainer.coordinator.run_setup import InvalidRun
@@ -112,6 +116,15 @@ def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     with pytest.raises(InvalidRun, match=f"^clients: .*{why}") as info:
         _prepare(overrides)
     assert "\n" not in str(info.value)
+
+
+def test_a_torch_model_on_clients_may_train_them_in_a_stream():
+    setup = _prepare(["run.model=mlp_classifier", "data.format=letters", "clients.count=10",
+                      "schedule.mode=async", "clients.per_round=4"])
+    algorithm = setup.algorithm
+    assert [unit.client for unit in algorithm.client_units()] == [f"client{k}"
+                                                                  for k in range(10)]
+    assert algorithm.clients_at_once(8) == 4  # per_round: FedBuff's concurrency
 
 
 def test_a_torch_model_on_clients_plans_a_sample_of_them_weighed_by_size():

@@ -109,6 +109,16 @@ class Algorithm(ABC):
         """The run's partition into federated clients, for the run folder; None without."""
         return None
 
+    def client_units(self) -> list[UnitSpec] | None:
+        """One unit per federated client with examples, for an asynchronous run to draw
+        from (engine/client_draws.py); None: the run has no clients."""
+        return None
+
+    def clients_at_once(self, capacity: int) -> int:
+        """Federated clients an asynchronous run keeps training at once, given the units
+        its nodes take at once: all of those by default."""
+        return capacity
+
     @classmethod
     def takes_clients(cls, model: str) -> str | None:
         """Why this algorithm cannot train ``model`` on federated clients, or None."""

@@ -272,6 +272,16 @@ class DeltaAveraging(AveragingAlgorithm):
     def partition(self) -> PartitionRecord | None:
         return self._plan.partition if isinstance(self._plan, ClientPlan) else None
 
+    def client_units(self) -> list[UnitSpec] | None:
+        return list(self._plan.units) if isinstance(self._plan, ClientPlan) else None
+
+    def clients_at_once(self, capacity: int) -> int:
+        """FedBuff's concurrency: ``clients.per_round`` of the clients there are (0: as
+        many as the nodes take at once)."""
+        if isinstance(self._plan, ClientPlan) and self._plan.clients.per_round:
+            return self._plan.clients.target(len(self._plan.units))
+        return capacity
+
     def unit_samples(self, unit: UnitSpec) -> int | None:
         return self._plan.samples(unit)
 

@@ -95,3 +95,19 @@ def _distinct(available: Iterable[str]) -> list[str]:
         if not isinstance(client, str):
             raise ClientsError(f"a client is named by a string, got {client!r}")
     return clients
+
+
+def stream_draw(seed: int, version: int, draw_index: int,
+                candidates: Iterable[str]) -> str | None:
+    """The client a stream (buffered asynchronous training, FedBuff) trains next: one of
+    ``candidates`` (the clients held by a node and not training now), uniformly, as the
+    candidate of the smallest key of (seed, version, draw). A pure function of its
+    arguments, so that a resumed stream draws what it drew; None when there is none."""
+    if not _is_int(version) or version < 0 or not _is_int(draw_index) or draw_index < 0:
+        raise ClientsError(f"version and draw_index must be integers >= 0, got "
+                           f"{version!r}, {draw_index!r}")
+    clients = _distinct(candidates)
+    if not clients:
+        return None
+    purpose = f"stream:{int(version)}"
+    return min(clients, key=lambda client: client_key(purpose, seed, draw_index, client))

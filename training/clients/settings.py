@@ -13,7 +13,8 @@
 * ``per_round``: clients asked per round: 0 all of them, a count (>= 1), or a fraction in
   (0, 1) of the clients there are; ``over_select`` >= 1 asks that many times more and
   closes the round once the target count is in (Bonawitz et al. 2019); the late ones
-  are cancelled.
+  are cancelled. In the async and buffered modes ``per_round`` is how many clients train
+  at once (FedBuff's concurrency, engine/client_draws.py) and ``over_select`` must be 1.
 
 Like ``hierarchy``, the section travels inside a request's config only when the run has
 clients, so a request without it is exactly what it was before.
