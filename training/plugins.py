@@ -212,15 +212,20 @@ def _article(word: str) -> str:
 
 
 def versions() -> dict[str, str]:
-    """The allowed modules that are imported, each with its version: the distribution's
-    version, else the module's ``__version__``, else a hash of its source file (so two
-    copies of a plain file compare equal only when they are the same)."""
+    """The allowed modules that are imported (and their imported submodules), each with its
+    version: the distribution's version, else the module's ``__version__``, else a hash of
+    its source file as it was when first asked (so two copies of a plain file compare equal
+    only when they are the same, and a file edited after its import still reports the code
+    the process runs)."""
+    allowed = allowed_modules()
     found = {}
-    for name in allowed_modules():
-        module = sys.modules.get(name)
-        if module is not None:
+    for name, module in list(sys.modules.items()):
+        if module is not None and any(name == a or name.startswith(a + ".") for a in allowed):
             found[name] = module_version(module)
     return found
+
+
+_hashed: dict[str, tuple[object, str]] = {}  # module name -> (its import, its source hash)
 
 
 def module_version(module: ModuleType) -> str:
@@ -239,7 +244,13 @@ def module_version(module: ModuleType) -> str:
         source = None
     if source is None:
         return "unknown"
-    return "sha256:" + hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]
+    loaded = module.__spec__ or module  # a new import (a reload too) brings a new spec
+    with _lock:
+        earlier = _hashed.get(module.__name__)
+        if earlier is None or earlier[0] is not loaded:
+            digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]
+            earlier = _hashed[module.__name__] = (loaded, f"sha256:{digest}")
+    return earlier[1]
 
 
 def _is_allowed(module_name: str) -> bool:

@@ -3,7 +3,9 @@
 Before round 1 the coordinator computes `RunFacts` of the run and asks every pushed node
 for its own (`ComputeNode.check_run`); with every unit, the coordinator's fingerprints
 travel in the request's config (``expect``), so a pull node or a relay's member that was
-not asked checks itself on its first unit. A process that lacks a plug-in, builds
+not asked checks itself on its first unit. A process that lacks a plug-in, runs another
+version of a plug-in the run names (a module's version, or a hash of its source file: an
+edited `forward()` changes no parameter fingerprint, yet would train other maths), builds
 another model or holds another copy of the data set is unfit for the run: `unfit_reason`
 says why in one line, and the node is left out of the run (never a traceback or a hang).
 """
@@ -44,10 +46,11 @@ class RunFacts:
 
     def expectation(self) -> dict[str, object]:
         """What units carry for nodes to check themselves against (config's ``expect``)."""
+        expected: dict[str, object] = {"plugins": dict(self.plugins)} if self.plugins else {}
         if not self.model_fingerprint:
-            return {}
-        expected: dict[str, object] = {"model": self.model_fingerprint,
-                                       "data": self.data_fingerprint, "size": self.data_size}
+            return expected
+        expected.update({"model": self.model_fingerprint, "data": self.data_fingerprint,
+                         "size": self.data_size})
         if self.partition:
             expected["partition"] = self.partition
         return expected
@@ -83,6 +86,22 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
                        f"cannot serve the run: {text}") from None
 
 
+def _other_plugin_version(expected: object, found: dict[str, str],
+                          spec: RunSpec) -> str | None:
+    """Why a process that runs another version of a plug-in module the run names is unfit,
+    or None. (Modules the run does not name are left alone: a node may allow more.)"""
+    if not isinstance(expected, dict):
+        return None
+    for _, name in spec.named_plugins:
+        module = name.partition(plugins.SEPARATOR)[0]
+        want, have = expected.get(module), found.get(module)
+        if want is not None and have is not None and want != have:
+            return (f"runs another version of plug-in {module} ({have}, the coordinator's "
+                    f"{want}): give every process the same file or package, and restart "
+                    f"the ones that run the old one")
+    return None
+
+
 def _partition(setup: object, spec: RunSpec, config: dict) -> str:
     """The fingerprint of this process's partition into the run's clients ("" without, and
     for node-resident clients, which are no partition of a shared data set)."""
@@ -112,10 +131,13 @@ def unfit_reason(expected: RunFacts | dict, found: RunFacts, spec: RunSpec) -> s
         expected = expected.expectation()
     if not expected:
         return None
-    if expected.get("model") != found.model_fingerprint:
+    if "model" in expected and expected["model"] != found.model_fingerprint:
         return (f"builds model {spec.model} with other parameters (names, shapes or dtypes "
                 f"differ: fingerprint {found.model_fingerprint}, the coordinator's "
                 f"{expected.get('model')}); is it the same version of the plug-in?")
+    other = _other_plugin_version(expected.get("plugins"), found.plugins, spec)
+    if other is not None or "model" not in expected:  # without a torch model, that is all
+        return other
     if spec.clients.on_nodes:  # each node's own data: different files are expected
         return None
     if expected.get("size") != found.data_size:

@@ -209,6 +209,29 @@ def test_a_node_whose_copy_builds_the_parameters_in_another_dtype_is_left_out(cl
     no_traceback(cluster, done.stdout, done.stderr)
 
 
+def test_a_node_running_an_edited_forward_is_left_out_though_its_parameters_agree(cluster):
+    """The same parameters, another forward(): no fingerprint of the parameters tells them
+    apart, the plug-in's source does; the node is left out with one line and the run
+    completes on the node that runs the coordinator's code."""
+    write_plugin(cluster.workdir)
+    edited = write_plugin(cluster.workdir / "edited_copy")
+    (edited / "my_models.py").write_text((edited / "my_models.py").read_text().replace(
+        "return self.layers(x)", "return 2 * self.layers(x)"))
+    root = write_numbers(cluster.workdir / "data", 60)
+    serving = ("--plugins", "my_models", "--data-root", str(root))
+    cluster.add_node(0.0, *serving)
+    stale = cluster.add_node(0.0, *serving, "--plugin-dir", str(edited))
+    cluster.start_coordinator(2, *serving)
+    done = train(cluster, "--set", "run.model=my_models:Net",
+                 "--set", "run.dataset=my_models:numbers")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    line = left_out_line(done, stale)
+    assert "runs another version of plug-in my_models (sha256:" in line, line
+    assert attempts_of(cluster, f"127.0.0.1:{stale.port}") == []
+    assert "Final validation error" in done.stdout
+    no_traceback(cluster, done.stdout, done.stderr)
+
+
 def test_a_node_left_out_before_round_1_is_never_given_a_unit(cluster):
     """Its line is said before the run's first unit goes out, and the ledger holds no
     attempt of it: the run did not find out by sending it a unit it refused."""

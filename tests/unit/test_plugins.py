@@ -204,6 +204,11 @@ def test_a_plain_file_is_versioned_by_its_source(plugin_module) -> None:
     version = plugins.versions()["plain"]
     assert version.startswith("sha256:")
     (folder / "plain.py").write_text("VALUE = 2\n")
+    # edited after its import: the process still runs, and reports, the code it imported
+    assert plugins.module_version(sys.modules["plain"]) == version
+    import importlib
+
+    importlib.reload(sys.modules["plain"])  # ... until it imports it again
     assert plugins.module_version(sys.modules["plain"]) != version
 
 

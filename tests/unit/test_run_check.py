@@ -34,8 +34,24 @@ def test_a_node_with_another_model_or_data_is_unfit_and_told_why(theirs, words):
 
 
 def test_a_built_in_run_expects_nothing_of_its_nodes():
-    assert RunFacts({"x": "1"}).expectation() == {}
+    built_in = RunSpec.parse("delta_avg", "mlp", "letters", "{}")
+    assert RunFacts().expectation() == {}
     assert unfit_reason(RunFacts(), RunFacts(), SPEC) is None
+    # plug-ins a node allows that the run does not name are its own affair
+    assert unfit_reason(RunFacts({"x": "1"}), RunFacts({"x": "2"}), built_in) is None
+
+
+@pytest.mark.parametrize("expected", [OURS, OURS.expectation()])  # checked, or by a unit
+def test_a_node_running_another_version_of_a_named_plug_in_is_unfit(expected):
+    """The parameters agree (an edited forward() changes none), the code does not."""
+    edited = RunFacts({"my_models": "sha256:0badc0de"}, "m1", "d1", 100)
+    reason = unfit_reason(expected, edited, SPEC)
+    assert reason == ("runs another version of plug-in my_models (sha256:0badc0de, the "
+                      "coordinator's 1.0): give every process the same file or package, and "
+                      "restart the ones that run the old one")
+    plugin_algorithm = RunSpec.parse("my_algos:Avg", "mlp", "letters", "{}")  # no torch model
+    assert "another version of plug-in my_algos" in unfit_reason(
+        RunFacts({"my_algos": "2"}), RunFacts({"my_algos": "3"}), plugin_algorithm)
 
 
 def test_a_process_lacking_a_plug_in_the_run_names_says_which_and_how_to_allow_it():
