@@ -270,7 +270,7 @@ def _set(merged: Sections, defaults: Sections, dotted: str, value: Any, source: 
         raise _unknown(dotted, defaults, source)
     default = defaults[name][key]
     if default is None:
-        default = defaults[RUN].get(key)
+        default = defaults[RUN].get(key, schema.typed_null(SECTIONS[name], key))
         if value is None:
             merged[name][key] = None
             return

@@ -11,7 +11,9 @@ lists all sections in the order of config.yaml.
 
 A field whose metadata is `INHERIT` is written as null in config.yaml and takes the `run`
 key of the same name (delta_avg.seed: run.seed); one whose metadata is `NULL_IS_DEFAULT`
-is null there and left to the algorithm (md_gan.k: "log2"). This module imports no
+is null there and left to the algorithm (md_gan.k: "log2"); one made with `by_model` is null
+there and takes the default of the run's kind of model (delta_avg.eta: 0.0001 for the
+letters MLP, 0.001 for a torch model). This module imports no
 algorithm and no torch, so the client, the coordinator and the nodes all share it.
 """
 
@@ -28,6 +30,12 @@ from thrift_trainer.training.models.settings import ModelSettings
 MAX_ROUNDS = 2**31 - 1  # rounds travel as a Thrift i32
 INHERIT = {"null": "run"}  # null in config.yaml: the run key of the same name
 NULL_IS_DEFAULT = {"null": "default"}  # null in config.yaml: the algorithm's default
+
+
+def by_model(module_default: Any) -> dict[str, Any]:
+    """A key whose default depends on the model (null in config.yaml): the field's default
+    for the letters MLP, ``module_default`` for a torch model."""
+    return {"null": "model", "module_default": module_default}
 
 
 @dataclass(frozen=True)
@@ -63,12 +71,14 @@ def rounds_problem(rounds: Any, most: int = MAX_ROUNDS,
 class DeltaAvgSettings:
     """delta_avg's keys (training/algorithms/delta_avg.py)."""
 
-    epochs: int = 15
-    eta: float = 0.0001
+    # The letters MLP's values are the assignment's; a torch model left to the defaults gets
+    # the recipe a user would pick: one epoch of Adam at 0.001 over minibatches per round.
+    epochs: int = field(default=15, metadata=by_model(1))
+    eta: float = field(default=0.0001, metadata=by_model(0.001))
     hidden: list[int] = field(default_factory=lambda: [20])
     compat: bool = False
     scale_features: bool = False
-    local_optimizer: str = "gd"
+    local_optimizer: str = field(default="gd", metadata=by_model("adam"))
     batch_size: int = 32
     server_optimizer: str = "avg"
     server_lr: float = 1.0
@@ -193,6 +203,22 @@ def _sync_sgd_defaults(kind: str) -> dict[str, Any]:
 def sync_sgd_defaults(kind: str) -> dict[str, Any]:
     """sync_sgd's keys for a model of ``kind`` (GAN, MLP or MODULE), with their defaults."""
     return _copied(_sync_sgd_defaults(kind))
+
+
+def model_defaults(section: type, torch_model: bool) -> dict[str, Any]:
+    """``section``'s keys whose default depends on the model (`by_model`), with their default
+    for a torch model or for the letters MLP."""
+    return {f.name: f.metadata["module_default"] if torch_model else _defaults(section)[f.name]
+            for f in fields(section) if f.metadata.get("null") == "model"}
+
+
+def typed_null(section: type, key: str) -> Any:
+    """What a value given for ``key``, null in config.yaml, is checked against: the letters
+    MLP's default of a `by_model` key (its type is the key's type); else None (any)."""
+    for f in fields(section):
+        if f.name == key and f.metadata.get("null") == "model":
+            return _defaults(section)[key]
+    return None
 
 
 def _copied(values: dict[str, Any]) -> dict[str, Any]:

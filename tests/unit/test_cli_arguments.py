@@ -143,7 +143,7 @@ def test_the_train_help_names_every_action_the_choices_and_the_exit_codes(capsys
     with pytest.raises(SystemExit):
         client_cli.main(["--help"])
     text = capsys.readouterr().out
-    assert "{status,runs,attach,cancel,evaluate,predict,export}" in text
+    assert "{status,runs,attach,cancel,evaluate,predict,export,compare,sweep}" in text
     assert "--algorithm {delta_avg}" in text and "--model {mlp}" in text
     assert "Exit codes:" in text and "3 the run was cancelled" in text
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from thrift_trainer.client import cli
+from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
 from thrift_trainer.training.run_config import CONFIG_FILE, RunConfigError, load_run_config
 from thrift_trainer.training.schema import AggregationSettings, DeltaAvgSettings, defaults
 
@@ -37,7 +38,8 @@ def test_defaults_are_the_assignment_run():
     assert config.seed == 1 and config.deterministic is False
     assert config.outputs == {"sample_every": 1, "checkpoint_every": 1, "eval_every": 1,
                               "eval_n": 2000}
-    assert config.algorithm_config()["eta"] == 0.0001
+    assert config.algorithm_config()["eta"] is None  # the model's default: the MLP's here
+    assert DeltaAveraging.check_config("mlp", config.algorithm_config())["eta"] == 0.0001
     assert config.section("sync_sgd")["num_workunits_per_update"] == 3
 
 
@@ -52,7 +54,22 @@ def test_every_default_key_has_a_one_line_comment():
 def test_delta_avg_section_matches_the_algorithm_defaults():
     config = load_run_config(None, [])
     assert list(config.section("delta_avg")) == list(defaults(DeltaAvgSettings))
-    assert config.section("delta_avg") == defaults(DeltaAvgSettings)
+    by_model = {"epochs": None, "eta": None, "local_optimizer": None}  # the model's defaults
+    assert config.section("delta_avg") == {**defaults(DeltaAvgSettings), **by_model}
+
+
+def test_a_torch_model_left_to_the_defaults_gets_a_recipe_that_trains():
+    """Not the letters MLP's full-batch descent at 0.0001 for 15 epochs, which leaves a
+    torch model worse than chance: one epoch of Adam at 0.001 over minibatches."""
+    config = load_run_config(None, ["run.model=my_models:Net"]).algorithm_config()
+    checked = DeltaAveraging.check_config("my_models:Net", config)
+    assert (checked["epochs"], checked["eta"], checked["local_optimizer"]) == (1, 0.001, "adam")
+    mlp = DeltaAveraging.check_config("mlp", config)
+    assert (mlp["epochs"], mlp["eta"], mlp["local_optimizer"]) == (15, 0.0001, "gd")
+    given = load_run_config(None, ["run.model=my_models:Net", "delta_avg.eta=0.05"])
+    assert DeltaAveraging.check_config("my_models:Net", given.algorithm_config())["eta"] == 0.05
+    with pytest.raises(RunConfigError, match="delta_avg.eta must be a number"):
+        load_run_config(None, ["delta_avg.eta=fast"])  # typed though null in config.yaml
 
 
 def test_a_recipe_overrides_only_its_keys():

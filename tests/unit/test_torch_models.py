@@ -155,7 +155,8 @@ def test_one_sync_sgd_round_with_k_of_n_all_is_one_adam_step_on_the_global_batch
 
 
 def test_one_delta_avg_round_of_full_batch_steps_is_the_mean_of_the_local_trainings():
-    config = _config("delta_avg", {"epochs": 2, "eta": 0.1, "units": 2, "seed": 5})
+    config = _config("delta_avg", {"epochs": 2, "eta": 0.1, "units": 2, "seed": 5,
+                                   "local_optimizer": "gd"})
     algorithm = DeltaAveraging("mlp_classifier", config, LETTERS, "letters")
     weights = algorithm.initial_weights()
     units = algorithm.plan_round(1)

@@ -38,7 +38,7 @@ from thrift_trainer.training.clients.settings import settings_from as clients_se
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
-from thrift_trainer.training.schema import DeltaAvgSettings, defaults
+from thrift_trainer.training.schema import DeltaAvgSettings, defaults, model_defaults
 from thrift_trainer.training.unit_parts import part_bounds
 from thrift_trainer.training.units import (
     RoundEval,
@@ -117,7 +117,10 @@ class DeltaAveraging(AveragingAlgorithm):
             raise ConfigError(
                 f"unknown config key {unknown[0]!r} for {cls.name}; known: {', '.join(known)}"
             )
-        checked = {k: check_type(k, config.get(k, v), v) for k, v in known.items()}
+        # a key left out, or null: the default of the run's kind of model (schema.by_model)
+        known.update(model_defaults(DeltaAvgSettings, is_module_model(model)))
+        checked = {k: check_type(k, v if config.get(k) is None else config[k], v)
+                   for k, v in known.items()}
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
         _check_optimizer_ranges(checked)
