@@ -73,9 +73,10 @@ def evaluate_clients(engine: RoundEngine, tasks: RunTasks, round_index: int,
         log.warning("round %d: federated evaluation failed: %s", round_index, exc)
         rows = [{"round": round_index, "client": u.client, "kind": EVAL_KIND,
                  "failed": str(exc)} for u in units]
-        return Evaluated(rows, {"clients_evaluated": 0, "clients_eval_missed": len(units)})
+        return Evaluated(rows, {"eval_round": round_index, "clients_evaluated": 0,
+                                "clients_eval_missed": len(units)})
     rows = eval_rows(round_index, outcome, accuracy)
-    figures = eval_figures(rows)
+    figures = {"eval_round": round_index, **eval_figures(rows)}
     log.info("round %d: federated evaluation of %d clients%s", round_index,
              figures.get("clients_evaluated", 0),
              f", validation loss {figures['federated_val_loss']:.4f}"

@@ -100,6 +100,7 @@ class TrainingLoop:
         # needed, and the weights it sent with their encoding, which the next round reuses
         self._eval_engine: RoundEngine | None = None
         self._sent: tuple[Weights, Tensors] | None = None
+        self._latest_eval: dict[str, float] = {}  # the status shows it until the next
 
     def run(self, engine: RoundEngine, weights: Weights, done: int,
             history: list[RoundMetrics]) -> Weights:
@@ -153,6 +154,7 @@ class TrainingLoop:
         evaluated = self._evaluate_clients(engine, round_index, weights, clock)
         if evaluated is not None:
             clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
+            self._latest_eval = evaluated.figures
         self.parts.folder.append_clients(clients)
         position = self._passes.position() if self._passes is not None else None
         metrics = self._write_round(
@@ -302,7 +304,7 @@ class TrainingLoop:
             self._score(round_index, weights, metrics)
             if client_figures:
                 metrics.scores = {**(metrics.scores or {}), **client_figures}
-                parts.progress.clients_done(client_figures)
+                parts.progress.clients_done({**self._latest_eval, **client_figures})
         with clock.phase("ledger"):
             parts.ledger.round_ended(metrics, end.results, len(end.discarded))
             parts.ledger.check()  # a round the store missed must not be checkpointed
