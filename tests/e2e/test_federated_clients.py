@@ -309,3 +309,27 @@ def _accuracy_on_validation(run_dir: Path, client: str) -> float:
     with torch.no_grad():
         predicted = module(inputs).argmax(dim=1)
     return float((predicted == targets).double().mean())
+
+
+def test_node_resident_clients_are_scored_on_their_own_validation_part(cluster):
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    sizes = {"a": _own_letters(roots["a"], range(1, 2), lambda label: label < 13),
+             "b": _own_letters(roots["b"], range(2, 3), lambda label: label >= 9)}
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    # a validation_fraction too: it holds nothing out of data that has its own validation part
+    result = cluster.train_json(*_with_sets(RESIDENT + [
+        "clients.placement=nodes", "run.rounds=2", "clients.eval_every=1",
+        "clients.validation_fraction=0.5"]))
+    run_dir = _run_dir(cluster, result)
+    assert json.loads((run_dir / "partition.json").read_text())["sizes"] == [sizes["a"],
+                                                                              sizes["b"]]
+    validation_rows = len((SHIPPED / "validate_letters.txt").read_text().split())
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    assert [(line["round"], line["client"], line["node"].rpartition(":")[2], line["examples"])
+            for line in evaluated] == [(r, f"site-{key}", str(nodes[key].port), validation_rows)
+                                       for r in (1, 2) for key in "ab"], evaluated
+    # both score the same shipped validation file with the same weights
+    assert evaluated[2]["val_accuracy"] == evaluated[3]["val_accuracy"]
+    assert result["history"][-1]["clients_evaluated"] == 2

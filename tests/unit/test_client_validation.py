@@ -137,3 +137,19 @@ def test_the_federated_figures_are_the_size_weighted_means_of_the_lines() -> Non
     assert table["client0"]["trained"] == 1 and table["client0"]["evaluated"] == 1
     assert table["client0"]["loss_before"] == 2.5 and table["client0"]["val_accuracy"] == 0.5
     assert table["client2"]["trained"] == 0 and table["client2"]["dropped"] == 0
+
+
+def test_the_summary_shows_the_latest_federated_evaluation_under_the_clients_line() -> None:
+    from thrift_trainer.client.display import client_lines
+
+    training = {"round": 4, "clients_trained": 3, "client_loss_mean": 1.5,
+                "client_loss_worst10": 2.0, "client_loss_std": 0.25}
+    assert len(client_lines(training)) == 1  # no evaluation yet: the clients' line only
+    lines = client_lines({**training, "eval_round": 4, "clients_evaluated": 2,
+                          "clients_eval_missed": 1, "federated_val_loss": 0.8,
+                          "federated_val_accuracy": 0.75, "client_val_accuracy_mean": 0.7,
+                          "client_val_accuracy_worst10": 0.5,
+                          "client_val_accuracy_std": 0.2})
+    assert lines[1] == ("Federated evaluation (round 4): 2 clients (1 missed), validation "
+                        "accuracy 0.7500 (weighted by examples), loss 0.8000; per client "
+                        "mean 0.7000, worst 10% 0.5000, spread (std) 0.2000")
