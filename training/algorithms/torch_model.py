@@ -187,9 +187,10 @@ def local_unit(job: UnitJob, location: Path, examples: Callable[[ModelSetup], np
     before = None
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
-        if job.unit.client is not None:
+        if job.unit.client is not None:  # batches of evaluation's size: a forward pass
+            # costs a few % of an epoch then (letters: 16 ms against 260 ms)
             before = evaluate(setup, module, Subset(setup.data.train, chosen),
-                              local.batch_size, job.device)[1]
+                              device=job.device)[1]
         term = None if penalty is None else functools.partial(penalty, weights=job.weights)
         state, loss = train_locally(setup, module, chosen, local, job.control.step,
                                     job.device, term)
