@@ -364,7 +364,9 @@ struct RunStatus {
                                        // of the one that leads (this one's when it leads)
   27: optional map<string, double> clients, // a run with federated clients: its latest
                                        // round's clients_trained, client_loss_mean,
-                                       // client_loss_worst10 and client_loss_std
+                                       // client_loss_worst10 and client_loss_std, and its
+                                       // latest federated evaluation's figures
+                                       // (federated_val_accuracy, ...; eval_round)
 }
 
 struct CancelRunRequest {
