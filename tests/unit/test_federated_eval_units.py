@@ -1,24 +1,32 @@
-"""A node's half of federated evaluation, through its service in process: an evaluation
-unit scores the weights it is sent on the client's validation part and sends no update; a
-client's training unit reports its loss before training; relays and malformed kinds are
-refused in one line."""
+"""Federated evaluation's units in process: a node's service scores the weights it is sent
+on the client's validation part and sends no update, a client's training unit reports its
+loss before training, a malformed kind is refused in one line, and the coordinator's
+evaluation engine sends each unit only to a holder of its client."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
 import torch
 
+from tests.inprocess import LocalNode
 from thrift_trainer.compute_node.handler import ComputeNodeHandler
 from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.coordinator.client_eval import evaluate_clients, evaluation_engine
+from thrift_trainer.engine.policies import RoundRobinPolicy
+from thrift_trainer.engine.progress import RunProgress
+from thrift_trainer.engine.round_engine import EngineSettings, RoundEngine
+from thrift_trainer.engine.tasks import Task
 from thrift_trainer.training.algorithms import torch_model
 from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
 from thrift_trainer.training.clients.data_parts import parts_of, validation_parts_of
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.models import modules
 from thrift_trainer.training.run_config import load_run_config
+from thrift_trainer.training.units import UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire
 
@@ -105,3 +113,37 @@ def test_a_unit_without_a_client_measures_no_loss_before(run):
 def test_a_malformed_kind_is_refused_in_one_line(run, changes, message):
     with pytest.raises(ttypes.InvalidRequest, match=message):
         _handler().train_with_weights(_request(run, **changes))
+
+
+class _Tasks:
+    """The run's tasks as `RunTasks.task` builds them, for the in-process engine."""
+
+    def __init__(self, run: dict) -> None:
+        self.run = run
+
+    def task(self, round_index: int, unit: UnitSpec, attempt: int, weights: dict,
+             model_version: int | None = None) -> Task:
+        return Task(run_id="r", round=round_index, unit_id=unit.unit_id, attempt=attempt,
+                    algorithm="delta_avg", model="mlp_classifier", dataset="letters",
+                    unit_path="", config_json=self.run["config_json"], weights=weights,
+                    scheduling_policy=2, model_version=model_version, client=unit.client,
+                    kind=unit.kind)
+
+
+def test_evaluation_units_go_to_their_holders_and_a_client_without_one_is_missed(run):
+    nodes = [LocalNode(0), LocalNode(1)]
+    for node, held in zip(nodes, ({"client1", "client4"}, {"client2"}), strict=True):
+        node.clients, node.clients_checked = frozenset(held), True
+    engine = RoundEngine("r", nodes, RoundRobinPolicy(), EngineSettings(),
+                         RunProgress("r", 1, 6, lambda: []), threading.Event())
+    units = run["algorithm"].evaluation_units(1, 1)  # every client, after the last round
+    assert [u.unit_id for u in units] == [f"eval-client{k}" for k in range(6)]
+    done = evaluate_clients(evaluation_engine(engine), _Tasks(run), 1, units,
+                            run["weights"], accuracy=True)
+    scored = {row["client"]: row["node"] for row in done.rows if "node" in row}
+    assert scored == {"client1": nodes[0].name, "client4": nodes[0].name,
+                      "client2": nodes[1].name}
+    assert sorted(row["client"] for row in done.rows if "dropped" in row) == \
+        ["client0", "client3", "client5"]
+    assert done.figures["clients_evaluated"] == 3 and done.figures["clients_eval_missed"] == 3
+    assert engine.progress.units_done == 0  # the run's counts are the training units'
