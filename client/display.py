@@ -294,13 +294,32 @@ def headline(data: dict[str, Any]) -> list[str]:
 
 def client_lines(scores: dict[str, float] | None) -> list[str]:
     """A run with federated clients: its last round's clients and the spread of their
-    training losses (coordinator/client_files.py's fairness figures)."""
+    training losses (coordinator/client_files.py's fairness figures), and its latest
+    federated evaluation (coordinator/client_eval.py)."""
     if not scores or "client_loss_mean" not in scores:
         return []
     return [f"Clients (round {scores['round']:.0f}): {scores['clients_trained']:.0f} "
             f"trained, training loss mean {scores['client_loss_mean']:.4f}, worst 10% "
             f"{scores['client_loss_worst10']:.4f}, spread (std) "
-            f"{scores['client_loss_std']:.4f}"]
+            f"{scores['client_loss_std']:.4f}", *federated_lines(scores)]
+
+
+def federated_lines(scores: dict[str, float]) -> list[str]:
+    """The latest federated evaluation: size-weighted figures over the clients scored on
+    their own validation parts, and the spread of their accuracy (or metric)."""
+    if "federated_val_loss" not in scores:
+        return []
+    name, label = ("val_accuracy", "accuracy") if "federated_val_accuracy" in scores \
+        else ("val_error", "error")
+    missed = scores.get("clients_eval_missed", 0)
+    return [f"Federated evaluation (round {scores.get('eval_round', scores['round']):.0f}): "
+            f"{scores['clients_evaluated']:.0f} clients"
+            + (f" ({missed:.0f} missed)" if missed else "")
+            + f", validation {label} {scores['federated_' + name]:.4f} (weighted by "
+            f"examples), loss {scores['federated_val_loss']:.4f}; per client mean "
+            f"{scores['client_' + name + '_mean']:.4f}, worst 10% "
+            f"{scores['client_' + name + '_worst10']:.4f}, spread (std) "
+            f"{scores['client_' + name + '_std']:.4f}"]
 
 
 def _evaluated(data: dict[str, Any]) -> bool:

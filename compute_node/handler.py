@@ -32,7 +32,7 @@ from thrift_trainer.training.payload_checks import PayloadForm, check_payload
 from thrift_trainer.training.plugins import PluginError
 from thrift_trainer.training.run_check import RunUnfit, run_facts, unfit_reason
 from thrift_trainer.training.spec import RunSpec
-from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.training.units import EVALUATE, TRAIN, UNIT_KINDS, UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
 from thrift_trainer.wire.tensor_codec import CodecError, dict_to_wire, specs_from_wire, wire_to_dict
 from thrift_trainer.wire.version import check_protocol_version
@@ -242,7 +242,8 @@ class ComputeNodeHandler(SessionService):
             if request.unit_path:  # a unit that is a file of the data set (not a range)
                 self._check_unit_file(resolve_under(run.location, request.unit_path))
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
-                            request.index_stop, client=request.client)
+                            request.index_stop, client=request.client,
+                            kind=unit_kind(request))
             self._check_holds(unit.client, run.spec)
             share = share_of(request)
             expected = None if request.expected_update is None \
@@ -384,10 +385,12 @@ class ComputeNodeHandler(SessionService):
                              job.round, job.control.batches)
                     return self._cancelled(waited)
                 seconds = time.perf_counter() - started
-            # Encoded for the wire last, as a node sends whatever its maths produced.
-            output = replace(output, update=compress_update(
-                output.update, compression, job.sessions, job.run_id,
-                algorithm.unit_slot(job.unit, job.config), job.round))
+            # Encoded for the wire last, as a node sends whatever its maths produced (an
+            # evaluation unit has no update, and must not touch a residual).
+            if not job.unit.evaluates:
+                output = replace(output, update=compress_update(
+                    output.update, compression, job.sessions, job.run_id,
+                    algorithm.unit_slot(job.unit, job.config), job.round))
         finally:
             self.counters.bump("running", -1)
         self.counters.bump("completed")
@@ -429,6 +432,16 @@ class ComputeNodeHandler(SessionService):
                 self._batches_done += control.batches
 
 
+def unit_kind(request: ttypes.WorkRequest) -> str:
+    """The request's kind of unit (absent: train); ValueError for one this node lacks."""
+    kind = request.kind or TRAIN
+    if kind not in UNIT_KINDS:
+        raise ValueError(f"unknown kind of unit {kind!r}; known: {', '.join(UNIT_KINDS)}")
+    if kind == EVALUATE and request.client is None:
+        raise ValueError("an evaluation unit names the client whose validation part it scores")
+    return kind
+
+
 def request_version(request: ttypes.WorkRequest) -> int:
     """The model version of a request's weights: its own field, else round - 1 (a sync
     round's weights), as engine.tasks.Task.version."""
@@ -450,4 +463,5 @@ def _result(outcome: int, node_id: str, output: UnitOutput | None = None, second
         message=message,
         node_id=node_id,
         model_version=version,
+        loss_before=output.loss_before if output else None,
     )

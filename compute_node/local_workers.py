@@ -275,7 +275,7 @@ def mapped_output(output: SharedOutput) -> UnitOutput:
     for name, dtype, shape, offset in output.tensors:
         update[name] = np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset)
     return UnitOutput(update=update, num_samples=output.num_samples, loss=output.loss,
-                      error=output.error)
+                      error=output.error, loss_before=output.loss_before)
 
 
 class LocalWorkers:
@@ -316,8 +316,9 @@ class LocalWorkers:
         return f"{self.workers} workers ({self.backend}, pids {pids})"
 
     def __call__(self, algorithm: type[Algorithm], job: UnitJob, data_dir: Path) -> UnitOutput:
-        if not algorithm.splits_units or job.share is not None:  # a relay's share: computed
-            return self.inner(algorithm, job, data_dir)               # whole, by the node
+        if not algorithm.splits_units or job.share is not None or job.unit.evaluates:
+            # a relay's share, or a federated evaluation (nothing to average): computed
+            return self.inner(algorithm, job, data_dir)  # whole, by the node
         group = self._ready_group(job.control)
         task = ShareTask(job.algorithm or algorithm.name, job.run_id, job.round, job.unit,
                          job.model, job.config, self._weights.write(job.weights), str(data_dir),

@@ -75,7 +75,7 @@ from thrift_trainer.training.plugins import resolve as resolve_plugin
 from thrift_trainer.training.run_check import RunUnfit
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.unit_parts import cast_like
-from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.training.units import EVALUATE, UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.version import check_protocol_version
 
@@ -333,6 +333,10 @@ class RelayHandler(ComputeNodeHandler):
             raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
+        if request.kind == EVALUATE:  # its members would train on shares and average them
+            raise ttypes.InvalidRequest(message=f"relay {self.node_id} does not score "
+                                        "clients' validation parts (federated evaluation "
+                                        "goes to the nodes that hold the clients)")
         return super().train_with_weights(request)
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:

@@ -109,6 +109,7 @@ class SharedOutput:
     num_samples: int
     loss: float
     error: float
+    loss_before: float | None = None  # a client's loss before training, where measured
 
 
 @dataclass
@@ -247,24 +248,30 @@ def _combine(output: UnitOutput | None, reply: Reply | None, setup: WorkerSetup)
     return Reply("done", output=_shared_output(flat.cpu().numpy(), layout[0]))
 
 
+SCALARS = 5  # samples, x loss, x error, x loss before, samples whose loss before was measured
+
+
 def dist_sums(output: UnitOutput | None, layout: list, device: str) -> torch.Tensor:
     """One float64 vector: every tensor times the share's samples, then samples, samples
-    x loss and samples x error (zeros for a share without a sample)."""
+    x loss, samples x error, samples x loss before training and the samples that measured
+    it (zeros for a share without a sample)."""
     import torch
 
     if output is None:
-        size = sum(int(np.prod(shape)) for _, shape, _ in layout) + 3
+        size = sum(int(np.prod(shape)) for _, shape, _ in layout) + SCALARS
         return torch.zeros(size, dtype=torch.float64, device=device)
     n = output.num_samples
     parts = [np.asarray(output.update[name], np.float64).ravel() * n for name, _, _ in layout]
-    parts.append(np.array([n, n * output.loss, n * output.error], np.float64))
+    before, measured = (0.0, 0) if output.loss_before is None else (output.loss_before, n)
+    parts.append(np.array([n, n * output.loss, n * output.error, measured * before, measured],
+                          np.float64))
     return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
 def _shared_output(flat: np.ndarray, layout: list) -> SharedOutput:
     """The mean update (sums over samples) in a new shared memory block, each tensor cast
     to its dtype, one tensor at a time: no second whole copy of the update is made."""
-    total, loss, error = flat[-3:]
+    total, loss, error, before, measured = flat[-SCALARS:]
     tensors, size = block_layout((name, dtype, shape) for name, shape, dtype in layout)
     block = SharedMemory(create=True, size=size)
     try:
@@ -278,4 +285,5 @@ def _shared_output(flat: np.ndarray, layout: list) -> SharedOutput:
     finally:
         block.close()
     return SharedOutput(block.name, tuple(tensors), int(round(total)), float(loss / total),
-                        float(error / total))
+                        float(error / total),
+                        float(before / measured) if measured else None)

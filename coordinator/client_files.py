@@ -5,13 +5,19 @@
   ``partition.png``, drawn with the run's curves at its end, pictures it (label counts per
   client, as FL papers picture a split).
 * ``clients.jsonl``: one line per client and round it was asked in: ``round``,
-  ``client``, ``examples``, ``train_loss`` (its local training's mean loss), ``node`` (its
-  holder that computed it), or ``dropped``/``failed`` with the reason. In the async and
-  buffered modes, one line per client unit (a client may train several times a round),
-  with ``version``: the global-model version its delta was applied in, or the newest
-  version when it failed or dropped out.
+  ``client``, ``examples``, ``loss_before`` (the received weights' loss on its training
+  examples, before local training), ``train_loss`` (its local training's mean loss),
+  ``node`` (its holder that computed it), or ``dropped``/``failed`` with the reason; and,
+  on federated evaluation rounds, one line of ``"kind": "eval"`` per client scored:
+  ``examples`` (its validation part), ``val_loss``, ``val_error`` (the run's metric),
+  ``val_accuracy`` (1 - error, where the metric is the error rate) and ``node``. In the
+  async and buffered modes, one line per client unit (a client may train several times a
+  round), with ``version``: the global-model version its delta was applied in, or the
+  newest version when it failed or dropped out.
 * the summary's fairness figures over the clients' latest training losses: mean, worst
-  10 % and spread (standard deviation), as FL papers report them.
+  10 % and spread (standard deviation), as FL papers report them; on evaluation rounds
+  the size-weighted federated validation figures and the same fairness figures over the
+  clients' validation accuracy (coordinator/client_eval.py).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from thrift_trainer.training.units import UnitFailure, UnitResult
 PARTITION_FILE = "partition.json"
 PARTITION_PICTURE = "partition.png"
 CLIENTS_FILE = "clients.jsonl"
+EVAL_KIND = "eval"  # the "kind" of a federated evaluation's line in clients.jsonl
 MOST_CLIENTS_DRAWN = 2_000  # clients drawn in partition.png: beyond, the first ones
 
 
@@ -44,12 +51,23 @@ def client_rows(round_index: int, results: Sequence[UnitResult],
     """The lines of clients.jsonl for one round, in client order."""
     rows: list[dict[str, Any]] = [
         {"round": round_index, "client": r.unit.client, "examples": r.num_samples,
-         "train_loss": r.loss if math.isfinite(r.loss) else None, "node": r.node}
+         "loss_before": _number(r.loss_before), "train_loss": _number(r.loss),
+         "node": r.node}
         for r in results if r.unit.client is not None]
     for key, settled in (("failed", failures), ("dropped", dropped)):
         rows += [{"round": round_index, "client": f.unit.client, key: f.reason}
                  for f in settled if f.unit.client is not None]
-    return sorted(rows, key=lambda row: _client_order(row["client"]))
+    return sorted(rows, key=lambda row: client_order(row["client"]))
+
+
+def _number(value: float | None) -> float | None:
+    """A figure for JSON: None where it was not measured or is not finite."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def is_eval(row: dict[str, Any]) -> bool:
+    """Whether a clients.jsonl line is a federated evaluation's (not a training unit's)."""
+    return row.get("kind") == EVAL_KIND
 
 
 def stream_client_rows(round_index: int, ends: Sequence[ClientEnd]) -> list[dict[str, Any]]:
@@ -60,14 +78,13 @@ def stream_client_rows(round_index: int, ends: Sequence[ClientEnd]) -> list[dict
         if end.result is not None:
             r = end.result
             rows.append({"round": round_index, "version": end.version, "client": r.unit.client,
-                         "examples": r.num_samples,
-                         "train_loss": r.loss if math.isfinite(r.loss) else None,
-                         "node": r.node})
+                         "examples": r.num_samples, "loss_before": _number(r.loss_before),
+                         "train_loss": _number(r.loss), "node": r.node})
         elif end.failure is not None:
             rows.append({"round": round_index, "version": end.version,
                          "client": end.failure.unit.client,
                          "dropped" if end.dropped else "failed": end.failure.reason})
-    return sorted(rows, key=lambda row: (row["version"], _client_order(row["client"])))
+    return sorted(rows, key=lambda row: (row["version"], client_order(row["client"])))
 
 
 def append_clients(run_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -107,19 +124,27 @@ def keep_until(run_dir: Path, last_round: int) -> None:
 def per_client(rows: Sequence[dict[str, Any]], most: int = 1_000) -> list[dict[str, Any]]:
     """Each client's rounds as the dashboard's table shows them (the first ``most``
     clients): rounds trained, dropped and failed, its examples, its latest training loss
-    and the round of it."""
+    (and its loss before that round's training) and the round of it, and its latest
+    federated evaluation (validation loss and accuracy, the round of it)."""
     table: dict[str, dict[str, Any]] = {}
     for row in rows:
         entry = table.setdefault(row["client"], {
             "client": row["client"], "trained": 0, "dropped": 0, "failed": 0,
-            "examples": None, "train_loss": None, "last_round": None})
-        if "node" in row:
+            "examples": None, "loss_before": None, "train_loss": None, "last_round": None,
+            "evaluated": 0, "val_loss": None, "val_accuracy": None, "val_round": None})
+        if is_eval(row):
+            if "node" in row:
+                entry["evaluated"] += 1
+                entry.update(val_loss=row.get("val_loss"), val_round=row["round"],
+                             val_accuracy=row.get("val_accuracy"))
+        elif "node" in row:
             entry["trained"] += 1
             entry.update(examples=row.get("examples"), train_loss=row.get("train_loss"),
-                         last_round=row["round"], node=row["node"])
+                         loss_before=row.get("loss_before"), last_round=row["round"],
+                         node=row["node"])
         else:
             entry["dropped" if "dropped" in row else "failed"] += 1
-    return sorted(table.values(), key=lambda e: _client_order(e["client"]))[:most]
+    return sorted(table.values(), key=lambda e: client_order(e["client"]))[:most]
 
 
 def fairness(rows: Sequence[dict[str, Any]]) -> dict[str, float | int]:
@@ -127,7 +152,7 @@ def fairness(rows: Sequence[dict[str, Any]]) -> dict[str, float | int]:
     the mean of the worst 10 % (at least one client) and the standard deviation."""
     latest: dict[str, float] = {}
     for row in rows:
-        if row.get("train_loss") is not None:
+        if row.get("train_loss") is not None and not is_eval(row):
             latest[row["client"]] = row["train_loss"]
     if not latest:
         return {}
@@ -166,6 +191,6 @@ def draw_partition(record: PartitionRecord, path: Path) -> None:
     plt.close(fig)
 
 
-def _client_order(name: str) -> tuple[int, str]:
+def client_order(name: str) -> tuple[int, str]:
     digits = "".join(ch for ch in name if ch.isdigit())
     return (int(digits) if digits else -1, name)

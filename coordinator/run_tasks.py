@@ -33,7 +33,7 @@ class RunTasks:
             config_json=self.config_json, weights=weights,
             scheduling_policy=self.policy, index_start=unit.index_start,
             index_stop=unit.index_stop, model_version=model_version,
-            expected_update=self.expected_update, client=unit.client)
+            expected_update=self.expected_update, client=unit.client, kind=unit.kind)
 
 
 class VersionCache:

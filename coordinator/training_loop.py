@@ -19,6 +19,7 @@ from typing import Any
 
 from thrift_trainer.coordinator import drills
 from thrift_trainer.coordinator.checkpoint import Checkpoint, CheckpointError
+from thrift_trainer.coordinator.client_eval import Evaluated, evaluate_clients, evaluation_engine
 from thrift_trainer.coordinator.client_files import client_rows, fairness, stream_client_rows
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.records import RunRequest
@@ -96,6 +97,11 @@ class TrainingLoop:
         if self._passes is not None:
             passes, progress = self._passes, parts.progress
             progress.stream_counts = lambda: {**passes.counts(), "version": progress.round}
+        # federated evaluation (coordinator/client_eval.py): its engine, made when first
+        # needed, and the weights it sent with their encoding, which the next round reuses
+        self._eval_engine: RoundEngine | None = None
+        self._sent: tuple[Weights, Tensors] | None = None
+        self._latest_eval: dict[str, float] = {}  # the status shows it until the next
 
     def run(self, engine: RoundEngine, weights: Weights, done: int,
             history: list[RoundMetrics]) -> Weights:
@@ -123,7 +129,7 @@ class TrainingLoop:
         clock = PhaseClock()
         with clock.phase("plan"):
             units = self._plan(round_index)
-            sent_weights = encode_weights(weights, self.compression)  # once, for every unit
+            sent_weights = self._encoded(weights)  # once, for every unit
         with clock.phase("units"):
             outcome = self._run_units(engine, round_index, units, weights, sent_weights)
         update_started = runtime.monotonic()
@@ -139,19 +145,46 @@ class TrainingLoop:
                 log.warning("round %d: every client asked dropped out (no live node holds "
                             "them); the model is unchanged", round_index)
         clients = client_rows(round_index, outcome.results, outcome.failures, outcome.dropped)
-        self.parts.folder.append_clients(clients)
         with clock.phase("after_round"):
             if self._residuals is not None:
                 self._residuals.note(units, outcome.placement)
             self.algorithm.after_round(round_index, NodeSessions(
                 self.parts.run_id, self.parts.nodes.nodes, outcome.placement,
                 cannot_dial=lambda node: not node.accepts_connections))
+        figures = fairness(clients)
+        evaluated = self._evaluate_clients(engine, round_index, weights, clock)
+        if evaluated is not None:
+            clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
+            self._latest_eval = evaluated.figures
+        self.parts.folder.append_clients(clients)
         position = self._passes.position() if self._passes is not None else None
         metrics = self._write_round(
             RoundEnd(round_index, round_index, weights, outcome.completed, outcome.train_loss,
                      outcome.discarded, position), started, bytes_before, update_started,
-            clock, fairness(clients))
+            clock, figures)
         return weights, metrics
+
+    def _encoded(self, weights: Weights) -> Tensors:
+        """The weights as sent: the very tensors a federated evaluation sent of them, so
+        that a node that kept them is not sent them again (engine/nodes/sent_weights.py)."""
+        if self._sent is not None and self._sent[0] is weights:
+            return self._sent[1]
+        return encode_weights(weights, self.compression)
+
+    def _evaluate_clients(self, engine: RoundEngine, round_index: int, weights: Weights,
+                          clock: PhaseClock) -> Evaluated | None:
+        """A federated evaluation of the round's new weights when it is due (the
+        algorithm's `evaluation_units`); None when it is not."""
+        units = self.algorithm.evaluation_units(round_index, self.rounds)
+        if not units:
+            return None
+        with clock.phase("client_eval"):
+            if self._eval_engine is None:
+                self._eval_engine = evaluation_engine(engine)
+            self._eval_engine.set_nodes(engine.nodes)
+            self._sent = (weights, encode_weights(weights, self.compression))
+            return evaluate_clients(self._eval_engine, self.parts.tasks, round_index, units,
+                                    self._sent[1], self.algorithm.scores_accuracy)
 
     def _plan(self, round_index: int) -> list[UnitSpec]:
         """The round's units: from the passes over the data, or the algorithm's plan."""
@@ -298,7 +331,7 @@ class TrainingLoop:
             self._score(round_index, weights, metrics)
             if client_figures:
                 metrics.scores = {**(metrics.scores or {}), **client_figures}
-                parts.progress.clients_done(client_figures)
+                parts.progress.clients_done({**self._latest_eval, **client_figures})
         with clock.phase("ledger"):
             parts.ledger.round_ended(metrics, end.results, len(end.discarded))
             parts.ledger.check()  # a round the store missed must not be checkpointed

@@ -146,6 +146,8 @@ def _latest(views: Views, run_id: str, snap: Any) -> dict[str, float]:
     values = {k: float(v) for k, v in row.items()
               if k not in ("round", "discarded") and isinstance(v, (int, float))
               and not isinstance(v, bool)}
+    # a run with clients: the latest round's figures and its latest federated evaluation's
+    values.update({k: float(v) for k, v in (snap.clients or {}).items()})
     if snap.validation_error >= 0:
         values["validation_error"] = snap.validation_error
     if snap.train_loss is not None:

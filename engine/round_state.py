@@ -103,7 +103,8 @@ class RoundState(WorkQueue):
                 return False
             unit.done = True
             self.results[unit.index] = UnitResult(unit.spec, update, result.num_samples,
-                                                  result.loss, node)
+                                                  result.loss, node, result.loss_before,
+                                                  result.error)
             if on_kept is not None:
                 on_kept()
             self.completed += 1

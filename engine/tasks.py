@@ -49,6 +49,7 @@ class Task:
     # the tensors a result's update must have, for a relay to check its members' results
     expected_update: TensorSpecs | None = None
     client: str | None = None  # the federated client whose examples the unit trains on
+    kind: str = "train"  # "evaluate": score the weights on the client's validation part
 
     @property
     def version(self) -> int:
@@ -73,3 +74,4 @@ class TaskResult:
     delay_seconds: float = 0.0  # time in the node's (simulated) load delay
     message: str | None = None  # why it was rejected or cancelled
     node_id: str | None = None
+    loss_before: float | None = None  # a client's loss before local training, if measured

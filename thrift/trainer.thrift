@@ -100,6 +100,9 @@ struct WorkRequest {
   20: optional string client,        // the federated client whose data the unit trains on
                                      // ("client7"): its examples, as the node's partition
                                      // of the run's data set deals them (clients section)
+  21: optional string kind,          // "evaluate": score the weights on the client's
+                                     // validation part and change nothing (no update);
+                                     // absent: train, as before
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -115,6 +118,8 @@ struct TrainResult {
   9: optional string message,        // why the unit was rejected or cancelled
   10: optional string node_id,
   11: optional i64 model_version,    // the model_version of the request it answers
+  12: optional double loss_before,   // a federated client's unit: the loss of the weights
+                                     // it was sent on its training examples, before training
 }
 
 /* Before round 1: can this node serve the run? (Its plug-ins, model and data set.) */
@@ -359,7 +364,9 @@ struct RunStatus {
                                        // of the one that leads (this one's when it leads)
   27: optional map<string, double> clients, // a run with federated clients: its latest
                                        // round's clients_trained, client_loss_mean,
-                                       // client_loss_worst10 and client_loss_std
+                                       // client_loss_worst10 and client_loss_std, and its
+                                       // latest federated evaluation's figures
+                                       // (federated_val_accuracy, ...; eval_round)
 }
 
 struct CancelRunRequest {

@@ -79,7 +79,8 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
         setup = torch_model.setup_of(spec.model, config, spec.dataset, Path(location))
         return RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,
                         len(setup.data.train), _partition(setup, spec, config),
-                        own_size=len(setup.data.train), own_labels=_label_counts(setup, spec))
+                        own_size=_own_size(setup, spec, config),
+                        own_labels=_label_counts(setup, spec, config))
     except (plugins.PluginError, ValueError) as exc:  # ConfigError and DataError too
         text = str(exc)
         raise RunUnfit(text if text.startswith("lacks ") else
@@ -112,15 +113,27 @@ def _partition(setup: object, spec: RunSpec, config: dict) -> str:
     return parts_of(setup, spec.clients, config["seed"])[1].fingerprint
 
 
-def _label_counts(setup: object, spec: RunSpec) -> dict[int, int] | None:
-    """Node-resident clients: the label counts of this process's training part."""
+def _own_size(setup: object, spec: RunSpec, config: dict) -> int:
+    """The examples this process's own client trains on (node-resident clients; without
+    them the training part's size, unused)."""
+    if not spec.clients.on_nodes:
+        return len(setup.data.train)
+    from thrift_trainer.training.clients.data_parts import own_examples
+
+    return len(own_examples(spec.clients, config["seed"])(setup))
+
+
+def _label_counts(setup: object, spec: RunSpec, config: dict) -> dict[int, int] | None:
+    """Node-resident clients: the label counts of the examples this process's own client
+    trains on."""
     if not spec.clients.on_nodes:
         return None
     import numpy as np
 
-    from thrift_trainer.training.clients.data_parts import training_labels
+    from thrift_trainer.training.clients.data_parts import own_examples, training_labels
 
-    kinds, counts = np.unique(training_labels(setup), return_counts=True)
+    own = own_examples(spec.clients, config["seed"])(setup)
+    kinds, counts = np.unique(training_labels(setup)[own], return_counts=True)
     return {int(k): int(n) for k, n in zip(kinds, counts, strict=True)}
 
 

@@ -40,6 +40,17 @@ class UnitSpec:
     # The federated client whose examples the unit trains on (training/clients/): it goes
     # only to a node that holds that client; None: the unit is the data set's to share.
     client: str | None = None
+    # TRAIN, or EVALUATE: score the weights on the client's validation part (federated
+    # evaluation); such a unit changes nothing and is never averaged into the model
+    kind: str = "train"
+
+    @property
+    def evaluates(self) -> bool:
+        return self.kind == EVALUATE
+
+
+TRAIN, EVALUATE = "train", "evaluate"
+UNIT_KINDS = (TRAIN, EVALUATE)
 
 
 @dataclass
@@ -86,6 +97,9 @@ class UnitOutput:
     num_samples: int
     loss: float
     error: float
+    # a federated client's unit: the loss of the weights it was sent on its training
+    # examples, before local training; None where it was not measured
+    loss_before: float | None = None
 
 
 @dataclass
@@ -106,6 +120,8 @@ class UnitResult:
     num_samples: int
     loss: float = float("nan")
     node: str | None = None  # name of the node that computed it
+    loss_before: float | None = None  # UnitOutput.loss_before, where the node measured it
+    error: float = float("nan")  # the node's metric (an evaluation unit's validation metric)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,12 @@ const GROUPS = [
   ["Bytes per round", ["bytes_down", "bytes_up"]],
   ["Units per second", ["units_per_second"]],
   ["Round time (s)", ["seconds"]],
+  // federated evaluation (clients.eval_every): the worst 10 % first, so that the means,
+  // which are often close to each other, are not drawn over it
+  ["Clients' validation accuracy", ["client_val_accuracy_worst10", "client_val_accuracy_mean",
+                                    "federated_val_accuracy"]],
 ];
-const NOT_CHARTED = new Set(["round", "n"]);
+const NOT_CHARTED = new Set(["round", "n", "eval_round"]);
 const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c",
                 "#5c940d"];
 
@@ -116,10 +120,12 @@ function renderNodes(nodes) {
 
 function renderClients(clients) {
   document.getElementById("clients-section").hidden = !clients || clients.length === 0;
+  const fixed = v => (v === null || v === undefined) ? "–" : v.toFixed(4);
   fillTable(document.querySelector("#clients tbody"), (clients || []).map(c => ({client: c.client, cells: [
     [c.client], [c.trained, "num"], [c.dropped, "num"], [c.failed, "num"],
-    [c.examples ?? "–", "num"], [c.train_loss === null ? "–" : c.train_loss.toFixed(4), "num"],
-    [c.last_round ?? "–", "num"], [c.node || "–"],
+    [c.examples ?? "–", "num"], [fixed(c.loss_before), "num"], [fixed(c.train_loss), "num"],
+    [c.last_round ?? "–", "num"], [c.evaluated ?? 0, "num"], [fixed(c.val_loss), "num"],
+    [fixed(c.val_accuracy), "num"], [c.node || "–"],
   ]})), c => c.client);
 }
 

@@ -403,7 +403,8 @@ def dropped_clients(world: World, run_id: str) -> frozenset[tuple[int, str]]:
     if not path.is_file():
         return frozenset()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return frozenset((row["round"], row["client"]) for row in rows if "dropped" in row)
+    return frozenset((row["round"], row["client"]) for row in rows
+                     if "dropped" in row and row.get("kind") != "eval")  # training units
 
 
 def failures(outcome: Outcome, store: Path, run_id: str) -> list[str]:

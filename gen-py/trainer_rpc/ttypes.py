@@ -683,12 +683,13 @@ class WorkRequest(object):
      - parts
      - expected_update
      - client
+     - kind
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, client=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, client=None, kind=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -709,6 +710,7 @@ class WorkRequest(object):
         self.parts = parts
         self.expected_update = expected_update
         self.client = client
+        self.kind = kind
         self.token = token
 
     def read(self, iprot):
@@ -832,6 +834,11 @@ class WorkRequest(object):
                     self.client = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 21:
+                if ftype == TType.STRING:
+                    self.kind = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -933,6 +940,10 @@ class WorkRequest(object):
             oprot.writeFieldBegin('client', TType.STRING, 20)
             oprot.writeString(self.client.encode('utf-8') if sys.version_info[0] == 2 else self.client)
             oprot.writeFieldEnd()
+        if self.kind is not None:
+            oprot.writeFieldBegin('kind', TType.STRING, 21)
+            oprot.writeString(self.kind.encode('utf-8') if sys.version_info[0] == 2 else self.kind)
+            oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
             oprot.writeString(self.token.encode('utf-8') if sys.version_info[0] == 2 else self.token)
@@ -993,11 +1004,12 @@ class TrainResult(object):
      - message
      - node_id
      - model_version
+     - loss_before
 
     """
 
 
-    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None, model_version=None,):
+    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None, model_version=None, loss_before=None,):
         self.accepted = accepted
         self.outcome = outcome
         self.update = update
@@ -1009,6 +1021,7 @@ class TrainResult(object):
         self.message = message
         self.node_id = node_id
         self.model_version = model_version
+        self.loss_before = loss_before
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1080,6 +1093,11 @@ class TrainResult(object):
                     self.model_version = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 12:
+                if ftype == TType.DOUBLE:
+                    self.loss_before = iprot.readDouble()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1136,6 +1154,10 @@ class TrainResult(object):
         if self.model_version is not None:
             oprot.writeFieldBegin('model_version', TType.I64, 11)
             oprot.writeI64(self.model_version)
+            oprot.writeFieldEnd()
+        if self.loss_before is not None:
+            oprot.writeFieldBegin('loss_before', TType.DOUBLE, 12)
+            oprot.writeDouble(self.loss_before)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5648,7 +5670,7 @@ WorkRequest.thrift_spec = (
     (18, TType.I32, 'parts', None, None, ),  # 18
     (19, TType.LIST, 'expected_update', (TType.STRUCT, [Tensor, None], False), None, ),  # 19
     (20, TType.STRING, 'client', 'UTF8', None, ),  # 20
-    None,  # 21
+    (21, TType.STRING, 'kind', 'UTF8', None, ),  # 21
     None,  # 22
     None,  # 23
     None,  # 24
@@ -5743,6 +5765,7 @@ TrainResult.thrift_spec = (
     (9, TType.STRING, 'message', 'UTF8', None, ),  # 9
     (10, TType.STRING, 'node_id', 'UTF8', None, ),  # 10
     (11, TType.I64, 'model_version', None, None, ),  # 11
+    (12, TType.DOUBLE, 'loss_before', None, None, ),  # 12
 )
 all_structs.append(RunCheckRequest)
 RunCheckRequest.thrift_spec = (

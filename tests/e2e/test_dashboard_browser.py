@@ -188,7 +188,8 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
     result = cluster.train_json(
         "--set", "run.model=mlp_classifier", "--set", "data.format=letters",
         "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
-        "--set", "clients.count=8", "--set", "clients.per_round=3", "--set", "run.rounds=3")
+        "--set", "clients.count=8", "--set", "clients.per_round=3", "--set", "run.rounds=3",
+        "--set", "clients.validation_fraction=0.25", "--set", "clients.eval_every=3")
     browser.get(f"{url}runs/{result['run_id']}")
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"),
@@ -197,12 +198,17 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
     trained = {line["client"] for line in _client_lines(cluster, result["run_id"])}
     assert [row.split()[0] for row in rows] == sorted(trained, key=lambda c: int(c[6:]))
     assert sum(int(row.split()[1]) for row in rows) == 9  # 3 clients a round, 3 rounds
+    assert sum(int(row.split()[8]) for row in rows) == 8  # every client scored after round 3
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: series_pixels(browser, "#chart-client-loss-worst10") > 0,
         message="the worst 10 % of the clients' losses is charted")
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+        lambda _: series_pixels(browser, "#chart-clients-validation-accuracy") > 0,
+        message="the clients' validation accuracy is charted")
     with urllib.request.urlopen(f"{url}metrics", timeout=WAIT) as response:
         metrics = response.read().decode()
-    for figure in ("clients_trained", "client_loss_mean", "client_loss_worst10"):
+    for figure in ("clients_trained", "client_loss_mean", "client_loss_worst10",
+                   "federated_val_accuracy", "client_val_accuracy_worst10"):
         assert re.search(rf'trainer_run_metric{{metric="{figure}",run="{result["run_id"]}"}} '
                          r"[0-9.e+-]+", metrics), figure  # aggregates, no per-client series
     assert "client0" not in metrics

@@ -334,3 +334,106 @@ def test_nodes_with_their_own_data_train_in_buffered_mode(cluster):
         [(version, 2) for version in range(1, 7)], trained
     for line in trained:  # each site's own data trained on that site alone
         assert line["node"].endswith(f":{nodes[line['client'][-1]].port}"), line
+
+# ---------------------------------------------------------------- federated evaluation
+EVALUATED = ["--set", "clients.validation_fraction=0.2", "--set", "clients.eval_every=2",
+             "--set", "clients.eval_per_round=5"]
+
+
+def test_federated_evaluation_scores_clients_on_their_holders_every_n_rounds(cluster):
+    low = cluster.add_node(0.0, "--clients", "0-5")
+    high = cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*FEDERATED, *EVALUATED, "--set", "run.rounds=3")
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    evaluated = [line for line in lines if line.get("kind") == "eval"]
+    trained = [line for line in lines if "kind" not in line]
+    # every second round and after the last, five clients each, none missed
+    assert sorted({line["round"] for line in evaluated}) == [2, 3], evaluated
+    assert all(sum(1 for line in evaluated if line["round"] == r) == 5 for r in (2, 3))
+    holder = {str(low.port): range(0, 6), str(high.port): range(6, 12)}
+    partition = json.loads((run_dir / "partition.json").read_text())
+    for line in evaluated:  # scored by its holder, on its validation part
+        index = int(line["client"][6:])
+        assert index in holder[line["node"].rpartition(":")[2]], line
+        assert line["examples"] == partition["validation_sizes"][index], line
+        assert 0 <= line["val_accuracy"] <= 1 and line["val_loss"] > 0, line
+    assert len(trained) == 3 * 4 and all(line["loss_before"] > 0 for line in trained), trained
+    for line in trained:  # trained on the examples left once its validation part is out
+        assert line["examples"] == partition["sizes"][int(line["client"][6:])], line
+    rows = {row["round"]: row for row in _metrics(run_dir)}
+    assert [r for r, row in rows.items() if "federated_val_accuracy" in row] == [2, 3]
+    for r in (2, 3):
+        scored = [line for line in evaluated if line["round"] == r]
+        total = sum(line["examples"] for line in scored)
+        for key in ("val_accuracy", "val_loss"):
+            weighted = sum(line["examples"] * line[key] for line in scored) / total
+            assert rows[r][f"federated_{key}"] == pytest.approx(weighted, rel=1e-9), (r, key)
+        assert rows[r]["client_val_accuracy_worst10"] == min(
+            line["val_accuracy"] for line in scored)  # one client of five is the worst 10 %
+    assert result["history"][-1]["federated_val_accuracy"] == rows[3]["federated_val_accuracy"]
+    status = local_cluster.run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
+                                       result["run_id"], "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    figures = json.loads(status.stdout)["clients"]
+    assert figures["federated_val_accuracy"] == rows[3]["federated_val_accuracy"], figures
+    # the last evaluation scored the saved model: one client's accuracy, in this process
+    # (the nodes' error rate is a float32 mean: equal to a few parts in 1e8)
+    line = evaluated[-1]
+    assert line["val_accuracy"] == pytest.approx(
+        _accuracy_on_validation(run_dir, line["client"]), abs=1e-6), line
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _accuracy_on_validation(run_dir: Path, client: str) -> float:
+    """The saved model's accuracy on ``client``'s validation examples, as this process
+    deals and splits the shipped data (its own forward pass, not the nodes' code)."""
+    import torch
+
+    from thrift_trainer.training.algorithms import torch_model
+    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
+    from thrift_trainer.training.clients.data_parts import validation_parts_of
+    from thrift_trainer.training.models import modules
+    from thrift_trainer.training.run_config import load_run_config
+
+    overrides = _overrides() + [EVALUATED[k + 1] for k in range(0, len(EVALUATED), 2)]
+    spec = load_run_config(None, overrides).to_spec()
+    config = DeltaAveraging.check_config("mlp_classifier", spec.algorithm_config())
+    setup = torch_model.setup_of("mlp_classifier", config, "letters", SHIPPED)
+    held = validation_parts_of(setup, spec.clients, config["seed"])[int(client[6:])]
+    weights, _ = load_model(run_dir / "model.npz")
+    module = setup.build()
+    modules.load_arrays(module, weights)
+    module.eval()
+    inputs, targets = setup.data.train.take(held)
+    with torch.no_grad():
+        predicted = module(inputs).argmax(dim=1)
+    return float((predicted == targets).double().mean())
+
+
+def test_node_resident_clients_are_scored_on_their_own_validation_part(cluster):
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    sizes = {"a": _own_letters(roots["a"], range(1, 2), lambda label: label < 13),
+             "b": _own_letters(roots["b"], range(2, 3), lambda label: label >= 9)}
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    # a validation_fraction too: it holds nothing out of data that has its own validation part
+    result = cluster.train_json(*_with_sets(RESIDENT + [
+        "clients.placement=nodes", "run.rounds=2", "clients.eval_every=1",
+        "clients.validation_fraction=0.5"]))
+    run_dir = _run_dir(cluster, result)
+    assert json.loads((run_dir / "partition.json").read_text())["sizes"] == [sizes["a"],
+                                                                              sizes["b"]]
+    validation_rows = len((SHIPPED / "validate_letters.txt").read_text().split())
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    assert [(line["round"], line["client"], line["node"].rpartition(":")[2], line["examples"])
+            for line in evaluated] == [(r, f"site-{key}", str(nodes[key].port), validation_rows)
+                                       for r in (1, 2) for key in "ab"], evaluated
+    # both score the same shipped validation file with the same weights
+    assert evaluated[2]["val_accuracy"] == evaluated[3]["val_accuracy"]
+    assert result["history"][-1]["clients_evaluated"] == 2

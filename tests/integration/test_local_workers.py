@@ -251,3 +251,33 @@ def test_workers_end_with_their_node_even_when_it_is_killed(cluster):
     pids = _worker_pids(node)
     node.kill()  # SIGKILL: the node cannot stop them itself
     assert wait_until(lambda: not any(_running(pid) for pid in pids), 15)
+
+
+def test_a_clients_unit_reports_its_loss_before_and_an_evaluation_is_computed_whole(workers):
+    """Two workers: the loss before training is the shares' sample-weighted one (that of
+    one worker), and an evaluation unit is scored by the node, not split and trained."""
+    from thrift_trainer.training.run_config import load_run_config
+    from thrift_trainer.training.units import EVALUATE
+
+    spec = load_run_config(None, [
+        "run.model=mlp_classifier", "run.dataset=letters", "data.format=letters",
+        "run.algorithm=delta_avg", "delta_avg.epochs=1", "clients.count=4",
+        "clients.validation_fraction=0.2", "clients.eval_every=1"]).to_spec()
+    algorithm = DeltaAveraging("mlp_classifier", spec.algorithm_config(), DATA / "letters",
+                               "letters")
+    config = algorithm.config
+    client = algorithm.plan_round(1)[1]
+    weights = algorithm.initial_weights()
+
+    def job(unit: UnitSpec) -> UnitJob:
+        return UnitJob("run", 1, unit, "mlp_classifier", config, weights, dataset="letters")
+
+    one = run_unit(DeltaAveraging, job(client), DATA / "letters")
+    two = workers(DeltaAveraging, job(client), DATA / "letters")
+    assert two.num_samples == one.num_samples
+    assert two.loss_before == pytest.approx(one.loss_before, rel=1e-6)
+    scoring = replace(client, unit_id="eval-" + client.client, kind=EVALUATE)
+    alone = run_unit(DeltaAveraging, job(scoring), DATA / "letters")
+    scored = workers(DeltaAveraging, job(scoring), DATA / "letters")
+    assert scored.update == {} and scored.num_samples == alone.num_samples > 0
+    assert (scored.loss, scored.error) == (alone.loss, alone.error)

@@ -119,6 +119,17 @@ class Algorithm(ABC):
         its nodes take at once: all of those by default."""
         return capacity
 
+    def evaluation_units(self, round_index: int, rounds: int) -> list[UnitSpec]:
+        """Federated evaluation: the units (kind "evaluate") that score the global model
+        after ``round_index`` of ``rounds`` on clients' validation parts; none by
+        default."""
+        return []
+
+    @property
+    def scores_accuracy(self) -> bool:
+        """Whether the run's metric is an error rate, so that 1 - metric is an accuracy."""
+        return False
+
     @classmethod
     def takes_clients(cls, model: str) -> str | None:
         """Why this algorithm cannot train ``model`` on federated clients, or None."""

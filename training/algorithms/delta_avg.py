@@ -147,6 +147,8 @@ class DeltaAveraging(AveragingAlgorithm):
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         if job.model != "mlp":
+            if job.unit.evaluates:
+                return cls._evaluate_client(job, dataset_dir)
             output = cls._train_examples(job, dataset_dir, cls._examples(job))
             if output is None:
                 raise ConfigError(f"unit {job.unit.unit_id} holds no example")
@@ -202,8 +204,22 @@ class DeltaAveraging(AveragingAlgorithm):
         config = cls.unit_config(job)
         settings = clients_settings(config.get(CLIENTS))
         if settings.on_nodes:  # the node's own data is the client (its node checked it)
-            return data_parts.all_examples
+            return data_parts.own_examples(settings, config["seed"])
         return data_parts.client_examples(job.unit.client, settings, config["seed"])
+
+    @classmethod
+    def _evaluate_client(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
+        """Federated evaluation: the weights scored on the client's validation part."""
+        from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
+        from thrift_trainer.training.clients import data_parts
+
+        config = cls.unit_config(job)
+        settings = clients_settings(config.get(CLIENTS))
+        if job.unit.client is None or not settings.enabled:
+            raise ConfigError(f"unit {job.unit.unit_id}: only a federated client's unit "
+                              "is evaluated on its node")
+        split = data_parts.validation_split(job.unit.client, settings, config["seed"])
+        return torch_model.evaluate_unit(job, dataset_dir, split, config["batch_size"])
 
     @classmethod
     def _train_examples(cls, job: UnitJob, dataset_dir: Path,
@@ -284,6 +300,15 @@ class DeltaAveraging(AveragingAlgorithm):
         if isinstance(self._plan, ClientPlan) and self._plan.clients.per_round:
             return self._plan.clients.target(len(self._plan.units))
         return capacity
+
+    def evaluation_units(self, round_index: int, rounds: int) -> list[UnitSpec]:
+        if not isinstance(self._plan, ClientPlan):
+            return []
+        return self._plan.evaluation_units(round_index, rounds)
+
+    @property
+    def scores_accuracy(self) -> bool:
+        return isinstance(self._plan, ClientPlan) and self._plan.scores_accuracy
 
     def unit_samples(self, unit: UnitSpec) -> int | None:
         return self._plan.samples(unit)

@@ -16,7 +16,9 @@ from thrift_trainer.training.clients.fingerprint import PartitionRecord
 from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models import mlp
-from thrift_trainer.training.units import RoundEval, TensorSpecs, UnitSpec, Weights
+from thrift_trainer.training.units import EVALUATE, RoundEval, TensorSpecs, UnitSpec, Weights
+
+EVAL_PREFIX = "eval-"  # an evaluation unit's id: eval-<client>, apart from its training
 
 
 class LettersPlan:
@@ -124,6 +126,25 @@ class ClientPlan(RangePlan):
     def round_units(self, round_index: int) -> list[UnitSpec]:
         chosen = self.clients.sampled(round_index, self.seed, list(self._by_name))
         return [self._by_name[name] for name in chosen]
+
+    def evaluation_units(self, round_index: int, rounds: int) -> list[UnitSpec]:
+        """The clients scored after ``round_index`` of ``rounds`` (clients.eval_every),
+        among those with a validation part, each as an evaluation unit; none when the
+        round is not due."""
+        if not self.clients.evaluates(round_index, rounds):
+            return []
+        held = self.record.validation_sizes
+        scored = [name for k, name in enumerate(self.clients.names())
+                  if k < len(held) and held[k]] if held else list(self._by_name)
+        return [UnitSpec(unit_id=EVAL_PREFIX + name, unit_path="", client=name,
+                         kind=EVALUATE)
+                for name in self.clients.evaluated(round_index, self.seed, scored)]
+
+    @property
+    def scores_accuracy(self) -> bool:
+        settings = self.state.setup.settings
+        return self.state.setup.data.shape.num_classes is not None and \
+            settings.metric in ("auto", "error_rate")
 
     def quorum(self, units: int) -> int:
         """Over-selected rounds close at the target count; the late units are cancelled."""

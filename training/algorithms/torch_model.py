@@ -30,6 +30,7 @@ from torch import nn
 
 from thrift_trainer.training import server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.clients.data_parts import Subset
 from thrift_trainer.training.data.datasets import folder_stamp
 from thrift_trainer.training.data.settings import SECTION as DATA
 from thrift_trainer.training.data.settings import DataSettings
@@ -176,13 +177,20 @@ def local_unit(job: UnitJob, location: Path, examples: Callable[[ModelSetup], np
     """Local training on the training part's ``examples(setup)`` (a range, or a client's
     part): the parameters' change, the buffers. ``penalty(module, weights)``: a term added
     to each step's loss, given the module and the round's weights (e.g. FedProx's
-    proximal term). None when there are no examples (an empty share of a unit)."""
+    proximal term). None when there are no examples (an empty share of a unit). A
+    federated client's unit also measures ``loss_before``: the received weights' loss on
+    the same examples, in eval mode, before the first step."""
     setup = job_setup(job, location)
     chosen = examples(setup)
     if len(chosen) == 0:
         return None
+    before = None
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
+        if job.unit.client is not None:  # batches of evaluation's size: a forward pass
+            # costs a few % of an epoch then (letters: 16 ms against 260 ms)
+            before = evaluate(setup, module, Subset(setup.data.train, chosen),
+                              device=job.device)[1]
         term = None if penalty is None else functools.partial(penalty, weights=job.weights)
         state, loss = train_locally(setup, module, chosen, local, job.control.step,
                                     job.device, term)
@@ -190,7 +198,22 @@ def local_unit(job: UnitJob, location: Path, examples: Callable[[ModelSetup], np
     params = modules.parameter_names(module)
     update = {name: state[name] - job.weights[name] for name in params}
     update.update(buffers)
-    return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
+    return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan,
+                      loss_before=before)
+
+
+def evaluate_unit(job: UnitJob, location: Path, split_of: Callable[[ModelSetup], Any],
+                  batch_size: int) -> UnitOutput:
+    """A federated client's evaluation unit: the weights' metric (``error``) and loss on
+    ``split_of(setup)``, its validation part; no update (nothing is averaged)."""
+    setup = job_setup(job, location)
+    part = split_of(setup)
+    if len(part) == 0:
+        raise ConfigError(f"client {job.unit.client} has no validation example to score")
+    with setup.borrowed(job.device) as module:
+        load_weights(module, job.weights, job.model)
+        metric, loss = evaluate(setup, module, part, batch_size, job.device)
+    return UnitOutput(update={}, num_samples=len(part), loss=float(loss), error=float(metric))
 
 
 def index_range(start: int, stop: int) -> Callable[[ModelSetup], np.ndarray]:

@@ -46,6 +46,8 @@ class PartitionRecord:
     params: dict[str, Any] = field(default_factory=dict)
     # the clients' names, where they are not client0, client1, ... (node-resident clients)
     names: list[str] = field(default_factory=list)
+    # each client's validation examples (clients.validation_fraction); empty: none held out
+    validation_sizes: list[int] = field(default_factory=list)
 
     @property
     def clients(self) -> int:
@@ -55,6 +57,8 @@ class PartitionRecord:
         data = asdict(self)
         data["label_counts"] = [{str(label): n for label, n in counts.items()}
                                 for counts in self.label_counts]
+        if not self.validation_sizes:  # a run without validation parts: as before
+            del data["validation_sizes"]
         return data
 
     def to_json(self) -> str:

@@ -28,18 +28,19 @@ _DIGITS = 9  # float products rounded first: 10 x 1.3 is 13.000000000000002, not
 
 
 def sample(round_index: int, seed: int, available: list[str], per_round: int | float,
-           over_select: float = 1.0) -> list[str]:
+           over_select: float = 1.0, purpose: str = "sample") -> list[str]:
     """The clients asked to take part in round ``round_index``, sorted by name.
 
     ``per_round`` is a count (an int >= 1, capped by the available clients) or a fraction
     in (0, 1) of the available clients, at least 1. ``over_select`` >= 1 asks
-    ceil(target x over_select) clients, capped by the available."""
+    ceil(target x over_select) clients, capped by the available. ``purpose`` names the
+    draw: another purpose (federated evaluation's) draws independently of training's."""
     clients = _distinct(available)
     if not _is_real(over_select) or not math.isfinite(over_select) or over_select < 1:
         raise ClientsError(f"over_select must be a number >= 1, got {over_select!r}")
     target = target_count(per_round, len(clients))
     asked = min(len(clients), math.ceil(round(target * over_select, _DIGITS)))
-    ranked = sorted(clients, key=lambda client: client_key("sample", seed, round_index,
+    ranked = sorted(clients, key=lambda client: client_key(purpose, seed, round_index,
                                                            client))
     return sorted(ranked[:asked])
 

@@ -15,6 +15,13 @@
   closes the round once the target count is in (Bonawitz et al. 2019); the late ones
   are cancelled. In the async and buffered modes ``per_round`` is how many clients train
   at once (FedBuff's concurrency, engine/client_draws.py) and ``over_select`` must be 1.
+* ``validation_fraction``: the share of each client's examples held out as its own
+  validation part (a seeded split, training/clients/data_parts.py); 0 (the default) holds
+  none. Node-resident clients use their data set's validation part when it has one.
+* ``eval_every``: every N rounds (and after the last) the global model is scored on the
+  validation parts of a sample of clients, on their holders (federated evaluation); 0
+  (the default) never. ``eval_per_round`` picks how many, as ``per_round`` does (0 all,
+  a count, or a fraction), drawn independently of the training sample.
 
 Like ``hierarchy``, the section travels inside a request's config only when the run has
 clients, so a request without it is exactly what it was before.
@@ -53,6 +60,9 @@ class ClientsSettings:
     size_skew: float = 1.0
     per_round: float = 0.0
     over_select: float = 1.0
+    validation_fraction: float = 0.0
+    eval_every: int = 0
+    eval_per_round: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -64,7 +74,27 @@ class ClientsSettings:
         return self.placement == "nodes"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings as a request carries them; the evaluation keys only when they are
+        set, so a run without federated evaluation sends what it sent before."""
+        data = asdict(self)
+        for key in EVALUATION_KEYS:
+            if data[key] == getattr(NONE, key):
+                del data[key]
+        return data
+
+    def evaluates(self, round_index: int, rounds: int) -> bool:
+        """Whether round ``round_index`` of ``rounds`` ends with a federated evaluation:
+        every ``eval_every`` rounds and after the last."""
+        return self.eval_every > 0 and (round_index % self.eval_every == 0
+                                        or round_index == rounds)
+
+    def evaluated(self, round_index: int, seed: int, available: list[str]) -> list[str]:
+        """The clients whose validation parts score the global model after
+        ``round_index``: ``eval_per_round`` of ``available``, a draw of its own."""
+        if not available:
+            return []
+        target = _target(self.eval_per_round, len(available))
+        return sampling.sample(round_index, seed, available, target, purpose="evaluate")
 
     def partition_params(self) -> dict[str, Any]:
         """The parameters of the chosen built-in rule (a plug-in takes none from here)."""
@@ -78,9 +108,7 @@ class ClientsSettings:
     def per_round_target(self, available: int | None = None) -> int | float:
         """``per_round`` as `sampling.sample` takes it: a count, a fraction, or every
         client (0) of ``available`` (default: ``count``)."""
-        if self.per_round == 0:
-            return max(1, self.count if available is None else available)
-        return int(self.per_round) if self.per_round >= 1 else self.per_round
+        return _target(self.per_round, self.count if available is None else available)
 
     def sampled(self, round_index: int, seed: int, available: list[str]) -> list[str]:
         """The clients asked in ``round_index`` (1-based) among ``available``, with the
@@ -96,8 +124,19 @@ class ClientsSettings:
             if available else 0
 
 
+def _target(per_round: float, available: int) -> int | float:
+    """A ``per_round``-like setting as `sampling.sample` takes it: every client (0) of
+    ``available``, a count, or a fraction."""
+    if per_round == 0:
+        return max(1, available)
+    return int(per_round) if per_round >= 1 else per_round
+
+
 NONE = ClientsSettings()
 KEYS = tuple(f.name for f in fields(ClientsSettings))
+# keys a request carries only when set (federated evaluation came after the others)
+EVALUATION_KEYS = ("validation_fraction", "eval_every", "eval_per_round")
+MAX_VALIDATION_FRACTION = 0.9
 
 
 def client_name(index: int) -> str:
@@ -147,13 +186,33 @@ def _check_ranges(settings: ClientsSettings) -> None:
     if settings.partition not in PARTITIONERS and not is_plugin_name(settings.partition):
         raise ConfigError(f"{SECTION}.partition must be one of {', '.join(PARTITIONERS)} "
                           f"or a plug-in module:function, got {settings.partition!r}")
-    per_round = settings.per_round
-    if not math.isfinite(per_round) or per_round < 0 or (
-            per_round >= 1 and per_round != int(per_round)):
-        raise ConfigError(f"{SECTION}.per_round must be 0 (every client), a whole count or "
-                          f"a fraction in (0, 1), got {per_round}")
+    for key in ("per_round", "eval_per_round"):
+        per_round = getattr(settings, key)
+        if not math.isfinite(per_round) or per_round < 0 or (
+                per_round >= 1 and per_round != int(per_round)):
+            raise ConfigError(f"{SECTION}.{key} must be 0 (every client), a whole count or "
+                              f"a fraction in (0, 1), got {per_round}")
+    _check_evaluation(settings)
     try:
         sampling.sample(1, 0, ["c"], settings.per_round_target() if settings.enabled else 1,
                         settings.over_select)
     except ClientsError as exc:
         raise ConfigError(f"{SECTION}.{exc}") from None
+
+
+def _check_evaluation(settings: ClientsSettings) -> None:
+    """The held-out share in range; federated evaluation only with validation parts to
+    score (a node-resident client may bring its data set's own validation part)."""
+    fraction = settings.validation_fraction
+    if not (math.isfinite(fraction) and 0 <= fraction <= MAX_VALIDATION_FRACTION):
+        raise ConfigError(f"{SECTION}.validation_fraction must be in [0, "
+                          f"{MAX_VALIDATION_FRACTION}], got {fraction}")
+    if settings.eval_every < 0:
+        raise ConfigError(f"{SECTION}.eval_every must be 0 (off) or a number of rounds, "
+                          f"got {settings.eval_every}")
+    if settings.eval_every and not fraction and not settings.on_nodes:
+        raise ConfigError(f"{SECTION}.eval_every needs {SECTION}.validation_fraction > 0: "
+                          f"a client's validation part is that share of its examples")
+    if (fraction or settings.eval_every) and not settings.enabled:
+        raise ConfigError(f"{SECTION}.validation_fraction and {SECTION}.eval_every are for "
+                          f"runs with clients (set {SECTION}.count or placement nodes)")

@@ -186,9 +186,9 @@ def buffers_of(module: nn.Module) -> Weights:
 # ------------------------------------------------------------------ coordinator
 @torch.no_grad()
 def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
-             batch_size: int = 256) -> tuple[float, float]:
-    """(metric, loss) of ``module`` over the validation part (or ``split``), example-weighted,
-    in eval mode."""
+             batch_size: int = 256, device: str = "cpu") -> tuple[float, float]:
+    """(metric, loss) of ``module`` (on ``device``) over the validation part (or ``split``),
+    example-weighted, in eval mode."""
     part = split if split is not None else setup.data.validation
     if len(part) == 0:
         return float("nan"), float("nan")
@@ -196,7 +196,7 @@ def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
     metric_sum = loss_sum = 0.0
     for indices in batches(0, len(part), batch_size):
         metric, loss = objectives.metric_and_loss(setup.metric, setup.loss, module,
-                                                  *part.take(indices))
+                                                  *_on(device, *part.take(indices)))
         metric_sum += metric * len(indices)
         loss_sum += loss * len(indices)
     return metric_sum / len(part), loss_sum / len(part)
