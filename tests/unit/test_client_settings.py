@@ -109,6 +109,9 @@ def _prepare(overrides: list[str]):
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=async",
       "clients.placement=nodes"], "placement nodes in 'async' mode needs "
      "schedule.updates_per_round"),
+    (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
+      "clients.count=4", "clients.validation_fraction=0.2", "clients.eval_every=2"],
+     "eval_every: federated evaluation scores clients between sync rounds; 'buffered' mode"),
 ])
 def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     from thrift_trainer.coordinator.run_setup import InvalidRun
