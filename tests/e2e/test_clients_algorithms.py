@@ -1,0 +1,93 @@
+"""Federated clients under the other algorithms and rules, through real processes: sync_sgd
+(a client's gradient per unit, K of the sampled clients closing a round) and delta_avg with
+robust aggregation rules and compressed updates. Two nodes each hold half of the clients
+(``--clients``); every attempt of a client's unit must go to its holder, and the run must
+train."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.test_federated_clients import (
+    _attempt_nodes,
+    _lines,
+    _overrides,
+    _run_dir,
+    _with_sets,
+)
+from thrift_trainer.training.outputs.model_file import load_model
+
+pytestmark = pytest.mark.processes
+
+CHANCE = 1 - 1 / 26  # the validation error of a model that guesses a letter
+
+
+def _federated(**changes: str) -> list[str]:
+    """The federated letters run of tests/e2e/test_federated_clients.py as --set
+    arguments, with keys changed (a value of "" drops the key)."""
+    settings = dict(item.split("=", 1) for item in _overrides())
+    settings.update(changes)
+    return _with_sets([f"{key}={value}" for key, value in settings.items() if value])
+
+
+def _holders(cluster) -> dict[str, range]:
+    """Two nodes, clients 0-5 on one and 6-11 on the other; port -> the indices held."""
+    low = cluster.add_node(0.0, "--clients", "0-5")
+    high = cluster.add_node(0.0, "--clients", "6-11")
+    return {str(low.port): range(0, 6), str(high.port): range(6, 12)}
+
+
+def _check_placement(cluster, result: dict, holder: dict[str, range]) -> list[dict]:
+    """Every attempt and every result of a client came from a node that holds it; the
+    clients' trained lines."""
+    trained = [line for line in _lines(_run_dir(cluster, result)) if "node" in line]
+    for line in trained:
+        assert int(line["client"][6:]) in holder[line["node"].rpartition(":")[2]], line
+    attempts = _attempt_nodes(cluster.workdir / "store.sqlite", result["run_id"])
+    assert set(attempts) >= {line["client"] for line in trained}, attempts
+    for client, ports in attempts.items():
+        assert all(int(client[6:]) in holder[port] for port in ports), (client, ports)
+    return trained
+
+
+def test_sync_sgd_takes_one_gradient_per_sampled_client_on_its_holder(cluster):
+    holder = _holders(cluster)
+    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"))
+    dropped = {key: "" for key in _overrides() if key.startswith("delta_avg.")}
+    result = cluster.train_json(
+        *_federated(**{"run.algorithm": "sync_sgd"}, **{k.split("=")[0]: v
+                                                         for k, v in dropped.items()}),
+        "--set", "sync_sgd.num_workunits_per_update=3", "--set", "sync_sgd.lr=0.01",
+        "--set", "sync_sgd.images_per_work_unit=200", "--set", "sync_sgd.batch_size=50",
+        "--set", "run.rounds=6")
+    trained = _check_placement(cluster, result, holder)
+    # 4 clients asked a round, the first 3 gradients close it (K of N)
+    assert [sum(1 for line in trained if line["round"] == r) for r in range(1, 7)] == [3] * 6
+    sizes = json.loads((_run_dir(cluster, result) / "partition.json").read_text())["sizes"]
+    for line in trained:  # a batch of 200 of the client's examples, or all it has
+        assert line["examples"] == min(200, sizes[int(line["client"][6:])]), line
+    errors = [entry["validation_error"] for entry in result["history"]]
+    assert len(errors) == 6 and errors[-1] < min(errors[0], CHANCE), errors
+
+
+@pytest.mark.parametrize("rule, codec, per_round", [
+    ("trimmed_mean", "topk", 5), ("krum", "int8", 5)])
+def test_delta_avg_clients_train_under_robust_rules_and_compression(cluster, rule, codec,
+                                                                    per_round):
+    holder = _holders(cluster)
+    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"))
+    result = cluster.train_json(
+        *_federated(**{"clients.per_round": str(per_round)}),
+        "--set", f"aggregation.rule={rule}", "--set", f"compression.up={codec}",
+        "--set", "compression.topk_fraction=0.2", "--set", "run.rounds=4")
+    trained = _check_placement(cluster, result, holder)
+    assert [sum(1 for line in trained if line["round"] == r) for r in range(1, 5)] == \
+        [per_round] * 4
+    assert result["aggregation"] == rule and result["compression"]["up"] == codec
+    weights, _ = load_model(_run_dir(cluster, result) / "model.npz")
+    raw = sum(value.nbytes for value in weights.values())  # one update, uncompressed
+    assert result["bytes_up"] < 0.75 * raw * len(trained), (result["bytes_up"], raw)
+    errors = [entry["validation_error"] for entry in result["history"]]
+    assert errors[-1] < CHANCE, errors
