@@ -82,8 +82,9 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
 
 
 def _facts(spec: RunSpec, data_root: Path) -> RunFacts | None:
-    """The coordinator's facts of a run that names plug-ins or trains a torch model."""
-    if not (spec.plugin_names or is_module_model(spec.model)):
+    """The coordinator's facts of a run that names plug-ins, trains a torch model or has
+    federated clients (its nodes must say which clients they hold before round 1)."""
+    if not (spec.plugin_names or is_module_model(spec.model) or spec.clients.enabled):
         return None
     try:
         return run_facts(spec, data_location(data_root, spec.dataset))

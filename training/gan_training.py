@@ -12,6 +12,9 @@
   BCE(D(G(z)), 0), G minimises BCE(D(G(z)), 1).
 * **Unit ids** of slot-based algorithms read ``<tag><round>-slot<i>``; the node half
   recovers the slot from it, so no extra field has to travel.
+* **Federated clients** (training/clients/) take the shards' place: client k's part of
+  the training part, dealt by the run's partitioner from the MNIST labels
+  (`client_parts`), the same on every process; k stands for the slot in the seeds.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.clients.data_parts import label_parts
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
@@ -93,6 +99,23 @@ def check_shards(folder: Path, workers: int, batch_size: int) -> int:
         raise ConfigError(f"{workers} workers leave shards of {smallest} images, fewer than "
                           f"batch_size {batch_size}; use fewer workers or a smaller batch")
     return smallest // batch_size
+
+
+def client_parts(folder: Path, settings: ClientsSettings,
+                 seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
+    """The run's clients' parts of the MNIST training part and their record."""
+    return label_parts(("mnist", str(folder.resolve()), training_size(folder)),
+                       lambda: mnist.training_part(folder)[1].astype(np.int64), settings, seed)
+
+
+def check_client_sizes(sizes: Mapping[str, int], batch_size: int) -> None:
+    """ConfigError when a client (with examples) holds less than one batch."""
+    small = {name: size for name, size in sizes.items() if 0 < size < batch_size}
+    if small:
+        name = min(small, key=small.__getitem__)
+        raise ConfigError(f"clients: {name} holds {small[name]} images, fewer than "
+                          f"batch_size {batch_size} ({len(small)} such clients); use fewer "
+                          f"clients, another partition or a smaller batch")
 
 
 def shard_indices(size: int, slot: int, workers: int, seed: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.e2e.test_federated_clients import (
@@ -91,3 +92,48 @@ def test_delta_avg_clients_train_under_robust_rules_and_compression(cluster, rul
     assert result["bytes_up"] < 0.75 * raw * len(trained), (result["bytes_up"], raw)
     errors = [entry["validation_error"] for entry in result["history"]]
     assert errors[-1] < CHANCE, errors
+
+
+# ---------------------------------------------------------------- FL-GAN
+FL_GAN_CLIENTS = {"run.algorithm": "fl_gan", "run.model": "mlpgan28-tiny",
+                  "run.dataset": "mnist", "fl_gan.batch_size": "64", "fl_gan.lr": "0.005",
+                  "clients.count": "8", "clients.partition": "dirichlet",
+                  "clients.alpha": "1.0", "clients.per_round": "3",
+                  "outputs.sample_every": "0", "outputs.checkpoint_every": "0",
+                  "outputs.eval_every": "0", "run.rounds": "1"}
+
+
+def test_fl_gan_averages_its_sampled_clients_gans_by_their_images(cluster):
+    from tests.e2e.test_md_gan_cluster import MNIST, PATIENT, sample_weighted_mean
+    from thrift_trainer.training.algorithms.fl_gan import FLGan
+    from thrift_trainer.training.run_config import load_run_config
+    from thrift_trainer.training.units import UnitJob, UnitSpec
+
+    low = cluster.add_node(0.0, "--clients", "0-3")
+    high = cluster.add_node(0.0, "--clients", "4-7")
+    holder = {str(low.port): range(0, 4), str(high.port): range(4, 8)}
+    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"), *PATIENT)
+    result = cluster.train_json(*_with_sets([f"{k}={v}" for k, v in FL_GAN_CLIENTS.items()]),
+                                timeout=300)
+    trained = _check_placement(cluster, result, holder)
+    sizes = json.loads((_run_dir(cluster, result) / "partition.json").read_text())["sizes"]
+    assert len(trained) == 3 and len(set(sizes)) > 1, (trained, sizes)
+    assert all(line["examples"] == sizes[int(line["client"][6:])] for line in trained)
+    # what each holder computed, replayed here: the states weighted by the clients' images
+    config = load_run_config(None, [f"{k}={v}" for k, v in FL_GAN_CLIENTS.items()]) \
+        .to_spec().algorithm_config()
+    algorithm = FLGan("mlpgan28-tiny", config, MNIST)
+    initial = algorithm.initial_weights()
+    outputs = [FLGan.run_unit(UnitJob("replay", 1, UnitSpec(line["client"], "", client=
+                                                            line["client"]),
+                                      algorithm.model, algorithm.config, initial), MNIST)
+               for line in trained]
+    assert [o.num_samples for o in outputs] == [line["examples"] for line in trained]
+    expected = sample_weighted_mean([o.update for o in outputs],
+                                    [o.num_samples for o in outputs])
+    saved, _ = load_model(_run_dir(cluster, result) / "model.npz")
+    for name, value in expected.items():
+        if name.endswith("num_batches_tracked"):  # BatchNorm's counter: rounded
+            value = np.rint(value)
+        np.testing.assert_allclose(saved[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert any(not np.allclose(saved[name], initial[name]) for name in initial)  # it trained

@@ -47,12 +47,22 @@ def parts_of(setup: ModelSetup, settings: ClientsSettings,
              seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
     """The clients' example indices and the partition's record; ConfigError names a
     setting no rule can meet."""
-    key = (setup.data.fingerprint, len(setup.data.train), settings, seed)
+    return label_parts((setup.data.fingerprint, len(setup.data.train)),
+                       lambda: training_labels(setup), settings, seed)
+
+
+def label_parts(data_key: tuple, labels_of: Callable[[], np.ndarray],
+                settings: ClientsSettings,
+                seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
+    """The clients' example indices and the partition's record of the training part
+    whose labels ``labels_of()`` reads (once per ``data_key``, a fingerprint of the
+    data set, its settings and seed); ConfigError names a setting no rule can meet."""
+    key = (*data_key, settings, seed)
     with _lock:
         if key in _kept:
             _kept.move_to_end(key)
             return _kept[key]
-    labels = training_labels(setup)
+    labels = labels_of()
     try:
         parts = partition(settings.partition, labels, settings.count, seed,
                           **settings.partition_params())
