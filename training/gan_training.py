@@ -108,9 +108,12 @@ def client_parts(folder: Path, settings: ClientsSettings,
                        lambda: mnist.training_part(folder)[1].astype(np.int64), settings, seed)
 
 
-def check_client_sizes(sizes: Mapping[str, int], batch_size: int) -> None:
-    """ConfigError when a client (with examples) holds less than one batch."""
-    small = {name: size for name, size in sizes.items() if 0 < size < batch_size}
+def check_client_sizes(sizes: Mapping[str, int], batch_size: int,
+                       empty_ok: bool = True) -> None:
+    """ConfigError when a client holds less than one batch (an empty one too, unless
+    ``empty_ok``: such a client is never asked)."""
+    small = {name: size for name, size in sizes.items()
+             if size < batch_size and (size > 0 or not empty_ok)}
     if small:
         name = min(small, key=small.__getitem__)
         raise ConfigError(f"clients: {name} holds {small[name]} images, fewer than "

@@ -18,10 +18,12 @@ from tests.e2e.test_federated_clients import (
     _run_dir,
     _with_sets,
 )
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
 
+MNIST_DIR = DEFAULT_DATA_ROOT / "mnist"
 CHANCE = 1 - 1 / 26  # the validation error of a model that guesses a letter
 
 
@@ -40,16 +42,19 @@ def _holders(cluster) -> dict[str, range]:
     return {str(low.port): range(0, 6), str(high.port): range(6, 12)}
 
 
-def _check_placement(cluster, result: dict, holder: dict[str, range]) -> list[dict]:
+def _check_placement(cluster, result: dict, holder: dict[str, range],
+                     client_of=lambda unit_id: unit_id) -> list[dict]:
     """Every attempt and every result of a client came from a node that holds it; the
-    clients' trained lines."""
+    clients' trained lines. ``client_of``: the client a unit id names."""
     trained = [line for line in _lines(_run_dir(cluster, result)) if "node" in line]
     for line in trained:
         assert int(line["client"][6:]) in holder[line["node"].rpartition(":")[2]], line
     attempts = _attempt_nodes(cluster.workdir / "store.sqlite", result["run_id"])
-    assert set(attempts) >= {line["client"] for line in trained}, attempts
-    for client, ports in attempts.items():
-        assert all(int(client[6:]) in holder[port] for port in ports), (client, ports)
+    clients = {client_of(unit_id) for unit_id in attempts}
+    assert clients >= {line["client"] for line in trained}, attempts
+    for unit_id, ports in attempts.items():
+        index = int(client_of(unit_id)[6:])
+        assert all(index in holder[port] for port in ports), (unit_id, ports)
     return trained
 
 
@@ -104,7 +109,7 @@ FL_GAN_CLIENTS = {"run.algorithm": "fl_gan", "run.model": "mlpgan28-tiny",
 
 
 def test_fl_gan_averages_its_sampled_clients_gans_by_their_images(cluster):
-    from tests.e2e.test_md_gan_cluster import MNIST, PATIENT, sample_weighted_mean
+    from tests.e2e.test_md_gan_cluster import PATIENT, sample_weighted_mean
     from thrift_trainer.training.algorithms.fl_gan import FLGan
     from thrift_trainer.training.run_config import load_run_config
     from thrift_trainer.training.units import UnitJob, UnitSpec
@@ -122,11 +127,11 @@ def test_fl_gan_averages_its_sampled_clients_gans_by_their_images(cluster):
     # what each holder computed, replayed here: the states weighted by the clients' images
     config = load_run_config(None, [f"{k}={v}" for k, v in FL_GAN_CLIENTS.items()]) \
         .to_spec().algorithm_config()
-    algorithm = FLGan("mlpgan28-tiny", config, MNIST)
+    algorithm = FLGan("mlpgan28-tiny", config, MNIST_DIR)
     initial = algorithm.initial_weights()
     outputs = [FLGan.run_unit(UnitJob("replay", 1, UnitSpec(line["client"], "", client=
                                                             line["client"]),
-                                      algorithm.model, algorithm.config, initial), MNIST)
+                                      algorithm.model, algorithm.config, initial), MNIST_DIR)
                for line in trained]
     assert [o.num_samples for o in outputs] == [line["examples"] for line in trained]
     expected = sample_weighted_mean([o.update for o in outputs],
@@ -137,3 +142,40 @@ def test_fl_gan_averages_its_sampled_clients_gans_by_their_images(cluster):
             value = np.rint(value)
         np.testing.assert_allclose(saved[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     assert any(not np.allclose(saved[name], initial[name]) for name in initial)  # it trained
+
+
+# ---------------------------------------------------------------- MD-GAN
+MD_GAN_CLIENTS = {"run.algorithm": "md_gan", "run.model": "mlpgan28-tiny",
+                  "run.dataset": "mnist", "md_gan.workers": "2", "md_gan.batch_size": "32",
+                  "md_gan.k": "1", "md_gan.lr": "0.005",
+                  "md_gan.swap_every_epochs": "0.02",  # 125 iterations an epoch: every 2
+                  "clients.count": "2", "outputs.sample_every": "0",
+                  "outputs.checkpoint_every": "0", "outputs.eval_every": "0",
+                  "run.rounds": "6"}
+
+
+def test_md_gan_swaps_discriminators_between_the_holders_of_its_slots_clients(cluster):
+    from tests.e2e.test_md_gan_cluster import PATIENT
+    from thrift_trainer.training.algorithms.md_gan import MDGan
+    from thrift_trainer.training.run_config import load_run_config
+
+    first = cluster.add_node(0.0, "--clients", "0")
+    second = cluster.add_node(0.0, "--clients", "1")
+    holder = {str(first.port): range(0, 1), str(second.port): range(1, 2)}
+    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"), *PATIENT)
+    overrides = [f"{k}={v}" for k, v in MD_GAN_CLIENTS.items()]
+    result = cluster.train_json(*_with_sets(overrides), timeout=300)
+    # slot n's units (md<round>-slot<n>) go to the holder of client n, every iteration
+    trained = _check_placement(cluster, result, holder,
+                               lambda unit_id: f"client{unit_id.rpartition('slot')[2]}")
+    assert sorted((line["round"], line["client"]) for line in trained) == \
+        [(r, f"client{n}") for r in range(1, 7) for n in (0, 1)], trained
+    for period in (1, 2, 3):  # after iterations 2, 4 and 6, node to node
+        cluster.coordinator.wait_for(
+            rf"swap {period}: 2 discriminators moved \(0 relayed, 0 failed\)", timeout=30)
+    sizes = json.loads((_run_dir(cluster, result) / "partition.json").read_text())["sizes"]
+    assert sizes == [4000, 4000], sizes  # the 8,000 training images, dealt iid
+    config = load_run_config(None, overrides).to_spec().algorithm_config()
+    initial = MDGan("mlpgan28-tiny", config, MNIST_DIR).initial_weights()
+    saved, _ = load_model(_run_dir(cluster, result) / "model.npz")
+    assert any(not np.allclose(saved[name], initial[name]) for name in initial)  # G trained
