@@ -102,7 +102,7 @@ def _prepare(overrides: list[str]):
 @pytest.mark.parametrize("overrides, why", [
     (["clients.count=4"], "the letters MLP's units are its train_\\* files"),
     (["run.algorithm=md_gan", "run.model=dcgan28-tiny", "run.dataset=mnist",
-      "clients.count=4"], "md_gan does not train on federated clients"),
+      "clients.count=3"], "clients.count \\(3\\) must equal md_gan.workers \\(4\\)"),
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=async",
       "clients.count=4"], "does not sample clients yet"),
 ])
