@@ -61,10 +61,9 @@ def _check_placement(cluster, result: dict, holder: dict[str, range],
 def test_sync_sgd_takes_one_gradient_per_sampled_client_on_its_holder(cluster):
     holder = _holders(cluster)
     cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"))
-    dropped = {key: "" for key in _overrides() if key.startswith("delta_avg.")}
+    dropped = {item.split("=")[0]: "" for item in _overrides() if item.startswith("delta_avg.")}
     result = cluster.train_json(
-        *_federated(**{"run.algorithm": "sync_sgd"}, **{k.split("=")[0]: v
-                                                         for k, v in dropped.items()}),
+        *_federated(**{"run.algorithm": "sync_sgd"}, **dropped),
         "--set", "sync_sgd.num_workunits_per_update=3", "--set", "sync_sgd.lr=0.01",
         "--set", "sync_sgd.images_per_work_unit=200", "--set", "sync_sgd.batch_size=50",
         "--set", "run.rounds=6")
@@ -179,3 +178,29 @@ def test_md_gan_swaps_discriminators_between_the_holders_of_its_slots_clients(cl
     initial = MDGan("mlpgan28-tiny", config, MNIST_DIR).initial_weights()
     saved, _ = load_model(_run_dir(cluster, result) / "model.npz")
     assert any(not np.allclose(saved[name], initial[name]) for name in initial)  # G trained
+
+
+def test_sync_sgd_on_node_resident_clients_takes_each_nodes_own_data(cluster):
+    from tests.e2e.test_federated_clients import _own_letters
+
+    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
+    sizes = {"a": _own_letters(roots["a"], range(1, 2), lambda label: label < 13),
+             "b": _own_letters(roots["b"], range(3, 8), lambda label: label >= 9)}
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
+             for key, root in roots.items()}
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_federated(**{
+        "run.algorithm": "sync_sgd", "clients.placement": "nodes", "clients.count": "",
+        "clients.partition": "", "clients.alpha": "", "clients.per_round": "",
+        "sync_sgd.num_workunits_per_update": "2", "sync_sgd.images_per_work_unit": "500",
+        "run.rounds": "3",
+        **{item.split("=")[0]: "" for item in _overrides() if item.startswith("delta_avg.")}}))
+    record = json.loads((_run_dir(cluster, result) / "partition.json").read_text())
+    assert record["names"] == ["site-a", "site-b"] and record["sizes"] == [sizes["a"],
+                                                                          sizes["b"]]
+    lines = _lines(_run_dir(cluster, result))
+    assert sorted((line["round"], line["client"], line["node"].rpartition(":")[2],
+                   line["examples"]) for line in lines) == \
+        [(r, f"site-{key}", str(nodes[key].port), min(500, sizes[key]))
+         for r in (1, 2, 3) for key in "ab"], lines
+    assert len(result["history"]) == 3
