@@ -103,8 +103,13 @@ def check_shards(folder: Path, workers: int, batch_size: int) -> int:
 
 def client_parts(folder: Path, settings: ClientsSettings,
                  seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
-    """The run's clients' parts of the MNIST training part and their record."""
-    return label_parts(("mnist", str(folder.resolve()), training_size(folder)),
+    """The run's clients' parts of the MNIST training part and their record; ConfigError
+    when the folder holds no MNIST or the partitioner cannot deal it."""
+    try:
+        size = training_size(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data set {folder} cannot serve MNIST GANs: {exc}") from exc
+    return label_parts(("mnist", str(folder.resolve()), size),
                        lambda: mnist.training_part(folder)[1].astype(np.int64), settings, seed)
 
 

@@ -210,11 +210,7 @@ class FLGan(AveragingAlgorithm):
         one batch, and every round's (combined) states enough for the rule."""
         if not settings.enabled:
             return None
-        try:
-            parts, record = client_parts(self.dataset_dir, settings, self.config["seed"])
-        except (OSError, ValueError) as exc:  # ConfigError included
-            raise ConfigError(f"data set {self.dataset_dir} cannot serve MNIST GANs: "
-                              f"{exc}") from exc
+        parts, record = client_parts(self.dataset_dir, settings, self.config["seed"])
         roster = ClientRoster(settings, self.config["seed"], mnist.IMAGES_FILE)
         roster.deal(parts, record)
         check_client_sizes(roster.sizes, self.config["batch_size"])
