@@ -204,3 +204,21 @@ def test_sync_sgd_on_node_resident_clients_takes_each_nodes_own_data(cluster):
         [(r, f"site-{key}", str(nodes[key].port), min(500, sizes[key]))
          for r in (1, 2, 3) for key in "ab"], lines
     assert len(result["history"]) == 3
+
+
+def test_sync_sgd_backs_up_a_slow_holders_client_only_on_another_holder(cluster):
+    slow = cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "20")
+    fast = cluster.add_node(0.0, "--clients", "0-11")
+    holder = {str(slow.port): range(0, 6), str(fast.port): range(0, 12)}
+    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"),
+                              "--speculate-after", "0.2")
+    dropped = {item.split("=")[0]: "" for item in _overrides() if item.startswith("delta_avg.")}
+    result = cluster.train_json(
+        *_federated(**{"run.algorithm": "sync_sgd"}, **dropped),
+        "--set", "sync_sgd.num_workunits_per_update=4",  # every sampled client is needed
+        "--set", "sync_sgd.images_per_work_unit=400", "--set", "run.rounds=6")
+    trained = _check_placement(cluster, result, holder)
+    assert [sum(1 for line in trained if line["round"] == r) for r in range(1, 7)] == [4] * 6
+    attempts = _attempt_nodes(cluster.workdir / "store.sqlite", result["run_id"])
+    both = [client for client, ports in attempts.items() if len(ports) == 2]
+    assert both, attempts  # a slow holder's unit was backed up on the other holder

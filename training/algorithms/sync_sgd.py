@@ -250,7 +250,7 @@ class SyncSGD(AveragingAlgorithm):
             setup = torch_model.setup_of(model, self.config, self.dataset, dataset_dir)
             self.data: TrainingPart | Examples = Examples(len(setup.data.train))
             self.state = torch_model.SyncState(setup, self.config)
-            self._take_settings(setup)
+            self._deal_clients(setup)
         elif model == "mlp":
             self.data = training_part(model, dataset_dir)
             self.state = MlpState(self.config, dataset_dir, MLP_BETAS)
@@ -260,7 +260,7 @@ class SyncSGD(AveragingAlgorithm):
             self.state = GanState(model, self.config, data.probe())
         self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
 
-    def _take_settings(self, setup: Any) -> None:
+    def _deal_clients(self, setup: Any) -> None:
         """A run with federated clients: their roster (a partition's now; node-resident
         ones once their nodes announce them)."""
         clients = clients_settings(self.config.get(CLIENTS))
