@@ -270,7 +270,11 @@ class FLGan(AveragingAlgorithm):
         loss, wrong = d_loss(self.d, self.probe, self.g(self.probe_z))
         return RoundEval(validation_error=wrong / (2 * PROBE_SIZE), validation_loss=float(loss))
 
-    def epochs_done(self, round_index: int) -> float:
+    def epochs_done(self, round_index: int) -> float | None:
+        """Passes of every shard; with clients none is counted (a round trains only its
+        sampled clients)."""
+        if self.roster is not None:
+            return None
         return float(round_index * self.config["local_epochs"])
 
     def model_description(self) -> dict[str, Any]:
