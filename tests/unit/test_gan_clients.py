@@ -82,3 +82,13 @@ def test_gan_clients_must_be_parts_of_the_mnist_training_part(algorithm):
     with pytest.raises(InvalidRun, match="placement partition"):
         _prepare([f"run.algorithm={algorithm}", "run.model=mlpgan28-tiny",
                   "run.dataset=mnist", "clients.placement=nodes"])
+
+
+def test_a_node_that_builds_no_torch_model_still_says_which_clients_it_holds():
+    from thrift_trainer.engine.nodes.thrift_client import run_answer
+    from thrift_trainer.wire.generated import ttypes
+
+    held = run_answer(ttypes.RunCheck(ok=True, plugins={}, clients=["client1"]))
+    assert held.facts is not None and held.facts.clients == ("client1",)
+    assert not held.facts.model_fingerprint  # nothing to compare: it is not left out
+    assert run_answer(ttypes.RunCheck(ok=True, plugins={})).facts is None  # holds every one
