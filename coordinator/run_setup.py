@@ -82,8 +82,9 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
 
 
 def _facts(spec: RunSpec, data_root: Path) -> RunFacts | None:
-    """The coordinator's facts of a run that names plug-ins or trains a torch model."""
-    if not (spec.plugin_names or is_module_model(spec.model)):
+    """The coordinator's facts of a run that names plug-ins, trains a torch model or has
+    federated clients (its nodes must say which clients they hold before round 1)."""
+    if not (spec.plugin_names or is_module_model(spec.model) or spec.clients.enabled):
         return None
     try:
         return run_facts(spec, data_location(data_root, spec.dataset))
@@ -151,15 +152,26 @@ def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
     if not spec.clients.enabled:
         return
     problem = cls.takes_clients(spec.model)
+    if problem is None and spec.clients.eval_every and not _overrides(cls, "evaluation_units"):
+        problem = (f"eval_every: {cls.name} does not score clients' validation parts "
+                   f"(delta_avg does); leave eval_every at 0")
     if problem is None and spec.schedule.asynchronous:
-        problem = _stream_problem(spec)
+        problem = _stream_problem(spec, cls)
     if problem is not None:
         raise ConfigError(f"clients: {problem}")
 
 
-def _stream_problem(spec: RunSpec) -> str | None:
+def _overrides(cls: type[Algorithm], method: str) -> bool:
+    """Whether ``cls`` has its own ``method`` rather than the do-nothing one of the base."""
+    return getattr(cls, method) is not getattr(Algorithm, method)
+
+
+def _stream_problem(spec: RunSpec, cls: type[Algorithm]) -> str | None:
     """Why a run's clients cannot be drawn in its asynchronous mode (FedBuff), or None."""
     mode = spec.schedule.mode
+    if not _overrides(cls, "client_units"):
+        return (f"{cls.name} trains clients in sync rounds only ({mode!r} mode draws "
+                f"clients under delta_avg)")
     if spec.clients.over_select != 1:  # a new client is drawn as each one finishes
         return (f"over_select has no meaning in {mode!r} mode (a new client is drawn as "
                 f"each one finishes); leave it at 1 or use sync rounds")

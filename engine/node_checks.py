@@ -74,6 +74,8 @@ def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts | dict,
         return None
     if answer.facts.clients is not None:  # it holds only these clients' data
         node.clients = frozenset(answer.facts.clients)
+    if not answer.facts.model_fingerprint:  # it built no torch model: nothing to compare
+        return None
     if spec.clients.on_nodes:  # its own data is its client
         if len(answer.facts.clients or ()) != 1 or answer.facts.own_size < 1:
             return "announces no client of its own data (is it an older node?)"

@@ -12,6 +12,9 @@
   BCE(D(G(z)), 0), G minimises BCE(D(G(z)), 1).
 * **Unit ids** of slot-based algorithms read ``<tag><round>-slot<i>``; the node half
   recovers the slot from it, so no extra field has to travel.
+* **Federated clients** (training/clients/) take the shards' place: client k's part of
+  the training part, dealt by the run's partitioner from the MNIST labels
+  (`client_parts`), the same on every process; k stands for the slot in the seeds.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.clients.data_parts import label_parts
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.data import mnist
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
@@ -93,6 +99,31 @@ def check_shards(folder: Path, workers: int, batch_size: int) -> int:
         raise ConfigError(f"{workers} workers leave shards of {smallest} images, fewer than "
                           f"batch_size {batch_size}; use fewer workers or a smaller batch")
     return smallest // batch_size
+
+
+def client_parts(folder: Path, settings: ClientsSettings,
+                 seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
+    """The run's clients' parts of the MNIST training part and their record; ConfigError
+    when the folder holds no MNIST or the partitioner cannot deal it."""
+    try:
+        size = training_size(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data set {folder} cannot serve MNIST GANs: {exc}") from exc
+    return label_parts(("mnist", str(folder.resolve()), size),
+                       lambda: mnist.training_part(folder)[1].astype(np.int64), settings, seed)
+
+
+def check_client_sizes(sizes: Mapping[str, int], batch_size: int,
+                       empty_ok: bool = True) -> None:
+    """ConfigError when a client holds less than one batch (an empty one too, unless
+    ``empty_ok``: such a client is never asked)."""
+    small = {name: size for name, size in sizes.items()
+             if size < batch_size and (size > 0 or not empty_ok)}
+    if small:
+        name = min(small, key=small.__getitem__)
+        raise ConfigError(f"clients: {name} holds {small[name]} images, fewer than "
+                          f"batch_size {batch_size} ({len(small)} such clients); use fewer "
+                          f"clients, another partition or a smaller batch")
 
 
 def shard_indices(size: int, slot: int, workers: int, seed: int) -> np.ndarray:

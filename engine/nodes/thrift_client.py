@@ -83,7 +83,9 @@ def run_answer(answer: ttypes.RunCheck) -> RunAnswer:
     if not answer.ok:
         return RunAnswer(problem=answer.problem or "cannot serve the run")
     if not answer.model_fingerprint:  # no torch model, or a relay whose members it could
-        return RunAnswer()              # not ask: nothing to compare
+        # not ask: nothing to compare, but the clients it holds (a GAN's clients) count
+        return RunAnswer() if answer.clients is None else RunAnswer(RunFacts(
+            dict(answer.plugins or {}), clients=tuple(answer.clients)))
     return RunAnswer(RunFacts(dict(answer.plugins or {}), answer.model_fingerprint,
                               answer.data_fingerprint or "", answer.data_size or 0,
                               answer.partition_fingerprint or "",

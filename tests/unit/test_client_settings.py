@@ -102,13 +102,19 @@ def _prepare(overrides: list[str]):
 @pytest.mark.parametrize("overrides, why", [
     (["clients.count=4"], "the letters MLP's units are its train_\\* files"),
     (["run.algorithm=md_gan", "run.model=dcgan28-tiny", "run.dataset=mnist",
-      "clients.count=4"], "md_gan does not train on federated clients"),
+      "clients.count=3"], "clients.count \\(3\\) must equal md_gan.workers \\(4\\)"),
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
       "clients.count=4", "clients.over_select=1.5"], "over_select has no meaning in "
      "'buffered' mode"),
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=async",
       "clients.placement=nodes"], "placement nodes in 'async' mode needs "
      "schedule.updates_per_round"),
+    (["run.algorithm=sync_sgd", "run.model=mlp_classifier", "data.format=letters",
+      "schedule.mode=buffered", "clients.count=4"], "sync_sgd trains clients in sync rounds "
+     "only \\('buffered' mode draws clients under delta_avg\\)"),
+    (["run.algorithm=sync_sgd", "run.model=mlp_classifier", "data.format=letters",
+      "clients.count=4", "clients.validation_fraction=0.2", "clients.eval_every=2"],
+     "eval_every: sync_sgd does not score clients' validation parts"),
     (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
       "clients.count=4", "clients.validation_fraction=0.2", "clients.eval_every=2"],
      "eval_every: federated evaluation scores clients between sync rounds; 'buffered' mode"),

@@ -134,7 +134,8 @@ class Algorithm(ABC):
     def takes_clients(cls, model: str) -> str | None:
         """Why this algorithm cannot train ``model`` on federated clients, or None."""
         if not cls.clients:
-            return f"{cls.name} does not train on federated clients (delta_avg does)"
+            return (f"{cls.name} does not train on federated clients (delta_avg, sync_sgd "
+                    f"and fl_gan do)")
         return None
 
     # ------------------------------------------------------------- node half

@@ -16,6 +16,13 @@ configured `aggregation` rule, the weighted mean by default), and that average i
 next global model (BN's integer batch counter is rounded). The per-round evaluation is
 sync_sgd's cheap progress signal: the global D's error on a fixed probe of 64 held-out
 real images and 64 fakes from fixed noise.
+
+Federated clients (``clients``, placement partition): the MNIST training part is dealt to
+the clients by the run's partitioner (iid, dirichlet label skew, ...); each round asks the
+clients ``clients.per_round`` samples (instead of ``workers`` slots), one unit each,
+computed only by a node that holds the client, which trains the pair on the client's
+images; the states are averaged weighted by the clients' image counts. Every client must
+hold at least one batch.
 """
 
 from __future__ import annotations
@@ -34,7 +41,13 @@ from thrift_trainer.training.algorithms.config_checks import (
     check_round_size,
     check_type,
     split_aggregation,
+    with_workload,
 )
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.roster import ClientRoster
+from thrift_trainer.training.clients.settings import SECTION as CLIENTS
+from thrift_trainer.training.clients.settings import ClientsSettings, client_index
+from thrift_trainer.training.clients.settings import settings_from as clients_settings
 from thrift_trainer.training.data import mnist
 from thrift_trainer.training.gan_training import (
     PROBE_SEED,
@@ -43,8 +56,10 @@ from thrift_trainer.training.gan_training import (
     alternating_step,
     batch_indices,
     check_adam,
+    check_client_sizes,
     check_positive,
     check_shards,
+    client_parts,
     d_loss,
     noise,
     real_batch,
@@ -74,7 +89,7 @@ UNIT_TAG = "fl"
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'fl_gan' trains models {MODELS}, not {model!r}")
-    config, aggregation = split_aggregation(config)
+    given, (config, aggregation) = config, split_aggregation(config)
     known = defaults(FlGanSettings)
     unknown = sorted(set(config) - set(known))
     if unknown:
@@ -85,7 +100,11 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
                for key, default in known.items()}
     check_positive(checked, ("workers", "local_epochs", "batch_size"))
     check_adam(checked)
-    return {**checked, AGGREGATION: aggregation}
+    given = {key: value for key, value in given.items() if key == CLIENTS}
+    if clients_settings(given.get(CLIENTS)).on_nodes:
+        raise ConfigError("clients.placement nodes: fl_gan's clients are parts of the MNIST "
+                          "training part (placement partition)")
+    return with_workload({**checked, AGGREGATION: aggregation}, given)
 
 
 def _load_pair(spec: gan_models.GanSpec, weights: Mapping[str, np.ndarray],
@@ -103,14 +122,13 @@ def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], part:
                parts: int = 1) -> UnitOutput | None:
     """E local epochs of alternating D/G steps on the slot's shard, from the global pair;
     with ``parts`` > 1, on share ``part`` of the shard (None when it holds no batch)."""
-    slot = slot_of(job.unit.unit_id, config["workers"])
+    slot, shard = _shard_of(job, dataset_dir, config)
     spec = gan_models.gan_spec(job.model, config["batchnorm"])
     g, d = _load_pair(spec, job.weights, job.device)
     g.train()
     d.train()
     opt_g, opt_d = adam(g.parameters(), config), adam(d.parameters(), config)
     b, seed, epochs = config["batch_size"], config["seed"], config["local_epochs"]
-    shard = shard_indices(training_size(dataset_dir), slot, config["workers"], seed)
     shard = shard[slice(*part_bounds(len(shard), part, parts, b))]
     per_epoch = len(shard) // b
     if per_epoch == 0 and parts > 1:  # a share too small for one batch
@@ -130,12 +148,26 @@ def train_slot(job: UnitJob, dataset_dir: Path, config: Mapping[str, Any], part:
                       error=wrong / (2 * b * len(losses)))
 
 
+def _shard_of(job: UnitJob, dataset_dir: Path,
+              config: Mapping[str, Any]) -> tuple[int, np.ndarray]:
+    """The unit's slot (seeds its batches and noise) and its training-part indices: the
+    slot's iid shard, or its client's part (the client's index stands for the slot)."""
+    if job.unit.client is None:
+        slot = slot_of(job.unit.unit_id, config["workers"])
+        return slot, shard_indices(training_size(dataset_dir), slot, config["workers"],
+                                   config["seed"])
+    settings = clients_settings(config.get(CLIENTS))
+    index = client_index(job.unit.client, settings.count)
+    return index, client_parts(dataset_dir, settings, config["seed"])[0][index]
+
+
 class FLGan(AveragingAlgorithm):
     """See the module docstring."""
 
     name = "fl_gan"
     models = MODELS
     splits_units = True
+    clients = True  # each unit may be one federated client's local GAN
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
@@ -162,8 +194,10 @@ class FLGan(AveragingAlgorithm):
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
                  dataset: str | None = None) -> None:
         super().__init__(model, config, dataset_dir, dataset)
-        check_round_size(self.config[AGGREGATION], self.config["workers"])  # one state a slot
-        check_shards(dataset_dir, self.config["workers"], self.config["batch_size"])
+        self.roster = self._roster(clients_settings(self.config.get(CLIENTS)))
+        if self.roster is None:
+            check_round_size(self.config[AGGREGATION], self.config["workers"])  # one state a slot
+            check_shards(dataset_dir, self.config["workers"], self.config["batch_size"])
         self.spec = gan_models.gan_spec(model, self.config["batchnorm"])
         self.g, self.d = gan_models.build_gan(self.spec, seed=self.config["seed"])
         self.g.eval()
@@ -171,16 +205,43 @@ class FLGan(AveragingAlgorithm):
         self.probe = mnist.to_model_input(mnist.held_out_part(dataset_dir)[0][:PROBE_SIZE])
         self.probe_z = noise(self.spec.z_dim, PROBE_SIZE, PROBE_SEED)
 
+    def _roster(self, settings: ClientsSettings) -> ClientRoster | None:
+        """A run with clients: the MNIST training part dealt to them, each holding at least
+        one batch, and every round's (combined) states enough for the rule."""
+        if not settings.enabled:
+            return None
+        parts, record = client_parts(self.dataset_dir, settings, self.config["seed"])
+        roster = ClientRoster(settings, self.config["seed"], mnist.IMAGES_FILE)
+        roster.deal(parts, record)
+        check_client_sizes(roster.sizes, self.config["batch_size"])
+        check_round_size(self.config[AGGREGATION], min(roster.target(), roster.count))
+        return roster
+
+    @property
+    def partition(self) -> PartitionRecord | None:
+        return None if self.roster is None else self.roster.record
+
     def initial_weights(self) -> Weights:
         return {**gan_models.state_to_numpy(self.g, "G."),
                 **gan_models.state_to_numpy(self.d, "D.")}
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
+        if self.roster is not None:
+            return self.roster.round_units(round_index)
         return [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), mnist.IMAGES_FILE)
                 for slot in range(self.config["workers"])]
 
-    def unit_samples(self, unit: UnitSpec) -> int:
-        """The images of the unit's shard (np.array_split: the first shards get one more)."""
+    def quorum(self, num_units: int) -> int:
+        """Every unit; with over-selected clients, the round's target count."""
+        if self.roster is not None:
+            return min(num_units, self.roster.target())
+        return num_units
+
+    def unit_samples(self, unit: UnitSpec) -> int | None:
+        """The images of the unit's shard (np.array_split: the first shards get one more),
+        or of its client."""
+        if self.roster is not None:
+            return self.roster.examples(unit)
         workers = self.config["workers"]
         size = training_size(self.dataset_dir)
         return size // workers + (slot_of(unit.unit_id, workers) < size % workers)
@@ -209,7 +270,11 @@ class FLGan(AveragingAlgorithm):
         loss, wrong = d_loss(self.d, self.probe, self.g(self.probe_z))
         return RoundEval(validation_error=wrong / (2 * PROBE_SIZE), validation_loss=float(loss))
 
-    def epochs_done(self, round_index: int) -> float:
+    def epochs_done(self, round_index: int) -> float | None:
+        """Passes of every shard; with clients none is counted (a round trains only its
+        sampled clients)."""
+        if self.roster is not None:
+            return None
         return float(round_index * self.config["local_epochs"])
 
     def model_description(self) -> dict[str, Any]:

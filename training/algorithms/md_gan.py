@@ -34,6 +34,13 @@ gan_training.py), in a fixed order per (slot, epoch), so a node that takes a slo
 reads the same images. The paper used an ACGAN (conditional); this is an unconditional
 DCGAN.
 
+Federated clients (``clients``, placement partition): the MNIST training part is dealt to
+the clients by the run's partitioner, one client per slot (``clients.count`` must equal
+``workers``, and every client takes part in every iteration, as every slot does). Slot n
+reads client n's images, and its units go only to nodes that hold client n
+(``compute_node.py --clients``); a swap moves discriminators between those nodes, never
+images. A local epoch (the swap period's unit) is the smallest client's batches.
+
 Per-round evaluation (cheap, a progress signal only): the mean error rate and loss of the
 workers' discriminators on their last real and X_d batches. IS and FID come from
 ``score``, as for sync_sgd's GANs.
@@ -71,12 +78,18 @@ from thrift_trainer.training.algorithms.md_gan_swaps import (
     SwapStats,
     session_sizes,
 )
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.settings import SECTION as CLIENTS
+from thrift_trainer.training.clients.settings import client_name
+from thrift_trainer.training.clients.settings import settings_from as clients_settings
 from thrift_trainer.training.data.mnist import IMAGES_FILE
 from thrift_trainer.training.gan_training import (
     adam,
     check_adam,
+    check_client_sizes,
     check_positive,
     check_shards,
+    client_parts,
     noise,
     slot_of,
     slot_unit_id,
@@ -117,7 +130,7 @@ def resolve_k(k: int | str, workers: int) -> int:
 def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'md_gan' trains models {MODELS}, not {model!r}")
-    config, aggregation = split_aggregation(config)
+    raw, (config, aggregation) = config, split_aggregation(config)
     if aggregation["rule"] != "mean":  # its units' updates are kept apart, never averaged
         raise ConfigError(f"config key 'aggregation.rule' must be 'mean' for md_gan (its "
                           f"feedback is not averaged), got {aggregation['rule']!r}")
@@ -138,7 +151,28 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if resolve_k(checked["k"], checked["workers"]) > checked["workers"]:
         raise ConfigError(f"config key 'k' ({checked['k']}) must be at most 'workers' "
                           f"({checked['workers']}): each batch needs a discriminator")
-    return {key: checked[key] for key in known}
+    clients = _checked_clients(raw.get(CLIENTS), checked["workers"])
+    return {**{key: checked[key] for key in known}, **clients}
+
+
+def _checked_clients(raw: Any, workers: Any) -> dict[str, Any]:
+    """The ``clients`` section as the checked config carries it ({} without clients);
+    ConfigError, in one line, for clients MD-GAN's slots cannot take."""
+    settings = clients_settings(raw)
+    if not settings.enabled:
+        return {}
+    if settings.on_nodes:
+        problem = ("md_gan's clients are parts of the MNIST training part, one per "
+                   "discriminator slot (placement partition)")
+    elif settings.count != workers:
+        problem = (f"md_gan gives each discriminator slot one client's data: clients.count "
+                   f"({settings.count}) must equal md_gan.workers ({workers})")
+    elif settings.per_round not in (0, settings.count) or settings.over_select != 1:
+        problem = ("md_gan trains every slot's discriminator each iteration: leave "
+                   "clients.per_round at 0 (every client) and clients.over_select at 1")
+    else:
+        return {CLIENTS: settings.to_dict()}
+    raise ConfigError(f"clients: {problem}")
 
 
 def _check_k(value: Any) -> int | str:
@@ -176,6 +210,7 @@ class MDGan(DiscriminatorSwaps, Algorithm):
     models = MODELS
     uses_sessions = True
     allows_backups = False
+    clients = True  # one client per discriminator slot (see the module docstring)
 
     @classmethod
     def compression_codecs(cls, model: str) -> dict[str, frozenset[str]]:
@@ -205,7 +240,10 @@ class MDGan(DiscriminatorSwaps, Algorithm):
         c = self.config
         self.workers = c["workers"]
         self.k = resolve_k(c["k"], self.workers)
-        self.epoch_iterations = check_shards(dataset_dir, self.workers, c["batch_size"])
+        self.client_settings = clients_settings(c.get(CLIENTS))
+        self.client_record: PartitionRecord | None = None
+        self.epoch_iterations = self._client_epoch() if self.client_settings.enabled else \
+            check_shards(dataset_dir, self.workers, c["batch_size"])
         self.swap_period = max(1, round(c["swap_every_epochs"] * self.epoch_iterations))
         self.spec = gan_models.gan_spec(model, c["batchnorm"])
         self.g, _ = gan_models.build_gan(self.spec, seed=c["seed"])
@@ -216,6 +254,20 @@ class MDGan(DiscriminatorSwaps, Algorithm):
         self.model_bytes, self.optimizer_bytes = session_sizes(self.spec, c)
         self._iteration: _Iteration | None = None
         self._last = RoundEval(validation_error=math.nan, validation_loss=math.nan)
+
+    def _client_epoch(self) -> int:
+        """With clients: the smallest client's batches (each must hold one); the
+        partition is kept for the run folder."""
+        parts, self.client_record = client_parts(self.dataset_dir, self.client_settings,
+                                                 self.config["seed"])
+        sizes = {name: len(part) for name, part in zip(self.client_settings.names(), parts,
+                                                       strict=True)}
+        check_client_sizes(sizes, self.config["batch_size"], empty_ok=False)
+        return min(sizes.values()) // self.config["batch_size"]
+
+    @property
+    def partition(self) -> PartitionRecord | None:
+        return self.client_record
 
     def initial_weights(self) -> Weights:
         return gan_models.state_to_numpy(self.g, "G.")
@@ -239,7 +291,8 @@ class MDGan(DiscriminatorSwaps, Algorithm):
             with torch.no_grad():
                 images.append(float32_copy(self.g(noise(z_dim, b, seed, round_index, 1))))
         units = [UnitSpec(slot_unit_id(UNIT_TAG, round_index, slot), IMAGES_FILE,
-                          preferred_node=self.placement.get(slot))
+                          preferred_node=self.placement.get(slot),
+                          client=client_name(slot) if self.client_settings.enabled else None)
                  for slot in range(self.workers)]
         return _Iteration(round_index, self.swaps_done, self.k, batches, images, units)
 

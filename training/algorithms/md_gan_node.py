@@ -11,6 +11,10 @@ one that crashed) creates that D from the seed, as the slot's D was at iteration
 slot then follows the new node. A node refuses a unit for an iteration its session has
 already trained (a late duplicate), so a D never trains twice on one iteration.
 
+With federated clients (``clients.count`` = ``workers``), slot n's real batches come from
+client n's part, and its units go only to nodes that hold client n: a swap moves the
+discriminators between the clients' holders, never the data.
+
 A session's tensors: D's parameters and buffers (``D.``) and, when the optimizer moves
 with it (``swap_optimizer``), Adam's state (``adam.``), as a swap exports and imports them.
 """
@@ -26,9 +30,12 @@ import numpy as np
 import torch
 
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.clients.settings import SECTION as CLIENTS
+from thrift_trainer.training.clients.settings import settings_from as clients_settings
 from thrift_trainer.training.gan_training import (
     adam,
     batch_indices,
+    client_parts,
     d_step,
     g_loss,
     real_batch,
@@ -117,8 +124,14 @@ def _session_discriminator(session: Any, spec: gan_models.GanSpec, config: Mappi
 
 def _real(dataset_dir: Path, config: Mapping[str, Any], slot: int,
           iteration: int) -> torch.Tensor:
-    """The slot's real batch of this iteration (one per iteration, as in Algorithm 1)."""
-    shard = shard_indices(training_size(dataset_dir), slot, config["workers"], config["seed"])
+    """The slot's real batch of this iteration (one per iteration, as in Algorithm 1),
+    from its shard or, with federated clients, from client ``slot``'s part."""
+    clients = clients_settings(config.get(CLIENTS))
+    if clients.enabled:
+        shard = client_parts(dataset_dir, clients, config["seed"])[0][slot]
+    else:
+        shard = shard_indices(training_size(dataset_dir), slot, config["workers"],
+                              config["seed"])
     return real_batch(dataset_dir, batch_indices(shard, config["batch_size"], iteration - 1,
                                                  config["seed"], slot))
 

@@ -34,6 +34,14 @@ MLP), training/algorithms/sync_gan.py (the GANs: simultaneous gradients of G and
 statistics averaged), training/algorithms/torch_model.py (any other torch model), and the
 training part the units walk through, training/algorithms/sync_data.py.
 
+Federated clients (torch models, training/clients/): each round asks the clients sampled
+by ``clients.per_round`` (over-selected by ``clients.over_select``), one unit each, computed
+only by a node that holds the client: the mean gradient over a batch of
+``images_per_work_unit`` of the client's examples (all of them when it holds fewer), drawn
+afresh each round from a seed of (seed, round, client). The gradients are averaged weighted
+by the batches' sizes; the first K (``num_workunits_per_update``, at most the round's target
+count) close the round, so ``units_per_iteration`` is the sampled clients' count instead.
+
 Per-round evaluation must stay cheap: for the MLP and torch models the validation error and
 loss; for a GAN, D's error on a fixed probe of real images and fakes (a progress proxy).
 """
@@ -62,6 +70,10 @@ from thrift_trainer.training.algorithms.config_checks import (
 from thrift_trainer.training.algorithms.sync_data import Examples, TrainingPart, training_part
 from thrift_trainer.training.algorithms.sync_gan import GanState, run_gan_unit
 from thrift_trainer.training.algorithms.sync_mlp import MlpState, run_mlp_unit
+from thrift_trainer.training.clients.fingerprint import PartitionRecord
+from thrift_trainer.training.clients.roster import ClientRoster, batch_of
+from thrift_trainer.training.clients.settings import SECTION as CLIENTS
+from thrift_trainer.training.clients.settings import settings_from as clients_settings
 from thrift_trainer.training.models import gan_models
 from thrift_trainer.training.models.names import BUFFER, GAN_MODELS, GRAD, is_module_model
 from thrift_trainer.training.optimizer_state import load_optimizer_arrays, optimizer_arrays
@@ -128,8 +140,15 @@ class SyncSGD(AveragingAlgorithm):
     name = "sync_sgd"
     models = ("mlp", *GAN_MODELS)
     asynchronous = True  # gradients can be applied one by one as they arrive
-    rounds_from_passes = True  # units cut by K-of-N are trained on later in the pass
     splits_units = True
+    clients = True  # a torch model's units may be federated clients (training/clients/)
+
+    @classmethod
+    def takes_clients(cls, model: str) -> str | None:
+        if not is_module_model(model):
+            return ("sync_sgd takes federated clients with torch models (mlp_classifier or a "
+                    f"plug-in); {model!r} walks its data set in index ranges")
+        return None
 
     @classmethod
     def writes_weights(cls, model: str) -> bool:
@@ -180,6 +199,12 @@ class SyncSGD(AveragingAlgorithm):
     @classmethod
     def run_unit(cls, job: UnitJob, dataset_dir: Path) -> UnitOutput:
         config = cls.unit_config(job)
+        if job.unit.client is not None:
+            output = torch_model.sync_examples_unit(job, dataset_dir, _client_batch(job, config),
+                                                    config["batch_size"])
+            if output is None:
+                raise ConfigError(f"unit {job.unit.unit_id} holds no example")
+            return output
         start, stop = cls._unit_range(job)
         return _mean_gradient(job, config, dataset_dir, start, stop)
 
@@ -190,6 +215,14 @@ class SyncSGD(AveragingAlgorithm):
         GAN's share takes its rows of the unit's noise, so the shares' sample-weighted
         mean is the unit's gradient."""
         config = cls.unit_config(job)
+        if job.unit.client is not None:
+            batch = _client_batch(job, config)
+
+            def share(setup: Any) -> np.ndarray:
+                chosen = batch(setup)
+                return chosen[slice(*part_bounds(len(chosen), part, parts,
+                                                 config["batch_size"]))]
+            return torch_model.sync_examples_unit(job, dataset_dir, share, config["batch_size"])
         start, stop = cls._unit_range(job)
         lo, hi = part_bounds(stop - start, part, parts, config["batch_size"])
         if lo == hi:
@@ -208,6 +241,7 @@ class SyncSGD(AveragingAlgorithm):
     def __init__(self, model: str, config: Mapping[str, Any], dataset_dir: Path,
                  dataset: str | None = None) -> None:
         super().__init__(model, config, dataset_dir, dataset)
+        self.roster: ClientRoster | None = None
         # The first K results of a round are combined.
         check_round_size(self.config[AGGREGATION], self.quorum(self.config["units_per_iteration"]))
         self.unit_size = self.config["images_per_work_unit"]
@@ -216,6 +250,7 @@ class SyncSGD(AveragingAlgorithm):
             setup = torch_model.setup_of(model, self.config, self.dataset, dataset_dir)
             self.data: TrainingPart | Examples = Examples(len(setup.data.train))
             self.state = torch_model.SyncState(setup, self.config)
+            self._deal_clients(setup)
         elif model == "mlp":
             self.data = training_part(model, dataset_dir)
             self.state = MlpState(self.config, dataset_dir, MLP_BETAS)
@@ -225,10 +260,43 @@ class SyncSGD(AveragingAlgorithm):
             self.state = GanState(model, self.config, data.probe())
         self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
 
+    def _deal_clients(self, setup: Any) -> None:
+        """A run with federated clients: their roster (a partition's now; node-resident
+        ones once their nodes announce them)."""
+        clients = clients_settings(self.config.get(CLIENTS))
+        if not clients.enabled:
+            return
+        from thrift_trainer.training.clients.data_parts import parts_of
+
+        self.roster = ClientRoster(clients, self.config["seed"])
+        if not clients.on_nodes:
+            self.roster.deal(*parts_of(setup, clients, self.config["seed"]))
+            check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
+
+    @property
+    def rounds_from_passes(self) -> bool:  # type: ignore[override]
+        """Index ranges come from passes over the data (units cut by K-of-N are trained on
+        later in the pass); federated clients are sampled per round."""
+        return self.roster is None
+
+    def take_clients(self, sizes: dict[str, int],
+                     labels: dict[str, dict[int, int] | None]) -> PartitionRecord:
+        if self.roster is None:
+            raise ConfigError("this run has no federated clients")
+        record = self.roster.take(sizes, labels)
+        check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
+        return record
+
+    @property
+    def partition(self) -> PartitionRecord | None:
+        return None if self.roster is None else self.roster.record
+
     def initial_weights(self) -> Weights:
         return self.state.weights()
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
+        if self.roster is not None:
+            return self.roster.round_units(round_index)
         count = self.config["units_per_iteration"]
         return [self._unit((round_index - 1) * count + j) for j in range(count)]
 
@@ -249,15 +317,25 @@ class SyncSGD(AveragingAlgorithm):
         return name.startswith(GRAD)
 
     def unit_samples(self, unit: UnitSpec) -> int | None:
+        if self.roster is not None:
+            examples = self.roster.examples(unit)
+            return None if examples is None else min(examples, self.unit_size)
         if unit.index_start is None or unit.index_stop is None:
             return None
         return unit.index_stop - unit.index_start
 
-    def epochs_done(self, round_index: int) -> float:
-        """K units of each round count; the cancelled ones come round again next epoch."""
+    def epochs_done(self, round_index: int) -> float | None:
+        """K units of each round count; the cancelled ones come round again next epoch
+        (clients: sampled batches, no passes)."""
+        if self.roster is not None:
+            return None
         return round_index * self.quorum(self.config["units_per_iteration"]) / self.units_per_epoch
 
     def quorum(self, num_units: int) -> int:
+        """K of the round's units; with clients, at most the round's target count."""
+        if self.roster is not None:
+            return min(self.config["num_workunits_per_update"], self.roster.target(),
+                       num_units)
         return min(self.config["num_workunits_per_update"], num_units)
 
     def expected_update(self, weights: Weights) -> TensorSpecs:
@@ -303,6 +381,22 @@ class SyncSGD(AveragingAlgorithm):
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for group, (named, optimizer) in self.state.optimizers().items():
             load_optimizer_arrays(named, optimizer, state, f"optim.{group}.")
+
+
+def _client_batch(job: UnitJob, config: Mapping[str, Any]) -> Any:
+    """The examples of the unit's client that its round's gradient is taken over, as
+    `torch_model.sync_examples_unit` takes them (a function of the node's setup)."""
+    from thrift_trainer.training.clients import data_parts
+
+    client, seed = job.unit.client or "", config["seed"]
+    settings = clients_settings(config.get(CLIENTS))
+    examples = data_parts.all_examples if settings.on_nodes \
+        else data_parts.client_examples(client, settings, seed)
+
+    def batch(setup: Any) -> np.ndarray:
+        return batch_of(examples(setup), config["images_per_work_unit"], seed, job.round,
+                        client)
+    return batch
 
 
 def _mean_gradient(job: UnitJob, config: Mapping[str, Any], dataset_dir: Path, start: int,

@@ -43,6 +43,7 @@ from thrift_trainer.training.models.module_training import (
     evaluate,
     install_buffers,
     mean_gradients,
+    mean_gradients_over,
     train_locally,
 )
 from thrift_trainer.training.models.names import BUFFER, GRAD
@@ -99,6 +100,22 @@ def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
         update, loss = mean_gradients(setup, module, start, stop, batch_size,
                                       job.control.step, job.device)
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
+
+
+def sync_examples_unit(job: UnitJob, location: Path,
+                       examples: Callable[[ModelSetup], np.ndarray],
+                       batch_size: int) -> UnitOutput | None:
+    """The mean gradient over the training part's ``examples(setup)`` (a federated
+    client's batch); None when there are none (an empty share of a unit)."""
+    setup = job_setup(job, location)
+    chosen = examples(setup)
+    if len(chosen) == 0:
+        return None
+    with setup.borrowed(job.device) as module:
+        load_weights(module, job.weights, job.model)
+        update, loss = mean_gradients_over(setup, module, chosen, batch_size,
+                                           job.control.step, job.device)
+    return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
 
 
 class CoordinatorModel:

@@ -67,13 +67,31 @@ def validation_parts_of(setup: ModelSetup, settings: ClientsSettings,
 
 
 def dealt(setup: ModelSetup, settings: ClientsSettings, seed: int) -> Dealt:
-    """(training parts, validation parts, record), computed once per process and run."""
-    key = (setup.data.fingerprint, len(setup.data.train), settings, seed)
+    """(training parts, validation parts, record) of a torch model's training part."""
+    return dealt_by_labels((setup.data.fingerprint, len(setup.data.train)),
+                           lambda: training_labels(setup), settings, seed)
+
+
+def label_parts(data_key: tuple, labels_of: Callable[[], np.ndarray],
+                settings: ClientsSettings,
+                seed: int) -> tuple[list[np.ndarray], PartitionRecord]:
+    """The clients' training examples and the partition's record of a training part whose
+    labels ``labels_of()`` reads (a GAN's MNIST images); ConfigError names a setting no
+    rule can meet."""
+    train, _, record = dealt_by_labels(data_key, labels_of, settings, seed)
+    return train, record
+
+
+def dealt_by_labels(data_key: tuple, labels_of: Callable[[], np.ndarray],
+                    settings: ClientsSettings, seed: int) -> Dealt:
+    """(training parts, validation parts, record), computed once per process and
+    ``data_key`` (a fingerprint of the data set), settings and seed."""
+    key = (*data_key, settings, seed)
     with _lock:
         if key in _kept:
             _kept.move_to_end(key)
             return _kept[key]
-    labels = training_labels(setup)
+    labels = labels_of()
     try:
         parts = partition(settings.partition, labels, settings.count, seed,
                           **settings.partition_params())

@@ -90,11 +90,21 @@ def mean_gradients(setup: ModelSetup, module: nn.Module, start: int, stop: int,
     (micro-batches weighted by their share) as ``grad.<name>``, the buffers after the pass
     as ``buffer.<name>``, and the mean loss of the micro-batches. (Nodes compute no metric:
     it would cost a second forward pass; the coordinator scores the model every round.)"""
+    return mean_gradients_over(setup, module, np.arange(start, stop), batch_size, step,
+                               device)
+
+
+def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
+                        batch_size: int, step: Callable[[], None] = no_step,
+                        device: str = "cpu") -> tuple[Weights, float]:
+    """`mean_gradients` over the training part's ``examples`` (any indices, in their
+    order: a federated client's batch), in micro-batches of ``batch_size``."""
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     totals = [torch.zeros_like(p) for p in params]
-    size, loss_sum = stop - start, 0.0
-    for indices in batches(start, stop, batch_size):
+    size, loss_sum = len(examples), 0.0
+    for first in range(0, size, batch_size):
+        indices = examples[first:first + batch_size]
         step()
         inputs, targets = _on(device, *setup.data.train.take(indices))
         share = len(indices) / size
