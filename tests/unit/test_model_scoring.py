@@ -6,6 +6,7 @@ file without the record is refused in one line."""
 from __future__ import annotations
 
 import json
+import string
 import textwrap
 
 import numpy as np
@@ -17,6 +18,7 @@ from thrift_trainer.client import cli as client_cli
 from thrift_trainer.client.model_commands import ModelCommandError, evaluate, export, predict
 from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms import torch_model
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.data.preprocessing import PIXELS
 from thrift_trainer.training.outputs.model_file import load_model, save_model
 from thrift_trainer.training.outputs.torch_files import read_safetensors, save_safetensors
@@ -184,3 +186,20 @@ def test_export_keeps_the_record_in_the_metadata(table, tmp_path):
     assert set(tensors) == set(weights)
     assert torch.equal(torch.from_numpy(tensors["1.weight"]),
                        torch.from_numpy(weights["1.weight"]))
+
+
+@pytest.mark.parametrize("dataset, data, evaluated_on", [
+    ("letters", {"format": "letters", "normalize": True}, None),
+    ("mnist", {}, "mnist"),
+], ids=["letters-default-data", "mnist-held-out-part"])
+def test_the_shipped_data_sets_are_scored_as_the_coordinator_scored_them(dataset, data,
+                                                                        evaluated_on,
+                                                                        tmp_path):
+    folder = DEFAULT_DATA_ROOT / dataset
+    weights, description, scored = _trained("mlp_classifier", folder, data, {"hidden": [8]})
+    npz, _ = _saved(tmp_path, weights, description)
+    scores = evaluate(npz, str(folder) if evaluated_on else None)
+    assert scores["error"] == pytest.approx(scored.validation_error, abs=1e-6)
+    assert scores["loss"] == pytest.approx(scored.validation_loss, abs=1e-6)
+    names = description["data"]["label_names"]
+    assert names == (list(string.ascii_uppercase) if dataset == "letters" else None)
