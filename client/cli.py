@@ -36,6 +36,7 @@ from thrift_trainer.client.model_commands import (
     evaluate,
     evaluate_gan,
     export,
+    export_weights,
     is_generator,
     predict,
 )
@@ -454,9 +455,10 @@ def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, fol
     the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
-    model_path = save_model(folder / f"{request.run_id}.npz", wire_to_dict(result.weights),
-                            json.loads(result.model_json))
-    shown = display.result_dict(result, str(model_path), str(export(str(model_path))))
+    weights, description = wire_to_dict(result.weights), json.loads(result.model_json)
+    model_path = save_model(folder / f"{request.run_id}.npz", weights, description)
+    exported = export_weights(weights, description, model_path.with_suffix(".safetensors"))
+    shown = display.result_dict(result, str(model_path), str(exported))
     save_record(folder / f"{request.run_id}.json", request, shown)
     return shown
 

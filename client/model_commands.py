@@ -26,7 +26,12 @@ DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 
 
 class ModelCommandError(Exception):
-    """A model or data file the command cannot use; the message says which and why."""
+    """A model or data file the command cannot use; the message says which and why.
+    ``exit_code``: 1, or 2 for arguments that do not fit the model."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def export(model_path: str, out: str | None = None) -> Path:
@@ -36,6 +41,13 @@ def export(model_path: str, out: str | None = None) -> Path:
     target = Path(out) if out else Path(model_path).with_suffix(".safetensors")
     if target.resolve() == Path(model_path).resolve():
         raise ModelCommandError(f"--out {target} would overwrite the model it is made from")
+    return export_weights(weights, description, target)
+
+
+def export_weights(weights: dict[str, np.ndarray], description: dict[str, Any],
+                   target: Path) -> Path:
+    """The model (a checkpoint's optimizer state left out) as safetensors at ``target``,
+    its description in the metadata."""
     try:
         return save_safetensors(target, without_optimizer(weights),
                                 {"model": str(description.get("model", "")),
@@ -179,7 +191,7 @@ def _data_for(description: dict[str, Any], data_path: str | None) -> str:
     if (description.get("data") or {}).get("format") == "letters":
         return str(DEFAULT_VALIDATION)
     raise ModelCommandError(f"evaluate {description.get('model')}: give --data PATH, "
-                            "labelled data in the format it was trained on")
+                            "labelled data in the format it was trained on", exit_code=2)
 
 
 def _torch_call(command: str, model_path: str,

@@ -203,3 +203,18 @@ def test_the_shipped_data_sets_are_scored_as_the_coordinator_scored_them(dataset
     assert scores["loss"] == pytest.approx(scored.validation_loss, abs=1e-6)
     names = description["data"]["label_names"]
     assert names == (list(string.ascii_uppercase) if dataset == "letters" else None)
+    if dataset == "letters":  # rows of 16 features, a label column or not: letters back
+        rows = (folder / "validate_letters.txt").read_text().splitlines()[:5]
+        (tmp_path / "rows.csv").write_text("\n".join(r.rsplit(",", 1)[0] for r in rows))
+        predicted = predict(npz, str(tmp_path / "rows.csv"))
+        assert predicted == predict(npz, str(folder / "validate_letters.txt"))[:5]
+        assert len(predicted) == 5 and set(predicted) <= set(string.ascii_uppercase)
+
+
+def test_evaluate_without_data_is_bad_arguments_for_a_table_model(table, tmp_path, capsys):
+    weights, description, _ = _trained("mlp_classifier", table, TABLE)
+    npz, _ = _saved(tmp_path, weights, description)
+    assert client_cli.main(["evaluate", npz]) == 2
+    assert "give --data PATH" in capsys.readouterr().err
+    assert client_cli.main(["predict", npz, str(table / "held.csv")]) == 0
+    assert set(capsys.readouterr().out.split()) <= set(KINDS)
