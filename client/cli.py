@@ -31,15 +31,17 @@ from thrift_trainer.client.errors import (
     interrupted_exit,
 )
 from thrift_trainer.client.model_commands import (
+    DEFAULT_VALIDATION,
     ModelCommandError,
     evaluate,
     evaluate_gan,
     export,
+    export_weights,
     is_generator,
     predict,
 )
 from thrift_trainer.client.session import Coordinators, Endpoint, attach, call, follow_training
-from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training import plugins
 from thrift_trainer.training.models.names import GAN_MODELS
 from thrift_trainer.training.outputs.model_file import save_model
 from thrift_trainer.training.run_config import RunConfigError, load_run_config
@@ -58,7 +60,6 @@ EXIT_CODES_HELP = (
     "  3 the run was cancelled on the coordinator (client.py cancel, another client,\n"
     "  the coordinator shutting down), 130 this client cancelled it on Ctrl-C,\n"
     "  143 likewise on SIGTERM (kill); attach only stops following the run.")
-DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 DEFAULT_SCORED = 2000  # images a generator is scored on by `evaluate`
 # The positional form's flags are delta_avg's keys, with the schema's defaults.
 DELTA_AVG = defaults(DeltaAvgSettings)
@@ -296,18 +297,26 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a running run")
     add_endpoint(cancel)
     cancel.add_argument("run_id", help="run id")
-    ev = sub.add_parser("evaluate", help="score a saved model: the MLP's error rate on a "
-                                         "labelled file, a generator's IS and FID")
-    ev.add_argument("model", help="model or checkpoint file (.npz)")
+    ev = sub.add_parser("evaluate", help="score a saved model: the run's metric and loss on "
+                                         "labelled data, a generator's IS and FID")
+    ev.add_argument("model", help="model or checkpoint file (.npz), or a .safetensors file "
+                                  "the trainer wrote")
     ev.add_argument("--data", default=None,
-                    help=f"MLP only: letters CSV with labels (default: {DEFAULT_VALIDATION})")
+                    help="labelled data in the format the model was trained on: a letters "
+                         "file, a CSV/TSV table (file or folder), a folder of class folders, "
+                         f"an MNIST folder, an .npz (default for letters: {DEFAULT_VALIDATION})")
     ev.add_argument("--n", type=arg_types.positive_int, default=None,
                     help=f"generator only: images scored against held-out MNIST (default "
                          f"{DEFAULT_SCORED})")
     ev.add_argument("--json", action="store_true", help="print JSON")
-    pr = sub.add_parser("predict", help="predict the letter of each row of a CSV")
-    pr.add_argument("model", help="model file (.npz)")
-    pr.add_argument("data", help="CSV of 16 features per row (a 17th label column is ignored)")
+    plugins.add_arguments(ev)
+    pr = sub.add_parser("predict", help="predict each row of a table (the letters MLP: a "
+                                        "letter per row of a CSV) or each image")
+    pr.add_argument("model", help="model file (.npz or .safetensors)")
+    pr.add_argument("data", help="data in the format the model was trained on: a table "
+                                 "(its label column, if present, is ignored), an image or a "
+                                 "folder of images, an .npz/.npy of inputs")
+    plugins.add_arguments(pr)
     ex = sub.add_parser("export", help="write a saved model (or a checkpoint's model) as "
                                        "safetensors, which plain torch loads")
     ex.add_argument("model", help="model or checkpoint file (.npz)")
@@ -441,13 +450,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, folder: Path,
                    args: argparse.Namespace) -> dict[str, Any]:
-    """Train `request` with progress, save its model and the record `compare` reads in
-    `folder`, and return the result as --json prints it."""
+    """Train `request` with progress, save its model (and, beside it, the same model as
+    `export` writes it: safetensors) and the record `compare` reads in `folder`, and return
+    the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
-    model_path = save_model(folder / f"{request.run_id}.npz", wire_to_dict(result.weights),
-                            json.loads(result.model_json))
-    shown = display.result_dict(result, str(model_path))
+    weights, description = wire_to_dict(result.weights), json.loads(result.model_json)
+    model_path = save_model(folder / f"{request.run_id}.npz", weights, description)
+    exported = export_weights(weights, description, model_path.with_suffix(".safetensors"))
+    shown = display.result_dict(result, str(model_path), str(exported))
     save_record(folder / f"{request.run_id}.json", request, shown)
     return shown
 
@@ -493,6 +504,10 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def run_subcommand(args: argparse.Namespace) -> int:
+    if args.command in ("evaluate", "predict"):
+        problem = plugins.allow_from_args(args, "the client")
+        if problem:
+            raise ClientError(problem, exit_code=EXIT_USAGE)
     if args.command == "evaluate":
         return run_evaluate(args)
     if args.command == "predict":
@@ -534,7 +549,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     """Score a model file; an option that does not apply to its kind is refused (exit 2)."""
     if is_generator(args.model):
         if args.data is not None:
-            raise ClientError("--data applies to an MLP; a generator is scored against "
+            raise ClientError("--data applies to a classifier or regressor; a generator is "
+                              "scored against "
                               "held-out MNIST (choose how many images with --n)",
                               exit_code=EXIT_USAGE)
         scores = evaluate_gan(args.model, args.n or DEFAULT_SCORED)
@@ -542,9 +558,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
               "  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
         return 0
     if args.n is not None:
-        raise ClientError("--n applies to a generator; an MLP is scored on every row of "
-                          "--data", exit_code=EXIT_USAGE)
-    scores = evaluate(args.model, args.data or str(DEFAULT_VALIDATION))
+        raise ClientError("--n applies to a generator; a model is scored on every example "
+                          "of --data", exit_code=EXIT_USAGE)
+    scores = evaluate(args.model, args.data)
+    name = "error" if scores.get("metric") in (None, "error_rate") else scores["metric"]
     print(json.dumps(scores) if args.json else
-          f"error {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")
+          f"{name} {scores['error']:.4f}  loss {scores['loss']:.4f}  rows {scores['rows']}")
     return 0

@@ -148,14 +148,17 @@ def _progress_parts(s: ttypes.RunStatus) -> list[str]:
     return [full for full, _, _ in progress_fields(s)]
 
 
-def result_dict(result: ttypes.RunResult, model_path: str) -> dict[str, Any]:
-    """The final result as plain data, for --json and for the summary."""
+def result_dict(result: ttypes.RunResult, model_path: str,
+                export_path: str | None = None) -> dict[str, Any]:
+    """The final result as plain data, for --json and for the summary; ``export_path``:
+    the model as safetensors, written beside ``model_path``."""
     return {
         "run_id": result.run_id,
         "validation_error": result.validation_error,
         "rounds": result.rounds,
         "wall_seconds": round(result.wall_seconds, 3),
         "model_path": model_path,
+        "export": export_path,
         "coordinator_run_dir": result.run_dir,
         "history": [{"round": m.round, "validation_error": m.validation_error,
                      "validation_loss": m.validation_loss, "train_loss": m.train_loss,
@@ -261,6 +264,8 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     if data["units"]:
         console.print(units_line(data["units"]), soft_wrap=True)
     console.print(f"Model saved to: {data['model_path']}")
+    if data.get("export"):
+        console.print(f"Exported for torch: {data['export']}")
     console.print(f"Run folder (on the coordinator): {data['coordinator_run_dir']}")
     console.print(node_table(data["nodes"], ended=True))
     for line in left_out_lines(data["nodes"]) + refused_lines(data["nodes"]):

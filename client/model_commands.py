@@ -1,22 +1,37 @@
-"""Client subcommands that use a saved model locally: evaluate, predict and export."""
+"""Client subcommands that use a saved model locally: evaluate, predict and export.
+
+A model file is this project's .npz (a model or a run's checkpoint) or a
+``.safetensors`` file it wrote (the description in its metadata). The letters MLP and the
+generators are scored here; torch models (``mlp_classifier``, plug-ins) by
+client/torch_scoring.py, which imports torch only when one is used.
+"""
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from thrift_trainer.training.data.letters import DataFormatError, load_letters
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.outputs.model_file import ModelFileError, load_model, without_optimizer
-from thrift_trainer.training.outputs.torch_files import save_safetensors
+from thrift_trainer.training.outputs.torch_files import read_safetensors, save_safetensors
 
 LETTERS = string.ascii_uppercase
+DEFAULT_VALIDATION = DEFAULT_DATA_ROOT / "letters" / "validate_letters.txt"
 
 
 class ModelCommandError(Exception):
-    """A model or data file the command cannot use; the message says which and why."""
+    """A model or data file the command cannot use; the message says which and why.
+    ``exit_code``: 1, or 2 for arguments that do not fit the model."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def export(model_path: str, out: str | None = None) -> Path:
@@ -26,6 +41,13 @@ def export(model_path: str, out: str | None = None) -> Path:
     target = Path(out) if out else Path(model_path).with_suffix(".safetensors")
     if target.resolve() == Path(model_path).resolve():
         raise ModelCommandError(f"--out {target} would overwrite the model it is made from")
+    return export_weights(weights, description, target)
+
+
+def export_weights(weights: dict[str, np.ndarray], description: dict[str, Any],
+                   target: Path) -> Path:
+    """The model (a checkpoint's optimizer state left out) as safetensors at ``target``,
+    its description in the metadata."""
     try:
         return save_safetensors(target, without_optimizer(weights),
                                 {"model": str(description.get("model", "")),
@@ -36,9 +58,39 @@ def export(model_path: str, out: str | None = None) -> Path:
 
 def _load(model_path: str) -> tuple[dict[str, np.ndarray], dict]:
     try:
+        if Path(model_path).suffix.lower() == ".safetensors":
+            return _load_safetensors(model_path)
         return load_model(model_path)
     except ModelFileError as exc:
         raise ModelCommandError(str(exc)) from None
+
+
+def _load_safetensors(model_path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The weights and the description a safetensors file of this project keeps in its
+    metadata (run_folder.finish, export)."""
+    weights, metadata = read_safetensors(model_path)
+    try:
+        description = json.loads(metadata["description"])
+    except KeyError:
+        raise ModelCommandError(f"{model_path} has no model description in its metadata; "
+                                "was it written by this trainer?") from None
+    except ValueError:
+        raise ModelCommandError(f"{model_path} is damaged: its model description is not "
+                                "JSON") from None
+    if not isinstance(description, dict):
+        raise ModelCommandError(f"{model_path} is damaged: its model description is not a "
+                                "JSON object")
+    return weights, description
+
+
+def _torch_or_none(model_path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The weights and description of a torch model's file; None for another model."""
+    weights, description = _load(model_path)
+    if description.get("model") == "mlp" or "gan" in description:
+        return None
+    if "model_args" not in description or "input_shape" not in description:
+        return None
+    return without_optimizer(weights), description
 
 
 def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
@@ -46,7 +98,7 @@ def _load_mlp(model_path: str) -> tuple[dict[str, np.ndarray], mlp.MLPSpec]:
     if description.get("model") != "mlp":
         raise ModelCommandError(
             f"{model_path} holds a {description.get('model')!r} model; these commands "
-            "score the letters MLP")
+            "score the letters MLP and torch models (mlp_classifier, plug-ins)")
     # A run's checkpoint holds the server optimizer's state besides the model's weights.
     weights = without_optimizer(weights)
     try:
@@ -70,9 +122,16 @@ def _check_shapes(model_path: str, weights: dict[str, np.ndarray],
                 f"{weights[name].shape}, its spec needs a number array {shape}")
 
 
-def evaluate(model_path: str, data_path: str) -> dict[str, float]:
-    """Error rate and mean loss of the model on a labelled letters file."""
+def evaluate(model_path: str, data_path: str | None) -> dict[str, Any]:
+    """The run's metric and mean loss of the model on labelled data: the letters MLP's
+    error rate on a letters file (default: the letters validation file), a torch model's
+    on data in the format it was trained on."""
+    torch_model = _torch_or_none(model_path)
+    if torch_model is not None:
+        return _torch_call("evaluate", model_path, torch_model, _data_for(torch_model[1],
+                                                                          data_path))
     weights, spec = _load_mlp(model_path)
+    data_path = data_path or str(DEFAULT_VALIDATION)
     try:
         features, labels = load_letters(data_path)
     except (DataFormatError, OSError) as exc:
@@ -113,10 +172,37 @@ def is_generator(model_path: str) -> bool:
 
 
 def predict(model_path: str, data_path: str) -> list[str]:
-    """Predicted letters for each row of a CSV of 16 features (a 17th label column is ignored)."""
+    """The letters MLP: the predicted letter of each row of a CSV of 16 features (a 17th
+    label column is ignored). A torch model: one prediction per row or image of data in
+    the format it was trained on, by label name when its file records them."""
+    torch_model = _torch_or_none(model_path)
+    if torch_model is not None:
+        return _torch_call("predict", model_path, torch_model, data_path)
     weights, spec = _load_mlp(model_path)
     features = _read_features(Path(data_path), spec.n_in)
     return [LETTERS[i] for i in mlp.predict(weights, features, spec)]
+
+
+def _data_for(description: dict[str, Any], data_path: str | None) -> str:
+    """``--data``, which a torch model needs, unless it was trained on letters (whose
+    validation file is the default)."""
+    if data_path:
+        return data_path
+    if (description.get("data") or {}).get("format") == "letters":
+        return str(DEFAULT_VALIDATION)
+    raise ModelCommandError(f"evaluate {description.get('model')}: give --data PATH, "
+                            "labelled data in the format it was trained on", exit_code=2)
+
+
+def _torch_call(command: str, model_path: str,
+                torch_model: tuple[dict[str, np.ndarray], dict[str, Any]], data_path: str
+                ) -> Any:
+    from thrift_trainer.client import torch_scoring  # torch is imported only for these
+
+    try:
+        return getattr(torch_scoring, command)(model_path, *torch_model, data_path)
+    except torch_scoring.TorchScoringError as exc:
+        raise ModelCommandError(str(exc)) from None
 
 
 def _read_features(path: Path, n_in: int) -> np.ndarray:

@@ -33,7 +33,8 @@ def test_the_sample_is_the_quick_start_client_and_its_deterministic_figures():
     assert lines[2].startswith("Bytes up: <size>  down: <size>  aggregation: mean")
     assert lines[3] == "Units: 55/55 done, rejected 0, failed 0, stale _, cancelled _"
     assert lines[4] == "Model saved to: models/<run>.npz"
-    assert lines[5] == "Run folder (on the coordinator): .../runs/<run>"
+    assert lines[5] == "Exported for torch: models/<run>.safetensors"
+    assert lines[6] == "Run folder (on the coordinator): .../runs/<run>"
     assert ("┃ node ┃ state at end ┃ accepted ┃ rejected ┃ delayed ┃ failed ┃ cancelled ┃ "
             "samples ┃") in lines
     rows = [line for line in lines if line.startswith("│")]
@@ -46,6 +47,7 @@ Rounds: 5   Wall time: 0.8 s   Run: bf024e2d23db
 Bytes up: 403.4 kB  down: 178.9 kB  aggregation: mean  compression: up none, down none
 Units: 55/55 done, rejected 0, failed 0, stale 0, cancelled 0
 Model saved to: models/bf024e2d23db.npz
+Exported for torch: models/bf024e2d23db.safetensors
 Run folder (on the coordinator): /tmp/tmpofk6hton/runs/bf024e2d23db
                 Units per node
 ┏━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━┓

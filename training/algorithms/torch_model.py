@@ -289,11 +289,15 @@ def staleness_scaled(name: str) -> bool:
 
 
 def describe(setup: ModelSetup, module: nn.Module) -> dict[str, Any]:
-    """The model file's description: enough to rebuild the module with the user's code."""
+    """The model file's description: enough to rebuild the module with the user's code,
+    and to read and score new data as training did (its format and preprocessing, label
+    names, loss and metric: training/data/preprocessing.py)."""
     return {"model": setup.model, "model_args": dict(setup.settings.args),
             "fingerprint": modules.fingerprint(module),
             "input_shape": list(setup.data.shape.input_shape),
-            "num_classes": setup.data.shape.num_classes}
+            "num_classes": setup.data.shape.num_classes,
+            "loss": setup.settings.loss, "metric": setup.settings.metric,
+            "data": setup.data.record}
 
 
 def unit_ranges(size: int, units: int) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import default_collate
 
 from thrift_trainer.training import plugins
-from thrift_trainer.training.data import mnist
+from thrift_trainer.training.data import mnist, preprocessing
 from thrift_trainer.training.data.image_classes import read_class_folders
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.data.paths import DataPathError, resolve_under
@@ -92,6 +92,9 @@ class LoadedData:
     shape: DataShape
     fingerprint: str
     description: str  # one line for logs, e.g. "csv: 18,000 + 2,000 examples, 26 classes"
+    # How examples were read and preprocessed (training/data/preprocessing.py): a model
+    # file records it, so `client.py evaluate` and `predict` read new data the same way.
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedData:
@@ -123,16 +126,20 @@ def _load_cached(dataset: str, location: str, settings_json: str,
     folder = Path(location)
     try:
         kind = settings.format if settings.format != "auto" else _detect(folder)
-        train, validation, files, classes = _READERS[kind](folder, settings)
+        train, validation, files, classes, record = _READERS[kind](folder, settings)
     except (DataPathError, OSError, ValueError) as exc:
         raise DataError(f"data set {dataset}: {exc}") from None
     if settings.normalize:
-        train, validation = _normalized(train, validation)
-    return _loaded(kind, train, validation, _files_hash(folder, files, settings), classes)
+        train, validation, statistics = _normalized(train, validation)
+        record = {**record, **statistics}
+    return _loaded(kind, train, validation, _files_hash(folder, files, settings), classes,
+                   record)
 
 
 # ------------------------------------------------------------------ built-in formats
-Parts = tuple[TensorSplit, TensorSplit, list[Path], int | None]
+# training part, validation part, the files read, the number of classes (None: count
+# them from the targets), the record of how examples were read
+Parts = tuple[TensorSplit, TensorSplit, list[Path], int | None, dict[str, Any]]
 
 
 def _detect(folder: Path) -> str:
@@ -160,7 +167,7 @@ def _letters(folder: Path, settings: DataSettings) -> Parts:
     return (_tensors(np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train])),
             _tensors(np.concatenate([x for x, _ in validation]),
                      np.concatenate([y for _, y in validation])),
-            train_files + validation_files, None)
+            train_files + validation_files, None, preprocessing.letters_record())
 
 
 def _mnist(folder: Path, settings: DataSettings) -> Parts:
@@ -168,7 +175,8 @@ def _mnist(folder: Path, settings: DataSettings) -> Parts:
     held_images, held_labels = mnist.held_out_part(folder)
     return (TensorSplit(mnist.to_model_input(images), torch.from_numpy(labels.copy())),
             TensorSplit(mnist.to_model_input(held_images), torch.from_numpy(held_labels.copy())),
-            [folder / mnist.IMAGES_FILE, folder / mnist.LABELS_FILE], None)
+            [folder / mnist.IMAGES_FILE, folder / mnist.LABELS_FILE], None,
+            preprocessing.mnist_record())
 
 
 def _table(delimiter: str) -> Callable[[Path, DataSettings], Parts]:
@@ -187,7 +195,8 @@ def _table(delimiter: str) -> Callable[[Path, DataSettings], Parts]:
             parts = _fraction(_tensors(train.features, train.labels),
                               settings.validation_fraction)
         classes = len(train.classes) if train.classes else None
-        return *parts, train_files + validation_files, classes
+        return (*parts, train_files + validation_files, classes,
+                preprocessing.table_record(suffix[1:], settings, train))
     return read
 
 
@@ -205,7 +214,8 @@ def _images(folder: Path, settings: DataSettings) -> Parts:
         files = list(train.files + held.files)
     else:
         parts, files = _fraction(train_split, settings.validation_fraction), list(train.files)
-    return *parts, files, len(train.classes)
+    return *parts, files, len(train.classes), preprocessing.image_record(settings,
+                                                                         train.classes)
 
 
 def _arrays(folder: Path, settings: DataSettings) -> Parts:
@@ -215,8 +225,10 @@ def _arrays(folder: Path, settings: DataSettings) -> Parts:
                                         .is_file() else "")
     if held_name:
         held, held_files = _read_arrays(folder, held_name, settings)
-        return train, held, train_files + held_files, None
-    return *_fraction(train, settings.validation_fraction), train_files, None
+        return train, held, train_files + held_files, None, \
+            preprocessing.arrays_record(settings)
+    return (*_fraction(train, settings.validation_fraction), train_files, None,
+            preprocessing.arrays_record(settings))
 
 
 def _read_arrays(folder: Path, name: str, settings: DataSettings
@@ -300,12 +312,15 @@ def split_at(split: TensorSplit, indices: np.ndarray) -> TensorSplit:
     return TensorSplit(*split.take(indices))
 
 
-def _normalized(train: TensorSplit, validation: TensorSplit) -> tuple[TensorSplit, TensorSplit]:
-    """Each feature standardised by the training part's mean and deviation."""
+def _normalized(train: TensorSplit, validation: TensorSplit
+                ) -> tuple[TensorSplit, TensorSplit, dict[str, Any]]:
+    """Each feature standardised by the training part's mean and deviation; the
+    statistics as the record keeps them."""
     mean = train.inputs.mean(dim=0)
     std = train.inputs.std(dim=0).clamp_min(1e-6)
     return (TensorSplit((train.inputs - mean) / std, train.targets),
-            TensorSplit((validation.inputs - mean) / std, validation.targets))
+            TensorSplit((validation.inputs - mean) / std, validation.targets),
+            preprocessing.normalization_record(mean, std))
 
 
 def _files_hash(folder: Path, files: list[Path], settings: DataSettings) -> str:
@@ -317,7 +332,7 @@ def _files_hash(folder: Path, files: list[Path], settings: DataSettings) -> str:
 
 
 def _loaded(kind: str, train: Split, validation: Split, fingerprint: str,
-            classes: int | None) -> LoadedData:
+            classes: int | None, record: dict[str, Any]) -> LoadedData:
     if len(train) == 0:
         raise DataError(f"{kind}: the training part is empty")
     inputs, targets = train.take(np.arange(1))
@@ -327,7 +342,7 @@ def _loaded(kind: str, train: Split, validation: Split, fingerprint: str,
     what = f"{num_classes} classes" if num_classes else "real targets"
     return LoadedData(train, validation, shape, fingerprint,
                       f"{kind}: {len(train):,} + {len(validation):,} examples of shape "
-                      f"{tuple(inputs.shape[1:])}, {what}")
+                      f"{tuple(inputs.shape[1:])}, {what}", record)
 
 
 def _count_classes(*splits: Split) -> int:
@@ -357,7 +372,8 @@ def _plugin_data(name: str, data_root: Path, settings: DataSettings) -> LoadedDa
         train, validation = PluginSplit(source, train_idx), PluginSplit(source, held_idx)
     classes = getattr(next(iter(made.values())), "num_classes", None)
     try:
-        return _loaded(name, train, validation, _plugin_hash(made, settings), classes)
+        return _loaded(name, train, validation, _plugin_hash(made, settings), classes,
+                       preprocessing.plugin_record(name))
     except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as exc:
         raise PluginError(f"data set {name}: its items cannot be read as (input, target) "
                           f"pairs: {type(exc).__name__}: {exc}") from None

@@ -48,11 +48,12 @@ def read_class_folders(folder: Path, size: int, channels: int,
             paths = list_images(folder / name)
             files += paths
             labels += [number] * len(paths)
-    pixels = np.stack([_load(path, size, channels) for path in files])
+    pixels = np.stack([load_scaled(path, size, channels) for path in files])
     return LabelledImages(pixels, np.array(labels, dtype=np.int64), order, tuple(files))
 
 
-def _load(path: Path, size: int, channels: int) -> np.ndarray:
+def load_scaled(path: Path, size: int, channels: int) -> np.ndarray:
+    """One image as (channels, size, size) float32 in [-1, 1], as training reads it."""
     try:
         with Image.open(path) as image:
             converted = image.convert("L" if channels == 1 else "RGB")

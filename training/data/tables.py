@@ -26,6 +26,8 @@ class Table:
     features: np.ndarray  # (n, columns - 1) float32
     labels: np.ndarray  # (n,) int64 class numbers, or float32 targets
     classes: tuple[str, ...] | None  # label words in class order, when labels were words
+    columns: tuple[str, ...] | None = None  # the feature columns' names, from a header
+    label_index: int = -1  # the label's column in the file (0-based)
 
 
 def read_tables(paths: Sequence[Path], delimiter: str, label: str, header: str,
@@ -46,7 +48,8 @@ def read_tables(paths: Sequence[Path], delimiter: str, label: str, header: str,
     features = np.array([[_number(row, i, paths) for i in range(width) if i != column]
                          for row in rows], dtype=np.float32)
     labels, found = _labels([row[column] for row in rows], classes)
-    return Table(features, labels, found)
+    columns = tuple(n for i, n in enumerate(names) if i != column) if names else None
+    return Table(features, labels, found, columns, column)
 
 
 def _read_rows(path: Path, delimiter: str, header: str) -> tuple[list[str] | None,

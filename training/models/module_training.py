@@ -199,16 +199,25 @@ def evaluate(setup: ModelSetup, module: nn.Module, split: Split | None = None,
              batch_size: int = 256, device: str = "cpu") -> tuple[float, float]:
     """(metric, loss) of ``module`` (on ``device``) over the validation part (or ``split``),
     example-weighted, in eval mode."""
-    part = split if split is not None else setup.data.validation
+    return score(module, split if split is not None else setup.data.validation,
+                 setup.metric, setup.loss, batch_size, device)
+
+
+@torch.no_grad()
+def score(module: nn.Module, part: Split, metric: objectives.Metric,
+          loss: objectives.Objective, batch_size: int = 256,
+          device: str = "cpu") -> tuple[float, float]:
+    """(metric, loss) of ``module`` (on ``device``) over ``part``, example-weighted, in eval
+    mode: how the coordinator scores every round, and `client.py evaluate` a model file."""
     if len(part) == 0:
         return float("nan"), float("nan")
     module.eval()
     metric_sum = loss_sum = 0.0
     for indices in batches(0, len(part), batch_size):
-        metric, loss = objectives.metric_and_loss(setup.metric, setup.loss, module,
-                                                  *_on(device, *part.take(indices)))
-        metric_sum += metric * len(indices)
-        loss_sum += loss * len(indices)
+        batch_metric, batch_loss = objectives.metric_and_loss(
+            metric, loss, module, *_on(device, *part.take(indices)))
+        metric_sum += batch_metric * len(indices)
+        loss_sum += batch_loss * len(indices)
     return metric_sum / len(part), loss_sum / len(part)
 
 
