@@ -198,9 +198,6 @@ def startup_problem(args: argparse.Namespace) -> tuple[str, int] | None:
     if not os.path.isdir(args.data_root):
         return f"data root {args.data_root} does not exist", 1
     paths.follow_links(args.follow_data_links)
-    if getattr(args, "clients", None) is not None and getattr(args, "pull", None):
-        return ("--clients is for pushed nodes and relays: a pull node holds every client "
-                "of a run"), 2
     if getattr(args, "members_port", None) is not None and args.relay is None:
         return "--members-port is for a relay's members: give --relay NODES_FILE too", 2
     security_problem = security.configure_from_args(args, serves=True)
@@ -371,9 +368,11 @@ def run_pull(handler: ComputeNodeHandler, args: argparse.Namespace, threads: str
     """Pull mode: lease units from the coordinator until a signal or a refusal."""
     (host, port), *more = args.pull
     handler.node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    held = getattr(args, "clients", None)
     worker = PullWorker(handler, PullSettings(host, port, handler.node_id, args.load_prob,
                                               args.device, retry_for=args.retry_for,
-                                              more=tuple(more)))
+                                              more=tuple(more),
+                                              clients=str(held) if held else None))
 
     def shutdown() -> None:
         handler.cancel_all()

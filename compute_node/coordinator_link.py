@@ -51,6 +51,7 @@ class PullSettings:
     listen_host: str | None = None  # a push node registering itself: where it listens
     listen_port: int | None = None
     more: tuple[tuple[str, int], ...] = ()  # further coordinators: a leader's standbys
+    clients: str | None = None  # a pull node's --clients: the client indices it holds
 
 
 class CoordinatorLink:
@@ -88,7 +89,7 @@ class CoordinatorLink:
             result = self._call("register_node", lambda: ttypes.RegisterRequest(
                 protocol_version=PROTOCOL_VERSION, node_id=s.node_id, pull=pull,
                 host=s.listen_host, port=s.listen_port, load_prob=s.load_prob,
-                device=s.device))
+                device=s.device, clients=s.clients))
             if result.leader is None:
                 break
             standby = self.coordinator

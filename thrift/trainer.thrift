@@ -398,6 +398,8 @@ struct RegisterRequest {
   5: optional i32 port,
   6: optional double load_prob,
   7: optional string device,
+  8: optional string clients,        // a pull node started with --clients: the federated
+                                     // client indices it holds, e.g. "0-49,60"; absent: every one
   100: optional string token,
 }
 

@@ -33,6 +33,7 @@ from thrift_trainer.engine.nodes.liveness import (
     Liveness,
 )
 from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.training.clients.held import HeldClients
 from thrift_trainer.wire.chunks import limit_text, size_text
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.stats import encoded_size
@@ -189,6 +190,7 @@ class Member:
     # When its lease call in progress ends at the latest: that call's end counts as hearing
     # from the node, even one that died during it.
     polling_until: float = 0.0
+    held: HeldClients | None = None  # a pull node's clients, announced (None: every one)
 
     def holds(self, secret: str | None) -> bool:
         """Whether a call carrying ``secret`` comes from this registration."""
@@ -254,7 +256,7 @@ class Membership:
         liveness = Liveness(self.suspect_seconds, self.dead_seconds)
         if request.pull:
             return Member(f"pull:{request.node_id}", request.node_id, True, None, liveness,
-                          Mailbox())
+                          Mailbox(), held=_held_of(request.clients))
         if not request.host or not request.port or not 0 < request.port < 65536:
             raise MemberError("a push node registers the host and port it listens on")
         address = NodeAddress(request.host, request.port)
@@ -340,3 +342,13 @@ class Membership:
 
     def push_addresses(self) -> list[NodeAddress]:
         return [m.address for m in self.members() if m.address is not None]
+
+
+def _held_of(text: str | None) -> HeldClients | None:
+    """The clients a pull node announced (MemberError for a malformed list)."""
+    if text is None:
+        return None
+    try:
+        return HeldClients.parse(text)
+    except ValueError as exc:
+        raise MemberError(f"clients: {exc}") from None

@@ -22,6 +22,7 @@ from thrift_trainer.engine.nodes.membership import Member, Pending, UnitKey, key
 from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.nodes.thrift_client import SessionRequests, task_result, work_request
 from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.training.clients.settings import client_index_of
 from thrift_trainer.wire import node_calls
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.stats import PayloadBytes, encoded_size
@@ -132,6 +133,15 @@ class PullNodeHandle(NodeHandle):
         super().__init__(index, member.name, PullNodeClient(member, rpc_timeout))
         self.member = member
         self.liveness = member.liveness
+
+    def holds(self, client: str | None) -> bool:
+        """A pull node is never asked at the run check: it holds the clients it announced
+        when it registered (--clients), or every one."""
+        held = self.member.held
+        if client is None or held is None:
+            return True
+        index = client_index_of(client)
+        return index is not None and index in held
 
     def train(self, task: Task) -> TaskResult:
         """The unit through the node's mailbox. The node is heard when it leases and

@@ -4325,12 +4325,13 @@ class RegisterRequest(object):
      - port
      - load_prob
      - device
+     - clients
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, node_id=None, pull=None, host=None, port=None, load_prob=None, device=None, token=None,):
+    def __init__(self, protocol_version=None, node_id=None, pull=None, host=None, port=None, load_prob=None, device=None, clients=None, token=None,):
         self.protocol_version = protocol_version
         self.node_id = node_id
         self.pull = pull
@@ -4338,6 +4339,7 @@ class RegisterRequest(object):
         self.port = port
         self.load_prob = load_prob
         self.device = device
+        self.clients = clients
         self.token = token
 
     def read(self, iprot):
@@ -4384,6 +4386,11 @@ class RegisterRequest(object):
                     self.device = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.clients = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -4426,6 +4433,10 @@ class RegisterRequest(object):
         if self.device is not None:
             oprot.writeFieldBegin('device', TType.STRING, 7)
             oprot.writeString(self.device.encode('utf-8') if sys.version_info[0] == 2 else self.device)
+            oprot.writeFieldEnd()
+        if self.clients is not None:
+            oprot.writeFieldBegin('clients', TType.STRING, 8)
+            oprot.writeString(self.clients.encode('utf-8') if sys.version_info[0] == 2 else self.clients)
             oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
@@ -7074,7 +7085,7 @@ RegisterRequest.thrift_spec = (
     (5, TType.I32, 'port', None, None, ),  # 5
     (6, TType.DOUBLE, 'load_prob', None, None, ),  # 6
     (7, TType.STRING, 'device', 'UTF8', None, ),  # 7
-    None,  # 8
+    (8, TType.STRING, 'clients', 'UTF8', None, ),  # 8
     None,  # 9
     None,  # 10
     None,  # 11

@@ -151,6 +151,23 @@ def test_a_holder_killed_mid_run_drops_its_clients_until_it_is_back(cluster):
     assert came_back, lines  # its clients took part again once it was back
 
 
+def test_a_pull_node_gets_only_the_clients_it_announced_at_registration(cluster):
+    """A pull node is never asked at the run check: it says which clients it holds when it
+    registers (--clients), and only their units come to it."""
+    cluster.add_node(0.0)  # a pushed node holding every client
+    cluster.start_coordinator(2)
+    puller = local_cluster.start_pull_node(cluster.workdir, "puller", cluster.coordinator.port,
+                                           0.0, "--clients", "0-5")
+    cluster.nodes.append(puller)
+    result = cluster.train_json(*FEDERATED, "--set", "clients.per_round=0",
+                                "--set", "run.rounds=2")
+    placed = _attempt_nodes(cluster.workdir / "runs" / "runs.db", result["run_id"])
+    pulled = sorted(int(unit[6:]) for unit, nodes in placed.items() if "puller" in nodes)
+    assert pulled and max(pulled) <= 5, (placed, cluster.logs())
+    lines = _lines(_run_dir(cluster, result))
+    assert len([line for line in lines if "node" in line]) == 2 * CLIENTS  # none dropped
+
+
 def test_a_thousand_clients_sampled_ten_a_round_over_selected_on_two_nodes(cluster):
     cluster.add_node(0.0, "--clients", "0-499")
     cluster.add_node(0.0, "--clients", "500-999")

@@ -244,3 +244,17 @@ def test_a_live_nodes_id_cannot_be_registered_again_but_a_silent_ones_can() -> N
     again, restarted = pull_member(membership)  # silent now: as a node that restarted
     assert again == name and restarted.secret != member.secret
     assert pending.done.is_set() and "registered again" in pending.unreached
+
+
+def test_a_pull_node_holds_the_clients_it_announced_and_a_bad_list_is_refused() -> None:
+    membership = Membership()
+    _, member = pull_member(membership)
+    assert PullNodeHandle(0, member, rpc_timeout=5.0).holds("client999")  # every client
+    held = membership.get(membership.register(ttypes.RegisterRequest(
+        protocol_version=V, node_id="half", pull=True, clients="0-5,9")).node)
+    handle = PullNodeHandle(1, held, rpc_timeout=5.0)
+    assert [handle.holds(f"client{k}") for k in (0, 5, 6, 9)] == [True, True, False, True]
+    assert handle.holds(None) and not handle.holds("client05") and not handle.holds("x1")
+    with pytest.raises(MemberError, match="clients: expected an index or a range"):
+        membership.register(ttypes.RegisterRequest(protocol_version=V, node_id="bad",
+                                                   pull=True, clients="0-5,x"))

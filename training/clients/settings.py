@@ -145,10 +145,16 @@ def client_name(index: int) -> str:
 
 def client_index(name: str, count: int) -> int:
     """The index of ``client<k>``; ConfigError unless it names one of ``count`` clients."""
-    digits = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
-    if not digits.isdigit() or str(int(digits)) != digits or int(digits) >= count:
+    index = client_index_of(name)
+    if index is None or index >= count:
         raise ConfigError(f"no client {name!r} among {count} clients")
-    return int(digits)
+    return index
+
+
+def client_index_of(name: str) -> int | None:
+    """The index ``k`` of a name ``client<k>`` (no leading zeros), or None for another."""
+    digits = name[len(NAME_PREFIX):] if name.startswith(NAME_PREFIX) else ""
+    return int(digits) if digits.isdigit() and str(int(digits)) == digits else None
 
 
 def split_clients(config: Mapping[str, Any]) -> tuple[dict[str, Any], ClientsSettings]:
