@@ -70,8 +70,10 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     models: ClassVar[tuple[str, ...]] = ()  # the models it trains; see `trains`
-    # The algorithm's own settings as a dataclass (field names, types and defaults), for
-    # the default `check_config`; None: the settings are taken as they come.
+    # The algorithm's own settings as a dataclass (field names, types and defaults): the
+    # built-ins' are training/schema.py's sections, which their `check_config` reads with
+    # `checked_settings`; a plug-in's is checked by the default `check_config`. None: the
+    # settings are taken as they come.
     Config: ClassVar[type | None] = None
     # True: it can train in the async and buffered schedules (training/schedule.py), i.e.
     # its results can be applied one by one as they arrive.

@@ -6,7 +6,7 @@ an algorithm's config shares with the rest of the run (`aggregation`, a torch mo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from thrift_trainer.training import aggregation
@@ -61,6 +61,26 @@ def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict
     """``checked`` with the `model`, `data` and `clients` sections of ``config``, where it
     has them."""
     return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
+
+
+def checked_settings(config: Mapping[str, Any], known: Mapping[str, Any], owner: str,
+                     accepted: Collection[str] | None = None,
+                     free: Collection[str] = ()) -> dict[str, Any]:
+    """A built-in algorithm's own keys checked against ``known`` (each key it reads, with
+    its default): a key outside ``accepted`` (default: ``known``) is refused naming them, a
+    key left out or null takes its default, and a value must be of its default's type
+    (``free`` keys come as they are, for the algorithm to check)."""
+    allowed = list(known) if accepted is None else sorted(accepted)
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r} for {owner}; "
+                          f"known: {', '.join(allowed)}")
+    checked = {}
+    for key, default in known.items():
+        value = config.get(key)
+        checked[key] = default if value is None else \
+            value if key in free else check_type(key, value, default)
+    return checked
 
 
 def checked_fields(schema: type, config: Mapping[str, Any], owner: str) -> dict[str, Any]:

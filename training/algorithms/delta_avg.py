@@ -27,7 +27,7 @@ from thrift_trainer.training.algorithms.base import AveragingAlgorithm
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
-    check_type,
+    checked_settings,
     split_aggregation,
     with_workload,
 )
@@ -58,6 +58,7 @@ TORCH_ONLY = ("local_steps", "weight_decay")  # keys the numpy MLP cannot use
 
 class DeltaAveraging(AveragingAlgorithm):
     name = "delta_avg"
+    Config = DeltaAvgSettings  # its keys, types and defaults (training/schema.py)
     models = ("mlp",)
     splits_units = True
     asynchronous = True  # deltas can be applied one by one as they arrive
@@ -111,16 +112,10 @@ class DeltaAveraging(AveragingAlgorithm):
     def check_config(cls, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         cls.check_model(model)
         given, (config, aggregation) = config, split_aggregation(config)
-        known = defaults(DeltaAvgSettings)
-        unknown = sorted(set(config) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"unknown config key {unknown[0]!r} for {cls.name}; known: {', '.join(known)}"
-            )
-        # a key left out, or null: the default of the run's kind of model (schema.by_model)
-        known.update(model_defaults(DeltaAvgSettings, is_module_model(model)))
-        checked = {k: check_type(k, v if config.get(k) is None else config[k], v)
-                   for k, v in known.items()}
+        # a key left out, or null: its default, for some the run's kind of model's (by_model)
+        known = {**defaults(DeltaAvgSettings),
+                 **model_defaults(DeltaAvgSettings, is_module_model(model))}
+        checked = checked_settings(config, known, cls.name)
         if checked["epochs"] < 1:
             raise ConfigError("config key 'epochs' must be at least 1")
         _check_optimizer_ranges(checked)

@@ -39,7 +39,7 @@ from thrift_trainer.training.algorithms.base import AveragingAlgorithm
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
-    check_type,
+    checked_settings,
     split_aggregation,
     with_workload,
 )
@@ -90,14 +90,7 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if model not in MODELS:
         raise ConfigError(f"algorithm 'fl_gan' trains models {MODELS}, not {model!r}")
     given, (config, aggregation) = config, split_aggregation(config)
-    known = defaults(FlGanSettings)
-    unknown = sorted(set(config) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r} for fl_gan; "
-                          f"known: {', '.join(known)}")
-    checked = {key: check_type(key, config[key] if config.get(key) is not None else default,
-                               default)
-               for key, default in known.items()}
+    checked = checked_settings(config, defaults(FlGanSettings), "fl_gan")
     check_positive(checked, ("workers", "local_epochs", "batch_size"))
     check_adam(checked)
     given = {key: value for key, value in given.items() if key == CLIENTS}
@@ -165,6 +158,7 @@ class FLGan(AveragingAlgorithm):
     """See the module docstring."""
 
     name = "fl_gan"
+    Config = FlGanSettings  # its keys, types and defaults (training/schema.py)
     models = MODELS
     splits_units = True
     clients = True  # each unit may be one federated client's local GAN

@@ -61,7 +61,7 @@ import torch
 from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
-    check_type,
+    checked_settings,
     split_aggregation,
 )
 from thrift_trainer.training.algorithms.md_gan_node import (
@@ -135,14 +135,8 @@ def _check_config(model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"config key 'aggregation.rule' must be 'mean' for md_gan (its "
                           f"feedback is not averaged), got {aggregation['rule']!r}")
     known = defaults(MdGanSettings)
-    unknown = sorted(set(config) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r} for md_gan; "
-                          f"known: {', '.join(known)}")
-    given = {key: value for key, value in config.items() if value is not None}
-    checked = {key: check_type(key, given.get(key, default), default)
-               for key, default in known.items() if key != "k"}
-    checked["k"] = _check_k(given.get("k", known["k"]))
+    checked = checked_settings(config, known, "md_gan", free=("k",))
+    checked["k"] = _check_k(checked["k"])
     check_positive(checked, ("workers", "batch_size", "disc_steps", "swap_every_epochs"))
     if checked["swap_every_epochs"] > MAX_SWAP_EPOCHS:  # its period in iterations must fit an int
         raise ConfigError(f"config key 'swap_every_epochs' must be at most {MAX_SWAP_EPOCHS:g} "
@@ -207,6 +201,7 @@ class MDGan(DiscriminatorSwaps, Algorithm):
     """See the module docstring."""
 
     name = "md_gan"
+    Config = MdGanSettings  # its keys, types and defaults (training/schema.py)
     models = MODELS
     uses_sessions = True
     allows_backups = False

@@ -63,7 +63,7 @@ from thrift_trainer.training.algorithms.base import AveragingAlgorithm
 from thrift_trainer.training.algorithms.config_checks import (
     ConfigError,
     check_round_size,
-    check_type,
+    checked_settings,
     split_aggregation,
     with_workload,
 )
@@ -138,6 +138,8 @@ class SyncSGD(AveragingAlgorithm):
     """See the module docstring."""
 
     name = "sync_sgd"
+    # its keys, types and defaults; each names the models it applies to (training/schema.py)
+    Config = schema.SyncSgdSettings
     models = ("mlp", *GAN_MODELS)
     asynchronous = True  # gradients can be applied one by one as they arrive
     splits_units = True
@@ -183,16 +185,11 @@ class SyncSGD(AveragingAlgorithm):
         cls.check_model(model)
         defaults = defaults_for(model)
         given, (config, aggregation) = config, split_aggregation(config)
-        unknown = sorted(set(config) - ALL_KEYS)
-        if unknown:
-            raise ConfigError(f"unknown config key {unknown[0]!r} for {cls.name}; "
-                              f"known: {', '.join(sorted(ALL_KEYS))}")
         if "units_per_iteration" not in config:
             k = config.get("num_workunits_per_update", defaults["num_workunits_per_update"])
             if isinstance(k, int):
                 defaults["units_per_iteration"] = k + 1
-        checked = {key: check_type(key, config.get(key, value), value)
-                   for key, value in defaults.items()}
+        checked = checked_settings(config, defaults, cls.name, accepted=ALL_KEYS)
         _check_ranges(checked)
         return with_workload({**checked, AGGREGATION: aggregation}, given)
 
