@@ -53,6 +53,12 @@ class RoundInfo:
     elapsed_seconds: float
 
 
+class _CallbackFailed(KeyboardInterrupt):
+    """``on_round`` raised: raised in its place, as an interrupt, so that the client
+    cancels the run and waits for its end (client/session.py) before the callback's own
+    exception is raised again."""
+
+
 class _RoundWatcher:
     """What the client's progress view is given (statuses and notes), turned into one
     RoundInfo per round for ``on_round``."""
@@ -61,6 +67,7 @@ class _RoundWatcher:
         self.run_id = run_id
         self.on_round = on_round
         self.reported = 0
+        self.failure: Exception | None = None  # what on_round raised
 
     def update(self, status: Any) -> None:
         for number in range(self.reported + 1, status.round + 1):
@@ -82,8 +89,13 @@ class _RoundWatcher:
 
     def _report(self, info: RoundInfo) -> None:
         self.reported = info.round
-        if self.on_round is not None:
+        if self.on_round is None:
+            return
+        try:
             self.on_round(info)
+        except Exception as exc:
+            self.failure = exc
+            raise _CallbackFailed from exc
 
     def note(self, message: str) -> None:
         print(message, file=sys.stderr)  # rare: the coordinator changed, a node left out
@@ -132,14 +144,16 @@ class Coordinator:
         try:
             result = follow_training(coordinators, request, watcher, poll, dead_after)
         except ClientError as exc:
+            if watcher.failure is not None:  # the run is cancelled: on_round's error now
+                raise watcher.failure from None
             if exc.exit_code in INTERRUPTED:  # the run was cancelled: interrupt as asked
                 raise KeyboardInterrupt(str(exc)) from None
             raise TrainingError(str(exc)) from None
-        except Exception:
-            self._cancel(request.run_id)  # on_round raised: the run is not wanted
-            raise
         kept = cli.keep_result(result, request, Path(out))
-        watcher.finish(kept["history"], result.rounds)
+        try:
+            watcher.finish(kept["history"], result.rounds)
+        except _CallbackFailed:  # the run has ended: nothing to cancel
+            raise watcher.failure from None
         return TrainingResult.from_run(kept, result, self.plugins, self.plugin_dir)
 
     def _configure_security(self) -> None:
@@ -151,17 +165,6 @@ class Coordinator:
         token = self.token or security.token_from(None)
         tls = security.client_context(str(self.tls_ca)) if self.tls_ca else settings.client_tls
         security.configure(dataclasses.replace(settings, token=token, client_tls=tls))
-
-    def _cancel(self, run_id: str) -> None:
-        from thrift_trainer.client.errors import ClientError
-        from thrift_trainer.client.session import Endpoint, call
-        from thrift_trainer.wire.generated import ttypes
-
-        try:
-            call(Endpoint(self.host, self.port, self.connect_timeout), "cancel",
-                 ttypes.CancelRunRequest(run_id=run_id), timeout=5.0)
-        except ClientError as exc:
-            print(f"could not cancel run {run_id}: {exc}", file=sys.stderr)
 
 
 def _run_config(config: dict[str, Any] | str | os.PathLike) -> Any:

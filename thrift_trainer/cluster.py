@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from thrift_trainer.api import RoundInfo, TrainingResult
 
 READY_SECONDS = 120.0  # a node imports torch at start: slow on a busy machine
-STOP_SECONDS = 10.0  # between SIGTERM and SIGKILL
+STOP_SECONDS = 10.0  # from SIGTERM to SIGKILL
 POLL_SECONDS = 0.05  # between looks at a port file while a process starts
 # The console scripts' functions (thrift_trainer/commands.py), run as `python -c`, so that
 # a clone and an installed trainer start the same way.
@@ -78,16 +78,19 @@ class _Process:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after STOP_SECONDS: only this process, by its PID."""
+    def terminate(self) -> None:
+        """SIGTERM to this process alone, by its PID: it stops its server and exits."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
+    def stop(self, deadline: float) -> None:
+        """Wait for its exit until ``deadline``, then SIGKILL it (by its PID)."""
         try:
-            if self.popen.poll() is None:
-                self.popen.terminate()
-                try:
-                    self.popen.wait(STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    self.popen.kill()
-                    self.popen.wait(STOP_SECONDS)
+            try:
+                self.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(STOP_SECONDS)
         finally:
             self._log.close()
 
@@ -187,7 +190,10 @@ class LocalCluster:
         atexit.unregister(self.stop)
         processes, self.processes = self.processes, []
         for process in reversed(processes):  # the coordinator was started last
-            process.stop()
+            process.terminate()
+        deadline = time.monotonic() + STOP_SECONDS  # they stop at once, not one by one
+        for process in reversed(processes):
+            process.stop(deadline)
 
     @property
     def pids(self) -> list[int]:

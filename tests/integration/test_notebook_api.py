@@ -55,29 +55,37 @@ def test_a_local_cluster_trains_a_dict_and_gives_the_trained_module_back(
     assert result.evaluate()["error"] == pytest.approx(result.validation_error, abs=1e-6)
 
 
-def test_an_interrupted_run_is_cancelled_and_a_raising_block_still_ends_every_process(
+class Unwanted(Exception):
+    """What a callback raises when the notebook no longer wants the run."""
+
+
+def test_a_numpy_model_is_scored_runs_are_cancelled_and_a_raising_block_ends_every_process(
         tmp_path: Path) -> None:
     def interrupt(info: tt.RoundInfo) -> None:
         raise KeyboardInterrupt  # as the notebook's stop button does, mid-run
 
-    long_run = {**TINY, "run": {**TINY["run"], "rounds": 200}}
+    def refuse(info: tt.RoundInfo) -> None:
+        raise Unwanted(info.round)
+
+    letters = {"run": {"rounds": 1}, "delta_avg": {"epochs": 1}}
+    long_run = {**letters, "run": {"rounds": 500}}
     with pytest.raises(tt.RunConfigError, match="did you mean 'run.rounds'"), \
             tt.local_cluster(nodes=1, data_root=DATA, workdir=tmp_path) as cluster:
         pids = cluster.pids
-        with pytest.raises(KeyboardInterrupt):
-            cluster.train(long_run, on_round=interrupt, run_id="stopped")
-        status = call(Endpoint("127.0.0.1", cluster.coordinator_port), "status",
-                      ttypes.StatusRequest(run_id="stopped"))
-        assert status.state == "cancelled" and status.round < 200
+        result = cluster.train(letters)
+        with pytest.raises(ValueError, match="the letters MLP, a numpy model, not a torch"):
+            result.module()
+        assert result.evaluate()["error"] == pytest.approx(result.validation_error, abs=1e-9)
+        assert len(result.predict(VALIDATION)) == 3500
+
+        coordinator = Endpoint("127.0.0.1", cluster.coordinator_port)
+        for callback, raised, run_id in ((interrupt, KeyboardInterrupt, "stopped"),
+                                         (refuse, Unwanted, "unwanted")):
+            with pytest.raises(raised):
+                cluster.train(long_run, on_round=callback, run_id=run_id)
+            status = call(coordinator, "status", ttypes.StatusRequest(run_id=run_id))
+            assert status.state == "cancelled" and status.round < 500, run_id
+        with pytest.raises(tt.TrainingError, match="nowhere"):  # refused by the coordinator
+            cluster.train({"run": {"dataset": "nowhere"}})
         cluster.train({"run": {"roundz": 2}})  # refused before anything is sent: raises
     assert all(gone(pid) for pid in pids) and cluster.pids == []
-
-
-def test_a_numpy_letters_model_is_refused_as_a_module_and_scored_instead(
-        tmp_path: Path) -> None:
-    with tt.local_cluster(nodes=1, data_root=DATA, workdir=tmp_path) as cluster:
-        result = cluster.train({"run": {"rounds": 1}, "delta_avg": {"epochs": 1}})
-    with pytest.raises(ValueError, match="the letters MLP, a numpy model, not a torch module"):
-        result.module()
-    assert result.evaluate()["error"] == pytest.approx(result.validation_error, abs=1e-9)
-    assert len(result.predict(VALIDATION)) == 3500

@@ -76,3 +76,13 @@ def test_every_round_is_reported_once_in_order_even_when_a_poll_misses_one() -> 
     assert [(r.round, r.validation_error) for r in seen] == [
         (1, 0.5), (2, None), (3, 0.3), (4, 0.2)]  # round 2 ended between two polls
     assert seen[-1].elapsed_seconds == 4.0 and seen[0].train_loss == 2.0
+
+
+def test_a_callback_that_raises_is_kept_and_interrupts_the_following() -> None:
+    def fail(info: RoundInfo) -> None:
+        raise ArithmeticError(f"round {info.round}")
+
+    watcher = _RoundWatcher("r", fail)
+    with pytest.raises(KeyboardInterrupt):  # so that the client cancels the run first
+        watcher.update(status(1, 0.5, 2.0))
+    assert isinstance(watcher.failure, ArithmeticError) and str(watcher.failure) == "round 1"
