@@ -131,7 +131,7 @@ class LocalCluster:
         self.plugins = list(plugins)
         self.plugin_dir = Path(plugin_dir or Path.cwd()).resolve()
         self.data_root = Path(data_root).resolve() if data_root is not None else None
-        self.workdir = Path(workdir) if workdir is not None else None
+        self.workdir = Path(workdir).resolve() if workdir is not None else None
         self.policy = policy
         self.node_args = list(node_args)
         self.coordinator_args = list(coordinator_args)

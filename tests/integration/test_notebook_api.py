@@ -60,19 +60,21 @@ class Unwanted(Exception):
 
 
 def test_a_numpy_model_is_scored_runs_are_cancelled_and_a_raising_block_ends_every_process(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupt(info: tt.RoundInfo) -> None:
         raise KeyboardInterrupt  # as the notebook's stop button does, mid-run
 
     def refuse(info: tt.RoundInfo) -> None:
         raise Unwanted(info.round)
 
+    monkeypatch.chdir(tmp_path)  # a workdir relative to the notebook's folder
     letters = {"run": {"rounds": 1}, "delta_avg": {"epochs": 1}}
     long_run = {**letters, "run": {"rounds": 500}}
     with pytest.raises(tt.RunConfigError, match="did you mean 'run.rounds'"), \
-            tt.local_cluster(nodes=1, data_root=DATA, workdir=tmp_path) as cluster:
+            tt.local_cluster(nodes=1, data_root=DATA, workdir="cluster") as cluster:
         pids = cluster.pids
         result = cluster.train(letters)
+        assert result.model_path.parent == tmp_path / "cluster" / "models"
         with pytest.raises(ValueError, match="the letters MLP, a numpy model, not a torch"):
             result.module()
         assert result.evaluate()["error"] == pytest.approx(result.validation_error, abs=1e-9)
