@@ -22,7 +22,8 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from thrift_trainer.api import RoundInfo, TrainingResult
+    from thrift_trainer.api import Coordinator, RoundInfo
+    from thrift_trainer.results import TrainingResult
 
 READY_SECONDS = 120.0  # a node imports torch at start: slow on a busy machine
 STOP_SECONDS = 10.0  # from SIGTERM to SIGKILL
@@ -212,7 +213,7 @@ class LocalCluster:
         self.stop()
 
     # ------------------------------------------------------------------ training
-    def coordinator(self) -> Any:
+    def coordinator(self) -> Coordinator:
         """The cluster's coordinator as a `Coordinator` (api.py)."""
         from thrift_trainer.api import Coordinator
 
