@@ -14,6 +14,7 @@ import torch
 import thrift_trainer as tt
 from devtools.local_cluster import REPO
 from thrift_trainer.client.session import Endpoint, call
+from thrift_trainer.training import plugins
 from thrift_trainer.training.data import preprocessing
 from thrift_trainer.wire.generated import ttypes
 
@@ -91,3 +92,37 @@ def test_a_numpy_model_is_scored_runs_are_cancelled_and_a_raising_block_ends_eve
             cluster.train({"run": {"dataset": "nowhere"}})
         cluster.train({"run": {"roundz": 2}})  # refused before anything is sent: raises
     assert all(gone(pid) for pid in pids) and cluster.pids == []
+
+
+PLUGIN = '''
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, in_features, num_classes, width=8):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(in_features, width), nn.ReLU(),
+                                    nn.Linear(width, num_classes))
+
+    def forward(self, x):
+        return self.layers(x)
+'''
+
+
+def test_a_plugin_model_comes_back_as_an_instance_of_its_own_class(tmp_path: Path) -> None:
+    (tmp_path / "nb_models.py").write_text(PLUGIN)
+    config = {"run": {"model": "nb_models:Tiny", "rounds": 1, "model_args": {"width": 12}},
+              "data": {"format": "letters"}, "delta_avg": {"units": 1}}
+    try:
+        with tt.local_cluster(nodes=1, plugins=["nb_models"], plugin_dir=tmp_path,
+                              data_root=DATA, workdir=tmp_path / "cluster") as cluster:
+            result = cluster.train(config)
+        module = result.module()  # allows nb_models in this process, as the cluster did
+        assert type(module).__module__ == "nb_models" and type(module).__name__ == "Tiny"
+        assert module.layers[0].out_features == 12
+        inputs, targets = preprocessing.labelled(result.description["data"], str(VALIDATION))
+        with torch.no_grad():
+            wrong = (module(inputs).argmax(dim=1) != targets).float().mean().item()
+        assert wrong == pytest.approx(result.validation_error, abs=1e-6)
+    finally:
+        plugins.reset()  # nothing of this test's plug-in is left allowed for the next
