@@ -44,7 +44,7 @@ from thrift_trainer.client.session import Coordinators, Endpoint, attach, call, 
 from thrift_trainer.training import plugins
 from thrift_trainer.training.models.names import GAN_MODELS
 from thrift_trainer.training.outputs.model_file import save_model
-from thrift_trainer.training.run_config import RunConfigError, load_run_config
+from thrift_trainer.training.run_config import RunConfig, RunConfigError, load_run_config
 from thrift_trainer.training.schema import DeltaAvgSettings, defaults, rounds_problem
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.wire import arg_types, security
@@ -431,7 +431,11 @@ def train_request(args: argparse.Namespace, run_id: str) -> ttypes.TrainRequest:
             protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
             model=spec.model, dataset=spec.dataset, rounds=args.rounds,
             config_json=spec.to_config_json(with_schedule=True))
-    config = load_run_config(args.config, args.set)
+    return config_request(load_run_config(args.config, args.set), run_id)
+
+
+def config_request(config: RunConfig, run_id: str) -> ttypes.TrainRequest:
+    """The request of a merged configuration (the --config form, the notebook API)."""
     spec = config.to_spec()
     return ttypes.TrainRequest(
         protocol_version=PROTOCOL_VERSION, run_id=run_id, algorithm=spec.algorithm,
@@ -455,6 +459,13 @@ def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, fol
     the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
+    return keep_result(result, request, folder)
+
+
+def keep_result(result: ttypes.RunResult, request: ttypes.TrainRequest,
+                folder: Path) -> dict[str, Any]:
+    """Save a finished run's model, its safetensors export and its record in `folder`;
+    the result as --json prints it."""
     weights, description = wire_to_dict(result.weights), json.loads(result.model_json)
     model_path = save_model(folder / f"{request.run_id}.npz", weights, description)
     exported = export_weights(weights, description, model_path.with_suffix(".safetensors"))

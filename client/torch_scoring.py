@@ -33,7 +33,7 @@ class TorchScoringError(ValueError):
 def evaluate(model_path: str, weights: dict[str, np.ndarray], description: dict[str, Any],
              data_path: str) -> dict[str, Any]:
     """The run's metric (its "validation error") and loss of the model on labelled data."""
-    module = _module(model_path, weights, description)
+    module = build_module(model_path, weights, description)
     inputs, targets = _data(preprocessing.labelled, description, data_path)
     classes = description.get("num_classes") is not None
     if not classes:
@@ -56,7 +56,7 @@ def predict(model_path: str, weights: dict[str, np.ndarray], description: dict[s
             data_path: str) -> list[str]:
     """One line per example: its predicted label (the label's text when the file records
     label names), or its predicted values; an image's line starts with its path."""
-    module = _module(model_path, weights, description)
+    module = build_module(model_path, weights, description)
     inputs, names = _data(preprocessing.unlabelled, description, data_path)
     try:
         outputs = _outputs(module, inputs)
@@ -68,7 +68,7 @@ def predict(model_path: str, weights: dict[str, np.ndarray], description: dict[s
                                                                                   strict=True)]
 
 
-def _module(model_path: str, weights: dict[str, np.ndarray],
+def build_module(model_path: str, weights: dict[str, np.ndarray],
             description: dict[str, Any]) -> nn.Module:
     """The module the file describes, holding its weights, in eval mode."""
     why = preprocessing.problem(description.get("data"))

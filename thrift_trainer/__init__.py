@@ -7,6 +7,11 @@ Bring your own model, data set, algorithm, aggregation rule or codec (docs/plugi
     class FedProx(tt.algorithms.DeltaAveraging): ...
     tt.register_aggregation("geomed", geometric_median)
 
+and train from a notebook or a script (docs/notebooks.md)::
+
+    with tt.local_cluster(nodes=2) as cluster:
+        result = cluster.train({"run": {"model": "mlp_classifier", "rounds": 3}})
+
 Names are loaded on first use, so ``import thrift_trainer`` costs nothing (no torch).
 Everything outside this package is the trainer's own and may change between versions.
 """
@@ -52,15 +57,26 @@ _EXPORTS = {
     "ModelFactory": "thrift_trainer.specs:ModelFactory",
     "LossFunction": "thrift_trainer.specs:LossFunction",
     "MetricFunction": "thrift_trainer.specs:MetricFunction",
+    # training from a notebook or a script (docs/notebooks.md)
+    "local_cluster": "thrift_trainer.cluster:local_cluster",
+    "LocalCluster": "thrift_trainer.cluster:LocalCluster",
+    "ClusterError": "thrift_trainer.cluster:ClusterError",
+    "Coordinator": "thrift_trainer.api:Coordinator",
+    "RoundInfo": "thrift_trainer.api:RoundInfo",
+    "TrainingError": "thrift_trainer.api:TrainingError",
+    "TrainingResult": "thrift_trainer.results:TrainingResult",
+    "RunConfigError": "thrift_trainer.training.run_config:RunConfigError",
 }
 _SUBMODULES = {"algorithms": "thrift_trainer.algorithms"}
 
 __all__ = [  # the same names as _EXPORTS and _SUBMODULES (a test keeps them equal)
-    "Algorithm", "AveragingAlgorithm", "Codec", "ConfigError", "DataShape", "DatasetFactory",
-    "LossFunction", "MapDataset", "MetricFunction", "ModelFactory", "PluginError",
-    "RoundEval", "UnitFailure", "UnitJob", "UnitOutput", "UnitResult", "UnitSpec", "Weights",
-    "__version__", "algorithms", "load_weights", "register_aggregation",
-    "register_algorithm", "register_codec",
+    "Algorithm", "AveragingAlgorithm", "ClusterError", "Codec", "ConfigError", "Coordinator",
+    "DataShape", "DatasetFactory", "LocalCluster", "LossFunction", "MapDataset",
+    "MetricFunction", "ModelFactory", "PluginError", "RoundEval", "RoundInfo",
+    "RunConfigError", "TrainingError", "TrainingResult", "UnitFailure", "UnitJob",
+    "UnitOutput", "UnitResult", "UnitSpec", "Weights", "__version__", "algorithms",
+    "load_weights", "local_cluster", "register_aggregation", "register_algorithm",
+    "register_codec",
 ]
 
 
@@ -81,6 +97,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from thrift_trainer import algorithms
+    from thrift_trainer.api import Coordinator, RoundInfo, TrainingError
+    from thrift_trainer.cluster import ClusterError, LocalCluster, local_cluster
+    from thrift_trainer.results import TrainingResult
     from thrift_trainer.specs import (
         DatasetFactory,
         LossFunction,
@@ -96,6 +115,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from thrift_trainer.training.models.settings import DataShape
     from thrift_trainer.training.outputs.torch_files import load_weights
     from thrift_trainer.training.plugins import PluginError
+    from thrift_trainer.training.run_config import RunConfigError
     from thrift_trainer.training.units import (
         RoundEval,
         UnitFailure,

@@ -66,6 +66,7 @@ SECTIONS: dict[str, type] = {
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 Sections = dict[str, dict[str, Any]]
+DICT_SOURCE = "the configuration dict"  # where a refusal of `sections` says the key was
 
 
 class RunConfigError(ValueError):
@@ -143,8 +144,11 @@ def file_defaults() -> Sections:
     return {name: schema.file_defaults(section) for name, section in SECTIONS.items()}
 
 
-def load_run_config(path: str | Path | None, overrides: list[str]) -> RunConfig:
-    """Merge the defaults, the recipe at `path` (if any) and `section.key=value` overrides.
+def load_run_config(path: str | Path | None, overrides: list[str],
+                    sections: Mapping[str, Any] | None = None) -> RunConfig:
+    """Merge the defaults, the recipe at `path` (if any), `sections` (a recipe given as a
+    dict, e.g. from a notebook: ``{"run": {"rounds": 3}}``) and `section.key=value`
+    overrides, in that order.
 
     Raises RunConfigError naming the file, line or key at fault.
     """
@@ -152,6 +156,11 @@ def load_run_config(path: str | Path | None, overrides: list[str]) -> RunConfig:
     merged = copy.deepcopy(defaults)
     if path is not None:
         _merge_recipe(merged, defaults, _read_sections(Path(path)), str(path))
+    if sections is not None:
+        if not isinstance(sections, Mapping):
+            raise RunConfigError(f"{DICT_SOURCE}: expected sections such as "
+                                 f"{{'run': {{...}}}}, got a {type(sections).__name__}")
+        _merge_recipe(merged, defaults, dict(sections), DICT_SOURCE)
     for item in overrides:
         _apply_override(merged, defaults, item)
     _inherit_run_values(merged)
@@ -218,7 +227,7 @@ def _merge_recipe(merged: Sections, defaults: Sections, recipe: dict[Any, Any],
         name = str(name)
         if name not in defaults:
             raise _unknown(name, defaults, source)
-        if not isinstance(section, dict):
+        if not isinstance(section, Mapping):
             raise RunConfigError(f"{name} must be a section of keys (key: value lines), "
                                  f"got {section!r} (in {source})")
         for key, value in section.items():
