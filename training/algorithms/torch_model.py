@@ -34,7 +34,7 @@ from thrift_trainer.training.clients.data_parts import Subset
 from thrift_trainer.training.data.datasets import folder_stamp
 from thrift_trainer.training.data.settings import SECTION as DATA
 from thrift_trainer.training.data.settings import DataSettings
-from thrift_trainer.training.models import modules
+from thrift_trainer.training.models import loop, modules
 from thrift_trainer.training.models.module_training import (
     LocalSteps,
     ModelSetup,
@@ -159,6 +159,9 @@ class SyncState(CoordinatorModel):
     def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
         super().__init__(setup, config["seed"], config["batch_size"])
         self.optimizer = _optimizer(config, self.module)
+        self.lr = config["lr"]
+        self.schedule = setup.settings.schedule(1)  # one step a round
+        self.steps = 0  # the optimizer's steps so far: where the schedule stands
 
     def parameter_names(self) -> list[str]:
         return modules.parameter_names(self.module)
@@ -170,7 +173,9 @@ class SyncState(CoordinatorModel):
             for name, param in self.module.named_parameters():
                 param.grad = torch.from_numpy(
                     np.asarray(average[GRAD + name], dtype=np.float32)).to(param.dtype)
+        loop.set_rate(self.optimizer, self.lr, self.schedule, self.steps)
         self.optimizer.step()
+        self.steps += 1
         install_buffers(self.module, average)
         return self.weights()
 
@@ -297,7 +302,15 @@ def describe(setup: ModelSetup, module: nn.Module) -> dict[str, Any]:
             "input_shape": list(setup.data.shape.input_shape),
             "num_classes": setup.data.shape.num_classes,
             "loss": setup.settings.loss, "metric": setup.settings.metric,
-            "data": setup.data.record}
+            "data": setup.data.record, **_training(setup)}
+
+
+def _training(setup: ModelSetup) -> dict[str, Any]:
+    """The training loop's settings a run changed (run.lr_schedule, clip_norm, precision,
+    data.augment, ...), under ``training``; nothing when it changed none, so the
+    description of such a run is what it was before they existed."""
+    changed = setup.settings.loop_changes()
+    return {"training": changed} if changed else {}
 
 
 def unit_ranges(size: int, units: int) -> list[tuple[int, int]]:

@@ -25,7 +25,8 @@ from torch import nn
 from thrift_trainer.training.cancel import no_step
 from thrift_trainer.training.data.datasets import LoadedData, Split, load_data
 from thrift_trainer.training.data.settings import DataSettings
-from thrift_trainer.training.models import modules, objectives
+from thrift_trainer.training.lr_schedule import global_step
+from thrift_trainer.training.models import loop, modules, objectives
 from thrift_trainer.training.models.names import BUFFER, GRAD
 from thrift_trainer.training.models.pool import ModulePool
 from thrift_trainer.training.models.settings import ModelSettings
@@ -103,17 +104,25 @@ def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarr
     params = [p for p in module.parameters() if p.requires_grad]
     totals = [torch.zeros_like(p) for p in params]
     size, loss_sum = len(examples), 0.0
+    precision = setup.settings.precision
+    # fp16 gradients are taken of a scaled loss (so small ones do not vanish), unscaled below
+    scale = loop.FP16_GRADIENT_SCALE if precision == "fp16" else 1.0
     for first in range(0, size, batch_size):
         indices = examples[first:first + batch_size]
         step()
         inputs, targets = _on(device, *setup.data.train.take(indices))
         share = len(indices) / size
-        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        for total, grad in zip(totals, torch.autograd.grad(loss * share, params,
-                                                           allow_unused=True), strict=True):
+        with loop.autocast(precision, device):
+            loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+        scaled = loss * share if scale == 1.0 else loss * share * scale
+        for total, grad in zip(totals, torch.autograd.grad(scaled, params, allow_unused=True),
+                               strict=True):
             if grad is not None:
-                total += grad
+                total += grad if scale == 1.0 else grad.float() / scale
         loss_sum += float(loss.detach()) * share
+    # the unit's mean gradient is clipped, before the coordinator averages the units: each
+    # unit's pull on the model is bounded, as per-client clipping does
+    loop.clip_tensors(totals, setup.settings.clip_norm)
     names = [name for name, p in module.named_parameters() if p.requires_grad]
     # the sums are this call's own tensors: their memory becomes the update, uncopied
     update = {GRAD + name: total.detach().cpu().numpy()
@@ -133,6 +142,7 @@ class LocalSteps:
     steps: int = 0  # optimizer steps per unit (DiLoCo's inner steps); 0: epochs
     weight_decay: float = 0.0
     seed: int = 0  # shuffles the examples; depends on the unit, not on the node
+    round: int = 1  # the unit's round: where run.lr_schedule stands (across rounds)
 
 
 Penalty = Callable[[nn.Module], torch.Tensor]  # a term added to every local step's loss
@@ -150,17 +160,46 @@ def train_locally(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
     optimizer = _optimizer(local, module)
     rng = np.random.default_rng(local.seed)
     batch = len(examples) if local.optimizer == "gd" else local.batch_size
+    settings = setup.settings
+    steps = local_step_count(len(examples), batch, local)
+    schedule = settings.schedule(steps)
+    scaler = loop.scaler(settings.precision, device)
+    params = [p for p in module.parameters() if p.requires_grad]
     loss_sum, count = 0.0, 0
-    for indices in _local_batches(examples, batch, local, rng):
+    for done, indices in enumerate(_local_batches(examples, batch, local, rng)):
         step()
         inputs, targets = _on(device, *setup.data.train.take(indices))
         optimizer.zero_grad(set_to_none=True)
-        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        (loss + penalty(module) if penalty is not None else loss).backward()
-        optimizer.step()
+        loop.set_rate(optimizer, local.lr, schedule, global_step(local.round, steps, done))
+        with loop.autocast(settings.precision, device):
+            loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+            total = loss + penalty(module) if penalty is not None else loss
+        _backward_and_step(optimizer, total, params, settings.clip_norm, scaler)
         loss_sum += float(loss.detach()) * len(indices)
         count += len(indices)
     return modules.state_arrays(module), loss_sum / max(count, 1)
+
+
+def _backward_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+                       params: list[torch.Tensor], clip_norm: float,
+                       scaler: torch.amp.GradScaler | None) -> None:
+    """One optimizer step, its gradients clipped (run.clip_norm) and, in fp16, scaled."""
+    if scaler is None:
+        loss.backward()
+        loop.clip(params, clip_norm)
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # clipping bounds the true gradients, not the scaled ones
+    loop.clip(params, clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def local_step_count(size: int, batch: int, local: LocalSteps) -> int:
+    """Optimizer steps a unit of ``size`` examples takes: its `steps`, or its epochs'
+    batches (the schedule's steps per round)."""
+    return local.steps or local.epochs * -(-size // max(batch, 1))
 
 
 def _local_batches(examples: np.ndarray, batch: int, local: LocalSteps,
