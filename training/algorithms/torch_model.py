@@ -51,7 +51,7 @@ from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.outputs.torch_files import load_weights as load_weights_file
 from thrift_trainer.training.plugins import PluginError
-from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights
+from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 BETAS = (0.9, 0.999)
@@ -98,7 +98,7 @@ def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
         update, loss = mean_gradients(setup, module, start, stop, batch_size,
-                                      job.control.step, job.device)
+                                      job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
 
 
@@ -114,8 +114,13 @@ def sync_examples_unit(job: UnitJob, location: Path,
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
         update, loss = mean_gradients_over(setup, module, chosen, batch_size,
-                                           job.control.step, job.device)
+                                           job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
+
+
+def _unit_seed(job: UnitJob) -> int:
+    """The seed of a unit's data augmentation: its run's seed, round and unit."""
+    return unit_seed(job.config.get("seed", 0), job.round, job.unit.unit_id)
 
 
 class CoordinatorModel:
@@ -309,7 +314,9 @@ def _training(setup: ModelSetup) -> dict[str, Any]:
     """The training loop's settings a run changed (run.lr_schedule, clip_norm, precision,
     data.augment, ...), under ``training``; nothing when it changed none, so the
     description of such a run is what it was before they existed."""
-    changed = setup.settings.loop_changes()
+    changed = {**setup.settings.loop_changes(),
+               **{f"data.{key}": value for key, value in
+                  setup.data_settings.loop_changes().items()}}
     return {"training": changed} if changed else {}
 
 

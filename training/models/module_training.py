@@ -14,7 +14,7 @@ BatchNorm's batch count, rounded), as the built-in GANs do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.data.batches import PLAIN, Reader
 from thrift_trainer.training.data.datasets import LoadedData, Split, load_data
 from thrift_trainer.training.data.settings import DataSettings
 from thrift_trainer.training.lr_schedule import global_step
@@ -45,6 +46,9 @@ class ModelSetup:
     data: LoadedData
     loss: objectives.Objective
     metric: objectives.Metric
+    # how training batches are read on a node: augmented, transformed, read ahead
+    reader: Reader = PLAIN
+    data_settings: DataSettings = DataSettings()
 
     @classmethod
     def load(cls, model: str, settings: ModelSettings, dataset: str, location: Path,
@@ -54,7 +58,16 @@ class ModelSetup:
         classes = data.shape.num_classes is not None
         loss = objectives.loss_function(settings, classes)
         return cls(model, settings, data, loss, objectives.metric_function(settings, classes,
-                                                                           loss))
+                                                                           loss),
+                   Reader(data_settings, data.shape), data_settings)
+
+    def training_batches(self, order: Iterable[np.ndarray], seed: int, device: str
+                         ) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+        """(indices, inputs, targets) of the training part's batches in ``order``, shaped
+        by the run's data settings (augmentation seeded by ``seed``), on ``device``."""
+        for indices, inputs, targets in self.reader.batches(self.data.train.take, order,
+                                                            seed):
+            yield indices, *_on(device, inputs, targets)
 
     @property
     def loss_name(self) -> str:
@@ -86,20 +99,21 @@ def batches(start: int, stop: int, batch_size: int) -> Iterator[np.ndarray]:
 
 def mean_gradients(setup: ModelSetup, module: nn.Module, start: int, stop: int,
                    batch_size: int, step: Callable[[], None] = no_step,
-                   device: str = "cpu") -> tuple[Weights, float]:
+                   device: str = "cpu", seed: int = 0) -> tuple[Weights, float]:
     """The mean gradient of the loss over examples ``[start, stop)`` of the training part
     (micro-batches weighted by their share) as ``grad.<name>``, the buffers after the pass
     as ``buffer.<name>``, and the mean loss of the micro-batches. (Nodes compute no metric:
     it would cost a second forward pass; the coordinator scores the model every round.)"""
     return mean_gradients_over(setup, module, np.arange(start, stop), batch_size, step,
-                               device)
+                               device, seed)
 
 
 def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
                         batch_size: int, step: Callable[[], None] = no_step,
-                        device: str = "cpu") -> tuple[Weights, float]:
+                        device: str = "cpu", seed: int = 0) -> tuple[Weights, float]:
     """`mean_gradients` over the training part's ``examples`` (any indices, in their
-    order: a federated client's batch), in micro-batches of ``batch_size``."""
+    order: a federated client's batch), in micro-batches of ``batch_size``; ``seed``: the
+    unit's, for the data's augmentation."""
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     totals = [torch.zeros_like(p) for p in params]
@@ -107,10 +121,9 @@ def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarr
     precision = setup.settings.precision
     # fp16 gradients are taken of a scaled loss (so small ones do not vanish), unscaled below
     scale = loop.FP16_GRADIENT_SCALE if precision == "fp16" else 1.0
-    for first in range(0, size, batch_size):
-        indices = examples[first:first + batch_size]
+    order = (examples[first:first + batch_size] for first in range(0, size, batch_size))
+    for indices, inputs, targets in setup.training_batches(order, seed, device):
         step()
-        inputs, targets = _on(device, *setup.data.train.take(indices))
         share = len(indices) / size
         with loop.autocast(precision, device):
             loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
@@ -166,9 +179,10 @@ def train_locally(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
     scaler = loop.scaler(settings.precision, device)
     params = [p for p in module.parameters() if p.requires_grad]
     loss_sum, count = 0.0, 0
-    for done, indices in enumerate(_local_batches(examples, batch, local, rng)):
+    order = _local_batches(examples, batch, local, rng)
+    for done, (indices, inputs, targets) in enumerate(setup.training_batches(
+            order, local.seed, device)):
         step()
-        inputs, targets = _on(device, *setup.data.train.take(indices))
         optimizer.zero_grad(set_to_none=True)
         loop.set_rate(optimizer, local.lr, schedule, global_step(local.round, steps, done))
         with loop.autocast(settings.precision, device):
