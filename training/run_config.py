@@ -47,7 +47,7 @@ SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordi
 HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
 DATA = "data"  # a torch model's data settings, sent as the request config's "data"
 CLIENTS = "clients"  # the run's federated clients (training/clients/settings.py)
-MODEL = "model"  # the request config's key of run.model_args, loss, metric, init_weights
+MODEL = "model"  # the request config's key of run.model_args, loss, metric, ... (MODEL_KEYS)
 NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA,
                   CLIENTS)
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
