@@ -130,7 +130,8 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
     if not is_module_model(spec.model) and (spec.model_settings.changed() or spec.data.changed()):
-        raise ConfigError(f"run.model_args, loss, metric, init_weights and the data section "
+        raise ConfigError(f"run.model_args, loss, metric, init_weights, the training loop's "
+                          f"keys (lr_schedule, clip_norm, ...) and the data section "
                           f"are for torch models (mlp_classifier or a plug-in "
                           f"module:attribute), not {spec.model!r}")
     cls = get_algorithm(spec.algorithm)

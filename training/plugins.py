@@ -193,6 +193,7 @@ _KINDS = {
     "loss": (_is_function, "a function"),
     "metric": (_is_function, "a function"),
     "partitioner": (_is_function, "a function"),
+    "transform": (_is_function, "a function"),
 }
 _SHOWN = 8  # names of what a module allows that a refusal lists
 

@@ -31,7 +31,7 @@ from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.data.settings import DataSettings
 from thrift_trainer.training.hierarchy import HierarchySettings
 from thrift_trainer.training.models.names import check_model_name, is_module_model
-from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.models.settings import LOOP_KEYS, ModelSettings
 from thrift_trainer.training.plugins import is_plugin_name as _is_plugin
 from thrift_trainer.training.schedule import ScheduleSettings
 from thrift_trainer.training.spec import RunSpec
@@ -47,12 +47,12 @@ SCHEDULE = "schedule"  # sent inside the request's config, checked on the coordi
 HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
 DATA = "data"  # a torch model's data settings, sent as the request config's "data"
 CLIENTS = "clients"  # the run's federated clients (training/clients/settings.py)
-MODEL = "model"  # the request config's key of run.model_args, loss, metric, init_weights
+MODEL = "model"  # the request config's key of run.model_args, loss, metric, ... (MODEL_KEYS)
 NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA,
                   CLIENTS)
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
 MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
-              "init_weights": "init_weights"}
+              "init_weights": "init_weights", **{key: key for key in LOOP_KEYS}}
 # Every section in config.yaml's order, with its schema.
 SECTIONS: dict[str, type] = {
     RUN: schema.RunSection, "delta_avg": schema.DeltaAvgSettings,
@@ -117,6 +117,8 @@ class RunConfig:
         own = dict(run["algorithm_args"]) if _is_plugin(self.algorithm) \
             else self.section(self.algorithm)
         model = {name: run[key] for key, name in MODEL_KEYS.items()}
+        if not model["lr_rounds"] and ModelSettings(**model).needs_rounds:
+            model["lr_rounds"] = run["rounds"]  # a decaying schedule spans the run
         return RunSpec(self.algorithm, self.model, self.dataset, own,
                        aggregation=self.section(AGGREGATION),
                        compression=CompressionSettings(**self.section(COMPRESSION)),

@@ -48,6 +48,16 @@ class RunSection:
     loss: str = ModelSettings.loss
     metric: str = ModelSettings.metric
     init_weights: str = ModelSettings.init_weights
+    lr_schedule: str = ModelSettings.lr_schedule
+    warmup_steps: int = ModelSettings.warmup_steps
+    lr_rounds: int = ModelSettings.lr_rounds
+    lr_end: float = ModelSettings.lr_end
+    lr_step_every: int = ModelSettings.lr_step_every
+    lr_step_gamma: float = ModelSettings.lr_step_gamma
+    server_lr_schedule: str = ModelSettings.server_lr_schedule
+    server_warmup_rounds: int = ModelSettings.server_warmup_rounds
+    clip_norm: float = ModelSettings.clip_norm
+    precision: str = ModelSettings.precision
     dataset: str = "letters"
     algorithm_args: dict[str, Any] = field(default_factory=dict)
     rounds: int = 5

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from thrift_trainer.training.aggregation import weighted_mean
+from thrift_trainer.training.lr_schedule import Schedule
 
 Params = dict[str, np.ndarray]
 
@@ -60,6 +61,9 @@ class ServerOptimizer:
                 )
         self.steps = 0
         self.state: dict[str, Params] = {slot: {} for slot in self.slots}
+        # run.server_lr_schedule: the update of step k is scaled by its factor (for avg,
+        # the averaged delta; otherwise the same as scaling the rate); None: unscaled
+        self.schedule: Schedule | None = None
 
     def config(self) -> dict[str, Any]:
         """Name and hyperparameters: enough to rebuild it with :func:`make_server_optimizer`."""
@@ -72,6 +76,10 @@ class ServerOptimizer:
         if set(weights) != set(avg_delta):
             raise ValueError(f"weights {sorted(weights)} and delta {sorted(avg_delta)} differ")
         self.steps += 1
+        if self.schedule is not None and not self.schedule.is_constant:
+            factor = self.schedule.factor(self.steps - 1)
+            return {name: np.asarray(weights[name], dtype=np.float64)
+                    + factor * self._update(name, avg_delta[name]) for name in weights}
         return {
             name: np.asarray(weights[name], dtype=np.float64) + self._update(name, avg_delta[name])
             for name in weights

@@ -102,7 +102,8 @@ class RunSpec:
         it: what the name must be."""
         named = [("algorithm", self.algorithm), ("model", self.model),
                  ("data set", self.dataset), ("loss", self.model_settings.loss),
-                 ("metric", self.model_settings.metric), ("codec", self.compression.up),
+                 ("metric", self.model_settings.metric), ("transform", self.data.transform),
+                 ("codec", self.compression.up),
                  ("codec", self.compression.down)]
         rule = (self.aggregation or {}).get("rule") if isinstance(self.aggregation,
                                                                    Mapping) else None

@@ -38,6 +38,8 @@ from thrift_trainer.training.clients.settings import settings_from as clients_se
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
+from thrift_trainer.training.models.settings import SECTION as MODEL
+from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.schema import DeltaAvgSettings, defaults, model_defaults
 from thrift_trainer.training.unit_parts import part_bounds
 from thrift_trainer.training.units import (
@@ -228,7 +230,8 @@ class DeltaAveraging(AveragingAlgorithm):
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
-                           seed=unit_seed(config["seed"], job.round, job.unit.unit_id))
+                           seed=unit_seed(config["seed"], job.round, job.unit.unit_id),
+                           round=job.round)
         return torch_model.local_unit(job, dataset_dir, examples, local,
                                       cls.local_penalty(job))
 
@@ -247,6 +250,9 @@ class DeltaAveraging(AveragingAlgorithm):
         self.optimizer = server_optim.make_server_optimizer(
             self.config["server_optimizer"], **_server_kwargs(self.config)
         )
+        if model != "mlp":  # run.server_lr_schedule, over rounds
+            self.optimizer.schedule = ModelSettings.from_mapping(
+                self.config.get(MODEL)).server_schedule()
         clients = clients_settings(self.config.get(CLIENTS))
         if model == "mlp":
             self._plan: LettersPlan | RangePlan = LettersPlan(_spec(self.config), dataset_dir)

@@ -90,6 +90,7 @@ from thrift_trainer.training.units import (
 from thrift_trainer.training.update_checks import specs_of
 
 MLP_BETAS = (0.9, 0.999)  # the usual Adam betas; only the GANs' betas are settings
+SCHEDULE_STEPS = "schedule.steps"  # a torch model's optimizer steps, with a schedule
 # One config file serves every model, so keys meant for the other kind of model are
 # accepted and dropped rather than refused.
 ALL_KEYS = frozenset(schema.defaults(schema.SyncSgdSettings))
@@ -371,13 +372,24 @@ class SyncSGD(AveragingAlgorithm):
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Each coordinator optimizer's state, under ``optim.<group>.``."""
-        return {key: value for group, (named, optimizer) in self.state.optimizers().items()
-                for key, value in optimizer_arrays(named, optimizer, f"optim.{group}.").items()}
+        """Each coordinator optimizer's state, under ``optim.<group>.``; with a run's
+        learning-rate schedule, the steps taken (``schedule.steps``) too."""
+        state = {key: value for group, (named, optimizer) in self.state.optimizers().items()
+                 for key, value in optimizer_arrays(named, optimizer, f"optim.{group}.").items()}
+        if self._scheduled:
+            state[SCHEDULE_STEPS] = np.array(self.state.steps, dtype=np.int64)
+        return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for group, (named, optimizer) in self.state.optimizers().items():
             load_optimizer_arrays(named, optimizer, state, f"optim.{group}.")
+        if self._scheduled and SCHEDULE_STEPS in state:
+            self.state.steps = int(state[SCHEDULE_STEPS])
+
+    @property
+    def _scheduled(self) -> bool:
+        return isinstance(self.state, torch_model.SyncState) and \
+            not self.state.schedule.is_constant
 
 
 def _client_batch(job: UnitJob, config: Mapping[str, Any]) -> Any:

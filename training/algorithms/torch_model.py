@@ -34,7 +34,7 @@ from thrift_trainer.training.clients.data_parts import Subset
 from thrift_trainer.training.data.datasets import folder_stamp
 from thrift_trainer.training.data.settings import SECTION as DATA
 from thrift_trainer.training.data.settings import DataSettings
-from thrift_trainer.training.models import modules
+from thrift_trainer.training.models import loop, modules
 from thrift_trainer.training.models.module_training import (
     LocalSteps,
     ModelSetup,
@@ -51,7 +51,7 @@ from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.outputs.torch_files import load_weights as load_weights_file
 from thrift_trainer.training.plugins import PluginError
-from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights
+from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 BETAS = (0.9, 0.999)
@@ -98,7 +98,7 @@ def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
         update, loss = mean_gradients(setup, module, start, stop, batch_size,
-                                      job.control.step, job.device)
+                                      job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
 
 
@@ -114,8 +114,13 @@ def sync_examples_unit(job: UnitJob, location: Path,
     with setup.borrowed(job.device) as module:
         load_weights(module, job.weights, job.model)
         update, loss = mean_gradients_over(setup, module, chosen, batch_size,
-                                           job.control.step, job.device)
+                                           job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
+
+
+def _unit_seed(job: UnitJob) -> int:
+    """The seed of a unit's data augmentation: its run's seed, round and unit."""
+    return unit_seed(job.config.get("seed", 0), job.round, job.unit.unit_id)
 
 
 class CoordinatorModel:
@@ -159,6 +164,9 @@ class SyncState(CoordinatorModel):
     def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
         super().__init__(setup, config["seed"], config["batch_size"])
         self.optimizer = _optimizer(config, self.module)
+        self.lr = config["lr"]
+        self.schedule = setup.settings.schedule(1)  # one step a round
+        self.steps = 0  # the optimizer's steps so far: where the schedule stands
 
     def parameter_names(self) -> list[str]:
         return modules.parameter_names(self.module)
@@ -170,7 +178,9 @@ class SyncState(CoordinatorModel):
             for name, param in self.module.named_parameters():
                 param.grad = torch.from_numpy(
                     np.asarray(average[GRAD + name], dtype=np.float32)).to(param.dtype)
+        loop.set_rate(self.optimizer, self.lr, self.schedule, self.steps)
         self.optimizer.step()
+        self.steps += 1
         install_buffers(self.module, average)
         return self.weights()
 
@@ -297,7 +307,17 @@ def describe(setup: ModelSetup, module: nn.Module) -> dict[str, Any]:
             "input_shape": list(setup.data.shape.input_shape),
             "num_classes": setup.data.shape.num_classes,
             "loss": setup.settings.loss, "metric": setup.settings.metric,
-            "data": setup.data.record}
+            "data": setup.data.record, **_training(setup)}
+
+
+def _training(setup: ModelSetup) -> dict[str, Any]:
+    """The training loop's settings a run changed (run.lr_schedule, clip_norm, precision,
+    data.augment, ...), under ``training``; nothing when it changed none, so the
+    description of such a run is what it was before they existed."""
+    changed = {**setup.settings.loop_changes(),
+               **{f"data.{key}": value for key, value in
+                  setup.data_settings.loop_changes().items()}}
+    return {"training": changed} if changed else {}
 
 
 def unit_ranges(size: int, units: int) -> list[tuple[int, int]]:

@@ -103,7 +103,7 @@ def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedDat
     data root for a plug-in data set. DataError (or PluginError for a plug-in) names what
     cannot be read."""
     return _load_cached(dataset, str(Path(location).resolve()),
-                        json.dumps(settings.to_dict(), sort_keys=True), folder_stamp(location))
+                        json.dumps(settings.hashed(), sort_keys=True), folder_stamp(location))
 
 
 def folder_stamp(location: Path) -> tuple:
@@ -131,6 +131,10 @@ def _load_cached(dataset: str, location: str, settings_json: str,
         raise DataError(f"data set {dataset}: {exc}") from None
     if settings.normalize:
         train, validation, statistics = _normalized(train, validation)
+        record = {**record, **statistics}
+    if settings.mean:
+        train, validation, statistics = _channel_normalized(dataset, train, validation,
+                                                            settings)
         record = {**record, **statistics}
     return _loaded(kind, train, validation, _files_hash(folder, files, settings), classes,
                    record)
@@ -323,8 +327,24 @@ def _normalized(train: TensorSplit, validation: TensorSplit
             preprocessing.normalization_record(mean, std))
 
 
+def _channel_normalized(dataset: str, train: TensorSplit, validation: TensorSplit,
+                        settings: DataSettings
+                        ) -> tuple[TensorSplit, TensorSplit, dict[str, Any]]:
+    """Images normalised by the given per-channel statistics (data.mean, data.std)."""
+    channels = train.inputs.shape[1] if train.inputs.dim() == 4 else None
+    if channels != len(settings.mean):
+        what = f"{channels} channels" if channels else \
+            f"examples of shape {tuple(train.inputs.shape[1:])}, not images"
+        raise DataError(f"data set {dataset}: data.mean and data.std give "
+                        f"{len(settings.mean)} per-channel values; it holds {what}")
+    record = preprocessing.channel_normalization_record(settings.mean, settings.std)
+    return (TensorSplit(preprocessing.normalized(train.inputs, record), train.targets),
+            TensorSplit(preprocessing.normalized(validation.inputs, record),
+                        validation.targets), record)
+
+
 def _files_hash(folder: Path, files: list[Path], settings: DataSettings) -> str:
-    digest = hashlib.sha256(json.dumps(settings.to_dict(), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(settings.hashed(), sort_keys=True).encode())
     for path in files:
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
@@ -405,7 +425,7 @@ def _takes(factory: Callable[..., Any], parameter: str) -> bool:
 
 
 def _plugin_hash(made: dict[str, Any], settings: DataSettings) -> str:
-    digest = hashlib.sha256(json.dumps(settings.to_dict(), sort_keys=True, default=str)
+    digest = hashlib.sha256(json.dumps(settings.hashed(), sort_keys=True, default=str)
                             .encode())
     for split, data in made.items():
         digest.update(f"{split}:{len(data)}".encode())

@@ -10,7 +10,8 @@ read new data exactly as training read its own:
 * ``label_names``: the label text of each class number, when there is one: the words of a
   table's label column (sorted), the class folders of images, A..Z for letters.
 * ``normalize``: ``{"mean": ..., "std": ...}`` per feature (per input element), the
-  training part's statistics that ``data.normalize`` applied: ``(x - mean) / std``.
+  training part's statistics that ``data.normalize`` applied: ``(x - mean) / std``; or,
+  with ``"per": "channel"``, one value per image channel (``data.mean`` / ``data.std``).
 * tables: ``label`` (the ``data.label`` setting), ``label_column`` (its 0-based index in
   the file), ``header``, ``columns`` (the feature columns' names from a header, or None)
   and ``features`` (how many).
@@ -91,6 +92,13 @@ def normalization_record(mean: torch.Tensor, std: torch.Tensor) -> dict[str, Any
     return {"normalize": {"mean": mean.tolist(), "std": std.tolist()}}
 
 
+def channel_normalization_record(mean: list[float], std: list[float]) -> dict[str, Any]:
+    """Given per-channel statistics of images (data.mean, data.std), as float32 values."""
+    return {"normalize": {"per": "channel",
+                          "mean": torch.tensor(mean, dtype=torch.float32).tolist(),
+                          "std": torch.tensor(std, dtype=torch.float32).tolist()}}
+
+
 def problem(record: Any) -> str | None:
     """What a record lacks for new data to be read from it (one phrase), or None."""
     if not isinstance(record, dict) or "format" not in record:
@@ -129,6 +137,11 @@ def normalized(inputs: torch.Tensor, record: dict[str, Any]) -> torch.Tensor:
         return inputs
     mean = torch.tensor(statistics["mean"], dtype=torch.float32)
     std = torch.tensor(statistics["std"], dtype=torch.float32)
+    if statistics.get("per") == "channel":  # images: (n, C, H, W), one value a channel
+        if inputs.dim() != 4 or inputs.shape[1] != len(mean):
+            raise PreprocessingError(f"examples of shape {tuple(inputs.shape[1:])}, the "
+                                     f"model's normalisation is for {len(mean)} channels")
+        return (inputs - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
     if inputs.shape[1:] != mean.shape:
         raise PreprocessingError(f"examples of shape {tuple(inputs.shape[1:])}, the model's "
                                  f"normalisation is for {tuple(mean.shape)}")

@@ -14,7 +14,7 @@ BatchNorm's batch count, rounded), as the built-in GANs do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +23,11 @@ import torch
 from torch import nn
 
 from thrift_trainer.training.cancel import no_step
+from thrift_trainer.training.data.batches import PLAIN, Reader
 from thrift_trainer.training.data.datasets import LoadedData, Split, load_data
 from thrift_trainer.training.data.settings import DataSettings
-from thrift_trainer.training.models import modules, objectives
+from thrift_trainer.training.lr_schedule import global_step
+from thrift_trainer.training.models import loop, modules, objectives
 from thrift_trainer.training.models.names import BUFFER, GRAD
 from thrift_trainer.training.models.pool import ModulePool
 from thrift_trainer.training.models.settings import ModelSettings
@@ -44,6 +46,9 @@ class ModelSetup:
     data: LoadedData
     loss: objectives.Objective
     metric: objectives.Metric
+    # how training batches are read on a node: augmented, transformed, read ahead
+    reader: Reader = PLAIN
+    data_settings: DataSettings = DataSettings()
 
     @classmethod
     def load(cls, model: str, settings: ModelSettings, dataset: str, location: Path,
@@ -53,7 +58,16 @@ class ModelSetup:
         classes = data.shape.num_classes is not None
         loss = objectives.loss_function(settings, classes)
         return cls(model, settings, data, loss, objectives.metric_function(settings, classes,
-                                                                           loss))
+                                                                           loss),
+                   Reader(data_settings, data.shape), data_settings)
+
+    def training_batches(self, order: Iterable[np.ndarray], seed: int, device: str
+                         ) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+        """(indices, inputs, targets) of the training part's batches in ``order``, shaped
+        by the run's data settings (augmentation seeded by ``seed``), on ``device``."""
+        for indices, inputs, targets in self.reader.batches(self.data.train.take, order,
+                                                            seed):
+            yield indices, *_on(device, inputs, targets)
 
     @property
     def loss_name(self) -> str:
@@ -85,35 +99,43 @@ def batches(start: int, stop: int, batch_size: int) -> Iterator[np.ndarray]:
 
 def mean_gradients(setup: ModelSetup, module: nn.Module, start: int, stop: int,
                    batch_size: int, step: Callable[[], None] = no_step,
-                   device: str = "cpu") -> tuple[Weights, float]:
+                   device: str = "cpu", seed: int = 0) -> tuple[Weights, float]:
     """The mean gradient of the loss over examples ``[start, stop)`` of the training part
     (micro-batches weighted by their share) as ``grad.<name>``, the buffers after the pass
     as ``buffer.<name>``, and the mean loss of the micro-batches. (Nodes compute no metric:
     it would cost a second forward pass; the coordinator scores the model every round.)"""
     return mean_gradients_over(setup, module, np.arange(start, stop), batch_size, step,
-                               device)
+                               device, seed)
 
 
 def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
                         batch_size: int, step: Callable[[], None] = no_step,
-                        device: str = "cpu") -> tuple[Weights, float]:
+                        device: str = "cpu", seed: int = 0) -> tuple[Weights, float]:
     """`mean_gradients` over the training part's ``examples`` (any indices, in their
-    order: a federated client's batch), in micro-batches of ``batch_size``."""
+    order: a federated client's batch), in micro-batches of ``batch_size``; ``seed``: the
+    unit's, for the data's augmentation."""
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     totals = [torch.zeros_like(p) for p in params]
     size, loss_sum = len(examples), 0.0
-    for first in range(0, size, batch_size):
-        indices = examples[first:first + batch_size]
+    precision = setup.settings.precision
+    # fp16 gradients are taken of a scaled loss (so small ones do not vanish), unscaled below
+    scale = loop.FP16_GRADIENT_SCALE if precision == "fp16" else 1.0
+    order = (examples[first:first + batch_size] for first in range(0, size, batch_size))
+    for indices, inputs, targets in setup.training_batches(order, seed, device):
         step()
-        inputs, targets = _on(device, *setup.data.train.take(indices))
         share = len(indices) / size
-        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        for total, grad in zip(totals, torch.autograd.grad(loss * share, params,
-                                                           allow_unused=True), strict=True):
+        with loop.autocast(precision, device):
+            loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+        scaled = loss * share if scale == 1.0 else loss * share * scale
+        for total, grad in zip(totals, torch.autograd.grad(scaled, params, allow_unused=True),
+                               strict=True):
             if grad is not None:
-                total += grad
+                total += grad if scale == 1.0 else grad.float() / scale
         loss_sum += float(loss.detach()) * share
+    # the unit's mean gradient is clipped, before the coordinator averages the units: each
+    # unit's pull on the model is bounded, as per-client clipping does
+    loop.clip_tensors(totals, setup.settings.clip_norm)
     names = [name for name, p in module.named_parameters() if p.requires_grad]
     # the sums are this call's own tensors: their memory becomes the update, uncopied
     update = {GRAD + name: total.detach().cpu().numpy()
@@ -133,6 +155,7 @@ class LocalSteps:
     steps: int = 0  # optimizer steps per unit (DiLoCo's inner steps); 0: epochs
     weight_decay: float = 0.0
     seed: int = 0  # shuffles the examples; depends on the unit, not on the node
+    round: int = 1  # the unit's round: where run.lr_schedule stands (across rounds)
 
 
 Penalty = Callable[[nn.Module], torch.Tensor]  # a term added to every local step's loss
@@ -150,17 +173,47 @@ def train_locally(setup: ModelSetup, module: nn.Module, examples: np.ndarray,
     optimizer = _optimizer(local, module)
     rng = np.random.default_rng(local.seed)
     batch = len(examples) if local.optimizer == "gd" else local.batch_size
+    settings = setup.settings
+    steps = local_step_count(len(examples), batch, local)
+    schedule = settings.schedule(steps)
+    scaler = loop.scaler(settings.precision, device)
+    params = [p for p in module.parameters() if p.requires_grad]
     loss_sum, count = 0.0, 0
-    for indices in _local_batches(examples, batch, local, rng):
+    order = _local_batches(examples, batch, local, rng)
+    for done, (indices, inputs, targets) in enumerate(setup.training_batches(
+            order, local.seed, device)):
         step()
-        inputs, targets = _on(device, *setup.data.train.take(indices))
         optimizer.zero_grad(set_to_none=True)
-        loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        (loss + penalty(module) if penalty is not None else loss).backward()
-        optimizer.step()
+        loop.set_rate(optimizer, local.lr, schedule, global_step(local.round, steps, done))
+        with loop.autocast(settings.precision, device):
+            loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
+            total = loss + penalty(module) if penalty is not None else loss
+        _backward_and_step(optimizer, total, params, settings.clip_norm, scaler)
         loss_sum += float(loss.detach()) * len(indices)
         count += len(indices)
     return modules.state_arrays(module), loss_sum / max(count, 1)
+
+
+def _backward_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+                       params: list[torch.Tensor], clip_norm: float,
+                       scaler: torch.amp.GradScaler | None) -> None:
+    """One optimizer step, its gradients clipped (run.clip_norm) and, in fp16, scaled."""
+    if scaler is None:
+        loss.backward()
+        loop.clip(params, clip_norm)
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # clipping bounds the true gradients, not the scaled ones
+    loop.clip(params, clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def local_step_count(size: int, batch: int, local: LocalSteps) -> int:
+    """Optimizer steps a unit of ``size`` examples takes: its `steps`, or its epochs'
+    batches (the schedule's steps per round)."""
+    return local.steps or local.epochs * -(-size // max(batch, 1))
 
 
 def _local_batches(examples: np.ndarray, batch: int, local: LocalSteps,
