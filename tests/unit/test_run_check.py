@@ -84,3 +84,25 @@ def test_weights_load_from_a_torch_state_dict_file(tmp_path):
     torch.save(module.state_dict(), tmp_path / "w.pt")
     loaded = load_weights(tmp_path / "w.pt")
     assert np.array_equal(loaded["weight"], module.weight.detach().numpy())
+
+
+def _small_letters(folder, rows):
+    """A letters-format copy of the shipped data, ``rows`` lines of each file."""
+    folder.mkdir(exist_ok=True)
+    for source in sorted((DEFAULT_DATA_ROOT / "letters").iterdir()):
+        lines = source.read_text().splitlines()[:rows]
+        (folder / source.name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_a_copy_of_the_data_changed_while_the_process_runs_is_fingerprinted_again(tmp_path):
+    """A long-lived node that fixed (or replaced) its copy is no longer left out, and the
+    coordinator records the new size: its facts are not cached for its lifetime."""
+    spec = RunSpec.parse("delta_avg", "mlp_classifier", "letters", json.dumps({"epochs": 1}))
+    folder = _small_letters(tmp_path / "letters", 40)
+    before = run_facts(spec, folder)
+    _small_letters(folder, 60)
+    after = run_facts(spec, folder)
+    assert (before.data_size, after.data_size) == (before.data_size, before.data_size * 3 // 2)
+    assert after.data_fingerprint != before.data_fingerprint
+    assert run_facts(spec, folder) == after  # unchanged files: the same facts
