@@ -124,8 +124,16 @@ def progress_fields(s: ttypes.RunStatus) -> list[Field]:
         (f"out {s.in_flight}", f"out {s.in_flight}", 3),
         (f"cancelled {s.cancelled}", f"canc {s.cancelled}", 8) if s.cancelled else None,
         (f"stale {s.stale}", f"stale {s.stale}", 9) if s.stale else None,
+        (discarded_text(s.discarded, s.discard_reason), f"disc {s.discarded}", 1)
+        if s.discarded else None,
     ]
     return [f for f in fields if f is not None]
+
+
+def discarded_text(count: int, reason: str | None) -> str:
+    """E.g. 'discarded 2 (last: unit r3-u1 on 10.0.0.7:9091: out of memory)': units given
+    up after too many failures, whose rounds went on without them."""
+    return f"discarded {count}" + (f" (last: {reason})" if reason else "")
 
 
 def fit_line(fields: list[Field], width: int, sep: str = "  ") -> str:
@@ -192,13 +200,22 @@ def unit_counts(s: ttypes.RunStatus | None) -> dict[str, Any]:
         return {}
     return {"done": s.units_done, "total": s.units_total, "rejected": s.rejected,
             "failed": s.failed, "stale": s.stale or 0, "cancelled": s.cancelled or 0,
-            "ledger": dict(s.ledger or {})}
+            "ledger": dict(s.ledger or {}),
+            **({"discarded": s.discarded, "discard_reason": s.discard_reason}
+               if s.discarded else {})}
 
 
 def units_line(units: dict[str, Any]) -> str:
     """E.g. 'Units: 110/110 done, rejected 3, failed 1, stale 0, cancelled 2'."""
     return (f"Units: {units['done']}/{units['total']} done, rejected {units['rejected']}, "
             f"failed {units['failed']}, stale {units['stale']}, cancelled {units['cancelled']}")
+
+
+def discarded_line(units: dict[str, Any]) -> str:
+    """The summary's line for units given up: how many, the last one's failure, and why
+    the run went on."""
+    return (f"Units {discarded_text(units['discarded'], units.get('discard_reason'))}: "
+            "each failed --max-unit-failures times; their rounds went on without them")
 
 
 NO_COMPRESSION = {"up": "none", "down": "none"}
@@ -263,6 +280,8 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     if data["units"]:
         console.print(units_line(data["units"]), soft_wrap=True)
+    if data["units"].get("discarded"):
+        console.print(discarded_line(data["units"]), soft_wrap=True, highlight=False)
     console.print(f"Model saved to: {data['model_path']}")
     if data.get("export"):
         console.print(f"Exported for torch: {data['export']}")

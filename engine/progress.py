@@ -36,6 +36,8 @@ class RunProgress:
         self.epoch: float | None = None
         self.train_loss: float | None = None
         self.client_figures: dict[str, float] = {}  # federated clients (clients_done)
+        self.discarded = 0
+        self.discard_reason: str | None = None
         # The nodes as the run ended: their heartbeats stop with the run, so their live
         # state would drift to "dead" while they are still up.
         self._final_nodes: list[NodeSummary] | None = None
@@ -67,6 +69,13 @@ class RunProgress:
         """A run with federated clients: its latest round's fairness figures."""
         with self._lock:
             self.client_figures = dict(figures)
+
+    def unit_discarded(self, reason: str) -> None:
+        """A unit was given up after too many failures; ``reason`` is its last failure."""
+        with self._lock:
+            if self.state == RUNNING:
+                self.discarded += 1
+                self.discard_reason = reason
 
     def waiting(self, message: str | None) -> None:
         """Show why a running run waits (too few nodes), or clear it with None."""
@@ -107,4 +116,5 @@ class RunProgress:
                 model_version=stream.get("version"), pass_index=stream.get("pass"),
                 todo=stream.get("todo"), pending=stream.get("pending"), done=stream.get("done"),
                 clients=dict(self.client_figures) if self.client_figures else None,
+                discarded=self.discarded, discard_reason=self.discard_reason,
             )

@@ -367,6 +367,9 @@ struct RunStatus {
                                        // client_loss_worst10 and client_loss_std, and its
                                        // latest federated evaluation's figures
                                        // (federated_val_accuracy, ...; eval_round)
+  28: optional i64 discarded,          // units given up after max_unit_failures failures:
+                                       // their rounds went on without them
+  29: optional string discard_reason,  // the latest one's: "unit <id> on <node>: <why>"
 }
 
 struct CancelRunRequest {

@@ -3675,11 +3675,13 @@ class RunStatus(object):
      - done
      - leader
      - clients
+     - discarded
+     - discard_reason
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None, discarded=None, discard_reason=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3707,6 +3709,8 @@ class RunStatus(object):
         self.done = done
         self.leader = leader
         self.clients = clients
+        self.discarded = discarded
+        self.discard_reason = discard_reason
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3876,6 +3880,16 @@ class RunStatus(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 28:
+                if ftype == TType.I64:
+                    self.discarded = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 29:
+                if ftype == TType.STRING:
+                    self.discard_reason = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4007,6 +4021,14 @@ class RunStatus(object):
                 oprot.writeString(kiter173.encode('utf-8') if sys.version_info[0] == 2 else kiter173)
                 oprot.writeDouble(viter174)
             oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.discarded is not None:
+            oprot.writeFieldBegin('discarded', TType.I64, 28)
+            oprot.writeI64(self.discarded)
+            oprot.writeFieldEnd()
+        if self.discard_reason is not None:
+            oprot.writeFieldBegin('discard_reason', TType.STRING, 29)
+            oprot.writeString(self.discard_reason.encode('utf-8') if sys.version_info[0] == 2 else self.discard_reason)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -6845,6 +6867,8 @@ RunStatus.thrift_spec = (
     (25, TType.I64, 'done', None, None, ),  # 25
     (26, TType.STRING, 'leader', 'UTF8', None, ),  # 26
     (27, TType.MAP, 'clients', (TType.STRING, 'UTF8', TType.DOUBLE, None, False), None, ),  # 27
+    (28, TType.I64, 'discarded', None, None, ),  # 28
+    (29, TType.STRING, 'discard_reason', 'UTF8', None, ),  # 29
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

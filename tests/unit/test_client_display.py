@@ -174,3 +174,28 @@ def test_a_pipe_gets_every_column_whole():
     for part in display.unfinished_view([UNIT], console.width):
         console.print(part, no_wrap=True, overflow="ellipsis")
     assert REASON in console.file.getvalue()
+
+
+LAST_FAILURE = "unit train_letters3.txt on localhost:9092: ValueError: out of memory"
+
+
+def test_discarded_units_show_in_the_progress_line_with_the_last_reason():
+    quiet = display.fit_line(display.progress_fields(status(3)), 1000)
+    assert "discarded" not in quiet  # a run that discards nothing prints as before
+    fields = display.progress_fields(status(3, discarded=2, discard_reason=LAST_FAILURE))
+    assert f"discarded 2 (last: {LAST_FAILURE})" in display.fit_line(fields, 1000)
+    assert "disc 2" in display.fit_line(fields, 60)  # kept when the line must shrink
+
+
+def test_the_summary_says_how_many_units_were_discarded_and_why(capsys):
+    data = {"validation_error": 0.1, "rounds": 2, "wall_seconds": 1.0, "run_id": "r",
+            "bytes_up": 0, "bytes_down": 0, "aggregation": "mean",
+            "compression": display.NO_COMPRESSION, "model_path": "m.npz",
+            "coordinator_run_dir": "runs/r", "nodes": [NODE],
+            "units": display.unit_counts(status(2, discarded=1, discard_reason=LAST_FAILURE))}
+    display.print_result(data, as_json=False)
+    out = capsys.readouterr().out
+    assert f"Units discarded 1 (last: {LAST_FAILURE}): each failed --max-unit-failures times" in out
+    data["units"] = display.unit_counts(status(2))
+    display.print_result(data, as_json=False)
+    assert "discarded" not in capsys.readouterr().out
