@@ -55,7 +55,8 @@ def test_a_node_running_another_version_of_a_named_plug_in_is_unfit(expected):
 
 
 def test_a_process_lacking_a_plug_in_the_run_names_says_which_and_how_to_allow_it():
-    with pytest.raises(RunUnfit, match="lacks plug-in my_models: start it with --plugins"):
+    with pytest.raises(RunUnfit, match="lacks plug-in my_models: it allows no plug-in module; "
+                                       "start it with --plugins my_models$"):
         run_facts(SPEC, DEFAULT_DATA_ROOT / "letters")
 
 
