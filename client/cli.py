@@ -455,6 +455,7 @@ def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, fol
     the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
+        view.finish(result)
     weights, description = wire_to_dict(result.weights), json.loads(result.model_json)
     model_path = save_model(folder / f"{request.run_id}.npz", weights, description)
     exported = export_weights(weights, description, model_path.with_suffix(".safetensors"))

@@ -42,6 +42,7 @@ class ProgressView:
         self._progress: Progress | None = None
         self._task = None
         self._last_line = ""
+        self._logged_round = 0  # the latest round a plain line was printed for
         self._told: set[str] = set()  # nodes whose leaving out was said
         if self._live:
             self._progress = Progress(
@@ -60,13 +61,17 @@ class ProgressView:
         if self._task is not None:
             self._progress.stop()
 
-    def update(self, status: ttypes.RunStatus) -> None:
+    def update(self, status: ttypes.RunStatus,
+               history: list[ttypes.RoundMetrics] | None = None) -> None:
+        """Show ``status``; ``history``: the metrics of rounds it may not carry (the
+        result's, at the end)."""
         if self._quiet:
             return
         for line in left_out_lines([node_dict(n) for n in status.nodes or []], self._told):
             self.note(line)
         head = f"round {status.round}/{status.rounds}"
         if not self._live:
+            self._log_rounds_between(status, history or [])
             self._log_line(head, status)
             return
         # the columns are separated by one space each; the rest of the line is the detail's
@@ -77,6 +82,24 @@ class ProgressView:
             self._task = self._progress.add_task("train", total=status.rounds, head=head,
                                                  detail=detail)
         self._progress.update(self._task, completed=status.round, head=head, detail=detail)
+
+    def finish(self, result: ttypes.RunResult) -> None:
+        """The run's end as the result tells it: the rounds that ended after the last poll
+        and the final counts."""
+        if result.final_status is not None:
+            self.update(result.final_status, result.history)
+
+    def _log_rounds_between(self, status: ttypes.RunStatus,
+                            history: list[ttypes.RoundMetrics]) -> None:
+        """A line for each round that ended between two polls (rounds may take less than
+        the poll's interval), from the metrics the status carries: the log keeps one line
+        per round. A round neither carries (a resumed run's earlier rounds) is skipped."""
+        metrics = {m.round: m for m in [*(status.recent_rounds or []), *history]}
+        for index in range(self._logged_round + 1, status.round):
+            if index in metrics:
+                self._console.print(round_line(metrics[index], status.rounds),
+                                    soft_wrap=True, highlight=False)
+        self._logged_round = max(self._logged_round, status.round)
 
     def _log_line(self, head: str, status: ttypes.RunStatus) -> None:
         """One line when the round, the state or the message changes (not every poll)."""
@@ -93,6 +116,17 @@ class ProgressView:
     def note(self, message: str) -> None:
         if not self._quiet:
             self._console.print(message, soft_wrap=True)
+
+
+def round_line(m: ttypes.RoundMetrics, rounds: int) -> str:
+    """A round that ended between two polls: its loss and error (the unit counts of that
+    moment are gone)."""
+    parts = [f"round {m.round}/{rounds}"]
+    if not math.isnan(m.train_loss):
+        parts.append(f"loss {m.train_loss:.4f}")
+    if not math.isnan(m.validation_error):
+        parts.append(f"error {m.validation_error:.4f}")
+    return "  ".join(parts)
 
 
 def _clock(seconds: float) -> str:

@@ -87,3 +87,4 @@ class RunSnapshot:
     clients: dict[str, float] | None = None  # federated clients: the latest round's figures
     discarded: int = 0  # units given up after too many failures (their rounds went on)
     discard_reason: str | None = None  # the latest discard's: "unit <id> on <node>: <why>"
+    recent_rounds: list[RoundMetrics] | None = None  # the latest rounds (RECENT_ROUNDS)

@@ -370,6 +370,9 @@ struct RunStatus {
   28: optional i64 discarded,          // units given up after max_unit_failures failures:
                                        // their rounds went on without them
   29: optional string discard_reason,  // the latest one's: "unit <id> on <node>: <why>"
+  30: optional list<RoundMetrics> recent_rounds, // the latest rounds' metrics (at most 64,
+                                       // without scores), so that a client polling slower
+                                       // than rounds end still shows every round
 }
 
 struct CancelRunRequest {

@@ -199,3 +199,25 @@ def test_the_summary_says_how_many_units_were_discarded_and_why(capsys):
     data["units"] = display.unit_counts(status(2))
     display.print_result(data, as_json=False)
     assert "discarded" not in capsys.readouterr().out
+
+
+def metrics(index: int) -> ttypes.RoundMetrics:
+    return ttypes.RoundMetrics(round=index, validation_error=0.5 - index / 100,
+                               validation_loss=1.0, train_loss=2.0 - index / 10, seconds=0.01)
+
+
+def test_a_pipe_gets_a_line_for_every_round_even_those_ended_between_two_polls():
+    """Rounds shorter than the poll's interval: before, only the polled ones were said."""
+    console = Console(file=io.StringIO(), width=80, color_system=None)  # not a terminal
+    with display.ProgressView(quiet=False, console=console) as view:
+        view.update(status(3, rounds=10, recent_rounds=[metrics(r) for r in (1, 2, 3)]))
+        view.update(status(7, rounds=10, recent_rounds=[metrics(r) for r in range(4, 8)]))
+        final = status(10, rounds=10, state="completed", recent_rounds=[metrics(10)])
+        view.finish(ttypes.RunResult(run_id="r", validation_error=0.4, rounds=10,
+                                     wall_seconds=1.0, history=[metrics(r) for r in range(1, 11)],
+                                     nodes=[], weights=[], model_json="{}", run_dir="runs/r",
+                                     final_status=final))
+    lines = console.file.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        *(f"round {r}/10" for r in range(1, 10)), "round 10/10 completed"]
+    assert lines[4] == "round 5/10  loss 1.5000  error 0.4500"
