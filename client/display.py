@@ -245,6 +245,17 @@ def units_line(units: dict[str, Any]) -> str:
             f"failed {units['failed']}, stale {units['stale']}, cancelled {units['cancelled']}")
 
 
+def unused_line(stale: int, cancelled: int) -> str | None:
+    """What the stale and cancelled counts are, where they show (None when both are 0):
+    attempts, not units, and on a healthy K-of-N run or with backups, no problem."""
+    if not stale and not cancelled:
+        return None
+    return (f"Attempts not used: stale {stale} (results that came back too late), cancelled "
+            f"{cancelled} (called off); a K-of-N round, which takes the first K results, "
+            "and backups leave these on a healthy run: rejected, failed, stale and "
+            "cancelled count attempts, done counts each unit once")
+
+
 def discarded_line(units: dict[str, Any]) -> str:
     """The summary's line for units given up: how many, the last one's failure, and why
     the run went on."""
@@ -314,6 +325,9 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     if data["units"]:
         console.print(units_line(data["units"]), soft_wrap=True)
+        unused = unused_line(data["units"]["stale"], data["units"]["cancelled"])
+        if unused:
+            console.print(unused, soft_wrap=True, highlight=False)
     if data["units"].get("discarded"):
         console.print(discarded_line(data["units"]), soft_wrap=True, highlight=False)
     console.print(f"Model saved to: {data['model_path']}")
@@ -458,9 +472,15 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                       f"todo {s.todo}, pending {s.pending}, done {s.done}")
     for line in client_lines({"round": s.round, **s.clients} if s.clients else None):
         console.print(f"  {line}")
+    unused = unused_line(s.stale or 0, s.cancelled or 0)
+    if unused:
+        console.print(f"  {unused}", soft_wrap=True, highlight=False)
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
-        console.print(f"  units by status: {counts}")
+        # units, where the line above counts attempts: a K-of-N round's units it did not
+        # need are "cancelled" here however their attempts ended
+        console.print(f"  units by status (each unit once): {counts}", soft_wrap=True,
+                      highlight=False)
     console.print(node_table(data["nodes"], ended=s.state != "running"))
     for line in left_out_lines(data["nodes"]):
         console.print(line, soft_wrap=True)

@@ -221,3 +221,25 @@ def test_a_pipe_gets_a_line_for_every_round_even_those_ended_between_two_polls()
     assert [line.split("  ")[0] for line in lines] == [
         *(f"round {r}/10" for r in range(1, 10)), "round 10/10 completed"]
     assert lines[4] == "round 5/10  loss 1.5000  error 0.4500"
+
+
+def test_stale_and_cancelled_attempts_are_explained_where_they_show(capsys):
+    """A healthy K-of-N run: 'stale 50, cancelled 14' read as a fault, and `status` counted
+    the same runs' units 'cancelled 60' without saying it counts units, not attempts."""
+    kofn = status(30, rounds=30, state="completed", stale=50, cancelled=14,
+                  ledger={"completed": 60, "cancelled": 60, "failed": 0})
+    display.print_status(kofn, as_json=False)
+    out = capsys.readouterr().out
+    said = ("Attempts not used: stale 50 (results that came back too late), cancelled 14 "
+            "(called off); a K-of-N round, which takes the first K results")
+    assert said in out
+    assert "units by status (each unit once): completed 60, cancelled 60" in out
+    data = {"validation_error": 0.1, "rounds": 30, "wall_seconds": 1.0, "run_id": "r",
+            "bytes_up": 0, "bytes_down": 0, "aggregation": "mean",
+            "compression": display.NO_COMPRESSION, "model_path": "m.npz",
+            "coordinator_run_dir": "runs/r", "nodes": [NODE], "units": display.unit_counts(kofn)}
+    display.print_result(data, as_json=False)
+    assert said in capsys.readouterr().out
+    data["units"] = display.unit_counts(status(30, stale=0, cancelled=0))
+    display.print_result(data, as_json=False)
+    assert "Attempts not used" not in capsys.readouterr().out  # nothing to explain
