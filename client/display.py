@@ -428,7 +428,8 @@ def _tree(nodes: list[dict[str, Any]], depth: int = 0) -> Iterator[tuple[dict[st
 
 
 def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
-    return {"run_id": s.run_id, "state": s.state, "round": s.round, "rounds": s.rounds,
+    return {"run_id": s.run_id, "state": s.state, "algorithm": s.algorithm, "model": s.model,
+            "round": s.round, "rounds": s.rounds,
             # -1 on the wire means "not measured yet": null in JSON
             "validation_error": s.validation_error if s.validation_error >= 0 else None,
             "units_done": s.units_done,
@@ -489,7 +490,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
             console.print(part, no_wrap=True, overflow="ellipsis")
 
 
-RUNS_COLUMNS = ("run", "state", "round", "error", "units", "seconds", "message")
+RUNS_COLUMNS = ("run", "state", "algorithm", "model", "round", "error", "units", "seconds",
+                "message")
 
 
 def print_runs(runs: list[ttypes.RunStatus]) -> None:
@@ -499,7 +501,8 @@ def print_runs(runs: list[ttypes.RunStatus]) -> None:
         table.add_column(column, no_wrap=True, overflow="ellipsis",
                          justify="right" if column in ("error", "seconds") else "left")
     for s in runs:
-        table.add_row(s.run_id, s.state, f"{s.round}/{s.rounds}",
+        table.add_row(s.run_id, s.state, s.algorithm or "-", s.model or "-",
+                      f"{s.round}/{s.rounds}",
                       f"{s.validation_error:.4f}" if s.validation_error >= 0 else "-",
                       f"{s.units_done}/{s.units_total}", f"{s.elapsed_seconds:.1f}",
                       s.message or "")

@@ -48,6 +48,8 @@ class RunProgress:
         # state would drift to "dead" while they are still up.
         self._final_nodes: list[NodeSummary] | None = None
         self.mode = "sync"
+        self.algorithm: str | None = None  # the run's names, for `client.py runs`
+        self.model: str | None = None
         # Asynchronous modes: the version, pass and todo / pending / done counts, read from
         # the run's stream (engine/stream_state.py) at each snapshot.
         self.stream_counts: Callable[[], dict[str, int]] | None = None
@@ -128,4 +130,5 @@ class RunProgress:
                 clients=dict(self.client_figures) if self.client_figures else None,
                 discarded=self.discarded, discard_reason=self.discard_reason,
                 recent_rounds=list(self._recent) or None,
+                algorithm=self.algorithm, model=self.model,
             )

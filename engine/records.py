@@ -88,3 +88,5 @@ class RunSnapshot:
     discarded: int = 0  # units given up after too many failures (their rounds went on)
     discard_reason: str | None = None  # the latest discard's: "unit <id> on <node>: <why>"
     recent_rounds: list[RoundMetrics] | None = None  # the latest rounds (RECENT_ROUNDS)
+    algorithm: str | None = None  # what the run trains with, for `client.py runs`
+    model: str | None = None

@@ -373,6 +373,8 @@ struct RunStatus {
   30: optional list<RoundMetrics> recent_rounds, // the latest rounds' metrics (at most 64,
                                        // without scores), so that a client polling slower
                                        // than rounds end still shows every round
+  31: optional string algorithm,       // the run's algorithm, e.g. "delta_avg"
+  32: optional string model,           // the run's model, e.g. "mlp" or "my_models:Net"
 }
 
 struct CancelRunRequest {

@@ -3678,11 +3678,13 @@ class RunStatus(object):
      - discarded
      - discard_reason
      - recent_rounds
+     - algorithm
+     - model
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None, discarded=None, discard_reason=None, recent_rounds=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None, discarded=None, discard_reason=None, recent_rounds=None, algorithm=None, model=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3713,6 +3715,8 @@ class RunStatus(object):
         self.discarded = discarded
         self.discard_reason = discard_reason
         self.recent_rounds = recent_rounds
+        self.algorithm = algorithm
+        self.model = model
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3903,6 +3907,16 @@ class RunStatus(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 31:
+                if ftype == TType.STRING:
+                    self.algorithm = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 32:
+                if ftype == TType.STRING:
+                    self.model = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -4049,6 +4063,14 @@ class RunStatus(object):
             for iter181 in self.recent_rounds:
                 iter181.write(oprot)
             oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.algorithm is not None:
+            oprot.writeFieldBegin('algorithm', TType.STRING, 31)
+            oprot.writeString(self.algorithm.encode('utf-8') if sys.version_info[0] == 2 else self.algorithm)
+            oprot.writeFieldEnd()
+        if self.model is not None:
+            oprot.writeFieldBegin('model', TType.STRING, 32)
+            oprot.writeString(self.model.encode('utf-8') if sys.version_info[0] == 2 else self.model)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -6890,6 +6912,8 @@ RunStatus.thrift_spec = (
     (28, TType.I64, 'discarded', None, None, ),  # 28
     (29, TType.STRING, 'discard_reason', 'UTF8', None, ),  # 29
     (30, TType.LIST, 'recent_rounds', (TType.STRUCT, [RoundMetrics, None], False), None, ),  # 30
+    (31, TType.STRING, 'algorithm', 'UTF8', None, ),  # 31
+    (32, TType.STRING, 'model', 'UTF8', None, ),  # 32
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

@@ -229,3 +229,19 @@ def test_progress_to_a_pipe_has_one_line_per_round_when_rounds_outpace_the_polls
     rounds = [head.removesuffix(" completed") for head in heads]
     assert sorted(set(rounds), key=rounds.index) == [f"round {r}/12" for r in range(1, 13)]
     assert len(rounds) - len(set(rounds)) <= 1, done.stderr
+
+
+def test_runs_names_each_run_s_algorithm_and_model_live_and_after_a_restart(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    done = cluster.client("letters", "1", "1", "20", "0.0001", "--run-id", "named")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    for restarted in (False, True):
+        if restarted:  # the run is read from the run store now
+            cluster.coordinator.stop()
+            cluster.start_coordinator(2)
+        runs = run_client(
+            ["runs", "127.0.0.1", str(cluster.coordinator.port)], cluster.workdir)
+        assert runs.returncode == 0, runs.stderr
+        row = next(line.split() for line in runs.stdout.splitlines() if line.startswith("named"))
+        assert row[:4] == ["named", "completed", "delta_avg", "mlp"], runs.stdout

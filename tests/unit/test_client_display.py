@@ -243,3 +243,15 @@ def test_stale_and_cancelled_attempts_are_explained_where_they_show(capsys):
     data["units"] = display.unit_counts(status(30, stale=0, cancelled=0))
     display.print_result(data, as_json=False)
     assert "Attempts not used" not in capsys.readouterr().out  # nothing to explain
+
+
+def test_runs_shows_each_run_s_algorithm_and_model(capsys):
+    display.print_runs([status(5, run_id="a1", algorithm="delta_avg", model="mlp"),
+                        status(2, run_id="b2", algorithm="sync_sgd", model="dcgan28-tiny"),
+                        status(1, run_id="c3")])  # a coordinator that sends neither
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["run", "state", "algorithm", "model"]
+    assert lines[1].split()[:4] == ["a1", "running", "delta_avg", "mlp"]
+    assert lines[2].split()[:4] == ["b2", "running", "sync_sgd", "dcgan28-tiny"]
+    assert lines[3].split()[:4] == ["c3", "running", "-", "-"]
+    assert display.status_dict(status(1, algorithm="sync_sgd", model="mlp"))["model"] == "mlp"
