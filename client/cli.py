@@ -459,6 +459,7 @@ def train_and_keep(coordinators: Coordinators, request: ttypes.TrainRequest, fol
     the result as --json prints it."""
     with display.ProgressView(quiet=args.quiet or args.json) as view:
         result = follow_training(coordinators, request, view, args.poll, args.dead_after)
+        view.finish(result)
     return keep_result(result, request, folder)
 
 

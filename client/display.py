@@ -42,6 +42,7 @@ class ProgressView:
         self._progress: Progress | None = None
         self._task = None
         self._last_line = ""
+        self._logged_round = 0  # the latest round a plain line was printed for
         self._told: set[str] = set()  # nodes whose leaving out was said
         if self._live:
             self._progress = Progress(
@@ -60,13 +61,17 @@ class ProgressView:
         if self._task is not None:
             self._progress.stop()
 
-    def update(self, status: ttypes.RunStatus) -> None:
+    def update(self, status: ttypes.RunStatus,
+               history: list[ttypes.RoundMetrics] | None = None) -> None:
+        """Show ``status``; ``history``: the metrics of rounds it may not carry (the
+        result's, at the end)."""
         if self._quiet:
             return
         for line in left_out_lines([node_dict(n) for n in status.nodes or []], self._told):
             self.note(line)
         head = f"round {status.round}/{status.rounds}"
         if not self._live:
+            self._log_rounds_between(status, history or [])
             self._log_line(head, status)
             return
         # the columns are separated by one space each; the rest of the line is the detail's
@@ -77,6 +82,24 @@ class ProgressView:
             self._task = self._progress.add_task("train", total=status.rounds, head=head,
                                                  detail=detail)
         self._progress.update(self._task, completed=status.round, head=head, detail=detail)
+
+    def finish(self, result: ttypes.RunResult) -> None:
+        """The run's end as the result tells it: the rounds that ended after the last poll
+        and the final counts."""
+        if result.final_status is not None:
+            self.update(result.final_status, result.history)
+
+    def _log_rounds_between(self, status: ttypes.RunStatus,
+                            history: list[ttypes.RoundMetrics]) -> None:
+        """A line for each round that ended between two polls (rounds may take less than
+        the poll's interval), from the metrics the status carries: the log keeps one line
+        per round. A round neither carries (a resumed run's earlier rounds) is skipped."""
+        metrics = {m.round: m for m in [*(status.recent_rounds or []), *history]}
+        for index in range(self._logged_round + 1, status.round):
+            if index in metrics:
+                self._console.print(round_line(metrics[index], status.rounds),
+                                    soft_wrap=True, highlight=False)
+        self._logged_round = max(self._logged_round, status.round)
 
     def _log_line(self, head: str, status: ttypes.RunStatus) -> None:
         """One line when the round, the state or the message changes (not every poll)."""
@@ -93,6 +116,17 @@ class ProgressView:
     def note(self, message: str) -> None:
         if not self._quiet:
             self._console.print(message, soft_wrap=True)
+
+
+def round_line(m: ttypes.RoundMetrics, rounds: int) -> str:
+    """A round that ended between two polls: its loss and error (the unit counts of that
+    moment are gone)."""
+    parts = [f"round {m.round}/{rounds}"]
+    if not math.isnan(m.train_loss):
+        parts.append(f"loss {m.train_loss:.4f}")
+    if not math.isnan(m.validation_error):
+        parts.append(f"error {m.validation_error:.4f}")
+    return "  ".join(parts)
 
 
 def _clock(seconds: float) -> str:
@@ -124,8 +158,16 @@ def progress_fields(s: ttypes.RunStatus) -> list[Field]:
         (f"out {s.in_flight}", f"out {s.in_flight}", 3),
         (f"cancelled {s.cancelled}", f"canc {s.cancelled}", 8) if s.cancelled else None,
         (f"stale {s.stale}", f"stale {s.stale}", 9) if s.stale else None,
+        (discarded_text(s.discarded, s.discard_reason), f"disc {s.discarded}", 1)
+        if s.discarded else None,
     ]
     return [f for f in fields if f is not None]
+
+
+def discarded_text(count: int, reason: str | None) -> str:
+    """E.g. 'discarded 2 (last: unit r3-u1 on 10.0.0.7:9091: out of memory)': units given
+    up after too many failures, whose rounds went on without them."""
+    return f"discarded {count}" + (f" (last: {reason})" if reason else "")
 
 
 def fit_line(fields: list[Field], width: int, sep: str = "  ") -> str:
@@ -192,13 +234,33 @@ def unit_counts(s: ttypes.RunStatus | None) -> dict[str, Any]:
         return {}
     return {"done": s.units_done, "total": s.units_total, "rejected": s.rejected,
             "failed": s.failed, "stale": s.stale or 0, "cancelled": s.cancelled or 0,
-            "ledger": dict(s.ledger or {})}
+            "ledger": dict(s.ledger or {}),
+            **({"discarded": s.discarded, "discard_reason": s.discard_reason}
+               if s.discarded else {})}
 
 
 def units_line(units: dict[str, Any]) -> str:
     """E.g. 'Units: 110/110 done, rejected 3, failed 1, stale 0, cancelled 2'."""
     return (f"Units: {units['done']}/{units['total']} done, rejected {units['rejected']}, "
             f"failed {units['failed']}, stale {units['stale']}, cancelled {units['cancelled']}")
+
+
+def unused_line(stale: int, cancelled: int) -> str | None:
+    """What the stale and cancelled counts are, where they show (None when both are 0):
+    attempts, not units, and on a healthy K-of-N run or with backups, no problem."""
+    if not stale and not cancelled:
+        return None
+    return (f"Attempts not used: stale {stale} (results that came back too late), cancelled "
+            f"{cancelled} (called off); a K-of-N round, which takes the first K results, "
+            "and backups leave these on a healthy run: rejected, failed, stale and "
+            "cancelled count attempts, done counts each unit once")
+
+
+def discarded_line(units: dict[str, Any]) -> str:
+    """The summary's line for units given up: how many, the last one's failure, and why
+    the run went on."""
+    return (f"Units {discarded_text(units['discarded'], units.get('discard_reason'))}: "
+            "each failed --max-unit-failures times; their rounds went on without them")
 
 
 NO_COMPRESSION = {"up": "none", "down": "none"}
@@ -263,6 +325,11 @@ def print_result(data: dict[str, Any], as_json: bool) -> None:
     console.print(transfer_line(data), soft_wrap=True)  # one line, however narrow
     if data["units"]:
         console.print(units_line(data["units"]), soft_wrap=True)
+        unused = unused_line(data["units"]["stale"], data["units"]["cancelled"])
+        if unused:
+            console.print(unused, soft_wrap=True, highlight=False)
+    if data["units"].get("discarded"):
+        console.print(discarded_line(data["units"]), soft_wrap=True, highlight=False)
     console.print(f"Model saved to: {data['model_path']}")
     if data.get("export"):
         console.print(f"Exported for torch: {data['export']}")
@@ -361,7 +428,8 @@ def _tree(nodes: list[dict[str, Any]], depth: int = 0) -> Iterator[tuple[dict[st
 
 
 def status_dict(s: ttypes.RunStatus) -> dict[str, Any]:
-    return {"run_id": s.run_id, "state": s.state, "round": s.round, "rounds": s.rounds,
+    return {"run_id": s.run_id, "state": s.state, "algorithm": s.algorithm, "model": s.model,
+            "round": s.round, "rounds": s.rounds,
             # -1 on the wire means "not measured yet": null in JSON
             "validation_error": s.validation_error if s.validation_error >= 0 else None,
             "units_done": s.units_done,
@@ -405,9 +473,15 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
                       f"todo {s.todo}, pending {s.pending}, done {s.done}")
     for line in client_lines({"round": s.round, **s.clients} if s.clients else None):
         console.print(f"  {line}")
+    unused = unused_line(s.stale or 0, s.cancelled or 0)
+    if unused:
+        console.print(f"  {unused}", soft_wrap=True, highlight=False)
     if data["ledger"]:
         counts = ", ".join(f"{k} {v}" for k, v in data["ledger"].items() if v)
-        console.print(f"  units by status: {counts}")
+        # units, where the line above counts attempts: a K-of-N round's units it did not
+        # need are "cancelled" here however their attempts ended
+        console.print(f"  units by status (each unit once): {counts}", soft_wrap=True,
+                      highlight=False)
     console.print(node_table(data["nodes"], ended=s.state != "running"))
     for line in left_out_lines(data["nodes"]):
         console.print(line, soft_wrap=True)
@@ -416,7 +490,8 @@ def print_status(s: ttypes.RunStatus, as_json: bool) -> None:
             console.print(part, no_wrap=True, overflow="ellipsis")
 
 
-RUNS_COLUMNS = ("run", "state", "round", "error", "units", "seconds", "message")
+RUNS_COLUMNS = ("run", "state", "algorithm", "model", "round", "error", "units", "seconds",
+                "message")
 
 
 def print_runs(runs: list[ttypes.RunStatus]) -> None:
@@ -426,7 +501,8 @@ def print_runs(runs: list[ttypes.RunStatus]) -> None:
         table.add_column(column, no_wrap=True, overflow="ellipsis",
                          justify="right" if column in ("error", "seconds") else "left")
     for s in runs:
-        table.add_row(s.run_id, s.state, f"{s.round}/{s.rounds}",
+        table.add_row(s.run_id, s.state, s.algorithm or "-", s.model or "-",
+                      f"{s.round}/{s.rounds}",
                       f"{s.validation_error:.4f}" if s.validation_error >= 0 else "-",
                       f"{s.units_done}/{s.units_total}", f"{s.elapsed_seconds:.1f}",
                       s.message or "")

@@ -145,6 +145,7 @@ class Run:
         self.progress = RunProgress(self.run_id, request.rounds, units_per_round,
                                     self._nodes.summaries)
         self.progress.mode = self.schedule.mode
+        self.progress.algorithm, self.progress.model = request.algorithm, request.model
         self._config_json = setup.node_config_json
         self.ledger = UnitLedger(store, self.run_id, on_failure=self.cancel)
         self._policy = make_policy(settings.policy, settings.seed)

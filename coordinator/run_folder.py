@@ -133,7 +133,7 @@ class RunFolder:
         save_safetensors(self.path / SAFETENSORS_FILE, weights, {
             "model": self.algorithm.model, "description": description, "config": config,
             "plugins": plugins.versions()})
-        save_curves(self.rows, self.path / "curves.png")
+        save_curves(self.rows, self.path / "curves.png", self.curves_title())
         if self.algorithm.partition is not None:
             client_files.draw_partition(self.algorithm.partition,
                                         self.path / client_files.PARTITION_PICTURE)
@@ -141,6 +141,14 @@ class RunFolder:
             self.path / name for name in (SAFETENSORS_FILE, "curves.png", METRICS_FILE,
                                           client_files.PARTITION_PICTURE)])
         return model_path
+
+    def curves_title(self) -> str:
+        """The run, its algorithm, model and data set: what a reader of the figure alone
+        needs to know which run it shows."""
+        algorithm = self.algorithm  # a plug-in's may lack what the built-in ones set
+        name = getattr(algorithm, "name", type(algorithm).__name__)
+        return (f"run {self.path.name}: {name}, model {getattr(algorithm, 'model', '?')}, "
+                f"data {getattr(algorithm, 'dataset', '?')}")
 
     def end_tracking(self, state: str) -> None:
         """The run ended `state` (failed, cancelled): its trackers end so too (once)."""

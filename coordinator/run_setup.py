@@ -68,7 +68,7 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
         check_init_weights(spec.model_settings.init_weights, (data_root, *weights_dirs))
         algorithm = _algorithm(spec, data_root, limits, deterministic)
     except (ConfigError, DataPathError, DataFormatError, PluginError) as exc:
-        raise InvalidRun(str(exc)) from None
+        raise InvalidRun(_refused_here(str(exc))) from None
     except OSError as exc:  # e.g. a name the file system refuses
         raise InvalidRun(f"dataset: {exc.strerror or exc}") from None
     check_model_bytes(sum(w.nbytes for w in algorithm.initial_weights().values()), limits)
@@ -89,7 +89,14 @@ def _facts(spec: RunSpec, data_root: Path) -> RunFacts | None:
     try:
         return run_facts(spec, data_location(data_root, spec.dataset))
     except RunUnfit as exc:
-        raise InvalidRun(str(exc).removeprefix("cannot serve the run: ")) from None
+        raise InvalidRun(_refused_here(str(exc).removeprefix("cannot serve the run: "))) \
+            from None
+
+
+def _refused_here(message: str) -> str:
+    """A refusal said to the client names the process that refuses: the coordinator
+    lacking a plug-in is told apart from a node that does (whose line names it)."""
+    return f"the coordinator {message}" if message.startswith("lacks ") else message
 
 
 def check_init_weights(path: str, allowed: Sequence[Path]) -> None:

@@ -25,7 +25,9 @@ def round_metrics(metrics: RoundMetrics) -> ttypes.RoundMetrics:
 
 
 def run_status(snapshot: RunSnapshot) -> ttypes.RunStatus:
-    fields = {**asdict(snapshot), "nodes": [node_summary(n) for n in snapshot.nodes]}
+    fields = {**asdict(snapshot), "nodes": [node_summary(n) for n in snapshot.nodes],
+              "recent_rounds": [round_metrics(m) for m in snapshot.recent_rounds]
+              if snapshot.recent_rounds else None}
     return ttypes.RunStatus(**fields)
 
 

@@ -31,7 +31,9 @@ def stored_status(store: LedgerQueries, record: RunRecord, suspect_seconds: floa
         in_flight=0, elapsed_seconds=ended - record.created,
         nodes=[_node_summary(n, ended, suspect_seconds, dead_seconds) for n in nodes],
         message=record.message, cancelled=sum(n.cancelled for n in nodes),
-        train_loss=_finite(rounds[-1].train_loss) if rounds else None)
+        train_loss=_finite(rounds[-1].train_loss) if rounds else None,
+        discarded=store.ledger_counts(record.run_id).get("discarded", 0),
+        algorithm=record.algorithm, model=record.model)
 
 
 def _latest_error(rounds: list[RoundRecord]) -> float:

@@ -323,7 +323,7 @@ class TrainingLoop:
         # asynchronous modes count passes instead (the status shows them)
         epochs = None if self.schedule.asynchronous else self.algorithm.epochs_done(round_index)
         parts.progress.round_done(round_index, evaluation.validation_error, end.train_loss,
-                                  epochs)
+                                  epochs, metrics)
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.rounds, evaluation.validation_error,
                  end.results, len(end.discarded), metrics.seconds)

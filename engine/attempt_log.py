@@ -84,3 +84,5 @@ class AttemptLog:
         status = end.ledger_status or ("cancelled" if unit_settled else "pending")
         self.ledger.finished(round_index, unit_id, attempt, node.name, status, reason)
         self.progress.add(**{end.counter: 1, "in_flight": -1})
+        if end is AttemptEnd.DISCARDED:  # said in the client's progress and summary
+            self.progress.unit_discarded(f"unit {unit_id} on {node.name}: {reason}")

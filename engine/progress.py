@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import deque
 from collections.abc import Callable
 
 from thrift_trainer.engine import runtime
-from thrift_trainer.engine.records import NodeSummary, RunSnapshot
+from thrift_trainer.engine.records import NodeSummary, RoundMetrics, RunSnapshot
 
 RUNNING, COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
+# Rounds whose metrics each status carries: a client that polls every 0.5 s still prints
+# every round of a run whose rounds take 10 ms.
+RECENT_ROUNDS = 64
 
 
 class RunProgress:
@@ -36,10 +41,15 @@ class RunProgress:
         self.epoch: float | None = None
         self.train_loss: float | None = None
         self.client_figures: dict[str, float] = {}  # federated clients (clients_done)
+        self.discarded = 0
+        self.discard_reason: str | None = None
+        self._recent: deque[RoundMetrics] = deque(maxlen=RECENT_ROUNDS)
         # The nodes as the run ended: their heartbeats stop with the run, so their live
         # state would drift to "dead" while they are still up.
         self._final_nodes: list[NodeSummary] | None = None
         self.mode = "sync"
+        self.algorithm: str | None = None  # the run's names, for `client.py runs`
+        self.model: str | None = None
         # Asynchronous modes: the version, pass and todo / pending / done counts, read from
         # the run's stream (engine/stream_state.py) at each snapshot.
         self.stream_counts: Callable[[], dict[str, int]] | None = None
@@ -54,9 +64,13 @@ class RunProgress:
                 setattr(self, name, getattr(self, name) + value)
 
     def round_done(self, round_index: int, validation_error: float, train_loss: float,
-                   epoch: float | None = None) -> None:
-        """Count the round; keep the latest validation error that was measured (not NaN)."""
+                   epoch: float | None = None, metrics: RoundMetrics | None = None) -> None:
+        """Count the round; keep the latest validation error that was measured (not NaN)
+        and the round's ``metrics`` among the recent ones (scores left out: they come
+        later, and the progress shows none)."""
         with self._lock:
+            if metrics is not None:
+                self._recent.append(dataclasses.replace(metrics, scores=None))
             self.round = round_index
             self.epoch = epoch
             self.train_loss = None if math.isnan(train_loss) else train_loss
@@ -67,6 +81,13 @@ class RunProgress:
         """A run with federated clients: its latest round's fairness figures."""
         with self._lock:
             self.client_figures = dict(figures)
+
+    def unit_discarded(self, reason: str) -> None:
+        """A unit was given up after too many failures; ``reason`` is its last failure."""
+        with self._lock:
+            if self.state == RUNNING:
+                self.discarded += 1
+                self.discard_reason = reason
 
     def waiting(self, message: str | None) -> None:
         """Show why a running run waits (too few nodes), or clear it with None."""
@@ -107,4 +128,7 @@ class RunProgress:
                 model_version=stream.get("version"), pass_index=stream.get("pass"),
                 todo=stream.get("todo"), pending=stream.get("pending"), done=stream.get("done"),
                 clients=dict(self.client_figures) if self.client_figures else None,
+                discarded=self.discarded, discard_reason=self.discard_reason,
+                recent_rounds=list(self._recent) or None,
+                algorithm=self.algorithm, model=self.model,
             )

@@ -85,3 +85,8 @@ class RunSnapshot:
     pending: int | None = None
     done: int | None = None
     clients: dict[str, float] | None = None  # federated clients: the latest round's figures
+    discarded: int = 0  # units given up after too many failures (their rounds went on)
+    discard_reason: str | None = None  # the latest discard's: "unit <id> on <node>: <why>"
+    recent_rounds: list[RoundMetrics] | None = None  # the latest rounds (RECENT_ROUNDS)
+    algorithm: str | None = None  # what the run trains with, for `client.py runs`
+    model: str | None = None

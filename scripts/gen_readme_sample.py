@@ -135,15 +135,20 @@ def sample_output(block: str) -> str:
 SIZE = re.compile(r"\b\d+(\.\d+)? (B|kB|MB|GB)\b")
 RUN_ID = re.compile(r"\b[0-9a-f]{12}\b")
 TIMED_COUNTS = re.compile(r"\b(stale|cancelled) \d+")
+UNUSED_ATTEMPTS = "Attempts not used:"  # client/display.py's unused_line
 
 
 def shape(output: str) -> list[str]:
     """The output with what timing decides (wall time, run id, bytes, stale and cancelled
     attempts, the table's counts, node addresses, column widths) blanked out: the line
-    labels, the fields and the deterministic numbers (the error, rounds, units) stay."""
+    labels, the fields and the deterministic numbers (the error, rounds, units) stay. The
+    line that explains stale and cancelled attempts shows only when timing made some: it is
+    left out."""
     lines = []
     for line in output.strip("\n").splitlines():
         line = line.strip()
+        if line.startswith(UNUSED_ATTEMPTS):
+            continue
         if line.startswith("│"):  # a node's row: its name and counts vary, its state not
             cells = [c.strip() for c in line.strip("│").split("│")]
             line = "│ " + " │ ".join(["<node>", cells[1], *("_" for _ in cells[2:])]) + " │"

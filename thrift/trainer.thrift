@@ -367,6 +367,14 @@ struct RunStatus {
                                        // client_loss_worst10 and client_loss_std, and its
                                        // latest federated evaluation's figures
                                        // (federated_val_accuracy, ...; eval_round)
+  28: optional i64 discarded,          // units given up after max_unit_failures failures:
+                                       // their rounds went on without them
+  29: optional string discard_reason,  // the latest one's: "unit <id> on <node>: <why>"
+  30: optional list<RoundMetrics> recent_rounds, // the latest rounds' metrics (at most 64,
+                                       // without scores), so that a client polling slower
+                                       // than rounds end still shows every round
+  31: optional string algorithm,       // the run's algorithm, e.g. "delta_avg"
+  32: optional string model,           // the run's model, e.g. "mlp" or "my_models:Net"
 }
 
 struct CancelRunRequest {

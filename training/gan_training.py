@@ -36,6 +36,7 @@ from thrift_trainer.training.clients.data_parts import label_parts
 from thrift_trainer.training.clients.fingerprint import PartitionRecord
 from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.data import mnist
+from thrift_trainer.training.data.paths import files_stamp
 
 _SLOT_UNIT = re.compile(r"^[a-z]+(\d+)-slot(\d+)$")
 # The fixed probe of a GAN's cheap per-round evaluation: real and fake images, and the
@@ -84,7 +85,7 @@ def slot_of(unit_id: str, workers: int) -> int:
 
 
 def training_size(folder: Path) -> int:
-    return len(_training_images(str(folder.resolve())))
+    return len(training_images(folder))
 
 
 def check_shards(folder: Path, workers: int, batch_size: int) -> int:
@@ -143,11 +144,18 @@ def batch_indices(shard: np.ndarray, batch_size: int, step: int, seed: int,
 
 def real_batch(folder: Path, indices: np.ndarray) -> torch.Tensor:
     """Training-part images at ``indices`` as (n, 1, 28, 28) float32 in [-1, 1]."""
-    return mnist.to_model_input(_training_images(str(folder.resolve()))[indices])
+    return mnist.to_model_input(training_images(folder)[indices])
+
+
+def training_images(folder: Path) -> np.ndarray:
+    """The MNIST training part's images, read again once either file changed."""
+    folder = folder.resolve()
+    stamp = files_stamp(folder / mnist.IMAGES_FILE, folder / mnist.LABELS_FILE)
+    return _training_images(str(folder), stamp)
 
 
 @functools.lru_cache(maxsize=4)
-def _training_images(folder: str) -> np.ndarray:
+def _training_images(folder: str, stamp: tuple) -> np.ndarray:
     return mnist.training_part(folder)[0]
 
 

@@ -15,6 +15,7 @@ are used by the coordinator, nodes, relays and local workers alike.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.metadata
@@ -113,13 +114,28 @@ def resolve(name: str, kind: str) -> Any:
     module_name, _, attribute = name.partition(SEPARATOR)
     _check_module_name(module_name)
     if not _is_allowed(module_name):
-        raise PluginError(f"lacks plug-in {module_name}: start it with --plugins "
-                          f"{module_name.split('.')[0]}")
+        raise PluginError(lacking(module_name))
     module = _import(module_name)
     reason = _why_not(module, attribute, kind)
     if reason is not None:
         raise _refusal(name, kind, module, reason)
     return vars(module)[attribute]
+
+
+def lacking(module_name: str) -> str:
+    """Why a module is refused, in one line: what this process allows instead, the allowed
+    module nearest the name (a typo), and a ``--plugins`` that keeps the modules it has
+    (the flag replaces them: one naming the new module alone would drop the others)."""
+    allowed = allowed_modules()
+    top = module_name.split(".")[0]
+    near = difflib.get_close_matches(top, allowed, n=1, cutoff=0.75)
+    allows = (f"it allows {', '.join(allowed)}" if allowed else "it allows no plug-in module")
+    if near:
+        allows += f" (did you mean {near[0]}?)"
+    with _lock:
+        kept = [name for name in _named if name != top]
+    return f"lacks plug-in {module_name}: {allows}; start it with --plugins " + ",".join(
+        [*kept, top])
 
 
 def _why_not(module: ModuleType, attribute: str, kind: str) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms import get_algorithm
+from thrift_trainer.training.data.paths import folder_stamp
 from thrift_trainer.training.models.names import is_module_model
 from thrift_trainer.training.spec import RunSpec
 
@@ -59,13 +60,15 @@ class RunFacts:
 def run_facts(spec: RunSpec, location: Path) -> RunFacts:
     """This process's facts of the run; RunUnfit when it cannot serve it (a plug-in it
     lacks or that fails, a data set it cannot read)."""
+    # The folder's stamp is part of the cache's key: a copy of the data set fixed or
+    # replaced while the process runs is fingerprinted (and counted) again.
     return _facts(spec.to_config_json(), spec.algorithm, spec.model, spec.dataset,
-                  str(location))
+                  str(location), folder_stamp(location))
 
 
 @functools.lru_cache(maxsize=8)
 def _facts(config_json: str, algorithm: str, model: str, dataset: str,
-           location: str) -> RunFacts:
+           location: str, stamp: tuple) -> RunFacts:
     spec = RunSpec.parse(algorithm, model, dataset, config_json)
     try:
         for kind, name in spec.named_plugins:  # each one usable here, or why it is not

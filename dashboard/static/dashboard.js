@@ -46,6 +46,9 @@ function fmtNumber(v, digits = 4) {
 
 function fmtSeconds(s) {
   if (s === null || s === undefined) return "–";
+  // units of a few ms are common: under a second, milliseconds (never "0.0 s")
+  if (s < 0.001) return s > 0 ? "< 1 ms" : "0 s";
+  if (s < 1) return (s < 0.01 ? (s * 1000).toFixed(1) : Math.round(s * 1000)) + " ms";
   if (s < 60) return s.toFixed(1) + " s";
   if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
   return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";

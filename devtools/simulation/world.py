@@ -140,7 +140,7 @@ def no_curves() -> Iterator[None]:
     """The run folder's curves are not drawn: the simulator checks the training and its
     ledger, not pictures, and drawing them is most of a small run's time."""
     drawn = run_folder.save_curves
-    run_folder.save_curves = lambda rows, path: None
+    run_folder.save_curves = lambda rows, path, title="": None
     try:
         yield
     finally:

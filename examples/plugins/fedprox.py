@@ -59,9 +59,10 @@ class FedProx(tt.algorithms.DeltaAveraging):
         def proximal(module: nn.Module, weights: Mapping[str, Any]) -> torch.Tensor:
             squares = []
             for name, param in module.named_parameters():
-                if name not in anchors:
-                    anchors[name] = torch.as_tensor(weights[name], dtype=param.dtype,
-                                                    device=param.device)
+                if name not in anchors:  # a copy: the received arrays are read-only,
+                    # which torch.as_tensor warns about (it would share their memory)
+                    anchors[name] = torch.tensor(weights[name], dtype=param.dtype,
+                                                 device=param.device)
                 squares.append((param - anchors[name]).pow(2).sum())
             return 0.5 * mu * torch.stack(squares).sum()
 

@@ -3675,11 +3675,16 @@ class RunStatus(object):
      - done
      - leader
      - clients
+     - discarded
+     - discard_reason
+     - recent_rounds
+     - algorithm
+     - model
 
     """
 
 
-    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None,):
+    def __init__(self, run_id=None, state=None, round=None, rounds=None, validation_error=None, units_done=None, units_total=None, rejected=None, failed=None, in_flight=None, elapsed_seconds=None, nodes=None, message=None, unfinished=None, ledger=None, stale=None, cancelled=None, epoch=None, train_loss=None, mode=None, model_version=None, pass_index=None, todo=None, pending=None, done=None, leader=None, clients=None, discarded=None, discard_reason=None, recent_rounds=None, algorithm=None, model=None,):
         self.run_id = run_id
         self.state = state
         self.round = round
@@ -3707,6 +3712,11 @@ class RunStatus(object):
         self.done = done
         self.leader = leader
         self.clients = clients
+        self.discarded = discarded
+        self.discard_reason = discard_reason
+        self.recent_rounds = recent_rounds
+        self.algorithm = algorithm
+        self.model = model
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3876,6 +3886,37 @@ class RunStatus(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 28:
+                if ftype == TType.I64:
+                    self.discarded = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 29:
+                if ftype == TType.STRING:
+                    self.discard_reason = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 30:
+                if ftype == TType.LIST:
+                    self.recent_rounds = []
+                    (_etype172, _size169) = iprot.readListBegin()
+                    for _i173 in range(_size169):
+                        _elem174 = RoundMetrics()
+                        _elem174.read(iprot)
+                        self.recent_rounds.append(_elem174)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 31:
+                if ftype == TType.STRING:
+                    self.algorithm = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 32:
+                if ftype == TType.STRING:
+                    self.model = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3933,8 +3974,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter169 in self.nodes:
-                iter169.write(oprot)
+            for iter175 in self.nodes:
+                iter175.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3944,16 +3985,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter170 in self.unfinished:
-                iter170.write(oprot)
+            for iter176 in self.unfinished:
+                iter176.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter171, viter172 in self.ledger.items():
-                oprot.writeString(kiter171.encode('utf-8') if sys.version_info[0] == 2 else kiter171)
-                oprot.writeI64(viter172)
+            for kiter177, viter178 in self.ledger.items():
+                oprot.writeString(kiter177.encode('utf-8') if sys.version_info[0] == 2 else kiter177)
+                oprot.writeI64(viter178)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -4003,10 +4044,33 @@ class RunStatus(object):
         if self.clients is not None:
             oprot.writeFieldBegin('clients', TType.MAP, 27)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.clients))
-            for kiter173, viter174 in self.clients.items():
-                oprot.writeString(kiter173.encode('utf-8') if sys.version_info[0] == 2 else kiter173)
-                oprot.writeDouble(viter174)
+            for kiter179, viter180 in self.clients.items():
+                oprot.writeString(kiter179.encode('utf-8') if sys.version_info[0] == 2 else kiter179)
+                oprot.writeDouble(viter180)
             oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.discarded is not None:
+            oprot.writeFieldBegin('discarded', TType.I64, 28)
+            oprot.writeI64(self.discarded)
+            oprot.writeFieldEnd()
+        if self.discard_reason is not None:
+            oprot.writeFieldBegin('discard_reason', TType.STRING, 29)
+            oprot.writeString(self.discard_reason.encode('utf-8') if sys.version_info[0] == 2 else self.discard_reason)
+            oprot.writeFieldEnd()
+        if self.recent_rounds is not None:
+            oprot.writeFieldBegin('recent_rounds', TType.LIST, 30)
+            oprot.writeListBegin(TType.STRUCT, len(self.recent_rounds))
+            for iter181 in self.recent_rounds:
+                iter181.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.algorithm is not None:
+            oprot.writeFieldBegin('algorithm', TType.STRING, 31)
+            oprot.writeString(self.algorithm.encode('utf-8') if sys.version_info[0] == 2 else self.algorithm)
+            oprot.writeFieldEnd()
+        if self.model is not None:
+            oprot.writeFieldBegin('model', TType.STRING, 32)
+            oprot.writeString(self.model.encode('utf-8') if sys.version_info[0] == 2 else self.model)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4270,11 +4334,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype178, _size175) = iprot.readListBegin()
-                    for _i179 in range(_size175):
-                        _elem180 = RunStatus()
-                        _elem180.read(iprot)
-                        self.runs.append(_elem180)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = RunStatus()
+                        _elem187.read(iprot)
+                        self.runs.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4291,8 +4355,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter181 in self.runs:
-                iter181.write(oprot)
+            for iter188 in self.runs:
+                iter188.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4636,21 +4700,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype185, _size182) = iprot.readListBegin()
-                    for _i186 in range(_size182):
-                        _elem187 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem187)
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem194)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype189, _vtype190, _size188) = iprot.readMapBegin()
-                    for _i192 in range(_size188):
-                        _key193 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val194 = iprot.readI64()
-                        self.progress[_key193] = _val194
+                    (_ktype196, _vtype197, _size195) = iprot.readMapBegin()
+                    for _i199 in range(_size195):
+                        _key200 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val201 = iprot.readI64()
+                        self.progress[_key200] = _val201
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4689,16 +4753,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter195 in self.delaying:
-                oprot.writeString(iter195.encode('utf-8') if sys.version_info[0] == 2 else iter195)
+            for iter202 in self.delaying:
+                oprot.writeString(iter202.encode('utf-8') if sys.version_info[0] == 2 else iter202)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter196, viter197 in self.progress.items():
-                oprot.writeString(kiter196.encode('utf-8') if sys.version_info[0] == 2 else kiter196)
-                oprot.writeI64(viter197)
+            for kiter203, viter204 in self.progress.items():
+                oprot.writeString(kiter203.encode('utf-8') if sys.version_info[0] == 2 else kiter203)
+                oprot.writeI64(viter204)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.secret is not None:
@@ -4763,10 +4827,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype201, _size198) = iprot.readListBegin()
-                    for _i202 in range(_size198):
-                        _elem203 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem203)
+                    (_etype208, _size205) = iprot.readListBegin()
+                    for _i209 in range(_size205):
+                        _elem210 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem210)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4787,8 +4851,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter204 in self.cancel:
-                oprot.writeString(iter204.encode('utf-8') if sys.version_info[0] == 2 else iter204)
+            for iter211 in self.cancel:
+                oprot.writeString(iter211.encode('utf-8') if sys.version_info[0] == 2 else iter211)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -6856,6 +6920,11 @@ RunStatus.thrift_spec = (
     (25, TType.I64, 'done', None, None, ),  # 25
     (26, TType.STRING, 'leader', 'UTF8', None, ),  # 26
     (27, TType.MAP, 'clients', (TType.STRING, 'UTF8', TType.DOUBLE, None, False), None, ),  # 27
+    (28, TType.I64, 'discarded', None, None, ),  # 28
+    (29, TType.STRING, 'discard_reason', 'UTF8', None, ),  # 29
+    (30, TType.LIST, 'recent_rounds', (TType.STRUCT, [RoundMetrics, None], False), None, ),  # 30
+    (31, TType.STRING, 'algorithm', 'UTF8', None, ),  # 31
+    (32, TType.STRING, 'model', 'UTF8', None, ),  # 32
 )
 all_structs.append(CancelRunRequest)
 CancelRunRequest.thrift_spec = (

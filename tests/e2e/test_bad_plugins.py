@@ -109,7 +109,8 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.mark.parametrize(("settings", "words"), [
     (["--set", "run.model=other_models:Net"],
-     ["lacks plug-in other_models", "--plugins other_models"]),
+     ["the coordinator lacks plug-in other_models: it allows my_models; start it with "
+      "--plugins my_models,other_models"]),
     (["--set", "run.model=my_models:NoSuchNet"],
      ["my_models:NoSuchNet", "no attribute 'NoSuchNet'"]),
     (["--set", "run.model=my_models:not_a_module"], ["my_models:not_a_module", "nn.Module"]),
@@ -179,7 +180,7 @@ def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(cluster):
                  "--set", "run.dataset=my_models:numbers")
     assert done.returncode == 0, done.stderr + cluster.logs()
     assert left_out_line(done, lacking).endswith(
-        "lacks plug-in my_models: start it with --plugins my_models")
+        "lacks plug-in my_models: it allows no plug-in module; start it with --plugins my_models")
     assert "builds model my_models:Net with other parameters" in left_out_line(done, other)
     assert left_out_line(done, short).endswith(
         "holds another copy of data set my_models:numbers: 45 training examples, the "
@@ -242,7 +243,7 @@ def test_a_node_left_out_before_round_1_is_never_given_a_unit(cluster):
     done = train(cluster, *LETTERS, "--set", "run.model=my_models:Net")
     assert done.returncode == 0, done.stderr + cluster.logs()
     assert left_out_line(done, lacking).endswith(
-        "lacks plug-in my_models: start it with --plugins my_models")
+        "lacks plug-in my_models: it allows no plug-in module; start it with --plugins my_models")
     name = f"127.0.0.1:{lacking.port}"
     assert attempts_of(cluster, name) == [], cluster.logs()
     assert " unit " not in lacking.log(), lacking.log()
@@ -311,7 +312,8 @@ def test_a_run_no_node_can_serve_fails_before_round_1_with_that_line(cluster):
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: training failed: no node can serve this run: node 127.0.0.1:{lacking.port} "
-        f"lacks plug-in my_models: start it with --plugins my_models (nodes tried: "
+        f"lacks plug-in my_models: it allows no plug-in module; start it with --plugins "
+        f"my_models (nodes tried: "
         f"127.0.0.1:{lacking.port})")
     assert "round 1/" not in done.stdout
     no_traceback(cluster, done.stdout, done.stderr)

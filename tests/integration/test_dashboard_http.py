@@ -230,3 +230,22 @@ def _check_the_stored_run(dashboard: Dashboard) -> None:
     assert node["node"] == f"127.0.0.1:{dashboard.cluster.nodes[0].port}"
     assert node["accepted"] >= 11 * ROUNDS and node["state"] == "alive"  # at the run's end
     assert node["samples"] >= ROUNDS * ROWS_PER_ROUND
+
+
+FORMAT_SECONDS = """
+const fs = require("fs");
+eval(fs.readFileSync(process.argv[1], "utf8") + "\\nglobalThis.fmtSeconds = fmtSeconds;");
+console.log(JSON.stringify(JSON.parse(process.argv[2]).map(fmtSeconds)));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's code")
+def test_the_pages_show_units_of_a_few_ms_in_ms_not_as_zero_seconds():
+    """'typical unit 0.0 s' was shown for units of 20-50 ms."""
+    seconds = [0.0004, 0.0025, 0.02, 0.0456, 0.999, 1.5, 75]
+    done = subprocess.run(["node", "-e", FORMAT_SECONDS,
+                           str(procs.REPO / "dashboard" / "static" / "dashboard.js"),
+                           json.dumps(seconds)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["< 1 ms", "2.5 ms", "20 ms", "46 ms", "999 ms",
+                                       "1.5 s", "1 min 15 s"]

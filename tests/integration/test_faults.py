@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -398,3 +399,17 @@ def test_an_unstable_run_benches_no_honest_node_and_still_refuses_a_huge_update(
     refused = _events(cluster, "unstable", "invalid result: %norm%")
     assert refused and all(e[2].endswith(f":{spoiler.port}") for e in refused)
     assert cluster.coordinator.log().count("training looks unstable") == 1
+
+
+def test_a_discarded_unit_is_said_in_the_progress_and_the_summary_with_its_reason(cluster):
+    """Silent before: a unit given up after its failures only showed in the coordinator's
+    log, while the client's figures looked like those of a whole run."""
+    cluster.add_node(0.0)
+    spoiler = cluster.add_node(0.0, "--corrupt-updates", "nan")
+    cluster.start_coordinator(1, "--max-unit-failures", "1")  # random: the spoiler gets some
+    done = cluster.client("letters", "1", "1", "16", "0.01", "--run-id", "discards")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    said = re.search(r"Units discarded (\d+) \(last: unit \S+ on 127\.0\.0\.1:(\d+): "
+                     r"invalid result: [^\n]*NaN", done.stdout)
+    assert said and int(said[1]) >= 1 and said[2] == str(spoiler.port), done.stdout
+    assert re.search(r"round 1/1 completed .*discarded \d+ \(last: unit", done.stderr)

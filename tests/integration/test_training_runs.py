@@ -214,3 +214,34 @@ def test_a_config_file_runs_sync_sgd_on_the_mlp_and_on_a_tiny_dcgan(cluster):
         assert phases["units"] > 0 and phases["score"] > 0 and phases["samples"] > 0
         # "seconds" is taken after the evaluation: the phases before it fit inside it
         assert sum(list(phases.values())[:5]) <= row["seconds"] + 1e-3
+
+
+def test_progress_to_a_pipe_has_one_line_per_round_when_rounds_outpace_the_polls(cluster):
+    """Rounds of a few tens of ms, polled every 2 s: every round still gets its line."""
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    done = cluster.client("letters", "12", "1", "20", "0.0001", "--poll", "2")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    heads = [line.split("  ")[0] for line in done.stderr.splitlines()
+             if line.startswith("round ")]
+    assert heads[-1] == "round 12/12 completed", done.stderr
+    # the last round may be said twice: while the run saves its outputs, then at its end
+    rounds = [head.removesuffix(" completed") for head in heads]
+    assert sorted(set(rounds), key=rounds.index) == [f"round {r}/12" for r in range(1, 13)]
+    assert len(rounds) - len(set(rounds)) <= 1, done.stderr
+
+
+def test_runs_names_each_run_s_algorithm_and_model_live_and_after_a_restart(cluster):
+    cluster.add_node(0.0)
+    cluster.start_coordinator(2)
+    done = cluster.client("letters", "1", "1", "20", "0.0001", "--run-id", "named")
+    assert done.returncode == 0, done.stderr + cluster.logs()
+    for restarted in (False, True):
+        if restarted:  # the run is read from the run store now
+            cluster.coordinator.stop()
+            cluster.start_coordinator(2)
+        runs = run_client(
+            ["runs", "127.0.0.1", str(cluster.coordinator.port)], cluster.workdir)
+        assert runs.returncode == 0, runs.stderr
+        row = next(line.split() for line in runs.stdout.splitlines() if line.startswith("named"))
+        assert row[:4] == ["named", "completed", "delta_avg", "mlp"], runs.stdout

@@ -125,3 +125,13 @@ def test_answers_after_the_run_ended_are_in_neither_node_table(recorded: Recorde
     assert (counted.accepted, counted.cancelled, counted.failed, counted.samples) == (1, 0, 0, 7)
     assert (stored.accepted, stored.cancelled, stored.failed, stored.samples) == (1, 0, 0, 7)
     assert node.in_flight == 0
+
+
+def test_a_discarded_unit_is_counted_with_its_last_failure_for_the_client(
+        recorded: Recorded) -> None:
+    attempts, node = recorded.attempts, recorded.node
+    attempts.started(1, "u1", 1, node)
+    attempts.ended(1, "u1", 1, node, AttemptEnd.DISCARDED, "ValueError: out of memory")
+    snapshot = recorded.progress.snapshot()
+    assert (snapshot.discarded, snapshot.discard_reason) == (
+        1, f"unit u1 on {node.name}: ValueError: out of memory")

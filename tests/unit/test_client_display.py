@@ -174,3 +174,84 @@ def test_a_pipe_gets_every_column_whole():
     for part in display.unfinished_view([UNIT], console.width):
         console.print(part, no_wrap=True, overflow="ellipsis")
     assert REASON in console.file.getvalue()
+
+
+LAST_FAILURE = "unit train_letters3.txt on localhost:9092: ValueError: out of memory"
+
+
+def test_discarded_units_show_in_the_progress_line_with_the_last_reason():
+    quiet = display.fit_line(display.progress_fields(status(3)), 1000)
+    assert "discarded" not in quiet  # a run that discards nothing prints as before
+    fields = display.progress_fields(status(3, discarded=2, discard_reason=LAST_FAILURE))
+    assert f"discarded 2 (last: {LAST_FAILURE})" in display.fit_line(fields, 1000)
+    assert "disc 2" in display.fit_line(fields, 60)  # kept when the line must shrink
+
+
+def test_the_summary_says_how_many_units_were_discarded_and_why(capsys):
+    data = {"validation_error": 0.1, "rounds": 2, "wall_seconds": 1.0, "run_id": "r",
+            "bytes_up": 0, "bytes_down": 0, "aggregation": "mean",
+            "compression": display.NO_COMPRESSION, "model_path": "m.npz",
+            "coordinator_run_dir": "runs/r", "nodes": [NODE],
+            "units": display.unit_counts(status(2, discarded=1, discard_reason=LAST_FAILURE))}
+    display.print_result(data, as_json=False)
+    out = capsys.readouterr().out
+    assert f"Units discarded 1 (last: {LAST_FAILURE}): each failed --max-unit-failures times" in out
+    data["units"] = display.unit_counts(status(2))
+    display.print_result(data, as_json=False)
+    assert "discarded" not in capsys.readouterr().out
+
+
+def metrics(index: int) -> ttypes.RoundMetrics:
+    return ttypes.RoundMetrics(round=index, validation_error=0.5 - index / 100,
+                               validation_loss=1.0, train_loss=2.0 - index / 10, seconds=0.01)
+
+
+def test_a_pipe_gets_a_line_for_every_round_even_those_ended_between_two_polls():
+    """Rounds shorter than the poll's interval: before, only the polled ones were said."""
+    console = Console(file=io.StringIO(), width=80, color_system=None)  # not a terminal
+    with display.ProgressView(quiet=False, console=console) as view:
+        view.update(status(3, rounds=10, recent_rounds=[metrics(r) for r in (1, 2, 3)]))
+        view.update(status(7, rounds=10, recent_rounds=[metrics(r) for r in range(4, 8)]))
+        final = status(10, rounds=10, state="completed", recent_rounds=[metrics(10)])
+        view.finish(ttypes.RunResult(run_id="r", validation_error=0.4, rounds=10,
+                                     wall_seconds=1.0, history=[metrics(r) for r in range(1, 11)],
+                                     nodes=[], weights=[], model_json="{}", run_dir="runs/r",
+                                     final_status=final))
+    lines = console.file.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        *(f"round {r}/10" for r in range(1, 10)), "round 10/10 completed"]
+    assert lines[4] == "round 5/10  loss 1.5000  error 0.4500"
+
+
+def test_stale_and_cancelled_attempts_are_explained_where_they_show(capsys):
+    """A healthy K-of-N run: 'stale 50, cancelled 14' read as a fault, and `status` counted
+    the same runs' units 'cancelled 60' without saying it counts units, not attempts."""
+    kofn = status(30, rounds=30, state="completed", stale=50, cancelled=14,
+                  ledger={"completed": 60, "cancelled": 60, "failed": 0})
+    display.print_status(kofn, as_json=False)
+    out = capsys.readouterr().out
+    said = ("Attempts not used: stale 50 (results that came back too late), cancelled 14 "
+            "(called off); a K-of-N round, which takes the first K results")
+    assert said in out
+    assert "units by status (each unit once): completed 60, cancelled 60" in out
+    data = {"validation_error": 0.1, "rounds": 30, "wall_seconds": 1.0, "run_id": "r",
+            "bytes_up": 0, "bytes_down": 0, "aggregation": "mean",
+            "compression": display.NO_COMPRESSION, "model_path": "m.npz",
+            "coordinator_run_dir": "runs/r", "nodes": [NODE], "units": display.unit_counts(kofn)}
+    display.print_result(data, as_json=False)
+    assert said in capsys.readouterr().out
+    data["units"] = display.unit_counts(status(30, stale=0, cancelled=0))
+    display.print_result(data, as_json=False)
+    assert "Attempts not used" not in capsys.readouterr().out  # nothing to explain
+
+
+def test_runs_shows_each_run_s_algorithm_and_model(capsys):
+    display.print_runs([status(5, run_id="a1", algorithm="delta_avg", model="mlp"),
+                        status(2, run_id="b2", algorithm="sync_sgd", model="dcgan28-tiny"),
+                        status(1, run_id="c3")])  # a coordinator that sends neither
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["run", "state", "algorithm", "model"]
+    assert lines[1].split()[:4] == ["a1", "running", "delta_avg", "mlp"]
+    assert lines[2].split()[:4] == ["b2", "running", "sync_sgd", "dcgan28-tiny"]
+    assert lines[3].split()[:4] == ["c3", "running", "-", "-"]
+    assert display.status_dict(status(1, algorithm="sync_sgd", model="mlp"))["model"] == "mlp"

@@ -180,7 +180,8 @@ def test_a_registered_partitioner_is_usable_by_its_plain_name(own_partitioners) 
      "partitioner my_parts:halves: got an unexpected keyword argument 'colour'"),
     ("iid", {"alpha": 1.0}, ClientsError, "partitioner iid: got an unexpected keyword"),
     ("my_parts:NotAFunction", {}, PluginError, "NotAFunction is a class, not a function"),
-    ("other_parts:halves", {}, PluginError, "start it with --plugins other_parts"),
+    ("other_parts:halves", {}, PluginError,
+     "it allows my_parts; start it with --plugins my_parts,other_parts"),
     ("fair", {}, ClientsError, "unknown partitioner 'fair': one of iid, dirichlet, shards"),
 ])
 def test_a_partitioner_that_cannot_be_used_is_refused_naming_it(own_partitioners, name,

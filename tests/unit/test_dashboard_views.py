@@ -60,3 +60,18 @@ def test_an_ended_runs_nodes_show_the_state_they_had_when_it_ended(
     nodes = Views(coordinator).run("r1")["nodes"]
     assert {n["node"]: n["state"] for n in nodes} == {"127.0.0.1:9091": "suspect",
                                                       "127.0.0.1:9092": "alive"}
+
+
+def test_the_dashboard_page_gives_the_address_of_every_page_and_api():
+    """docs/dashboard.md named no run page's address: each route is given there."""
+    import re
+
+    from devtools.local_cluster import REPO
+
+    source = (REPO / "dashboard" / "app.py").read_text(encoding="utf-8")
+    routes = re.findall(r'Route\("(/[^"]*)"', source)
+    assert "/runs/{run_id}" in routes
+    doc = (REPO / "docs" / "dashboard.md").read_text(encoding="utf-8")
+    missing = [r for r in routes if r not in ("/", "/login")
+               and re.sub(r"\{(\w+)(:\w+)?\}", r"<\1>", r) not in doc]
+    assert missing == [], f"docs/dashboard.md does not give {missing}"

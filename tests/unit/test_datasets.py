@@ -164,5 +164,6 @@ def test_a_plug_in_that_is_not_a_map_style_data_set_is_refused_by_name(plugin_mo
 
 def test_a_data_set_module_not_allowed_names_the_flag(tmp_path):
     plugins.reset()
-    with pytest.raises(PluginError, match="lacks plug-in other: start it with --plugins other"):
+    with pytest.raises(PluginError, match="lacks plug-in other: it allows no plug-in module; "
+                                          "start it with --plugins other"):
         load_data("other:make", tmp_path, _settings())

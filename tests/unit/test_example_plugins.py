@@ -74,6 +74,24 @@ def test_fedprox_penalty_is_half_mu_times_the_squared_distance() -> None:
     assert FedProx.local_penalty(no_penalty) is None
 
 
+def test_fedprox_takes_the_read_only_weights_a_node_receives_without_a_warning() -> None:
+    import warnings
+
+    import torch
+    from fedprox import FedProx
+
+    module = torch.nn.Linear(2, 1)
+    weights = {name: value.detach().numpy().copy() for name, value in
+               module.state_dict().items()}
+    for value in weights.values():
+        value.flags.writeable = False  # as decoded from the wire
+    job = UnitJob("run", 1, None, "mlp_classifier",
+                  FedProx.check_config("mlp_classifier", {"mu": 0.3}), weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "The given NumPy array is not writable" before
+        assert FedProx.local_penalty(job)(module, weights=weights).item() == 0.0
+
+
 def test_fedprox_checks_mu_and_leaves_the_rest_to_delta_averaging() -> None:
     from fedprox import FedProx
 

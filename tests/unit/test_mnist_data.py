@@ -70,6 +70,14 @@ def test_load_mnist_checks_labels_against_images(tmp_path):
     assert mnist.LABELS_FILE in str(info.value)
 
 
+def test_load_mnist_reads_the_files_again_once_they_changed(tmp_path):
+    """A node serves for days: a replaced copy is read again, not the one it cached."""
+    for count in (3, 5):
+        write_idx(tmp_path / mnist.IMAGES_FILE, np.zeros((count, 28, 28), np.uint8), gz=True)
+        write_idx(tmp_path / mnist.LABELS_FILE, np.zeros(count, np.uint8), gz=True)
+        assert len(mnist.load_mnist(tmp_path)[0]) == count
+
+
 def test_load_mnist_checks_image_size(tmp_path):
     write_idx(tmp_path / mnist.IMAGES_FILE, np.zeros((3, 8, 8), np.uint8), gz=True)
     write_idx(tmp_path / mnist.LABELS_FILE, np.zeros(3, np.uint8), gz=True)

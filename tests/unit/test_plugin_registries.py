@@ -121,7 +121,8 @@ def test_a_registered_codec_is_usable_by_its_plain_name(own_codecs) -> None:
 @pytest.mark.parametrize(("name", "words"), [
     ("my_codecs:not_a_codec", "not_a_codec is a function, not a class"),
     ("my_codecs:Missing", "has no attribute 'Missing'"),
-    ("other_codecs:Tenths", "lacks plug-in other_codecs: start it with --plugins other_codecs"),
+    ("other_codecs:Tenths", "lacks plug-in other_codecs: it allows my_codecs; start it with "
+                            "--plugins my_codecs,other_codecs"),
 ])
 def test_a_plugin_codec_that_cannot_be_used_is_refused_naming_it(own_codecs, name,
                                                                  words) -> None:
@@ -165,7 +166,8 @@ def test_register_aggregation_makes_a_plain_name(own_rules) -> None:
                             "aggregation rule my_rules defines itself (first, heaviest); "
                             "NOT_A_RULE is an int, not a function"),
     ("my_rules:missing", "has no attribute 'missing'"),
-    ("their_rules:first", "lacks plug-in their_rules: start it with --plugins their_rules"),
+    ("their_rules:first", "lacks plug-in their_rules: it allows my_rules; start it with "
+                          "--plugins my_rules,their_rules"),
     ("geometric", "must be one of mean, median, trimmed_mean, krum or a plug-in"),
 ])
 def test_a_rule_that_cannot_be_used_is_refused_naming_the_key(own_rules, rule,

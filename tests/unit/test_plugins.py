@@ -46,8 +46,8 @@ def test_a_module_not_allowed_is_refused_with_the_flag_and_never_imported(
     sys.path.insert(0, str(folder))  # importable, but not allowed
     with pytest.raises(PluginError) as refused:
         plugins.resolve("secret_models:factory", "model")
-    assert str(refused.value) == ("lacks plug-in secret_models: start it with --plugins "
-                                  "secret_models")
+    assert str(refused.value) == ("lacks plug-in secret_models: it allows no plug-in module; "
+                                  "start it with --plugins secret_models")
     assert "secret_models" not in sys.modules
     with pytest.raises(PluginError, match="--plugins pkg$"):
         plugins.resolve("pkg.sub:factory", "model")  # the flag names the top package
@@ -210,6 +210,21 @@ def test_a_plain_file_is_versioned_by_its_source(plugin_module) -> None:
 
     importlib.reload(sys.modules["plain"])  # ... until it imports it again
     assert plugins.module_version(sys.modules["plain"]) != version
+
+
+def test_a_typo_names_what_is_allowed_the_near_name_and_a_flag_keeping_the_others(
+        plugin_module) -> None:
+    """Taken literally, the hint must not drop the modules the process already allows."""
+    plugins.allow(["my_models"], plugin_module("my_models", MODELS))
+    plugins.allow(["my_data"], plugin_module("my_data", MODELS))
+    with pytest.raises(PluginError) as refused:
+        plugins.resolve("my_modle:factory", "model")
+    assert str(refused.value) == (
+        "lacks plug-in my_modle: it allows my_data, my_models (did you mean my_models?); "
+        "start it with --plugins my_models,my_data,my_modle")
+    with pytest.raises(PluginError, match=r"it allows my_data, my_models; start it with "
+                                          r"--plugins my_models,my_data,other_code$"):
+        plugins.resolve("other_code:factory", "model")  # nothing near: no suggestion
 
 
 def test_a_child_process_allows_what_its_parent_allowed(plugin_module) -> None:

@@ -55,7 +55,8 @@ def test_a_node_running_another_version_of_a_named_plug_in_is_unfit(expected):
 
 
 def test_a_process_lacking_a_plug_in_the_run_names_says_which_and_how_to_allow_it():
-    with pytest.raises(RunUnfit, match="lacks plug-in my_models: start it with --plugins"):
+    with pytest.raises(RunUnfit, match="lacks plug-in my_models: it allows no plug-in module; "
+                                       "start it with --plugins my_models$"):
         run_facts(SPEC, DEFAULT_DATA_ROOT / "letters")
 
 
@@ -84,3 +85,25 @@ def test_weights_load_from_a_torch_state_dict_file(tmp_path):
     torch.save(module.state_dict(), tmp_path / "w.pt")
     loaded = load_weights(tmp_path / "w.pt")
     assert np.array_equal(loaded["weight"], module.weight.detach().numpy())
+
+
+def _small_letters(folder, rows):
+    """A letters-format copy of the shipped data, ``rows`` lines of each file."""
+    folder.mkdir(exist_ok=True)
+    for source in sorted((DEFAULT_DATA_ROOT / "letters").iterdir()):
+        lines = source.read_text().splitlines()[:rows]
+        (folder / source.name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_a_copy_of_the_data_changed_while_the_process_runs_is_fingerprinted_again(tmp_path):
+    """A long-lived node that fixed (or replaced) its copy is no longer left out, and the
+    coordinator records the new size: its facts are not cached for its lifetime."""
+    spec = RunSpec.parse("delta_avg", "mlp_classifier", "letters", json.dumps({"epochs": 1}))
+    folder = _small_letters(tmp_path / "letters", 40)
+    before = run_facts(spec, folder)
+    _small_letters(folder, 60)
+    after = run_facts(spec, folder)
+    assert (before.data_size, after.data_size) == (before.data_size, before.data_size * 3 // 2)
+    assert after.data_fingerprint != before.data_fingerprint
+    assert run_facts(spec, folder) == after  # unchanged files: the same facts

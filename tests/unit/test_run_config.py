@@ -72,6 +72,18 @@ def test_a_torch_model_left_to_the_defaults_gets_a_recipe_that_trains():
         load_run_config(None, ["delta_avg.eta=fast"])  # typed though null in config.yaml
 
 
+def test_a_torch_run_records_and_sends_no_key_of_the_numpy_mlp():
+    """hidden, compat and scale_features shape the letters MLP only: a torch model's run
+    recorded them (run.json, the model's config) though nothing read them."""
+    config = load_run_config(None, ["run.model=mlp_classifier"]).algorithm_config()
+    checked = DeltaAveraging.check_config("mlp_classifier", config)
+    assert not {"hidden", "compat", "scale_features"} & set(checked)
+    # a node checks the config it is sent again: the same keys come back
+    assert DeltaAveraging.check_config("mlp_classifier", checked) == checked
+    mlp = DeltaAveraging.check_config("mlp", config)  # the letters MLP keeps them all
+    assert (mlp["hidden"], mlp["compat"], mlp["scale_features"]) == ([20], False, False)
+
+
 def test_a_recipe_overrides_only_its_keys():
     config = load_run_config(REPO / "configs" / "letters_recommended.yaml", [])
     section = config.algorithm_config()

@@ -41,7 +41,8 @@ def test_a_warm_up_for_a_model_the_node_cannot_build_is_refused_and_starts_nothi
     warm_up = node_warm_up.WarmUp()
     for name, words in (("m" * 65, "65 characters, longer than 64"),
                         ("no_such_model", "unknown model 'no_such_model'"),
-                        ("evil:Net", "lacks plug-in evil: start it with --plugins evil")):
+                        ("evil:Net", "lacks plug-in evil: it allows no plug-in module; "
+                                     "start it with --plugins evil")):
         problem = warm_up.start(name)
         assert problem is not None and words in problem, problem
     assert not warm_up.busy and warmed == []

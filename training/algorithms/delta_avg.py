@@ -56,6 +56,7 @@ from thrift_trainer.training.update_checks import specs_of
 LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
 MLP_OPTIMIZERS = ("gd", "sgd", "adam")  # the numpy MLP's (training/models/mlp.py)
 TORCH_ONLY = ("local_steps", "weight_decay")  # keys the numpy MLP cannot use
+NUMPY_MLP_ONLY = ("hidden", "compat", "scale_features")  # keys a torch model has no use for
 
 
 class DeltaAveraging(AveragingAlgorithm):
@@ -134,6 +135,8 @@ class DeltaAveraging(AveragingAlgorithm):
             _check_numpy_mlp(checked)
         elif checked["units"] < 1 or checked["local_steps"] < 0:
             raise ConfigError("config keys 'units' must be at least 1 and 'local_steps' 0 or more")
+        if is_module_model(model):  # a torch model is built from its model section
+            checked = {k: v for k, v in checked.items() if k not in NUMPY_MLP_ONLY}
         try:
             server_optim.make_server_optimizer(checked["server_optimizer"],
                                                **_server_kwargs(checked))

@@ -14,6 +14,7 @@ from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.algorithms.letters_files import train_files
 from thrift_trainer.training.data import image_folder, mnist
 from thrift_trainer.training.data.letters import load_letters
+from thrift_trainer.training.data.paths import folder_stamp
 from thrift_trainer.training.gan_training import PROBE_SIZE
 from thrift_trainer.training.models import gan_models
 
@@ -99,11 +100,11 @@ TrainingPart = LettersPart | MnistPart | FolderPart
 
 def training_part(model: str, folder: Path) -> TrainingPart:
     """The training part of the data set in ``folder`` that ``model`` trains on."""
-    return _read(model, str(folder.resolve()))
+    return _read(model, str(folder.resolve()), folder_stamp(folder))
 
 
 @functools.lru_cache(maxsize=4)
-def _read(model: str, folder: str) -> TrainingPart:
+def _read(model: str, folder: str, stamp: tuple) -> TrainingPart:
     try:
         if model == "mlp":
             return LettersPart(Path(folder))

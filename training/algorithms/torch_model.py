@@ -31,7 +31,7 @@ from torch import nn
 from thrift_trainer.training import server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.clients.data_parts import Subset
-from thrift_trainer.training.data.datasets import folder_stamp
+from thrift_trainer.training.data.paths import folder_stamp
 from thrift_trainer.training.data.settings import SECTION as DATA
 from thrift_trainer.training.data.settings import DataSettings
 from thrift_trainer.training.models import loop, modules

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import re
 import zipfile
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from thrift_trainer.training import plugins
 from thrift_trainer.training.data import mnist, preprocessing
 from thrift_trainer.training.data.image_classes import read_class_folders
 from thrift_trainer.training.data.letters import load_letters
-from thrift_trainer.training.data.paths import DataPathError, resolve_under
+from thrift_trainer.training.data.paths import DataPathError, folder_stamp, resolve_under
 from thrift_trainer.training.data.settings import DataSettings
 from thrift_trainer.training.data.tables import read_tables
 from thrift_trainer.training.models.settings import DataShape
@@ -104,17 +103,6 @@ def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedDat
     cannot be read."""
     return _load_cached(dataset, str(Path(location).resolve()),
                         json.dumps(settings.hashed(), sort_keys=True), folder_stamp(location))
-
-
-def folder_stamp(location: Path) -> tuple:
-    """The names, sizes and modification times of a folder's entries: cheap to read, and
-    different once its files are replaced, so a long-lived node reads them again."""
-    try:
-        with os.scandir(location) as entries:
-            return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
-                                for e in entries))
-    except OSError:
-        return ()
 
 
 @functools.lru_cache(maxsize=4)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
+from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT, files_stamp
 
 DEFAULT_MNIST_DIR = DEFAULT_DATA_ROOT / "mnist"
 IMAGES_FILE = "t10k-images-idx3-ubyte.gz"
@@ -106,14 +106,16 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
 def load_mnist(root: str | os.PathLike = DEFAULT_MNIST_DIR) -> tuple[np.ndarray, np.ndarray]:
     """All 10,000 images (n, 28, 28) uint8 and labels (n,) int64 from the folder ``root``.
 
-    Parsed once per folder and cached (a node loads many work units); the arrays are
-    read-only so that no caller can corrupt another's data.
+    Parsed once per folder and cached (a node loads many work units) until either file's
+    size or modification time changes; the arrays are read-only so that no caller can
+    corrupt another's data.
     """
-    return _load_cached(str(Path(root).resolve()))
+    folder = Path(root).resolve()
+    return _load_cached(str(folder), files_stamp(folder / IMAGES_FILE, folder / LABELS_FILE))
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(root: str) -> tuple[np.ndarray, np.ndarray]:
+def _load_cached(root: str, stamp: tuple) -> tuple[np.ndarray, np.ndarray]:
     images_path, labels_path = Path(root) / IMAGES_FILE, Path(root) / LABELS_FILE
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIDE, IMAGE_SIDE):

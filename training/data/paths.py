@@ -155,3 +155,28 @@ def data_location(root: str | os.PathLike, dataset: str) -> Path:
     if ":" in dataset:
         return Path(root).resolve()
     return dataset_dir(root, dataset)
+
+
+def folder_stamp(location: str | os.PathLike) -> tuple:
+    """The names, sizes and modification times of a folder's entries: cheap to read, and
+    different once its files are replaced, so a long-lived process (a node serves runs for
+    days) reads them again instead of the copy it cached. A file rewritten in place inside
+    a subfolder (an image folder's class) changes no entry here: restart the process."""
+    try:
+        with os.scandir(location) as entries:
+            return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                                for e in entries))
+    except OSError:
+        return ()
+
+
+def files_stamp(*paths: str | os.PathLike) -> tuple:
+    """The sizes and modification times of these files (None for one that is missing)."""
+    stamps = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+            stamps.append((stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)

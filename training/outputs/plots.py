@@ -86,27 +86,72 @@ def curve_series(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int]
     return series
 
 
-def save_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """One panel per metric of the rounds' rows (x axis: round), drawn as a line through
-    the rounds where it was measured, with a marker on each."""
-    import matplotlib
+# Metrics drawn together on one panel (a legend tells them apart), under the panel's label.
+PANELS = {"train_loss": "loss", "validation_loss": "loss",
+          "bytes_up": "bytes per round", "bytes_down": "bytes per round"}
+LEGEND = {"train_loss": "training", "validation_loss": "validation", "bytes_up": "up",
+          "bytes_down": "down"}
+FROM_ZERO = frozenset({"bytes per round", "seconds"})  # sizes: a small change stays small
 
-    matplotlib.use("Agg")
+
+def curve_panels(series: Mapping[str, tuple[list[int], list[float]]]
+                 ) -> dict[str, list[str]]:
+    """The panels of the curves, in the metrics' order: the label of each and the metrics
+    it draws (training and validation loss together, bytes up and down together)."""
+    panels: dict[str, list[str]] = {}
+    for name in series:
+        panels.setdefault(PANELS.get(name, name), []).append(name)
+    return panels
+
+
+def save_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike,
+                title: str = "") -> Path:
+    """The rounds' metrics (x axis: round) on one panel each, training and validation loss
+    on a shared one, each drawn as a line through the rounds where it was measured with a
+    marker on each; ``title``: the figure's (the run, its algorithm and model). Sizes
+    (bytes, seconds) are drawn from 0 and no axis shows an offset, so that a change of
+    500 bytes in 400 kB looks as small as it is."""
     from matplotlib import pyplot as plt
 
-    series = curve_series(rows)
-    fig, axes = plt.subplots(max(1, len(series)), 1, figsize=(7, 2.2 * max(1, len(series))),
-                             sharex=True, squeeze=False)
-    for i, (name, (rounds, values)) in enumerate(series.items()):
-        axes[i, 0].plot(rounds, values, marker="o", markersize=3, linewidth=1.2)
-        axes[i, 0].set_ylabel(name)
-        axes[i, 0].grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("round")
-    fig.tight_layout()
+    fig = curves_figure(rows, title)
     target = Path(path)
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target
+
+
+def curves_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Any:
+    """The matplotlib figure `save_curves` writes (the caller closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    series = curve_series(rows)
+    panels = curve_panels(series)
+    count = max(1, len(panels))
+    fig, axes = plt.subplots(count, 1, figsize=(7, 0.5 + 2.2 * count), sharex=True,
+                             squeeze=False)
+    for axis, (label, names) in zip(axes[:, 0], panels.items(), strict=False):
+        for name in names:
+            rounds, values = series[name]
+            axis.plot(rounds, values, marker="o", markersize=3, linewidth=1.2,
+                      label=LEGEND.get(name, name))
+        axis.set_ylabel(label)
+        axis.ticklabel_format(axis="y", useOffset=False, style="plain")
+        if label in FROM_ZERO:
+            highest = max(v for n in names for v in series[n][1])
+            axis.set_ylim(bottom=0, top=highest * 1.1 or 1.0)
+        if len(names) > 1:
+            axis.legend(loc="best", fontsize="small")
+        axis.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("round")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 1.5
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def _is_measured(value: Any) -> bool:
