@@ -43,7 +43,7 @@ def test_set_overrides_apply_after_the_dict() -> None:
 
 @pytest.mark.parametrize(("config", "message"), [
     ({"run": {"roundz": 2}},
-     "unknown key 'run.roundz' (in the configuration dict); did you mean 'run.rounds'?"),
+     "unknown key 'run.roundz' (in the configuration dict); did you mean 'run.rounds'"),
     ({"delta_avg": {"eta": "fast"}}, "(in the configuration dict)"),
     ({"runs": {"rounds": 2}}, "unknown key 'runs' (in the configuration dict)"),
     ({"run": 3}, "run must be a section of keys"),
