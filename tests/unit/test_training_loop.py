@@ -231,16 +231,3 @@ def test_a_delta_avg_unit_with_the_loop_settings_reports_its_round_to_the_schedu
     # round 2 lies past a 1-round linear schedule: its rate is 0, nothing moves
     assert any(np.any(v != 0) for v in outputs[0].update.values())
     assert all(np.all(outputs[1].update[n] == 0) for n in weights)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 trains on CUDA only")
-def test_fp16_trains_on_cuda_with_a_loss_scaler():
-    setup = _setup(precision="fp16", clip_norm=1.0)
-    module = setup.build(seed=4).to("cuda")
-    state, loss = train_locally(setup, module, np.arange(0, 256),
-                                LocalSteps("adam", lr=0.01, batch_size=32, epochs=1),
-                                device="cuda")
-    assert math.isfinite(loss) and all(np.all(np.isfinite(v)) for v in state.values())
-    update, _ = mean_gradients(setup, setup.build(seed=4).to("cuda"), 0, 64, batch_size=16,
-                               device="cuda")
-    assert all(np.all(np.isfinite(v)) for v in update.values())
