@@ -109,14 +109,27 @@ def _stream_checks(db: sqlite3.Connection, run_id: str, s: RunShape) -> list[Che
     results = s.results_per_round or s.units
     wrong = [r for r in range(1, s.rounds + 1)
              if per_round.get(r, {}).get("completed", 0) != results]
-    passes: dict[int, dict[str, int]] = {}
+    passes: dict[Any, dict[str, int]] = {}
+    # A stream of client draws (FedBuff) records each draw's number as its pass; a resumed
+    # stream whose state differs from the one before its coordinator died (which clients
+    # are out, which nodes hold which) may draw another client under a number already
+    # used, so draws are settled unit by unit: each is one "pass" of its own.
+    group = "unit_id" if s.units_per_pass == 1 else "pass"
     for pass_index, status, last, n in db.execute(
-            "SELECT pass, status, round = ?, COUNT(*) FROM units WHERE run_id = ? "
-            "GROUP BY pass, status, round = ?", (s.rounds, run_id, s.rounds)):
+            f"SELECT {group}, status, round = ?, COUNT(*) FROM units WHERE run_id = ? "
+            f"AND pass IS NOT NULL GROUP BY {group}, status, round = ?",
+            (s.rounds, run_id, s.rounds)):
         key = "cancelled at the end" if (status, last) == ("cancelled", 1) else status
-        counts = passes.setdefault(-1 if pass_index is None else pass_index, {})
+        counts = passes.setdefault(pass_index, {})
         counts[key] = counts.get(key, 0) + n
-    full = sorted(p for p in passes if p > 0)[:-1]  # the newest pass may still be partial
+    unpassed = db.execute("SELECT COUNT(*) FROM units WHERE run_id = ? AND pass IS NULL",
+                          (run_id,)).fetchone()[0]
+    if unpassed:
+        passes[-1] = {"no pass": unpassed}
+    if s.units_per_pass == 1:  # draws: every one settled (the run's end cancels those out)
+        full = sorted(p for p in passes if p != -1)
+    else:  # the newest pass may still be partial
+        full = sorted(p for p in passes if p > 0)[:-1]
     per_pass = s.units_per_pass or s.units
     open_passes = [p for p in full if sum(passes[p].values()) != per_pass or set(passes[p])
                    - {"completed", "discarded", "cancelled at the end"}]
