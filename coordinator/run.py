@@ -290,7 +290,10 @@ class Run:
             engine = RoundEngine(self.run_id, self.nodes, self._policy,
                                  self._engine_settings(), self.progress, self.cancelled,
                                  self.ledger, self._cancels, refresh_nodes=self._joined,
-                                 on_left_out=self._nodes.leave_out)
+                                 on_left_out=self._nodes.leave_out,
+                                 recheck_nodes=(self._check_returned_nodes
+                                                if self.spec.clients.enabled
+                                                else lambda: None))
             weights = self._loop.run(engine, weights, done, history)
         finally:
             heartbeats.stop()

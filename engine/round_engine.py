@@ -110,11 +110,14 @@ class RoundEngine:
                  cancelled: runtime.EventLike, ledger: UnitLedger | None = None,
                  cancels: CancelSender | None = None,
                  refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None,
-                 on_left_out: Callable[[NodeHandle], None] = lambda node: None) -> None:
+                 on_left_out: Callable[[NodeHandle], None] = lambda node: None,
+                 recheck_nodes: Callable[[], None] = lambda: None) -> None:
         """``refresh_nodes``: called while paused to take in nodes that joined (file,
         registrations), None when none did; ``on_left_out``: told of a node that cannot
         serve the run (NodeUnfit), so that it stays out of later rounds too (the engine
-        stops using it at once)."""
+        stops using it at once); ``recheck_nodes``: called every few seconds while units
+        run, to ask nodes that came back which federated clients they hold (a stream whose
+        holders were all away has no round end to wait for)."""
         self.run_id = run_id
         self.cancels = cancels or shared_sender()
         self.ledger = ledger or UnitLedger(None, run_id)
@@ -132,6 +135,7 @@ class RoundEngine:
                                          settings.max_pause, settings.grace_seconds), progress)
         self.refresh_nodes = refresh_nodes
         self.on_left_out = on_left_out
+        self.recheck_nodes = recheck_nodes
         self.left_out: list[NodeHandle] = []
 
     def set_nodes(self, nodes: list[NodeHandle]) -> None:
@@ -269,6 +273,7 @@ class RoundEngine:
     def _watch_nodes(self) -> None:
         """Pause, resume or fail on the minimum of nodes; while paused, take in nodes
         that joined, and do not count the pause against the grace period."""
+        self.recheck_nodes()
         if self.gate.paused:
             joined = self.refresh_nodes()
             if joined is not None:

@@ -33,7 +33,9 @@ A run with federated clients draws them instead of running passes (FedBuff,
 engine/client_draws.py): at most `concurrency` clients train at once, each unit is one
 client's draw, and a new client is drawn whenever fewer are out. A client no live node
 holds drops out of the round (neither failed nor discarded) and is not drawn again
-until the next round; the round's end lists each client's kept, failed and dropped
+for `AWAY_SECONDS` or until the next round, whichever comes first (when every holder is
+away no round can end, so a stream whose holders come back must draw their clients again
+without one); the round's end lists each client's kept, failed and dropped
 units with the version each was applied in or left at (`RoundEnd.clients`).
 
 One re-entrant lock guards it all, and the engine writes the ledger under it
@@ -64,6 +66,8 @@ from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import WAIT_STEP_SECONDS, Kept, RoundFailed, Unit, WorkQueue
 from thrift_trainer.training.schedule import ScheduleSettings, weighted
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
+
+AWAY_SECONDS = 5.0  # a client that dropped out (no live holder) is not drawn again this long
 
 
 @dataclass(eq=False)
@@ -123,7 +127,7 @@ class StreamState(WorkQueue):
         self.pass_index = 0
         self._taken_ahead: dict[int, set[str]] = {}  # later passes' units already kept
         self._draws = draws
-        self._away: set[str] = set()  # clients dropped out of the round in progress
+        self._away: dict[str, float] = {}  # dropped-out client -> when it may be drawn
         if position is not None:
             self._reopen(position)
         with self._cond:  # a version it makes due is announced under the lock
@@ -235,7 +239,9 @@ class StreamState(WorkQueue):
         computing one) or dropped out of the round."""
         out = [u.spec.client for u in self.units] + \
             [u.spec.client for u in self._leftovers if u.started]
-        return {client for client in out if client is not None} | self._away
+        now = runtime.monotonic()
+        away = {client for client, until in self._away.items() if until > now}
+        return {client for client in out if client is not None} | away
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
@@ -284,7 +290,7 @@ class StreamState(WorkQueue):
             self._settle(unit)
             self._note_client(unit, dropped=unit.last_error)
             if unit.spec.client is not None:
-                self._away.add(unit.spec.client)
+                self._away[unit.spec.client] = runtime.monotonic() + AWAY_SECONDS
             return
         if unit.discarded and unit in self.units:  # (once: a unit fails no more after)
             self._settle(unit)
@@ -414,7 +420,7 @@ class StreamState(WorkQueue):
             discarded=list(tally.discarded), position=self._position(),
             clients=list(tally.clients))
         self._tally = _RoundTally()
-        self._away = set()  # clients that dropped out may be drawn again
+        self._away = {}  # clients that dropped out may be drawn again
         if ended >= self.last_round:
             self._over = True  # the run's last round: what is still out is left unsettled
             return
