@@ -220,12 +220,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--run-id", default=None, help="name of the run (default: random)")
     run.add_argument("--out", default="models",
                      help="folder for the trained model file (default: ./models)")
-    run.add_argument("--poll", type=arg_types.seconds, default=0.5, metavar="SECONDS",
-                     help="progress refresh interval (default 0.5)")
-    run.add_argument("--dead-after", type=arg_types.seconds, default=15.0, metavar="SECONDS",
-                     help="give up when the coordinator has not answered for this long "
-                          "(default 15)")
-    add_output_flags(run)
+    add_follow_options(run)
+
+
+def add_follow_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """How a training command follows its runs: progress, giving up, output."""
+    parser.add_argument("--poll", type=arg_types.seconds, default=0.5, metavar="SECONDS",
+                        help="progress refresh interval (default 0.5)")
+    parser.add_argument("--dead-after", type=arg_types.seconds, default=15.0,
+                        metavar="SECONDS", help="give up when the coordinator has not "
+                                                "answered for this long (default 15)")
+    add_output_flags(parser)
 
 
 def add_endpoint(parser: argparse.ArgumentParser) -> None:
@@ -368,12 +373,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--out", default=None, metavar="DIR",
                     help="folder for the models, records and comparison (default: "
                          "sweeps/<name>)")
-    sw.add_argument("--poll", type=arg_types.seconds, default=0.5, metavar="SECONDS",
-                    help="progress refresh interval (default 0.5)")
-    sw.add_argument("--dead-after", type=arg_types.seconds, default=15.0, metavar="SECONDS",
-                    help="give up on a run when the coordinator has not answered for this "
-                         "long (default 15)")
-    add_output_flags(sw)
+    add_follow_options(sw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import pytest
 
 from devtools import local_cluster as procs
 from tests.conftest import Cluster
+from tests.programs import missing_commands, require
 from tests.tls_certs import make_certs
 
 TOKEN = "dashboard-token-5678"
@@ -239,9 +240,9 @@ console.log(JSON.stringify(JSON.parse(process.argv[2]).map(fmtSeconds)));
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's code")
 def test_the_pages_show_units_of_a_few_ms_in_ms_not_as_zero_seconds():
     """'typical unit 0.0 s' was shown for units of 20-50 ms."""
+    require(missing_commands("node"), "apt-get install nodejs; scripts/setup.sh installs it")
     seconds = [0.0004, 0.0025, 0.02, 0.0456, 0.999, 1.5, 75]
     done = subprocess.run(["node", "-e", FORMAT_SECONDS,
                            str(procs.REPO / "dashboard" / "static" / "dashboard.js"),

@@ -4,7 +4,6 @@ next, how many train at once, and what a round's end says of them."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import numpy as np
@@ -154,6 +153,9 @@ def test_a_resumed_stream_reopens_its_open_draws_and_draws_after_them():
 
 
 # ------------------------------------------------------------ through the round engine
+OVERLAP_SECONDS = 0.05  # the longest a unit waits for another to be out beside it
+
+
 class Holder(LocalNode):
     """A node holding some clients, whose units answer at once with a delta of ones."""
 
@@ -164,7 +166,7 @@ class Holder(LocalNode):
         self.trained: list[str] = []
         self.training: set[str] = set()
         self.most = 0
-        self._count = threading.Lock()
+        self._count = threading.Condition()
         if not alive:  # silent since it was created: suspect at once, never alive
             self.liveness = Liveness(suspect=0.0, dead=3600.0)
 
@@ -175,8 +177,9 @@ class Holder(LocalNode):
             self.trained.append(task.client)
             self.training.add(task.client)
             self.most = max(self.most, len(self.training))
-        time.sleep(0.01)  # compute time, so that several units are out at once
-        with self._count:
+            self._count.notify_all()
+            # hold it until another unit is out too (bounded), so several are out at once
+            self._count.wait_for(lambda: len(self.training) > 1, timeout=OVERLAP_SECONDS)
             self.training.discard(task.client)
         return TaskResult(TaskStatus.COMPLETED, {"w": np.ones(2)}, 10, task.model_version or 0)
 
