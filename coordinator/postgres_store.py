@@ -63,6 +63,17 @@ RECONNECT_SECONDS = 2.0  # one try for a connection while the database is away
 IDLE_IN_TRANSACTION_MS = 5000
 
 
+def _commit_unknown(session: PostgresSession | None, exc: psycopg.Error) -> bool:
+    """Whether a transaction whose connection broke may have committed: only if its COMMIT
+    was sent. A server that ends a session (fast shutdown, pg_terminate_backend) answers
+    57P01 only to a statement it did not complete: a COMMIT it completed is answered first,
+    and one completed locally while waiting for a synchronous standby gets no message at
+    all. So that answer means nothing was committed, and the transaction is made again."""
+    if session is None or not session.committing:
+        return False
+    return not isinstance(exc, psycopg.errors.AdminShutdown)
+
+
 class NotLeading(RunStoreError):
     """A write on a store whose coordinator does not lead (a standby): it only reads."""
 
@@ -156,8 +167,7 @@ class PostgresRunStore(KeepsFilesAndResults, SqlLedger):
             session = self._session
             text = f"run store {self.path}: {without_passwords(first_line(exc), self.url)}"
             if session is None or session.lost:
-                raise ConnectionLost(text, commit_unknown=session is not None and
-                                     session.committing) from exc
+                raise ConnectionLost(text, commit_unknown=_commit_unknown(session, exc)) from exc
             raise StoreUnavailable(text) from exc
 
     def _begin(self, db: PostgresSession, write: bool) -> None:

@@ -166,6 +166,28 @@ def test_a_call_rides_out_a_restart_and_fails_past_the_bound(postgres_server,
         assert opened.ledger_counts("r1")["pending"] == 2
 
 
+def test_a_transaction_the_server_ended_before_its_commit_can_be_made_again(
+        postgres_server, postgres_url: str) -> None:
+    # a server shutting down ends idle sessions; its answer to the COMMIT that follows
+    # says that nothing was committed, so the run goes on instead of failing
+    with PostgresRunStore(postgres_url, defer_writes=False) as opened, \
+            psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        opened.create_run("r1", algorithm="a", model="m", dataset="d", rounds=1)
+        sessions = ("SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                    "AND state = 'idle in transaction'")
+        with pytest.raises(ConnectionLost) as cut, opened.batch():
+            opened.plan_units("r1", 1, ["a"])
+            (pid,) = admin.execute(sessions, (opened.application_name,)).fetchone()
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            assert wait_until(lambda: admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                == (0,), 10)
+        assert not cut.value.commit_unknown
+        assert opened.ledger_counts("r1")["pending"] == 0
+        opened.plan_units("r1", 1, ["a"])
+        assert opened.ledger_counts("r1")["pending"] == 1
+
+
 def _unit_paths(target: PostgresRunStore, units: list[str]) -> None:
     target.create_run("r1", algorithm="a", model="m", dataset="d", rounds=2)
     target.plan_units("r1", 1, units)
