@@ -20,6 +20,7 @@ from thrift_trainer.training import plugins
 from thrift_trainer.training.algorithms import torch_model
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.data.preprocessing import PIXELS
+from thrift_trainer.training.models import modules
 from thrift_trainer.training.outputs.model_file import load_model, save_model
 from thrift_trainer.training.outputs.torch_files import read_safetensors, save_safetensors
 
@@ -218,3 +219,13 @@ def test_evaluate_without_data_is_bad_arguments_for_a_table_model(table, tmp_pat
     assert "give --data PATH" in capsys.readouterr().err
     assert client_cli.main(["predict", npz, str(table / "held.csv")]) == 0
     assert set(capsys.readouterr().out.split()) <= set(KINDS)
+
+
+def test_a_scalar_tensor_keeps_its_shape_in_a_safetensors_file(tmp_path):
+    # BatchNorm's num_batches_tracked is 0-d: the module refuses it as shape (1,)
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    weights = {name: value.numpy() for name, value in module.state_dict().items()}
+    path = save_safetensors(tmp_path / "model.safetensors", weights, {})
+    tensors, _ = read_safetensors(path)
+    assert tensors["1.num_batches_tracked"].shape == ()
+    modules.load_arrays(module, tensors)

@@ -36,7 +36,9 @@ def save_safetensors(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
     """Write atomically; ``metadata`` values that are not strings are stored as JSON."""
     from safetensors.numpy import save  # imported here: only runs that save need it
 
-    tensors = {name: np.ascontiguousarray(value) for name, value in weights.items()}
+    # np.require, not np.ascontiguousarray, which turns a 0-d tensor (BatchNorm's
+    # num_batches_tracked) into shape (1,), a shape the module then refuses
+    tensors = {name: np.require(value, requirements="C") for name, value in weights.items()}
     text = {key: value if isinstance(value, str) else json.dumps(value)
             for key, value in metadata.items()}
     data = save(tensors, metadata=text)
