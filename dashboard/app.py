@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from thrift_trainer.dashboard import run_files
 from thrift_trainer.dashboard.access import Access
+from thrift_trainer.dashboard.comparison import ComparisonError, comparison, parse_run_ids
 from thrift_trainer.dashboard.views import UnknownRunError, Views
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -36,6 +37,17 @@ def build_app(views: Views, registry: CollectorRegistry, access: Access) -> Star
             return _json(views.run(request.path_params["run_id"]))
         except UnknownRunError:
             return _not_found("no such run")
+
+    def compare_api(request: Request) -> Response:
+        try:
+            run_ids = parse_run_ids(request.query_params.get("runs"))
+        except ComparisonError as exc:
+            return PlainTextResponse(f"400 {exc}\n", status_code=400)
+        try:
+            return _json(views.cached(("compare", *run_ids), lambda: comparison(
+                views.coordinator.settings.run_root, run_ids)))
+        except ComparisonError as exc:
+            return _not_found(str(exc))
 
     def sample(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -60,8 +72,10 @@ def build_app(views: Views, registry: CollectorRegistry, access: Access) -> Star
     routes = [
         Route("/", page("index.html")),
         Route("/runs/{run_id}", page("run.html")),
+        Route("/compare", page("compare.html")),
         Route("/api/runs", runs_api),
         Route("/api/runs/{run_id}", run_api),
+        Route("/api/compare", compare_api),
         Route("/api/runs/{run_id}/samples/{round:int}", sample),
         Route("/metrics", metrics),
         Route("/login", access.login, methods=["GET", "POST"]),

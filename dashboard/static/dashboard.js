@@ -3,8 +3,9 @@
 
 const POLL_MS = 1000;
 
-// Calls render(data) with the answer of `url` now and every POLL_MS, one request at a time.
-function poll(url, render) {
+// Calls render(data) with the answer of `url` now and every POLL_MS, one request at a time;
+// an answer the request itself is refused with (400, 404) goes to refused(text), if given.
+function poll(url, render, refused) {
   let busy = false;
   async function tick() {
     if (busy) return;
@@ -12,6 +13,10 @@ function poll(url, render) {
     try {
       const response = await fetch(url, {cache: "no-store", credentials: "same-origin"});
       if (response.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname); return; }
+      if (refused && (response.status === 400 || response.status === 404)) {
+        refused((await response.text()).trim());
+        return;
+      }
       if (!response.ok) throw new Error(response.status + " " + response.statusText);
       render(await response.json());
       document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();

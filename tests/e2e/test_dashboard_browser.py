@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import Cluster
 from tests.programs import require
+from tests.unit.test_compare_runs import run_folder
 from thrift_trainer.coordinator.checkpoint import METRICS_FILE
 from thrift_trainer.coordinator.run_store import RunStore
 
@@ -217,3 +218,57 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
 def _client_lines(cluster: Cluster, run_id: str) -> list[dict]:
     path = cluster.workdir / "runs" / run_id / "clients.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_runs_ticked_on_the_runs_page_are_compared_side_by_side(
+        cluster: Cluster, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def until(what: str, condition) -> None:
+        WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+            lambda _: condition(), message=f"{what}\n{cluster.logs()[-3000:]}")
+
+    runs = {"fast-s1": ([0.6, 0.4, 0.3], 0.1, 1), "fast-s2": ([0.6, 0.35, 0.25], 0.1, 2),
+            "slow-s1": ([0.7, 0.6, 0.55], 0.01, 1)}
+    store_finished_letters_runs(cluster.workdir / "runs", runs)
+    cluster.add_node(0.0)
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+
+    browser.get(url)
+    until("the runs are listed", lambda: len(browser.find_elements(
+        By.CSS_SELECTOR, "#runs tbody tr")) == 3)
+    assert not browser.find_element(By.ID, "compare-link").is_displayed()
+    for run_id in runs:  # ticks survive the list's redraw every second
+        browser.find_element(By.CSS_SELECTOR, f"input[aria-label='compare {run_id}']").click()
+    browser.find_element(By.ID, "compare-link").click()
+    assert browser.current_url == f"{url}compare?runs=fast-s1,fast-s2,slow-s1"
+    until("both settings are in the table", lambda: len(browser.find_elements(
+        By.CSS_SELECTOR, "#settings tbody tr")) == 2)
+    rows = [tr.text for tr in browser.find_elements(By.CSS_SELECTOR, "#settings tbody tr")]
+    assert rows[0].startswith("eta=0.1 2 0.2750 ± 0.0354"), rows  # best final first
+    assert rows[1].startswith("eta=0.01 1 0.5500"), rows
+    until("the first setting's curves are drawn",
+          lambda: series_pixels(browser, "#chart-validation-error-against-rounds") > 0)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#charts canvas")) == 4
+
+    browser.get(f"{url}compare?runs=fast-s1,gone")
+    until("a run without a folder is named", lambda: browser.find_element(
+        By.ID, "problem").text == "404 gone: no such run folder on this coordinator")
+
+
+def store_finished_letters_runs(run_root: Path, runs: dict) -> None:
+    """Completed runs as a coordinator leaves them: in the run store, and folders with
+    run.json and metrics.jsonl (what the comparison reads)."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    with RunStore(run_root / "runs.db") as store:
+        for run_id, (errors, eta, seed) in runs.items():
+            run_folder(run_root, run_id, errors, eta=eta, seed=seed)
+            store.create_run(run_id, algorithm="delta_avg", model="mlp", dataset="letters",
+                             rounds=len(errors))
+            for index, error in enumerate(errors, 1):
+                store.record_round(run_id, index, validation_error=error,
+                                   validation_loss=error, train_loss=error, seconds=1.5,
+                                   completed_units=11, discarded_units=0)
+            store.end_run(run_id, "completed")

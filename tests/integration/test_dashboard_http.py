@@ -83,7 +83,7 @@ def _dashboard_port(coordinator: procs.Proc) -> int:
 
 
 @pytest.mark.parametrize("path", ["/api/runs", f"/api/runs/{RUN}", "/metrics",
-                                  f"/api/runs/{RUN}/samples/1"])
+                                  f"/api/runs/{RUN}/samples/1", f"/api/compare?runs={RUN}"])
 def test_data_is_refused_without_the_token(dashboard: Dashboard, path: str) -> None:
     for headers in ({}, dashboard.bearer("wrong"), {"Cookie": "trainer_dashboard=forged"}):
         status, _, text = dashboard.get(path, headers)
@@ -153,6 +153,21 @@ def test_the_run_api_has_every_round_its_nodes_and_units(dashboard: Dashboard) -
     assert node["samples"] >= ROUNDS * ROWS_PER_ROUND  # backups' rows count too
     assert view["unfinished"] == [] and view["ledger"]["completed"] == 11 * ROUNDS
     assert dashboard.get("/api/runs/nothing-here", dashboard.bearer())[0] == 404
+
+
+def test_the_compare_api_gives_the_runs_table_and_curves(dashboard: Dashboard) -> None:
+    status, _, text = dashboard.get(f"/api/compare?runs={RUN}", dashboard.bearer())
+    assert status == 200, text
+    view = json.loads(text)
+    [setting] = view["settings"]
+    assert setting["runs"] == [RUN]
+    [run] = view["runs"]
+    assert run["round"] == list(range(1, ROUNDS + 1))
+    assert run["validation_error"][-1] == pytest.approx(setting["final"])
+    assert run["mib"][-1] == pytest.approx(setting["mib"]) and setting["mib"] > 0
+    assert dashboard.get("/api/compare?runs=", dashboard.bearer())[0] == 400
+    status, _, text = dashboard.get(f"/api/compare?runs={RUN},gone", dashboard.bearer())
+    assert (status, text) == (404, "404 gone: no such run folder on this coordinator\n")
 
 
 def _value(metrics: str, series: str) -> float:
