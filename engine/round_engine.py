@@ -427,7 +427,8 @@ class RoundEngine:
                 run_filters(self._filters,
                             Candidate(unit.spec, node.name, update, result.num_samples),
                             RoundView(self.stragglers.deadline(),
-                                      lambda: state.over or self.cancelled.is_set()))
+                                      lambda: state.over or self.cancelled.is_set(),
+                                      self._vindicate))
             except ValueError as exc:  # a wrong answer: a failure, and benched
                 node.refuse(str(exc))  # its summary says why (a relay's, to the coordinator)
                 self._failed(state, unit, attempt, node, began, bench=True,
@@ -485,6 +486,12 @@ class RoundEngine:
                         AttemptEnd.DISCARDED if discarded else end, reason)
         if discarded:
             log.error("unit %s discarded after %d failures", unit.spec.unit_id, unit.failures)
+
+    def _vindicate(self, name: str) -> None:
+        """A node refused for a result that another node computed alike: off the bench."""
+        for node in self.nodes:
+            if node.name == name:
+                node.vindicate()
 
     def _unreachable(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                      began: float, reason: str) -> None:

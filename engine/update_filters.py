@@ -41,6 +41,8 @@ class RoundView:
 
     wait_seconds: float  # how long a filter may wait (for peers of the round)
     settled: Callable[[], bool]  # True once the round is over or the run cancelled
+    # a node whose refused result this one shows was right after all: off the bench
+    vindicate: Callable[[str], None] = lambda node: None
 
 
 class UpdateFilter:
@@ -108,7 +110,7 @@ class NormLimit(UpdateFilter):
         # A large update waits for peers of its round: refused only if it is far above
         # them too, so growing updates of an unstable run bench no one.
         self.guard.check(candidate.update, candidate.unit.unit_id, candidate.node,
-                         round_view.wait_seconds, round_view.settled)
+                         round_view.wait_seconds, round_view.settled, round_view.vindicate)
 
     def end_round(self) -> None:
         self.guard.end_round()

@@ -19,6 +19,8 @@ every node that computes it, and refusing it again on each would only burn the r
 (and discard the unit). So a refused norm is remembered with its unit and node; when
 another node's result for the same unit comes with the same norm (to `AGREEMENT`, relative),
 two nodes vouch for it and it is accepted, with a warning. A lying node cannot do that alone.
+The node refused first was honest after all: `vindicate` is called with its name, so that
+it leaves the bench it was sent to.
 """
 
 from __future__ import annotations
@@ -92,10 +94,12 @@ class NormGuard:
 
     def check(self, update: Mapping[str, np.ndarray], unit: Hashable | None = None,
               node: str = "", wait_seconds: float = 0.0,
-              should_stop: Callable[[], bool] = lambda: False) -> float:
+              should_stop: Callable[[], bool] = lambda: False,
+              vindicate: Callable[[str], None] = lambda node: None) -> float:
         """The update's L2 norm over all its tensors, if acceptable; else ValueError.
         A norm over the recent bound waits up to `wait_seconds` for peers of its round
-        (or until `should_stop()`) before it is judged."""
+        (or until `should_stop()`) before it is judged. `vindicate(node)`: a node whose
+        refused result of the same unit this one vouches for (a hard batch)."""
         norm = update_norm(update)
         key = next(self._anonymous) if unit is None else unit
         with self._cond:
@@ -105,8 +109,9 @@ class NormGuard:
             if typical is None or norm <= self.factor * typical:
                 self._recent.add(norm)
                 return norm
-            if self._vouched(unit, node, norm):
+            if (refused_first := self._vouched(unit, node, norm)) is not None:
                 self._recent.add(norm)
+                vindicate(refused_first)
                 return norm
             peers = self._wait_for_peers(key, node, norm, runtime.monotonic() + wait_seconds,
                                          should_stop)
@@ -119,19 +124,20 @@ class NormGuard:
             self._recent.add(norm)
         return norm
 
-    def _vouched(self, unit: Hashable | None, node: str, norm: float) -> bool:
-        """Whether another node's refused result of `unit` had the same norm: a hard batch
-        both computed alike, not a lie (warned about, so a spike shows in the log)."""
+    def _vouched(self, unit: Hashable | None, node: str, norm: float) -> str | None:
+        """The other node whose refused result of `unit` had the same norm: a hard batch
+        both computed alike, not a lie (warned about, so a spike shows in the log); None
+        if there is none."""
         if unit is None:
-            return False
+            return None
         for refused_unit, other, refused_norm in self._refused:
             if (refused_unit == unit and other != node
                     and abs(refused_norm - norm) <= AGREEMENT * max(refused_norm, norm)):
                 log.warning("unit %s: update norm %.4g is far above the recent ones, but "
                             "nodes %s and %s computed it alike: a hard batch, accepted",
                             unit, norm, other, node)
-                return True
-        return False
+                return other
+        return None
 
     def _typical(self) -> float | None:
         """The median of recent accepted norms, once the check applies; else None."""

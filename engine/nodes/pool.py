@@ -164,6 +164,14 @@ class NodeHandle:
         with self._lock:
             self.refused = reason
 
+    def vindicate(self) -> None:
+        """Its refused result was right (another node computed it alike): it leaves the
+        bench at once, and its summary no longer says it was refused."""
+        with self._lock:
+            self._benched_until = 0.0
+            self._bench_seconds = 0.0
+            self.refused = None
+
     def leave_out(self, reason: str) -> bool:
         """The run does without this node from now on (it cannot serve the run); False if
         it already did."""

@@ -431,9 +431,49 @@ def test_a_hard_batch_two_nodes_compute_alike_is_accepted_not_recomputed_forever
         guard.check({"w": np.full(4, 95.0)}, "u7", node="node-b")  # not the same update
     with pytest.raises(ValueError):
         guard.check(spike, "u8", node="node-b")  # the same norm for another unit
+    vindicated: list[str] = []
     with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
-        assert guard.check(spike, "u7", node="node-b") == 180.0
+        assert guard.check(spike, "u7", node="node-b", vindicate=vindicated.append) == 180.0
     assert "nodes node-a and node-b computed it alike: a hard batch" in caplog.text
+    assert vindicated == ["node-a"]  # refused first, honest after all
+
+
+class HardBatchNode(LocalNode):
+    """Honest; once `spiking`, one unit's data gives a 1000x update, on every such node."""
+
+    spiking = False
+
+    def train(self, request: Task) -> TaskResult:
+        result = super().train(request)
+        if self.spiking and request.unit_id == units()[0].unit_id:
+            result.update = {name: value * 1000.0 for name, value in result.update.items()}
+        return result
+
+
+def test_a_hard_batch_refused_on_one_node_and_computed_alike_on_another_benches_no_one():
+    nodes = [HardBatchNode(0), HardBatchNode(1)]
+    eng, _, _ = engine(nodes)
+    norm = NormLimit(10.0)
+    eng.run_round(1, units(11), 11, build, checked(check_finite, norm))  # the usual scale
+    HardBatchNode.spiking = True
+    try:
+        outcome = eng.run_round(2, units(11), 11, build, checked(check_finite, norm))
+    finally:
+        HardBatchNode.spiking = False
+    assert outcome.completed == 11 and outcome.discarded == []
+    assert sum(node.stats.failed for node in nodes) == 1  # refused once, then vouched for
+    assert all(node.view(time.monotonic()).available for node in nodes)
+    assert [node.refused for node in nodes] == [None, None]
+
+
+def test_a_node_vindicated_by_a_hard_batch_leaves_the_bench_at_once():
+    node = LocalNode(0)
+    node.started()
+    node.refuse("update norm 90 is 45x the recent median")
+    node.failed(0.1, bench=True)
+    assert not node.view(time.monotonic()).available
+    node.vindicate()
+    assert node.view(time.monotonic()).available and node.refused is None
 
 
 def test_a_unit_past_its_failure_limit_is_not_queued_beside_its_attempts_still_out():
