@@ -103,6 +103,8 @@ def _run_metrics(views: Views, runs: list[Any]) -> Iterator[Metric]:
                                   ("failed", "Unit attempts that failed"),
                                   ("stale", "Unit attempts reclaimed past their deadline"),
                                   ("cancelled", "Unit attempts cancelled"),
+                                  ("discarded", "Units given up after too many failures "
+                                                "(their rounds went on without them)"),
                                   ("units_done", "Units completed"))}
     in_flight = GaugeMetricFamily("trainer_run_in_flight", "Units out on nodes", labels=["run"])
     units = GaugeMetricFamily("trainer_run_units", "Units of the run by ledger status",

@@ -184,6 +184,7 @@ def test_metrics_describe_the_run_nodes_wire_and_rpc_latency(dashboard: Dashboar
     assert _value(metrics, f'trainer_run_state{{run="{RUN}",state="completed"}}') == 1
     assert _value(metrics, f'trainer_run_units{{run="{RUN}",status="completed"}}') == 11 * ROUNDS
     assert _value(metrics, f'trainer_run_rejected_total{{run="{RUN}"}}') == 0
+    assert _value(metrics, f'trainer_run_discarded_total{{run="{RUN}"}}') == 0
     assert 0 < _value(metrics, f'trainer_run_metric{{metric="validation_error",run="{RUN}"}}') < 1
     assert _value(metrics, f'trainer_node_units_total{{node="{node}",outcome="accepted"}}') >= \
         11 * ROUNDS
