@@ -21,7 +21,7 @@ import json
 import re
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import default_collate
 
 from thrift_trainer.training import plugins
-from thrift_trainer.training.data import mnist, preprocessing
+from thrift_trainer.training.data import client_sets, mnist, preprocessing
 from thrift_trainer.training.data.image_classes import read_class_folders
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.data.paths import DataPathError, folder_stamp, resolve_under
@@ -94,6 +94,9 @@ class LoadedData:
     # How examples were read and preprocessed (training/data/preprocessing.py): a model
     # file records it, so `client.py evaluate` and `predict` read new data the same way.
     record: dict[str, Any] = field(default_factory=dict)
+    # A plug-in that returned several named clients (training/data/client_sets.py): each
+    # one's positions in the two parts; empty: the data set is one client.
+    clients: dict[str, client_sets.ClientParts] = field(default_factory=dict)
 
 
 def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedData:
@@ -371,6 +374,11 @@ def _plugin_data(name: str, data_root: Path, settings: DataSettings) -> LoadedDa
     takes_split = _takes(factory, "split")
     made = {split: _make(name, factory, data_root, settings, split)
             for split in (("train", "validation") if takes_split else ("all",))}
+    named = {split: client_sets.check_mapping(name, split, data) for split, data in made.items()}
+    if takes_split:
+        client_sets.check_same_clients(name, named["train"], named["validation"])
+    if named[next(iter(made))] is not None:
+        return _named_clients_data(name, named, settings)
     if takes_split:
         train = PluginSplit(made["train"], np.arange(len(made["train"])))
         validation = PluginSplit(made["validation"], np.arange(len(made["validation"])))
@@ -379,12 +387,75 @@ def _plugin_data(name: str, data_root: Path, settings: DataSettings) -> LoadedDa
         train_idx, held_idx = held_out(len(source), settings.validation_fraction)
         train, validation = PluginSplit(source, train_idx), PluginSplit(source, held_idx)
     classes = getattr(next(iter(made.values())), "num_classes", None)
+    return _plugin_loaded(name, train, validation, _plugin_hash(made, settings), classes)
+
+
+def _plugin_loaded(name: str, train: Split, validation: Split, fingerprint: str,
+                   classes: int | None,
+                   clients: dict[str, client_sets.ClientParts] | None = None) -> LoadedData:
     try:
-        return _loaded(name, train, validation, _plugin_hash(made, settings), classes,
-                       preprocessing.plugin_record(name))
+        loaded = _loaded(name, train, validation, fingerprint, classes,
+                         preprocessing.plugin_record(name))
     except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as exc:
         raise PluginError(f"data set {name}: its items cannot be read as (input, target) "
                           f"pairs: {type(exc).__name__}: {exc}") from None
+    return replace(loaded, clients=clients or {})
+
+
+def _named_clients_data(name: str, named: dict[str, dict[str, Any]],
+                        settings: DataSettings) -> LoadedData:
+    """A plug-in's several named clients as one training and one validation part (their
+    data sets in name order, each client a range of positions)."""
+    if "all" in named:  # each client's own share held out, as one data set's would be
+        source, ranges = client_sets.concatenated(named["all"])
+        shares = {key: _client_held_out(span, settings.validation_fraction)
+                  for key, span in ranges.items()}
+        train_idx = np.concatenate([kept for kept, _ in shares.values()])
+        held_idx = np.concatenate([held for _, held in shares.values()])
+        train, validation = PluginSplit(source, train_idx), PluginSplit(source, held_idx)
+        train_pos = _runs_of({key: len(kept) for key, (kept, _) in shares.items()})
+        held_pos = _runs_of({key: len(held) for key, (_, held) in shares.items()})
+        clients_made = {key: {"all": data} for key, data in named["all"].items()}
+    else:
+        source, train_ranges = client_sets.concatenated(named["train"])
+        held_source, held_ranges = client_sets.concatenated(named["validation"])
+        train = PluginSplit(source, np.arange(len(source)))
+        validation = PluginSplit(held_source, np.arange(len(held_source)))
+        names = list(named["train"])
+        train_pos = client_sets.positions(train_ranges, names)
+        held_pos = client_sets.positions(held_ranges, names)
+        clients_made = {key: {"train": data, **({"validation": named["validation"][key]}
+                                                if key in named["validation"] else {})}
+                        for key, data in named["train"].items()}
+    first = next(iter(next(iter(named.values())).values()))
+    clients = {key: client_sets.ClientParts(train_pos[key], held_pos[key],
+                                            _plugin_hash(made, settings))
+               for key, made in clients_made.items()}
+    fingerprint = _plugin_hash({f"{key}/{split}": data for key, made in clients_made.items()
+                                for split, data in made.items()}, settings)
+    return _plugin_loaded(name, train, validation, fingerprint,
+                          getattr(first, "num_classes", None), clients)
+
+
+def _client_held_out(span: range, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """A named client's training and validation positions in the clients' data sets one
+    after the other: ``fraction`` of its own examples held out (none when it has too few
+    for one), at least one left to train on."""
+    size = len(span)
+    count = min(round(size * fraction), size - 1) if size else 0
+    chosen = np.random.default_rng(SPLIT_SEED).permutation(size)[:count]
+    mask = np.zeros(size, dtype=bool)
+    mask[chosen] = True
+    return np.flatnonzero(~mask) + span.start, np.flatnonzero(mask) + span.start
+
+
+def _runs_of(sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each name's positions when the names' examples follow each other in order."""
+    out, start = {}, 0
+    for key, size in sizes.items():
+        out[key] = np.arange(start, start + size, dtype=np.int64)
+        start += size
+    return out
 
 
 def _make(name: str, factory: Callable[..., Any], data_root: Path, settings: DataSettings,
@@ -399,7 +470,7 @@ def _make(name: str, factory: Callable[..., Any], data_root: Path, settings: Dat
     except Exception as exc:
         raise PluginError(f"data set {name} could not be made: {type(exc).__name__}: "
                           f"{exc}") from None
-    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+    if not client_sets.is_map_style(data):
         raise PluginError(f"data set {name} is not a map-style data set (it needs __len__ "
                           f"and __getitem__; it gave a {type(data).__name__})")
     return data
