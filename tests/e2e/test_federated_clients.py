@@ -199,11 +199,11 @@ RESIDENT = [item for item in FEDERATED if not item.startswith("clients.")
             and item != "--set"]
 
 
-def _own_letters(root: Path, files: range, keep) -> int:
-    """A node's own letters data under ``root``: the rows of the shipped train files
+def _own_letters(root: Path, files: range, keep, folder: str = "letters") -> int:
+    """A node's own letters data in ``root/folder``: the rows of the shipped train files
     ``files`` whose label ``keep`` accepts, and the shipped validation file (so that every
     node knows all 26 labels); returns its training rows."""
-    folder = root / "letters"
+    folder = root / folder
     folder.mkdir(parents=True)
     rows = [line for k in files
             for line in (SHIPPED / f"train_letters{k}.txt").read_text().splitlines()
@@ -247,6 +247,84 @@ def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
     """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
     sites = [(f"site-{key}", roots[key] / "letters") for key in "ab"]
     return _replay(RESIDENT + ["clients.placement=nodes"], rounds, lambda _: sites)
+
+
+# --------------------------------------- several node-resident clients on one node
+# examples/plugins/sites.py: each folder under <data root>/sites is a client of its node
+SITES_PLUGIN = ("--plugins", "sites", "--plugin-dir", str(local_cluster.REPO / "examples"
+                                                        / "plugins"))
+SITES = [item for item in RESIDENT if not item.startswith(("run.dataset", "data.format"))] \
+    + ["run.dataset=sites:sites", "clients.placement=nodes"]
+
+
+def _sites(root: Path, sites: dict[str, tuple[range, Callable[[int], bool]]]) -> dict[str, int]:
+    """Client folders ``root/sites/<name>`` of letters rows (see `_own_letters`); their
+    training rows by name."""
+    return {name: _own_letters(root, files, keep, f"sites/{name}")
+            for name, (files, keep) in sites.items()}
+
+
+def test_a_node_holding_three_clients_and_one_holding_one_train_fedavg_as_a_replay(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
+                                "ward-2": (range(3, 4), lambda label: label >= 9),
+                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
+    sizes |= _sites(roots["b"], {"clinic": (range(5, 7), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    assert len(set(sizes.values())) == 4  # sizes and label mixes all differ
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"}
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN)
+    result = cluster.train_json(*_with_sets(SITES + ["clients.per_round=3",
+                                                     "run.rounds=3"]))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    names = ["clinic", "ward-1", "ward-2", "ward-3"]
+    assert record["names"] == names and record["sizes"] == [sizes[n] for n in names], record
+    assert max(int(label) for label in record["label_counts"][1]) < 13  # ward-1's own
+    assert min(int(label) for label in record["label_counts"][2]) >= 9  # ward-2's own
+    assert all(int(label) % 2 == 0 for label in record["label_counts"][3])
+    holder = {name: str(nodes["b" if name == "clinic" else "a"].port) for name in names}
+    lines = _lines(run_dir)
+    assert [sum(1 for line in lines if line["round"] == r) for r in (1, 2, 3)] == [3, 3, 3]
+    for line in lines:  # a line per client and round, each computed by its holder
+        assert line["node"].rpartition(":")[2] == holder[line["client"]], line
+        assert line["examples"] == sizes[line["client"]], line
+    assert len({line["client"] for line in lines}) == 4  # drawn among both nodes' clients
+    attempts = _attempt_nodes(cluster.workdir / "runs" / "runs.db", result["run_id"])
+    assert set(attempts) == {line["client"] for line in lines}, attempts
+    for client, ports in attempts.items():  # the ledger: each client's units on its holder
+        assert ports == {holder[client]}, (client, ports)
+    weights, _ = load_model(run_dir / "model.npz")
+    folders = {name: roots["b" if name == "clinic" else "a"] / "sites" / name
+               for name in names}
+
+    def clients_of(round_index: int) -> list[tuple[str, Path]]:
+        asked = sorted(line["client"] for line in lines if line["round"] == round_index)
+        return [(name, folders[name]) for name in asked]
+    # each client replayed from its own folder read as plain letters files: one client each
+    expected = _replay(RESIDENT + ["clients.placement=nodes"], 3, clients_of)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_two_nodes_announcing_one_client_name_with_different_data_refuse_the_run(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["b"], {"ward-2": (range(3, 4), lambda label: True)})
+    nodes = [cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"]
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    done = cluster.client(*_with_sets(SITES + ["run.rounds=2"]), "--json")
+    assert done.returncode != 0, done.stdout
+    ports = sorted(str(node.port) for node in nodes)
+    refusal = [line for line in done.stderr.splitlines() if "'ward-2'" in line]
+    assert len(refusal) == 1, done.stderr
+    assert "client 'ward-2' is announced by nodes" in refusal[0], refusal
+    assert all(port in refusal[0] for port in ports), refusal
+    assert "must be unique across nodes" in refusal[0], refusal
+    assert not list((cluster.workdir / "runs").glob("*/clients.jsonl"))  # no round ran
 
 
 # ------------------------------------------------ buffered asynchronous training (FedBuff)
