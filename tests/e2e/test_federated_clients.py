@@ -327,6 +327,41 @@ def test_two_nodes_announcing_one_client_name_with_different_data_refuse_the_run
     assert not list((cluster.workdir / "runs").glob("*/clients.jsonl"))  # no round ran
 
 
+def test_each_of_a_nodes_clients_is_scored_on_its_own_validation_part(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                                "ward-2": (range(2, 3), lambda label: label < 13)})
+    sizes |= _sites(roots["b"], {"clinic": (range(3, 4), lambda label: True)})
+    # ward-2's own validation rows: the shipped ones of its labels; ward-1 has none of its
+    # own, so clients.validation_fraction of its rows are held out for it
+    shipped = (SHIPPED / "validate_letters.txt").read_text().split()
+    ward_2 = [row for row in shipped if int(row.rsplit(",", 1)[1]) < 13]
+    (roots["a"] / "sites" / "ward-2" / "validate_letters.txt").write_text(
+        "\n".join(ward_2) + "\n")
+    (roots["a"] / "sites" / "ward-1" / "validate_letters.txt").unlink()
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"}
+    cluster.start_coordinator(2, "--data-root", str(roots["b"]), *SITES_PLUGIN)
+    result = cluster.train_json(*_with_sets(SITES + [
+        "run.rounds=2", "clients.eval_every=1", "clients.validation_fraction=0.2"]))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    held = sizes["ward-1"] // 5  # floor(0.2 x its rows)
+    assert record["names"] == ["clinic", "ward-1", "ward-2"], record
+    assert record["sizes"] == [sizes["clinic"], sizes["ward-1"] - held, sizes["ward-2"]]
+    validation = {"clinic": len(shipped), "ward-1": held, "ward-2": len(ward_2)}
+    port = {"clinic": str(nodes["b"].port), "ward-1": str(nodes["a"].port),
+            "ward-2": str(nodes["a"].port)}
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    assert sorted((line["round"], line["client"]) for line in evaluated) == \
+        [(r, name) for r in (1, 2) for name in ("clinic", "ward-1", "ward-2")], evaluated
+    for line in evaluated:  # each scored by its holder on its own validation part
+        assert line["node"].rpartition(":")[2] == port[line["client"]], line
+        assert line["examples"] == validation[line["client"]], line
+        assert 0 <= line["val_accuracy"] <= 1, line
+    assert result["history"][-1]["clients_evaluated"] == 3
+
+
 # ------------------------------------------------ buffered asynchronous training (FedBuff)
 FEDBUFF_CLIENTS = 20
 
