@@ -369,7 +369,9 @@ class Run:
         Two nodes announcing one name with different data refuse the run before round 1;
         a node that does so later is left out."""
         for node in self.nodes:
-            if not node.accepts_connections:  # a pull node was not asked: no client of its own
+            # a pull node was not asked, and a relay announces none of its members' clients
+            # (it would split their units among all its members): no client of their own
+            if not node.accepts_connections or not node.client_sizes:
                 node.clients = frozenset()
         clients = put_together(Announcement(node.name, node.client_sizes, node.client_labels,
                                             node.client_fingerprints)
