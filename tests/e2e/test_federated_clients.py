@@ -519,9 +519,10 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _accuracy_on_validation(run_dir: Path, client: str) -> float:
+def _accuracy_on_validation(run_dir: Path, client: str, clients: int = CLIENTS) -> float:
     """The saved model's accuracy on ``client``'s validation examples, as this process
-    deals and splits the shipped data (its own forward pass, not the nodes' code)."""
+    deals and splits the shipped data among ``clients`` (its own forward pass, not the
+    nodes' code)."""
     import torch
 
     from thrift_trainer.training.algorithms import torch_model
@@ -530,7 +531,9 @@ def _accuracy_on_validation(run_dir: Path, client: str) -> float:
     from thrift_trainer.training.models import modules
     from thrift_trainer.training.run_config import load_run_config
 
-    overrides = _overrides() + [EVALUATED[k + 1] for k in range(0, len(EVALUATED), 2)]
+    overrides = [item.replace(f"clients.count={CLIENTS}", f"clients.count={clients}")
+                 for item in _overrides()] + [EVALUATED[k + 1]
+                                              for k in range(0, len(EVALUATED), 2)]
     spec = load_run_config(None, overrides).to_spec()
     config = DeltaAveraging.check_config("mlp_classifier", spec.algorithm_config())
     setup = torch_model.setup_of("mlp_classifier", config, "letters", SHIPPED)
@@ -567,3 +570,38 @@ def test_node_resident_clients_are_scored_on_their_own_validation_part(cluster):
     # both score the same shipped validation file with the same weights
     assert evaluated[2]["val_accuracy"] == evaluated[3]["val_accuracy"]
     assert result["history"][-1]["clients_evaluated"] == 2
+
+
+def test_federated_evaluation_in_buffered_mode_scores_each_rounds_last_version(cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9")
+    cluster.add_node(0.0)  # holds every client
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_fedbuff_sets(3), *EVALUATED)
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    evaluated = [line for line in lines if line.get("kind") == "eval"]
+    trained = [line for line in lines if "kind" not in line and "node" in line]
+    # the stream itself is as without evaluation: a full buffer per version
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 7)], trained
+    # every second round and after the last, five clients each, none missed
+    assert [(r, sum(1 for line in evaluated if line["round"] == r)) for r in (2, 3)] == \
+        [(2, 5), (3, 5)] and len(evaluated) == 10, evaluated
+    partition = json.loads((run_dir / "partition.json").read_text())
+    for line in evaluated:
+        index = int(line["client"][6:])
+        assert line["examples"] == partition["validation_sizes"][index], line
+        assert 0 <= line["val_accuracy"] <= 1 and line["val_loss"] > 0, line
+        if line["node"].endswith(f":{half.port}"):
+            assert index < 10, line  # scored by a holder
+    rows = {row["round"]: row for row in _metrics(run_dir)}
+    assert [r for r, row in rows.items() if "federated_val_accuracy" in row] == [2, 3]
+    for r in (2, 3):
+        scored = [line for line in evaluated if line["round"] == r]
+        weighted = sum(line["examples"] * line["val_accuracy"] for line in scored) / sum(
+            line["examples"] for line in scored)
+        assert rows[r]["federated_val_accuracy"] == pytest.approx(weighted, rel=1e-9)
+    # the last evaluation scored the final model (round 3's last version)
+    line = evaluated[-1]
+    assert line["val_accuracy"] == pytest.approx(
+        _accuracy_on_validation(run_dir, line["client"], FEDBUFF_CLIENTS), abs=1e-6), line
