@@ -7,6 +7,7 @@ clients' lines, and a holder killed mid-run drops its clients while the run goes
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -605,3 +606,29 @@ def test_federated_evaluation_in_buffered_mode_scores_each_rounds_last_version(c
     line = evaluated[-1]
     assert line["val_accuracy"] == pytest.approx(
         _accuracy_on_validation(run_dir, line["client"], FEDBUFF_CLIENTS), abs=1e-6), line
+
+
+def test_a_relay_passes_each_evaluation_unit_whole_to_the_member_holding_its_client(cluster):
+    low = cluster.add_node(0.0, "--clients", "0-5")
+    high = cluster.add_node(0.0, "--clients", "6-11")
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [low, high])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group))
+    cluster.nodes.append(relay)
+    cluster.start_coordinator(2, nodes=[relay])
+    result = cluster.train_json(*FEDERATED, *EVALUATED, "--set", "run.rounds=2")
+    run_dir = _run_dir(cluster, result)
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    partition = json.loads((run_dir / "partition.json").read_text())
+    assert [line["round"] for line in evaluated] == [2] * 5, evaluated  # none missed
+    for line in evaluated:  # scored whole, on the client's validation part
+        assert line["node"].rpartition(":")[2] == str(relay.port), line
+        assert line["examples"] == partition["validation_sizes"][int(line["client"][6:])]
+        assert 0 <= line["val_accuracy"] <= 1 and line["val_loss"] > 0, line
+    assert result["history"][-1]["clients_evaluated"] == 5
+    # the relay's members did the scoring, each for the clients it holds
+    for member, clients in ((low, range(0, 6)), (high, range(6, 12))):
+        scored = {int(match) for match in re.findall(r"unit eval-client(\d+)~r0 round 2 done",
+                                                     member.log())}
+        assert scored <= set(clients), (scored, member.log())
+    assert len(re.findall(r"unit eval-client\d+~r0 round 2 done",
+                          low.log() + high.log())) == 5
