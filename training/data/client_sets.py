@@ -79,18 +79,82 @@ def check_same_clients(name: str, train: dict[str, Any] | None,
                           f"which has no training data")
 
 
+@dataclass(frozen=True)
+class Combined:
+    """Several clients' data sets as one training and one validation part: each part's
+    source (the data sets one after the other) and the items of it that the part holds,
+    each client's positions in both parts, and each client's data sets by split (for its
+    fingerprint)."""
+
+    train: tuple[Any, np.ndarray]
+    validation: tuple[Any, np.ndarray]
+    train_positions: dict[str, np.ndarray]
+    validation_positions: dict[str, np.ndarray]
+    own: dict[str, dict[str, Any]]
+
+
+def combined(named: dict[str, dict[str, Any] | None], fraction: float,
+             seed: int) -> Combined:
+    """The checked mappings of a plug-in's splits (``train`` and ``validation``, or
+    ``all``, whose clients each hold out ``fraction`` of their own examples, a choice
+    drawn from ``seed``) as one training and one validation part."""
+    if "all" in named:
+        return _held_out_each(named["all"] or {}, fraction, seed)
+    train, validation = named["train"] or {}, named["validation"] or {}
+    source, train_ranges = concatenated(train)
+    held_source, held_ranges = concatenated(validation)
+    own = {key: {"train": data, **({"validation": validation[key]} if key in validation
+                                   else {})} for key, data in train.items()}
+    return Combined((source, np.arange(len(source))), (held_source, np.arange(len(held_source))),
+                    positions(train_ranges, list(train)), positions(held_ranges, list(train)),
+                    own)
+
+
+def _held_out_each(clients: dict[str, Any], fraction: float, seed: int) -> Combined:
+    source, ranges = concatenated(clients)
+    shares = {key: held_out_of(span, fraction, seed) for key, span in ranges.items()}
+    kept = np.concatenate([train for train, _ in shares.values()])
+    held = np.concatenate([held for _, held in shares.values()])
+    return Combined((source, kept), (source, held),
+                    _runs({key: len(train) for key, (train, _) in shares.items()}),
+                    _runs({key: len(held) for key, (_, held) in shares.items()}),
+                    {key: {"all": data} for key, data in clients.items()})
+
+
+def held_out_of(span: range, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The items of ``span`` a client trains on and those held out for its validation:
+    ``fraction`` of them (none when it has too few for one), at least one left to train
+    on; a fixed choice, the same on every process."""
+    size = len(span)
+    count = min(round(size * fraction), size - 1) if size else 0
+    chosen = np.random.default_rng(seed).permutation(size)[:count]
+    mask = np.zeros(size, dtype=bool)
+    mask[chosen] = True
+    return np.flatnonzero(~mask) + span.start, np.flatnonzero(mask) + span.start
+
+
 def concatenated(clients: dict[str, Any]) -> tuple[Any, dict[str, range]]:
     """The clients' data sets one after the other, and each one's range of positions."""
     if not clients:
         return [], {}
-    ranges, start = {}, 0
-    for key, data in clients.items():
-        ranges[key] = range(start, start + len(data))
-        start += len(data)
-    return ConcatDataset(list(clients.values())), ranges
+    return ConcatDataset(list(clients.values())), concatenated_ranges(
+        {key: len(data) for key, data in clients.items()})
 
 
 def positions(ranges: dict[str, range], names: list[str]) -> dict[str, np.ndarray]:
     """Each name's positions (an empty array for a name with no range)."""
     return {key: np.arange(ranges[key].start, ranges[key].stop, dtype=np.int64)
             if key in ranges else np.empty(0, dtype=np.int64) for key in names}
+
+
+def _runs(sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each name's positions when the names' items follow each other in order."""
+    return positions(concatenated_ranges(sizes), list(sizes))
+
+
+def concatenated_ranges(sizes: dict[str, int]) -> dict[str, range]:
+    ranges, start = {}, 0
+    for key, size in sizes.items():
+        ranges[key] = range(start, start + size)
+        start += size
+    return ranges

@@ -402,60 +402,21 @@ def _plugin_loaded(name: str, train: Split, validation: Split, fingerprint: str,
     return replace(loaded, clients=clients or {})
 
 
-def _named_clients_data(name: str, named: dict[str, dict[str, Any]],
+def _named_clients_data(name: str, named: dict[str, dict[str, Any] | None],
                         settings: DataSettings) -> LoadedData:
     """A plug-in's several named clients as one training and one validation part (their
     data sets in name order, each client a range of positions)."""
-    if "all" in named:  # each client's own share held out, as one data set's would be
-        source, ranges = client_sets.concatenated(named["all"])
-        shares = {key: _client_held_out(span, settings.validation_fraction)
-                  for key, span in ranges.items()}
-        train_idx = np.concatenate([kept for kept, _ in shares.values()])
-        held_idx = np.concatenate([held for _, held in shares.values()])
-        train, validation = PluginSplit(source, train_idx), PluginSplit(source, held_idx)
-        train_pos = _runs_of({key: len(kept) for key, (kept, _) in shares.items()})
-        held_pos = _runs_of({key: len(held) for key, (_, held) in shares.items()})
-        clients_made = {key: {"all": data} for key, data in named["all"].items()}
-    else:
-        source, train_ranges = client_sets.concatenated(named["train"])
-        held_source, held_ranges = client_sets.concatenated(named["validation"])
-        train = PluginSplit(source, np.arange(len(source)))
-        validation = PluginSplit(held_source, np.arange(len(held_source)))
-        names = list(named["train"])
-        train_pos = client_sets.positions(train_ranges, names)
-        held_pos = client_sets.positions(held_ranges, names)
-        clients_made = {key: {"train": data, **({"validation": named["validation"][key]}
-                                                if key in named["validation"] else {})}
-                        for key, data in named["train"].items()}
-    first = next(iter(next(iter(named.values())).values()))
-    clients = {key: client_sets.ClientParts(train_pos[key], held_pos[key],
+    parts = client_sets.combined(named, settings.validation_fraction, SPLIT_SEED)
+    clients = {key: client_sets.ClientParts(parts.train_positions[key],
+                                            parts.validation_positions[key],
                                             _plugin_hash(made, settings))
-               for key, made in clients_made.items()}
-    fingerprint = _plugin_hash({f"{key}/{split}": data for key, made in clients_made.items()
+               for key, made in parts.own.items()}
+    fingerprint = _plugin_hash({f"{key}/{split}": data for key, made in parts.own.items()
                                 for split, data in made.items()}, settings)
-    return _plugin_loaded(name, train, validation, fingerprint,
-                          getattr(first, "num_classes", None), clients)
-
-
-def _client_held_out(span: range, fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """A named client's training and validation positions in the clients' data sets one
-    after the other: ``fraction`` of its own examples held out (none when it has too few
-    for one), at least one left to train on."""
-    size = len(span)
-    count = min(round(size * fraction), size - 1) if size else 0
-    chosen = np.random.default_rng(SPLIT_SEED).permutation(size)[:count]
-    mask = np.zeros(size, dtype=bool)
-    mask[chosen] = True
-    return np.flatnonzero(~mask) + span.start, np.flatnonzero(mask) + span.start
-
-
-def _runs_of(sizes: dict[str, int]) -> dict[str, np.ndarray]:
-    """Each name's positions when the names' examples follow each other in order."""
-    out, start = {}, 0
-    for key, size in sizes.items():
-        out[key] = np.arange(start, start + size, dtype=np.int64)
-        start += size
-    return out
+    first = next(iter(parts.own.values()))
+    return _plugin_loaded(name, PluginSplit(*parts.train), PluginSplit(*parts.validation),
+                          fingerprint, getattr(next(iter(first.values())), "num_classes", None),
+                          clients)
 
 
 def _make(name: str, factory: Callable[..., Any], data_root: Path, settings: DataSettings,
