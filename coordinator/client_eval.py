@@ -1,8 +1,8 @@
 """Federated evaluation: the global model scored on the clients' own validation parts.
 
 Every ``clients.eval_every`` rounds (and after the last), once the round's update is
-applied (in the asynchronous modes: once a round's last version is made; the units already
-out go on meanwhile, and the evaluation's units carry that version's number), the
+applied (in the asynchronous modes: once a round's last version is made; the stream's
+workers go on meanwhile, and the evaluation's units carry that version's number), the
 coordinator sends an evaluation unit (kind "evaluate", id ``eval-<client>``) for each of a
 seeded sample of clients (``clients.eval_per_round``) to a node that holds that client.
 The node scores the weights it is sent on the client's validation part and answers with
