@@ -328,6 +328,39 @@ def test_two_nodes_announcing_one_client_name_with_different_data_refuse_the_run
     assert not list((cluster.workdir / "runs").glob("*/clients.jsonl"))  # no round ran
 
 
+def test_a_node_back_after_round_1_with_a_taken_name_of_other_data_is_left_out(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ac"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["c"], {"ward-2": (range(3, 4), lambda label: True)})
+    holder = cluster.add_node(0.0, "--data-root", str(roots["a"]), "--slowdown", "4",
+                              *SITES_PLUGIN)
+    late = cluster.add_node(0.0, "--data-root", str(roots["c"]), *SITES_PLUGIN)
+    late.stop()  # listed, but silent at the run check: its clients are asked for later
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    client = cluster.start_client(*_with_sets(SITES + ["run.rounds=60"]), "--json")
+    try:
+        cluster.coordinator.wait_for(r"round 1/60", timeout=60)
+        back = local_cluster.start("compute_node.py", [
+            str(late.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["c"]),
+            *SITES_PLUGIN], cluster.workdir, "late-back")
+        cluster.nodes.append(back)
+        left = cluster.coordinator.wait_for(
+            rf"node 127.0.0.1:{late.port} is left out of run \S+: (client 'ward-2' .*)",
+            timeout=60)
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert f"nodes 127.0.0.1:{holder.port} and 127.0.0.1:{late.port} with different data" \
+        in left.group(1), left.group(0)
+    assert client.returncode == 0, err + cluster.logs()  # the run went on without it
+    result = json.loads(out)
+    lines = _lines(_run_dir(cluster, result))
+    assert len(lines) == 2 * 60, lines[-3:]
+    assert {line["node"].rpartition(":")[2] for line in lines} == {str(holder.port)}
+
+
 def test_each_of_a_nodes_clients_is_scored_on_its_own_validation_part(cluster):
     roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
     sizes = _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
