@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from thrift_trainer.training.data.letters import DataFormatError
 from thrift_trainer.training.data.paths import DataPathError, data_location, resolve_under
 from thrift_trainer.training.payload_checks import PayloadForm, check_payload
 from thrift_trainer.training.plugins import PluginError
-from thrift_trainer.training.run_check import RunUnfit, run_facts, unfit_reason
+from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts, unfit_reason
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.units import EVALUATE, TRAIN, UNIT_KINDS, UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
@@ -244,7 +245,7 @@ class ComputeNodeHandler(SessionService):
             unit = UnitSpec(request.unit_id, request.unit_path, request.index_start,
                             request.index_stop, client=request.client,
                             kind=unit_kind(request))
-            self._check_holds(unit.client, run.spec)
+            self._check_holds(unit.client, run.spec, run.location)
             share = share_of(request)
             expected = None if request.expected_update is None \
                 else specs_from_wire(request.expected_update)
@@ -292,17 +293,25 @@ class ComputeNodeHandler(SessionService):
                                  data_fingerprint=facts.data_fingerprint or None,
                                  data_size=facts.data_size or None,
                                  partition_fingerprint=facts.partition or None,
-                                 clients=self._held_names(spec))
-        if spec.clients.on_nodes:  # its own data is its client: names and sizes, no data
-            answer.client_sizes = {self.node_id: facts.own_size}
-            if not self.private_label_counts and facts.own_labels is not None:
-                answer.client_labels = {self.node_id: json.dumps(facts.own_labels)}
+                                 clients=self._held_names(spec, facts))
+        if spec.clients.on_nodes:  # its own data is its clients: names and sizes, no data
+            answer.client_sizes = self._own_named(facts.own_sizes)
+            answer.client_fingerprints = self._own_named(facts.own_fingerprints)
+            if not self.private_label_counts:
+                answer.client_labels = {name: json.dumps(counts) for name, counts in
+                                        self._own_named(facts.own_labels).items()
+                                        if counts is not None}
         return answer
 
-    def _held_names(self, spec: RunSpec) -> list[str] | None:
+    def _own_named(self, by_client: dict[str, Any]) -> dict[str, Any]:
+        """A node-resident fact by client name: a data set that is one client is named by
+        this node's id."""
+        return {name or self.node_id: value for name, value in by_client.items()}
+
+    def _held_names(self, spec: RunSpec, facts: RunFacts) -> list[str] | None:
         """The run's clients this node holds, when only some; None: every one."""
         if spec.clients.on_nodes:
-            return [self.node_id]
+            return list(self._own_named(facts.own_sizes))
         if self.held_clients is None or not spec.clients.enabled:
             return None
         return self.held_clients.names(spec.clients.count)
@@ -316,14 +325,16 @@ class ComputeNodeHandler(SessionService):
         if reason:
             raise RunUnfit(reason)
 
-    def _check_holds(self, client: str | None, spec: RunSpec) -> None:
+    def _check_holds(self, client: str | None, spec: RunSpec, location: Path) -> None:
         """A node computes only the clients whose data it holds."""
         if client is None:
             return
         if spec.clients.on_nodes:
-            if client != self.node_id:
-                raise DataPathError(f"node {self.node_id} holds only its own client, not "
-                                    f"{client}")
+            own = self._own_named(run_facts(spec, location).own_sizes)
+            if client not in own:
+                names = ", ".join(sorted(own)[:5]) + (", ..." if len(own) > 5 else "")
+                raise DataPathError(f"node {self.node_id} holds only its own clients "
+                                    f"({names}), not {client}")
             return
         if self.held_clients is None:
             return

@@ -75,7 +75,7 @@ from thrift_trainer.training.plugins import resolve as resolve_plugin
 from thrift_trainer.training.run_check import RunUnfit
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.unit_parts import cast_like
-from thrift_trainer.training.units import EVALUATE, UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.version import check_protocol_version
 
@@ -166,6 +166,8 @@ class RelayRunner:
         if self._group is None:
             raise RelayUnitFailed("the relay has not read its nodes file yet")
         self.refresh()  # members added to the file or registered (or gone) take part
+        if job.unit.evaluates:
+            return self._evaluate(job)
         if job.share is not None:  # a share from a relay above: one member computes it
             whole = [*member_shares(job.unit, 1)]  # one more "~r" level, as for any slice
             (result,) = self._round(job, whole, lambda unit, attempt: self._task(
@@ -181,6 +183,20 @@ class RelayRunner:
         return UnitOutput(update=self._combined(job, outcome.results),
                           num_samples=sum(r.num_samples for r in outcome.results),
                           loss=outcome.train_loss, error=0.0)
+
+    def _evaluate(self, job: UnitJob) -> UnitOutput:
+        """Federated evaluation: the whole unit to one member that holds its client (its
+        validation part is that member's), whose score goes up as it is: a score is no
+        update, so nothing is split, combined or trained in local rounds."""
+        whole = [*member_shares(job.unit, 1)]  # one more "~r" level, as for any slice
+        outcome = self._round(job, whole, lambda unit, attempt: self._task(
+            job, unit, attempt, job.weights), filters=[])
+        if not outcome.results:  # no member holds the client, or none is alive
+            raise RelayUnitFailed(f"no member of the relay holds client {job.unit.client} "
+                                  f"to score it")
+        (result,) = outcome.results
+        return UnitOutput(update={}, num_samples=result.num_samples, loss=result.loss,
+                          error=result.error)
 
     def _in_local_rounds(self, algorithm: type[Algorithm], job: UnitJob,
                          rounds: int) -> UnitOutput:
@@ -204,13 +220,16 @@ class RelayRunner:
                           loss=outcome.train_loss, error=0.0)
 
     def _round(self, job: UnitJob, units: list[UnitSpec],
-               build: Callable[[UnitSpec, int], Task]) -> RoundOutcome:
-        """One round of the relay's engine over ``units``, every one of them needed."""
+               build: Callable[[UnitSpec, int], Task],
+               filters: list[UpdateFilter] | None = None) -> RoundOutcome:
+        """One round of the relay's engine over ``units``, every one of them needed; the
+        members' results checked by ``filters`` (by default the run's update checks)."""
         engine = RoundEngine(job.run_id, self.members, self._policy, self._engine,
                              RunProgress(job.run_id, 1, len(units), lambda: []),
                              job.control.cancelled)
         try:
-            outcome = engine.run_round(job.round, units, len(units), build, self._filters(job))
+            outcome = engine.run_round(job.round, units, len(units), build,
+                                       self._filters(job) if filters is None else filters)
         except RunCancelledError:
             raise UnitCancelled("unit cancelled") from None
         except RoundFailed as exc:
@@ -257,7 +276,8 @@ class RelayRunner:
                     weights=weights, scheduling_policy=self.policy_number,
                     index_start=unit.index_start, index_stop=unit.index_stop,
                     model_version=job.model_version, share=share,
-                    expected_update=job.expected_update, client=unit.client)
+                    expected_update=job.expected_update, client=unit.client,
+                    kind=unit.kind)
 
 
 def member_shares(unit: UnitSpec, members: int) -> dict[UnitSpec, tuple[int, int] | None]:
@@ -333,10 +353,6 @@ class RelayHandler(ComputeNodeHandler):
             raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
-        if request.kind == EVALUATE:  # its members would train on shares and average them
-            raise ttypes.InvalidRequest(message=f"relay {self.node_id} does not score "
-                                        "clients' validation parts (federated evaluation "
-                                        "goes to the nodes that hold the clients)")
         return super().train_with_weights(request)
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:

@@ -1,11 +1,13 @@
 """Federated evaluation: the global model scored on the clients' own validation parts.
 
 Every ``clients.eval_every`` rounds (and after the last), once the round's update is
-applied, the coordinator sends an evaluation unit (kind "evaluate", id ``eval-<client>``)
-for each of a seeded sample of clients (``clients.eval_per_round``) to a node that holds
-that client. The node scores the weights it is sent on the client's validation part and
-answers with the loss, the run's metric and the examples; nothing is trained, and no
-answer is averaged into the model.
+applied (in the asynchronous modes: once a round's last version is made; the stream's
+workers go on meanwhile, and the evaluation's units carry that version's number), the
+coordinator sends an evaluation unit (kind "evaluate", id ``eval-<client>``) for each of a
+seeded sample of clients (``clients.eval_per_round``) to a node that holds that client.
+The node scores the weights it is sent on the client's validation part and answers with
+the loss, the run's metric and the examples; nothing is trained, and no answer is
+averaged into the model.
 
 The units run in an engine of their own (`evaluation_engine`): the run's nodes, policy,
 retries and drop-outs (a unit goes only to holders; a client without a live holder is
@@ -60,12 +62,16 @@ def evaluation_engine(engine: RoundEngine) -> RoundEngine:
 
 
 def evaluate_clients(engine: RoundEngine, tasks: RunTasks, round_index: int,
-                     units: list[UnitSpec], payload: Tensors, accuracy: bool) -> Evaluated:
+                     units: list[UnitSpec], payload: Tensors, accuracy: bool,
+                     version: int | None = None) -> Evaluated:
     """Run ``units`` (evaluation units of round ``round_index``) with the weights as sent,
-    ``payload`` (model version ``round_index``); every unit answers, drops out (no live
-    holder) or fails. ``accuracy``: the metric is an error rate (1 - it is reported too)."""
+    ``payload`` (model ``version``: by default ``round_index``, as in sync rounds; an
+    asynchronous round's last version); every unit answers, drops out (no live holder) or
+    fails. ``accuracy``: the metric is an error rate (1 - it is reported too)."""
+    model_version = round_index if version is None else version
+
     def build(unit: UnitSpec, attempt: int) -> Task:
-        return tasks.task(round_index, unit, attempt, payload, model_version=round_index)
+        return tasks.task(round_index, unit, attempt, payload, model_version=model_version)
 
     try:
         outcome = engine.run_round(round_index, units, len(units), build, filters=[])

@@ -66,6 +66,7 @@ from thrift_trainer.engine.round_engine import (
 )
 from thrift_trainer.engine.session_moves import drop_sessions
 from thrift_trainer.engine.warm_up import warm_up_nodes
+from thrift_trainer.training.clients.announced import Announcement, put_together
 from thrift_trainer.training.units import Weights
 
 __all__ = ["RUN_ID", "CoordinatorSettings", "Run"]
@@ -131,6 +132,7 @@ class Run:
             dead_seconds=settings.dead_seconds, nodes_source=nodes_source, membership=membership,
             dial=dial)
         self._folder_started = False
+        self._resident_taken = False  # node-resident clients were taken before round 1
         self.cancelled = runtime.Event()
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
@@ -362,22 +364,37 @@ class Run:
             self._check_nodes(unchecked)
 
     def _take_node_clients(self) -> None:
-        """Node-resident clients: each checked node's own data is a client, as it
-        announced it (name, examples, label counts); the run folder keeps them."""
+        """Node-resident clients: each checked node's own data is one client or several,
+        as it announced them (names, examples, label counts); the run folder keeps them.
+        Two nodes announcing one name with different data refuse the run before round 1;
+        a node that does so later is left out."""
         for node in self.nodes:
-            if not node.accepts_connections:  # a pull node was not asked: no client of its own
+            # a pull node was not asked, and a relay announces none of its members' clients
+            # (it would split their units among all its members): no client of their own
+            if not node.accepts_connections or not node.client_sizes:
                 node.clients = frozenset()
-        sizes = {name: size for node in self.nodes for name, size in node.client_sizes.items()}
-        labels = {name: counts for node in self.nodes
-                  for name, counts in node.client_labels.items()}
-        if not sizes:
+        clients = put_together(Announcement(node.name, node.client_sizes, node.client_labels,
+                                            node.client_fingerprints)
+                               for node in self.nodes)
+        if clients.conflicts and not self._resident_taken:
+            raise RoundFailed(f"clients.placement nodes: {clients.conflicts[0]}",
+                              [n.name for n in self.nodes])
+        for conflict in clients.conflicts:
+            node = next(n for n in self.nodes if n.name == conflict.other)
+            node.clients = frozenset()  # none of its units, from now on
+            if node.leave_out(str(conflict)):
+                log.warning("node %s is left out of run %s: %s", node.name, self.run_id,
+                            conflict)
+                self._nodes.leave_out(node)
+        if not clients.sizes:
             raise RoundFailed("no node announced a client of its own data (clients.placement "
                               "nodes needs pushed nodes that check the run)",
                               [n.name for n in self.nodes])
-        record = self.algorithm.take_clients(sizes, labels)
+        record = self.algorithm.take_clients(clients.sizes, clients.labels)
         self.folder.keep_partition(record)
-        log.info("run %s: %d node-resident clients, %s examples", self.run_id, len(sizes),
-                 f"{sum(sizes.values()):,}")
+        self._resident_taken = True
+        log.info("run %s: %d node-resident clients, %s examples", self.run_id,
+                 len(clients.sizes), f"{sum(clients.sizes.values()):,}")
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         """Take in the checkpoint's optimizer, random state and metrics, or raise

@@ -188,9 +188,6 @@ def _stream_problem(spec: RunSpec, cls: type[Algorithm]) -> str | None:
         return (f"placement nodes in {mode!r} mode needs schedule.updates_per_round "
                 f"(versions per round): its clients are known only once their nodes "
                 f"announce them")
-    if spec.clients.eval_every:
-        return (f"eval_every: federated evaluation scores clients between sync rounds; "
-                f"{mode!r} mode does not yet (use sync rounds, or leave eval_every at 0)")
     return None
 
 

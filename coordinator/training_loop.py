@@ -172,9 +172,10 @@ class TrainingLoop:
         return encode_weights(weights, self.compression)
 
     def _evaluate_clients(self, engine: RoundEngine, round_index: int, weights: Weights,
-                          clock: PhaseClock) -> Evaluated | None:
-        """A federated evaluation of the round's new weights when it is due (the
-        algorithm's `evaluation_units`); None when it is not."""
+                          clock: PhaseClock, version: int | None = None) -> Evaluated | None:
+        """A federated evaluation of the round's new weights (model ``version``: by default
+        the round's) when it is due (the algorithm's `evaluation_units`); None when it is
+        not."""
         units = self.algorithm.evaluation_units(round_index, self.rounds)
         if not units:
             return None
@@ -184,7 +185,7 @@ class TrainingLoop:
             self._eval_engine.set_nodes(engine.nodes)
             self._sent = (weights, encode_weights(weights, self.compression))
             return evaluate_clients(self._eval_engine, self.parts.tasks, round_index, units,
-                                    self._sent[1], self.algorithm.scores_accuracy)
+                                    self._sent[1], self.algorithm.scores_accuracy, version)
 
     def _plan(self, round_index: int) -> list[UnitSpec]:
         """The round's units: from the passes over the data, or the algorithm's plan."""
@@ -246,7 +247,8 @@ class TrainingLoop:
                     weights = self._aggregate(event.round, weights, event.results)
                     state.applied(weights)
                     continue
-                history.append(self._write_stream_round(event, started, bytes_before))
+                history.append(self._write_stream_round(engine, event, started,
+                                                        bytes_before))
                 started, bytes_before = runtime.monotonic(), self._payload_totals()
                 self._refresh_nodes(engine)  # nodes joined or left during the round
                 self._before_round()
@@ -263,14 +265,22 @@ class TrainingLoop:
             lambda client: any(node.holds(client) for node in engine.nodes),
             algorithm.clients_at_once)
 
-    def _write_stream_round(self, end: RoundEnd, started: float,
+    def _write_stream_round(self, engine: RoundEngine, end: RoundEnd, started: float,
                             bytes_before: tuple[int, int]) -> RoundMetrics:
-        """An asynchronous round written out, with its clients' lines and figures."""
-        if not end.clients:
+        """An asynchronous round written out, with its clients' lines and figures, and a
+        federated evaluation of its last version when one is due."""
+        clock = PhaseClock()
+        evaluated = self._evaluate_clients(engine, end.round, end.weights, clock, end.version)
+        if not end.clients and evaluated is None:
             return self._write_round(end, started, bytes_before)
-        clients = stream_client_rows(end.round, end.clients)
+        clients = stream_client_rows(end.round, end.clients) if end.clients else []
+        figures = fairness(clients) if clients else {}
+        if evaluated is not None:
+            clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
+            self._latest_eval = evaluated.figures
         self.parts.folder.append_clients(clients)
-        return self._write_round(end, started, bytes_before, client_figures=fairness(clients))
+        return self._write_round(end, started, bytes_before, clock=clock,
+                                 client_figures=figures)
 
     def _before_round(self) -> None:
         if self.parts.before_round is not None:

@@ -76,10 +76,21 @@ def _reason(node: NodeHandle, query: RunQuery, facts: RunFacts | dict,
         node.clients = frozenset(answer.facts.clients)
     if not answer.facts.model_fingerprint:  # it built no torch model: nothing to compare
         return None
-    if spec.clients.on_nodes:  # its own data is its client
-        if len(answer.facts.clients or ()) != 1 or answer.facts.own_size < 1:
-            return "announces no client of its own data (is it an older node?)"
-        name = answer.facts.clients[0]
-        node.client_sizes = {name: answer.facts.own_size}
-        node.client_labels = {name: answer.facts.own_labels}
+    if spec.clients.on_nodes:  # its own data is its clients
+        reason = _take_own_clients(node, answer.facts)
+        if reason is not None:
+            return reason
     return unfit_reason(facts, answer.facts, spec)
+
+
+def _take_own_clients(node: NodeHandle, facts: RunFacts) -> str | None:
+    """Node-resident clients: the names, sizes, label counts and fingerprints the node
+    announced, kept on its handle; why it cannot serve the run, or None."""
+    names = facts.clients or ()
+    sizes = {name: facts.own_sizes.get(name, 0) for name in names}
+    if not names or sum(sizes.values()) < 1 or set(facts.own_sizes) != set(names):
+        return "announces no client of its own data (is it an older node?)"
+    node.client_sizes = sizes
+    node.client_labels = {name: facts.own_labels.get(name) for name in names}
+    node.client_fingerprints = {name: facts.own_fingerprints.get(name, "") for name in names}
+    return None

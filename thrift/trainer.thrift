@@ -148,6 +148,9 @@ struct RunCheck {
   9: optional map<string, i64> client_sizes, // placement nodes: its clients' training examples
   10: optional map<string, string> client_labels, // ... and label counts, as JSON objects
                                             // (absent under --private-label-counts)
+  11: optional map<string, string> client_fingerprints, // placement nodes: a fingerprint
+                                            // of each client's data (a client of one name on
+                                            // two nodes must be the same data)
 }
 
 struct CancelUnitRequest {

@@ -13,7 +13,7 @@ says why in one line, and the node is left out of the run (never a traceback or 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from thrift_trainer.training import plugins
@@ -23,6 +23,7 @@ from thrift_trainer.training.models.names import is_module_model
 from thrift_trainer.training.spec import RunSpec
 
 PLUGIN_KINDS = {"algorithm": "algorithm", "model": "model", "dataset": "data set"}
+UNNAMED = ""  # a node-resident data set that is one client, named by its node's id
 
 
 class RunUnfit(ValueError):
@@ -40,10 +41,13 @@ class RunFacts:
     partition: str = ""  # fingerprint of its partition of the data set into the run's clients
     # The clients a node holds, when only some (compute_node.py --clients); None: every one.
     clients: tuple[str, ...] | None = None
-    # Node-resident clients (placement nodes): the examples of this process's own data and
-    # its label counts (None: its operator keeps them private).
-    own_size: int = 0
-    own_labels: dict[int, int] | None = None
+    # Node-resident clients (placement nodes): this process's own clients by name (UNNAMED
+    # for a data set that is one client: its node names it by its id), each one's training
+    # examples, label counts (None: its operator keeps them private) and a fingerprint of
+    # its data (two nodes may hold a client of one name only with the same data).
+    own_sizes: dict[str, int] = field(default_factory=dict)
+    own_labels: dict[str, dict[int, int] | None] = field(default_factory=dict)
+    own_fingerprints: dict[str, str] = field(default_factory=dict)
 
     def expectation(self) -> dict[str, object]:
         """What units carry for nodes to check themselves against (config's ``expect``)."""
@@ -80,10 +84,10 @@ def _facts(config_json: str, algorithm: str, model: str, dataset: str,
         from thrift_trainer.training.algorithms import torch_model  # torch only for torch models
 
         setup = torch_model.setup_of(spec.model, config, spec.dataset, Path(location))
-        return RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,
-                        len(setup.data.train), _partition(setup, spec, config),
-                        own_size=_own_size(setup, spec, config),
-                        own_labels=_label_counts(setup, spec, config))
+        facts = RunFacts(plugins.versions(), setup.fingerprint(), setup.data.fingerprint,
+                         len(setup.data.train), _partition(setup, spec, config))
+        return replace(facts, **_own_clients(setup, spec, config)) if spec.clients.on_nodes \
+            else facts
     except (plugins.PluginError, ValueError) as exc:  # ConfigError and DataError too
         text = str(exc)
         raise RunUnfit(text if text.startswith("lacks ") else
@@ -116,28 +120,28 @@ def _partition(setup: object, spec: RunSpec, config: dict) -> str:
     return parts_of(setup, spec.clients, config["seed"])[1].fingerprint
 
 
-def _own_size(setup: object, spec: RunSpec, config: dict) -> int:
-    """The examples this process's own client trains on (node-resident clients; without
-    them the training part's size, unused)."""
-    if not spec.clients.on_nodes:
-        return len(setup.data.train)
-    from thrift_trainer.training.clients.data_parts import own_examples
-
-    return len(own_examples(spec.clients, config["seed"])(setup))
-
-
-def _label_counts(setup: object, spec: RunSpec, config: dict) -> dict[int, int] | None:
-    """Node-resident clients: the label counts of the examples this process's own client
-    trains on."""
-    if not spec.clients.on_nodes:
-        return None
+def _own_clients(setup: object, spec: RunSpec, config: dict) -> dict[str, dict]:
+    """Node-resident clients: each of this process's own clients' training examples, label
+    counts and data fingerprint, by name (UNNAMED for a data set that is one client)."""
     import numpy as np
 
-    from thrift_trainer.training.clients.data_parts import own_examples, training_labels
+    from thrift_trainer.training.clients.data_parts import (
+        own_clients,
+        own_examples,
+        training_labels,
+    )
 
-    own = own_examples(spec.clients, config["seed"])(setup)
-    kinds, counts = np.unique(training_labels(setup)[own], return_counts=True)
-    return {int(k): int(n) for k, n in zip(kinds, counts, strict=True)}
+    named = own_clients(setup)
+    prints = {key: parts.fingerprint for key, parts in named.items()} if named \
+        else {UNNAMED: setup.data.fingerprint}
+    labels = training_labels(setup)
+    sizes, counts = {}, {}
+    for key in prints:
+        own = own_examples(spec.clients, config["seed"], key or None)(setup)
+        kinds, n = np.unique(labels[own], return_counts=True)
+        sizes[key] = len(own)
+        counts[key] = {int(k): int(c) for k, c in zip(kinds, n, strict=True)}
+    return {"own_sizes": sizes, "own_labels": counts, "own_fingerprints": prints}
 
 
 def unfit_reason(expected: RunFacts | dict, found: RunFacts, spec: RunSpec) -> str | None:

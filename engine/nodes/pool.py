@@ -50,6 +50,7 @@ class NodeHandle:
         # counts as it announced them (None: kept private).
         self.client_sizes: dict[str, int] = {}
         self.client_labels: dict[str, dict[int, int] | None] = {}
+        self.client_fingerprints: dict[str, str] = {}  # of each one's data
         self.refused: str | None = None  # why its last refused result was refused
 
     @property

@@ -90,20 +90,22 @@ def run_answer(answer: ttypes.RunCheck) -> RunAnswer:
                               answer.data_fingerprint or "", answer.data_size or 0,
                               answer.partition_fingerprint or "",
                               None if answer.clients is None else tuple(answer.clients),
-                              own_size=sum((answer.client_sizes or {}).values()),
-                              own_labels=_own_labels(answer)))
+                              own_sizes=dict(answer.client_sizes or {}),
+                              own_labels=_own_labels(answer),
+                              own_fingerprints=dict(answer.client_fingerprints or {})))
 
 
-def _own_labels(answer: ttypes.RunCheck) -> dict[int, int] | None:
-    """A node-resident client's label counts as its node announced them (JSON), if it did;
-    a malformed announcement counts as none."""
-    for text in (answer.client_labels or {}).values():
-        try:
-            counts = json.loads(text)
-            return {int(label): int(n) for label, n in counts.items()}
-        except (ValueError, TypeError, AttributeError):
-            return None
-    return None
+def _own_labels(answer: ttypes.RunCheck) -> dict[str, dict[int, int] | None]:
+    """Node-resident clients' label counts as their node announced them (JSON), where it
+    did; a malformed announcement counts as none."""
+    return {name: _label_counts(text) for name, text in (answer.client_labels or {}).items()}
+
+
+def _label_counts(text: str) -> dict[int, int] | None:
+    try:
+        return {int(label): int(n) for label, n in json.loads(text).items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 class _LastEncoded:

@@ -1341,11 +1341,12 @@ class RunCheck(object):
      - clients
      - client_sizes
      - client_labels
+     - client_fingerprints
 
     """
 
 
-    def __init__(self, ok=None, problem=None, plugins=None, model_fingerprint=None, data_fingerprint=None, data_size=None, partition_fingerprint=None, clients=None, client_sizes=None, client_labels=None,):
+    def __init__(self, ok=None, problem=None, plugins=None, model_fingerprint=None, data_fingerprint=None, data_size=None, partition_fingerprint=None, clients=None, client_sizes=None, client_labels=None, client_fingerprints=None,):
         self.ok = ok
         self.problem = problem
         self.plugins = plugins
@@ -1356,6 +1357,7 @@ class RunCheck(object):
         self.clients = clients
         self.client_sizes = client_sizes
         self.client_labels = client_labels
+        self.client_fingerprints = client_fingerprints
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1439,6 +1441,17 @@ class RunCheck(object):
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 11:
+                if ftype == TType.MAP:
+                    self.client_fingerprints = {}
+                    (_ktype63, _vtype64, _size62) = iprot.readMapBegin()
+                    for _i66 in range(_size62):
+                        _key67 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val68 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.client_fingerprints[_key67] = _val68
+                    iprot.readMapEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1460,9 +1473,9 @@ class RunCheck(object):
         if self.plugins is not None:
             oprot.writeFieldBegin('plugins', TType.MAP, 3)
             oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.plugins))
-            for kiter62, viter63 in self.plugins.items():
-                oprot.writeString(kiter62.encode('utf-8') if sys.version_info[0] == 2 else kiter62)
-                oprot.writeString(viter63.encode('utf-8') if sys.version_info[0] == 2 else viter63)
+            for kiter69, viter70 in self.plugins.items():
+                oprot.writeString(kiter69.encode('utf-8') if sys.version_info[0] == 2 else kiter69)
+                oprot.writeString(viter70.encode('utf-8') if sys.version_info[0] == 2 else viter70)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.model_fingerprint is not None:
@@ -1484,24 +1497,32 @@ class RunCheck(object):
         if self.clients is not None:
             oprot.writeFieldBegin('clients', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.clients))
-            for iter64 in self.clients:
-                oprot.writeString(iter64.encode('utf-8') if sys.version_info[0] == 2 else iter64)
+            for iter71 in self.clients:
+                oprot.writeString(iter71.encode('utf-8') if sys.version_info[0] == 2 else iter71)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.client_sizes is not None:
             oprot.writeFieldBegin('client_sizes', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.client_sizes))
-            for kiter65, viter66 in self.client_sizes.items():
-                oprot.writeString(kiter65.encode('utf-8') if sys.version_info[0] == 2 else kiter65)
-                oprot.writeI64(viter66)
+            for kiter72, viter73 in self.client_sizes.items():
+                oprot.writeString(kiter72.encode('utf-8') if sys.version_info[0] == 2 else kiter72)
+                oprot.writeI64(viter73)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.client_labels is not None:
             oprot.writeFieldBegin('client_labels', TType.MAP, 10)
             oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.client_labels))
-            for kiter67, viter68 in self.client_labels.items():
-                oprot.writeString(kiter67.encode('utf-8') if sys.version_info[0] == 2 else kiter67)
-                oprot.writeString(viter68.encode('utf-8') if sys.version_info[0] == 2 else viter68)
+            for kiter74, viter75 in self.client_labels.items():
+                oprot.writeString(kiter74.encode('utf-8') if sys.version_info[0] == 2 else kiter74)
+                oprot.writeString(viter75.encode('utf-8') if sys.version_info[0] == 2 else viter75)
+            oprot.writeMapEnd()
+            oprot.writeFieldEnd()
+        if self.client_fingerprints is not None:
+            oprot.writeFieldBegin('client_fingerprints', TType.MAP, 11)
+            oprot.writeMapBegin(TType.STRING, TType.STRING, len(self.client_fingerprints))
+            for kiter76, viter77 in self.client_fingerprints.items():
+                oprot.writeString(kiter76.encode('utf-8') if sys.version_info[0] == 2 else kiter76)
+                oprot.writeString(viter77.encode('utf-8') if sys.version_info[0] == 2 else viter77)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1838,21 +1859,21 @@ class NodeInfo(object):
             elif fid == 8:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype72, _size69) = iprot.readListBegin()
-                    for _i73 in range(_size69):
-                        _elem74 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem74)
+                    (_etype81, _size78) = iprot.readListBegin()
+                    for _i82 in range(_size78):
+                        _elem83 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem83)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 9:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype76, _vtype77, _size75) = iprot.readMapBegin()
-                    for _i79 in range(_size75):
-                        _key80 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val81 = iprot.readI64()
-                        self.progress[_key80] = _val81
+                    (_ktype85, _vtype86, _size84) = iprot.readMapBegin()
+                    for _i88 in range(_size84):
+                        _key89 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val90 = iprot.readI64()
+                        self.progress[_key89] = _val90
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -1869,11 +1890,11 @@ class NodeInfo(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype85, _size82) = iprot.readListBegin()
-                    for _i86 in range(_size82):
-                        _elem87 = NodeSummary()
-                        _elem87.read(iprot)
-                        self.members.append(_elem87)
+                    (_etype94, _size91) = iprot.readListBegin()
+                    for _i95 in range(_size91):
+                        _elem96 = NodeSummary()
+                        _elem96.read(iprot)
+                        self.members.append(_elem96)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1918,16 +1939,16 @@ class NodeInfo(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 8)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter88 in self.delaying:
-                oprot.writeString(iter88.encode('utf-8') if sys.version_info[0] == 2 else iter88)
+            for iter97 in self.delaying:
+                oprot.writeString(iter97.encode('utf-8') if sys.version_info[0] == 2 else iter97)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 9)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter89, viter90 in self.progress.items():
-                oprot.writeString(kiter89.encode('utf-8') if sys.version_info[0] == 2 else kiter89)
-                oprot.writeI64(viter90)
+            for kiter98, viter99 in self.progress.items():
+                oprot.writeString(kiter98.encode('utf-8') if sys.version_info[0] == 2 else kiter98)
+                oprot.writeI64(viter99)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.warming_up is not None:
@@ -1941,8 +1962,8 @@ class NodeInfo(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter91 in self.members:
-                iter91.write(oprot)
+            for iter100 in self.members:
+                iter100.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -2112,11 +2133,11 @@ class SessionState(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype95, _size92) = iprot.readListBegin()
-                    for _i96 in range(_size92):
-                        _elem97 = Tensor()
-                        _elem97.read(iprot)
-                        self.tensors.append(_elem97)
+                    (_etype104, _size101) = iprot.readListBegin()
+                    for _i105 in range(_size101):
+                        _elem106 = Tensor()
+                        _elem106.read(iprot)
+                        self.tensors.append(_elem106)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2146,8 +2167,8 @@ class SessionState(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter98 in self.tensors:
-                iter98.write(oprot)
+            for iter107 in self.tensors:
+                iter107.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.bytes is not None:
@@ -2233,11 +2254,11 @@ class ImportSessionRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.tensors = []
-                    (_etype102, _size99) = iprot.readListBegin()
-                    for _i103 in range(_size99):
-                        _elem104 = Tensor()
-                        _elem104.read(iprot)
-                        self.tensors.append(_elem104)
+                    (_etype111, _size108) = iprot.readListBegin()
+                    for _i112 in range(_size108):
+                        _elem113 = Tensor()
+                        _elem113.read(iprot)
+                        self.tensors.append(_elem113)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2275,8 +2296,8 @@ class ImportSessionRequest(object):
         if self.tensors is not None:
             oprot.writeFieldBegin('tensors', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.tensors))
-            for iter105 in self.tensors:
-                iter105.write(oprot)
+            for iter114 in self.tensors:
+                iter114.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.token is not None:
@@ -2904,11 +2925,11 @@ class NodeSummary(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype109, _size106) = iprot.readListBegin()
-                    for _i110 in range(_size106):
-                        _elem111 = NodeSummary()
-                        _elem111.read(iprot)
-                        self.members.append(_elem111)
+                    (_etype118, _size115) = iprot.readListBegin()
+                    for _i119 in range(_size115):
+                        _elem120 = NodeSummary()
+                        _elem120.read(iprot)
+                        self.members.append(_elem120)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2992,8 +3013,8 @@ class NodeSummary(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter112 in self.members:
-                iter112.write(oprot)
+            for iter121 in self.members:
+                iter121.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.samples is not None:
@@ -3105,11 +3126,11 @@ class RoundMetrics(object):
             elif fid == 7:
                 if ftype == TType.MAP:
                     self.scores = {}
-                    (_ktype114, _vtype115, _size113) = iprot.readMapBegin()
-                    for _i117 in range(_size113):
-                        _key118 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val119 = iprot.readDouble()
-                        self.scores[_key118] = _val119
+                    (_ktype123, _vtype124, _size122) = iprot.readMapBegin()
+                    for _i126 in range(_size122):
+                        _key127 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val128 = iprot.readDouble()
+                        self.scores[_key127] = _val128
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3150,9 +3171,9 @@ class RoundMetrics(object):
         if self.scores is not None:
             oprot.writeFieldBegin('scores', TType.MAP, 7)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.scores))
-            for kiter120, viter121 in self.scores.items():
-                oprot.writeString(kiter120.encode('utf-8') if sys.version_info[0] == 2 else kiter120)
-                oprot.writeDouble(viter121)
+            for kiter129, viter130 in self.scores.items():
+                oprot.writeString(kiter129.encode('utf-8') if sys.version_info[0] == 2 else kiter129)
+                oprot.writeDouble(viter130)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3252,33 +3273,33 @@ class RunResult(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.history = []
-                    (_etype125, _size122) = iprot.readListBegin()
-                    for _i126 in range(_size122):
-                        _elem127 = RoundMetrics()
-                        _elem127.read(iprot)
-                        self.history.append(_elem127)
+                    (_etype134, _size131) = iprot.readListBegin()
+                    for _i135 in range(_size131):
+                        _elem136 = RoundMetrics()
+                        _elem136.read(iprot)
+                        self.history.append(_elem136)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 6:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype131, _size128) = iprot.readListBegin()
-                    for _i132 in range(_size128):
-                        _elem133 = NodeSummary()
-                        _elem133.read(iprot)
-                        self.nodes.append(_elem133)
+                    (_etype140, _size137) = iprot.readListBegin()
+                    for _i141 in range(_size137):
+                        _elem142 = NodeSummary()
+                        _elem142.read(iprot)
+                        self.nodes.append(_elem142)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 7:
                 if ftype == TType.LIST:
                     self.weights = []
-                    (_etype137, _size134) = iprot.readListBegin()
-                    for _i138 in range(_size134):
-                        _elem139 = Tensor()
-                        _elem139.read(iprot)
-                        self.weights.append(_elem139)
+                    (_etype146, _size143) = iprot.readListBegin()
+                    for _i147 in range(_size143):
+                        _elem148 = Tensor()
+                        _elem148.read(iprot)
+                        self.weights.append(_elem148)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3347,22 +3368,22 @@ class RunResult(object):
         if self.history is not None:
             oprot.writeFieldBegin('history', TType.LIST, 5)
             oprot.writeListBegin(TType.STRUCT, len(self.history))
-            for iter140 in self.history:
-                iter140.write(oprot)
+            for iter149 in self.history:
+                iter149.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter141 in self.nodes:
-                iter141.write(oprot)
+            for iter150 in self.nodes:
+                iter150.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.weights is not None:
             oprot.writeFieldBegin('weights', TType.LIST, 7)
             oprot.writeListBegin(TType.STRUCT, len(self.weights))
-            for iter142 in self.weights:
-                iter142.write(oprot)
+            for iter151 in self.weights:
+                iter151.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.model_json is not None:
@@ -3785,11 +3806,11 @@ class RunStatus(object):
             elif fid == 12:
                 if ftype == TType.LIST:
                     self.nodes = []
-                    (_etype146, _size143) = iprot.readListBegin()
-                    for _i147 in range(_size143):
-                        _elem148 = NodeSummary()
-                        _elem148.read(iprot)
-                        self.nodes.append(_elem148)
+                    (_etype155, _size152) = iprot.readListBegin()
+                    for _i156 in range(_size152):
+                        _elem157 = NodeSummary()
+                        _elem157.read(iprot)
+                        self.nodes.append(_elem157)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3801,22 +3822,22 @@ class RunStatus(object):
             elif fid == 14:
                 if ftype == TType.LIST:
                     self.unfinished = []
-                    (_etype152, _size149) = iprot.readListBegin()
-                    for _i153 in range(_size149):
-                        _elem154 = UnitInfo()
-                        _elem154.read(iprot)
-                        self.unfinished.append(_elem154)
+                    (_etype161, _size158) = iprot.readListBegin()
+                    for _i162 in range(_size158):
+                        _elem163 = UnitInfo()
+                        _elem163.read(iprot)
+                        self.unfinished.append(_elem163)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 15:
                 if ftype == TType.MAP:
                     self.ledger = {}
-                    (_ktype156, _vtype157, _size155) = iprot.readMapBegin()
-                    for _i159 in range(_size155):
-                        _key160 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val161 = iprot.readI64()
-                        self.ledger[_key160] = _val161
+                    (_ktype165, _vtype166, _size164) = iprot.readMapBegin()
+                    for _i168 in range(_size164):
+                        _key169 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val170 = iprot.readI64()
+                        self.ledger[_key169] = _val170
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3878,11 +3899,11 @@ class RunStatus(object):
             elif fid == 27:
                 if ftype == TType.MAP:
                     self.clients = {}
-                    (_ktype163, _vtype164, _size162) = iprot.readMapBegin()
-                    for _i166 in range(_size162):
-                        _key167 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val168 = iprot.readDouble()
-                        self.clients[_key167] = _val168
+                    (_ktype172, _vtype173, _size171) = iprot.readMapBegin()
+                    for _i175 in range(_size171):
+                        _key176 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val177 = iprot.readDouble()
+                        self.clients[_key176] = _val177
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -3899,11 +3920,11 @@ class RunStatus(object):
             elif fid == 30:
                 if ftype == TType.LIST:
                     self.recent_rounds = []
-                    (_etype172, _size169) = iprot.readListBegin()
-                    for _i173 in range(_size169):
-                        _elem174 = RoundMetrics()
-                        _elem174.read(iprot)
-                        self.recent_rounds.append(_elem174)
+                    (_etype181, _size178) = iprot.readListBegin()
+                    for _i182 in range(_size178):
+                        _elem183 = RoundMetrics()
+                        _elem183.read(iprot)
+                        self.recent_rounds.append(_elem183)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3974,8 +3995,8 @@ class RunStatus(object):
         if self.nodes is not None:
             oprot.writeFieldBegin('nodes', TType.LIST, 12)
             oprot.writeListBegin(TType.STRUCT, len(self.nodes))
-            for iter175 in self.nodes:
-                iter175.write(oprot)
+            for iter184 in self.nodes:
+                iter184.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.message is not None:
@@ -3985,16 +4006,16 @@ class RunStatus(object):
         if self.unfinished is not None:
             oprot.writeFieldBegin('unfinished', TType.LIST, 14)
             oprot.writeListBegin(TType.STRUCT, len(self.unfinished))
-            for iter176 in self.unfinished:
-                iter176.write(oprot)
+            for iter185 in self.unfinished:
+                iter185.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ledger is not None:
             oprot.writeFieldBegin('ledger', TType.MAP, 15)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.ledger))
-            for kiter177, viter178 in self.ledger.items():
-                oprot.writeString(kiter177.encode('utf-8') if sys.version_info[0] == 2 else kiter177)
-                oprot.writeI64(viter178)
+            for kiter186, viter187 in self.ledger.items():
+                oprot.writeString(kiter186.encode('utf-8') if sys.version_info[0] == 2 else kiter186)
+                oprot.writeI64(viter187)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.stale is not None:
@@ -4044,9 +4065,9 @@ class RunStatus(object):
         if self.clients is not None:
             oprot.writeFieldBegin('clients', TType.MAP, 27)
             oprot.writeMapBegin(TType.STRING, TType.DOUBLE, len(self.clients))
-            for kiter179, viter180 in self.clients.items():
-                oprot.writeString(kiter179.encode('utf-8') if sys.version_info[0] == 2 else kiter179)
-                oprot.writeDouble(viter180)
+            for kiter188, viter189 in self.clients.items():
+                oprot.writeString(kiter188.encode('utf-8') if sys.version_info[0] == 2 else kiter188)
+                oprot.writeDouble(viter189)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.discarded is not None:
@@ -4060,8 +4081,8 @@ class RunStatus(object):
         if self.recent_rounds is not None:
             oprot.writeFieldBegin('recent_rounds', TType.LIST, 30)
             oprot.writeListBegin(TType.STRUCT, len(self.recent_rounds))
-            for iter181 in self.recent_rounds:
-                iter181.write(oprot)
+            for iter190 in self.recent_rounds:
+                iter190.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.algorithm is not None:
@@ -4334,11 +4355,11 @@ class ListRunsResult(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.runs = []
-                    (_etype185, _size182) = iprot.readListBegin()
-                    for _i186 in range(_size182):
-                        _elem187 = RunStatus()
-                        _elem187.read(iprot)
-                        self.runs.append(_elem187)
+                    (_etype194, _size191) = iprot.readListBegin()
+                    for _i195 in range(_size191):
+                        _elem196 = RunStatus()
+                        _elem196.read(iprot)
+                        self.runs.append(_elem196)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4355,8 +4376,8 @@ class ListRunsResult(object):
         if self.runs is not None:
             oprot.writeFieldBegin('runs', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.runs))
-            for iter188 in self.runs:
-                iter188.write(oprot)
+            for iter197 in self.runs:
+                iter197.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4700,21 +4721,21 @@ class HeartbeatRequest(object):
             elif fid == 4:
                 if ftype == TType.LIST:
                     self.delaying = []
-                    (_etype192, _size189) = iprot.readListBegin()
-                    for _i193 in range(_size189):
-                        _elem194 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.delaying.append(_elem194)
+                    (_etype201, _size198) = iprot.readListBegin()
+                    for _i202 in range(_size198):
+                        _elem203 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.delaying.append(_elem203)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 5:
                 if ftype == TType.MAP:
                     self.progress = {}
-                    (_ktype196, _vtype197, _size195) = iprot.readMapBegin()
-                    for _i199 in range(_size195):
-                        _key200 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        _val201 = iprot.readI64()
-                        self.progress[_key200] = _val201
+                    (_ktype205, _vtype206, _size204) = iprot.readMapBegin()
+                    for _i208 in range(_size204):
+                        _key209 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        _val210 = iprot.readI64()
+                        self.progress[_key209] = _val210
                     iprot.readMapEnd()
                 else:
                     iprot.skip(ftype)
@@ -4753,16 +4774,16 @@ class HeartbeatRequest(object):
         if self.delaying is not None:
             oprot.writeFieldBegin('delaying', TType.LIST, 4)
             oprot.writeListBegin(TType.STRING, len(self.delaying))
-            for iter202 in self.delaying:
-                oprot.writeString(iter202.encode('utf-8') if sys.version_info[0] == 2 else iter202)
+            for iter211 in self.delaying:
+                oprot.writeString(iter211.encode('utf-8') if sys.version_info[0] == 2 else iter211)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.progress is not None:
             oprot.writeFieldBegin('progress', TType.MAP, 5)
             oprot.writeMapBegin(TType.STRING, TType.I64, len(self.progress))
-            for kiter203, viter204 in self.progress.items():
-                oprot.writeString(kiter203.encode('utf-8') if sys.version_info[0] == 2 else kiter203)
-                oprot.writeI64(viter204)
+            for kiter212, viter213 in self.progress.items():
+                oprot.writeString(kiter212.encode('utf-8') if sys.version_info[0] == 2 else kiter212)
+                oprot.writeI64(viter213)
             oprot.writeMapEnd()
             oprot.writeFieldEnd()
         if self.secret is not None:
@@ -4827,10 +4848,10 @@ class HeartbeatResult(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.cancel = []
-                    (_etype208, _size205) = iprot.readListBegin()
-                    for _i209 in range(_size205):
-                        _elem210 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
-                        self.cancel.append(_elem210)
+                    (_etype217, _size214) = iprot.readListBegin()
+                    for _i218 in range(_size214):
+                        _elem219 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.cancel.append(_elem219)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4851,8 +4872,8 @@ class HeartbeatResult(object):
         if self.cancel is not None:
             oprot.writeFieldBegin('cancel', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.cancel))
-            for iter211 in self.cancel:
-                oprot.writeString(iter211.encode('utf-8') if sys.version_info[0] == 2 else iter211)
+            for iter220 in self.cancel:
+                oprot.writeString(iter220.encode('utf-8') if sys.version_info[0] == 2 else iter220)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5959,6 +5980,7 @@ RunCheck.thrift_spec = (
     (8, TType.LIST, 'clients', (TType.STRING, 'UTF8', False), None, ),  # 8
     (9, TType.MAP, 'client_sizes', (TType.STRING, 'UTF8', TType.I64, None, False), None, ),  # 9
     (10, TType.MAP, 'client_labels', (TType.STRING, 'UTF8', TType.STRING, 'UTF8', False), None, ),  # 10
+    (11, TType.MAP, 'client_fingerprints', (TType.STRING, 'UTF8', TType.STRING, 'UTF8', False), None, ),  # 11
 )
 all_structs.append(CancelUnitRequest)
 CancelUnitRequest.thrift_spec = (

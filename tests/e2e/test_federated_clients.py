@@ -7,6 +7,7 @@ clients' lines, and a holder killed mid-run drops its clients while the run goes
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -199,11 +200,11 @@ RESIDENT = [item for item in FEDERATED if not item.startswith("clients.")
             and item != "--set"]
 
 
-def _own_letters(root: Path, files: range, keep) -> int:
-    """A node's own letters data under ``root``: the rows of the shipped train files
+def _own_letters(root: Path, files: range, keep, folder: str = "letters") -> int:
+    """A node's own letters data in ``root/folder``: the rows of the shipped train files
     ``files`` whose label ``keep`` accepts, and the shipped validation file (so that every
     node knows all 26 labels); returns its training rows."""
-    folder = root / "letters"
+    folder = root / folder
     folder.mkdir(parents=True)
     rows = [line for k in files
             for line in (SHIPPED / f"train_letters{k}.txt").read_text().splitlines()
@@ -247,6 +248,152 @@ def _resident_replay(roots: dict[str, Path], rounds: int) -> dict:
     """FedAvg of the two nodes' own data computed in this process, weighed by their sizes."""
     sites = [(f"site-{key}", roots[key] / "letters") for key in "ab"]
     return _replay(RESIDENT + ["clients.placement=nodes"], rounds, lambda _: sites)
+
+
+# --------------------------------------- several node-resident clients on one node
+# examples/plugins/sites.py: each folder under <data root>/sites is a client of its node
+SITES_PLUGIN = ("--plugins", "sites", "--plugin-dir", str(local_cluster.REPO / "examples"
+                                                        / "plugins"))
+SITES = [item for item in RESIDENT if not item.startswith(("run.dataset", "data.format"))] \
+    + ["run.dataset=sites:sites", "clients.placement=nodes"]
+
+
+def _sites(root: Path, sites: dict[str, tuple[range, Callable[[int], bool]]]) -> dict[str, int]:
+    """Client folders ``root/sites/<name>`` of letters rows (see `_own_letters`); their
+    training rows by name."""
+    return {name: _own_letters(root, files, keep, f"sites/{name}")
+            for name, (files, keep) in sites.items()}
+
+
+def test_a_node_holding_three_clients_and_one_holding_one_train_fedavg_as_a_replay(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
+                                "ward-2": (range(3, 4), lambda label: label >= 9),
+                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
+    sizes |= _sites(roots["b"], {"clinic": (range(5, 7), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    assert len(set(sizes.values())) == 4  # sizes and label mixes all differ
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"}
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN)
+    result = cluster.train_json(*_with_sets(SITES + ["clients.per_round=3",
+                                                     "run.rounds=3"]))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    names = ["clinic", "ward-1", "ward-2", "ward-3"]
+    assert record["names"] == names and record["sizes"] == [sizes[n] for n in names], record
+    assert max(int(label) for label in record["label_counts"][1]) < 13  # ward-1's own
+    assert min(int(label) for label in record["label_counts"][2]) >= 9  # ward-2's own
+    assert all(int(label) % 2 == 0 for label in record["label_counts"][3])
+    holder = {name: str(nodes["b" if name == "clinic" else "a"].port) for name in names}
+    lines = _lines(run_dir)
+    assert [sum(1 for line in lines if line["round"] == r) for r in (1, 2, 3)] == [3, 3, 3]
+    for line in lines:  # a line per client and round, each computed by its holder
+        assert line["node"].rpartition(":")[2] == holder[line["client"]], line
+        assert line["examples"] == sizes[line["client"]], line
+    assert len({line["client"] for line in lines}) == 4  # drawn among both nodes' clients
+    attempts = _attempt_nodes(cluster.workdir / "runs" / "runs.db", result["run_id"])
+    assert set(attempts) == {line["client"] for line in lines}, attempts
+    for client, ports in attempts.items():  # the ledger: each client's units on its holder
+        assert ports == {holder[client]}, (client, ports)
+    weights, _ = load_model(run_dir / "model.npz")
+    folders = {name: roots["b" if name == "clinic" else "a"] / "sites" / name
+               for name in names}
+
+    def clients_of(round_index: int) -> list[tuple[str, Path]]:
+        asked = sorted(line["client"] for line in lines if line["round"] == round_index)
+        return [(name, folders[name]) for name in asked]
+    # each client replayed from its own folder read as plain letters files: one client each
+    expected = _replay(RESIDENT + ["clients.placement=nodes"], 3, clients_of)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_two_nodes_announcing_one_client_name_with_different_data_refuse_the_run(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["b"], {"ward-2": (range(3, 4), lambda label: True)})
+    nodes = [cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"]
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    done = cluster.client(*_with_sets(SITES + ["run.rounds=2"]), "--json")
+    assert done.returncode != 0, done.stdout
+    ports = sorted(str(node.port) for node in nodes)
+    refusal = [line for line in done.stderr.splitlines() if "'ward-2'" in line]
+    assert len(refusal) == 1, done.stderr
+    assert "client 'ward-2' is announced by nodes" in refusal[0], refusal
+    assert all(port in refusal[0] for port in ports), refusal
+    assert "must be unique across nodes" in refusal[0], refusal
+    assert not list((cluster.workdir / "runs").glob("*/clients.jsonl"))  # no round ran
+
+
+def test_a_node_back_after_round_1_with_a_taken_name_of_other_data_is_left_out(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ac"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["c"], {"ward-2": (range(3, 4), lambda label: True)})
+    holder = cluster.add_node(0.0, "--data-root", str(roots["a"]), "--slowdown", "4",
+                              *SITES_PLUGIN)
+    late = cluster.add_node(0.0, "--data-root", str(roots["c"]), *SITES_PLUGIN)
+    late.stop()  # listed, but silent at the run check: its clients are asked for later
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    client = cluster.start_client(*_with_sets(SITES + ["run.rounds=60"]), "--json")
+    try:
+        cluster.coordinator.wait_for(r"round 1/60", timeout=60)
+        back = local_cluster.start("compute_node.py", [
+            str(late.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["c"]),
+            *SITES_PLUGIN], cluster.workdir, "late-back")
+        cluster.nodes.append(back)
+        left = cluster.coordinator.wait_for(
+            rf"node 127.0.0.1:{late.port} is left out of run \S+: (client 'ward-2' .*)",
+            timeout=60)
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert f"nodes 127.0.0.1:{holder.port} and 127.0.0.1:{late.port} with different data" \
+        in left.group(1), left.group(0)
+    assert client.returncode == 0, err + cluster.logs()  # the run went on without it
+    result = json.loads(out)
+    lines = _lines(_run_dir(cluster, result))
+    assert len(lines) == 2 * 60, lines[-3:]
+    assert {line["node"].rpartition(":")[2] for line in lines} == {str(holder.port)}
+
+
+def test_each_of_a_nodes_clients_is_scored_on_its_own_validation_part(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                                "ward-2": (range(2, 3), lambda label: label < 13)})
+    sizes |= _sites(roots["b"], {"clinic": (range(3, 4), lambda label: True)})
+    # ward-2's own validation rows: the shipped ones of its labels; ward-1 has none of its
+    # own, so clients.validation_fraction of its rows are held out for it
+    shipped = (SHIPPED / "validate_letters.txt").read_text().split()
+    ward_2 = [row for row in shipped if int(row.rsplit(",", 1)[1]) < 13]
+    (roots["a"] / "sites" / "ward-2" / "validate_letters.txt").write_text(
+        "\n".join(ward_2) + "\n")
+    (roots["a"] / "sites" / "ward-1" / "validate_letters.txt").unlink()
+    nodes = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+             for key in "ab"}
+    cluster.start_coordinator(2, "--data-root", str(roots["b"]), *SITES_PLUGIN)
+    result = cluster.train_json(*_with_sets(SITES + [
+        "run.rounds=2", "clients.eval_every=1", "clients.validation_fraction=0.2"]))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    held = sizes["ward-1"] // 5  # floor(0.2 x its rows)
+    assert record["names"] == ["clinic", "ward-1", "ward-2"], record
+    assert record["sizes"] == [sizes["clinic"], sizes["ward-1"] - held, sizes["ward-2"]]
+    validation = {"clinic": len(shipped), "ward-1": held, "ward-2": len(ward_2)}
+    port = {"clinic": str(nodes["b"].port), "ward-1": str(nodes["a"].port),
+            "ward-2": str(nodes["a"].port)}
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    assert sorted((line["round"], line["client"]) for line in evaluated) == \
+        [(r, name) for r in (1, 2) for name in ("clinic", "ward-1", "ward-2")], evaluated
+    for line in evaluated:  # each scored by its holder on its own validation part
+        assert line["node"].rpartition(":")[2] == port[line["client"]], line
+        assert line["examples"] == validation[line["client"]], line
+        assert 0 <= line["val_accuracy"] <= 1, line
+    assert result["history"][-1]["clients_evaluated"] == 3
 
 
 # ------------------------------------------------ buffered asynchronous training (FedBuff)
@@ -406,9 +553,10 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _accuracy_on_validation(run_dir: Path, client: str) -> float:
+def _accuracy_on_validation(run_dir: Path, client: str, clients: int = CLIENTS) -> float:
     """The saved model's accuracy on ``client``'s validation examples, as this process
-    deals and splits the shipped data (its own forward pass, not the nodes' code)."""
+    deals and splits the shipped data among ``clients`` (its own forward pass, not the
+    nodes' code)."""
     import torch
 
     from thrift_trainer.training.algorithms import torch_model
@@ -417,7 +565,9 @@ def _accuracy_on_validation(run_dir: Path, client: str) -> float:
     from thrift_trainer.training.models import modules
     from thrift_trainer.training.run_config import load_run_config
 
-    overrides = _overrides() + [EVALUATED[k + 1] for k in range(0, len(EVALUATED), 2)]
+    overrides = [item.replace(f"clients.count={CLIENTS}", f"clients.count={clients}")
+                 for item in _overrides()] + [EVALUATED[k + 1]
+                                              for k in range(0, len(EVALUATED), 2)]
     spec = load_run_config(None, overrides).to_spec()
     config = DeltaAveraging.check_config("mlp_classifier", spec.algorithm_config())
     setup = torch_model.setup_of("mlp_classifier", config, "letters", SHIPPED)
@@ -454,3 +604,64 @@ def test_node_resident_clients_are_scored_on_their_own_validation_part(cluster):
     # both score the same shipped validation file with the same weights
     assert evaluated[2]["val_accuracy"] == evaluated[3]["val_accuracy"]
     assert result["history"][-1]["clients_evaluated"] == 2
+
+
+def test_federated_evaluation_in_buffered_mode_scores_each_rounds_last_version(cluster):
+    half = cluster.add_node(0.0, "--clients", "0-9")
+    cluster.add_node(0.0)  # holds every client
+    cluster.start_coordinator(2)
+    result = cluster.train_json(*_fedbuff_sets(3), *EVALUATED)
+    run_dir = _run_dir(cluster, result)
+    lines = _lines(run_dir)
+    evaluated = [line for line in lines if line.get("kind") == "eval"]
+    trained = [line for line in lines if "kind" not in line and "node" in line]
+    # the stream itself is as without evaluation: a full buffer per version
+    assert sorted(Counter(line["version"] for line in trained).items()) == \
+        [(version, 3) for version in range(1, 7)], trained
+    # every second round and after the last, five clients each, none missed
+    assert [(r, sum(1 for line in evaluated if line["round"] == r)) for r in (2, 3)] == \
+        [(2, 5), (3, 5)] and len(evaluated) == 10, evaluated
+    partition = json.loads((run_dir / "partition.json").read_text())
+    for line in evaluated:
+        index = int(line["client"][6:])
+        assert line["examples"] == partition["validation_sizes"][index], line
+        assert 0 <= line["val_accuracy"] <= 1 and line["val_loss"] > 0, line
+        if line["node"].endswith(f":{half.port}"):
+            assert index < 10, line  # scored by a holder
+    rows = {row["round"]: row for row in _metrics(run_dir)}
+    assert [r for r, row in rows.items() if "federated_val_accuracy" in row] == [2, 3]
+    for r in (2, 3):
+        scored = [line for line in evaluated if line["round"] == r]
+        weighted = sum(line["examples"] * line["val_accuracy"] for line in scored) / sum(
+            line["examples"] for line in scored)
+        assert rows[r]["federated_val_accuracy"] == pytest.approx(weighted, rel=1e-9)
+    # the last evaluation scored the final model (round 3's last version)
+    line = evaluated[-1]
+    assert line["val_accuracy"] == pytest.approx(
+        _accuracy_on_validation(run_dir, line["client"], FEDBUFF_CLIENTS), abs=1e-6), line
+
+
+def test_a_relay_passes_each_evaluation_unit_whole_to_the_member_holding_its_client(cluster):
+    low = cluster.add_node(0.0, "--clients", "0-5")
+    high = cluster.add_node(0.0, "--clients", "6-11")
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [low, high])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group))
+    cluster.nodes.append(relay)
+    cluster.start_coordinator(2, nodes=[relay])
+    result = cluster.train_json(*FEDERATED, *EVALUATED, "--set", "run.rounds=2")
+    run_dir = _run_dir(cluster, result)
+    evaluated = [line for line in _lines(run_dir) if line.get("kind") == "eval"]
+    partition = json.loads((run_dir / "partition.json").read_text())
+    assert [line["round"] for line in evaluated] == [2] * 5, evaluated  # none missed
+    for line in evaluated:  # scored whole, on the client's validation part
+        assert line["node"].rpartition(":")[2] == str(relay.port), line
+        assert line["examples"] == partition["validation_sizes"][int(line["client"][6:])]
+        assert 0 <= line["val_accuracy"] <= 1 and line["val_loss"] > 0, line
+    assert result["history"][-1]["clients_evaluated"] == 5
+    # the relay's members did the scoring, each for the clients it holds
+    for member, clients in ((low, range(0, 6)), (high, range(6, 12))):
+        scored = {int(match) for match in re.findall(r"unit eval-client(\d+)~r0 round 2 done",
+                                                     member.log())}
+        assert scored <= set(clients), (scored, member.log())
+    assert len(re.findall(r"unit eval-client\d+~r0 round 2 done",
+                          low.log() + high.log())) == 5

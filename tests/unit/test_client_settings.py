@@ -115,9 +115,6 @@ def _prepare(overrides: list[str]):
     (["run.algorithm=sync_sgd", "run.model=mlp_classifier", "data.format=letters",
       "clients.count=4", "clients.validation_fraction=0.2", "clients.eval_every=2"],
      "eval_every: sync_sgd does not score clients' validation parts"),
-    (["run.model=mlp_classifier", "data.format=letters", "schedule.mode=buffered",
-      "clients.count=4", "clients.validation_fraction=0.2", "clients.eval_every=2"],
-     "eval_every: federated evaluation scores clients between sync rounds; 'buffered' mode"),
 ])
 def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     from thrift_trainer.coordinator.run_setup import InvalidRun
@@ -125,6 +122,15 @@ def test_a_run_that_cannot_have_clients_is_refused_in_one_line(overrides, why):
     with pytest.raises(InvalidRun, match=f"^clients: .*{why}") as info:
         _prepare(overrides)
     assert "\n" not in str(info.value)
+
+
+def test_federated_evaluation_is_taken_in_the_asynchronous_modes():
+    setup = _prepare(["run.model=mlp_classifier", "data.format=letters", "clients.count=4",
+                      "schedule.mode=buffered", "clients.validation_fraction=0.2",
+                      "clients.eval_every=2"])
+    assert [u.unit_id for u in setup.algorithm.evaluation_units(2, 2)] == \
+        [f"eval-client{k}" for k in range(4)]
+    assert setup.algorithm.evaluation_units(1, 2) == []
 
 
 def test_a_torch_model_on_clients_may_train_them_in_a_stream():

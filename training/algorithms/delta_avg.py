@@ -204,7 +204,7 @@ class DeltaAveraging(AveragingAlgorithm):
         config = cls.unit_config(job)
         settings = clients_settings(config.get(CLIENTS))
         if settings.on_nodes:  # the node's own data is the client (its node checked it)
-            return data_parts.own_examples(settings, config["seed"])
+            return data_parts.own_examples(settings, config["seed"], job.unit.client)
         return data_parts.client_examples(job.unit.client, settings, config["seed"])
 
     @classmethod

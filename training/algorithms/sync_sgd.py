@@ -399,7 +399,7 @@ def _client_batch(job: UnitJob, config: Mapping[str, Any]) -> Any:
 
     client, seed = job.unit.client or "", config["seed"]
     settings = clients_settings(config.get(CLIENTS))
-    examples = data_parts.all_examples if settings.on_nodes \
+    examples = data_parts.resident_examples(client) if settings.on_nodes \
         else data_parts.client_examples(client, settings, seed)
 
     def batch(setup: Any) -> np.ndarray:

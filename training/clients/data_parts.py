@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +31,7 @@ from thrift_trainer.training.clients.partitioners import partition
 from thrift_trainer.training.clients.settings import ClientsSettings, client_index
 
 if TYPE_CHECKING:
+    from thrift_trainer.training.data.client_sets import ClientParts
     from thrift_trainer.training.models.module_training import ModelSetup
 
 Dealt = tuple[list[np.ndarray], list[np.ndarray], PartitionRecord]  # train, validation
@@ -142,20 +144,52 @@ def all_examples(setup: ModelSetup) -> np.ndarray:
     return np.arange(len(setup.data.train))
 
 
-def own_examples(settings: ClientsSettings, seed: int) -> Callable[[ModelSetup], np.ndarray]:
-    """A node-resident client's training examples: its whole training part, less the
-    validation_fraction held out when its data set has no validation part of its own."""
+def own_examples(settings: ClientsSettings, seed: int,
+                 client: str | None = None) -> Callable[[ModelSetup], np.ndarray]:
+    """A node-resident client's training examples: its node's whole training part (or,
+    where the data set holds several named clients, ``client``'s own examples), less the
+    validation_fraction held out when it has no validation part of its own."""
     def examples(setup: ModelSetup) -> np.ndarray:
-        if not holds_out_own(setup, settings):
-            return all_examples(setup)
-        return split_validation(all_examples(setup), settings.validation_fraction, seed, 0)[0]
+        return _own_parts(setup, settings, seed, client)[0]
     return examples
 
 
-def holds_out_own(setup: ModelSetup, settings: ClientsSettings) -> bool:
-    """Whether a node-resident client's validation part is a share of its training part
-    (its data set has no validation part, and the run holds a share out)."""
-    return bool(settings.validation_fraction) and len(setup.data.validation) == 0
+def resident_examples(client: str | None) -> Callable[[ModelSetup], np.ndarray]:
+    """A node-resident client's examples, none held out: its node's whole training part, or
+    the named client's own examples."""
+    def examples(setup: ModelSetup) -> np.ndarray:
+        named = own_clients(setup)
+        return _named(named, client).train if named else all_examples(setup)
+    return examples
+
+
+def own_clients(setup: ModelSetup) -> dict[str, ClientParts]:
+    """The named clients of a node's data set (a plug-in that returned several); empty
+    when the data set is one client."""
+    return getattr(setup.data, "clients", None) or {}
+
+
+def _named(named: dict[str, ClientParts], client: str | None) -> ClientParts:
+    if client not in named:
+        raise ConfigError(f"the data set holds no client {client!r} (it holds "
+                          f"{', '.join(list(named)[:5])}{', ...' if len(named) > 5 else ''})")
+    return named[client]
+
+
+def _own_parts(setup: ModelSetup, settings: ClientsSettings, seed: int,
+               client: str | None) -> tuple[np.ndarray, Any]:
+    """(training examples, validation split) of a node-resident client."""
+    named = own_clients(setup)
+    if named:
+        parts = _named(named, client)
+        train, validation = parts.train, Subset(setup.data.validation, parts.validation)
+        stream = zlib.crc32(str(client).encode())  # each client's held-out draw its own
+    else:
+        train, validation, stream = all_examples(setup), setup.data.validation, 0
+    if not settings.validation_fraction or len(validation):
+        return train, validation
+    kept, held = split_validation(train, settings.validation_fraction, seed, stream)
+    return kept, Subset(setup.data.train, held)
 
 
 def client_examples(client: str, settings: ClientsSettings,
@@ -197,8 +231,5 @@ def validation_split(client: str, settings: ClientsSettings,
     def split(setup: ModelSetup) -> Any:
         if not settings.on_nodes:
             return Subset(setup.data.train, client_validation(client, settings, seed)(setup))
-        if not holds_out_own(setup, settings):
-            return setup.data.validation
-        held = split_validation(all_examples(setup), settings.validation_fraction, seed, 0)[1]
-        return Subset(setup.data.train, held)
+        return _own_parts(setup, settings, seed, client)[1]
     return split

@@ -3,7 +3,9 @@
 * ``placement``: ``partition`` (research on one data set: every process deals the same data
   set to the clients) or ``nodes`` (real federation: each node's own copy of
   ``run.dataset``, whatever its files, sizes and labels, is one client, named by the
-  node's id; the coordinator's copy is its validation data and fixes the model's shape).
+  node's id, or several clients where a data set plug-in returns a mapping of names to
+  data sets (training/data/client_sets.py); the coordinator's copy is its validation data
+  and fixes the model's shape).
 * ``count``: partition: C clients, each a named piece of the training part (``client0``
   ..); 0 (the default) has none: units are index ranges of the whole data set, as before.
 * ``partition``: the seeded rule that deals the examples (training/clients/partition.py:

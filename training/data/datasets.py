@@ -21,7 +21,7 @@ import json
 import re
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import default_collate
 
 from thrift_trainer.training import plugins
-from thrift_trainer.training.data import mnist, preprocessing
+from thrift_trainer.training.data import client_sets, mnist, preprocessing
 from thrift_trainer.training.data.image_classes import read_class_folders
 from thrift_trainer.training.data.letters import load_letters
 from thrift_trainer.training.data.paths import DataPathError, folder_stamp, resolve_under
@@ -94,6 +94,9 @@ class LoadedData:
     # How examples were read and preprocessed (training/data/preprocessing.py): a model
     # file records it, so `client.py evaluate` and `predict` read new data the same way.
     record: dict[str, Any] = field(default_factory=dict)
+    # A plug-in that returned several named clients (training/data/client_sets.py): each
+    # one's positions in the two parts; empty: the data set is one client.
+    clients: dict[str, client_sets.ClientParts] = field(default_factory=dict)
 
 
 def load_data(dataset: str, location: Path, settings: DataSettings) -> LoadedData:
@@ -371,6 +374,11 @@ def _plugin_data(name: str, data_root: Path, settings: DataSettings) -> LoadedDa
     takes_split = _takes(factory, "split")
     made = {split: _make(name, factory, data_root, settings, split)
             for split in (("train", "validation") if takes_split else ("all",))}
+    named = {split: client_sets.check_mapping(name, split, data) for split, data in made.items()}
+    if takes_split:
+        client_sets.check_same_clients(name, named["train"], named["validation"])
+    if named[next(iter(made))] is not None:
+        return _named_clients_data(name, named, settings)
     if takes_split:
         train = PluginSplit(made["train"], np.arange(len(made["train"])))
         validation = PluginSplit(made["validation"], np.arange(len(made["validation"])))
@@ -379,12 +387,36 @@ def _plugin_data(name: str, data_root: Path, settings: DataSettings) -> LoadedDa
         train_idx, held_idx = held_out(len(source), settings.validation_fraction)
         train, validation = PluginSplit(source, train_idx), PluginSplit(source, held_idx)
     classes = getattr(next(iter(made.values())), "num_classes", None)
+    return _plugin_loaded(name, train, validation, _plugin_hash(made, settings), classes)
+
+
+def _plugin_loaded(name: str, train: Split, validation: Split, fingerprint: str,
+                   classes: int | None,
+                   clients: dict[str, client_sets.ClientParts] | None = None) -> LoadedData:
     try:
-        return _loaded(name, train, validation, _plugin_hash(made, settings), classes,
-                       preprocessing.plugin_record(name))
+        loaded = _loaded(name, train, validation, fingerprint, classes,
+                         preprocessing.plugin_record(name))
     except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as exc:
         raise PluginError(f"data set {name}: its items cannot be read as (input, target) "
                           f"pairs: {type(exc).__name__}: {exc}") from None
+    return replace(loaded, clients=clients or {})
+
+
+def _named_clients_data(name: str, named: dict[str, dict[str, Any] | None],
+                        settings: DataSettings) -> LoadedData:
+    """A plug-in's several named clients as one training and one validation part (their
+    data sets in name order, each client a range of positions)."""
+    parts = client_sets.combined(named, settings.validation_fraction, SPLIT_SEED)
+    clients = {key: client_sets.ClientParts(parts.train_positions[key],
+                                            parts.validation_positions[key],
+                                            _plugin_hash(made, settings))
+               for key, made in parts.own.items()}
+    fingerprint = _plugin_hash({f"{key}/{split}": data for key, made in parts.own.items()
+                                for split, data in made.items()}, settings)
+    first = next(iter(parts.own.values()))
+    return _plugin_loaded(name, PluginSplit(*parts.train), PluginSplit(*parts.validation),
+                          fingerprint, getattr(next(iter(first.values())), "num_classes", None),
+                          clients)
 
 
 def _make(name: str, factory: Callable[..., Any], data_root: Path, settings: DataSettings,
@@ -399,7 +431,7 @@ def _make(name: str, factory: Callable[..., Any], data_root: Path, settings: Dat
     except Exception as exc:
         raise PluginError(f"data set {name} could not be made: {type(exc).__name__}: "
                           f"{exc}") from None
-    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+    if not client_sets.is_map_style(data):
         raise PluginError(f"data set {name} is not a map-style data set (it needs __len__ "
                           f"and __getitem__; it gave a {type(data).__name__})")
     return data
