@@ -5,8 +5,6 @@
 
 const runIds = new URLSearchParams(location.search).get("runs") || "";
 const charts = {};  // title -> {plot, names}
-const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c",
-                "#5c940d"];
 // [title, x key, y key]: the same four views as compare.png
 const CURVES = [
   ["Validation error against rounds", "round", "validation_error"],
@@ -47,19 +45,13 @@ function joined(runs, xKey, yKey) {
 
 function drawCurves(title, xKey, yKey, runs, colorOf) {
   const shown = runs.filter(run => run[xKey] && run[yKey].some(v => v !== null));
-  const names = shown.map(run => run.run_id);
   const data = joined(shown, xKey, yKey);
-  const existing = charts[title];
-  if (existing && existing.names.join() === names.join()) {
-    existing.plot.setData(data);
-    return;
-  }
-  if (existing) existing.plot.destroy();
-  const box = document.getElementById("chart-" + slug(title)) ||
-      document.getElementById("charts").appendChild(
-          el("div", {class: "chart", id: "chart-" + slug(title)}, el("h3", {}, title)));
-  if (!shown.length) return;
-  const opts = {
+  placeChart(charts, title, shown.map(run => run.run_id), data, box => shown.length ?
+      new uPlot(curveOptions(box, xKey, shown, colorOf), data, box) : null);
+}
+
+function curveOptions(box, xKey, shown, colorOf) {
+  return {
     width: Math.max(360, box.clientWidth - 12), height: 220,
     scales: {x: {time: false}},
     axes: [{label: xKey === "round" ? "round" : xKey === "mib" ? "MiB" : "seconds"},
@@ -68,10 +60,7 @@ function drawCurves(title, xKey, yKey, runs, colorOf) {
       label: run.label + (run.seed === null ? "" : " seed " + run.seed) + " (" + run.run_id + ")",
       stroke: colorOf(run.label), width: 2, spanGaps: true, points: {show: run.round.length < 60}}))],
   };
-  charts[title] = {plot: new uPlot(opts, data, box), names};
 }
-
-function slug(text) { return text.toLowerCase().replace(/[^a-z0-9]+/g, "-"); }
 
 function render(view) {
   document.getElementById("problem").hidden = true;

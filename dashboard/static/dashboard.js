@@ -2,6 +2,8 @@
 "use strict";
 
 const POLL_MS = 1000;
+const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c",
+                "#5c940d"];
 
 // Calls render(data) with the answer of `url` now and every POLL_MS, one request at a time;
 // an answer the request itself is refused with (400, 404) goes to refused(text), if given.
@@ -78,4 +80,24 @@ function fillTable(tbody, rows, key) {
     for (const [value, cls] of row.cells) tr.append(el("td", cls ? {class: cls} : {}, value));
     return tr;
   }));
+}
+
+function slug(text) { return text.toLowerCase().replace(/[^a-z0-9]+/g, "-"); }
+
+// The chart `title` in #charts (`charts`: title -> {plot, names}): given new data in place
+// when it shows the same series, else made again by make(box), which returns the plot
+// (or nothing, for a chart with nothing to show yet).
+function placeChart(charts, title, names, data, make) {
+  const existing = charts[title];
+  if (existing && existing.names.join() === names.join()) {
+    existing.plot.setData(data);
+    return;
+  }
+  if (existing) existing.plot.destroy();
+  delete charts[title];
+  const box = document.getElementById("chart-" + slug(title)) ||
+      document.getElementById("charts").appendChild(
+          el("div", {class: "chart", id: "chart-" + slug(title), "data-title": title}, el("h3", {}, title)));
+  const plot = make(box);
+  if (plot) charts[title] = {plot, names};
 }

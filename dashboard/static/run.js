@@ -22,8 +22,6 @@ const GROUPS = [
                                     "federated_val_accuracy"]],
 ];
 const NOT_CHARTED = new Set(["round", "n", "eval_round"]);
-const COLORS = ["#2f6fdd", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c",
-                "#5c940d"];
 
 function chartGroups(rounds) {
   const names = Object.keys(rounds).filter(n => !NOT_CHARTED.has(n));
@@ -45,25 +43,18 @@ function chartGroups(rounds) {
 
 function drawChart(title, names, rounds) {
   const data = [rounds.round, ...names.map(n => rounds[n])];
-  const existing = charts[title];
-  if (existing && existing.names.join() === names.join()) {
-    existing.plot.setData(data);
-    return;
-  }
-  if (existing) existing.plot.destroy();
-  const box = document.getElementById("chart-" + slug(title)) ||
-      document.getElementById("charts").appendChild(
-          el("div", {class: "chart", id: "chart-" + slug(title), "data-title": title}, el("h3", {}, title)));
-  const width = Math.max(360, box.clientWidth - 12);
-  const opts = {
-    width, height: 200,
+  placeChart(charts, title, names, data, box => new uPlot(chartOptions(box, title, names, rounds), data, box));
+}
+
+function chartOptions(box, title, names, rounds) {
+  return {
+    width: Math.max(360, box.clientWidth - 12), height: 200,
     scales: {x: {time: false}, y: {range: yRange}},
     axes: [{label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000]},
            {size: 72, values: (u, vals) => vals.map(v => title.startsWith("Bytes") ? fmtBytes(v) : fmtNumber(v, 3))}],
     series: [{label: "round"}, ...names.map((n, i) => ({label: n, stroke: COLORS[i % COLORS.length],
       width: 2, spanGaps: true, points: {show: measured(rounds[n]) < MANY_POINTS}}))],
   };
-  charts[title] = {plot: new uPlot(opts, data, box), names};
 }
 
 // A series with few values shows them as points too: a value measured once has no line.
@@ -77,7 +68,6 @@ function yRange(u, min, max) {
   return uPlot.rangeNum(min, max, 0.1, true);
 }
 
-function slug(text) { return text.toLowerCase().replace(/[^a-z0-9]+/g, "-"); }
 
 function renderSummary(view) {
   const s = view.summary, p = view.progress;
