@@ -72,6 +72,17 @@ class LedgerReads:
         return sorted(result, key=lambda u: (-u.age_seconds, u.round, u.unit_id))
 
     @reads_what_was_written
+    def latest_discard(self, run_id: str) -> str | None:
+        """Why the run's latest discarded unit was given up, as a live run's progress
+        says it ("unit <id> on <node>: <why>"); None if none was."""
+        with self._tx(write=False) as db:
+            row = db.execute(self._q.latest_discard, (run_id,)).fetchone()
+        if row is None:
+            return None
+        unit_id, node, reason = row
+        return f"unit {unit_id} on {node or '?'}: {reason or 'no reason recorded'}"
+
+    @reads_what_was_written
     def unit_history(self, run_id: str, round_index: int, unit_id: str) -> list[UnitEvent]:
         """Every status change of one unit, oldest first, to replay what happened."""
         with self._tx(write=False) as db:

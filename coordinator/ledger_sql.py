@@ -152,6 +152,9 @@ class LedgerSql:
         self.unsettled_units = (
             "SELECT round, unit_id, status, node, updated, attempts, failures, last_reason "
             f"FROM units{units_hint} WHERE run_id = {p} AND status IN ({unsettled})")
+        self.latest_discard = (
+            f"SELECT unit_id, node, last_reason FROM units{units_hint} WHERE run_id = {p} "
+            "AND status = 'discarded' ORDER BY updated DESC, round DESC LIMIT 1")
         self.live_attempts = (
             f"SELECT round, unit_id, node, started FROM attempts{attempts_hint} "
             f"WHERE run_id = {p} AND status = 'in_progress' ORDER BY attempt")

@@ -33,6 +33,7 @@ def stored_status(store: LedgerQueries, record: RunRecord, suspect_seconds: floa
         message=record.message, cancelled=sum(n.cancelled for n in nodes),
         train_loss=_finite(rounds[-1].train_loss) if rounds else None,
         discarded=store.ledger_counts(record.run_id).get("discarded", 0),
+        discard_reason=store.latest_discard(record.run_id),
         algorithm=record.algorithm, model=record.model)
 
 

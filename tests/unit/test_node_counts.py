@@ -42,6 +42,9 @@ def test_a_stored_run_shows_the_counts_the_store_kept_and_no_seconds(tmp_path: P
         store.node_answer("r1", "n1:9091", "completed", delayed=True, samples=10)
         store.node_answer("r1", "n1:9091", "rejected", delayed=False)
         store.node_failure("r1", "n1:9091", "timed out")
+        store.plan_units("r1", 1, ["u1"])
+        store.unit_started("r1", 1, "u1", 1, "n1:9091")
+        store.unit_finished("r1", 1, "u1", 1, "n1:9091", "discarded", "timed out")
         record, = store.node_stats("r1")
         status = stored_status(store, store.get_run("r1"), suspect_seconds=5.0,
                                dead_seconds=30.0)
@@ -51,3 +54,4 @@ def test_a_stored_run_shows_the_counts_the_store_kept_and_no_seconds(tmp_path: P
     summary, = status.nodes
     assert (summary.node, summary.count_fields()) == ("n1:9091", record.count_fields())
     assert (status.rejected, status.failed) == (1, 1)
+    assert (status.discarded, status.discard_reason) == (1, "unit u1 on n1:9091: timed out")

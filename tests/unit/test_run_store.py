@@ -279,6 +279,16 @@ def test_planning_validates_unit_ids(store: RunStore) -> None:
     assert sum(store.ledger_counts("r1").values()) == 6
 
 
+def test_the_latest_discard_says_which_unit_on_which_node_and_why(store: RunStore,
+                                                                  clock: FakeClock) -> None:
+    assert store.latest_discard("r1") is None
+    for unit, node, seconds in ((UNITS[0], A, 1.0), (UNITS[1], B, 2.0)):
+        clock.now += seconds
+        store.unit_started("r1", 1, unit, 1, node)
+        store.unit_finished("r1", 1, unit, 1, node, "discarded", reason="update norm too large")
+    assert store.latest_discard("r1") == f"unit {UNITS[1]} on {B}: update norm too large"
+
+
 @pytest.mark.parametrize(("ends", "final", "failures"), [
     (["completed"], "completed", 0),
     (["failed", "completed"], "completed", 1),
