@@ -90,3 +90,32 @@ def test_a_run_without_noise_and_a_clip_never_reached_equals_its_replay(cluster)
     weighted = _replay(_overrides(), ROUNDS, clients_of)
     assert any(not np.allclose(weighted[name], value, rtol=1e-5, atol=1e-6)
                for name, value in expected.items())
+
+
+def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster):
+    """One client a round in expectation: the seed's draws leave rounds with no client,
+    whose noise is applied all the same; the noise is seeded, so the replay is exact."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    rounds = 4
+    sets = [*FEDERATED, *NOISED, "--set", "clients.per_round=1", "--set", f"run.rounds={rounds}"]
+    result = cluster.train_json(*sets)
+    run_dir = _run_dir(cluster, result)
+    sizes = json.loads((run_dir / "partition.json").read_text())["sizes"]
+    settings = ClientsSettings(count=CLIENTS, per_round=1, sampling="poisson")
+    held = [name for name, size in zip(settings.names(), sizes, strict=True) if size]
+    draws = {r: settings.sampled(r, 1, held) for r in range(1, rounds + 1)}
+    assert any(not drawn for drawn in draws.values()), draws  # the seed's empty rounds
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+    for r, drawn in draws.items():
+        assert sorted(line["client"] for line in lines if line["round"] == r
+                      and "node" in line) == drawn, (r, lines)
+    overrides = [item for item in sets if item != "--set"]
+    expected = _replay(overrides, rounds, lambda r: [(name, SHIPPED) for name in draws[r]])
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
