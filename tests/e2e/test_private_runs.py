@@ -119,3 +119,48 @@ def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluster):
+    """Epsilon after the resume continues from the rounds the store holds, and the rounds
+    computed again draw the same clients and noise: the model equals the seeded replay."""
+    cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
+    cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
+    cluster.start_coordinator(2)
+    rounds = 5
+    sets = [*FEDERATED, *NOISED, "--set", f"run.rounds={rounds}"]
+    client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
+    try:
+        cluster.coordinator.wait_for(r"round 2/5", timeout=120)
+        cluster.coordinator.kill()  # SIGKILL, mid-round 3 or later
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume private" in err, err
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "private")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "private", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
+    assert 2 <= resumed_after < rounds
+    run_dir = cluster.workdir / "runs" / "private"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(1, rounds + 1))
+    spent = dp_accounting.rdp.RdpAccountant()
+    for row in rows:
+        spent.compose(dp_accounting.PoissonSampledDpEvent(
+            PER_ROUND / CLIENTS, dp_accounting.GaussianDpEvent(1.1)))
+        assert row["epsilon"] == pytest.approx(spent.get_epsilon(0.001), rel=5e-4), row
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+
+    def clients_of(round_index: int):
+        return [(line["client"], SHIPPED) for line in lines
+                if line["round"] == round_index and "node" in line]
+    expected = _replay([item for item in sets if item != "--set"], rounds, clients_of)
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
