@@ -42,6 +42,7 @@ from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
 from thrift_trainer.training.privacy import mechanism
 from thrift_trainer.training.privacy.accounting import Sampling
+from thrift_trainer.training.privacy.settings import OFF as PRIVACY_OFF
 from thrift_trainer.training.privacy.settings import SECTION as PRIVACY
 from thrift_trainer.training.privacy.settings import settings_from as privacy_settings
 from thrift_trainer.training.schema import DeltaAvgSettings, defaults, model_defaults
@@ -74,6 +75,7 @@ class DeltaAveraging(AveragingAlgorithm):
     clients = True  # a torch model's units may be federated clients (training/clients/)
     local_rounds = True  # a delta is a change of the model, which relays can apply
     private = True  # client-level differential privacy (training/privacy/)
+    privacy = PRIVACY_OFF  # the run's settings, read from its config at construction
 
     @classmethod
     def takes_clients(cls, model: str) -> str | None:
