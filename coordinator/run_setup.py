@@ -185,7 +185,7 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
     if not spec.privacy.enabled:
         return
     problem = None
-    if not getattr(cls, "private", False):
+    if not cls.private:
         problem = f"{cls.name} has no client-level privacy (delta_avg has)"
     elif not spec.clients.enabled:
         problem = "client-level privacy needs federated clients (set clients.count)"
