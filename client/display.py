@@ -367,13 +367,23 @@ def headline(data: dict[str, Any]) -> list[str]:
 def client_lines(scores: dict[str, float] | None) -> list[str]:
     """A run with federated clients: its last round's clients and the spread of their
     training losses (coordinator/client_files.py's fairness figures), and its latest
-    federated evaluation (coordinator/client_eval.py)."""
-    if not scores or "client_loss_mean" not in scores:
+    federated evaluation (coordinator/client_eval.py); a private run's epsilon spent."""
+    if not scores:
         return []
+    lines = privacy_lines(scores)
+    if "client_loss_mean" not in scores:
+        return lines
     return [f"Clients (round {scores['round']:.0f}): {scores['clients_trained']:.0f} "
             f"trained, training loss mean {scores['client_loss_mean']:.4f}, worst 10% "
             f"{scores['client_loss_worst10']:.4f}, spread (std) "
-            f"{scores['client_loss_std']:.4f}", *federated_lines(scores)]
+            f"{scores['client_loss_std']:.4f}", *federated_lines(scores), *lines]
+
+
+def privacy_lines(scores: dict[str, float]) -> list[str]:
+    """A private run (docs/privacy.md): the epsilon spent after the round."""
+    if "epsilon" not in scores:
+        return []
+    return [f"Privacy (round {scores['round']:.0f}): epsilon {scores['epsilon']:.4g} spent"]
 
 
 def federated_lines(scores: dict[str, float]) -> list[str]:

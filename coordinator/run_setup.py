@@ -34,6 +34,7 @@ from thrift_trainer.training.data.paths import DataPathError, data_location
 from thrift_trainer.training.models.names import check_model_name, is_module_model
 from thrift_trainer.training.outputs.plots import check_outputs
 from thrift_trainer.training.plugins import PluginError
+from thrift_trainer.training.privacy import accounting
 from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts
 from thrift_trainer.training.spec import RunSpec
 
@@ -67,6 +68,7 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
                              request.config_json)
         check_init_weights(spec.model_settings.init_weights, (data_root, *weights_dirs))
         algorithm = _algorithm(spec, data_root, limits, deterministic)
+        _check_budget(algorithm, request.rounds)
     except (ConfigError, DataPathError, DataFormatError, PluginError) as exc:
         raise InvalidRun(_refused_here(str(exc))) from None
     except OSError as exc:  # e.g. a name the file system refuses
@@ -77,7 +79,13 @@ def prepare(request: RunRequest, data_root: Path, limits: RequestLimits,
     facts = _facts(spec, data_root)
     if facts is not None:
         spec = replace(spec, expect=facts.expectation())
-    return RunSetup(run_id, request, spec, algorithm, _outputs(request.outputs_json),
+    outputs = _outputs(request.outputs_json)
+    if spec.privacy.enabled and outputs.get("checkpoint_every", 1) != 1:
+        # a round's weights leave the coordinator only after its checkpoint, so a resume
+        # never computes again a round whose noised weights were released
+        raise InvalidRun("privacy: outputs.checkpoint_every must be 1 (each round's noised "
+                         "weights are checkpointed before they are sent out)")
+    return RunSetup(run_id, request, spec, algorithm, outputs,
                     spec.to_config_json(algorithm.config), planned, facts)
 
 
@@ -146,6 +154,7 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     check_supported(spec.compression, cls.name, cls.compression_codecs(spec.model))
     schedule.check_usable(spec.schedule, cls, deterministic)
     _check_clients(spec, cls)
+    _check_privacy(spec, cls)
     if spec.schedule.asynchronous and spec.compression.keeps_residuals:
         # residuals are kept per unit slot, and a stream's units change with every pass
         raise ConfigError(f"compression.up: topk cannot be used in {spec.schedule.mode!r} "
@@ -167,6 +176,40 @@ def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
         problem = _stream_problem(spec, cls)
     if problem is not None:
         raise ConfigError(f"clients: {problem}")
+
+
+def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
+    """ConfigError, in one line, for a private run that DP-FedAvg cannot make private: its
+    sensitivity bound holds for the plain sum of clipped updates of clients sampled in sync
+    rounds (compression composes: the coordinator clips what it decoded)."""
+    if not spec.privacy.enabled:
+        return
+    problem = None
+    if not cls.private:
+        problem = f"{cls.name} has no client-level privacy (delta_avg has)"
+    elif not spec.clients.enabled:
+        problem = "client-level privacy needs federated clients (set clients.count)"
+    elif spec.clients.on_nodes:
+        problem = ("placement nodes is not supported yet: the clients, and so the sampling "
+                   "rate, are known only once nodes announce them (use placement partition)")
+    elif spec.aggregation_rule != "mean":
+        problem = (f"aggregation.rule {spec.aggregation_rule} does not sum the clipped "
+                   f"updates, which the noise is calibrated to; use mean")
+    elif spec.clients.over_select != 1:
+        problem = ("clients.over_select drops the late clients of a round, which the "
+                   "accounting of the sampling cannot see; leave it at 1")
+    elif spec.schedule.asynchronous:
+        problem = f"DP-FedAvg runs sync rounds, not {spec.schedule.mode!r} mode"
+    if problem is not None:
+        raise ConfigError(f"privacy: {problem}")
+
+
+def _check_budget(algorithm: Algorithm, rounds: int) -> None:
+    """ConfigError when a private run cannot be accounted (no dp-accounting, a pairing of
+    sampling and accountant it lacks) or its rounds would spend more than target_epsilon."""
+    sampling = getattr(algorithm, "privacy_sampling", lambda: None)()
+    if sampling is not None:
+        accounting.check_plan(algorithm.privacy, sampling, rounds)
 
 
 def _overrides(cls: type[Algorithm], method: str) -> bool:

@@ -22,6 +22,7 @@ from thrift_trainer.coordinator.checkpoint import Checkpoint, CheckpointError
 from thrift_trainer.coordinator.client_eval import Evaluated, evaluate_clients, evaluation_engine
 from thrift_trainer.coordinator.client_files import client_rows, fairness, stream_client_rows
 from thrift_trainer.coordinator.kept_results import KeptResults
+from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_tasks import RunTasks, VersionCache
@@ -102,6 +103,7 @@ class TrainingLoop:
         self._eval_engine: RoundEngine | None = None
         self._sent: tuple[Weights, Tensors] | None = None
         self._latest_eval: dict[str, float] = {}  # the status shows it until the next
+        self._budget = PrivacyBudget.of(self.algorithm)  # None: the run is not private
 
     def run(self, engine: RoundEngine, weights: Weights, done: int,
             history: list[RoundMetrics]) -> Weights:
@@ -123,6 +125,8 @@ class TrainingLoop:
     def _round(self, engine: RoundEngine, round_index: int,
                weights: Weights) -> tuple[Weights, RoundMetrics]:
         self._refresh_nodes(engine)  # nodes joined or left since the last round
+        if self._budget is not None:
+            self._budget.check_round(round_index, [n.name for n in engine.nodes])
         if self.parts.before_round is not None:
             self.parts.before_round()
         started, bytes_before = runtime.monotonic(), self._payload_totals()
@@ -138,7 +142,8 @@ class TrainingLoop:
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]
                                     + outcome.discarded)
-            if outcome.results:
+            if outcome.results or self._budget is not None:  # a private round's noise
+                # is released even when no client took part (an empty Poisson draw)
                 weights = self._aggregate(round_index, weights, outcome.results,
                                           outcome.failures)
             else:  # every client of the round dropped out: nothing to apply
@@ -152,6 +157,8 @@ class TrainingLoop:
                 self.parts.run_id, self.parts.nodes.nodes, outcome.placement,
                 cannot_dial=lambda node: not node.accepts_connections))
         figures = fairness(clients)
+        if self._budget is not None:
+            figures.update(self._budget.figures(round_index))
         evaluated = self._evaluate_clients(engine, round_index, weights, clock)
         if evaluated is not None:
             clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}

@@ -31,6 +31,7 @@ from thrift_trainer.training.run_config import (  # noqa: E402
     DATA,
     HIERARCHY,
     OUTPUTS,
+    PRIVACY,
     RUN,
     SCHEDULE,
 )
@@ -116,6 +117,9 @@ def destination(section: str) -> str:
     if section == CLIENTS:
         return ("sent inside `config_json` as the object under `\"clients\"`, only when "
                 "`count` is not 0")
+    if section == PRIVACY:
+        return ("sent inside `config_json` as the object under `\"privacy\"`, only when "
+                "a key is not its default (privacy is on when `clip` is above 0)")
     if section == DATA:
         return ("sent inside `config_json` as the object under `\"data\"`, holding the keys "
                 "that differ from their defaults (torch models only)")

@@ -175,6 +175,22 @@ class AggregationSettings:
 
 
 @dataclass(frozen=True)
+class PrivacySettings:
+    """Client-level differential privacy of delta_avg with clients (DP-FedAvg,
+    training/privacy/)."""
+
+    clip: float = 0.0
+    noise_multiplier: float = 0.0
+    delta: float = 1e-5
+    target_epsilon: float = 0.0
+    accountant: str = "rdp"
+
+    @property
+    def enabled(self) -> bool:
+        return self.clip > 0
+
+
+@dataclass(frozen=True)
 class OutputSettings:
     """What a run writes and how often (training/outputs/plots.py)."""
 

@@ -9,6 +9,7 @@ own keys, plus one key per shared section when it is not the default:
 * ``schedule``: sync, async or buffered (training/schedule.py),
 * ``hierarchy``: how relays train their groups (training/hierarchy.py),
 * ``clients``: the run's federated clients (training/clients/settings.py),
+* ``privacy``: client-level differential privacy (training/privacy/settings.py),
 * ``model``: a torch model's arguments, loss, metric and starting weights
   (training/models/settings.py),
 * ``data``: how a torch model's data set is read (training/data/settings.py);
@@ -43,11 +44,13 @@ from thrift_trainer.training.data.settings import DataSettings, DataSettingsErro
 from thrift_trainer.training.hierarchy import HierarchySettings
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings, ModelSettingsError
+from thrift_trainer.training.privacy import settings as privacy
 from thrift_trainer.training.schedule import ScheduleSettings
+from thrift_trainer.training.schema import PrivacySettings
 
 EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,
-                   MODEL, DATA, EXPECT, clients.SECTION)
+                   MODEL, DATA, EXPECT, clients.SECTION, privacy.SECTION)
 
 
 class SpecError(ConfigError):
@@ -68,6 +71,7 @@ class RunSpec:
     data: DataSettings = field(default_factory=DataSettings)
     expect: dict[str, Any] = field(default_factory=dict)
     clients: ClientsSettings = clients.NONE
+    privacy: PrivacySettings = privacy.OFF
 
     @classmethod
     def parse(cls, algorithm: str, model: str, dataset: str,
@@ -87,7 +91,8 @@ class RunSpec:
                 hierarchy=hierarchy.settings_from(config.get(hierarchy.SECTION)),
                 model_settings=ModelSettings.from_mapping(config.get(MODEL)),
                 data=DataSettings.from_mapping(config.get(DATA)), expect=expect,
-                clients=clients.settings_from(config.get(clients.SECTION)))
+                clients=clients.settings_from(config.get(clients.SECTION)),
+                privacy=privacy.settings_from(config.get(privacy.SECTION)))
         except (ConfigError, DataSettingsError, ModelSettingsError) as exc:
             raise SpecError(str(exc)) from None
 
@@ -125,7 +130,7 @@ class RunSpec:
             config[MODEL] = self.model_settings.changed()
         if self.data.changed():
             config[DATA] = self.data.changed()
-        return clients.join_clients(config, self.clients)
+        return privacy.join_privacy(clients.join_clients(config, self.clients), self.privacy)
 
     def config_dict(self, checked_config: Mapping[str, Any] | None = None, *,
                     with_schedule: bool = False) -> dict[str, Any]:

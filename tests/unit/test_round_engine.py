@@ -493,3 +493,10 @@ def test_a_unit_past_its_failure_limit_is_not_queued_beside_its_attempts_still_o
     state.end_attempt(unit, second)
     assert state.record_failure(unit, "bad shard", max_failures=3)  # the last one decides
     assert unit.discarded
+
+
+def test_a_round_of_no_unit_ends_at_once_with_no_result():
+    """An empty Poisson draw of clients: nothing to run, nothing failed."""
+    eng, _, _ = engine([LocalNode(0)])
+    outcome = eng.run_round(1, [], 0, build)
+    assert outcome.results == [] and outcome.failures == []

@@ -81,6 +81,10 @@ class Algorithm(ABC):
     # True: relays may train it in local rounds (training/hierarchy.py): its update is a
     # change of the model, which a relay can apply to its group's copy.
     local_rounds: ClassVar[bool] = False
+    # True: it makes a run with clients differentially private at the client level when
+    # the run has a `privacy` section (training/privacy/, docs/privacy.md): its `aggregate`
+    # clips and noises the clients' updates and it tells the accounting how rounds sample.
+    private: ClassVar[bool] = False
     # True: nodes keep per-run sessions for this algorithm; the run drops them at its end.
     uses_sessions: ClassVar[bool] = False
     # False: a unit never runs on two nodes at once (no backup attempts), because running

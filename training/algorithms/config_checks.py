@@ -41,8 +41,9 @@ def check_type(key: str, value: Any, default: Any) -> Any:
 # A torch model's settings in an algorithm's config (training/spec.py): checked by the spec
 # and read by training/algorithms/torch_model.py, passed through by `check_config`; and the
 # run's federated clients (training/clients/settings.py), read by the algorithms that take
-# them (`Algorithm.takes_clients`).
-WORKLOAD_SECTIONS = ("model", "data", "clients")
+# them (`Algorithm.takes_clients`), and its privacy settings (training/privacy/), read
+# by delta_avg.
+WORKLOAD_SECTIONS = ("model", "data", "clients", "privacy")
 
 
 def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -58,8 +59,8 @@ def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[s
 
 
 def with_workload(checked: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``checked`` with the `model`, `data` and `clients` sections of ``config``, where it
-    has them."""
+    """``checked`` with the `model`, `data`, `clients` and `privacy` sections of
+    ``config``, where it has them."""
     return {**checked, **{key: config[key] for key in WORKLOAD_SECTIONS if key in config}}
 
 

@@ -17,7 +17,7 @@ validation error.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,20 @@ from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.privacy import mechanism
+from thrift_trainer.training.privacy.accounting import Sampling
+from thrift_trainer.training.privacy.settings import OFF as PRIVACY_OFF
+from thrift_trainer.training.privacy.settings import SECTION as PRIVACY
+from thrift_trainer.training.privacy.settings import settings_from as privacy_settings
 from thrift_trainer.training.schema import DeltaAvgSettings, defaults, model_defaults
 from thrift_trainer.training.unit_parts import part_bounds
 from thrift_trainer.training.units import (
     RoundEval,
     TensorSpecs,
+    UnitFailure,
     UnitJob,
     UnitOutput,
+    UnitResult,
     UnitSpec,
     Weights,
     unit_seed,
@@ -67,6 +74,8 @@ class DeltaAveraging(AveragingAlgorithm):
     asynchronous = True  # deltas can be applied one by one as they arrive
     clients = True  # a torch model's units may be federated clients (training/clients/)
     local_rounds = True  # a delta is a change of the model, which relays can apply
+    private = True  # client-level differential privacy (training/privacy/)
+    privacy = PRIVACY_OFF  # the run's settings, read from its config at construction
 
     @classmethod
     def takes_clients(cls, model: str) -> str | None:
@@ -268,6 +277,44 @@ class DeltaAveraging(AveragingAlgorithm):
         # every unit of a round is averaged (node-resident clients: once they are known)
         if not clients.on_nodes:
             check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
+        self.privacy = privacy_settings(self.config.get(PRIVACY))
+        if self.privacy.enabled:
+            self._check_private()
+
+    # ---------------------------------------------------- differential privacy
+    def _check_private(self) -> None:
+        """DP-FedAvg clips deltas: a torch model's buffers (BatchNorm statistics) travel as
+        states, not changes, and would escape the clipping."""
+        if not isinstance(self._plan, ClientPlan):
+            raise ConfigError("privacy: client-level privacy needs federated clients "
+                              "(clients.count)")
+        buffers = [name for name in self.initial_weights() if name.startswith(BUFFER)]
+        if buffers:
+            raise ConfigError(f"privacy: the model has buffers ({buffers[0][len(BUFFER):]}, "
+                              f"...), states that cannot be clipped; use a model without "
+                              f"BatchNorm")
+
+    def privacy_sampling(self) -> Sampling | None:
+        """How the run's rounds sample clients, for the accounting; None without privacy."""
+        if not self.privacy.enabled or not isinstance(self._plan, ClientPlan):
+            return None
+        clients = self._plan.clients
+        count = len(self._plan.units)
+        return Sampling("poisson" if clients.poisson else "fixed", count,
+                        clients.target(count))
+
+    def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
+                  failures: Sequence[UnitFailure]) -> Weights:
+        """With privacy: the clipped deltas' noised sum over the expected number of clients
+        (DP-FedAvg), through the server optimizer; else the aggregation rule's."""
+        sampling = self.privacy_sampling()
+        if sampling is None:
+            return super().aggregate(round_index, weights, results, failures)
+        update = mechanism.private_mean(
+            [r.update for r in results], weights, self.privacy.clip,
+            self.privacy.noise_multiplier, sampling.expected, self.config["seed"],
+            round_index)
+        return self.apply(weights, update)
 
     def initial_weights(self) -> Weights:
         return self._plan.initial_weights(self.config["seed"])

@@ -147,7 +147,10 @@ class ClientPlan(RangePlan):
             settings.metric in ("auto", "error_rate")
 
     def quorum(self, units: int) -> int:
-        """Over-selected rounds close at the target count; the late units are cancelled."""
+        """Over-selected rounds close at the target count; the late units are cancelled.
+        A Poisson round waits for every client it drew, however many."""
+        if self.clients.poisson:
+            return units
         return min(units, self.clients.target(len(self.units)))
 
     def samples(self, unit: UnitSpec) -> int | None:

@@ -17,6 +17,11 @@
   closes the round once the target count is in (Bonawitz et al. 2019); the late ones
   are cancelled. In the async and buffered modes ``per_round`` is how many clients train
   at once (FedBuff's concurrency, engine/client_draws.py) and ``over_select`` must be 1.
+* ``sampling``: ``fixed`` (the default: ``per_round`` clients each round, as above) or
+  ``poisson``: each client independently with probability q = per_round / count (the
+  target count over the clients there are), seeded per round, so a round may have more or
+  fewer clients, or none; the sampling differentially private training accounts for
+  (docs/privacy.md). Sync rounds only, without over-selection.
 * ``validation_fraction``: the share of each client's examples held out as its own
   validation part (a seeded split, training/clients/data_parts.py); 0 (the default) holds
   none. Node-resident clients use their data set's validation part when it has one.
@@ -49,6 +54,7 @@ NAME_PREFIX = "client"
 
 
 PLACEMENTS = ("partition", "nodes")
+SAMPLINGS = ("fixed", "poisson")
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class ClientsSettings:
     size_skew: float = 1.0
     per_round: float = 0.0
     over_select: float = 1.0
+    sampling: str = "fixed"
     validation_fraction: float = 0.0
     eval_every: int = 0
     eval_per_round: float = 0.0
@@ -79,7 +86,7 @@ class ClientsSettings:
         """The settings as a request carries them; the evaluation keys only when they are
         set, so a run without federated evaluation sends what it sent before."""
         data = asdict(self)
-        for key in EVALUATION_KEYS:
+        for key in LATER_KEYS:
             if data[key] == getattr(NONE, key):
                 del data[key]
         return data
@@ -112,13 +119,24 @@ class ClientsSettings:
         client (0) of ``available`` (default: ``count``)."""
         return _target(self.per_round, self.count if available is None else available)
 
+    @property
+    def poisson(self) -> bool:
+        return self.sampling == "poisson"
+
     def sampled(self, round_index: int, seed: int, available: list[str]) -> list[str]:
         """The clients asked in ``round_index`` (1-based) among ``available``, with the
-        over-selection."""
+        over-selection; under Poisson sampling each with probability `q`."""
         if not available:
             return []
+        if self.poisson:
+            return sampling.poisson_sample(round_index, seed, available,
+                                           self.q(len(available)))
         return sampling.sample(round_index, seed, available,
                                self.per_round_target(len(available)), self.over_select)
+
+    def q(self, available: int) -> float:
+        """Poisson sampling's probability: the target count over ``available`` clients."""
+        return self.target(available) / available
 
     def target(self, available: int) -> int:
         """Results a round of ``available`` clients closes at."""
@@ -138,6 +156,7 @@ NONE = ClientsSettings()
 KEYS = tuple(f.name for f in fields(ClientsSettings))
 # keys a request carries only when set (federated evaluation came after the others)
 EVALUATION_KEYS = ("validation_fraction", "eval_every", "eval_per_round")
+LATER_KEYS = ("sampling", *EVALUATION_KEYS)
 MAX_VALIDATION_FRACTION = 0.9
 
 
@@ -191,6 +210,12 @@ def _check_ranges(settings: ClientsSettings) -> None:
                           f"nodes each node's own data is a client (leave count at 0)")
     if not 0 <= settings.count <= MAX_CLIENTS:
         raise ConfigError(f"{SECTION}.count must be in 0..{MAX_CLIENTS}, got {settings.count}")
+    if settings.sampling not in SAMPLINGS:
+        raise ConfigError(f"{SECTION}.sampling must be one of {', '.join(SAMPLINGS)}, "
+                          f"got {settings.sampling!r}")
+    if settings.poisson and settings.over_select != 1:
+        raise ConfigError(f"{SECTION}.over_select: Poisson sampling asks each client with "
+                          f"its probability; leave over_select at 1")
     if settings.partition not in PARTITIONERS and not is_plugin_name(settings.partition):
         raise ConfigError(f"{SECTION}.partition must be one of {', '.join(PARTITIONERS)} "
                           f"or a plug-in module:function, got {settings.partition!r}")

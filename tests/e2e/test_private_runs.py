@@ -1,0 +1,166 @@
+"""Differentially private federated runs (DP-FedAvg, docs/privacy.md) through real
+processes: each round's epsilon equals dp-accounting's own in the run's results, files,
+status and /metrics, and a run without noise and with a clip no update reaches equals its
+in-process replay."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import dp_accounting  # requirements-dev.txt installs it (the privacy extra)
+import numpy as np
+import pytest
+
+from devtools import local_cluster
+from tests.e2e.test_federated_clients import FEDERATED, SHIPPED, _overrides, _replay, _run_dir
+from thrift_trainer.training.outputs.model_file import load_model
+
+pytestmark = pytest.mark.processes
+
+CLIENTS, PER_ROUND, ROUNDS = 12, 4, 3
+NOISED = ["--set", "privacy.clip=0.5", "--set", "privacy.noise_multiplier=1.1",
+          "--set", "privacy.delta=0.001", "--set", "clients.sampling=poisson"]
+
+
+def _expected_epsilons() -> list[float]:
+    """dp-accounting's epsilon after each round: a Poisson-sampled Gaussian per round."""
+    spent = dp_accounting.rdp.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(
+        PER_ROUND / CLIENTS, dp_accounting.GaussianDpEvent(1.1))
+    epsilons = []
+    for _ in range(ROUNDS):
+        spent.compose(event)
+        epsilons.append(spent.get_epsilon(0.001))
+    return epsilons
+
+
+def test_a_private_run_reports_dp_accountings_epsilon_after_every_round(cluster):
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+    result = cluster.train_json(*FEDERATED, *NOISED, "--set", f"run.rounds={ROUNDS}")
+    expected = _expected_epsilons()
+    history = [row["epsilon"] for row in result["history"]]
+    assert history == pytest.approx(expected, rel=5e-4), (history, expected)
+    run_dir = _run_dir(cluster, result)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epsilon"] for row in rows] == history
+    status = local_cluster.run_client(["status", "127.0.0.1", str(coordinator.port),
+                                       result["run_id"], "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["clients"]["epsilon"] == history[-1]
+    with urllib.request.urlopen(f"{url}metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    found = re.search(rf'trainer_run_metric{{metric="epsilon",run="{result["run_id"]}"}} '
+                      r"([0-9.e+-]+)", metrics)
+    assert found and float(found.group(1)) == pytest.approx(history[-1], rel=1e-9)
+    text = cluster.client(*FEDERATED, *NOISED, "--set", "run.rounds=1")
+    assert text.returncode == 0, text.stderr
+    assert f"Privacy (round 1): epsilon {expected[0]:.4g} spent" in text.stdout
+
+
+def test_a_run_without_noise_and_a_clip_never_reached_equals_its_replay(cluster):
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    private = ["privacy.clip=1000000.0", "privacy.noise_multiplier=0.0"]
+    result = cluster.train_json(*FEDERATED, *[part for item in private
+                                              for part in ("--set", item)],
+                                "--set", f"run.rounds={ROUNDS}")
+    run_dir = _run_dir(cluster, result)
+    trained = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+               .splitlines()]
+    trained = [line for line in trained if "node" in line]
+    assert len(trained) == ROUNDS * PER_ROUND, trained
+    assert all(row["epsilon"] is None for row in  # no noise: no privacy (infinite)
+               map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()))
+
+    def clients_of(round_index: int):
+        names = sorted((line["client"] for line in trained if line["round"] == round_index),
+                       key=lambda name: int(name[6:]))
+        return [(name, SHIPPED) for name in names]
+    expected = _replay([*_overrides(), *private], ROUNDS, clients_of)
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # uniform weights: the plain mean of the deltas, not the example-weighted one
+    weighted = _replay(_overrides(), ROUNDS, clients_of)
+    assert any(not np.allclose(weighted[name], value, rtol=1e-5, atol=1e-6)
+               for name, value in expected.items())
+
+
+def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster):
+    """One client a round in expectation: the seed's draws leave rounds with no client,
+    whose noise is applied all the same; the noise is seeded, so the replay is exact."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    rounds = 4
+    sets = [*FEDERATED, *NOISED, "--set", "clients.per_round=1", "--set", f"run.rounds={rounds}"]
+    result = cluster.train_json(*sets)
+    run_dir = _run_dir(cluster, result)
+    sizes = json.loads((run_dir / "partition.json").read_text())["sizes"]
+    settings = ClientsSettings(count=CLIENTS, per_round=1, sampling="poisson")
+    held = [name for name, size in zip(settings.names(), sizes, strict=True) if size]
+    draws = {r: settings.sampled(r, 1, held) for r in range(1, rounds + 1)}
+    assert any(not drawn for drawn in draws.values()), draws  # the seed's empty rounds
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+    for r, drawn in draws.items():
+        assert sorted(line["client"] for line in lines if line["round"] == r
+                      and "node" in line) == drawn, (r, lines)
+    overrides = [item for item in sets if item != "--set"]
+    expected = _replay(overrides, rounds, lambda r: [(name, SHIPPED) for name in draws[r]])
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluster):
+    """Epsilon after the resume continues from the rounds the store holds, and the rounds
+    computed again draw the same clients and noise: the model equals the seeded replay."""
+    cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
+    cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
+    cluster.start_coordinator(2)
+    rounds = 5
+    sets = [*FEDERATED, *NOISED, "--set", f"run.rounds={rounds}"]
+    client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
+    try:
+        cluster.coordinator.wait_for(r"round 2/5", timeout=120)
+        cluster.coordinator.kill()  # SIGKILL, mid-round 3 or later
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume private" in err, err
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "private")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "private", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
+    assert 2 <= resumed_after < rounds
+    run_dir = cluster.workdir / "runs" / "private"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(1, rounds + 1))
+    spent = dp_accounting.rdp.RdpAccountant()
+    for row in rows:
+        spent.compose(dp_accounting.PoissonSampledDpEvent(
+            PER_ROUND / CLIENTS, dp_accounting.GaussianDpEvent(1.1)))
+        assert row["epsilon"] == pytest.approx(spent.get_epsilon(0.001), rel=5e-4), row
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+
+    def clients_of(round_index: int):
+        return [(line["client"], SHIPPED) for line in lines
+                if line["round"] == round_index and "node" in line]
+    expected = _replay([item for item in sets if item != "--set"], rounds, clients_of)
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

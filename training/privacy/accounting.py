@@ -1,0 +1,123 @@
+"""Epsilon spent by a run's rounds, with Google's dp-accounting package (an optional extra:
+pip install '.[privacy]').
+
+Each round is one sampled Gaussian mechanism of noise multiplier z: fixed-size sampling
+(``clients.sampling: fixed``, per_round of count clients without replacement) is a
+`SampledWithoutReplacementDpEvent`, accounted under replace-one neighbouring (one client's
+data replaced) by the RDP accountant; Poisson sampling (each client with probability q)
+is a `PoissonSampledDpEvent`, under add-or-remove-one, by either accountant. The rounds
+compose: epsilon after r rounds is the accountant's over the r-fold composition at
+``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.schema import PrivacySettings
+
+INSTALL = "pip install '.[privacy]'"
+FIXED, POISSON = "fixed", "poisson"
+
+
+class AccountingUnavailable(ConfigError):
+    """dp-accounting is not installed."""
+
+
+def _library() -> Any:
+    try:
+        import dp_accounting
+        from dp_accounting import pld, rdp  # noqa: F401  (submodules the accountants live in)
+    except ImportError:
+        raise AccountingUnavailable(
+            f"privacy: accounting needs the dp-accounting package, which is not installed "
+            f"here; {INSTALL}") from None
+    return dp_accounting
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a round's clients are drawn: ``kind`` fixed (``per_round`` of ``count``) or
+    poisson (each with probability per_round / count)."""
+
+    kind: str
+    count: int
+    per_round: int
+
+    @property
+    def q(self) -> float:
+        return self.per_round / self.count
+
+    @property
+    def expected(self) -> float:
+        """Clients a round has on average: the divisor of the unbiased mean."""
+        return float(self.per_round) if self.kind == FIXED else self.q * self.count
+
+
+def round_event(settings: PrivacySettings, sampling: Sampling) -> Any:
+    """One round as a dp-accounting event."""
+    dp = _library()
+    gaussian = dp.GaussianDpEvent(settings.noise_multiplier)
+    if sampling.kind == POISSON:
+        return dp.PoissonSampledDpEvent(sampling.q, gaussian)
+    return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round, gaussian)
+
+
+def accountant(settings: PrivacySettings, sampling: Sampling) -> Any:
+    """A fresh accountant of the run's kind; ConfigError for a pairing it cannot account."""
+    dp = _library()
+    if settings.accountant == "pld":
+        if sampling.kind == FIXED:
+            raise ConfigError("privacy.accountant pld accounts Poisson sampling only; use "
+                              "clients.sampling poisson, or accountant rdp")
+        return dp.pld.PLDAccountant()
+    relation = dp.NeighboringRelation.REPLACE_ONE if sampling.kind == FIXED \
+        else dp.NeighboringRelation.ADD_OR_REMOVE_ONE
+    return dp.rdp.RdpAccountant(neighboring_relation=relation)
+
+
+def epsilon(settings: PrivacySettings, sampling: Sampling, rounds: int) -> float:
+    """Epsilon at ``settings.delta`` after ``rounds`` noised rounds (0 after none)."""
+    return _epsilon(settings, sampling, rounds)
+
+
+@functools.lru_cache(maxsize=256)
+def _epsilon(settings: PrivacySettings, sampling: Sampling, rounds: int) -> float:
+    if rounds <= 0:
+        return 0.0
+    if settings.noise_multiplier == 0:
+        return float("inf")
+    dp = _library()
+    spent = accountant(settings, sampling)
+    spent.compose(dp.SelfComposedDpEvent(round_event(settings, sampling), rounds))
+    return float(spent.get_epsilon(settings.delta))
+
+
+def rounds_within(settings: PrivacySettings, sampling: Sampling, most: int) -> int:
+    """How many rounds (at most ``most``) keep epsilon within ``settings.target_epsilon``:
+    epsilon grows with the rounds, so a binary search."""
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if epsilon(settings, sampling, middle) <= settings.target_epsilon:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def check_plan(settings: PrivacySettings, sampling: Sampling, rounds: int) -> None:
+    """ConfigError when ``rounds`` rounds would spend more than ``target_epsilon``, saying
+    how many fit; a pairing that cannot be accounted, or no dp-accounting, is refused too."""
+    accountant(settings, sampling)
+    if not settings.target_epsilon:
+        return
+    spent = epsilon(settings, sampling, rounds)
+    if spent > settings.target_epsilon:
+        fit = rounds_within(settings, sampling, rounds)
+        raise ConfigError(f"privacy.target_epsilon: {rounds} rounds would spend epsilon "
+                          f"{spent:.4g} > {settings.target_epsilon:g} at delta "
+                          f"{settings.delta:g}; {fit} rounds fit")
