@@ -183,6 +183,18 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.stop()
 
 
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests of a module that train through the same nodes and
+    coordinator, each run under a run id of its own: starting the processes (and loading
+    torch in each node) is much of a short run's CPU time."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 def _take_ctrl_c() -> None:
     """In the child before exec: SIGINT back to its default, so Python turns it into
     KeyboardInterrupt (it leaves an inherited "ignore" alone)."""
