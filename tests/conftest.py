@@ -41,22 +41,31 @@ sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cann
 # under pytest-xdist (scripts/test.sh) they share one worker, one after another, so that
 # two of them never run at once on a 24 GiB machine.
 ONE_AT_A_TIME = {"test_big_payloads.py", "test_soak.py"}
-# Modules whose tests share a module-scoped fixture that starts processes or trains: under
-# pytest-xdist each runs on one worker, so the fixture is set up once rather than once on
-# every worker that gets one of its tests (bench/mdgan_paper.py --quick took a minute or
-# more, up to four times).
+# Modules whose tests share a module-scoped fixture that starts processes or trains (a
+# cluster several tests train through, each run under its own run id): under pytest-xdist
+# each runs on one worker, so the fixture is set up once rather than once on every worker
+# that gets one of its tests (bench/mdgan_paper.py --quick took a minute or more, up to
+# four times).
 SHARED_SETUP = {"test_mdgan_paper.py", "test_plugin_names.py", "test_dashboard_http.py",
-                "test_secure_cluster.py", "test_client_examples.py"}
-# The longest tests' modules, longest first (measured with --durations): under pytest-xdist
-# they start before the rest rather than last on one worker while the others are idle.
-# (The scheduler below first hands out the groups, most tests first, then the other tests
-# in this order.)
-SLOW_FIRST = ("test_install.py", "test_relays.py", "test_own_model_features.py",
-              "test_compression_runs.py", "test_md_gan_cluster.py", "test_readme_own_model.py",
+                "test_secure_cluster.py", "test_client_examples.py", "test_bad_plugins.py",
+                "test_federated_clients.py", "test_clients_algorithms.py",
+                "test_md_gan_cluster.py", "test_own_model_features.py", "test_example_gpt.py",
+                "test_examples_cnn_tabular.py", "test_model_scoring.py", "test_failover.py",
+                "test_local_workers.py"}
+# The modules that take longest on their worker (a group above: all its tests; otherwise
+# its longest test), longest first (measured with --durations): under pytest-xdist they
+# start before the rest rather than last on one worker while the others are idle. (The
+# scheduler below hands out the tests and groups in this order, then the others as
+# collected.)
+SLOW_FIRST = ("test_big_payloads.py", "test_install.py", "test_federated_clients.py",
+              "test_relays.py", "test_clients_algorithms.py", "test_md_gan_cluster.py",
+              "test_mdgan_paper.py", "test_bad_plugins.py", "test_failover.py",
+              "test_own_model_features.py", "test_local_workers.py", "test_example_gpt.py",
+              "test_compression_runs.py", "test_readme_own_model.py",
               "test_plugin_examples.py", "test_async_runs.py", "test_cancel.py",
-              "test_simulation.py", "test_examples_cnn_tabular.py", "test_example_gpt.py",
-              "test_bad_plugins.py", "test_training_runs.py", "test_fenced_leader.py",
-              "test_faults.py", "test_store_outage.py", "test_robust_aggregation.py")
+              "test_simulation.py", "test_examples_cnn_tabular.py", "test_model_scoring.py",
+              "test_training_runs.py", "test_fenced_leader.py", "test_faults.py",
+              "test_store_outage.py", "test_robust_aggregation.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,6 +102,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # SLOW_FIRST's order, not the most tests first
 
     class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
