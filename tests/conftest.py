@@ -53,10 +53,10 @@ SHARED_SETUP = {"test_mdgan_paper.py", "test_plugin_names.py", "test_dashboard_h
                 "test_examples_cnn_tabular.py", "test_model_scoring.py", "test_failover.py",
                 "test_local_workers.py"}
 # The modules that take longest on their worker (a group above: all its tests; otherwise
-# its longest test), longest first (measured with --durations): under pytest-xdist they
-# start before the rest rather than last on one worker while the others are idle. (The
-# scheduler below hands out the tests and groups in this order, then the others as
-# collected.)
+# its longest test), longest first (measured with --durations and per-test CPU time):
+# under pytest-xdist they start before the rest rather than last on one worker while the
+# others are idle. (The scheduler below hands out the tests and groups in this order, then
+# the others as collected.)
 SLOW_FIRST = ("test_big_payloads.py", "test_install.py", "test_federated_clients.py",
               "test_relays.py", "test_clients_algorithms.py", "test_md_gan_cluster.py",
               "test_mdgan_paper.py", "test_bad_plugins.py", "test_failover.py",
