@@ -14,13 +14,14 @@ from thrift_trainer.coordinator import tracking
 from thrift_trainer.coordinator.checkpoint import CheckpointError
 from thrift_trainer.coordinator.handler import CoordinatorHandler
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
-from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS, is_postgres_url
+from thrift_trainer.coordinator.postgres_location import is_postgres_url
 from thrift_trainer.coordinator.records import InvalidRun
 from thrift_trainer.coordinator.request_checks import RequestLimits
 from thrift_trainer.coordinator.run import CoordinatorSettings
 from thrift_trainer.coordinator.run_setup import weights_folders
 from thrift_trainer.coordinator.run_store import RunStoreError
 from thrift_trainer.coordinator.store_lock import StoreInUse
+from thrift_trainer.coordinator.store_outage import OUTAGE_SECONDS
 from thrift_trainer.dashboard.options import add_arguments as add_dashboard_arguments
 from thrift_trainer.engine.nodes.liveness import DEAD_SECONDS, HEARTBEAT_SECONDS, SUSPECT_SECONDS
 from thrift_trainer.engine.nodes.nodes_file import (

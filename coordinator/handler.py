@@ -11,7 +11,6 @@ from pathlib import Path
 
 from thrift_trainer.coordinator.checkpoint import CheckpointError
 from thrift_trainer.coordinator.leadership import Leader, LeaseKeeper
-from thrift_trainer.coordinator.postgres_store import LeadershipLost, PostgresRunStore
 from thrift_trainer.coordinator.records import InvalidRun, RunFailed, RunOutcome, RunStopped
 from thrift_trainer.coordinator.run import CoordinatorSettings, Run
 from thrift_trainer.coordinator.run_store import RunStore
@@ -22,6 +21,7 @@ from thrift_trainer.coordinator.status_wire import (
     service_errors,
 )
 from thrift_trainer.coordinator.store_lock import StoreLock
+from thrift_trainer.coordinator.store_outage import LeadershipLost
 from thrift_trainer.coordinator.store_protocol import RunFiles, Store
 from thrift_trainer.coordinator.store_records import RunRecord, RunStoreError, UnfinishedUnit
 from thrift_trainer.coordinator.stored_status import stored_status
@@ -433,6 +433,10 @@ def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, Store]:
     before it can touch the first one's runs). PostgreSQL: no lock; the coordinators
     sharing it elect a leader (lead_when_elected)."""
     if settings.store_url is not None:
+        # psycopg and the PostgreSQL store load only here: a coordinator on SQLite
+        # starts without them
+        from thrift_trainer.coordinator.postgres_store import PostgresRunStore
+
         return None, PostgresRunStore(settings.store_url, outage_seconds=settings.store_outage)
     path = settings.store_path or settings.run_root / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import psycopg
-
-from thrift_trainer.coordinator.postgres_store import PostgresRunStore
+if TYPE_CHECKING:  # psycopg loads only where a PostgreSQL store is used, not at start
+    from thrift_trainer.coordinator.postgres_store import PostgresRunStore
 
 log = logging.getLogger("coordinator.leadership")
 LEASE_SECONDS = 6.0
@@ -161,6 +161,8 @@ class LeaseKeeper:
         ``then`` when it matched a row); the last one's row, None when it matched none.
         When the database cannot be reached the answer is ``failed`` (None: as if no row
         matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
+        import psycopg
+
         try:
             row = self._try(sql, parameters, then)
         except (psycopg.Error, OSError) as exc:
@@ -175,6 +177,8 @@ class LeaseKeeper:
     def _try(self, sql: str, parameters: tuple, then: list[tuple[str, tuple]]) -> tuple | None:
         """``_run``'s transaction, on another connection of the pool when the server had
         ended the one it got (the pool drops a broken connection)."""
+        import psycopg
+
         for tries_left in range(TRIES - 1, -1, -1):
             with self.store.connection() as db:
                 try:

@@ -16,9 +16,6 @@ import os
 import re
 from urllib.parse import quote, unquote
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
 from thrift_trainer.engine.ledger import RunStoreError
 
 SCHEMES = ("postgresql://", "postgres://")
@@ -38,8 +35,10 @@ def is_postgres_url(location: str) -> bool:
 def parameters(location: str) -> dict[str, str]:
     """libpq's parameters of ``location``; RunStoreError, naming no password, when libpq
     refuses it."""
+    import psycopg  # here: a coordinator that asks only is_postgres_url starts without it
+
     try:
-        return conninfo_to_dict(location)
+        return psycopg.conninfo.conninfo_to_dict(location)
     except psycopg.ProgrammingError as exc:
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else "not understood"
         raise RunStoreError(f"the run store location is not one libpq accepts: "
@@ -49,13 +48,15 @@ def parameters(location: str) -> dict[str, str]:
 def redacted(location: str) -> str:
     """The location without its password, for messages and logs: rebuilt from libpq's
     parameters, in the form it was given in."""
+    import psycopg
+
     try:
-        given = conninfo_to_dict(location)
+        given = psycopg.conninfo.conninfo_to_dict(location)
     except psycopg.ProgrammingError:
         return "(a location libpq refuses)"
     if not location.startswith(SCHEMES):
-        return make_conninfo("", **{key: HIDDEN if key == "password" else value
-                                    for key, value in given.items()})
+        return psycopg.conninfo.make_conninfo(
+            "", **{key: HIDDEN if key == "password" else value for key, value in given.items()})
     return _url(location.split("://", 1)[0], given)
 
 
@@ -68,11 +69,13 @@ def without_passwords(text: str, location: str) -> str:
 
 def _passwords(location: str) -> set[str]:
     """Every password ``location`` and the environment hold, as typed and as decoded."""
+    import psycopg
+
     found = set(_USER_INFO_PASSWORD.findall(location))
     found |= {quoted or bare for quoted, bare in _PASSWORD_PARAMETER.findall(location)}
     found |= {unquote(secret) for secret in found}
     with contextlib.suppress(psycopg.ProgrammingError):  # then the expressions found all
-        found.add(conninfo_to_dict(location).get("password", ""))
+        found.add(psycopg.conninfo.conninfo_to_dict(location).get("password", ""))
     found.add(os.environ.get("PGPASSWORD", ""))
     return {secret for secret in found if secret}
 

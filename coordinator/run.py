@@ -21,7 +21,6 @@ from thrift_trainer.coordinator.checkpoint import (
 )
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
-from thrift_trainer.coordinator.postgres_store import OUTAGE_SECONDS
 from thrift_trainer.coordinator.records import (
     InvalidRun,
     RunFailed,
@@ -34,6 +33,7 @@ from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_setup import RUN_ID, check_run_id, prepare
 from thrift_trainer.coordinator.run_setup import describe as describe_run
 from thrift_trainer.coordinator.run_tasks import RunTasks
+from thrift_trainer.coordinator.store_outage import OUTAGE_SECONDS
 from thrift_trainer.coordinator.store_protocol import RunFiles, Store
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
 from thrift_trainer.coordinator.tracking import Trackers

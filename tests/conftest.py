@@ -41,22 +41,49 @@ sys.addaudithook(_record_process_or_socket)  # for the whole session: hooks cann
 # under pytest-xdist (scripts/test.sh) they share one worker, one after another, so that
 # two of them never run at once on a 24 GiB machine.
 ONE_AT_A_TIME = {"test_big_payloads.py", "test_soak.py"}
-# Modules whose tests share a module-scoped fixture that starts processes or trains: under
-# pytest-xdist each runs on one worker, so the fixture is set up once rather than once on
-# every worker that gets one of its tests (bench/mdgan_paper.py --quick took a minute or
-# more, up to four times).
+# Modules whose tests share a module-scoped fixture that starts processes or trains (a
+# cluster several tests train through, each run under its own run id): under pytest-xdist
+# each runs on one worker, so the fixture is set up once rather than once on every worker
+# that gets one of its tests (bench/mdgan_paper.py --quick took a minute or more, up to
+# four times).
 SHARED_SETUP = {"test_mdgan_paper.py", "test_plugin_names.py", "test_dashboard_http.py",
-                "test_secure_cluster.py", "test_client_examples.py"}
-# The longest tests' modules, longest first (measured with --durations): under pytest-xdist
-# they start before the rest rather than last on one worker while the others are idle.
-# (The scheduler below first hands out the groups, most tests first, then the other tests
-# in this order.)
-SLOW_FIRST = ("test_install.py", "test_relays.py", "test_own_model_features.py",
-              "test_compression_runs.py", "test_md_gan_cluster.py", "test_readme_own_model.py",
+                "test_secure_cluster.py", "test_client_examples.py", "test_bad_plugins.py",
+                "test_federated_clients.py", "test_clients_algorithms.py",
+                "test_md_gan_cluster.py", "test_own_model_features.py", "test_example_gpt.py",
+                "test_examples_cnn_tabular.py", "test_model_scoring.py", "test_failover.py",
+                "test_local_workers.py"}
+# The modules that take longest on their worker (a group above: all its tests; otherwise
+# its longest test), longest first (measured with --durations and per-test CPU time):
+# under pytest-xdist they start before the rest rather than last on one worker while the
+# others are idle. (The scheduler below hands out the tests and groups in this order, then
+# the others as collected.)
+SLOW_FIRST = ("test_big_payloads.py", "test_install.py", "test_federated_clients.py",
+              "test_relays.py", "test_clients_algorithms.py", "test_md_gan_cluster.py",
+              "test_mdgan_paper.py", "test_bad_plugins.py", "test_failover.py",
+              "test_own_model_features.py", "test_local_workers.py", "test_example_gpt.py",
+              "test_compression_runs.py", "test_readme_own_model.py",
               "test_plugin_examples.py", "test_async_runs.py", "test_cancel.py",
-              "test_simulation.py", "test_examples_cnn_tabular.py", "test_example_gpt.py",
-              "test_bad_plugins.py", "test_training_runs.py", "test_fenced_leader.py",
-              "test_faults.py", "test_store_outage.py", "test_robust_aggregation.py")
+              "test_simulation.py", "test_examples_cnn_tabular.py", "test_model_scoring.py",
+              "test_training_runs.py", "test_fenced_leader.py", "test_faults.py",
+              "test_store_outage.py", "test_robust_aggregation.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _share_bytecode(config)
+
+
+def _share_bytecode(config: pytest.Config) -> None:
+    """Where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE), every
+    node, coordinator and client process the tests start would compile the trainer's
+    sources again, about a third of a minimal run's CPU time. For the processes this session
+    starts (its xdist workers included, which start after this hook) bytecode goes to a
+    folder of pytest's cache instead, outside the source tree, as the environment wants."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    if hasattr(config, "workerinput") or getattr(config, "cache", None) is None:
+        return  # an xdist worker has it from the controller; no cache: leave it as it is
+    os.environ["PYTHONPYCACHEPREFIX"] = str(config.cache.mkdir("bytecode"))
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,6 +102,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # SLOW_FIRST's order, not the most tests first
 
     class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -159,6 +188,18 @@ class Cluster:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests of a module that train through the same nodes and
+    coordinator, each run under a run id of its own: starting the processes (and loading
+    torch in each node) is much of a short run's CPU time."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
         yield c
     finally:

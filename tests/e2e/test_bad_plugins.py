@@ -162,46 +162,67 @@ def logged_at(proc: procs.Proc, pattern: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(cluster):
+class MixedRun:
+    """One run of my_models:Net on the numbers data through a node that can serve it and
+    five that cannot, each for its own reason: ``done`` is the client's outcome, the
+    others the nodes left out."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        workdir = cluster.workdir
+        write_plugin(workdir)
+        root = write_numbers(workdir / "data", 60)
+        serving = ("--plugins", "my_models", "--data-root", str(root))
+        edited = write_plugin(workdir / "edited_copy")
+        (edited / "my_models.py").write_text((edited / "my_models.py").read_text().replace(
+            "return self.layers(x)", "return 2 * self.layers(x)"))
+        cluster.add_node(0.0, *serving)
+        self.lacking = cluster.add_node(0.0, "--data-root", str(root))
+        self.other = cluster.add_node(0.0, *serving, "--plugin-dir",
+                                      str(write_plugin(workdir / "other_copy", hidden=16)))
+        self.short = cluster.add_node(0.0, "--plugins", "my_models", "--data-root",
+                                      str(write_numbers(workdir / "short_data", 50)))
+        self.double = cluster.add_node(0.0, *serving, "--plugin-dir",
+                                       str(write_plugin(workdir / "double_copy",
+                                                        dtype="float64")))
+        self.stale = cluster.add_node(0.0, *serving, "--plugin-dir", str(edited))
+        cluster.start_coordinator(2, *serving)
+        self.done = train(cluster, "--set", "run.model=my_models:Net",
+                          "--set", "run.dataset=my_models:numbers")
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedRun]:
+    """The run the tests of nodes that cannot serve it check, each its own facts."""
+    cluster = Cluster(tmp_path_factory.mktemp("mixed"))
+    try:
+        yield MixedRun(cluster)
+    finally:
+        cluster.stop()
+
+
+def test_each_node_that_cannot_serve_the_run_is_left_out_with_its_line(mixed_run):
     """A node without the plug-in, one whose copy builds other parameter shapes and one
     whose data set is shorter: each left out with one line naming it and the plug-in; the
     run completes on the node that can serve it."""
-    write_plugin(cluster.workdir, hidden=8)
-    root = write_numbers(cluster.workdir / "data", 60)
-    plugin = ("--plugins", "my_models")
-    cluster.add_node(0.0, *plugin, "--data-root", str(root))
-    lacking = cluster.add_node(0.0, "--data-root", str(root))
-    other = cluster.add_node(0.0, *plugin, "--data-root", str(root), "--plugin-dir",
-                             str(write_plugin(cluster.workdir / "other_copy", hidden=16)))
-    short = cluster.add_node(0.0, *plugin, "--data-root",
-                             str(write_numbers(cluster.workdir / "short_data", 50)))
-    cluster.start_coordinator(2, *plugin, "--data-root", str(root))
-    done = train(cluster, "--set", "run.model=my_models:Net",
-                 "--set", "run.dataset=my_models:numbers")
+    done, cluster = mixed_run.done, mixed_run.cluster
     assert done.returncode == 0, done.stderr + cluster.logs()
-    assert left_out_line(done, lacking).endswith(
+    assert left_out_line(done, mixed_run.lacking).endswith(
         "lacks plug-in my_models: it allows no plug-in module; start it with --plugins my_models")
-    assert "builds model my_models:Net with other parameters" in left_out_line(done, other)
-    assert left_out_line(done, short).endswith(
+    assert "builds model my_models:Net with other parameters" in left_out_line(
+        done, mixed_run.other)
+    assert left_out_line(done, mixed_run.short).endswith(
         "holds another copy of data set my_models:numbers: 45 training examples, the "
         "coordinator's 54")  # 10 % of the rows are held out for validation
     assert "Final validation error" in done.stdout
     no_traceback(cluster, done.stdout, done.stderr)
 
 
-def test_a_node_whose_copy_builds_the_parameters_in_another_dtype_is_left_out(cluster):
+def test_a_node_whose_copy_builds_the_parameters_in_another_dtype_is_left_out(mixed_run):
     """The same names and shapes, in float64 instead of the coordinator's float32: the
     model's fingerprint tells them apart before round 1, and the run completes on the
     node whose copy builds float32."""
-    write_plugin(cluster.workdir, dtype="float32")
-    root = write_numbers(cluster.workdir / "data", 60)
-    serving = ("--plugins", "my_models", "--data-root", str(root))
-    cluster.add_node(0.0, *serving)
-    double = cluster.add_node(0.0, *serving, "--plugin-dir",
-                              str(write_plugin(cluster.workdir / "double_copy", dtype="float64")))
-    cluster.start_coordinator(2, *serving)
-    done = train(cluster, "--set", "run.model=my_models:Net",
-                 "--set", "run.dataset=my_models:numbers")
+    done, cluster, double = mixed_run.done, mixed_run.cluster, mixed_run.double
     assert done.returncode == 0, done.stderr + cluster.logs()
     assert ("builds model my_models:Net with other parameters (names, shapes or dtypes "
             "differ" in left_out_line(done, double))
@@ -210,21 +231,11 @@ def test_a_node_whose_copy_builds_the_parameters_in_another_dtype_is_left_out(cl
     no_traceback(cluster, done.stdout, done.stderr)
 
 
-def test_a_node_running_an_edited_forward_is_left_out_though_its_parameters_agree(cluster):
+def test_a_node_running_an_edited_forward_is_left_out_though_its_parameters_agree(mixed_run):
     """The same parameters, another forward(): no fingerprint of the parameters tells them
     apart, the plug-in's source does; the node is left out with one line and the run
     completes on the node that runs the coordinator's code."""
-    write_plugin(cluster.workdir)
-    edited = write_plugin(cluster.workdir / "edited_copy")
-    (edited / "my_models.py").write_text((edited / "my_models.py").read_text().replace(
-        "return self.layers(x)", "return 2 * self.layers(x)"))
-    root = write_numbers(cluster.workdir / "data", 60)
-    serving = ("--plugins", "my_models", "--data-root", str(root))
-    cluster.add_node(0.0, *serving)
-    stale = cluster.add_node(0.0, *serving, "--plugin-dir", str(edited))
-    cluster.start_coordinator(2, *serving)
-    done = train(cluster, "--set", "run.model=my_models:Net",
-                 "--set", "run.dataset=my_models:numbers")
+    done, cluster, stale = mixed_run.done, mixed_run.cluster, mixed_run.stale
     assert done.returncode == 0, done.stderr + cluster.logs()
     line = left_out_line(done, stale)
     assert "runs another version of plug-in my_models (sha256:" in line, line

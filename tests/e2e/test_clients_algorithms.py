@@ -35,11 +35,15 @@ def _federated(**changes: str) -> list[str]:
     return _with_sets([f"{key}={value}" for key, value in settings.items() if value])
 
 
-def _holders(cluster) -> dict[str, range]:
-    """Two nodes, clients 0-5 on one and 6-11 on the other; port -> the indices held."""
-    low = cluster.add_node(0.0, "--clients", "0-5")
-    high = cluster.add_node(0.0, "--clients", "6-11")
-    return {str(low.port): range(0, 6), str(high.port): range(6, 12)}
+@pytest.fixture(scope="module")
+def holders(module_cluster) -> tuple:
+    """Two nodes, clients 0-5 on one and 6-11 on the other, and a coordinator with a run
+    store of its own (store.sqlite), which the sync_sgd and delta_avg runs of clients train
+    through, each under its own run id: the cluster, and port -> the indices held."""
+    low = module_cluster.add_node(0.0, "--clients", "0-5")
+    high = module_cluster.add_node(0.0, "--clients", "6-11")
+    module_cluster.start_coordinator(2, "--store", str(module_cluster.workdir / "store.sqlite"))
+    return module_cluster, {str(low.port): range(0, 6), str(high.port): range(6, 12)}
 
 
 def _check_placement(cluster, result: dict, holder: dict[str, range],
@@ -58,15 +62,14 @@ def _check_placement(cluster, result: dict, holder: dict[str, range],
     return trained
 
 
-def test_sync_sgd_takes_one_gradient_per_sampled_client_on_its_holder(cluster):
-    holder = _holders(cluster)
-    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"))
+def test_sync_sgd_takes_one_gradient_per_sampled_client_on_its_holder(holders):
+    cluster, holder = holders
     dropped = {item.split("=")[0]: "" for item in _overrides() if item.startswith("delta_avg.")}
     result = cluster.train_json(
         *_federated(**{"run.algorithm": "sync_sgd"}, **dropped),
         "--set", "sync_sgd.num_workunits_per_update=3", "--set", "sync_sgd.lr=0.01",
         "--set", "sync_sgd.images_per_work_unit=200", "--set", "sync_sgd.batch_size=50",
-        "--set", "run.rounds=6")
+        "--set", "run.rounds=6", "--run-id", "sync-sgd-clients")
     trained = _check_placement(cluster, result, holder)
     # 4 clients asked a round, the first 3 gradients close it (K of N)
     assert [sum(1 for line in trained if line["round"] == r) for r in range(1, 7)] == [3] * 6
@@ -79,14 +82,14 @@ def test_sync_sgd_takes_one_gradient_per_sampled_client_on_its_holder(cluster):
 
 @pytest.mark.parametrize("rule, codec, per_round", [
     ("trimmed_mean", "topk", 5), ("krum", "int8", 5)])
-def test_delta_avg_clients_train_under_robust_rules_and_compression(cluster, rule, codec,
+def test_delta_avg_clients_train_under_robust_rules_and_compression(holders, rule, codec,
                                                                     per_round):
-    holder = _holders(cluster)
-    cluster.start_coordinator(2, "--store", str(cluster.workdir / "store.sqlite"))
+    cluster, holder = holders
     result = cluster.train_json(
         *_federated(**{"clients.per_round": str(per_round)}),
         "--set", f"aggregation.rule={rule}", "--set", f"compression.up={codec}",
-        "--set", "compression.topk_fraction=0.2", "--set", "run.rounds=4")
+        "--set", "compression.topk_fraction=0.2", "--set", "run.rounds=4",
+        "--run-id", f"{rule}-{codec}")
     trained = _check_placement(cluster, result, holder)
     assert [sum(1 for line in trained if line["round"] == r) for r in range(1, 5)] == \
         [per_round] * 4

@@ -45,11 +45,11 @@ def data_root(folder: Path, corpus: bytes | None = None) -> Path:
     return folder
 
 
-def train(cluster, config: str, **more: object) -> dict:
+def train(cluster, config: str, run_id: str, **more: object) -> dict:
     sets = {"run.model_args": json.dumps(TINY), "data.args": json.dumps(
         {"block_size": TINY["block_size"]}), "outputs.checkpoint_every": 0, **SMALL[config],
         **more}
-    return cluster.train_json("--config", str(EXAMPLE / config),
+    return cluster.train_json("--config", str(EXAMPLE / config), "--run-id", run_id,
                               *[arg for key, value in sets.items()
                                 for arg in ("--set", f"{key}={value}")], timeout=RUN_SECONDS)
 
@@ -64,13 +64,21 @@ def validation_losses(result: dict) -> list[float]:
             if row["validation_loss"] is not None and not math.isnan(row["validation_loss"])]
 
 
-@pytest.mark.parametrize("config", ["sync_sgd.yaml", "diloco.yaml"])
-def test_the_language_model_learns_and_its_file_loads_into_the_module(cluster, config):
-    root = data_root(cluster.workdir / "data")
+@pytest.fixture(scope="module")
+def gpt_cluster(module_cluster):
+    """Two nodes and a coordinator with the example's plug-ins and one data root, which
+    both configs train through, each run under its own run id."""
+    root = data_root(module_cluster.workdir / "data")
     for _ in range(2):
-        cluster.add_node(0.0, *PLUGINS, "--data-root", str(root))
-    cluster.start_coordinator(2, *PLUGINS, "--data-root", str(root))
-    result = train(cluster, config)
+        module_cluster.add_node(0.0, *PLUGINS, "--data-root", str(root))
+    module_cluster.start_coordinator(2, *PLUGINS, "--data-root", str(root))
+    return module_cluster
+
+
+@pytest.mark.parametrize("config", ["sync_sgd.yaml", "diloco.yaml"])
+def test_the_language_model_learns_and_its_file_loads_into_the_module(gpt_cluster, config):
+    cluster, root = gpt_cluster, gpt_cluster.workdir / "data"
+    result = train(cluster, config, Path(config).stem)
     validation = stdlib_corpus.stdlib_text(root, "validation", TINY["block_size"])
     torch.manual_seed(1)  # the run's seed: the coordinator's first weights
     untrained = evaluate(gpt_model.GPT(**TINY), next_byte_loss, validation)
@@ -95,7 +103,7 @@ def test_a_node_with_another_copy_of_the_corpus_is_left_out_with_one_line(cluste
     cluster.add_node(0.0, *PLUGINS, "--data-root", str(root))
     odd = cluster.add_node(0.0, *PLUGINS, "--data-root", str(other))
     cluster.start_coordinator(2, *PLUGINS, "--data-root", str(root))
-    result = train(cluster, "diloco.yaml", **{"run.rounds": 2})
+    result = train(cluster, "diloco.yaml", "odd-corpus", **{"run.rounds": 2})
     notes = {node["node"]: node["note"] for node in result["nodes"]}
     note = notes[f"127.0.0.1:{odd.port}"]
     assert "holds another copy of data set stdlib_corpus:stdlib_text" in note, notes

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -48,13 +49,20 @@ def plugin_module(path: Path) -> ModuleType:
     return module
 
 
-def test_the_cnn_example_learns_and_its_model_loads_into_the_module(cluster):
+@pytest.fixture(scope="module")
+def two_nodes(module_cluster):
+    """Two nodes and a coordinator allowing the CNN example's plug-in (the tabular example
+    needs none), which both examples train through, each under its own run id."""
     allow = ("--plugins", "resnet_cnn", "--plugin-dir", str(CNN))
-    cluster.add_node(0.0, *allow)
-    cluster.add_node(0.0, *allow)
-    cluster.start_coordinator(2, *allow)
-    result = cluster.train_json(
-        "--config", str(CNN / "run.yaml"),
+    module_cluster.add_node(0.0, *allow)
+    module_cluster.add_node(0.0, *allow)
+    module_cluster.start_coordinator(2, *allow)
+    return module_cluster
+
+
+def test_the_cnn_example_learns_and_its_model_loads_into_the_module(two_nodes):
+    result = two_nodes.train_json(
+        "--config", str(CNN / "run.yaml"), "--run-id", "cnn",
         *sets(run__rounds=40, run__model_args="{width: 8}",
               sync_sgd__images_per_work_unit=32, sync_sgd__batch_size=16,
               sync_sgd__lr=0.005, outputs__eval_every=10, outputs__checkpoint_every=0),
@@ -73,13 +81,11 @@ def test_the_cnn_example_learns_and_its_model_loads_into_the_module(cluster):
                         result["validation_error"], abs_tol=SAME_SCORE)
 
 
-def test_the_tabular_example_learns_from_a_config_alone(cluster):
-    cluster.add_node(0.0)
-    cluster.add_node(0.0)
-    cluster.start_coordinator(2)
-    result = cluster.train_json("--config", str(TABULAR / "letters_csv.yaml"),
-                                *sets(run__rounds=3, delta_avg__epochs=1),
-                                timeout=RUN_SECONDS)
+def test_the_tabular_example_learns_from_a_config_alone(two_nodes):
+    result = two_nodes.train_json("--config", str(TABULAR / "letters_csv.yaml"),
+                                  "--run-id", "tabular",
+                                  *sets(run__rounds=3, delta_avg__epochs=1),
+                                  timeout=RUN_SECONDS)
     errors = evaluated(result)
     assert len(errors) == 3
     assert errors[-1] < errors[0] - 0.05 and errors[-1] < 0.5, errors  # chance is 0.96

@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +53,21 @@ def _attempt_nodes(store: Path, run_id: str) -> dict[str, set[str]]:
     return placed
 
 
-def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(cluster):
-    low = cluster.add_node(0.0, "--clients", "0-5")
-    high = cluster.add_node(0.0, "--clients", "6-11")
+@pytest.fixture(scope="module")
+def holders(module_cluster: Cluster) -> Cluster:
+    """Two nodes holding clients 0-5 and 6-11 and a coordinator with a run store of its
+    own (store.sqlite), which the tests that need no other cluster train through, each run
+    under its own run id."""
+    module_cluster.add_node(0.0, "--clients", "0-5")
+    module_cluster.add_node(0.0, "--clients", "6-11")
+    module_cluster.start_coordinator(2, "--store", str(module_cluster.workdir / "store.sqlite"))
+    return module_cluster
+
+
+def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(holders):
+    cluster, (low, high) = holders, holders.nodes
     store = cluster.workdir / "store.sqlite"
-    cluster.start_coordinator(2, "--store", str(store))
-    result = cluster.train_json(*FEDERATED, "--set", "run.rounds=3")
+    result = cluster.train_json(*FEDERATED, "--set", "run.rounds=3", "--run-id", "holders")
     run_dir = _run_dir(cluster, result)
     lines = _lines(run_dir)
     trained = [line for line in lines if "node" in line]
@@ -215,15 +224,37 @@ def _own_letters(root: Path, files: range, keep, folder: str = "letters") -> int
     return len(rows)
 
 
-def test_nodes_with_their_own_data_train_fedavg_equal_to_an_in_process_replay(cluster):
-    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
-    sizes = {"a": _own_letters(roots["a"], range(1, 3), lambda label: label < 13),
-             "b": _own_letters(roots["b"], range(3, 8), lambda label: label >= 9)}
-    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
-             for key, root in roots.items()}
-    cluster.start_coordinator(2)
+class Sites:
+    """Two nodes with letters data of their own (site-a: labels below 13 of a shipped
+    train file, site-b: labels from 9 of another) and a coordinator: ``roots`` and ``sizes``
+    (training rows) by site key, ``nodes`` by site key."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.roots = {key: cluster.workdir / f"data_{key}" for key in "ab"}
+        self.sizes = {"a": _own_letters(self.roots["a"], range(1, 2), lambda label: label < 13),
+                      "b": _own_letters(self.roots["b"], range(2, 3), lambda label: label >= 9)}
+        self.nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id",
+                                            f"site-{key}")
+                      for key, root in self.roots.items()}
+        cluster.start_coordinator(2)
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sites]:
+    """The sites the node-resident tests train through, each run under its own run id."""
+    cluster = Cluster(tmp_path_factory.mktemp("sites"))
+    try:
+        yield Sites(cluster)
+    finally:
+        cluster.stop()
+
+
+def test_nodes_with_their_own_data_train_fedavg_equal_to_an_in_process_replay(sites):
+    cluster, roots, sizes, nodes = sites.cluster, sites.roots, sites.sizes, sites.nodes
     result = cluster.train_json(*_with_sets(RESIDENT + ["clients.placement=nodes",
-                                                        "run.rounds=3"]))
+                                                        "run.rounds=3"]),
+                                "--run-id", "resident-fedavg")
     run_dir = _run_dir(cluster, result)
     record = json.loads((run_dir / "partition.json").read_text())
     assert record["names"] == ["site-a", "site-b"], record
@@ -482,16 +513,11 @@ def test_a_buffered_run_with_clients_resumes_after_a_kill_and_applies_each_buffe
     assert all(json.loads(row)["clients_trained"] >= 1 for row in rows)
 
 
-def test_nodes_with_their_own_data_train_in_buffered_mode(cluster):
-    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
-    _own_letters(roots["a"], range(1, 3), lambda label: label < 13)
-    _own_letters(roots["b"], range(3, 6), lambda label: label >= 9)
-    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
-             for key, root in roots.items()}
-    cluster.start_coordinator(2)
+def test_nodes_with_their_own_data_train_in_buffered_mode(sites):
+    cluster, nodes = sites.cluster, sites.nodes
     result = cluster.train_json(*_with_sets(RESIDENT + [
         "clients.placement=nodes", "run.rounds=3", "schedule.mode=buffered",
-        "schedule.buffer_size=2", "schedule.updates_per_round=2"]))
+        "schedule.buffer_size=2", "schedule.updates_per_round=2"]), "--run-id", "resident-buffered")
     assert len(result["history"]) == 3, result
     trained = [line for line in _lines(_run_dir(cluster, result)) if "node" in line]
     assert sorted(Counter(line["version"] for line in trained).items()) == \
@@ -504,11 +530,10 @@ EVALUATED = ["--set", "clients.validation_fraction=0.2", "--set", "clients.eval_
              "--set", "clients.eval_per_round=5"]
 
 
-def test_federated_evaluation_scores_clients_on_their_holders_every_n_rounds(cluster):
-    low = cluster.add_node(0.0, "--clients", "0-5")
-    high = cluster.add_node(0.0, "--clients", "6-11")
-    cluster.start_coordinator(2)
-    result = cluster.train_json(*FEDERATED, *EVALUATED, "--set", "run.rounds=3")
+def test_federated_evaluation_scores_clients_on_their_holders_every_n_rounds(holders):
+    cluster, (low, high) = holders, holders.nodes
+    result = cluster.train_json(*FEDERATED, *EVALUATED, "--set", "run.rounds=3",
+                                "--run-id", "evaluated")
     run_dir = _run_dir(cluster, result)
     lines = _lines(run_dir)
     evaluated = [line for line in lines if line.get("kind") == "eval"]
@@ -582,17 +607,12 @@ def _accuracy_on_validation(run_dir: Path, client: str, clients: int = CLIENTS) 
     return float((predicted == targets).double().mean())
 
 
-def test_node_resident_clients_are_scored_on_their_own_validation_part(cluster):
-    roots = {"a": cluster.workdir / "data_a", "b": cluster.workdir / "data_b"}
-    sizes = {"a": _own_letters(roots["a"], range(1, 2), lambda label: label < 13),
-             "b": _own_letters(roots["b"], range(2, 3), lambda label: label >= 9)}
-    nodes = {key: cluster.add_node(0.0, "--data-root", str(root), "--node-id", f"site-{key}")
-             for key, root in roots.items()}
-    cluster.start_coordinator(2)
+def test_node_resident_clients_are_scored_on_their_own_validation_part(sites):
+    cluster, sizes, nodes = sites.cluster, sites.sizes, sites.nodes
     # a validation_fraction too: it holds nothing out of data that has its own validation part
     result = cluster.train_json(*_with_sets(RESIDENT + [
         "clients.placement=nodes", "run.rounds=2", "clients.eval_every=1",
-        "clients.validation_fraction=0.5"]))
+        "clients.validation_fraction=0.5"]), "--run-id", "resident-scored")
     run_dir = _run_dir(cluster, result)
     assert json.loads((run_dir / "partition.json").read_text())["sizes"] == [sizes["a"],
                                                                               sizes["b"]]

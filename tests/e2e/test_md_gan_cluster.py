@@ -116,12 +116,23 @@ def initial_fid(model: str, seed: int) -> float:
     return gan_metrics.score_images(images, EVAL_N).fid_features
 
 
-def test_a_short_two_node_run_improves_fid_and_drops_its_sessions(cluster) -> None:
-    nodes = [cluster.add_node(0.0), cluster.add_node(0.0)]
-    cluster.start_coordinator(2, *PATIENT)
+@pytest.fixture(scope="module")
+def two_nodes(module_cluster):
+    """Two nodes and a patient coordinator that the short MD-GAN run and the FL-GAN runs
+    train through, each under a run id of its own (only the MD-GAN run swaps, so the
+    coordinator's swap lines are its own)."""
+    for _ in range(2):
+        module_cluster.add_node(0.0)
+    module_cluster.start_coordinator(2, *PATIENT)
+    return module_cluster
+
+
+def test_a_short_two_node_run_improves_fid_and_drops_its_sessions(two_nodes) -> None:
+    cluster, nodes = two_nodes, two_nodes.nodes
     result = cluster.train_json("--config", MD_GAN, *TINY_RUN, "--set", "run.rounds=40",
                                 "--set", "outputs.eval_every=40",
-                                "--set", f"outputs.eval_n={EVAL_N}", timeout=300)
+                                "--set", f"outputs.eval_n={EVAL_N}",
+                                "--run-id", "md-gan-short", timeout=300)
     assert result["rounds"] == 40
     start, end = initial_fid("dcgan28-tiny", 1), result["history"][-1]["fid_features"]
     seconds = sorted(h["seconds"] for h in result["history"][1:-1])  # no start-up, no scoring
@@ -130,7 +141,7 @@ def test_a_short_two_node_run_improves_fid_and_drops_its_sessions(cluster) -> No
     assert end < 0.75 * start
     cluster.coordinator.wait_for(r"swap 3: 2 discriminators moved \(0 relayed, 0 failed\)")
     for node in nodes:  # the run's sessions were dropped on every node at its end
-        node.wait_for(r"dropped 1 sessions of run")
+        node.wait_for(r"dropped 1 sessions of run md-gan-short")
     assert sum(n["accepted"] for n in result["nodes"]) == 80
 
 
@@ -166,10 +177,8 @@ def sample_weighted_mean(states: list[dict[str, np.ndarray]],
 
 
 def test_fl_gan_takes_the_sample_weighted_mean_of_the_states_its_nodes_return(
-        cluster) -> None:
-    cluster.add_node(0.0)
-    cluster.add_node(0.0)
-    cluster.start_coordinator(2, *PATIENT)
+        two_nodes) -> None:
+    cluster = two_nodes
     result = cluster.train_json(*FL_GAN, "--set", "run.rounds=1", "--set",
                                 "outputs.eval_every=0", "--run-id", "averaged", timeout=300)
     assert result["rounds"] == 1
@@ -188,13 +197,10 @@ def test_fl_gan_takes_the_sample_weighted_mean_of_the_states_its_nodes_return(
     assert any(not np.allclose(saved[name], initial[name]) for name in initial)  # it trained
 
 
-def test_fl_gan_learns_through_two_nodes(cluster) -> None:
-    cluster.add_node(0.0)
-    cluster.add_node(0.0)
-    cluster.start_coordinator(2, *PATIENT)
-    result = cluster.train_json(*FL_GAN, "--set", "run.rounds=4", "--set",
-                                "outputs.eval_every=1", "--set", f"outputs.eval_n={EVAL_N}",
-                                timeout=300)
+def test_fl_gan_learns_through_two_nodes(two_nodes) -> None:
+    result = two_nodes.train_json(*FL_GAN, "--set", "run.rounds=4", "--set",
+                                  "outputs.eval_every=1", "--set", f"outputs.eval_n={EVAL_N}",
+                                  "--run-id", "fl-gan-learns", timeout=300)
     assert result["rounds"] == 4
     fids = [h["fid_features"] for h in result["history"]]
     # about 1,350 after round 1 and 230 after round 4 (and 2,780 untrained)

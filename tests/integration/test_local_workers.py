@@ -211,22 +211,24 @@ def _worker_pids(node: procs.Proc) -> list[int]:
     return [int(pid) for pid in node.wait_for(PIDS.pattern).groups()]
 
 
-def test_a_run_through_a_node_with_two_workers(cluster):
-    node = cluster.add_node(0.0, "--workers", "2")
-    cluster.start_coordinator(2)
-    result = cluster.train_json(*LETTERS, "--set", "run.rounds=3")
-    assert result["rounds"] == 3 and result["nodes"][0]["accepted"] >= 9
-    assert result["nodes"][0]["failed"] == 0
-    assert all(_running(pid) for pid in _worker_pids(node))
-
-
-def test_a_killed_worker_fails_its_unit_and_the_node_restarts_its_group(cluster):
+def test_a_run_through_a_node_with_two_workers_then_a_killed_worker_restarts_its_group(
+        cluster):
+    """A whole run with no failure first; then, in a second run through the same node, a
+    worker killed mid-run fails its unit and the node starts a new group."""
     node = cluster.add_node(0.0, "--workers", "2")
     first = _worker_pids(node)
     cluster.start_coordinator(2)
-    client = cluster.start_client(*LETTERS, "--set", "run.rounds=15", "--json", "--quiet")
+    result = cluster.train_json(*LETTERS, "--set", "run.rounds=3", "--run-id", "whole")
+    assert result["rounds"] == 3 and result["nodes"][0]["accepted"] >= 9
+    assert result["nodes"][0]["failed"] == 0
+    assert all(_running(pid) for pid in first)
+
+    done_before = node.log().count(" round 3 done")  # the whole run's
+    client = cluster.start_client(*LETTERS, "--set", "run.rounds=15", "--json", "--quiet",
+                                  "--run-id", "killed-worker")
     try:
-        node.wait_for(r"unit \S+ round 3 done", timeout=60)
+        assert wait_until(lambda: node.log().count(" round 3 done") > done_before, 60,
+                          alive=node.alive, interval=0.1), node.log()
         os.kill(first[1], signal.SIGKILL)
         out, err = client.communicate(timeout=120)
     finally:

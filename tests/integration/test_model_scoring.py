@@ -33,10 +33,11 @@ RUN = ["--set", "run.algorithm=delta_avg", "--set", "run.model=tiny_models:tiny"
 SAME = 1e-6
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data root: a CSV table with a header and word labels on unequal scales (so the
     normalisation matters), and a folder of class folders of images."""
+    tmp_path = tmp_path_factory.mktemp("root")
     rng = np.random.default_rng(0)
     table = tmp_path / "data" / "animals"
     table.mkdir(parents=True)
@@ -55,8 +56,11 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-@pytest.fixture
-def trained_cluster(cluster: Cluster, root: Path) -> Cluster:
+@pytest.fixture(scope="module")
+def trained_cluster(module_cluster: Cluster, root: Path) -> Cluster:
+    """Two nodes and a coordinator on that root allowing the plug-in module, which both
+    tests train through, each run under its own run id."""
+    cluster = module_cluster
     (cluster.workdir / "tiny_models.py").write_text(MODULE, encoding="utf-8")
     for _ in range(2):
         cluster.add_node(0.0, "--data-root", str(root), *PLUGINS)
@@ -76,7 +80,7 @@ def test_a_table_model_is_evaluated_as_the_coordinator_scored_it_and_predicts_la
     result = trained_cluster.train_json(
         *RUN, "--set", "run.dataset=animals", "--set", "data.format=csv",
         "--set", "data.label=kind", "--set", "data.validation=held.csv",
-        "--set", "data.normalize=true", timeout=180)
+        "--set", "data.normalize=true", "--run-id", "table", timeout=180)
     npz = trained_cluster.workdir / result["model_path"]
     exported = trained_cluster.workdir / result["export"]
     assert exported == npz.with_suffix(".safetensors") and exported.is_file()
@@ -99,7 +103,8 @@ def test_an_image_model_is_evaluated_on_its_folder_and_predicts_each_image(
         trained_cluster: Cluster, root: Path) -> None:
     result = trained_cluster.train_json(
         *RUN, "--set", "run.dataset=shapes", "--set", "data.format=images",
-        "--set", "data.image_size=6", "--set", "data.channels=1", timeout=180)
+        "--set", "data.image_size=6", "--set", "data.channels=1", "--run-id", "images",
+        timeout=180)
     exported = trained_cluster.workdir / result["export"]
     scores = json.loads(client(trained_cluster, "evaluate", str(exported), "--data",
                                str(root / "shapes" / "validation"), "--json"))
