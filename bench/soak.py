@@ -55,6 +55,7 @@ TICK_SECONDS = 0.1  # the killer's step
 MAX_RESTART_TRIES = 5
 PORT_BASE_LOW = 10_000  # fixed ports are picked below the ephemeral range
 DEFAULT_TIMEOUT = "120 + 3 s per round"
+PROFILE_ENV = "SOAK_PROFILE"  # a file: profile the coordinator into it (bench/profiled.py)
 
 
 # ------------------------------------------------------------------ settings
@@ -221,6 +222,13 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def profiled() -> list[str]:
+    """The coordinator's command runs under bench/profiled.py (yappi, every thread) when
+    SOAK_PROFILE names the file its profile goes to; its CPU figures then include yappi's."""
+    out = os.environ.get(PROFILE_ENV)
+    return [str(REPO / "bench" / "profiled.py"), str(Path(out).resolve())] if out else []
+
+
 class Children:
     """Every process this script starts; each is ended by its own PID, never by name."""
 
@@ -345,7 +353,7 @@ class Cluster:
     def start_coordinator(self, nodes_file: Path) -> int:
         port_file = self.workdir / "coordinator.port"
         self.coordinator = self.children.start(
-            [str(REPO / "coordinator_node.py"), "0", str(self.s.policy), "--host", "127.0.0.1",
+            [*profiled(), str(REPO / "coordinator_node.py"), "0", str(self.s.policy), "--host", "127.0.0.1",
              "--nodes-file", str(nodes_file), "--data-root", str(self.data_root),
              "--run-dir", str(self.workdir / "runs"), "--store", self.store,
              "--port-file", str(port_file), "--seed", str(self.s.seed)],

@@ -97,8 +97,9 @@ class WorkQueue:
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
         so no path can lose a unit."""
-        for unit in self.units:
-            if not (unit.settled or unit.reserved or unit.started or unit in self._queue):
+        for unit in self.units:  # every idle worker looks: the cheapest tests first
+            if not (unit.done or unit.reserved or unit.started or unit.settled
+                    or unit in self._queue):
                 log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
                 self._queue.append(unit)
 
@@ -165,11 +166,17 @@ class WorkQueue:
         if backup_after is None:
             return None
         now = runtime.monotonic()
-        slow = [u for u in self.units
-                if not u.settled and u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
+        # One pass, cheapest tests first: every idle worker looks, each time it wakes.
+        slow, slow_since = None, 0.0
+        for unit in self.units:
+            started = unit.started
+            if (not started or unit.reserved != len(started)
+                    or len(started) >= self.max_attempts or unit.settled):
+                continue
+            newest = max(t for _, t in started.values())
+            if now - newest > backup_after and (slow is None or newest < slow_since):
+                slow, slow_since = unit, newest  # the first of equals, as min() keeps
+        return slow
 
     def release(self, unit: Unit) -> None:
         with self._cond:
