@@ -353,7 +353,8 @@ class Cluster:
     def start_coordinator(self, nodes_file: Path) -> int:
         port_file = self.workdir / "coordinator.port"
         self.coordinator = self.children.start(
-            [*profiled(), str(REPO / "coordinator_node.py"), "0", str(self.s.policy), "--host", "127.0.0.1",
+            [*profiled(), str(REPO / "coordinator_node.py"), "0", str(self.s.policy),
+             "--host", "127.0.0.1",
              "--nodes-file", str(nodes_file), "--data-root", str(self.data_root),
              "--run-dir", str(self.workdir / "runs"), "--store", self.store,
              "--port-file", str(port_file), "--seed", str(self.s.seed)],

@@ -69,7 +69,6 @@ from thrift_trainer.coordinator.schema_steps import SchemaSteps
 from thrift_trainer.coordinator.sql_ledger import SqlLedger
 from thrift_trainer.coordinator.sqlite_writes import SqliteWrites
 from thrift_trainer.coordinator.store_protocol import Database
-from thrift_trainer.coordinator.write_behind import Call
 from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store's names, for its callers
     UNIT_STATUSES,
     IllegalTransition,
@@ -83,6 +82,7 @@ from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store
     UnitEvent,
     UnknownRecord,
 )
+from thrift_trainer.coordinator.write_behind import Call
 from thrift_trainer.engine import runtime
 
 SCHEMA_VERSION = 3
