@@ -93,6 +93,10 @@ class WorkQueue:
         self._cond = runtime.Condition(lock)
         self._over = False
         self._queue: deque[Unit] = deque()  # units waiting for a worker
+        # When each live attempt started, oldest first: (id(unit), attempt) -> time. Idle
+        # workers look for slow units each time they wake; this tells them in one step
+        # when none can be (the oldest attempt out is not over the threshold).
+        self._live_starts: dict[tuple[int, int], float] = {}
 
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
@@ -163,9 +167,11 @@ class WorkQueue:
         Only units whose every holder is waiting on a node qualify, and a unit never
         holds more attempts than there are nodes, so backups cannot pile up.
         """
-        if backup_after is None:
+        if backup_after is None or not self._live_starts:
             return None
         now = runtime.monotonic()
+        if now - next(iter(self._live_starts.values())) <= backup_after:
+            return None
         # One pass, cheapest tests first: every idle worker looks, each time it wakes.
         slow, slow_since = None, 0.0
         for unit in self.units:
@@ -213,7 +219,11 @@ class WorkQueue:
             if self._over or unit.settled:
                 return None
             unit.attempts += 1
-            unit.started[unit.attempts] = (node, runtime.monotonic())
+            now = runtime.monotonic()
+            unit.started[unit.attempts] = (node, now)
+            key = (id(unit), unit.attempts)
+            self._live_starts.pop(key, None)  # (a key of a unit gone is never left first)
+            self._live_starts[key] = now
             if on_started is not None:
                 on_started(unit.attempts)
             return unit.attempts
@@ -227,6 +237,7 @@ class WorkQueue:
     def end_attempt(self, unit: Unit, attempt: int) -> None:
         with self._cond:
             unit.started.pop(attempt, None)
+            self._live_starts.pop((id(unit), attempt), None)
 
     def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
         """Count a failure; requeue the unit (first in the queue), or discard it past the
