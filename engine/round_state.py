@@ -81,6 +81,13 @@ class RoundState(WorkQueue):
     def units_per_round(self) -> int:
         return self.quorum
 
+    def _release_wakes(self, unit: Unit) -> bool:
+        """A settled unit let go of leaves nothing for a waiting worker (no backup of it,
+        nothing to queue again), and the barrier was told when it settled: with 2N + 2
+        workers waiting at the end of a round, waking them all for it cost more CPU than
+        the unit itself."""
+        return not unit.settled
+
     # --------------------------------------------------------------- attempts
     def _after_failure(self, unit: Unit) -> None:
         self._check_over()  # a discarded or dropped unit may have been the round's last
@@ -109,7 +116,8 @@ class RoundState(WorkQueue):
                 on_kept()
             self.completed += 1
             self._check_over()
-            self._cond.notify_all()
+            if self._over:  # a kept result gives a waiting worker nothing else to do
+                self._cond.notify_all()
         return True
 
     def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:

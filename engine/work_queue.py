@@ -187,7 +187,13 @@ class WorkQueue:
     def release(self, unit: Unit) -> None:
         with self._cond:
             unit.reserved -= 1
-            self._cond.notify_all()
+            if self._release_wakes(unit):
+                self._cond.notify_all()
+
+    def _release_wakes(self, unit: Unit) -> bool:
+        """Whether a worker letting go of ``unit`` may give a waiting one something to do
+        (under the lock): by default, always."""
+        return True
 
     def nodes_of(self, unit: Unit) -> set[int]:
         with self._cond:
