@@ -97,6 +97,9 @@ class WorkQueue:
         # workers look for slow units each time they wake; this tells them in one step
         # when none can be (the oldest attempt out is not over the threshold).
         self._live_starts: dict[tuple[int, int], float] = {}
+        # A unit is left held by nobody only when a worker lets go of it or an attempt of
+        # it ends: the look for such units is made after one of those, not at every wake.
+        self._orphans_possible = True
 
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
@@ -114,7 +117,8 @@ class WorkQueue:
         with self._cond:
             while not self._over:
                 if self._may_issue(backups_only):
-                    if not self._queue:
+                    if not self._queue and self._orphans_possible:
+                        self._orphans_possible = False
                         self._requeue_orphans()
                     if not self._queue:
                         self._refill()
@@ -187,6 +191,7 @@ class WorkQueue:
     def release(self, unit: Unit) -> None:
         with self._cond:
             unit.reserved -= 1
+            self._orphans_possible = True
             if self._release_wakes(unit):
                 self._cond.notify_all()
 
@@ -244,6 +249,7 @@ class WorkQueue:
         with self._cond:
             unit.started.pop(attempt, None)
             self._live_starts.pop((id(unit), attempt), None)
+            self._orphans_possible = True
 
     def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
         """Count a failure; requeue the unit (first in the queue), or discard it past the
