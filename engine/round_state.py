@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from thrift_trainer.engine import runtime
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import (
     WAIT_STEP_SECONDS,
@@ -20,6 +21,8 @@ from thrift_trainer.engine.work_queue import (
     WorkQueue,
 )
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
+
+IDLE_WAIT_SECONDS = 5 * WAIT_STEP_SECONDS  # the longest an idle worker of a round sleeps
 
 # What a round's callers import from here with the barrier.
 __all__ = ["WAIT_STEP_SECONDS", "Kept", "ResultSink", "RoundFailed", "RoundOutcome",
@@ -80,6 +83,16 @@ class RoundState(WorkQueue):
 
     def units_per_round(self) -> int:
         return self.quorum
+
+    def _idle_wait(self, backup_after: float | None) -> float:
+        """Until the oldest attempt out could first need a backup (no unit can before it),
+        a step at least and at most IDLE_WAIT_SECONDS: whatever else gives an idle worker
+        something to do in a round (a unit failed or let go of, the round over) wakes it.
+        Waking 2N + 2 workers every step for nothing cost more CPU than the units."""
+        if backup_after is None or not self._live_starts:
+            return WAIT_STEP_SECONDS
+        due = next(iter(self._live_starts.values())) + backup_after - runtime.monotonic()
+        return min(max(due, WAIT_STEP_SECONDS), IDLE_WAIT_SECONDS)
 
     def _release_wakes(self, unit: Unit) -> bool:
         """A settled unit let go of leaves nothing for a waiting worker (no backup of it,

@@ -127,8 +127,13 @@ class WorkQueue:
                 backup = self._take_backup(backup_after)
                 if backup is not None:
                     return backup
-                self._cond.wait(WAIT_STEP_SECONDS)
+                self._cond.wait(self._idle_wait(backup_after))
             return None
+
+    def _idle_wait(self, backup_after: float | None) -> float:
+        """How long an idle worker sleeps before it looks again, unless woken (under the
+        lock): a step by default, for a settlement whose units may become ready with time."""
+        return WAIT_STEP_SECONDS
 
     def requeue(self, unit: Unit, wait_seconds: float, wait_first: bool = False) -> None:
         """Queue a unit no node took, where the settlement says it still needs one; then
