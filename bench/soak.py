@@ -17,6 +17,11 @@ pending or in progress, no attempt left open, and counts that add up. The exit s
     python bench/soak.py --quick                      # 8 nodes, 40 rounds, under a minute
     python bench/soak.py --nodes 48 --rounds 1000 --kill-every 2 --seed 1 \\
         --plot docs/images/soak.png
+    SOAK_TIMERS=/tmp/cpu.txt python bench/soak.py --rounds 100   # where the CPU goes
+
+Where the coordinator's CPU goes: SOAK_TIMERS=FILE runs it under bench/profiled.py's
+timers (thread CPU per engine function), SOAK_PROFILE=FILE under cProfile (call counts;
+its times are inflated), each written to FILE when the coordinator exits.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ MAX_RESTART_TRIES = 5
 PORT_BASE_LOW = 10_000  # fixed ports are picked below the ephemeral range
 DEFAULT_TIMEOUT = "120 + 3 s per round"
 PROFILE_ENV = "SOAK_PROFILE"  # a file: profile the coordinator into it (bench/profiled.py)
+TIMERS_ENV = "SOAK_TIMERS"  # a file: the coordinator's CPU per engine function, into it
 
 
 # ------------------------------------------------------------------ settings
@@ -223,10 +229,14 @@ def python_env() -> dict[str, str]:
 
 
 def profiled() -> list[str]:
-    """The coordinator's command runs under bench/profiled.py (yappi, every thread) when
-    SOAK_PROFILE names the file its profile goes to; its CPU figures then include yappi's."""
-    out = os.environ.get(PROFILE_ENV)
-    return [str(REPO / "bench" / "profiled.py"), str(Path(out).resolve())] if out else []
+    """The coordinator's command runs under bench/profiled.py when SOAK_TIMERS (thread CPU
+    per engine function, real figures) or SOAK_PROFILE (cProfile, every thread) names the
+    file its figures go to; the coordinator's CPU figures then include what that costs."""
+    timers, profile = os.environ.get(TIMERS_ENV), os.environ.get(PROFILE_ENV)
+    script = str(REPO / "bench" / "profiled.py")
+    if timers:
+        return [script, "--timers", str(Path(timers).resolve())]
+    return [script, str(Path(profile).resolve())] if profile else []
 
 
 class Children:
