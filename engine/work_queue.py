@@ -104,7 +104,7 @@ class WorkQueue:
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
         so no path can lose a unit."""
-        for unit in self.units:  # every idle worker looks: the cheapest tests first
+        for unit in self.units:  # the cheapest tests first
             if not (unit.done or unit.reserved or unit.started or unit.settled
                     or unit in self._queue):
                 log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
@@ -238,7 +238,9 @@ class WorkQueue:
             now = runtime.monotonic()
             unit.started[unit.attempts] = (node, now)
             key = (id(unit), unit.attempts)
-            self._live_starts.pop(key, None)  # (a key of a unit gone is never left first)
+            # inserted afresh: a key that a unit gone left behind (ids are reused) must not
+            # keep its older place at the front
+            self._live_starts.pop(key, None)
             self._live_starts[key] = now
             if on_started is not None:
                 on_started(unit.attempts)
