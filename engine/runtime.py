@@ -21,6 +21,7 @@ Use it like the standard library::
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
 import threading
@@ -111,6 +112,12 @@ class _ThreadCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[_CachedThread] = []
+        if hasattr(os, "register_at_fork"):  # a forked child has none of these threads
+            os.register_at_fork(after_in_child=self._forget_threads)
+
+    def _forget_threads(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = []
 
     def start(self, target: Callable[..., Any], name: str, args: tuple[Any, ...]) -> None:
         with self._lock:

@@ -134,3 +134,4 @@ def test_a_cached_thread_reports_its_targets_exception_and_goes_on(
     done = threading.Event()
     runtime.start_thread(done.set, "after")
     assert done.wait(10)
+
