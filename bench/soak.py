@@ -17,6 +17,11 @@ pending or in progress, no attempt left open, and counts that add up. The exit s
     python bench/soak.py --quick                      # 8 nodes, 40 rounds, under a minute
     python bench/soak.py --nodes 48 --rounds 1000 --kill-every 2 --seed 1 \\
         --plot docs/images/soak.png
+    SOAK_TIMERS=/tmp/cpu.txt python bench/soak.py --rounds 100   # where the CPU goes
+
+Where the coordinator's CPU goes: SOAK_TIMERS=FILE runs it under bench/profiled.py's
+timers (thread CPU per engine function), SOAK_PROFILE=FILE under cProfile (call counts;
+its times are inflated), each written to FILE when the coordinator exits.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ TICK_SECONDS = 0.1  # the killer's step
 MAX_RESTART_TRIES = 5
 PORT_BASE_LOW = 10_000  # fixed ports are picked below the ephemeral range
 DEFAULT_TIMEOUT = "120 + 3 s per round"
+PROFILE_ENV = "SOAK_PROFILE"  # a file: profile the coordinator into it (bench/profiled.py)
+TIMERS_ENV = "SOAK_TIMERS"  # a file: the coordinator's CPU per engine function, into it
 
 
 # ------------------------------------------------------------------ settings
@@ -221,6 +228,17 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def profiled() -> list[str]:
+    """The coordinator's command runs under bench/profiled.py when SOAK_TIMERS (thread CPU
+    per engine function, real figures) or SOAK_PROFILE (cProfile, every thread) names the
+    file its figures go to; the coordinator's CPU figures then include what that costs."""
+    timers, profile = os.environ.get(TIMERS_ENV), os.environ.get(PROFILE_ENV)
+    script = str(REPO / "bench" / "profiled.py")
+    if timers:
+        return [script, "--timers", str(Path(timers).resolve())]
+    return [script, str(Path(profile).resolve())] if profile else []
+
+
 class Children:
     """Every process this script starts; each is ended by its own PID, never by name."""
 
@@ -345,7 +363,8 @@ class Cluster:
     def start_coordinator(self, nodes_file: Path) -> int:
         port_file = self.workdir / "coordinator.port"
         self.coordinator = self.children.start(
-            [str(REPO / "coordinator_node.py"), "0", str(self.s.policy), "--host", "127.0.0.1",
+            [*profiled(), str(REPO / "coordinator_node.py"), "0", str(self.s.policy),
+             "--host", "127.0.0.1",
              "--nodes-file", str(nodes_file), "--data-root", str(self.data_root),
              "--run-dir", str(self.workdir / "runs"), "--store", self.store,
              "--port-file", str(port_file), "--seed", str(self.s.seed)],

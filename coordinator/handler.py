@@ -442,7 +442,7 @@ def open_store(settings: CoordinatorSettings) -> tuple[StoreLock | None, Store]:
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = StoreLock(path)
     try:
-        return lock, RunStore(path)
+        return lock, RunStore(path, defer_writes=True)
     except BaseException:
         lock.release()
         raise

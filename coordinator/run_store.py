@@ -62,10 +62,12 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from thrift_trainer.coordinator.ledger_sql import SQLITE
 from thrift_trainer.coordinator.schema_steps import SchemaSteps
 from thrift_trainer.coordinator.sql_ledger import SqlLedger
+from thrift_trainer.coordinator.sqlite_writes import SqliteWrites
 from thrift_trainer.coordinator.store_protocol import Database
 from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store's names, for its callers
     UNIT_STATUSES,
@@ -80,6 +82,7 @@ from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store
     UnitEvent,
     UnknownRecord,
 )
+from thrift_trainer.coordinator.write_behind import Call
 from thrift_trainer.engine import runtime
 
 SCHEMA_VERSION = 3
@@ -195,23 +198,65 @@ class RunStore(SqlLedger):
     _IntegrityError = sqlite3.IntegrityError
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 clock: Callable[[], float] = runtime.wall) -> None:
+                 clock: Callable[[], float] = runtime.wall, defer_writes: bool = False) -> None:
+        """``defer_writes``: the engine's hot writes are made behind the run, many in one
+        transaction (coordinator/sqlite_writes.py: a coordinator's store); without, every
+        call is made when called (tools, and tests of the ledger's semantics)."""
         self.path = os.fspath(path)  # what messages name the store by
         self._start(clock)
+        self._deferred = (SqliteWrites(self, self._in_one_transaction) if defer_writes
+                          else None)
 
     def _open(self) -> sqlite3.Connection:
         return _connect(self.path)
 
+    # ------------------------------------------------------------ write-behind
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._deferred is None:
+            return method(self, *args, **kwargs)
+        return self._deferred.call(method, *args, **kwargs)
+
+    def _before_read(self) -> None:
+        if self._deferred is not None:
+            self._deferred.before_read()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._deferred is None:
+            with self._tx():
+                yield
+            return
+        with self._deferred.batch(), self._tx():
+            yield
+
+    def _in_one_transaction(self, calls: list[Call]) -> None:
+        """Deferred calls in one transaction, without a savepoint each: a refusal undoes
+        the batch, which is then made call by call (coordinator/sqlite_writes.py)."""
+        with self._lock:
+            self._savepoints = False
+            try:
+                with self._tx():
+                    for method, args, kwargs in calls:
+                        method(self, *args, **kwargs)
+            finally:
+                self._savepoints = True
+
     def abandon(self) -> None:
         """Drop the connection as a process that dies does, without waiting for the threads
         that use it: what no transaction committed is rolled back by SQLite, and the file
-        is free for the next process (a simulated coordinator killed mid-run)."""
+        is free for the next process (a simulated coordinator killed mid-run). Writes still
+        queued are lost with it."""
+        if getattr(self, "_deferred", None) is not None:
+            self._deferred.close(flush=False)
         db, self._db = self._db, None
         if db is not None:
             db.close()
 
     def close(self) -> None:
-        """Close the connection; later calls raise RunStoreError. Idempotent."""
+        """Make the writes still queued, then close the connection; later calls raise
+        RunStoreError. Idempotent."""
+        if getattr(self, "_deferred", None) is not None:  # absent if the schema check failed
+            self._deferred.close(flush=self._db is not None)
         with self._lock:
             if self._db is not None:
                 self._db.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict
 
 from thrift_trainer.coordinator.records import (
     InvalidRun,
@@ -15,17 +14,17 @@ from thrift_trainer.coordinator.records import (
     RunStopped,
 )
 from thrift_trainer.engine.nodes.thrift_client import node_summary
-from thrift_trainer.engine.records import RoundMetrics, RunSnapshot
+from thrift_trainer.engine.records import RoundMetrics, RunSnapshot, fields_of
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire
 
 
 def round_metrics(metrics: RoundMetrics) -> ttypes.RoundMetrics:
-    return ttypes.RoundMetrics(**asdict(metrics))
+    return ttypes.RoundMetrics(**fields_of(metrics))
 
 
 def run_status(snapshot: RunSnapshot) -> ttypes.RunStatus:
-    fields = {**asdict(snapshot), "nodes": [node_summary(n) for n in snapshot.nodes],
+    fields = {**fields_of(snapshot), "nodes": [node_summary(n) for n in snapshot.nodes],
               "recent_rounds": [round_metrics(m) for m in snapshot.recent_rounds]
               if snapshot.recent_rounds else None}
     return ttypes.RunStatus(**fields)

@@ -20,14 +20,18 @@ from contextlib import contextmanager
 from typing import Any
 
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
-from thrift_trainer.coordinator.write_behind import DEFERRED, Call, WriteBehind, run_of
+from thrift_trainer.coordinator.write_behind import (
+    DEFERRED,
+    NEW_LIFE,
+    Call,
+    WriteBehind,
+    run_of,
+)
 from thrift_trainer.engine import runtime
 
 log = logging.getLogger("coordinator.store")
 RETRY_SECONDS = 0.5
 OUTAGE_SECONDS = 60.0
-# calls that start a run afresh: the writes its earlier life could not make are behind it
-_NEW_LIFE = frozenset({"create_run", "resume_run"})
 
 
 class ConnectionLost(StoreUnavailable):
@@ -92,7 +96,7 @@ class OutageRider:
             self.writes.put((method, args, kwargs))
             return None
         run_id = run_of((method, args, kwargs))
-        if run_id is not None and method.__name__ in _NEW_LIFE:
+        if run_id is not None and method.__name__ in NEW_LIFE:
             self.writes.forget(run_id)
         self.writes.flush(run_id=run_id)
         return self.ride_out(lambda: method(store, *args, **kwargs))

@@ -1,9 +1,12 @@
-"""The engine's hot writes to a PostgreSQL run store, made later and many at a time.
+"""The engine's hot writes to a run store, made later and many at a time.
 
 Every unit costs the ledger a few writes (started, finished, the node's answer), each a
-transaction of several statements, and a round trip to a database server is far dearer
-than a call into SQLite: made one by one under the store's lock, they would slow a round
-of many small units down to the database's pace. So the calls whose answer the engine does
+transaction of several statements. A round trip to a database server is far dearer than a
+call into SQLite: made one by one under the store's lock, they would slow a round of many
+small units down to the database's pace. SQLite's commits are cheap but not free (a WAL
+write each, and the workers queue on the store's lock meanwhile): a coordinator's SQLite
+store defers the same calls (coordinator/sqlite_writes.py), so a unit costs the ledger a
+part of a transaction instead of three. So the calls whose answer the engine does
 not use (DEFERRED) are queued and return at once; a writer thread makes everything queued
 in one transaction, its statements pipelined (psycopg's pipeline mode: only reads wait for
 the server). Any other call first makes everything queued before it, in the caller's
@@ -33,6 +36,8 @@ from thrift_trainer.engine.ledger import STRICT_ENV, RunStoreError, StoreUnavail
 log = logging.getLogger("coordinator.store")
 DEFERRED = frozenset({"unit_started", "unit_finished", "move_unit", "node_answer",
                       "node_failure", "node_heartbeats"})
+# calls that start a run afresh: the writes its earlier life could not make are behind it
+NEW_LIFE = frozenset({"create_run", "resume_run"})
 GATHER_SECONDS = 0.005  # the writer waits this long for more calls before a batch
 MAX_BATCH = 2000
 

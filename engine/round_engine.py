@@ -360,6 +360,8 @@ class RoundEngine:
     def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:
         """The unit's preferred node (the one holding its session) first, when the policy
         offers it; otherwise the policy's order, so a unit falls back to any node."""
+        if spec.preferred_node is None:
+            return order
         preferred = [i for i in order if self._by_index[i].name == spec.preferred_node]
         return preferred + [i for i in order if i not in preferred]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from thrift_trainer.engine import runtime
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import (
     WAIT_STEP_SECONDS,
@@ -20,6 +21,8 @@ from thrift_trainer.engine.work_queue import (
     WorkQueue,
 )
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
+
+IDLE_WAIT_SECONDS = 5 * WAIT_STEP_SECONDS  # the longest an idle worker of a round sleeps
 
 # What a round's callers import from here with the barrier.
 __all__ = ["WAIT_STEP_SECONDS", "Kept", "ResultSink", "RoundFailed", "RoundOutcome",
@@ -81,6 +84,23 @@ class RoundState(WorkQueue):
     def units_per_round(self) -> int:
         return self.quorum
 
+    def _idle_wait(self, backup_after: float | None) -> float:
+        """Until the oldest attempt out could first need a backup (no unit can before it),
+        a step at least and at most IDLE_WAIT_SECONDS: whatever else gives an idle worker
+        something to do in a round (a unit failed or let go of, the round over) wakes it.
+        Waking 2N + 2 workers every step for nothing cost more CPU than the units."""
+        if backup_after is None or not self._live_starts:
+            return WAIT_STEP_SECONDS
+        due = next(iter(self._live_starts.values())) + backup_after - runtime.monotonic()
+        return min(max(due, WAIT_STEP_SECONDS), IDLE_WAIT_SECONDS)
+
+    def _release_wakes(self, unit: Unit) -> bool:
+        """A settled unit let go of leaves nothing for a waiting worker (no backup of it,
+        nothing to queue again), and the barrier was told when it settled: with 2N + 2
+        workers waiting at the end of a round, waking them all for it cost more CPU than
+        the unit itself."""
+        return not unit.settled
+
     # --------------------------------------------------------------- attempts
     def _after_failure(self, unit: Unit) -> None:
         self._check_over()  # a discarded or dropped unit may have been the round's last
@@ -109,7 +129,8 @@ class RoundState(WorkQueue):
                 on_kept()
             self.completed += 1
             self._check_over()
-            self._cond.notify_all()
+            if self._over:  # a kept result gives a waiting worker nothing else to do
+                self._cond.notify_all()
         return True
 
     def kept(self, unit: Unit, attempt: int, node: str, result: TaskResult) -> Kept:

@@ -93,12 +93,20 @@ class WorkQueue:
         self._cond = runtime.Condition(lock)
         self._over = False
         self._queue: deque[Unit] = deque()  # units waiting for a worker
+        # When each live attempt started, oldest first: (id(unit), attempt) -> time. Idle
+        # workers look for slow units each time they wake; this tells them in one step
+        # when none can be (the oldest attempt out is not over the threshold).
+        self._live_starts: dict[tuple[int, int], float] = {}
+        # A unit is left held by nobody only when a worker lets go of it or an attempt of
+        # it ends: the look for such units is made after one of those, not at every wake.
+        self._orphans_possible = True
 
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
         so no path can lose a unit."""
-        for unit in self.units:
-            if not (unit.settled or unit.reserved or unit.started or unit in self._queue):
+        for unit in self.units:  # the cheapest tests first
+            if not (unit.done or unit.reserved or unit.started or unit.settled
+                    or unit in self._queue):
                 log.warning("unit %s was held by nobody; queued again", unit.spec.unit_id)
                 self._queue.append(unit)
 
@@ -109,7 +117,8 @@ class WorkQueue:
         with self._cond:
             while not self._over:
                 if self._may_issue(backups_only):
-                    if not self._queue:
+                    if not self._queue and self._orphans_possible:
+                        self._orphans_possible = False
                         self._requeue_orphans()
                     if not self._queue:
                         self._refill()
@@ -118,8 +127,13 @@ class WorkQueue:
                 backup = self._take_backup(backup_after)
                 if backup is not None:
                     return backup
-                self._cond.wait(WAIT_STEP_SECONDS)
+                self._cond.wait(self._idle_wait(backup_after))
             return None
+
+    def _idle_wait(self, backup_after: float | None) -> float:
+        """How long an idle worker sleeps before it looks again, unless woken (under the
+        lock): a step by default, for a settlement whose units may become ready with time."""
+        return WAIT_STEP_SECONDS
 
     def requeue(self, unit: Unit, wait_seconds: float, wait_first: bool = False) -> None:
         """Queue a unit no node took, where the settlement says it still needs one; then
@@ -162,19 +176,34 @@ class WorkQueue:
         Only units whose every holder is waiting on a node qualify, and a unit never
         holds more attempts than there are nodes, so backups cannot pile up.
         """
-        if backup_after is None:
+        if backup_after is None or not self._live_starts:
             return None
         now = runtime.monotonic()
-        slow = [u for u in self.units
-                if not u.settled and u.started
-                and u.reserved == len(u.started) < self.max_attempts
-                and now - max(t for _, t in u.started.values()) > backup_after]
-        return min(slow, key=lambda u: max(t for _, t in u.started.values()), default=None)
+        if now - next(iter(self._live_starts.values())) <= backup_after:
+            return None
+        # One pass, cheapest tests first: every idle worker looks, each time it wakes.
+        slow, slow_since = None, 0.0
+        for unit in self.units:
+            started = unit.started
+            if (not started or unit.reserved != len(started)
+                    or len(started) >= self.max_attempts or unit.settled):
+                continue
+            newest = max(t for _, t in started.values())
+            if now - newest > backup_after and (slow is None or newest < slow_since):
+                slow, slow_since = unit, newest  # the first of equals, as min() keeps
+        return slow
 
     def release(self, unit: Unit) -> None:
         with self._cond:
             unit.reserved -= 1
-            self._cond.notify_all()
+            self._orphans_possible = True
+            if self._release_wakes(unit):
+                self._cond.notify_all()
+
+    def _release_wakes(self, unit: Unit) -> bool:
+        """Whether a worker letting go of ``unit`` may give a waiting one something to do
+        (under the lock): by default, always."""
+        return True
 
     def nodes_of(self, unit: Unit) -> set[int]:
         with self._cond:
@@ -206,7 +235,13 @@ class WorkQueue:
             if self._over or unit.settled:
                 return None
             unit.attempts += 1
-            unit.started[unit.attempts] = (node, runtime.monotonic())
+            now = runtime.monotonic()
+            unit.started[unit.attempts] = (node, now)
+            key = (id(unit), unit.attempts)
+            # inserted afresh: a key that a unit gone left behind (ids are reused) must not
+            # keep its older place at the front
+            self._live_starts.pop(key, None)
+            self._live_starts[key] = now
             if on_started is not None:
                 on_started(unit.attempts)
             return unit.attempts
@@ -220,6 +255,8 @@ class WorkQueue:
     def end_attempt(self, unit: Unit, attempt: int) -> None:
         with self._cond:
             unit.started.pop(attempt, None)
+            self._live_starts.pop((id(unit), attempt), None)
+            self._orphans_possible = True
 
     def record_failure(self, unit: Unit, reason: str, max_failures: int) -> bool:
         """Count a failure; requeue the unit (first in the queue), or discard it past the

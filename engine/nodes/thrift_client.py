@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
-from dataclasses import asdict
 from typing import Any
 
 from thrift_trainer.engine import runtime
@@ -31,7 +30,7 @@ from thrift_trainer.engine.nodes.errors import (
 from thrift_trainer.engine.nodes.nodes_file import NodeAddress
 from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.nodes.sent_weights import SentWeights
-from thrift_trainer.engine.records import NodeSummary
+from thrift_trainer.engine.records import NodeSummary, fields_of
 from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus, Tensors
 from thrift_trainer.training.run_check import RunFacts
 from thrift_trainer.wire.errors import (
@@ -331,7 +330,7 @@ def pushed_node(index: int, address: NodeAddress, rpc_timeout: float,
 def node_summary(summary: NodeSummary) -> ttypes.NodeSummary:
     """The wire form, a relay's members (a tree) included."""
     members = [node_summary(member) for member in summary.members]
-    return ttypes.NodeSummary(**{**asdict(summary), "members": members or None})
+    return ttypes.NodeSummary(**{**fields_of(summary), "members": members or None})
 
 
 def summary_from_wire(summary: ttypes.NodeSummary) -> NodeSummary:

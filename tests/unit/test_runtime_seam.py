@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from thrift_trainer.engine import runtime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,3 +92,46 @@ def test_a_submitted_task_says_when_it_is_done_even_when_it_raises() -> None:
     assert not task.done()
     release.set()
     assert task.wait(5) and task.done()
+
+
+def test_the_system_runtime_runs_a_thread_per_target_and_wakes_a_finished_one() -> None:
+    """Targets started together run at once, each under its name; once they have ended,
+    the next target runs in one of their threads instead of a new one."""
+    barrier = threading.Barrier(5, timeout=10)
+    ran: list[str] = []
+
+    def meet() -> None:
+        barrier.wait()  # all five must be running at once for any to pass
+        ran.append(threading.current_thread().name)
+
+    for i in range(5):
+        runtime.start_thread(meet, f"meet-{i}")
+    assert wait_until(lambda: len(ran) == 5, 10)
+    assert sorted(ran) == [f"meet-{i}" for i in range(5)]
+    assert wait_until(_runs_in_a_thread_that_was_there, 10)
+
+
+def _runs_in_a_thread_that_was_there() -> bool:
+    """Start a target; whether it ran in a thread alive before it was started."""
+    before = {thread.ident for thread in threading.enumerate()}
+    ident: list[int | None] = []
+    runtime.start_thread(lambda: ident.append(threading.get_ident()), "again")
+    assert wait_until(lambda: bool(ident), 10)
+    return ident[0] in before
+
+
+def test_a_cached_thread_reports_its_targets_exception_and_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reported: list[tuple[type, str]] = []
+    monkeypatch.setattr(threading, "excepthook",
+                        lambda args: reported.append((args.exc_type, args.thread.name)))
+
+    def fail() -> None:
+        raise ValueError("boom")
+
+    runtime.start_thread(fail, "failing")
+    assert wait_until(lambda: reported == [(ValueError, "failing")], 10)
+    done = threading.Event()
+    runtime.start_thread(done.set, "after")
+    assert done.wait(10)
+

@@ -1,0 +1,146 @@
+"""Run a Python script (the coordinator, from bench/soak.py) and say where its CPU went.
+
+Two ways, both over every thread of the process:
+
+* ``--timers``: the thread CPU time (time.thread_time) spent inside each of the engine's
+  and the store's main functions (TIMED below; a nested call of the same function counts
+  once), with the process's own CPU time, written as a table when the script exits. The
+  timers cost about a microsecond a call, so the figures are the real ones.
+* otherwise cProfile, one profiler per thread, merged into one pstats file at exit. Its
+  per-call overhead inflates Python-heavy code several times (CPU per unit comes out
+  4-8 times the real one), so it says which functions are called how often, not how much
+  of the CPU each takes. Blocking waits show up as `acquire` time: ignore that line.
+
+    python bench/profiled.py [--timers] OUT SCRIPT [ARGS...]
+    python -c "import pstats; pstats.Stats('OUT').sort_stats('tottime').print_stats(30)"
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib
+import os
+import pstats
+import runpy
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# (module, class or None, function): what --timers measures
+TIMED = [
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "_worker"),
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "_try_nodes"),
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "_order"),
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "_answered"),
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "_wait"),
+    ("thrift_trainer.engine.round_engine", None, "run_filters"),
+    ("thrift_trainer.engine.work_queue", "WorkQueue", "next_unit"),
+    ("thrift_trainer.engine.nodes.thrift_client", "ThriftNodeClient", "train"),
+    ("thrift_trainer.engine.nodes.thrift_client", "ThriftNodeClient", "_train_call"),
+    ("thrift_trainer.engine.nodes.pool", "NodeHandle", "heartbeat"),
+    ("thrift_trainer.engine.attempt_log", "AttemptLog", "started"),
+    ("thrift_trainer.engine.attempt_log", "AttemptLog", "answered"),
+    ("thrift_trainer.engine.attempt_log", "AttemptLog", "ended"),
+    ("thrift_trainer.coordinator.sqlite_writes", "SqliteWrites", "_apply"),
+    ("thrift_trainer.coordinator.handler", "CoordinatorHandler", "status"),
+    ("thrift_trainer.coordinator.training_loop", "TrainingLoop", "_round"),
+]
+
+
+class Timers:
+    """Thread CPU seconds and calls per timed function."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+        self._depth = threading.local()
+
+    def wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._depth, name, 0)
+            setattr(self._depth, name, depth + 1)
+            started = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                setattr(self._depth, name, depth)
+                if depth == 0:  # a recursive call counts once
+                    spent = time.thread_time() - started
+                    with self._lock:
+                        total = self.totals.setdefault(name, [0, 0.0])
+                        total[0] += 1
+                        total[1] += spent
+        return timed
+
+    def install(self) -> None:
+        for module_name, owner_name, function_name in TIMED:
+            try:  # a version of the code without one of them (an older commit) is timed
+                module = importlib.import_module(module_name)  # without it
+                owner = getattr(module, owner_name) if owner_name else module
+                getattr(owner, function_name)
+            except (ImportError, AttributeError):
+                continue
+            name = f"{owner_name}.{function_name}" if owner_name else function_name
+            setattr(owner, function_name, self.wrap(name, getattr(owner, function_name)))
+
+    def write(self, out: str) -> None:
+        times = os.times()
+        lines = [f"process CPU {times.user + times.system:.2f} s (user {times.user:.2f}, "
+                 f"system {times.system:.2f})", "function | calls | CPU s | us per call"]
+        for name, (calls, seconds) in sorted(self.totals.items(), key=lambda x: -x[1][1]):
+            lines.append(f"{name} | {int(calls)} | {seconds:.3f} | "
+                         f"{1e6 * seconds / max(calls, 1):.1f}")
+        Path(out).write_text("\n".join(lines) + "\n")
+
+
+_profiles: list[cProfile.Profile] = []
+_profiles_lock = threading.Lock()
+
+
+def _profiled_run(run: Callable[[threading.Thread], None]) -> Callable[[threading.Thread], None]:
+    def run_profiled(thread: threading.Thread) -> None:
+        profile = cProfile.Profile(time.thread_time)  # this thread's CPU time
+        with _profiles_lock:
+            _profiles.append(profile)
+        profile.runcall(run, thread)
+    return run_profiled
+
+
+def _write_profile(out: str, main_profile: cProfile.Profile) -> None:
+    with _profiles_lock:
+        profiles = [p for p in _profiles if p.getstats()]
+    stats = pstats.Stats(main_profile)
+    for profile in profiles:
+        stats.add(profile)
+    stats.dump_stats(out)
+
+
+def main() -> None:
+    timers = sys.argv[1] == "--timers"
+    args = sys.argv[2:] if timers else sys.argv[1:]
+    out, script = args[0], args[1]
+    sys.argv = args[1:]  # the script sees its own arguments and imports from its folder
+    sys.path[0] = str(Path(script).resolve().parent)
+    if timers:
+        import thrift_trainer  # noqa: F401 - the script's packages, importable from here
+
+        measured = Timers()
+        measured.install()
+        try:
+            runpy.run_path(script, run_name="__main__")
+        finally:
+            measured.write(out)
+        return
+    threading.Thread.run = _profiled_run(threading.Thread.run)  # type: ignore[method-assign]
+    main_profile = cProfile.Profile(time.thread_time)
+    try:
+        main_profile.runcall(runpy.run_path, script, run_name="__main__")
+    finally:
+        _write_profile(out, main_profile)
+
+
+if __name__ == "__main__":
+    main()
