@@ -13,8 +13,14 @@ if [ ! -x .venv/bin/python ]; then
   echo "creating .venv with $($python --version)"
   "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -r requirements-dev.txt
+# pip runs again only when a requirements file changed since the last install (seconds
+# saved at every test run)
+wanted=$(cat requirements*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.requirements-installed 2>/dev/null)" != "$wanted" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements-dev.txt
+  echo "$wanted" > .venv/.requirements-installed
+fi
 # apt_install <what needs them> <packages>: installs them as root where apt-get is, or
 # says how to. They are needed only by some tests, which fail without them under CI.
 apt_install() {

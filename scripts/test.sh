@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh), then runs the linter and the tests:
 #   scripts/test.sh          the whole suite, as CI runs it, in parallel worker processes
-#   scripts/test.sh --fast   the fast tier: the tests that start no process and use no socket
-#                            (pytest -m "not processes"; tests/unit and tests/bench)
+#   scripts/test.sh --fast   the fast tier: the tests that start no process, use no socket
+#                            and wait out no real deadline (pytest -m "not processes and
+#                            not slow"; tests/unit and tests/bench)
 # Further arguments go to pytest, e.g. scripts/test.sh --fast -k policies
 # TEST_WORKERS sets how many pytest processes share the whole suite (default: 2 per core,
 # since most end-to-end tests wait on their servers' deadlines rather than compute;
@@ -14,7 +15,7 @@ tier=()
 parallel=(-n "${TEST_WORKERS:-$((2 * $(nproc)))}" --dist loadgroup)
 if [ "${1:-}" = "--fast" ]; then
   shift
-  tier=(-m "not processes")
+  tier=(-m "not processes and not slow")
   parallel=()  # in one process it already ends in well under a minute
 fi
 [ "${TEST_WORKERS:-}" = 0 ] && parallel=()

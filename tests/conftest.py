@@ -1,6 +1,7 @@
 """Shared fixtures: a local cluster of real compute-node and coordinator processes; the
 `processes` marker, which every test under tests/integration and tests/e2e carries and
-which a test elsewhere must not need (the fast tier: -m "not processes")."""
+which a test elsewhere must not need (the fast tier: -m "not processes and not slow", so
+also without the tests marked slow, which wait out a real deadline)."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def _reference(settings: PrivacySettings, sampling: Sampling, rounds: int) -> fl
 def test_epsilon_equals_dp_accountings_own_to_three_digits(kind, name):
     settings = PrivacySettings(clip=1.0, noise_multiplier=1.2, delta=1e-5, accountant=name)
     sampling = Sampling(kind, 100, 10)
-    for rounds in (1, 4):
+    for rounds in (1, 4) if name == "rdp" else (3,):  # PLD's take seconds each
         mine = accounting.epsilon(settings, sampling, rounds)
         assert float(f"{mine:.3g}") == float(f"{_reference(settings, sampling, rounds):.3g}")
     assert accounting.epsilon(settings, sampling, 0) == 0.0

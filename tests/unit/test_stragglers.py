@@ -59,6 +59,7 @@ class HangingNode(LocalNode):
         return True
 
 
+@pytest.mark.slow  # waits out the measured deadline's floor, a real 5 s
 def test_a_hung_nodes_short_unit_is_reissued_after_a_deadline_from_its_unit_times():
     hanging, healthy = HangingNode(0, answers=2), LocalNode(1)
     eng, _, _ = engine([hanging, healthy], speculation=False)
