@@ -110,6 +110,21 @@ LONG_RUN = 80  # rounds: more than a chart marks with points when every round ha
 NODE = "127.0.0.1:9"  # the stored run's node; nothing needs to listen there
 
 
+def texts(browser, css: str) -> list[str]:
+    """The texts of the elements `css` selects (a row's: its cells' joined by spaces), read
+    in one step: the pages redraw their tables every second, so elements found by one
+    call may be gone by the next."""
+    return browser.execute_script("""
+        return Array.from(document.querySelectorAll(arguments[0]), e => e.tagName === "TR"
+            ? Array.from(e.cells, c => c.innerText.trim()).join(" ") : e.innerText.trim());""",
+        css)
+
+
+def click(browser, css: str) -> None:
+    """Click the element `css` selects, found and clicked in one step (see `texts`)."""
+    browser.execute_script("document.querySelector(arguments[0]).click();", css)
+
+
 def store_a_finished_gan_run(run_root: Path, run_id: str) -> None:
     """A completed run in a coordinator's run folder, as a run leaves it: every round's
     metrics, the inception score measured once (the last round), and its node."""
@@ -165,8 +180,7 @@ def test_the_pages_of_a_stored_run_show_its_metrics_and_nodes_as_it_ended(
         "return document.querySelector('#runs').getBoundingClientRect().right "
         "<= document.documentElement.clientWidth")
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#runs thead th")]
-    cells = dict(zip(headers, (td.text for td in browser.find_elements(
-        By.CSS_SELECTOR, "#runs tbody tr td")), strict=True))
+    cells = dict(zip(headers, texts(browser, "#runs tbody tr:first-child td"), strict=True))
     assert (cells["training loss"], cells["IS"], cells["FID"]) == ("0.01250", "3.500", "120")
 
     browser.get(f"{url}runs/stored")
@@ -195,7 +209,7 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"),
         message=cluster.logs()[-3000:])
-    rows = [tr.text for tr in browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr")]
+    rows = texts(browser, "#clients tbody tr")
     trained = {line["client"] for line in _client_lines(cluster, result["run_id"])}
     assert [row.split()[0] for row in rows] == sorted(trained, key=lambda c: int(c[6:]))
     assert sum(int(row.split()[1]) for row in rows) == 9  # 3 clients a round, 3 rounds
@@ -241,12 +255,12 @@ def test_runs_ticked_on_the_runs_page_are_compared_side_by_side(
         By.CSS_SELECTOR, "#runs tbody tr")) == 3)
     assert not browser.find_element(By.ID, "compare-link").is_displayed()
     for run_id in runs:  # ticks survive the list's redraw every second
-        browser.find_element(By.CSS_SELECTOR, f"input[aria-label='compare {run_id}']").click()
+        click(browser, f"input[aria-label='compare {run_id}']")
     browser.find_element(By.ID, "compare-link").click()
     assert browser.current_url == f"{url}compare?runs=fast-s1,fast-s2,slow-s1"
     until("both settings are in the table", lambda: len(browser.find_elements(
         By.CSS_SELECTOR, "#settings tbody tr")) == 2)
-    rows = [tr.text for tr in browser.find_elements(By.CSS_SELECTOR, "#settings tbody tr")]
+    rows = texts(browser, "#settings tbody tr")
     assert rows[0].startswith("eta=0.1 2 0.2750 ± 0.0354"), rows  # best final first
     assert rows[1].startswith("eta=0.01 1 0.5500"), rows
     until("the first setting's curves are drawn",
