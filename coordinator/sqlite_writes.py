@@ -14,19 +14,19 @@ once, as part of it.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
-from thrift_trainer.coordinator.write_behind import DEFERRED, NEW_LIFE, Call, WriteBehind, run_of
-
-
-class _BatchDepth(threading.local):
-    """This thread's depth of batch() blocks."""
-
-    depth = 0
+from thrift_trainer.coordinator.write_behind import (
+    DEFERRED,
+    NEW_LIFE,
+    BatchDepth,
+    Call,
+    WriteBehind,
+    run_of,
+)
 
 
 class SqliteWrites:
@@ -36,16 +36,11 @@ class SqliteWrites:
     def __init__(self, store: Any, in_one_transaction: Callable[[list[Call]], None]) -> None:
         self._store = store
         self._in_one_transaction = in_one_transaction
-        self._batches = _BatchDepth()
+        self._batches = BatchDepth()
         self.writes = WriteBehind(self._apply, name="sqlite-writer")
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        self._batches.depth += 1
-        try:
-            yield
-        finally:
-            self._batches.depth -= 1
+    def batch(self) -> AbstractContextManager[None]:
+        return self._batches.inside()
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Queue a deferred call; make any other after everything queued before it."""

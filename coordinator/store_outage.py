@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from thrift_trainer.coordinator.store_records import RunStoreError, StoreUnavailable
 from thrift_trainer.coordinator.write_behind import (
     DEFERRED,
     NEW_LIFE,
+    BatchDepth,
     Call,
     WriteBehind,
     run_of,
@@ -49,11 +50,6 @@ class LeadershipLost(StoreUnavailable):
     writes nothing more."""
 
 
-class _BatchDepth(threading.local):
-    """This thread's depth of batch() blocks."""
-
-    depth = 0
-
 
 class OutageRider:
     """The calls of ``store`` made later or again; see the module docstring.
@@ -69,19 +65,14 @@ class OutageRider:
         self._in_one_transaction = in_one_transaction
         self._keep_later = keep_later
         self.unreachable_since: float | None = None  # runtime.monotonic() of the outage
-        self._batches = _BatchDepth()
+        self._batches = BatchDepth()
         self._lock = threading.Lock()
         self.writes = WriteBehind(self._apply)
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> AbstractContextManager[None]:
         """Inside a batch, calls are made at once, as part of it (only the batch's caller
         can make it again)."""
-        self._batches.depth += 1
-        try:
-            yield
-        finally:
-            self._batches.depth -= 1
+        return self._batches.inside()
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A call the engine makes: deferred, or made after every deferred one, again

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from thrift_trainer.engine.ledger import STRICT_ENV, RunStoreError, StoreUnavailable
@@ -42,6 +42,21 @@ GATHER_SECONDS = 0.005  # the writer waits this long for more calls before a bat
 MAX_BATCH = 2000
 
 Call = tuple[Callable[..., Any], tuple, dict]
+
+
+class BatchDepth(threading.local):
+    """This thread's depth of a store's batch() blocks: a call inside one is made at once,
+    as part of it (only the batch's caller can make it again)."""
+
+    depth = 0
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
 
 def run_of(call: Call) -> str | None:
