@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from devtools.warm_starts import WarmStarter, capture
 
 REPO = Path(__file__).resolve().parent.parent
 READY_SECONDS = 30.0
@@ -66,8 +67,16 @@ class Proc:
 
     def kill(self) -> None:
         if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.kill()
             self.popen.wait(10)
+
+
+# Set by the tests (tests/conftest.py): the trainer's scripts are forked by a starter that
+# has their libraries loaded (devtools/warm_starts.py), one per process that asks, made on
+# first use; False: each starts in a fresh interpreter.
+warm_starts = False
+_warm_starter: WarmStarter | None = None
+_warm_starter_made = threading.Lock()
 
 
 def python_env() -> dict[str, str]:
@@ -89,8 +98,12 @@ def start_command(command: list[str], workdir: Path, name: str,
     """Start ``command`` (e.g. an installed console script) in ``workdir`` and wait until it
     prints the port it listens on."""
     log_path = workdir / f"{name}.log"
-    popen = subprocess.Popen(command, cwd=workdir, env=python_env() if env is None else env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = python_env() if env is None else env
+    if _warm_startable(command):
+        popen = _starter().start(command, workdir, env)
+    else:
+        popen = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
     proc = Proc(popen, log_path)
     threading.Thread(target=_copy_output, args=(proc, ready_event := threading.Event(), ready),
                      daemon=True).start()
@@ -149,5 +162,26 @@ def start_coordinator(workdir: Path, nodes_file: Path, policy: int = 2, *extra: 
 
 def run_client(args: list[str], workdir: Path, timeout: float = 120.0
                ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "client.py"), *args], cwd=workdir,
-                          env=python_env(), capture_output=True, text=True, timeout=timeout)
+    command = [sys.executable, str(REPO / "client.py"), *args]
+    if not _warm_startable(command):
+        return subprocess.run(command, cwd=workdir, env=python_env(), capture_output=True,
+                              text=True, timeout=timeout)
+    out, err, code = capture(_starter().start(command, workdir, python_env(),
+                                              stderr_apart=True), timeout)
+    return subprocess.CompletedProcess(command, code, out.decode(errors="replace"),
+                                       err.decode(errors="replace"))
+
+
+def _warm_startable(command: list[str]) -> bool:
+    """Whether warm starts are wanted and ``command`` is a script run by this interpreter
+    (an installed console script, or another Python, starts fresh)."""
+    return (warm_starts and len(command) > 1 and command[0] == sys.executable
+            and command[1].endswith(".py"))
+
+
+def _starter() -> WarmStarter:
+    global _warm_starter
+    with _warm_starter_made:
+        if _warm_starter is None:
+            _warm_starter = WarmStarter(python_env())
+        return _warm_starter

@@ -24,6 +24,9 @@ from tests.tls_certs import make_certs
 from thrift_trainer.wire.generated import Coordinator, ttypes
 from thrift_trainer.wire.rpc import connect
 
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
+
 TOKEN = "dashboard-attack-token"
 HOST = "127.0.0.1"
 MIB = 1024 * 1024

@@ -23,6 +23,9 @@ from tests.waiting import wait_until
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from thrift_trainer.wire.tensor_codec import dict_to_wire, wire_to_dict
 
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
+
 MIB = 1024 * 1024
 BOMB_ELEMENTS = 1 << 27  # the most a topk part may claim: 1 GiB of float64
 PAGE_ENTRIES = 512  # float64 entries per 4 KiB page: one set entry per page

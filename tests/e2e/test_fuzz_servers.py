@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
@@ -40,6 +41,9 @@ from tests.hostile import hangs_up_within, resident_bytes
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from thrift_trainer.wire.rpc import connect
 from thrift_trainer.wire.tensor_codec import dict_to_wire
+
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
 
 SEED = 20240521
 CASES_PER_SERVER = 300

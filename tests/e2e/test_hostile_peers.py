@@ -8,12 +8,17 @@ import contextlib
 import time
 from pathlib import Path
 
+import pytest
+
 from devtools.local_cluster import run_client
 from tests.conftest import Cluster
 from tests.hostile import attacker_socket, frame_header, hangs_up_within, resident_bytes
 from tests.waiting import wait_until
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, Coordinator, ttypes
 from thrift_trainer.wire.rpc import connect
+
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
 
 MIB = 1024 * 1024
 HOST = "127.0.0.1"

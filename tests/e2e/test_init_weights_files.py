@@ -9,11 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import Cluster
 from tests.hostile import lie_about_size, peak_bytes
 from thrift_trainer.training.models.modules import mlp_classifier
 from thrift_trainer.training.outputs.model_file import save_model
+
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
 
 MIB = 1024 * 1024
 PEAK_GROWTH_LIMIT = 256 * MIB

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from devtools.local_cluster import REPO, Proc, python_env
 from tests.conftest import Cluster
 from tests.hostile import AttackerClient, resident_bytes
@@ -15,6 +17,9 @@ from tests.waiting import wait_until
 from thrift_trainer.training.models.names import BUILT_IN_MODELS
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from thrift_trainer.wire.rpc import connect
+
+# Their processes' memory is what these tests measure: fresh interpreters, not forks.
+pytestmark = pytest.mark.fresh_processes
 
 MIB = 1024 * 1024
 HOST = "127.0.0.1"

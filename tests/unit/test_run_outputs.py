@@ -86,22 +86,24 @@ def test_a_null_metric_reads_back_as_nan_when_a_run_resumes():
 def test_curves_have_a_title_losses_on_one_panel_and_sizes_drawn_from_zero():
     """Before: no title, training and validation loss apart, and a bytes axis that made a
     500-byte change in 400 kB look like a cliff."""
-    from matplotlib import pyplot as plt
-
     rows = [{"round": r, "validation_error": 0.5 / r, "validation_loss": 2.0 / r,
              "train_loss": 1.5 / r, "bytes_up": 400_000 + 100 * r, "bytes_down": 180_000}
             for r in range(1, 6)]
     assert curve_panels(curve_series(rows)) == {
         "validation_error": ["validation_error"], "loss": ["validation_loss", "train_loss"],
         "bytes per round": ["bytes_up", "bytes_down"]}
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = curves_figure(rows, "run r1: delta_avg, model mlp, data letters")
-    try:
-        fig.canvas.draw()
-        assert fig._suptitle.get_text() == "run r1: delta_avg, model mlp, data letters"
-        error, loss, sizes = fig.axes
-        assert [t.get_text() for t in loss.get_legend().get_texts()] == ["validation",
-                                                                          "training"]
-        assert sizes.get_ylim()[0] == 0 and sizes.get_ylim()[1] > 400_500
-        assert sizes.yaxis.get_offset_text().get_text() == ""  # no "+4e5" above the axis
-    finally:
-        plt.close(fig)
+    FigureCanvasAgg(fig).draw()
+    assert fig._suptitle.get_text() == "run r1: delta_avg, model mlp, data letters"
+    error, loss, sizes = fig.axes
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["validation", "training"]
+    assert sizes.get_ylim()[0] == 0 and sizes.get_ylim()[1] > 400_500
+    assert sizes.yaxis.get_offset_text().get_text() == ""  # no "+4e5" above the axis
+    # every tick label inside the figure: the fixed margins leave room for them
+    width, height = fig.canvas.get_width_height()
+    for axis in fig.axes:
+        for label in [*axis.get_yticklabels(), axis.yaxis.label, axis.xaxis.label]:
+            box = label.get_window_extent()
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height
