@@ -139,20 +139,21 @@ class ComputeNodeHandler(SessionService):
         except RunUnfit as exc:
             log.warning("unit %s of run %s: this node cannot serve the run: %s",
                         request.unit_id, request.run_id, exc)
-            return _result(ttypes.UnitOutcome.UNFIT, self.node_id, message=str(exc),
-                           version=request.model_version)
+            return unit_result(ttypes.UnitOutcome.UNFIT, self.node_id, message=str(exc),
+                               version=request.model_version)
         if decoded is None:
             log.info("unit %s round %d: weights of version %d not held, asked for them",
                      request.unit_id, request.round, request_version(request))
-            return _result(ttypes.UnitOutcome.NEED_WEIGHTS, self.node_id,
-                           message="weights not held: send them", version=request.model_version)
+            return unit_result(ttypes.UnitOutcome.NEED_WEIGHTS, self.node_id,
+                               message="weights not held: send them",
+                               version=request.model_version)
         algorithm, job, data_dir, compression, sent = decoded
         admission = self._admit(request.scheduling_policy)
         if admission.rejected:
             self.counters.bump("rejected")
             log.info("unit %s round %d rejected (simulated load)", job.unit.unit_id, job.round)
-            return _result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy",
-                           version=request.model_version)
+            return unit_result(ttypes.UnitOutcome.REJECTED, self.node_id, message="node busy",
+                               version=request.model_version)
         log.info("unit %s round %d accepted%s", job.unit.unit_id, job.round,
                  f", waiting {admission.delay_seconds:g}s (simulated load)"
                  if admission.delay_seconds else "")
@@ -407,7 +408,7 @@ class ComputeNodeHandler(SessionService):
         self.counters.bump("completed")
         log.info("unit %s round %d done: %d samples in %.3fs", job.unit.unit_id, job.round,
                  output.num_samples, seconds)
-        return _result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, waited)
+        return unit_result(ttypes.UnitOutcome.COMPLETED, self.node_id, output, seconds, waited)
 
     def _wait_delay(self, key: tuple[str, str, int], cancel: threading.Event,
                     delay: float) -> bool:
@@ -427,8 +428,8 @@ class ComputeNodeHandler(SessionService):
 
     def _cancelled(self, delay: float) -> ttypes.TrainResult:
         self.counters.bump("cancelled")
-        return _result(ttypes.UnitOutcome.CANCELLED, self.node_id, delay=delay,
-                       message="cancelled by the coordinator")
+        return unit_result(ttypes.UnitOutcome.CANCELLED, self.node_id, delay=delay,
+                           message="cancelled by the coordinator")
 
     def _register(self, key: tuple[str, str, int]) -> UnitControl:
         control = UnitControl()
@@ -459,9 +460,10 @@ def request_version(request: ttypes.WorkRequest) -> int:
     return request.round - 1 if request.model_version is None else request.model_version
 
 
-def _result(outcome: int, node_id: str, output: UnitOutput | None = None, seconds: float = 0.0,
-            delay: float = 0.0, message: str | None = None,
-            version: int | None = None) -> ttypes.TrainResult:
+def unit_result(outcome: int, node_id: str, output: UnitOutput | None = None,
+                seconds: float = 0.0, delay: float = 0.0, message: str | None = None,
+                version: int | None = None) -> ttypes.TrainResult:
+    """A unit's answer on the wire: its outcome, and the output where it has one."""
     return ttypes.TrainResult(
         accepted=outcome == ttypes.UnitOutcome.COMPLETED,
         outcome=outcome,

@@ -19,6 +19,11 @@ members train from the group's weights, the relay adds the average of their delt
 the group's whole change goes up as one update (hierarchical FedAvg). A share that comes
 from a relay above is computed whole by one member.
 
+A unit of a federated client goes whole to a member that holds the client, never to
+one that does not (the engine's `holds`, from the members' run checks). With node-resident
+clients (`clients.placement: nodes`) the relay's run check answers the union of its live
+members' own clients (compute_node/relay_clients.py): a relay holds its members' clients.
+
 A relay checks its members' results as the coordinator checks its own nodes' (before
 decoding, the run's codec, the tensors and their size; then sample counts, finite values
 and the norm guard, whose history it keeps per run: engine/update_filters.py), the tensors
@@ -44,8 +49,10 @@ from pathlib import Path
 
 import numpy as np
 
-from thrift_trainer.compute_node.handler import ComputeNodeHandler
+from thrift_trainer.compute_node.handler import ComputeNodeHandler, unit_result
 from thrift_trainer.compute_node.load import LoadSimulator
+from thrift_trainer.compute_node.relay_clients import MemberClients, announced
+from thrift_trainer.engine import runtime
 from thrift_trainer.engine.node_checks import node_problems
 from thrift_trainer.engine.nodes.client import RunQuery
 from thrift_trainer.engine.nodes.liveness import DEAD_SECONDS, SUSPECT_SECONDS, HeartbeatMonitor
@@ -75,7 +82,7 @@ from thrift_trainer.training.plugins import resolve as resolve_plugin
 from thrift_trainer.training.run_check import RunUnfit
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.unit_parts import cast_like
-from thrift_trainer.training.units import UnitJob, UnitOutput, UnitSpec
+from thrift_trainer.training.units import RELAY_MARK, UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import ttypes
 from thrift_trainer.wire.version import check_protocol_version
 
@@ -86,7 +93,12 @@ class RelayUnitFailed(RuntimeError):
     """A unit could not be computed on the relay's group; the message says why."""
 
 
-SLICE = "~r"  # a slice's id: <unit>~r<k>; each relay level adds one
+class NoLiveHolder(RelayUnitFailed):
+    """A client's unit, and no member that holds the client can take it now: the relay
+    declines the unit (its member is away) rather than fail it."""
+
+
+SLICE = RELAY_MARK  # a slice's id: <unit>~r<k>; each relay level adds one
 MAX_LEVELS = 8  # deeper nesting is taken for a loop of relays
 NORM_HISTORIES = 4  # runs whose recent update norms a relay keeps
 
@@ -127,6 +139,8 @@ class RelayRunner:
         # members that registered with the relay (pull nodes, or push nodes that announce
         # themselves), through its members port (compute_node/relay_members.py)
         self.membership = Membership()
+        # node-resident clients: what the relay announces of its members' (relay_clients.py)
+        self.member_clients = MemberClients()
         self._norms: OrderedDict[str, RecentNorms] = OrderedDict()  # by run, used last last
         self._norms_lock = threading.Lock()
 
@@ -177,7 +191,8 @@ class RelayRunner:
         rounds = local_rounds(job)
         if rounds > 1:
             return self._in_local_rounds(algorithm, job, rounds)
-        slices = split_unit(job.unit, len(self.members))
+        # a client's unit is that client's data, held whole by its holders: never split
+        slices = split_unit(job.unit, 1 if job.unit.client else len(self.members))
         outcome = self._round(job, slices, lambda unit, attempt: self._task(
             job, unit, attempt, job.weights))
         return UnitOutput(update=self._combined(job, outcome.results),
@@ -203,7 +218,7 @@ class RelayRunner:
         """``rounds`` rounds over one share of the unit per member: each member trains
         from the group's weights, the relay adds the average of their deltas to them; the
         update is the group's whole change (hierarchical FedAvg)."""
-        shares = member_shares(job.unit, len(self.members))
+        shares = member_shares(job.unit, self._sharers(job.unit))
         weights = job.weights
         for _ in range(rounds):
             outcome = self._round(job, list(shares), functools.partial(
@@ -218,6 +233,27 @@ class RelayRunner:
                                   for name, value in change.items()},
                           num_samples=sum(r.num_samples for r in results),
                           loss=outcome.train_loss, error=0.0)
+
+    def live_holders(self, client: str) -> int:
+        """How many members that hold ``client`` are alive (a silent one is suspect after
+        a few seconds, as the coordinator's nodes are)."""
+        return sum(1 for member in self.members if member.holds(client)
+                   and member.liveness.state() == "alive")
+
+    def ready_holders(self, client: str) -> int:
+        """How many members that hold ``client`` can take its unit now: alive, and not
+        benched after a failure (a member that just crashed is benched before it is
+        suspect)."""
+        now = runtime.monotonic()
+        return sum(1 for member in self.members if member.holds(client)
+                   and member.liveness.state() == "alive" and member.benched_until() <= now)
+
+    def _sharers(self, unit: UnitSpec) -> int:
+        """How many members share a unit in local rounds: all of them, or for a client's
+        unit its live holders (only they hold its data; the engine sends them its shares)."""
+        if unit.client is None:
+            return len(self.members)
+        return max(1, self.live_holders(unit.client))
 
     def _round(self, job: UnitJob, units: list[UnitSpec],
                build: Callable[[UnitSpec, int], Task],
@@ -238,6 +274,9 @@ class RelayRunner:
         if outcome.failures:
             reasons = "; ".join(f"{f.unit.unit_id}: {f.reason}" for f in outcome.failures)
             raise RelayUnitFailed(f"slices of unit {job.unit.unit_id} failed: {reasons}")
+        if outcome.dropped:  # a client's unit, and no member holding it is alive
+            raise NoLiveHolder(f"no live member of the relay holds client "
+                               f"{job.unit.client} (unit {job.unit.unit_id})")
         return outcome
 
     def _filters(self, job: UnitJob) -> list[UpdateFilter]:
@@ -305,6 +344,12 @@ def _dtype_of(name: str, weights: Mapping[str, np.ndarray]) -> np.dtype:
     return weight.dtype if weight is not None else np.dtype(np.float32)
 
 
+def _expected_model(spec: RunSpec) -> str | None:
+    """The coordinator's model fingerprint, which the members were checked against."""
+    model = spec.expect.get("model")
+    return model if isinstance(model, str) and model else None
+
+
 def _role(members: int) -> str:
     return f"relay of {members} node{'s' if members != 1 else ''}"
 
@@ -353,7 +398,26 @@ class RelayHandler(ComputeNodeHandler):
             raise ttypes.InvalidRequest(message=f"unit {request.unit_id} came back to the "
                                         f"relay {self.node_id} that sent it: relays list "
                                         "each other")
-        return super().train_with_weights(request)
+        if request.client is not None:
+            self.relay.refresh()  # members that registered or left since
+            if not self.relay.ready_holders(request.client):
+                return self._declined(request)
+        try:
+            return super().train_with_weights(request)
+        except NoLiveHolder:  # its holders went away while the unit was here
+            return self._declined(request)
+
+    def _declined(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        """A client's unit that no member can take now (each one holding it is silent or
+        benched): declined as a busy node declines one, not failed, so the coordinator
+        tries the client's other holders, and the client drops out of the round once the
+        relay's next check no longer announces it."""
+        self.counters.bump("rejected")
+        log.info("unit %s round %d declined: no live member holds client %s",
+                 request.unit_id, request.round, request.client)
+        return unit_result(ttypes.UnitOutcome.REJECTED, self.node_id,
+                           message=f"no live member of relay {self.node_id} holds client "
+                                   f"{request.client}", version=request.model_version)
 
     def check_run(self, request: ttypes.RunCheckRequest) -> ttypes.RunCheck:
         """The relay holds the run's plug-ins (it combines its members' results) and at
@@ -375,7 +439,12 @@ class RelayHandler(ComputeNodeHandler):
                                    problem=f"is a relay none of whose members can serve the "
                                            f"run: {reasons}")
         # members check the model and data themselves with every unit (its `expect`)
-        return ttypes.RunCheck(ok=True, plugins=plugins.versions())
+        answer = ttypes.RunCheck(ok=True, plugins=plugins.versions())
+        if not spec.clients.on_nodes:
+            return answer
+        fit = [member for member in self.relay.members if member not in problems]
+        return announced(answer, self.relay.member_clients.gather(request.run_id, fit),
+                         _expected_model(spec))
 
     def _check_fit(self, spec: RunSpec, location: Path) -> None:
         """A relay needs the run's plug-ins, not the data: its members compute, and check
@@ -389,3 +458,8 @@ class RelayHandler(ComputeNodeHandler):
 
     def _check_unit_file(self, unit_file: Path) -> None:
         """The members read the data; the relay needs only the data set's folder."""
+
+    def _check_holds(self, client: str | None, spec: RunSpec, location: Path) -> None:
+        """A relay holds its members' clients: its engine sends a client's unit only to a
+        member that holds it, and the relay declines the unit when none of them can take
+        it now (`train_with_weights`)."""

@@ -53,6 +53,7 @@ from thrift_trainer.engine.nodes.membership import Membership
 from thrift_trainer.engine.nodes.nodes_file import NodeAddress
 from thrift_trainer.engine.nodes.pool import NodeHandle
 from thrift_trainer.engine.nodes.quorum import TooFewNodes, wait_for_nodes
+from thrift_trainer.engine.nodes.relay_groups import RelayGroups
 from thrift_trainer.engine.nodes.run_nodes import Dial, RunNodes
 from thrift_trainer.engine.policies import make_policy
 from thrift_trainer.engine.progress import CANCELLED, COMPLETED, FAILED, RunProgress
@@ -133,6 +134,7 @@ class Run:
             dial=dial)
         self._folder_started = False
         self._resident_taken = False  # node-resident clients were taken before round 1
+        self._relay_groups = RelayGroups()  # relays' live members when last checked
         self.cancelled = runtime.Event()
         self.cancel_reason = ""
         self._cancels = shared_sender()  # the engine's: the run waits for them at its end
@@ -352,6 +354,7 @@ class Run:
         if unfit and not self.nodes:
             raise RoundFailed(no_node_can_serve(unfit), [n.name for n in unfit])
         if self.spec.clients.on_nodes:
+            self._relay_groups.checked(self.nodes if nodes is None else nodes)
             self._take_node_clients()
 
     def _check_returned_nodes(self) -> None:
@@ -360,6 +363,9 @@ class Run:
         they get no client's unit (engine/nodes/pool.py's `holds`)."""
         unchecked = [n for n in self.nodes if not n.clients_checked
                      and n.liveness.state() == "alive" and n.liveness.ever_heard]
+        if self.spec.clients.on_nodes:  # a relay holds its live members' clients
+            unchecked += [n for n in self._relay_groups.changed(self.nodes)
+                          if n not in unchecked]
         if unchecked:
             self._check_nodes(unchecked)
 
@@ -369,8 +375,8 @@ class Run:
         Two nodes announcing one name with different data refuse the run before round 1;
         a node that does so later is left out."""
         for node in self.nodes:
-            # a pull node was not asked, and a relay announces none of its members' clients
-            # (it would split their units among all its members): no client of their own
+            # a pull node was not asked: no client of its own (a relay announces its
+            # members', compute_node/relay_clients.py)
             if not node.accepts_connections or not node.client_sizes:
                 node.clients = frozenset()
         clients = put_together(Announcement(node.name, node.client_sizes, node.client_labels,

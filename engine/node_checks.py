@@ -90,7 +90,12 @@ def _take_own_clients(node: NodeHandle, facts: RunFacts) -> str | None:
     sizes = {name: facts.own_sizes.get(name, 0) for name in names}
     if not names or sum(sizes.values()) < 1 or set(facts.own_sizes) != set(names):
         return "announces no client of its own data (is it an older node?)"
-    node.client_sizes = sizes
-    node.client_labels = {name: facts.own_labels.get(name) for name in names}
-    node.client_fingerprints = {name: facts.own_fingerprints.get(name, "") for name in names}
+    # Added to what it announced before: a client it no longer holds (a relay's member
+    # that died) stays one of the run's clients, and drops out while no node holds it.
+    node.client_sizes = {**node.client_sizes, **sizes}
+    node.client_labels = {**node.client_labels,
+                          **{name: facts.own_labels.get(name) for name in names}}
+    node.client_fingerprints = {**node.client_fingerprints,
+                                **{name: facts.own_fingerprints.get(name, "")
+                                   for name in names}}
     return None

@@ -48,8 +48,18 @@ class UnitSpec:
     def evaluates(self) -> bool:
         return self.kind == EVALUATE
 
+    @property
+    def seed_id(self) -> str:
+        """The id its random draws are seeded by (`unit_seed`): a client's unit that
+        relays passed down whole, each adding ``~r<k>``, draws what it draws on a node
+        that holds the client directly."""
+        if self.client is None:
+            return self.unit_id
+        return self.unit_id.partition(RELAY_MARK)[0]
+
 
 TRAIN, EVALUATE = "train", "evaluate"
+RELAY_MARK = "~r"  # what a relay adds to the ids of the slices and shares it sends on
 UNIT_KINDS = (TRAIN, EVALUATE)
 
 

@@ -7,6 +7,7 @@ train."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -225,3 +226,52 @@ def test_sync_sgd_backs_up_a_slow_holders_client_only_on_another_holder(cluster)
     attempts = _attempt_nodes(cluster.workdir / "store.sqlite", result["run_id"])
     both = [client for client, ports in attempts.items() if len(ports) == 2]
     assert both, attempts  # a slow holder's unit was backed up on the other holder
+
+
+def test_sync_sgd_on_several_clients_of_a_node_equals_through_a_relay_and_two_workers(
+        cluster):
+    from devtools import local_cluster
+    from tests.e2e.test_federated_clients import SITES, SITES_PLUGIN, _sites
+
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
+                                "ward-2": (range(3, 4), lambda label: label >= 9),
+                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
+    sizes |= _sites(roots["b"], {"clinic": (range(5, 6), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    several = cluster.add_node(0.0, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    clinic = cluster.add_node(0.0, "--data-root", str(roots["b"]), *SITES_PLUGIN)
+    workers = cluster.add_node(0.0, "--data-root", str(roots["a"]), "--workers", "2",
+                               *SITES_PLUGIN)
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [several])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group),
+                                     *SITES_PLUGIN)
+    cluster.nodes.append(relay)
+    settings = dict(item.split("=", 1) for item in SITES if not item.startswith("delta_avg."))
+    settings.update({"run.algorithm": "sync_sgd", "sync_sgd.num_workunits_per_update": "4",
+                     "sync_sgd.images_per_work_unit": "600", "run.rounds": "2"})
+    names = ["clinic", "ward-1", "ward-2", "ward-3"]
+    weights = {}
+    for run, wards in (("direct", several), ("relayed", relay), ("workers", workers)):
+        cluster.start_coordinator(2, "--deterministic", "--data-root",
+                                  str(roots["coordinator"]), *SITES_PLUGIN,
+                                  nodes=[wards, clinic])
+        result = cluster.train_json(*_with_sets([f"{k}={v}" for k, v in settings.items()]),
+                                    "--run-id", run)
+        cluster.coordinator.stop()
+        lines = _lines(_run_dir(cluster, result))
+        holder = {name: str((clinic if name == "clinic" else wards).port) for name in names}
+        assert sorted((line["round"], line["client"], line["node"].rpartition(":")[2],
+                       line["examples"]) for line in lines) == [
+            (r, name, holder[name], min(600, sizes[name])) for r in (1, 2)
+            for name in names], (run, lines)  # every client's gradient, on its holder
+        attempts = _attempt_nodes(cluster.workdir / "runs" / "runs.db", run)
+        assert attempts == {name: {holder[name]} for name in names}, (run, attempts)
+        weights[run] = load_model(_run_dir(cluster, result) / "model.npz")[0]
+    # behind the relay its member computed the wards' gradients whole; the node with two
+    # workers split each into two shares, whose sample-weighted mean is the whole one
+    assert len(re.findall(r"unit ward-\d round \d done", several.log())) >= 2 * 3 * 2
+    for run in ("relayed", "workers"):
+        for name, value in weights["direct"].items():
+            np.testing.assert_allclose(weights[run][name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{run}: {name}")

@@ -18,6 +18,10 @@ import pytest
 
 from devtools import local_cluster
 from tests.conftest import Cluster
+from tests.waiting import wait_until
+from thrift_trainer.engine.nodes.client import RunQuery
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.thrift_client import ThriftNodeClient
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
@@ -685,3 +689,157 @@ def test_a_relay_passes_each_evaluation_unit_whole_to_the_member_holding_its_cli
         assert scored <= set(clients), (scored, member.log())
     assert len(re.findall(r"unit eval-client\d+~r0 round 2 done",
                           low.log() + high.log())) == 5
+
+
+def test_a_relay_holds_its_members_clients_and_fedavg_through_it_equals_a_replay(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "d", "coordinator")}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
+                                "ward-2": (range(3, 4), lambda label: label >= 9)})
+    sizes |= _sites(roots["b"], {"clinic": (range(4, 5), lambda label: label % 2 == 0)})
+    sizes |= _sites(roots["d"], {"lab": (range(5, 6), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    assert len(set(sizes.values())) == 4  # sizes and label mixes all differ
+    members = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+               for key in "ab"}
+    direct = cluster.add_node(0.0, "--data-root", str(roots["d"]), *SITES_PLUGIN)
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt",
+                                           [members["a"], members["b"]])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group),
+                                     *SITES_PLUGIN)
+    cluster.nodes.append(relay)
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN,
+                              nodes=[relay, direct])
+    result = cluster.train_json(*_with_sets(SITES + ["run.rounds=2"]))  # every client a round
+    run_dir = _run_dir(cluster, result)
+    names = ["clinic", "lab", "ward-1", "ward-2"]
+    record = json.loads((run_dir / "partition.json").read_text())
+    assert record["names"] == names and record["sizes"] == [sizes[n] for n in names], record
+    assert max(int(label) for label in record["label_counts"][2]) < 13  # ward-1's own labels
+    holder = {name: str((direct if name == "lab" else relay).port) for name in names}
+    lines = _lines(run_dir)
+    assert sorted((line["round"], line["client"]) for line in lines) == [
+        (r, name) for r in (1, 2) for name in names], lines
+    for line in lines:  # the relay's clients came from the relay, the lab from its node
+        assert line["node"].rpartition(":")[2] == holder[line["client"]], line
+        assert line["examples"] == sizes[line["client"]], line
+    attempts = _attempt_nodes(cluster.workdir / "runs" / "runs.db", result["run_id"])
+    assert {client: ports for client, ports in attempts.items()} == {
+        name: {holder[name]} for name in names}, attempts  # the ledger: only on holders
+    # behind the relay, each client's units went whole to the member holding it, only
+    for member, own in ((members["a"], ("ward-1", "ward-2")), (members["b"], ("clinic",))):
+        done = re.findall(r"unit ([\w-]+) round (\d) done", member.log())
+        # (a straggler's backup may have run on its holder too)
+        assert set(done) == {(name, str(r)) for name in own for r in (1, 2)}, done
+    folders = {name: roots["a" if name.startswith("ward") else "b" if name == "clinic"
+                           else "d"] / "sites" / name for name in names}
+    weights, _ = load_model(run_dir / "model.npz")
+    expected = _replay(RESIDENT + ["clients.placement=nodes"], 2,
+                       lambda _: [(name, folders[name]) for name in names])
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _resident_query(run_id: str, model_fingerprint: str = "") -> RunQuery:
+    """The run check of a node-resident run on the sites plug-in's data, as the coordinator
+    asks it (with its model's fingerprint, which a relay's members are checked against)."""
+    from dataclasses import replace
+
+    from thrift_trainer.training.run_config import load_run_config
+
+    spec = load_run_config(None, SITES).to_spec()
+    if model_fingerprint:
+        spec = replace(spec, expect={"model": model_fingerprint})
+    return RunQuery(run_id, spec.algorithm, spec.model, spec.dataset, spec.to_config_json())
+
+
+def test_a_relay_announces_its_live_members_clients_and_leaves_a_conflicting_one_out(
+        cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in "abc"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["b"], {"clinic": (range(3, 4), lambda label: label < 13)})
+    _sites(roots["c"], {"ward-2": (range(4, 5), lambda label: True)})  # other data
+    a, b, c = (cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+               for key in "abc")
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [a, b, c])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group),
+                                     *SITES_PLUGIN)
+    cluster.nodes.append(relay)
+    own = _client(a).check_run(_resident_query("r1")).facts  # a's own, asked directly
+    query = _resident_query("r1", own.model_fingerprint)
+    relayed = _client(relay)
+
+    def announced() -> dict[str, str]:
+        return relayed.check_run(query).facts.own_fingerprints
+
+    facts = relayed.check_run(query).facts
+    assert facts.clients == ("clinic", "ward-1", "ward-2"), facts
+    assert facts.own_fingerprints["ward-2"] == own.own_fingerprints["ward-2"]  # a's, not c's
+    assert facts.own_sizes["ward-1"] == own.own_sizes["ward-1"]
+    assert max(facts.own_labels["clinic"]) < 13  # b's own label counts
+    announced()  # asked again: the conflict is not logged twice
+    left_out = re.findall(r"member (\S+) is left out of run r1: client 'ward-2' is announced "
+                          r"by nodes (\S+) and (\S+) with different data", relay.log())
+    assert left_out == [(f"127.0.0.1:{c.port}", f"127.0.0.1:{a.port}",
+                         f"127.0.0.1:{c.port}")], relay.log()
+    b.kill()  # its clinic is not the relay's while it is away ...
+    assert wait_until(lambda: "clinic" not in announced(), 30.0), announced()
+    back = local_cluster.start("compute_node.py", [
+        str(b.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["b"]),
+        *SITES_PLUGIN], cluster.workdir, "b-back")
+    cluster.nodes.append(back)  # ... and is again once it is back
+    assert wait_until(lambda: "clinic" in announced(), 30.0), relay.log()
+    assert sorted(announced()) == ["clinic", "ward-1", "ward-2"]
+    _sites(cluster.workdir / "data_d", {"lab": (range(5, 6), lambda label: True)})
+    joined = cluster.add_node(0.0, "--data-root", str(cluster.workdir / "data_d"),
+                              *SITES_PLUGIN)
+    local_cluster.write_nodes_file(group, [a, b, c, joined])  # a member joins the group
+    assert sorted(announced()) == ["clinic", "lab", "ward-1", "ward-2"], relay.log()
+
+
+def _client(node: local_cluster.Proc) -> ThriftNodeClient:
+    return ThriftNodeClient(NodeAddress("127.0.0.1", node.port), rpc_timeout=60.0,
+                            connect_timeout=5.0)
+
+
+def test_a_relays_member_killed_mid_run_drops_its_clients_until_it_is_back(cluster):
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True)})
+    _sites(roots["b"], {"clinic": (range(2, 3), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    # the other member computes slowly, so that the run outlasts the killed one's restart
+    slow = cluster.add_node(0.0, "--data-root", str(roots["a"]), "--slowdown", "4",
+                            *SITES_PLUGIN)
+    doomed = cluster.add_node(0.0, "--data-root", str(roots["b"]), "--crash-after-units", "3",
+                              *SITES_PLUGIN)
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [slow, doomed])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group),
+                                     *SITES_PLUGIN)
+    cluster.nodes.append(relay)
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN,
+                              nodes=[relay])
+    client = cluster.start_client(*_with_sets(SITES + ["run.rounds=30"]), "--json")
+    try:
+        try:
+            doomed.popen.wait(timeout=60)  # it crashes as planned, mid-run
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the member did not crash after 3 units:\n{cluster.logs()}")
+        # the relay no longer holds its client: it drops out, the run goes on
+        cluster.coordinator.wait_for(r"clinic dropped out: no live node holds it", timeout=60)
+        back = local_cluster.start("compute_node.py", [
+            str(doomed.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["b"]),
+            *SITES_PLUGIN], cluster.workdir, "doomed-back")
+        cluster.nodes.append(back)
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + cluster.logs()
+    lines = _lines(_run_dir(cluster, json.loads(out)))
+    dropped = [line for line in lines if "dropped" in line]
+    assert dropped and {line["client"] for line in dropped} == {"clinic"}, lines
+    assert not [line for line in lines if "failed" in line], lines
+    came_back = [line for line in lines if "node" in line and line["client"] == "clinic"
+                 and line["round"] > max(d["round"] for d in dropped)]
+    assert came_back, lines  # the relay holds it again once its member is back
+    assert sum(1 for line in lines if line["client"] == "ward-1" and "node" in line) == 30

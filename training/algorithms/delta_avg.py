@@ -191,7 +191,7 @@ class DeltaAveraging(AveragingAlgorithm):
             eta=config["eta"],
             optimizer=config["local_optimizer"],
             batch_size=config["batch_size"],
-            seed=unit_seed(config["seed"], job.round, job.unit.unit_id),
+            seed=unit_seed(config["seed"], job.round, job.unit.seed_id),
         )
         trained, stats = mlp.train_local(job.weights, features, labels, spec, local,
                                          job.control.step)
@@ -242,7 +242,7 @@ class DeltaAveraging(AveragingAlgorithm):
         local = LocalSteps(optimizer=config["local_optimizer"], lr=config["eta"],
                            batch_size=config["batch_size"], epochs=config["epochs"],
                            steps=config["local_steps"], weight_decay=config["weight_decay"],
-                           seed=unit_seed(config["seed"], job.round, job.unit.unit_id),
+                           seed=unit_seed(config["seed"], job.round, job.unit.seed_id),
                            round=job.round)
         return torch_model.local_unit(job, dataset_dir, examples, local,
                                       cls.local_penalty(job))

@@ -120,7 +120,7 @@ def sync_examples_unit(job: UnitJob, location: Path,
 
 def _unit_seed(job: UnitJob) -> int:
     """The seed of a unit's data augmentation: its run's seed, round and unit."""
-    return unit_seed(job.config.get("seed", 0), job.round, job.unit.unit_id)
+    return unit_seed(job.config.get("seed", 0), job.round, job.unit.seed_id)
 
 
 class CoordinatorModel:

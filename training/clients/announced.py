@@ -66,6 +66,10 @@ class Clients:
                 self.labels[name] = announcement.labels.get(name)
         return None
 
+    def fingerprints(self) -> dict[str, str]:
+        """Each client's data fingerprint, as its first holder announced it."""
+        return {name: fingerprint for name, (_, fingerprint) in self._holder.items()}
+
     def _conflict(self, announcement: Announcement, name: str, size: int) -> Conflict | None:
         if name not in self._holder:
             return None
