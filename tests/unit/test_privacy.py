@@ -108,13 +108,14 @@ def test_poisson_rounds_wait_for_every_client_drawn():
 # ---------------------------------------------------------------- accounting
 def _reference(settings: PrivacySettings, sampling: Sampling, rounds: int) -> float:
     """Epsilon from dp-accounting directly: the round's event composed once per round."""
-    gaussian = dp_accounting.GaussianDpEvent(settings.noise_multiplier)
     if sampling.kind == "poisson":
-        event = dp_accounting.PoissonSampledDpEvent(sampling.per_round / sampling.count,
-                                                    gaussian)
-    else:
+        event = dp_accounting.PoissonSampledDpEvent(
+            sampling.per_round / sampling.count,
+            dp_accounting.GaussianDpEvent(settings.noise_multiplier))
+    else:  # replace-one: the sum's sensitivity is twice the clip, the multiplier half z
         event = dp_accounting.SampledWithoutReplacementDpEvent(
-            sampling.count, sampling.per_round, gaussian)
+            sampling.count, sampling.per_round,
+            dp_accounting.GaussianDpEvent(settings.noise_multiplier / 2))
     if settings.accountant == "pld":
         spent = dp_accounting.pld.PLDAccountant()
     else:
@@ -149,10 +150,11 @@ def test_epsilon_grows_with_rounds_and_target_gives_the_rounds_that_fit():
 
 
 def test_the_budget_stops_a_run_before_the_round_past_the_target():
-    config = load_run_config(None, [*PRIVATE, "privacy.target_epsilon=6.0"])
-    budget = PrivacyBudget.of(_prepare(config).algorithm)
+    config = load_run_config(None, [*PRIVATE, "privacy.target_epsilon=16.0"])
+    budget = PrivacyBudget.of(_prepare(config, rounds=3).algorithm)
     fit = accounting.rounds_within(budget.settings, budget.sampling, 20)
-    assert fit == 4  # epsilon 4.1 after 2 rounds of 3 of 10 clients at z 1.1, 6.6 after 5
+    # 3 of 10 clients at z 1.1 under replace-one: epsilon 15.3 after 3 rounds, 17.2 after 4
+    assert fit == 3
     budget.check_round(fit, [])
     with pytest.raises(RoundFailed, match=f"round {fit + 1} would spend epsilon"):
         budget.check_round(fit + 1, [])

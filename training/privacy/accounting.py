@@ -4,10 +4,11 @@ pip install '.[privacy]').
 Each round is one sampled Gaussian mechanism of noise multiplier z: fixed-size sampling
 (``clients.sampling: fixed``, per_round of count clients without replacement) is a
 `SampledWithoutReplacementDpEvent`, accounted under replace-one neighbouring (one client's
-data replaced) by the RDP accountant; Poisson sampling (each client with probability q)
-is a `PoissonSampledDpEvent`, under add-or-remove-one, by either accountant. The rounds
-compose: epsilon after r rounds is the accountant's over the r-fold composition at
-``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
+data replaced, which moves the sum of clipped updates by up to twice the clip, so the
+Gaussian's multiplier is z / 2) by the RDP accountant; Poisson sampling (each client with
+probability q) is a `PoissonSampledDpEvent`, under add-or-remove-one, by either accountant.
+The rounds compose: epsilon after r rounds is the accountant's over the r-fold composition
+at ``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
 
 With adaptive clipping (adaptive.py) the round releases the updates' sum and a count of the
 clients under the clip; noised as adaptive.py calibrates them, the two are together one
@@ -26,6 +27,7 @@ from thrift_trainer.training.schema import PrivacySettings
 
 INSTALL = "pip install '.[privacy]'"
 FIXED, POISSON = "fixed", "poisson"
+REPLACE_SENSITIVITY = 2  # the sum's sensitivity under replace-one, in clips
 
 
 class AccountingUnavailable(ConfigError):
@@ -65,10 +67,13 @@ class Sampling:
 def round_event(settings: PrivacySettings, sampling: Sampling) -> Any:
     """One round as a dp-accounting event."""
     dp = _library()
-    gaussian = dp.GaussianDpEvent(settings.noise_multiplier)
-    if sampling.kind == POISSON:
-        return dp.PoissonSampledDpEvent(sampling.q, gaussian)
-    return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round, gaussian)
+    z = settings.noise_multiplier
+    if sampling.kind == POISSON:  # adding or removing a client moves the sum by <= clip
+        return dp.PoissonSampledDpEvent(sampling.q, dp.GaussianDpEvent(z))
+    # replacing a client's update moves the sum by up to 2 x clip: dp-accounting takes the
+    # multiplier relative to that sensitivity, so z x clip of noise is z / 2 of it
+    return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round,
+                                               dp.GaussianDpEvent(z / REPLACE_SENSITIVITY))
 
 
 def accountant(settings: PrivacySettings, sampling: Sampling) -> Any:

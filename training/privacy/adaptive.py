@@ -11,9 +11,10 @@ quantile gamma: clip <- clip x exp(-eta x (b - gamma)).
 
 The two releases are one Gaussian mechanism: noise z_delta x clip on the updates (sensitivity
 clip) and sigma_b on the count (sensitivity 1/2) together spend what noise z alone spends on
-the updates when z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2. So the accounting is that of z
-(`privacy.noise_multiplier`), and the updates get the larger z_delta; there is no such
-z_delta when 2 sigma_b <= z, which is refused.
+the updates when z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2 (under replace-one both
+sensitivities double, and the pair is one Gaussian of z / 2, as a fixed-clip round is). So
+the accounting is that of z (`privacy.noise_multiplier`), and the updates get the larger
+z_delta; there is no such z_delta when 2 sigma_b <= z, which is refused.
 """
 
 from __future__ import annotations
