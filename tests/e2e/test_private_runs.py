@@ -272,3 +272,50 @@ def test_an_adaptive_clip_moves_toward_the_median_norm_and_the_run_equals_its_re
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_client_announced_after_round_1_is_never_sampled_by_a_private_run(cluster):
+    """A node silent at the run check comes back with a client of its own: a run without
+    privacy would draw it, a private one keeps to the roster its q was computed from."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ac"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["c"], {"ward-9": (range(3, 4), lambda label: True)})
+    cluster.add_node(0.0, "--data-root", str(roots["a"]), "--slowdown", "4", *SITES_PLUGIN)
+    late = cluster.add_node(0.0, "--data-root", str(roots["c"]), *SITES_PLUGIN)
+    late.stop()  # listed, but silent at the run check: its client is asked for later
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    rounds = 30
+    private = ["privacy.clip=0.5", "privacy.noise_multiplier=1.1", "privacy.delta=0.001",
+               "clients.sampling=poisson", "clients.per_round=1", f"run.rounds={rounds}"]
+    client = cluster.start_client(*_with_sets(SITES + private), "--json")
+    try:
+        cluster.coordinator.wait_for(r"round 1/30", timeout=60)
+        back = local_cluster.start("compute_node.py", [
+            str(late.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["c"]),
+            *SITES_PLUGIN], cluster.workdir, "late-back")
+        cluster.nodes.append(back)
+        cluster.coordinator.wait_for(r"clients ward-9 announced after round 1 are not "
+                                     r"sampled", timeout=60)
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + cluster.logs()
+    result = json.loads(out)
+    run_dir = _run_dir(cluster, result)
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+    roster = ["ward-1", "ward-2"]
+    settings = ClientsSettings(per_round=1, sampling="poisson", placement="nodes")
+    for r in range(1, rounds + 1):  # drawn among the two, as before the late node came
+        assert sorted(line["client"] for line in lines if line["round"] == r) == \
+            settings.sampled(r, 1, roster), (r, lines)
+    assert json.loads((run_dir / "partition.json").read_text())["names"] == roster
+    spent = dp_accounting.rdp.RdpAccountant()
+    spent.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        1 / 2, dp_accounting.GaussianDpEvent(1.1)), rounds))
+    assert float(f"{result['history'][-1]['epsilon']:.3g}") == \
+        float(f"{spent.get_epsilon(0.001):.3g}")
