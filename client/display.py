@@ -380,10 +380,13 @@ def client_lines(scores: dict[str, float] | None) -> list[str]:
 
 
 def privacy_lines(scores: dict[str, float]) -> list[str]:
-    """A private run (docs/privacy.md): the epsilon spent after the round."""
+    """A private run (docs/privacy.md): the epsilon spent after the round, and the clip the
+    round used when it adapts."""
     if "epsilon" not in scores:
         return []
-    return [f"Privacy (round {scores['round']:.0f}): epsilon {scores['epsilon']:.4g} spent"]
+    clip = f", clip {scores['clip']:.4g}" if "clip" in scores else ""
+    return [f"Privacy (round {scores['round']:.0f}): epsilon {scores['epsilon']:.4g} "
+            f"spent{clip}"]
 
 
 def federated_lines(scores: dict[str, float]) -> list[str]:

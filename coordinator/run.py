@@ -21,6 +21,7 @@ from thrift_trainer.coordinator.checkpoint import (
 )
 from thrift_trainer.coordinator.kept_results import KeptResults
 from thrift_trainer.coordinator.leadership import LEASE_SECONDS
+from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.records import (
     InvalidRun,
     RunFailed,
@@ -397,10 +398,18 @@ class Run:
                               "nodes needs pushed nodes that check the run)",
                               [n.name for n in self.nodes])
         record = self.algorithm.take_clients(clients.sizes, clients.labels)
+        budget = PrivacyBudget.of(self.algorithm)
+        if budget is not None:  # the sampling rate is known now: the plan is checked
+            budget.check_plan(self.request.rounds, [n.name for n in self.nodes])
         self.folder.keep_partition(record)
         self._resident_taken = True
         log.info("run %s: %d node-resident clients, %s examples", self.run_id,
-                 len(clients.sizes), f"{sum(clients.sizes.values()):,}")
+                 len(record.sizes), f"{sum(record.sizes):,}")
+        unsampled = sorted(set(clients.sizes) - set(record.names))
+        if unsampled:  # a private run's roster is that of its first announcement
+            log.info("run %s: clients %s announced after round 1 are not sampled (the "
+                     "privacy accounting covers the clients announced first)", self.run_id,
+                     ", ".join(unsampled))
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         """Take in the checkpoint's optimizer, random state and metrics, or raise

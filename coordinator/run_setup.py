@@ -189,9 +189,6 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
         problem = f"{cls.name} has no client-level privacy (delta_avg has)"
     elif not spec.clients.enabled:
         problem = "client-level privacy needs federated clients (set clients.count)"
-    elif spec.clients.on_nodes:
-        problem = ("placement nodes is not supported yet: the clients, and so the sampling "
-                   "rate, are known only once nodes announce them (use placement partition)")
     elif spec.aggregation_rule != "mean":
         problem = (f"aggregation.rule {spec.aggregation_rule} does not sum the clipped "
                    f"updates, which the noise is calibrated to; use mean")
@@ -206,10 +203,18 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
 
 def _check_budget(algorithm: Algorithm, rounds: int) -> None:
     """ConfigError when a private run cannot be accounted (no dp-accounting, a pairing of
-    sampling and accountant it lacks) or its rounds would spend more than target_epsilon."""
-    sampling = getattr(algorithm, "privacy_sampling", lambda: None)()
+    sampling and accountant it lacks) or its rounds would spend more than target_epsilon;
+    a run of node-resident clients is checked for the latter when they are announced
+    (coordinator/run.py)."""
+    settings = getattr(algorithm, "privacy", None)
+    if settings is None or not settings.enabled:
+        return
+    sampling = algorithm.privacy_sampling()  # type: ignore[attr-defined]
     if sampling is not None:
-        accounting.check_plan(algorithm.privacy, sampling, rounds)
+        accounting.check_plan(settings, sampling, rounds)
+    else:  # node-resident clients: their plan is checked once they are known
+        kind = algorithm.privacy_sampling_kind  # type: ignore[attr-defined]
+        accounting.check_accountable(settings, kind)
 
 
 def _overrides(cls: type[Algorithm], method: str) -> bool:

@@ -184,10 +184,18 @@ class PrivacySettings:
     delta: float = 1e-5
     target_epsilon: float = 0.0
     accountant: str = "rdp"
+    adaptive_clip_quantile: float = 0.0
+    clip_learning_rate: float = 0.2
+    clip_count_stddev: float = 0.0
 
     @property
     def enabled(self) -> bool:
         return self.clip > 0
+
+    @property
+    def adaptive(self) -> bool:
+        """The clip follows a quantile of the update norms (training/privacy/adaptive.py)."""
+        return self.adaptive_clip_quantile > 0
 
 
 @dataclass(frozen=True)

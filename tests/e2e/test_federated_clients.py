@@ -12,6 +12,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,16 +98,22 @@ def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(hold
 
 
 def _replay(overrides: list[str], rounds: int,
-            clients_of: Callable[[int], list[tuple[str, Path]]]) -> dict:
+            clients_of: Callable[[int], list[tuple[str, Path]]],
+            announced: dict[str, int] | None = None,
+            watch: Callable[[int, Any, list], None] | None = None) -> dict:
     """FedAvg computed in this process: in each round, the clients ``clients_of(round)``
     names (with the folder of each one's data) trained from the round's weights, their
-    deltas averaged by examples, as the run's algorithm does; the final weights."""
+    deltas averaged by examples, as the run's algorithm does; the final weights.
+    ``announced``: node-resident clients' sizes, as their nodes announced them; ``watch``
+    is called after each round with its index, the algorithm and the round's results."""
     from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
     from thrift_trainer.training.run_config import load_run_config
     from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
 
     config = load_run_config(None, overrides).to_spec().algorithm_config()
     algorithm = DeltaAveraging("mlp_classifier", config, SHIPPED, "letters")
+    if announced is not None:
+        algorithm.take_clients(announced, {})
     checked = DeltaAveraging.check_config("mlp_classifier", config)
     weights = algorithm.initial_weights()
     for round_index in range(1, rounds + 1):
@@ -119,6 +126,8 @@ def _replay(overrides: list[str], rounds: int,
             output = DeltaAveraging.run_unit(job, data)
             results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
         weights = algorithm.aggregate(round_index, weights, results, [])
+        if watch is not None:
+            watch(round_index, algorithm, results)
     return weights
 
 

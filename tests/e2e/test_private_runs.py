@@ -1,7 +1,8 @@
 """Differentially private federated runs (DP-FedAvg, docs/privacy.md) through real
 processes: each round's epsilon equals dp-accounting's own in the run's results, files,
-status and /metrics, and a run without noise and with a clip no update reaches equals its
-in-process replay."""
+status and /metrics, a run without noise and with a clip no update reaches equals its
+in-process replay, and so do noised runs (their noise is seeded), node-resident clients'
+included."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster
-from tests.e2e.test_federated_clients import FEDERATED, SHIPPED, _overrides, _replay, _run_dir
+from tests.e2e.test_federated_clients import (
+    FEDERATED,
+    RESIDENT,
+    SHIPPED,
+    SITES,
+    SITES_PLUGIN,
+    _overrides,
+    _replay,
+    _run_dir,
+    _sites,
+    _with_sets,
+)
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
@@ -121,14 +133,18 @@ def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluster):
+@pytest.mark.parametrize("clip", [[], ["privacy.adaptive_clip_quantile=0.5",
+                                        "privacy.clip_count_stddev=1.0"]],
+                         ids=["fixed-clip", "adaptive-clip"])
+def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluster, clip):
     """Epsilon after the resume continues from the rounds the store holds, and the rounds
-    computed again draw the same clients and noise: the model equals the seeded replay."""
+    computed again draw the same clients and noise, with the clip in force that the
+    checkpoint kept: the model equals the seeded replay."""
     cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
     cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
     cluster.start_coordinator(2)
     rounds = 5
-    sets = [*FEDERATED, *NOISED, "--set", f"run.rounds={rounds}"]
+    sets = [*FEDERATED, *NOISED, *_with_sets(clip), "--set", f"run.rounds={rounds}"]
     client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
     try:
         cluster.coordinator.wait_for(r"round 2/5", timeout=120)
@@ -160,7 +176,146 @@ def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluste
     def clients_of(round_index: int):
         return [(line["client"], SHIPPED) for line in lines
                 if line["round"] == round_index and "node" in line]
-    expected = _replay([item for item in sets if item != "--set"], rounds, clients_of)
+    clips: list[float] = []
+    expected = _replay([item for item in sets if item != "--set"], rounds, clients_of,
+                       watch=lambda r, algorithm, results: clips.extend(
+                           algorithm.privacy_figures().values()))
+    if clip:  # each round clipped at the replay's clip, the resumed ones included
+        assert [row["clip"] for row in rows] == pytest.approx(clips, rel=1e-9)
+        assert len(set(clips)) == rounds
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_node_resident_clients_train_privately_accounted_from_the_announced_roster(cluster):
+    """Four clients of their nodes' own folders (three on one node, one on the other),
+    Poisson-sampled two a round in expectation: q is 2 / 4 from the clients the nodes
+    announced, epsilon is dp-accounting's for it, and the noised model equals its replay."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
+    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
+                                "ward-2": (range(3, 4), lambda label: label >= 9),
+                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
+    sizes |= _sites(roots["b"], {"clinic": (range(5, 7), lambda label: True)})
+    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    for key in "ab":
+        cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN)
+    rounds = 4
+    private = ["privacy.clip=0.5", "privacy.noise_multiplier=1.1", "privacy.delta=0.001",
+               "clients.sampling=poisson", "clients.per_round=2", f"run.rounds={rounds}"]
+    result = cluster.train_json(*_with_sets(SITES + private))
+    run_dir = _run_dir(cluster, result)
+    record = json.loads((run_dir / "partition.json").read_text())
+    names = ["clinic", "ward-1", "ward-2", "ward-3"]
+    assert record["names"] == names and record["sizes"] == [sizes[n] for n in names], record
+    spent = dp_accounting.rdp.RdpAccountant()
+    expected = []
+    for _ in range(rounds):
+        spent.compose(dp_accounting.PoissonSampledDpEvent(
+            2 / 4, dp_accounting.GaussianDpEvent(1.1)))
+        expected.append(spent.get_epsilon(0.001))
+    history = [row["epsilon"] for row in result["history"]]
+    assert [float(f"{e:.3g}") for e in history] == [float(f"{e:.3g}") for e in expected]
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+    settings = ClientsSettings(per_round=2, sampling="poisson", placement="nodes")
+    draws = {r: settings.sampled(r, 1, names) for r in range(1, rounds + 1)}
+    for r, drawn in draws.items():  # the seeded draws among the four, every client trained
+        assert sorted(line["client"] for line in lines if line["round"] == r) == drawn, \
+            (r, lines)
+    folders = {name: roots["b" if name == "clinic" else "a"] / "sites" / name
+               for name in names}
+    replayed = _replay([*RESIDENT, "clients.placement=nodes", *private], rounds,
+                       lambda r: [(name, folders[name]) for name in draws[r]],
+                       announced={name: sizes[name] for name in names})
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in replayed.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_an_adaptive_clip_moves_toward_the_median_norm_and_the_run_equals_its_replay(cluster):
+    """Started at 4, above every client's update norm (about 1.3 here), the clip of
+    quantile 0.5 falls round after round toward the median norm; each round's clip and the
+    final model equal the seeded replay's (the count's noise and the updates' are seeded)."""
+    from thrift_trainer.training.privacy.mechanism import global_norm
+
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    rounds = 6
+    private = ["privacy.clip=4.0", "privacy.noise_multiplier=0.05", "privacy.delta=0.001",
+               "privacy.adaptive_clip_quantile=0.5", "privacy.clip_learning_rate=0.5",
+               "privacy.clip_count_stddev=0.5", "clients.per_round=6", f"run.rounds={rounds}"]
+    result = cluster.train_json(*FEDERATED, *_with_sets(private))
+    run_dir = _run_dir(cluster, result)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    clips = [row["clip"] for row in rows]
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+
+    def clients_of(round_index: int):
+        return [(line["client"], SHIPPED) for line in lines
+                if line["round"] == round_index and "node" in line]
+    replayed_clips, medians = [], []
+
+    def watch(round_index: int, algorithm, results) -> None:
+        replayed_clips.append(algorithm.privacy_figures()["clip"])
+        medians.append(float(np.median([global_norm(r.update) for r in results])))
+    expected = _replay([*_overrides(), *private], rounds, clients_of, watch=watch)
+    assert clips == pytest.approx(replayed_clips, rel=1e-9), (clips, replayed_clips)
+    assert clips[0] == 4.0 and clips[1] < clips[0]
+    assert abs(np.log(clips[-1] / medians[-1])) < abs(np.log(clips[0] / medians[0])) / 2, \
+        (clips, medians)
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_client_announced_after_round_1_is_never_sampled_by_a_private_run(cluster):
+    """A node silent at the run check comes back with a client of its own: a run without
+    privacy would draw it, a private one keeps to the roster its q was computed from."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
+    roots = {key: cluster.workdir / f"data_{key}" for key in "ac"}
+    _sites(roots["a"], {"ward-1": (range(1, 2), lambda label: True),
+                        "ward-2": (range(2, 3), lambda label: True)})
+    _sites(roots["c"], {"ward-9": (range(3, 4), lambda label: True)})
+    cluster.add_node(0.0, "--data-root", str(roots["a"]), "--slowdown", "4", *SITES_PLUGIN)
+    late = cluster.add_node(0.0, "--data-root", str(roots["c"]), *SITES_PLUGIN)
+    late.stop()  # listed, but silent at the run check: its client is asked for later
+    cluster.start_coordinator(2, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    rounds = 30
+    private = ["privacy.clip=0.5", "privacy.noise_multiplier=1.1", "privacy.delta=0.001",
+               "clients.sampling=poisson", "clients.per_round=1", f"run.rounds={rounds}"]
+    client = cluster.start_client(*_with_sets(SITES + private), "--json")
+    try:
+        cluster.coordinator.wait_for(r"round 1/30", timeout=60)
+        back = local_cluster.start("compute_node.py", [
+            str(late.port), "0.0", "--host", "127.0.0.1", "--data-root", str(roots["c"]),
+            *SITES_PLUGIN], cluster.workdir, "late-back")
+        cluster.nodes.append(back)
+        cluster.coordinator.wait_for(r"clients ward-9 announced after round 1 are not "
+                                     r"sampled", timeout=60)
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err + cluster.logs()
+    result = json.loads(out)
+    run_dir = _run_dir(cluster, result)
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+    roster = ["ward-1", "ward-2"]
+    settings = ClientsSettings(per_round=1, sampling="poisson", placement="nodes")
+    for r in range(1, rounds + 1):  # drawn among the two, as before the late node came
+        assert sorted(line["client"] for line in lines if line["round"] == r) == \
+            settings.sampled(r, 1, roster), (r, lines)
+    assert json.loads((run_dir / "partition.json").read_text())["names"] == roster
+    spent = dp_accounting.rdp.RdpAccountant()
+    spent.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        1 / 2, dp_accounting.GaussianDpEvent(1.1)), rounds))
+    assert float(f"{result['history'][-1]['epsilon']:.3g}") == \
+        float(f"{spent.get_epsilon(0.001):.3g}")

@@ -11,6 +11,7 @@ import dp_accounting  # requirements-dev.txt installs it (the privacy extra)
 import numpy as np
 import pytest
 
+from thrift_trainer.coordinator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.records import InvalidRun, RunRequest
 from thrift_trainer.coordinator.request_checks import RequestLimits
@@ -107,13 +108,14 @@ def test_poisson_rounds_wait_for_every_client_drawn():
 # ---------------------------------------------------------------- accounting
 def _reference(settings: PrivacySettings, sampling: Sampling, rounds: int) -> float:
     """Epsilon from dp-accounting directly: the round's event composed once per round."""
-    gaussian = dp_accounting.GaussianDpEvent(settings.noise_multiplier)
     if sampling.kind == "poisson":
-        event = dp_accounting.PoissonSampledDpEvent(sampling.per_round / sampling.count,
-                                                    gaussian)
-    else:
+        event = dp_accounting.PoissonSampledDpEvent(
+            sampling.per_round / sampling.count,
+            dp_accounting.GaussianDpEvent(settings.noise_multiplier))
+    else:  # replace-one: the sum's sensitivity is twice the clip, the multiplier half z
         event = dp_accounting.SampledWithoutReplacementDpEvent(
-            sampling.count, sampling.per_round, gaussian)
+            sampling.count, sampling.per_round,
+            dp_accounting.GaussianDpEvent(settings.noise_multiplier / 2))
     if settings.accountant == "pld":
         spent = dp_accounting.pld.PLDAccountant()
     else:
@@ -148,10 +150,11 @@ def test_epsilon_grows_with_rounds_and_target_gives_the_rounds_that_fit():
 
 
 def test_the_budget_stops_a_run_before_the_round_past_the_target():
-    config = load_run_config(None, [*PRIVATE, "privacy.target_epsilon=6.0"])
-    budget = PrivacyBudget.of(_prepare(config).algorithm)
+    config = load_run_config(None, [*PRIVATE, "privacy.target_epsilon=16.0"])
+    budget = PrivacyBudget.of(_prepare(config, rounds=3).algorithm)
     fit = accounting.rounds_within(budget.settings, budget.sampling, 20)
-    assert fit == 4  # epsilon 4.1 after 2 rounds of 3 of 10 clients at z 1.1, 6.6 after 5
+    # 3 of 10 clients at z 1.1 under replace-one: epsilon 15.3 after 3 rounds, 17.2 after 4
+    assert fit == 3
     budget.check_round(fit, [])
     with pytest.raises(RoundFailed, match=f"round {fit + 1} would spend epsilon"):
         budget.check_round(fit + 1, [])
@@ -227,3 +230,148 @@ def test_poisson_sampling_without_privacy_is_a_run_of_its_own():
     with pytest.raises(InvalidRun, match="Poisson sampling asks each client"):
         _prepare(load_run_config(None, [*FEDERATED, "clients.sampling=poisson",
                                         "clients.over_select=1.5"]))
+
+
+# ------------------------------------------------------- node-resident clients
+RESIDENT = ["run.model=mlp_classifier", "data.format=letters", "delta_avg.epochs=1",
+            "delta_avg.local_optimizer=sgd", "clients.placement=nodes", "clients.per_round=2",
+            "clients.sampling=poisson", "privacy.clip=1.0", "privacy.noise_multiplier=1.1"]
+
+
+def test_a_private_run_keeps_the_clients_first_announced_as_its_roster():
+    """Clients announced later are never drawn, and clients no longer announced stay in
+    the draw: q stays 2 / 4, from the roster the epsilon was computed with."""
+    algorithm = _prepare(load_run_config(None, RESIDENT)).algorithm
+    assert algorithm.privacy_sampling() is None  # not known before the nodes announce
+    first = {"a": 10, "b": 5, "c": 7, "d": 3}
+    algorithm.take_clients(first, {})
+    assert algorithm.privacy_sampling() == Sampling("poisson", 4, 2)
+    algorithm.take_clients({"a": 10, "e": 8, "f": 9}, {})  # d left, e and f are new
+    assert algorithm.privacy_sampling() == Sampling("poisson", 4, 2)
+    drawn = {c for r in range(1, 60) for c in (u.client for u in algorithm.plan_round(r))}
+    assert drawn == set(first)
+    without = _prepare(load_run_config(None, RESIDENT[:-2])).algorithm  # not private
+    without.take_clients(first, {})
+    without.take_clients({"a": 10, "e": 8}, {})
+    assert {u.client for u in without.client_units()} == {"a", "e"}
+
+
+def test_the_roster_and_clip_in_force_survive_a_checkpoint(tmp_path):
+    config = load_run_config(None, [*RESIDENT, "privacy.adaptive_clip_quantile=0.5"])
+    algorithm = _prepare(config).algorithm
+    algorithm.take_clients({"a": 10, "b": 5, "c": 7}, {"a": {1: 4, 2: 6}})
+    algorithm._release.clip = 0.37  # as a few rounds of adaptive clipping may leave it
+    weights = algorithm.initial_weights()
+    save_checkpoint(tmp_path, Checkpoint(3, weights, algorithm.state_dict(), None), {})
+    state = load_checkpoint(tmp_path).optimizer
+    resumed = _prepare(config).algorithm
+    resumed.load_state_dict(state)
+    assert resumed._release.clip == 0.37
+    assert resumed.privacy_sampling() == Sampling("poisson", 3, 2)
+    assert resumed.partition == algorithm.partition  # label counts too
+    resumed.take_clients({"a": 10, "z": 4}, {})  # the nodes' announcement after the resume
+    assert [u.client for u in resumed.client_units()] == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="privacy.clip"):
+        _prepare(config).algorithm.load_state_dict(
+            {k: v for k, v in state.items() if k != "privacy.clip"})
+
+
+def test_a_node_resident_run_past_its_target_fails_once_its_clients_are_known():
+    config = load_run_config(None, [*RESIDENT, "privacy.target_epsilon=3.0"])
+    setup = _prepare(config, rounds=50)  # accepted: q is not known yet
+    setup.algorithm.take_clients({"a": 10, "b": 5, "c": 7, "d": 3}, {})
+    with pytest.raises(RoundFailed, match="50 rounds would spend epsilon .* rounds fit"):
+        PrivacyBudget.of(setup.algorithm).check_plan(50, ["n1"])
+    with pytest.raises(InvalidRun, match="pld accounts Poisson sampling only"):
+        _prepare(load_run_config(None, [*RESIDENT, "clients.sampling=fixed",
+                                        "privacy.accountant=pld"]))
+
+
+# ---------------------------------------------------------- adaptive clipping
+ADAPTIVE = PrivacySettings(clip=1.0, noise_multiplier=1.1, adaptive_clip_quantile=0.5,
+                           clip_count_stddev=2.0)
+
+
+def test_the_updates_noise_multiplier_is_z_delta_and_undefined_settings_are_refused():
+    from thrift_trainer.training.privacy import adaptive
+
+    z_delta = adaptive.update_noise_multiplier(ADAPTIVE, 10.0)
+    assert z_delta == pytest.approx((1.1 ** -2 - 4.0 ** -2) ** -0.5, rel=1e-12)
+    assert z_delta > 1.1  # the count's release is paid for with more noise on the updates
+    fixed = PrivacySettings(clip=1.0, noise_multiplier=1.1)
+    assert adaptive.update_noise_multiplier(fixed, 10.0) == 1.1
+    paper = PrivacySettings(clip=1.0, noise_multiplier=1.1, adaptive_clip_quantile=0.5)
+    assert adaptive.count_stddev(paper, 100.0) == 5.0  # expected clients / 20
+    with pytest.raises(ConfigError, match="2 sigma_b > z"):  # 2 x 10 / 20 <= 1.1
+        adaptive.update_noise_multiplier(paper, 10.0)
+    # accounted with z: the two releases together are one Gaussian mechanism of z
+    assert accounting.epsilon(ADAPTIVE, Sampling("poisson", 100, 10), 5) == \
+        accounting.epsilon(fixed, Sampling("poisson", 100, 10), 5)
+
+
+def test_the_clip_steps_geometrically_toward_the_target_quantile():
+    from thrift_trainer.training.privacy import adaptive
+
+    assert adaptive.next_clip(2.0, 0.9, ADAPTIVE) == pytest.approx(2.0 * np.exp(-0.2 * 0.4))
+    assert adaptive.next_clip(2.0, 0.1, ADAPTIVE) == pytest.approx(2.0 * np.exp(0.2 * 0.4))
+    assert adaptive.next_clip(2.0, 0.5, ADAPTIVE) == 2.0
+    # the noised count: b_i - 1/2 summed, noise of sigma_b, over the expected clients
+    norms = [0.2, 0.9, 1.0, 3.0]
+    quiet = adaptive.fraction_under(norms, 1.0, 1e-12, 4.0, seed=1, round_index=1)
+    assert quiet == pytest.approx(3 / 4)
+    noisy = [adaptive.fraction_under(norms, 1.0, 2.0, 4.0, seed=1, round_index=r)
+             for r in range(1, 2001)]
+    assert np.mean(noisy) == pytest.approx(0.75, abs=5 * 0.5 / np.sqrt(2000))
+    assert np.std(noisy) == pytest.approx(2.0 / 4.0, rel=0.1)
+    assert noisy[0] == adaptive.fraction_under(norms, 1.0, 2.0, 4.0, seed=1, round_index=1)
+
+
+def test_rounds_of_adaptive_clipping_settle_at_the_quantile_of_the_norms():
+    """Norms lognormal around 1 (median 1, 90th percentile 1.9): from a clip of 10 and
+    of 0.01, the clip ends near the quantile asked for."""
+    from thrift_trainer.training.privacy.release import PrivateRelease
+
+    like = {"w": np.zeros(1)}
+    norm_draws = np.random.default_rng(7).lognormal(0.0, 0.5, size=(300, 50))
+    for quantile, expected in ((0.5, 1.0), (0.9, np.exp(0.5 * 1.2816))):
+        for start in (10.0, 0.01):
+            release = PrivateRelease(PrivacySettings(
+                clip=start, noise_multiplier=1.0, adaptive_clip_quantile=quantile,
+                clip_count_stddev=2.5), seed=3)
+            for r, norms in enumerate(norm_draws, start=1):
+                release.mean([{"w": np.array([n])} for n in norms], like, 50.0, r)
+            assert release.clip == pytest.approx(expected, rel=0.15), (quantile, start)
+            assert release.last_clip != start
+
+
+def test_an_adaptive_round_adds_noise_of_z_delta_times_the_clip_in_force():
+    from thrift_trainer.training.privacy import adaptive
+    from thrift_trainer.training.privacy.release import PrivateRelease
+
+    release = PrivateRelease(ADAPTIVE, seed=5)
+    release.clip = 0.8
+    mean = release.mean([], {"w": np.zeros(200_000)}, 10.0, round_index=2)["w"]
+    z_delta = adaptive.update_noise_multiplier(ADAPTIVE, 10.0)
+    assert np.std(mean) == pytest.approx(z_delta * 0.8 / 10.0, rel=0.01)
+    assert release.last_clip == 0.8
+    # no client: the centred count is its noise alone, an estimate of 1/2 give or take it
+    fraction = adaptive.fraction_under([], 0.8, 2.0, 10.0, seed=5, round_index=2)
+    assert release.clip == adaptive.next_clip(0.8, fraction, ADAPTIVE) != 0.8
+
+
+@pytest.mark.parametrize("raw, why", [
+    ({"clip": 1.0, "adaptive_clip_quantile": 1.0}, "adaptive_clip_quantile must be in"),
+    ({"clip": 1.0, "adaptive_clip_quantile": 0.5, "clip_learning_rate": 0.0},
+     "clip_learning_rate must be above 0"),
+    ({"clip": 1.0, "clip_count_stddev": -1.0}, "clip_count_stddev must be a finite"),
+])
+def test_bad_adaptive_settings_are_refused_naming_the_key(raw, why):
+    with pytest.raises(ConfigError, match=why):
+        settings_from(raw)
+
+
+def test_an_adaptive_run_whose_count_noise_leaves_no_z_delta_is_refused_before_round_1():
+    with pytest.raises(InvalidRun, match="2 sigma_b > z"):  # 3 clients a round: 0.15
+        _prepare(load_run_config(None, [*PRIVATE, "privacy.adaptive_clip_quantile=0.5"]))
+    _prepare(load_run_config(None, [*PRIVATE, "privacy.adaptive_clip_quantile=0.5",
+                                    "privacy.clip_count_stddev=1.0"]))

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from thrift_trainer.training import server_optim
 from thrift_trainer.training.aggregation import SECTION as AGGREGATION
 from thrift_trainer.training.algorithms.base import AveragingAlgorithm
@@ -40,8 +42,8 @@ from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
-from thrift_trainer.training.privacy import mechanism
 from thrift_trainer.training.privacy.accounting import Sampling
+from thrift_trainer.training.privacy.release import PrivateRelease
 from thrift_trainer.training.privacy.settings import OFF as PRIVACY_OFF
 from thrift_trainer.training.privacy.settings import SECTION as PRIVACY
 from thrift_trainer.training.privacy.settings import settings_from as privacy_settings
@@ -64,6 +66,8 @@ LOCAL_OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
 MLP_OPTIMIZERS = ("gd", "sgd", "adam")  # the numpy MLP's (training/models/mlp.py)
 TORCH_ONLY = ("local_steps", "weight_decay")  # keys the numpy MLP cannot use
 NUMPY_MLP_ONLY = ("hidden", "compat", "scale_features")  # keys a torch model has no use for
+PRIVACY_PREFIX = "privacy."  # a private run's own keys in the checkpoint's algorithm state
+ROSTER_KEY = "privacy.roster"  # node-resident clients the sampling rate was computed from
 
 
 class DeltaAveraging(AveragingAlgorithm):
@@ -278,6 +282,7 @@ class DeltaAveraging(AveragingAlgorithm):
         if not clients.on_nodes:
             check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
         self.privacy = privacy_settings(self.config.get(PRIVACY))
+        self._release = PrivateRelease(self.privacy, self.config["seed"])
         if self.privacy.enabled:
             self._check_private()
 
@@ -295,13 +300,21 @@ class DeltaAveraging(AveragingAlgorithm):
                               f"BatchNorm")
 
     def privacy_sampling(self) -> Sampling | None:
-        """How the run's rounds sample clients, for the accounting; None without privacy."""
+        """How the run's rounds sample clients, for the accounting; None without privacy,
+        and for node-resident clients until their nodes have announced them."""
         if not self.privacy.enabled or not isinstance(self._plan, ClientPlan):
             return None
         clients = self._plan.clients
         count = len(self._plan.units)
-        return Sampling("poisson" if clients.poisson else "fixed", count,
-                        clients.target(count))
+        if not count:
+            return None
+        return Sampling(self.privacy_sampling_kind, count, clients.target(count))
+
+    @property
+    def privacy_sampling_kind(self) -> str:
+        """fixed or poisson: known before the clients are (the pairing with the accountant
+        is checked at the request)."""
+        return "poisson" if clients_settings(self.config.get(CLIENTS)).poisson else "fixed"
 
     def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
                   failures: Sequence[UnitFailure]) -> Weights:
@@ -310,11 +323,14 @@ class DeltaAveraging(AveragingAlgorithm):
         sampling = self.privacy_sampling()
         if sampling is None:
             return super().aggregate(round_index, weights, results, failures)
-        update = mechanism.private_mean(
-            [r.update for r in results], weights, self.privacy.clip,
-            self.privacy.noise_multiplier, sampling.expected, self.config["seed"],
-            round_index)
+        update = self._release.mean([r.update for r in results], weights, sampling.expected,
+                                    round_index)
         return self.apply(weights, update)
+
+    def privacy_figures(self) -> dict[str, float]:
+        """A private run's figures besides epsilon: with adaptive clipping, the clip the
+        last round used (itself a noised release)."""
+        return {"clip": self._release.last_clip} if self.privacy.adaptive else {}
 
     def initial_weights(self) -> Weights:
         return self._plan.initial_weights(self.config["seed"])
@@ -332,8 +348,14 @@ class DeltaAveraging(AveragingAlgorithm):
 
     def take_clients(self, sizes: dict[str, int],
                      labels: dict[str, dict[int, int] | None]) -> PartitionRecord:
+        """Node-resident clients as announced. A private run keeps the clients of its first
+        announcement for good (its roster): its sampling rate, and so the epsilon it
+        reports, is computed from them, so clients announced later are never sampled, and
+        clients whose node left stay in the draw (a drawn one drops out of its round)."""
         if not isinstance(self._plan, ClientPlan):
             raise ConfigError("this run has no node-resident clients")
+        if self.privacy.enabled and self._plan.units:
+            return self._plan.record
         record = self._plan.take_clients(sizes, labels)
         check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
         return record
@@ -387,10 +409,26 @@ class DeltaAveraging(AveragingAlgorithm):
         return self._plan.description()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        """The server optimizer's state; a private run's adds the clip in force and, with
+        node-resident clients, the roster its sampling rate was computed from."""
+        state = {**self.optimizer.state_dict(), **self._release.state_dict()}
+        if self.privacy.enabled and self.clients_on_nodes and isinstance(self._plan, ClientPlan):
+            state[ROSTER_KEY] = np.array(self._plan.record.to_json())
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+        own = {key: value for key, value in state.items() if key.startswith(PRIVACY_PREFIX)}
+        self.optimizer.load_state_dict({key: value for key, value in state.items()
+                                        if key not in own})
+        self._release.load_state_dict(own)
+        if ROSTER_KEY in own and isinstance(self._plan, ClientPlan):
+            record = PartitionRecord.from_json(str(own[ROSTER_KEY]))
+            self._plan.take_clients(dict(zip(record.names, record.sizes, strict=True)), {})
+            self._plan.record = record
+
+    @property
+    def clients_on_nodes(self) -> bool:
+        return clients_settings(self.config.get(CLIENTS)).on_nodes
 
 
 def _index_range(unit: UnitSpec) -> tuple[int, int]:

@@ -4,10 +4,15 @@ pip install '.[privacy]').
 Each round is one sampled Gaussian mechanism of noise multiplier z: fixed-size sampling
 (``clients.sampling: fixed``, per_round of count clients without replacement) is a
 `SampledWithoutReplacementDpEvent`, accounted under replace-one neighbouring (one client's
-data replaced) by the RDP accountant; Poisson sampling (each client with probability q)
-is a `PoissonSampledDpEvent`, under add-or-remove-one, by either accountant. The rounds
-compose: epsilon after r rounds is the accountant's over the r-fold composition at
-``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
+data replaced, which moves the sum of clipped updates by up to twice the clip, so the
+Gaussian's multiplier is z / 2) by the RDP accountant; Poisson sampling (each client with
+probability q) is a `PoissonSampledDpEvent`, under add-or-remove-one, by either accountant.
+The rounds compose: epsilon after r rounds is the accountant's over the r-fold composition
+at ``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
+
+With adaptive clipping (adaptive.py) the round releases the updates' sum and a count of the
+clients under the clip; noised as adaptive.py calibrates them, the two are together one
+Gaussian mechanism of noise multiplier z, so a round is accounted as above, with z.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.privacy import adaptive
 from thrift_trainer.training.schema import PrivacySettings
 
 INSTALL = "pip install '.[privacy]'"
 FIXED, POISSON = "fixed", "poisson"
+REPLACE_SENSITIVITY = 2  # the sum's sensitivity under replace-one, in clips
 
 
 class AccountingUnavailable(ConfigError):
@@ -60,21 +67,34 @@ class Sampling:
 def round_event(settings: PrivacySettings, sampling: Sampling) -> Any:
     """One round as a dp-accounting event."""
     dp = _library()
-    gaussian = dp.GaussianDpEvent(settings.noise_multiplier)
-    if sampling.kind == POISSON:
-        return dp.PoissonSampledDpEvent(sampling.q, gaussian)
-    return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round, gaussian)
+    z = settings.noise_multiplier
+    if sampling.kind == POISSON:  # adding or removing a client moves the sum by <= clip
+        return dp.PoissonSampledDpEvent(sampling.q, dp.GaussianDpEvent(z))
+    # replacing a client's update moves the sum by up to 2 x clip: dp-accounting takes the
+    # multiplier relative to that sensitivity, so z x clip of noise is z / 2 of it
+    return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round,
+                                               dp.GaussianDpEvent(z / REPLACE_SENSITIVITY))
 
 
 def accountant(settings: PrivacySettings, sampling: Sampling) -> Any:
     """A fresh accountant of the run's kind; ConfigError for a pairing it cannot account."""
+    return _accountant(settings, sampling.kind)
+
+
+def check_accountable(settings: PrivacySettings, kind: str) -> None:
+    """ConfigError when runs sampling clients by ``kind`` cannot be accounted (no
+    dp-accounting, PLD with fixed sampling): what is known before the clients are."""
+    _accountant(settings, kind)
+
+
+def _accountant(settings: PrivacySettings, kind: str) -> Any:
     dp = _library()
     if settings.accountant == "pld":
-        if sampling.kind == FIXED:
+        if kind == FIXED:
             raise ConfigError("privacy.accountant pld accounts Poisson sampling only; use "
                               "clients.sampling poisson, or accountant rdp")
         return dp.pld.PLDAccountant()
-    relation = dp.NeighboringRelation.REPLACE_ONE if sampling.kind == FIXED \
+    relation = dp.NeighboringRelation.REPLACE_ONE if kind == FIXED \
         else dp.NeighboringRelation.ADD_OR_REMOVE_ONE
     return dp.rdp.RdpAccountant(neighboring_relation=relation)
 
@@ -111,8 +131,10 @@ def rounds_within(settings: PrivacySettings, sampling: Sampling, most: int) -> i
 
 def check_plan(settings: PrivacySettings, sampling: Sampling, rounds: int) -> None:
     """ConfigError when ``rounds`` rounds would spend more than ``target_epsilon``, saying
-    how many fit; a pairing that cannot be accounted, or no dp-accounting, is refused too."""
+    how many fit; a pairing that cannot be accounted, no dp-accounting, or an adaptive clip
+    whose count's noise leaves no z_delta (adaptive.py), is refused too."""
     accountant(settings, sampling)
+    adaptive.update_noise_multiplier(settings, sampling.expected)
     if not settings.target_epsilon:
         return
     spent = epsilon(settings, sampling, rounds)

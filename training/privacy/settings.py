@@ -7,6 +7,10 @@
 * ``delta``: the delta at which epsilon is reported.
 * ``target_epsilon``: the most epsilon a run may spend; 0: no limit.
 * ``accountant``: rdp | pld (dp-accounting's Renyi or privacy-loss-distribution one).
+* ``adaptive_clip_quantile``: 0, a fixed clip; else the quantile of the update norms the
+  clip follows from ``clip`` (adaptive clipping, adaptive.py), by steps of
+  ``clip_learning_rate``, from a count of clients under the clip noised with
+  ``clip_count_stddev`` (0: expected clients per round / 20).
 
 The defaults live in training/schema.py (`PrivacySettings`). Like ``clients``, the section
 travels inside a request's config only when privacy is on.
@@ -52,6 +56,16 @@ def _check_ranges(settings: PrivacySettings) -> None:
         value = getattr(settings, key)
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{SECTION}.{key} must be a finite number >= 0, got {value}")
+    if not 0 <= settings.adaptive_clip_quantile < 1:
+        raise ConfigError(f"{SECTION}.adaptive_clip_quantile must be in [0, 1) (0: a fixed "
+                          f"clip), got {settings.adaptive_clip_quantile}")
+    for key in ("clip_learning_rate", "clip_count_stddev"):
+        value = getattr(settings, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{SECTION}.{key} must be a finite number >= 0, got {value}")
+    if settings.adaptive and settings.clip_learning_rate == 0:
+        raise ConfigError(f"{SECTION}.clip_learning_rate must be above 0 with an adaptive "
+                          f"clip")
     if not 0 < settings.delta < 1:
         raise ConfigError(f"{SECTION}.delta must be in (0, 1), got {settings.delta}")
     if settings.accountant not in ACCOUNTANTS:
