@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from thrift_trainer.engine import runtime
@@ -338,6 +338,8 @@ class RoundEngine:
         """
         now = runtime.monotonic()
         busy = state.nodes_of(unit)
+        if not self.policy.ranks_by_views and not state.fills_evenly:
+            return self._order_available(now, busy, unit.spec)
         views = [n.view(now) for n in self.nodes if n.holds(unit.spec.client)]
         free = [v for v in views if v.index not in busy]
         if state.fills_evenly and free:
@@ -346,6 +348,14 @@ class RoundEngine:
             fewest = min(v.in_flight for v in free)
             free = [v for v in free if v.in_flight == fewest]
         return self._preferred_first(self.policy.order(free or views), unit.spec)
+
+    def _order_available(self, now: float, busy: Container[int], spec: UnitSpec) -> list[int]:
+        """`_order` for a policy that looks only at which nodes are available: the same
+        nodes, without a view of each (48 views cost a tenth of a millisecond a unit)."""
+        holders = [n for n in self.nodes if n.holds(spec.client)]
+        free = [n for n in holders if n.index not in busy] or holders
+        return self._preferred_first(
+            self.policy.order_available([n.index for n in free if n.available(now)]), spec)
 
     def _no_live_holder(self, spec: UnitSpec) -> bool:
         """Whether the unit is a client's that no node of the run holding it is alive to
