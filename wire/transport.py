@@ -33,6 +33,7 @@ import contextlib
 import hmac
 import mmap
 import os
+import select
 import socket
 import ssl
 import struct
@@ -219,25 +220,23 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
 
     def peer_closed(self) -> bool:
         """Without waiting: whether an idle connection is unusable, because the peer
-        closed it (a server's idle timeout) or sent something unasked."""
+        closed it (a server's idle timeout) or sent something unasked. One poll of the
+        socket (even under TLS, any byte here is unexpected): readable means either."""
         sock = self._sock
         if sock is None:
             return True
-        timeout = sock.gettimeout()
-        sock.settimeout(0.0)  # a socket with a timeout would wait for data to peek at
-        try:  # the plain socket's recv even under TLS: any byte here is unexpected
-            socket.socket.recv(sock, 1, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            return False  # nothing to read: still open
-        except OSError:
+        poller = select.poll()
+        try:
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))  # data, end of file, a hang-up or an error
+        except (OSError, ValueError):  # closed meanwhile
             return True
-        finally:
-            sock.settimeout(timeout)
-        return True
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send or receive (None waits forever)."""
-        self._socket().settimeout(seconds)
+        sock = self._socket()
+        if sock.gettimeout() != seconds:  # setting it costs a system call even unchanged
+            sock.settimeout(seconds)
 
     # ---------------------------------------------------------------- reads
     def read(self, sz: int) -> memoryview:
