@@ -137,6 +137,7 @@ class RoundEngine:
         self.on_left_out = on_left_out
         self.recheck_nodes = recheck_nodes
         self.left_out: list[NodeHandle] = []
+        self._leaving = runtime.Lock()  # one worker at a time leaves a node out
 
     def set_nodes(self, nodes: list[NodeHandle]) -> None:
         """The nodes of the next rounds, or of this one while it is paused. Handles of
@@ -515,15 +516,19 @@ class RoundEngine:
                     f"node unreachable: {reason}")
 
     def _leave_out(self, state: WorkQueue, node: NodeHandle, reason: str) -> None:
-        """Do without a node that cannot serve the run; fail the round when none is left."""
-        if node.leave_out(reason):
-            log.warning("node %s is left out of run %s: %s", node.name, self.run_id, reason)
-            self.left_out.append(node)
-            self.on_left_out(node)
-        self.set_nodes([n for n in self.nodes if n.left_out is None])
-        if not self.nodes:
-            state.fail(RoundFailed(no_node_can_serve(self.left_out),
-                                   [n.name for n in self.left_out]))
+        """Do without a node that cannot serve the run; fail the round when none is left.
+        Under a lock: a second worker refused by the same node must not find the nodes gone
+        before the first has listed it among those left out (the round's reason)."""
+        with self._leaving:
+            if node.leave_out(reason):
+                log.warning("node %s is left out of run %s: %s", node.name, self.run_id,
+                            reason)
+                self.left_out.append(node)
+                self.on_left_out(node)
+            self.set_nodes([n for n in self.nodes if n.left_out is None])
+            if not self.nodes:
+                state.fail(RoundFailed(no_node_can_serve(self.left_out),
+                                       [n.name for n in self.left_out]))
 
     def _ended(self, state: WorkQueue, unit: Unit, attempt: int, node: NodeHandle,
                end: AttemptEnd, reason: str | None = None, unit_settled: bool = False) -> None:
