@@ -4,8 +4,10 @@ Two ways, both over every thread of the process:
 
 * ``--timers``: the thread CPU time (time.thread_time) spent inside each of the engine's
   and the store's main functions (TIMED below; a nested call of the same function counts
-  once), with the process's own CPU time, written as a table when the script exits. The
-  timers cost about a microsecond a call, so the figures are the real ones.
+  once), and in every thread by kind (``thread <name with its numbers as N>``: the
+  engine's cached threads per target, others whole), with the process's own CPU time,
+  written as a table when the script exits. The timers cost about a microsecond a call,
+  so the figures are the real ones.
 * otherwise cProfile, one profiler per thread, merged into one pstats file at exit. Its
   per-call overhead inflates Python-heavy code several times (CPU per unit comes out
   4-8 times the real one), so it says which functions are called how often, not how much
