@@ -101,18 +101,13 @@ class _Budget:
         self.left = SMALL_BYTES
 
     def binary(self, value: Any) -> bytes:
-        if type(value) is bytes:
-            size = len(value)
-        else:
-            view = memoryview(value)
-            if not view.c_contiguous:
-                raise _NotSmall
-            size = view.nbytes
-            value = view.tobytes()
+        """`value` as bytes (a copy only once it is known to be small)."""
+        view = None if type(value) is bytes else memoryview(value)
+        size = len(value) if view is None else view.nbytes
         self.left -= size
-        if size >= self.each or self.left < 0:
+        if size >= self.each or self.left < 0 or (view is not None and not view.c_contiguous):
             raise _NotSmall
-        return value
+        return value if view is None else view.tobytes()
 
 
 def _ready_struct(obj: Any, cls: type, budget: _Budget) -> Any:

@@ -247,9 +247,26 @@ def test_a_small_request_is_encoded_in_c_with_its_views_copied() -> None:
     assert encoded_size(args) == len(body_of(args))
 
 
-def test_a_big_binary_is_written_by_reference_not_by_the_c_encoder() -> None:
+def test_a_big_binary_is_written_by_reference_not_by_the_c_encoder(monkeypatch) -> None:
     big = np.zeros(LARGE_WRITE_BYTES // 4, dtype=np.float32)  # exactly the threshold
     tensor = to_wire("big", big)
+    copies: list[int] = []
+    real_view = memoryview
+
+    class CountingView:  # a binary's view that counts its copies
+        def __init__(self, value: Any) -> None:
+            self._view = real_view(value)
+            self.nbytes, self.c_contiguous = self._view.nbytes, self._view.c_contiguous
+
+        def tobytes(self) -> bytes:
+            copies.append(self.nbytes)
+            return self._view.tobytes()
+
+    monkeypatch.setattr(c_codec, "memoryview", CountingView, raising=False)
+    assert c_codec.encode(tensor, [ttypes.Tensor, ttypes.Tensor.thrift_spec],
+                          LARGE_WRITE_BYTES) is None
+    assert copies == []  # refused before any copy of it
+    monkeypatch.undo()
     assert c_codec.encode(tensor, [ttypes.Tensor, ttypes.Tensor.thrift_spec],
                           LARGE_WRITE_BYTES) is None
     left, right = socket.socketpair()
