@@ -4,8 +4,10 @@ Two ways, both over every thread of the process:
 
 * ``--timers``: the thread CPU time (time.thread_time) spent inside each of the engine's
   and the store's main functions (TIMED below; a nested call of the same function counts
-  once), with the process's own CPU time, written as a table when the script exits. The
-  timers cost about a microsecond a call, so the figures are the real ones.
+  once), and in every thread by kind (``thread <name with its numbers as N>``: the
+  engine's cached threads per target, others whole), with the process's own CPU time,
+  written as a table when the script exits. The timers cost about a microsecond a call,
+  so the figures are the real ones.
 * otherwise cProfile, one profiler per thread, merged into one pstats file at exit. Its
   per-call overhead inflates Python-heavy code several times (CPU per unit comes out
   4-8 times the real one), so it says which functions are called how often, not how much
@@ -21,6 +23,7 @@ import cProfile
 import importlib
 import os
 import pstats
+import re
 import runpy
 import sys
 import threading
@@ -75,6 +78,45 @@ class Timers:
                         total[1] += spent
         return timed
 
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            total = self.totals.setdefault(name, [0, 0.0])
+            total[0] += 1
+            total[1] += seconds
+
+    def install_threads(self) -> None:
+        """Also time every thread's whole run, by kind (its name with digits as N): the
+        engine's threads per target (runtime's cached threads run many), others whole."""
+        from thrift_trainer.engine import runtime
+
+        def start_thread(system: Any, target: Callable[..., Any], name: str,
+                         args: tuple[Any, ...] = ()) -> None:
+            def timed_target(*targs: Any) -> None:
+                started = time.thread_time()
+                try:
+                    target(*targs)
+                finally:
+                    self.add(f"thread {_kind(name)}", time.thread_time() - started)
+            start(system, timed_target, name, args)
+
+        start = runtime.SystemRuntime.start_thread
+        runtime.SystemRuntime.start_thread = start_thread  # type: ignore[method-assign]
+        cached = runtime._CachedThread.run
+        plain_run = threading.Thread.run
+
+        def run(thread: threading.Thread) -> None:
+            if getattr(thread, "_target", None) is not None and getattr(
+                    thread._target, "__func__", None) is cached:  # timed per target
+                plain_run(thread)
+                return
+            started = time.thread_time()
+            try:
+                plain_run(thread)
+            finally:
+                self.add(f"thread {_kind(thread.name)}", time.thread_time() - started)
+
+        threading.Thread.run = run  # type: ignore[method-assign]
+
     def install(self) -> None:
         for module_name, owner_name, function_name in TIMED:
             try:  # a version of the code without one of them (an older commit) is timed
@@ -94,6 +136,11 @@ class Timers:
             lines.append(f"{name} | {int(calls)} | {seconds:.3f} | "
                          f"{1e6 * seconds / max(calls, 1):.1f}")
         Path(out).write_text("\n".join(lines) + "\n")
+
+
+def _kind(name: str) -> str:
+    """A thread's name without its numbers: threads of one kind add up."""
+    return re.sub(r"\d+", "N", name)
 
 
 _profiles: list[cProfile.Profile] = []
@@ -129,6 +176,7 @@ def main() -> None:
 
         measured = Timers()
         measured.install()
+        measured.install_threads()
         try:
             runpy.run_path(script, run_name="__main__")
         finally:

@@ -38,6 +38,9 @@ class Policy:
     """Base class: order(views) -> node indexes to try, best first; unavailable nodes left out."""
 
     number: int
+    # False: the order depends only on which nodes are available (`order_available`), so
+    # the engine need not make a view of every node for every attempt
+    ranks_by_views = True
     rerank_after_rejection = False  # True: ask for a new order after every rejection
     # True: backups start after 3x the measured unit time (engine/stragglers.py)
     measured_backups = False
@@ -47,6 +50,11 @@ class Policy:
         self._lock = runtime.Lock()
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
+        raise NotImplementedError
+
+    def order_available(self, indexes: list[int]) -> list[int]:
+        """The order over the available nodes `indexes` (a policy that does not rank by
+        views); the list may be reordered in place."""
         raise NotImplementedError
 
     def random_state(self) -> Any:
@@ -64,9 +72,12 @@ class RandomPolicy(Policy):
     """Policy 1: nodes in random order (with this policy nodes never reject)."""
 
     number = RANDOM
+    ranks_by_views = False
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
-        indexes = [v.index for v in views if v.available]
+        return self.order_available([v.index for v in views if v.available])
+
+    def order_available(self, indexes: list[int]) -> list[int]:
         with self._lock:
             self._rng.shuffle(indexes)
         return indexes
@@ -76,13 +87,16 @@ class RoundRobinPolicy(Policy):
     """Policy 2: round robin from a shared cursor; a rejection moves on to the next node."""
 
     number = LOAD_BALANCING
+    ranks_by_views = False
 
     def __init__(self, seed: int | None = None) -> None:
         super().__init__(seed)
         self._cursor = 0
 
     def order(self, views: Sequence[NodeView]) -> list[int]:
-        indexes = [v.index for v in views if v.available]
+        return self.order_available([v.index for v in views if v.available])
+
+    def order_available(self, indexes: list[int]) -> list[int]:
         if not indexes:
             return []
         with self._lock:  # the round-robin lock: each call starts one node further on

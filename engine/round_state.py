@@ -137,8 +137,8 @@ class RoundState(WorkQueue):
         return Kept(self.round_index, unit.spec, attempt, node, result)
 
     def _check_over(self) -> None:
-        settled = sum(1 for u in self.units if u.settled)
-        if self.completed >= self.quorum or settled == len(self.units):
+        # all() stops at the first unsettled unit: this runs for every completed unit
+        if self.completed >= self.quorum or all(u.settled for u in self.units):
             self._over = True
 
     # ------------------------------------------------------------------- end

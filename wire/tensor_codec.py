@@ -29,12 +29,14 @@ class CodecError(ValueError):
     """A tensor cannot be encoded or decoded; the message says what to change."""
 
 
-def to_wire(name: str, array: np.ndarray) -> ttypes.Tensor:
+def to_wire(name: str, array: np.ndarray, copy_under: int = 0) -> ttypes.Tensor:
     """Wrap `array` as a Tensor whose `data` is a view of the array's memory.
 
     A C-contiguous little-endian array is not copied: the Tensor keeps a
     memoryview of it, so do not modify the array until the call that sends the
-    Tensor has returned. Other layouts are converted once.
+    Tensor has returned. Other layouts are converted once. An array of fewer than
+    `copy_under` bytes is copied into `bytes`, which Thrift's C encoder takes as they are
+    (see wire.c_codec): for Tensors sent many times, such as a round's weights.
     """
     arr = np.asarray(array)
     _check_dtype(name, arr.dtype.name)
@@ -43,7 +45,9 @@ def to_wire(name: str, array: np.ndarray) -> ttypes.Tensor:
         arr = arr.astype(little)
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # not np.ascontiguousarray: it turns 0-d into 1-d
-    data = memoryview(arr.reshape(-1).view(np.uint8))
+    data: memoryview | bytes = memoryview(arr.reshape(-1).view(np.uint8))
+    if data.nbytes < copy_under:
+        data = data.tobytes()
     return ttypes.Tensor(name=name, dtype=arr.dtype.name, shape=list(arr.shape), data=data)
 
 
@@ -71,9 +75,10 @@ def from_wire(t: ttypes.Tensor) -> np.ndarray:
     return arr
 
 
-def dict_to_wire(d: Mapping[str, np.ndarray]) -> list[ttypes.Tensor]:
-    """Encode a name -> array mapping as a Tensor list, keeping its order."""
-    return [to_wire(name, array) for name, array in d.items()]
+def dict_to_wire(d: Mapping[str, np.ndarray], copy_under: int = 0) -> list[ttypes.Tensor]:
+    """Encode a name -> array mapping as a Tensor list, keeping its order (`copy_under`:
+    as `to_wire` takes it)."""
+    return [to_wire(name, array, copy_under) for name, array in d.items()]
 
 
 def wire_to_dict(ts: Iterable[ttypes.Tensor]) -> dict[str, np.ndarray]:

@@ -23,8 +23,8 @@ payload is sent, strings may be as long as a message, containers hold at most
 `DEFAULT_CONTAINER_LIMIT` elements. A server's transport (`ServerReads`) also
 bounds the wait for a request and for the rest of a started frame, and receives
 frames of peers not yet authenticated within a shared budget. Protocols must be
-the pure-Python binary protocol (`WireProtocol`): the C-accelerated one copies big
-binaries byte by byte and cannot read memoryviews.
+`WireProtocol`: Thrift's accelerated one copies big binaries byte by byte and cannot
+read memoryviews; WireProtocol hands only small structs to the C codec (`wire.c_codec`).
 """
 
 from __future__ import annotations
@@ -33,20 +33,23 @@ import contextlib
 import hmac
 import mmap
 import os
+import select
 import socket
 import ssl
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TProtocol import TProtocolException, TProtocolFactory
 from thrift.Thrift import TMessageType, TType
-from thrift.transport.TTransport import TTransportBase, TTransportException
+from thrift.transport.TTransport import CReadableTransport, TTransportBase, TTransportException
 
-from thrift_trainer.wire import chunks
+from thrift_trainer.wire import c_codec, chunks
 from thrift_trainer.wire import stats as wire_stats
 from thrift_trainer.wire.chunks import MessageLimits, MessageRefused, PeerRefusedMessage
 from thrift_trainer.wire.limits import FrameBudget
@@ -130,12 +133,15 @@ class WrongProtocol(TTransportException):
         self.protocol = protocol
 
 
-class FramedSocketTransport(TTransportBase):
+class FramedSocketTransport(TTransportBase, CReadableTransport):
     """Thrift framed transport bound to one connected TCP socket.
 
     Not thread-safe: one call at a time per connection. Any socket error or
     timeout closes the transport, because a reply that arrives late would
     otherwise be read as the answer to the next call.
+
+    A `CReadableTransport` only so that generated code offers `WireProtocol` its C
+    decoding for each struct (see `small_rest`); the C decoder never reads it directly.
     """
 
     def __init__(
@@ -167,6 +173,7 @@ class FramedSocketTransport(TTransportBase):
         self._data_head = bytearray(chunks.DATA_HEAD_BYTES)
         self._frame: memoryview = _EMPTY
         self._pos = 0
+        self._small_frame = False  # the current frame is whole and under c_codec.SMALL_BYTES
         self._spare: mmap.mmap | None = None
         # An SSLSocket has no sendmsg: it encrypts one buffer at a time.
         self._scatter = not isinstance(sock, ssl.SSLSocket)
@@ -213,25 +220,23 @@ class FramedSocketTransport(TTransportBase):
 
     def peer_closed(self) -> bool:
         """Without waiting: whether an idle connection is unusable, because the peer
-        closed it (a server's idle timeout) or sent something unasked."""
+        closed it (a server's idle timeout) or sent something unasked. One poll of the
+        socket (even under TLS, any byte here is unexpected): readable means either."""
         sock = self._sock
         if sock is None:
             return True
-        timeout = sock.gettimeout()
-        sock.settimeout(0.0)  # a socket with a timeout would wait for data to peek at
-        try:  # the plain socket's recv even under TLS: any byte here is unexpected
-            socket.socket.recv(sock, 1, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            return False  # nothing to read: still open
-        except OSError:
+        poller = select.poll()
+        try:
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))  # data, end of file, a hang-up or an error
+        except (OSError, ValueError):  # closed meanwhile
             return True
-        finally:
-            sock.settimeout(timeout)
-        return True
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send or receive (None waits forever)."""
-        self._socket().settimeout(seconds)
+        sock = self._socket()
+        if sock.gettimeout() != seconds:  # setting it costs a system call even unchanged
+            sock.settimeout(seconds)
 
     # ---------------------------------------------------------------- reads
     def read(self, sz: int) -> memoryview:
@@ -279,6 +284,30 @@ class FramedSocketTransport(TTransportBase):
         """Drop the unread rest of the current frame."""
         self._frame, self._pos = _EMPTY, 0
 
+    def small_rest(self) -> memoryview | None:
+        """Without receiving anything: the unread rest of the current frame when that is a
+        whole frame (not a chunked message) of under `c_codec.SMALL_BYTES`, else None.
+        (A call's struct follows its message header, which received the frame.)"""
+        if not self._small_frame or self._pos >= len(self._frame):
+            return None
+        return self._frame[self._pos :]
+
+    def consume(self, size: int) -> None:
+        """Mark `size` bytes of the current frame read (decoded from `small_rest`)."""
+        end = self._pos + size
+        if end >= len(self._frame):  # let the frame go, as `_taken` does
+            self._frame, end = _EMPTY, 0
+        self._pos = end
+
+    @property
+    def cstringio_buf(self) -> None:
+        raise TypeError("a FramedSocketTransport is read by WireProtocol, not by Thrift's "
+                        "accelerated protocols")
+
+    def cstringio_refill(self, partialread: bytes, reqlen: int) -> None:
+        raise TypeError("a FramedSocketTransport is read by WireProtocol, not by Thrift's "
+                        "accelerated protocols")
+
     def _next_frame(self) -> None:
         self._frame, self._pos = _EMPTY, 0  # our own view must not pin the old buffer
         if self._server_reads is not None:
@@ -308,9 +337,11 @@ class FramedSocketTransport(TTransportBase):
         """The frame whose length word was just received, or the chunked message that
         word announces. `deadline`: a server's, for the frame (None: the socket's timeout)."""
         (word,) = _HEADER.unpack(self._header)
+        self._small_frame = False
         if word & chunks.CHUNK_FLAG:
             return self._chunked_message(word & chunks.LENGTH_MASK, deadline)
         size = self._checked_size(word)
+        self._small_frame = size < c_codec.SMALL_BYTES
         if deadline is None:
             frame = memoryview(self._buffer_for(size))[:size]
             self._recv_exactly(frame)
@@ -703,7 +734,49 @@ class WireProtocol(TBinaryProtocol):
     protocol's i32 cannot hold (a tensor of a big model), has the length word
     `BIG_BINARY` followed by an i64 length: stock peers, which could not take such a value
     anyway, never see it otherwise.
+
+    Small structs go through Thrift's C codec instead (`wire.c_codec`: binaries of small
+    frames then come back as `bytes`); generated code offers it every struct it reads
+    or writes, through `_fast_decode` and `_fast_encode`.
     """
+
+    def __init__(self, trans: TTransportBase, *args: Any, **kwargs: Any) -> None:
+        super().__init__(trans, *args, **kwargs)
+        if c_codec.ENABLED:
+            self._fast_decode = self._decode_struct
+            self._fast_encode = self._encode_struct
+
+    def _decode_struct(self, obj: Any, iprot: TBinaryProtocol, typeargs: list[Any]) -> Any:
+        """Generated code's `_fast_decode`: read a struct of `typeargs` into `obj` (a new
+        one when None, and returned), in C when the transport holds it in a small frame."""
+        rest = self.trans.small_rest() if isinstance(self.trans, FramedSocketTransport) else None
+        if rest is not None:
+            decoded = c_codec.decode(obj, typeargs, bytes(rest), self.string_length_limit,
+                                     self.container_length_limit)
+            if decoded is not None:
+                self.trans.consume(decoded[1])
+                return decoded[0]
+        self._fast_decode = None  # generated code reads it, and nested structs, in Python
+        try:
+            if obj is None:
+                return typeargs[0].read(self)
+            obj.read(self)
+            return obj
+        finally:
+            self._fast_decode = self._decode_struct
+
+    def _encode_struct(self, obj: Any, typeargs: list[Any]) -> bytes:
+        """Generated code's `_fast_encode`: `obj` encoded in C when it is small; otherwise
+        written here in Python, leaving nothing for the caller to write."""
+        encoded = c_codec.encode(obj, typeargs, LARGE_WRITE_BYTES)
+        if encoded is not None:
+            return encoded
+        self._fast_encode = None
+        try:
+            obj.write(self)
+        finally:
+            self._fast_encode = self._encode_struct
+        return b""
 
     def readString(self) -> str:
         return str(self.readBinary(), "utf-8")
@@ -733,6 +806,10 @@ class WireProtocol(TBinaryProtocol):
             self.writeI32(seqid)
             return
         super().writeMessageBegin(name, ttype, seqid)
+
+    def readUuid(self) -> uuid.UUID:
+        """As the binary protocol reads it, from bytes (a UUID takes no memoryview)."""
+        return uuid.UUID(bytes=bytes(self.trans.readAll(16)))
 
     def skip(self, ttype: int, max_depth: int = 64) -> None:
         """Skip a value, binary ones without decoding them: an unknown field a newer

@@ -195,6 +195,11 @@ class NodeHandle:
         with self._lock:
             return self._benched_until
 
+    def available(self, now: float) -> bool:
+        """Whether the node is off the bench at `now` (as its `view` says). No lock: one
+        attribute read is atomic, and this is asked of every node for every attempt."""
+        return now >= self._benched_until
+
     def view(self, now: float) -> NodeView:
         with self._lock:
             return NodeView(

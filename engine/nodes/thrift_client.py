@@ -48,6 +48,7 @@ from thrift_trainer.wire.generated import PROTOCOL_VERSION, ComputeNode, ttypes
 from thrift_trainer.wire.rpc import ConnectionPool, transport_of
 from thrift_trainer.wire.stats import PayloadBytes
 from thrift_trainer.wire.tensor_codec import CodecError, dict_to_wire, specs_to_wire, wire_to_dict
+from thrift_trainer.wire.transport import LARGE_WRITE_BYTES
 
 CONTROL_TIMEOUT_SECONDS = 5.0
 _STATUS = {ttypes.UnitOutcome.COMPLETED: TaskStatus.COMPLETED,
@@ -110,7 +111,9 @@ def _label_counts(text: str) -> dict[int, int] | None:
 class _LastEncoded:
     """The Tensor list of the weights dict encoded last: every unit of a sync round
     shares one dict, so it is encoded once per round, not once per unit. The Tensors
-    view the arrays' memory (no copy) and are only read while requests are written."""
+    view the arrays' memory (no copy) and are only read while requests are written;
+    small ones are copied, once, into the bytes that Thrift's C encoder takes, so that a
+    request of a small model is encoded in C without copying them again (wire.c_codec)."""
 
     def __init__(self) -> None:
         self._lock = runtime.Lock()
@@ -121,7 +124,7 @@ class _LastEncoded:
         with self._lock:
             if weights is self._weights:
                 return self._tensors
-        tensors = dict_to_wire(weights)
+        tensors = dict_to_wire(weights, copy_under=LARGE_WRITE_BYTES)
         with self._lock:
             self._weights, self._tensors = weights, tensors
         return tensors
