@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --weights-dir {missing[0]} is not a folder", file=sys.stderr)
         return 2
     paths.follow_links(args.follow_data_links)
+    tracking.load_libraries(args.track)  # before serving: a run's start never waits on it
     try:
         handler = CoordinatorHandler(Path(args.nodes_file), settings_from(args))
     except StoreInUse as exc:

@@ -18,6 +18,7 @@ first error of a tracker is logged with its reason and that tracker stops for th
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import logging
@@ -55,6 +56,19 @@ def check_target(text: str) -> str:
     if importlib.util.find_spec(KINDS[kind]) is None:
         raise ValueError(f"--track {kind} needs the {KINDS[kind]} package: {EXTRA}")
     return text
+
+
+# What each kind imports to write (its first import takes seconds and, in a run's thread,
+# would hold the interpreter from answering status calls meanwhile).
+LIBRARIES = {"tensorboard": ("torch.utils.tensorboard",),
+             "mlflow": ("mlflow.tracking", "mlflow.entities")}
+
+
+def load_libraries(targets: Iterable[str]) -> None:
+    """Import what the trackers of ``targets`` write with, once, before any run starts."""
+    for target in targets:
+        for module in LIBRARIES[target.partition(":")[0]]:
+            importlib.import_module(module)
 
 
 def make_tracker(target: str) -> Tracker:

@@ -6,8 +6,8 @@
 #                            not slow"; tests/unit and tests/bench)
 # Further arguments go to pytest, e.g. scripts/test.sh --fast -k policies
 # TEST_WORKERS sets how many pytest processes share the whole suite (default: 2 per core,
-# since most end-to-end tests wait on their servers' deadlines rather than compute;
-# TEST_WORKERS=0 runs it in one process).
+# since most end-to-end tests wait on their servers' deadlines rather than compute; the
+# fast tier: one per core); TEST_WORKERS=0 runs either in one process.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -16,7 +16,7 @@ parallel=(-n "${TEST_WORKERS:-$((2 * $(nproc)))}" --dist loadgroup)
 if [ "${1:-}" = "--fast" ]; then
   shift
   tier=(-m "not processes and not slow")
-  parallel=()  # in one process it already ends in well under a minute
+  parallel=(-n "$(nproc)")  # one worker per core: these tests compute, they do not wait
 fi
 [ "${TEST_WORKERS:-}" = 0 ] && parallel=()
 scripts/setup.sh

@@ -4,10 +4,18 @@ tracker stops it for the run, the others go on; figures and settings as trackers
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
-from thrift_trainer.coordinator.tracking import Trackers, figures_of, flat_params
+from thrift_trainer.coordinator.tracking import (
+    KINDS,
+    LIBRARIES,
+    Trackers,
+    figures_of,
+    flat_params,
+    load_libraries,
+)
 
 
 class Recording:
@@ -81,3 +89,9 @@ def test_an_unknown_or_incomplete_target_is_refused(target):
 
     with pytest.raises(ValueError, match="expected tensorboard:DIR or mlflow:URI"):
         check_target(target)
+
+
+def test_every_kind_names_the_libraries_it_writes_with_and_they_load_before_a_run():
+    assert set(LIBRARIES) == set(KINDS)
+    load_libraries(["tensorboard:/nowhere"])  # torch's writer: installed with torch
+    assert "torch.utils.tensorboard" in sys.modules
