@@ -231,14 +231,9 @@ def test_sync_sgd_backs_up_a_slow_holders_client_only_on_another_holder(cluster)
 def test_sync_sgd_on_several_clients_of_a_node_equals_through_a_relay_and_two_workers(
         cluster):
     from devtools import local_cluster
-    from tests.e2e.test_federated_clients import SITES, SITES_PLUGIN, _sites
+    from tests.e2e.test_federated_clients import SITES, SITES_PLUGIN, four_sites
 
-    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
-    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
-                                "ward-2": (range(3, 4), lambda label: label >= 9),
-                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
-    sizes |= _sites(roots["b"], {"clinic": (range(5, 6), lambda label: True)})
-    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    roots, sizes = four_sites(cluster.workdir, clinic_files=range(5, 6))
     several = cluster.add_node(0.0, "--data-root", str(roots["a"]), *SITES_PLUGIN)
     clinic = cluster.add_node(0.0, "--data-root", str(roots["b"]), *SITES_PLUGIN)
     workers = cluster.add_node(0.0, "--data-root", str(roots["a"]), "--workers", "2",

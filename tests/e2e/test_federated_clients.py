@@ -309,13 +309,22 @@ def _sites(root: Path, sites: dict[str, tuple[range, Callable[[int], bool]]]) ->
             for name, (files, keep) in sites.items()}
 
 
-def test_a_node_holding_three_clients_and_one_holding_one_train_fedavg_as_a_replay(cluster):
-    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
+def four_sites(workdir: Path, clinic_files: range = range(5, 7)
+               ) -> tuple[dict[str, Path], dict[str, int]]:
+    """Data roots ``a`` (clients ward-1, ward-2 and ward-3), ``b`` (clinic) and
+    ``coordinator`` (its own validation part) under ``workdir``, and the clients' training
+    rows by name: sizes and label mixes all differ."""
+    roots = {key: workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
     sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
                                 "ward-2": (range(3, 4), lambda label: label >= 9),
                                 "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
-    sizes |= _sites(roots["b"], {"clinic": (range(5, 7), lambda label: True)})
+    sizes |= _sites(roots["b"], {"clinic": (clinic_files, lambda label: True)})
     _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    return roots, sizes
+
+
+def test_a_node_holding_three_clients_and_one_holding_one_train_fedavg_as_a_replay(cluster):
+    roots, sizes = four_sites(cluster.workdir)
     assert len(set(sizes.values())) == 4  # sizes and label mixes all differ
     nodes = {key: cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
              for key in "ab"}

@@ -26,6 +26,7 @@ from tests.e2e.test_federated_clients import (
     _run_dir,
     _sites,
     _with_sets,
+    four_sites,
 )
 from thrift_trainer.training.outputs.model_file import load_model
 
@@ -194,12 +195,7 @@ def test_node_resident_clients_train_privately_accounted_from_the_announced_rost
     announced, epsilon is dp-accounting's for it, and the noised model equals its replay."""
     from thrift_trainer.training.clients.settings import ClientsSettings
 
-    roots = {key: cluster.workdir / f"data_{key}" for key in ("a", "b", "coordinator")}
-    sizes = _sites(roots["a"], {"ward-1": (range(1, 3), lambda label: label < 13),
-                                "ward-2": (range(3, 4), lambda label: label >= 9),
-                                "ward-3": (range(4, 5), lambda label: label % 2 == 0)})
-    sizes |= _sites(roots["b"], {"clinic": (range(5, 7), lambda label: True)})
-    _sites(roots["coordinator"], {"central": (range(7, 8), lambda label: True)})
+    roots, sizes = four_sites(cluster.workdir)
     for key in "ab":
         cluster.add_node(0.0, "--data-root", str(roots[key]), *SITES_PLUGIN)
     cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN)
