@@ -1,10 +1,11 @@
 """The privacy budget a private run has spent (training/privacy/accounting.py), as the
 training loop reports it after each round and checks it before the next.
 
-Epsilon is derived from the number of noised rounds applied, which in sync rounds is the
-round's index: the run store records each round before its weights leave the coordinator
-(a checkpoint after every round, which a private run must keep), and a resumed run starts
-after the rounds the store holds, so it recomputes the same epsilon. The sampling rate is
+Epsilon is derived from the number of noised rounds applied, which is the round's index
+(in buffered mode each round is one release: engine/stream_state.py): the run store
+records each round before its weights leave the coordinator (a checkpoint after every
+round, which a private run must keep), and a resumed run starts after the rounds the store
+holds, so it recomputes the same epsilon. The sampling rate is
 read when first needed: node-resident clients are known only once their nodes have
 announced them, before round 1 (a private run keeps that roster: training/algorithms/
 delta_avg.py). docs/privacy.md says what a crash does.

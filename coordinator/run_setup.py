@@ -161,7 +161,10 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
                           "mode (it can: fp16, int8)")
     config = spec.algorithm_config()
     check_config(cls.check_config(spec.model, config), limits)
-    return cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
+    algorithm = cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
+    if spec.privacy.enabled and spec.schedule.mode == "buffered":
+        algorithm.release_buffers(spec.schedule.buffer_size)  # type: ignore[attr-defined]
+    return algorithm
 
 
 def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
@@ -181,7 +184,8 @@ def _check_clients(spec: RunSpec, cls: type[Algorithm]) -> None:
 def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
     """ConfigError, in one line, for a private run that DP-FedAvg cannot make private: its
     sensitivity bound holds for the plain sum of clipped updates of clients sampled in sync
-    rounds (compression composes: the coordinator clips what it decoded)."""
+    rounds, or of a buffer's clients in buffered mode, one release a round (compression
+    composes: the coordinator clips what it decoded)."""
     if not spec.privacy.enabled:
         return
     problem = None
@@ -195,8 +199,19 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
     elif spec.clients.over_select != 1:
         problem = ("clients.over_select drops the late clients of a round, which the "
                    "accounting of the sampling cannot see; leave it at 1")
-    elif spec.schedule.asynchronous:
-        problem = f"DP-FedAvg runs sync rounds, not {spec.schedule.mode!r} mode"
+    elif spec.schedule.mode == "async":
+        problem = ("async mode makes a version of every single result; use sync rounds, "
+                   "or buffered mode with schedule.updates_per_round 1")
+    elif spec.schedule.mode == "buffered" and spec.schedule.updates_per_round != 1:
+        # each buffer is a release, which must be checkpointed before it is sent out
+        problem = ("buffered mode needs schedule.updates_per_round 1 (each noised version "
+                   "is a round, checkpointed before it leaves the coordinator)")
+    elif (spec.schedule.mode == "buffered" and not spec.clients.on_nodes
+          and spec.clients.count < spec.schedule.buffer_size):
+        # a client counts at most once in a buffer: fewer clients could never fill one
+        problem = (f"schedule.buffer_size {spec.schedule.buffer_size} needs as many "
+                   f"clients (clients.count {spec.clients.count}): a client counts at most "
+                   f"once in a buffer")
     if problem is not None:
         raise ConfigError(f"privacy: {problem}")
 

@@ -235,7 +235,8 @@ class TrainingLoop:
             plan_pass=self.algorithm.plan_pass, scalable=self.algorithm.staleness_scaled,
             ledger=parts.ledger, max_attempts=2 * max(1, len(parts.nodes.nodes)),
             position=position,
-            taken_up=parts.kept.taken_up_stream(done + 1), draws=self._draws(engine))
+            taken_up=parts.kept.taken_up_stream(done + 1), draws=self._draws(engine),
+            private=self._budget is not None)  # a release leaves after its checkpoint
         state.keep_result = parts.kept.keep if parts.kept.enabled else None
         parts.progress.stream_counts = state.counts
         self._warn_of_staleness()
@@ -251,6 +252,8 @@ class TrainingLoop:
         with closing(engine.stream(state, build, self._filters(weights))) as events:
             for event in events:
                 if isinstance(event, VersionDue):
+                    if self._budget is not None:  # one release a round (updates_per_round 1)
+                        self._budget.check_round(event.round, [n.name for n in engine.nodes])
                     weights = self._aggregate(event.round, weights, event.results)
                     state.applied(weights)
                     continue
@@ -278,10 +281,12 @@ class TrainingLoop:
         federated evaluation of its last version when one is due."""
         clock = PhaseClock()
         evaluated = self._evaluate_clients(engine, end.round, end.weights, clock, end.version)
-        if not end.clients and evaluated is None:
+        if not end.clients and evaluated is None and self._budget is None:
             return self._write_round(end, started, bytes_before)
         clients = stream_client_rows(end.round, end.clients) if end.clients else []
         figures = fairness(clients) if clients else {}
+        if self._budget is not None:  # a private run's round is one release
+            figures.update(self._budget.figures(end.round))
         if evaluated is not None:
             clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
             self._latest_eval = evaluated.figures

@@ -31,7 +31,9 @@ does not hold.
 
 A run with federated clients draws them instead of running passes (FedBuff,
 engine/client_draws.py): at most `concurrency` clients train at once, each unit is one
-client's draw, and a new client is drawn whenever fewer are out. A client no live node
+client's draw, and a new client is drawn whenever fewer are out (in a private run never
+one whose result waits in the buffer: a client counts at most once in a release, whose
+version is handed out only once its round is written). A client no live node
 holds drops out of the round (neither failed nor discarded) and is not drawn again
 for `AWAY_SECONDS` or until the next round, whichever comes first (when every holder is
 away no round can end, so a stream whose holders come back must draw their clients again
@@ -99,10 +101,13 @@ class StreamState(WorkQueue):
                  scalable: Callable[[str], bool], ledger: UnitLedger, max_attempts: int,
                  position: StreamPosition | None = None,
                  taken_up: list[TakenUp] | None = None,
-                 draws: ClientDraws | None = None) -> None:
+                 draws: ClientDraws | None = None, private: bool = False) -> None:
         """``position``: where the checkpoint a resumed run starts from left the passes;
         ``taken_up``: the results its first round had kept before, in their order;
-        ``draws``: a run with federated clients draws them (module docstring)."""
+        ``draws``: a run with federated clients draws them (module docstring);
+        ``private``: a private run's versions are releases (docs/privacy.md): each is
+        handed out only once its round is written, and a client counts at most once in
+        it."""
         self._lock = runtime.RLock()  # re-entrant: ledger writes nest (see `recording`)
         super().__init__([], max_attempts, self._lock)
         self.units: list[StreamUnit] = []  # unsettled: in TODO or PENDING
@@ -128,6 +133,8 @@ class StreamState(WorkQueue):
         self._taken_ahead: dict[int, set[str]] = {}  # later passes' units already kept
         self._draws = draws
         self._away: dict[str, float] = {}  # dropped-out client -> when it may be drawn
+        self._private = private
+        self._released = (first_round, self.version, weights)  # the newest written version
         if position is not None:
             self._reopen(position)
         with self._cond:  # a version it makes due is announced under the lock
@@ -238,10 +245,21 @@ class StreamState(WorkQueue):
         """Clients not to draw now: training (queued, out, or a leftover attempt still
         computing one) or dropped out of the round."""
         out = [u.spec.client for u in self.units] + \
-            [u.spec.client for u in self._leftovers if u.started]
+            [u.spec.client for u in self._leftovers if u.started] + self._buffered_clients()
         now = runtime.monotonic()
         away = {client for client, until in self._away.items() if until > now}
         return {client for client in out if client is not None} | away
+
+    def _buffered_clients(self) -> list[str | None]:
+        """Clients whose result waits for a version: drawn again only after it is made, so
+        that a client counts at most once in a private run's buffer (its sensitivity)."""
+        if not self._private:
+            return []
+        waiting = [result for result, _ in self._buffer]
+        waiting += [result for result, _ in self._taking_up]
+        if self._due is not None:
+            waiting += self._due.results
+        return [result.unit.client for result in waiting]
 
     def _in_flight(self) -> int:
         return sum(1 for u in self.units if u.reserved or u.started)
@@ -257,10 +275,17 @@ class StreamState(WorkQueue):
 
     def newest(self) -> tuple[int, int, Weights]:
         """(round in progress, version, weights) of the newest version, for a new task:
-        once the training loop has made the version a full buffer asks for."""
+        once the training loop has made the version a full buffer asks for (and, in a
+        ``private`` run, once the round it ended is written: a release leaves the
+        coordinator only after its checkpoint)."""
         with self._cond:
-            self._wait_for(self._version_pending)
-            return self.round_index, self.version, self.weights
+            if not self._private:
+                self._wait_for(self._version_pending)
+                return self.round_index, self.version, self.weights
+            # a stream that ended or failed meanwhile never writes its last round: the
+            # version written before it is what goes out
+            self._wait_for(self._loop_busy)
+            return self._released
 
     def ledger_round(self, unit: Unit) -> int:
         """The run store's round that holds ``unit`` now."""
@@ -448,6 +473,7 @@ class StreamState(WorkQueue):
         """The training loop has written the pending `round_end`: versions may move on."""
         with self._cond:
             self.round_end = None
+            self._released = (self.round_index, self.version, self.weights)
             self._keep_taken()
             self._cond.notify_all()
 

@@ -315,3 +315,91 @@ def test_a_client_announced_after_round_1_is_never_sampled_by_a_private_run(clus
         1 / 2, dp_accounting.GaussianDpEvent(1.1)), rounds))
     assert float(f"{result['history'][-1]['epsilon']:.3g}") == \
         float(f"{spent.get_epsilon(0.001):.3g}")
+
+
+BUFFER = 3
+BUFFERED = ["--set", "schedule.mode=buffered", "--set", f"schedule.buffer_size={BUFFER}",
+            "--set", "schedule.updates_per_round=1"]
+FIXED_NOISE = ["--set", "privacy.clip=0.5", "--set", "privacy.noise_multiplier=1.1",
+               "--set", "privacy.delta=0.001"]
+
+
+def _buffered_epsilons(releases: int) -> list[float]:
+    """dp-accounting's epsilon after each buffered release: a Gaussian of multiplier z / 2
+    under replace-one, no sampling amplification."""
+    spent = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    epsilons = []
+    for _ in range(releases):
+        spent.compose(dp_accounting.GaussianDpEvent(1.1 / 2))
+        epsilons.append(spent.get_epsilon(0.001))
+    return epsilons
+
+
+def _three_digits(values: list[float]) -> list[float]:
+    return [float(f"{value:.3g}") for value in values]
+
+
+def _kept_clients(run_dir) -> dict[int, list[str]]:
+    """Each round's clients whose result went into its version (kept: they name a node
+    and no error)."""
+    kept: dict[int, list[str]] = {}
+    for line in (run_dir / "clients.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "node" in row and not row.get("error") and not row.get("dropped"):
+            kept.setdefault(row["round"], []).append(row["client"])
+    return kept
+
+
+def test_a_private_buffered_run_reports_dp_accountings_epsilon_after_every_release(cluster):
+    """Each buffer is one release: epsilon after every round equals dp-accounting's for as
+    many Gaussian releases, and every buffer holds as many different clients as its size."""
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    releases = 4
+    result = cluster.train_json(*FEDERATED, *FIXED_NOISE, *BUFFERED,
+                                "--set", f"run.rounds={releases}")
+    history = [row["epsilon"] for row in result["history"]]
+    assert _three_digits(history) == _three_digits(_buffered_epsilons(releases)), history
+    run_dir = _run_dir(cluster, result)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epsilon"] for row in rows] == history
+    kept = _kept_clients(run_dir)
+    assert sorted(kept) == list(range(1, releases + 1))
+    for round_index, clients in kept.items():
+        assert len(clients) == BUFFER and len(set(clients)) == BUFFER, (round_index, kept)
+
+
+def test_a_private_buffered_run_killed_and_resumed_counts_each_release_once(cluster):
+    """A coordinator killed mid-run resumes after its last checkpointed release: each
+    round (release) is in the run's metrics once, with dp-accounting's epsilon for the
+    releases up to it, and the run ends."""
+    cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
+    cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
+    cluster.start_coordinator(2)
+    releases = 6
+    sets = [*FEDERATED, *FIXED_NOISE, *BUFFERED, "--set", f"run.rounds={releases}"]
+    client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
+    try:
+        cluster.coordinator.wait_for(r"round 2/6", timeout=120)
+        cluster.coordinator.kill()  # SIGKILL, with round 3's buffer filling
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume private" in err, err
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "private")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "private", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
+    assert 1 <= resumed_after < releases
+    run_dir = cluster.workdir / "runs" / "private"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(1, releases + 1))
+    assert _three_digits([row["epsilon"] for row in rows]) == \
+        _three_digits(_buffered_epsilons(releases))
+    assert json.loads(attached.stdout)["clients"]["epsilon"] == rows[-1]["epsilon"]

@@ -24,6 +24,7 @@ from thrift_trainer.training.privacy.accounting import Sampling
 from thrift_trainer.training.privacy.settings import settings_from
 from thrift_trainer.training.run_config import load_run_config
 from thrift_trainer.training.schema import PrivacySettings
+from thrift_trainer.training.units import UnitResult, UnitSpec
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 FEDERATED = ["run.model=mlp_classifier", "data.format=letters", "delta_avg.epochs=1",
@@ -197,7 +198,14 @@ def _prepare(config, rounds: int = 2, outputs: dict | None = None):
      "privacy: client-level privacy needs federated clients"),
     ([*PRIVATE, "aggregation.rule=median"], "privacy: aggregation.rule median does not sum"),
     ([*PRIVATE, "clients.over_select=1.5"], "privacy: clients.over_select drops"),
-    ([*PRIVATE, "schedule.mode=buffered"], "privacy: DP-FedAvg runs sync rounds"),
+    ([*PRIVATE, "schedule.mode=async"], "privacy: async mode makes a version of every"),
+    ([*PRIVATE, "schedule.mode=buffered"], "buffered mode needs schedule.updates_per_round 1"),
+    ([*PRIVATE, "schedule.mode=buffered", "schedule.updates_per_round=2"],
+     "buffered mode needs schedule.updates_per_round 1"),
+    ([*PRIVATE, "schedule.mode=buffered", "schedule.updates_per_round=1",
+      "privacy.accountant=pld"], "a buffered run is accounted by rdp"),
+    ([*PRIVATE, "schedule.mode=buffered", "schedule.updates_per_round=1",
+      "schedule.buffer_size=11"], "schedule.buffer_size 11 needs as many clients"),
     ([*PRIVATE, "run.algorithm=sync_sgd", "sync_sgd.num_workunits_per_update=3",
       "sync_sgd.units_per_iteration=3"], "privacy: sync_sgd has no client-level privacy"),
     ([*PRIVATE, "privacy.accountant=pld"], "pld accounts Poisson sampling only"),
@@ -230,6 +238,53 @@ def test_poisson_sampling_without_privacy_is_a_run_of_its_own():
     with pytest.raises(InvalidRun, match="Poisson sampling asks each client"):
         _prepare(load_run_config(None, [*FEDERATED, "clients.sampling=poisson",
                                         "clients.over_select=1.5"]))
+
+
+# ------------------------------------------------------------- buffered mode
+BUFFERED = [*PRIVATE, "schedule.mode=buffered", "schedule.buffer_size=3",
+            "schedule.updates_per_round=1"]
+
+
+def test_a_buffered_release_is_accounted_as_a_gaussian_without_sampling():
+    """Each buffer is one Gaussian mechanism of z / 2 under replace-one (no amplification:
+    its clients are whoever finished first), composed over the releases."""
+    budget = PrivacyBudget.of(_prepare(load_run_config(None, BUFFERED)).algorithm)
+    assert budget.sampling.kind == "buffered" and budget.sampling.expected == 3
+    spent = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    for releases in range(1, 6):
+        spent.compose(dp_accounting.GaussianDpEvent(1.1 / 2))
+        mine = budget.spent(releases)
+        assert float(f"{mine:.3g}") == float(f"{spent.get_epsilon(1e-5):.3g}"), releases
+    # weaker than the sync rounds' sampled accounting of the same run
+    synced = PrivacyBudget.of(_prepare(load_run_config(None, PRIVATE)).algorithm)
+    assert budget.spent(3) > synced.spent(3)
+
+
+def _updates(weights, scale: float) -> dict:
+    return {name: np.full(np.shape(value), scale) for name, value in weights.items()}
+
+
+def test_a_buffered_release_counts_a_client_once_over_the_buffer_size():
+    algorithm = _prepare(load_run_config(None, BUFFERED)).algorithm
+    weights = algorithm.initial_weights()
+
+    def result(client: str, scale: float) -> UnitResult:
+        return UnitResult(UnitSpec(f"{client}.d", "", client=client),
+                          _updates(weights, scale), 10, 0.5, "n0")
+
+    once = algorithm.aggregate(2, weights, [result("a", 0.1), result("b", -0.2)], [])
+    twice = algorithm.aggregate(2, weights, [result("a", 0.1), result("b", -0.2),
+                                             result("a", 0.3)], [])
+    for name in weights:
+        np.testing.assert_array_equal(once[name], twice[name], err_msg=name)
+    # the sum of the clipped updates plus the release's noise, over the buffer size
+    mean = mechanism.private_mean([_updates(weights, 0.1), _updates(weights, -0.2)],
+                                  weights, 1.0, 1.1, 3.0, algorithm.config["seed"], 2)
+    assert any(np.any(once[name] != weights[name]) for name in weights)
+    expected = algorithm.apply(weights, mean)
+    for name in weights:
+        np.testing.assert_allclose(once[name], expected[name], rtol=1e-6, err_msg=name)
 
 
 # ------------------------------------------------------- node-resident clients

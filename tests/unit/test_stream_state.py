@@ -12,6 +12,7 @@ import pytest
 
 from tests.inprocess import LocalNode
 from thrift_trainer.coordinator.run_store import RunStore
+from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.policies import RoundRobinPolicy
 from thrift_trainer.engine.progress import RunProgress
@@ -387,6 +388,69 @@ def test_a_round_ends_after_its_versions_and_holds_the_next_until_written(tmp_pa
     state.round_written()
     blocked.join(5)
     assert state.version == 3
+
+
+def private_stream(rounds: int, clients: int = 6, draws: bool = False) -> Served:
+    """A private buffered stream: buffers of 2, one version a round, a version handed out
+    only once its round is written; with ``draws``, over ``clients`` federated clients."""
+    units = [UnitSpec(f"c{k}", "", client=f"c{k}") for k in range(clients)]
+    state = Served(Recorder(), weights={"w": np.zeros(2)}, first_round=1, last_round=rounds,
+                   updates_per_round=1, schedule=ScheduleSettings(mode="buffered",
+                                                                  buffer_size=2),
+                   plan_pass=plan, scalable=lambda name: True,
+                   ledger=UnitLedger(None, "r1"), max_attempts=4,
+                   draws=ClientDraws(3, lambda: list(units), lambda client: True,
+                                     lambda capacity: capacity) if draws else None,
+                   private=True)
+    state.max_in_flight = 4
+    return state
+
+
+def fill_buffer(state: Served) -> None:
+    for _ in range(2):
+        assert finish(state, take(state), result(state.version))
+
+
+def test_a_private_stream_hands_out_a_version_once_its_round_is_written():
+    """A private run's version leaves the coordinator only after its checkpoint: tasks
+    built while its round is being written wait, then get it."""
+    state = private_stream(rounds=3)
+    assert state.newest()[:2] == (1, 0)  # the starting weights go out at once
+    fill_buffer(state)
+    assert state.version == 1 and state.round_end is not None  # made, not yet written
+    got: list = []
+    builder = threading.Thread(target=lambda: got.append(state.newest()))
+    builder.start()
+    builder.join(0.3)
+    assert builder.is_alive() and not got  # held while round 1 is written
+    state.round_written()
+    builder.join(5)
+    round_index, version, weights = got[0]
+    assert (round_index, version) == (2, 1) and weights is state.weights
+
+
+def test_a_private_stream_that_ends_hands_out_the_last_written_version():
+    """The last round's version is never handed out before it is written, even once the
+    stream is over: a task built then gets the version written before it."""
+    state = private_stream(rounds=1)
+    first = state.weights
+    fill_buffer(state)
+    assert state.version == 1 and state.round_end is not None
+    round_index, version, weights = state.newest()  # over: does not wait
+    assert (round_index, version) == (1, 0) and weights is first
+
+
+def test_a_client_whose_result_waits_in_the_buffer_is_not_drawn_again():
+    """A client counts at most once in a buffer: with two clients, the first one's result
+    waits in the buffer until the other's fills it."""
+    state = private_stream(rounds=2, clients=2, draws=True)
+    first = take(state)
+    assert finish(state, first, result(0)) and state.version == 0
+    second = take(state)
+    assert second.spec.client != first.spec.client
+    # neither may be drawn now: one is out, the other's result waits in the buffer
+    assert state._busy_clients() == {first.spec.client, second.spec.client}
+    assert finish(state, second, result(0)) and state.version == 1
 
 
 def test_a_position_reopens_the_units_a_checkpoint_does_not_hold():

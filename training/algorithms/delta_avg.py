@@ -42,7 +42,7 @@ from thrift_trainer.training.models import mlp
 from thrift_trainer.training.models.names import BUFFER, is_module_model
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
-from thrift_trainer.training.privacy.accounting import Sampling
+from thrift_trainer.training.privacy.accounting import BUFFERED, Sampling
 from thrift_trainer.training.privacy.release import PrivateRelease
 from thrift_trainer.training.privacy.settings import OFF as PRIVACY_OFF
 from thrift_trainer.training.privacy.settings import SECTION as PRIVACY
@@ -283,6 +283,7 @@ class DeltaAveraging(AveragingAlgorithm):
             check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
         self.privacy = privacy_settings(self.config.get(PRIVACY))
         self._release = PrivateRelease(self.privacy, self.config["seed"])
+        self._buffer_size: int | None = None  # a private buffered run's (release_buffers)
         if self.privacy.enabled:
             self._check_private()
 
@@ -299,6 +300,12 @@ class DeltaAveraging(AveragingAlgorithm):
                               f"...), states that cannot be clipped; use a model without "
                               f"BatchNorm")
 
+    def release_buffers(self, buffer_size: int) -> None:
+        """A private run in buffered mode (FedBuff): each buffer of ``buffer_size`` clients
+        is one release, its noised sum divided by the buffer size and accounted as a
+        Gaussian mechanism without sampling (training/privacy/accounting.py)."""
+        self._buffer_size = buffer_size
+
     def privacy_sampling(self) -> Sampling | None:
         """How the run's rounds sample clients, for the accounting; None without privacy,
         and for node-resident clients until their nodes have announced them."""
@@ -308,12 +315,16 @@ class DeltaAveraging(AveragingAlgorithm):
         count = len(self._plan.units)
         if not count:
             return None
+        if self._buffer_size is not None:
+            return Sampling(BUFFERED, count, self._buffer_size)
         return Sampling(self.privacy_sampling_kind, count, clients.target(count))
 
     @property
     def privacy_sampling_kind(self) -> str:
-        """fixed or poisson: known before the clients are (the pairing with the accountant
-        is checked at the request)."""
+        """fixed, poisson or buffered: known before the clients are (the pairing with the
+        accountant is checked at the request)."""
+        if self._buffer_size is not None:
+            return BUFFERED
         return "poisson" if clients_settings(self.config.get(CLIENTS)).poisson else "fixed"
 
     def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
@@ -323,6 +334,8 @@ class DeltaAveraging(AveragingAlgorithm):
         sampling = self.privacy_sampling()
         if sampling is None:
             return super().aggregate(round_index, weights, results, failures)
+        if sampling.kind == BUFFERED:  # a client counts once per release
+            results = _once_per_client(results)
         update = self._release.mean([r.update for r in results], weights, sampling.expected,
                                     round_index)
         return self.apply(weights, update)
@@ -488,3 +501,17 @@ def _check_weights(weights: Mapping[str, Any], expected: Mapping[str, Any]) -> N
             raise ConfigError(
                 f"tensor {name!r} has shape {weights[name].shape}, the model needs {value.shape}"
             )
+
+
+def _once_per_client(results: Sequence[UnitResult]) -> list[UnitResult]:
+    """A buffer's results, each client's first only. The stream draws no client whose
+    result waits in the buffer (engine/stream_state.py), so a second one cannot arrive;
+    were it to, it must not double the client's share of the sum the noise is calibrated
+    to."""
+    seen: set[str | None] = set()
+    kept = []
+    for result in results:
+        if result.unit.client is None or result.unit.client not in seen:
+            seen.add(result.unit.client)
+            kept.append(result)
+    return kept

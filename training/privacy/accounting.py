@@ -10,6 +10,11 @@ probability q) is a `PoissonSampledDpEvent`, under add-or-remove-one, by either 
 The rounds compose: epsilon after r rounds is the accountant's over the r-fold composition
 at ``delta``. The PLD accountant has no fixed-size sampling: that pairing is refused.
 
+A ``buffered`` run (FedBuff) releases one noised buffer per round, whose clients are those
+that finished first: no uniform sample, so no amplification by sampling is claimed. Each
+release is a plain Gaussian mechanism under replace-one, `GaussianDpEvent(z / 2)`, by the
+RDP accountant, composed over the releases.
+
 With adaptive clipping (adaptive.py) the round releases the updates' sum and a count of the
 clients under the clip; noised as adaptive.py calibrates them, the two are together one
 Gaussian mechanism of noise multiplier z, so a round is accounted as above, with z.
@@ -26,7 +31,7 @@ from thrift_trainer.training.privacy import adaptive
 from thrift_trainer.training.schema import PrivacySettings
 
 INSTALL = "pip install '.[privacy]'"
-FIXED, POISSON = "fixed", "poisson"
+FIXED, POISSON, BUFFERED = "fixed", "poisson", "buffered"
 REPLACE_SENSITIVITY = 2  # the sum's sensitivity under replace-one, in clips
 
 
@@ -47,8 +52,9 @@ def _library() -> Any:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a round's clients are drawn: ``kind`` fixed (``per_round`` of ``count``) or
-    poisson (each with probability per_round / count)."""
+    """How a round's clients are drawn: ``kind`` fixed (``per_round`` of ``count``),
+    poisson (each with probability per_round / count) or buffered (the ``per_round``
+    clients of a FedBuff buffer, whoever finished first: no sampling)."""
 
     kind: str
     count: int
@@ -61,7 +67,7 @@ class Sampling:
     @property
     def expected(self) -> float:
         """Clients a round has on average: the divisor of the unbiased mean."""
-        return float(self.per_round) if self.kind == FIXED else self.q * self.count
+        return self.q * self.count if self.kind == POISSON else float(self.per_round)
 
 
 def round_event(settings: PrivacySettings, sampling: Sampling) -> Any:
@@ -72,6 +78,8 @@ def round_event(settings: PrivacySettings, sampling: Sampling) -> Any:
         return dp.PoissonSampledDpEvent(sampling.q, dp.GaussianDpEvent(z))
     # replacing a client's update moves the sum by up to 2 x clip: dp-accounting takes the
     # multiplier relative to that sensitivity, so z x clip of noise is z / 2 of it
+    if sampling.kind == BUFFERED:  # whoever finished first: no amplification claimed
+        return dp.GaussianDpEvent(z / REPLACE_SENSITIVITY)
     return dp.SampledWithoutReplacementDpEvent(sampling.count, sampling.per_round,
                                                dp.GaussianDpEvent(z / REPLACE_SENSITIVITY))
 
@@ -90,12 +98,15 @@ def check_accountable(settings: PrivacySettings, kind: str) -> None:
 def _accountant(settings: PrivacySettings, kind: str) -> Any:
     dp = _library()
     if settings.accountant == "pld":
+        if kind == BUFFERED:
+            raise ConfigError("privacy.accountant pld is for Poisson-sampled sync rounds; a "
+                              "buffered run is accounted by rdp")
         if kind == FIXED:
             raise ConfigError("privacy.accountant pld accounts Poisson sampling only; use "
                               "clients.sampling poisson, or accountant rdp")
         return dp.pld.PLDAccountant()
-    relation = dp.NeighboringRelation.REPLACE_ONE if kind == FIXED \
-        else dp.NeighboringRelation.ADD_OR_REMOVE_ONE
+    relation = dp.NeighboringRelation.ADD_OR_REMOVE_ONE if kind == POISSON \
+        else dp.NeighboringRelation.REPLACE_ONE
     return dp.rdp.RdpAccountant(neighboring_relation=relation)
 
 

@@ -8,7 +8,8 @@ to one client is ``clip / expected``. Clients are weighted uniformly: weighting 
 would make one client's influence depend on its size and break that bound.
 
 The noise is drawn from a generator seeded by (run seed, round), so a run, and a round
-computed again after a resume, gets the same noise.
+computed again after a resume, gets the same noise. In buffered mode a round is one
+release (one buffer, divided by the buffer size), so the seed is (run seed, release).
 """
 
 from __future__ import annotations
