@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.request
+from pathlib import Path
 
 import dp_accounting  # requirements-dev.txt installs it (the privacy extra)
 import numpy as np
@@ -141,31 +143,9 @@ def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluste
     """Epsilon after the resume continues from the rounds the store holds, and the rounds
     computed again draw the same clients and noise, with the clip in force that the
     checkpoint kept: the model equals the seeded replay."""
-    cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
-    cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
-    cluster.start_coordinator(2)
     rounds = 5
     sets = [*FEDERATED, *NOISED, *_with_sets(clip), "--set", f"run.rounds={rounds}"]
-    client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
-    try:
-        cluster.coordinator.wait_for(r"round 2/5", timeout=120)
-        cluster.coordinator.kill()  # SIGKILL, once round 2 is scored (stored or not yet)
-        _, err = client.communicate(timeout=30)
-    finally:
-        if client.poll() is None:
-            client.kill()
-    assert client.returncode == 1 and "--resume private" in err, err
-    cluster.coordinator = local_cluster.start_coordinator(
-        cluster.workdir, cluster.workdir / "compute_nodes.txt", 2, "--resume", "private")
-    attached = local_cluster.run_client(["attach", "127.0.0.1",
-                                         str(cluster.coordinator.port), "private", "--json",
-                                         "--poll", "0.2"], cluster.workdir, timeout=300)
-    assert attached.returncode == 0, attached.stderr + cluster.logs()
-    resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
-    assert 1 <= resumed_after < rounds
-    run_dir = cluster.workdir / "runs" / "private"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["round"] for row in rows] == list(range(1, rounds + 1))
+    run_dir, rows, _ = _killed_in_round_3_and_resumed(cluster, sets, rounds)
     spent = dp_accounting.rdp.RdpAccountant()
     for row in rows:
         spent.compose(dp_accounting.PoissonSampledDpEvent(
@@ -375,15 +355,26 @@ def test_a_private_buffered_run_killed_and_resumed_counts_each_release_once(clus
     """A coordinator killed mid-run resumes after its last checkpointed release: each
     round (release) is in the run's metrics once, with dp-accounting's epsilon for the
     releases up to it, and the run ends."""
+    releases = 6
+    sets = [*FEDERATED, *FIXED_NOISE, *BUFFERED, "--set", f"run.rounds={releases}"]
+    _, rows, attached = _killed_in_round_3_and_resumed(cluster, sets, releases)
+    assert _three_digits([row["epsilon"] for row in rows]) == \
+        _three_digits(_buffered_epsilons(releases))
+    assert json.loads(attached.stdout)["clients"]["epsilon"] == rows[-1]["epsilon"]
+
+
+def _killed_in_round_3_and_resumed(cluster, sets: list[str], rounds: int
+                                   ) -> tuple[Path, list[dict], subprocess.CompletedProcess]:
+    """Train ``sets`` through two nodes of six clients each; SIGKILL the coordinator once
+    round 2 is scored (stored or not yet), resume the run and attach to it until it ends.
+    The run's folder, its metrics rows (checked to hold each round once) and the attach."""
     cluster.add_node(0.0, "--clients", "0-5", "--slowdown", "3")
     cluster.add_node(0.0, "--clients", "6-11", "--slowdown", "3")
     cluster.start_coordinator(2)
-    releases = 6
-    sets = [*FEDERATED, *FIXED_NOISE, *BUFFERED, "--set", f"run.rounds={releases}"]
     client = cluster.start_client(*sets, "--run-id", "private", "--quiet", "--dead-after", "3")
     try:
-        cluster.coordinator.wait_for(r"round 2/6", timeout=120)
-        cluster.coordinator.kill()  # SIGKILL, with round 3's buffer filling
+        cluster.coordinator.wait_for(rf"round 2/{rounds}", timeout=120)
+        cluster.coordinator.kill()
         _, err = client.communicate(timeout=30)
     finally:
         if client.poll() is None:
@@ -396,10 +387,8 @@ def test_a_private_buffered_run_killed_and_resumed_counts_each_release_once(clus
                                          "--poll", "0.2"], cluster.workdir, timeout=300)
     assert attached.returncode == 0, attached.stderr + cluster.logs()
     resumed_after = int(cluster.coordinator.wait_for(r"resumes after round (\d+)").group(1))
-    assert 1 <= resumed_after < releases
+    assert 1 <= resumed_after < rounds
     run_dir = cluster.workdir / "runs" / "private"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["round"] for row in rows] == list(range(1, releases + 1))
-    assert _three_digits([row["epsilon"] for row in rows]) == \
-        _three_digits(_buffered_epsilons(releases))
-    assert json.loads(attached.stdout)["clients"]["epsilon"] == rows[-1]["epsilon"]
+    assert [row["round"] for row in rows] == list(range(1, rounds + 1))
+    return run_dir, rows, attached
