@@ -15,7 +15,7 @@ from devtools.local_cluster import python_env
 from devtools.warm_starts import WarmStarter, capture
 
 SCRIPT = """
-import os, sys, threading, atexit, time
+import os, signal, sys, threading, atexit
 atexit.register(lambda: print("atexit ran", flush=True))
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("WARM_TEST"))
 print("path0", sys.path[0], "name", __name__)
@@ -27,11 +27,13 @@ if what == "message":
     sys.exit("a message for the user")
 if what == "raise":
     raise ValueError("boom")
-if what == "thread":  # a thread that is no daemon is waited for, as at exit
-    threading.Thread(target=lambda: (time.sleep(0.2), print("thread done"))).start()
-if what == "wait":
+if what == "thread":  # a thread that is no daemon is waited for, as at exit: it ends
+    # only once the main thread has (the interpreter's shutdown), and before atexit runs
+    threading.Thread(target=lambda: (threading.main_thread().join(),
+                                     print("thread done"))).start()
+if what == "wait":  # until a signal ends it
     print("waiting", flush=True)
-    time.sleep(60)
+    signal.pause()
 """
 
 
