@@ -129,14 +129,19 @@ def _start_child(listener: socket.socket, selector: selectors.BaseSelector,
 def _receive_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request: a JSON line (argv, cwd, env) with the child's stdin, stdout, stderr."""
     data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
-    while not data.endswith(b"\n"):
-        more = conn.recv(MAX_REQUEST_BYTES)
-        if not more or len(data) > MAX_REQUEST_BYTES:
-            raise ValueError("request cut short or too long")
-        data += more
-    if len(fds) != 3:
-        raise ValueError(f"{len(fds)} file descriptors, not 3")
-    return json.loads(data), fds
+    try:
+        while not data.endswith(b"\n"):
+            more = conn.recv(MAX_REQUEST_BYTES)
+            if not more or len(data) > MAX_REQUEST_BYTES:
+                raise ValueError("request cut short or too long")
+            data += more
+        if len(fds) != 3:
+            raise ValueError(f"{len(fds)} file descriptors, not 3")
+        return json.loads(data), fds
+    except (OSError, ValueError):
+        for fd in fds:  # a bad request leaves none of its descriptors open here
+            os.close(fd)
+        raise
 
 
 def _run_child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
