@@ -163,13 +163,26 @@ def test_when_the_last_node_is_left_out_mid_round_the_round_fails_saying_why():
         eng.run_round(1, units(4), 4, build)
 
 
+class AnswersAfter(LocalNode):
+    """A node that answers only once ``other`` has been called (or 10 s have passed), so
+    that on a busy machine it cannot take every unit before ``other`` is tried."""
+
+    def __init__(self, index: int, other: LocalNode) -> None:
+        super().__init__(index)
+        self.other = other
+
+    def train(self, task: Task) -> TaskResult:
+        wait_until(lambda: self.other.calls >= 1, seconds=10.0)
+        return super().train(task)
+
+
 def test_an_answer_over_this_processs_own_limit_fails_the_attempt_without_benching():
     """The limit is the coordinator's, not the node's failure: its units go elsewhere but
     the node is not benched for it; a peer's refusal of our message leaves it out."""
     ours = MessageRefused("refused a message of 4.2 MiB from local:10000: this process "
                           "takes messages of at most 2 MiB (--max-message-mb 2)")
     too_big = LocalNode(0, fail_with=ours)
-    eng, _, _ = engine([too_big, LocalNode(1)])
+    eng, _, _ = engine([too_big, AnswersAfter(1, too_big)])
     outcome = eng.run_round(1, units(4), 4, build)
     assert outcome.completed == 4
     assert too_big.stats.failed >= 1
