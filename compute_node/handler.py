@@ -16,6 +16,7 @@ import numpy as np
 
 from thrift_trainer.compute_node.load import LoadSimulator
 from thrift_trainer.compute_node.run_configs import CheckedRun, RunConfigs
+from thrift_trainer.compute_node.secure_clients import SecureClients
 from thrift_trainer.compute_node.session_service import SessionService
 from thrift_trainer.compute_node.sessions import SessionStore
 from thrift_trainer.compute_node.warm_up import WarmUp
@@ -32,6 +33,7 @@ from thrift_trainer.training.data.paths import DataPathError, data_location, res
 from thrift_trainer.training.payload_checks import PayloadForm, check_payload
 from thrift_trainer.training.plugins import PluginError
 from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts, unfit_reason
+from thrift_trainer.training.secure_aggregation import messages as secure_messages
 from thrift_trainer.training.spec import RunSpec
 from thrift_trainer.training.units import EVALUATE, TRAIN, UNIT_KINDS, UnitJob, UnitOutput, UnitSpec
 from thrift_trainer.wire.generated import PROTOCOL_VERSION, ttypes
@@ -124,6 +126,7 @@ class ComputeNodeHandler(SessionService):
         self.held_clients: HeldClients | None = None
         # Node-resident clients: whether its run checks leave out its label counts.
         self.private_label_counts = False
+        self.secure = SecureClients()  # its clients' secrets in secure rounds
 
     # ---------------------------------------------------------------- service
     def train_with_weights(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
@@ -134,6 +137,8 @@ class ComputeNodeHandler(SessionService):
 
     def _answer(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
         check_protocol_version(request.protocol_version, "node")
+        if request.kind in secure_messages.PHASES:
+            return self._secure_phase(request)
         try:
             decoded = self._decode(request)
         except RunUnfit as exc:
@@ -169,7 +174,46 @@ class ComputeNodeHandler(SessionService):
             # Kept only once a unit's maths took them: weights that do not fit the model
             # never stay (before the answer, so a reference that follows finds them).
             self.weights.put(request.run_id, request_version(request), compression.down, sent)
+        if request.secure_aggregation is not None \
+                and result.outcome == ttypes.UnitOutcome.COMPLETED:
+            result.update = self._masked(request, job.spec, result.update)
         return result
+
+    def _secure_phase(self, request: ttypes.WorkRequest) -> ttypes.TrainResult:
+        """A phase of a client's secure round (compute_node/secure_clients.py): no data,
+        no model, no simulated load (a few key operations)."""
+        started = time.perf_counter()
+        try:
+            run = self.runs.checked(request)
+            if request.client is None:
+                raise ValueError("a secure-aggregation phase names its client")
+            self._check_holds(request.client, run.spec, run.location)
+            settings = run.spec.secure_aggregation
+            if not settings.enabled:
+                raise ValueError(f"run {request.run_id} has no secure_aggregation section")
+            answer = self.secure.phase(request.kind, request.run_id, request.round,
+                                       request.client, request.secure_aggregation, settings)
+        except RunUnfit as exc:
+            return unit_result(ttypes.UnitOutcome.UNFIT, self.node_id, message=str(exc),
+                               version=request.model_version)
+        except REQUEST_ERRORS as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from exc
+        result = unit_result(ttypes.UnitOutcome.COMPLETED, self.node_id,
+                             seconds=time.perf_counter() - started,
+                             version=request.model_version)
+        result.secure_aggregation = answer
+        return result
+
+    def _masked(self, request: ttypes.WorkRequest, spec: RunSpec,
+                update: list[ttypes.Tensor]) -> list[ttypes.Tensor]:
+        """A client's update as its secure round sends it: quantised and masked."""
+        try:
+            masked = self.secure.mask(request.run_id, request.round, request.client or "",
+                                      request.secure_aggregation, wire_to_dict(update),
+                                      spec.secure_aggregation)
+        except REQUEST_ERRORS as exc:
+            raise ttypes.InvalidRequest(message=str(exc)) from exc
+        return dict_to_wire(masked)
 
     def cancel_unit(self, request: ttypes.CancelUnitRequest) -> ttypes.CancelUnitResult:
         cancelled = 0

@@ -155,6 +155,7 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     schedule.check_usable(spec.schedule, cls, deterministic)
     _check_clients(spec, cls)
     _check_privacy(spec, cls)
+    _check_secure_aggregation(spec, cls)
     if spec.schedule.asynchronous and spec.compression.keeps_residuals:
         # residuals are kept per unit slot, and a stream's units change with every pass
         raise ConfigError(f"compression.up: topk cannot be used in {spec.schedule.mode!r} "
@@ -214,6 +215,31 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
                    f"once in a buffer")
     if problem is not None:
         raise ConfigError(f"privacy: {problem}")
+
+
+def _check_secure_aggregation(spec: RunSpec, cls: type[Algorithm]) -> None:
+    """ConfigError, in one line, for a run whose rounds cannot be securely aggregated: the
+    coordinator gets one masked sum a round (coordinator/secure_rounds.py), so only the
+    plain mean of clients' deltas in sync rounds can come out of it."""
+    if not spec.secure_aggregation.enabled:
+        return
+    problem = None
+    if not cls.private:
+        problem = f"{cls.name} cannot sum its clients' updates securely (delta_avg can)"
+    elif not spec.clients.enabled:
+        problem = "secure aggregation needs federated clients (set clients.count)"
+    elif spec.schedule.mode != "sync":
+        problem = f"{spec.schedule.mode!r} mode applies single results; use sync rounds"
+    elif spec.aggregation_rule != "mean":
+        problem = (f"aggregation.rule {spec.aggregation_rule} needs each update; the "
+                   f"coordinator sees only their sum (use mean)")
+    elif spec.compression.up != "none":
+        problem = f"compression.up {spec.compression.up}: masked updates cannot be compressed"
+    elif spec.privacy.enabled:
+        problem = ("privacy with secure aggregation (clipping on the nodes, noise shared "
+                   "out among the clients) is not available yet; use one or the other")
+    if problem is not None:
+        raise ConfigError(f"secure_aggregation: {problem}")
 
 
 def _check_budget(algorithm: Algorithm, rounds: int) -> None:

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from thrift_trainer.coordinator import drills
@@ -26,6 +26,7 @@ from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_tasks import RunTasks, VersionCache
+from thrift_trainer.coordinator.secure_rounds import SecureOutcome, SecureRounds
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
@@ -47,6 +48,7 @@ from thrift_trainer.training.algorithms.base import Algorithm
 from thrift_trainer.training.compression import CompressionSettings, encode_weights
 from thrift_trainer.training.outputs.plots import due
 from thrift_trainer.training.schedule import ScheduleSettings, staleness_warning
+from thrift_trainer.training.secure_aggregation import settings as secure_aggregation
 from thrift_trainer.training.units import RoundEval, UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.run")
@@ -104,6 +106,10 @@ class TrainingLoop:
         self._sent: tuple[Weights, Tensors] | None = None
         self._latest_eval: dict[str, float] = {}  # the status shows it until the next
         self._budget = PrivacyBudget.of(self.algorithm)  # None: the run is not private
+        secure = secure_aggregation.settings_from(
+            self.algorithm.config.get(secure_aggregation.SECTION))
+        self._secure = SecureRounds(secure, parts.tasks, self.algorithm.unit_samples) \
+            if secure.enabled else None  # coordinator/secure_rounds.py
 
     def run(self, engine: RoundEngine, weights: Weights, done: int,
             history: list[RoundMetrics]) -> Weights:
@@ -135,14 +141,19 @@ class TrainingLoop:
             units = self._plan(round_index)
             sent_weights = self._encoded(weights)  # once, for every unit
         with clock.phase("units"):
-            outcome = self._run_units(engine, round_index, units, weights, sent_weights)
+            secure = self._secure_round(engine, round_index, units, weights, sent_weights)
+            outcome = secure.outcome if secure is not None else \
+                self._run_units(engine, round_index, units, weights, sent_weights)
         update_started = runtime.monotonic()
         drills.point("aggregate", round_index)
         with clock.phase("aggregate"):
             if self._passes is not None:  # what the round did not use comes round again
                 self._passes.settle([r.unit.unit_id for r in outcome.results]
                                     + outcome.discarded)
-            if outcome.results or self._budget is not None:  # a private round's noise
+            if secure is not None:  # the mean of what the masks hid, when there is one
+                weights = weights if secure.mean is None else \
+                    self.algorithm.apply(weights, secure.mean)
+            elif outcome.results or self._budget is not None:  # a private round's noise
                 # is released even when no client took part (an empty Poisson draw)
                 weights = self._aggregate(round_index, weights, outcome.results,
                                           outcome.failures)
@@ -200,18 +211,39 @@ class TrainingLoop:
             else self.algorithm.plan_round(round_index)
         return self._residuals.prefer(units) if self._residuals is not None else units
 
+    def _secure_round(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
+                      weights: Weights, sent_weights: Tensors) -> SecureOutcome | None:
+        """A secure round's steps (coordinator/secure_rounds.py); None in a plain run."""
+        if self._secure is None:
+            return None
+        return self._secure.run(
+            engine, round_index, units, weights,
+            lambda masked, payloads: self._run_units(engine, round_index, masked, weights,
+                                                     sent_weights, payloads))
+
     def _run_units(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
-                   weights: Weights, sent_weights: Tensors) -> RoundOutcome:
-        """Enter the round's units in the run store and have the engine run them."""
+                   weights: Weights, sent_weights: Tensors,
+                   masking: dict[str, bytes] | None = None) -> RoundOutcome:
+        """Enter the round's units in the run store and have the engine run them.
+        ``masking``: a secure round's instructions by client; its results are masked, so
+        no update filter can read them, and none is kept to be taken up after a resume
+        (a resumed round starts its steps again, with fresh secrets)."""
         ledger, kept = self.parts.ledger, self.parts.kept
 
         def build(unit: UnitSpec, attempt: int) -> Task:
             own = self.algorithm.unit_tensors(unit)  # e.g. MD-GAN's generated batches
             payload = sent_weights if own is None else own
-            return self.parts.tasks.task(round_index, unit, attempt, payload)
+            task = self.parts.tasks.task(round_index, unit, attempt, payload)
+            if masking is not None:
+                task = replace(task, secure_aggregation=masking[unit.client or ""])
+            return task
 
         earlier = ledger.plan_units(round_index, [unit.unit_id for unit in units])
         ledger.check()
+        if masking is not None:
+            return engine.run_round(round_index, units, self.algorithm.quorum(len(units)),
+                                    build, filters=[],
+                                    earlier_attempts=earlier)
         return engine.run_round(
             round_index, units, self.algorithm.quorum(len(units)), build,
             self._filters(weights), earlier_attempts=earlier,

@@ -102,6 +102,12 @@ def no_node_can_serve(nodes: Sequence[NodeHandle]) -> str:
 TaskBuilder = Callable[[UnitSpec, int], Task]
 
 
+def may_compute(node: NodeHandle, spec: UnitSpec) -> bool:
+    """Whether ``node`` may compute the unit: it holds the unit's client, and is the unit's
+    only node when it has one."""
+    return node.holds(spec.client) and (spec.only_node is None or node.name == spec.only_node)
+
+
 class RoundEngine:
     """Runs rounds for one run; see the module docstring."""
 
@@ -341,7 +347,7 @@ class RoundEngine:
         busy = state.nodes_of(unit)
         if not self.policy.ranks_by_views and not state.fills_evenly:
             return self._order_available(now, busy, unit.spec)
-        views = [n.view(now) for n in self.nodes if n.holds(unit.spec.client)]
+        views = [n.view(now) for n in self.nodes if may_compute(n, unit.spec)]
         free = [v for v in views if v.index not in busy]
         if state.fills_evenly and free:
             # A stream fills nodes evenly: a unit goes to a node with nothing out while
@@ -353,7 +359,7 @@ class RoundEngine:
     def _order_available(self, now: float, busy: Container[int], spec: UnitSpec) -> list[int]:
         """`_order` for a policy that looks only at which nodes are available: the same
         nodes, without a view of each (48 views cost a tenth of a millisecond a unit)."""
-        holders = [n for n in self.nodes if n.holds(spec.client)]
+        holders = [n for n in self.nodes if may_compute(n, spec)]
         free = [n for n in holders if n.index not in busy] or holders
         return self._preferred_first(
             self.policy.order_available([n.index for n in free if n.available(now)]), spec)
@@ -362,10 +368,10 @@ class RoundEngine:
         """Whether the unit is a client's that no node of the run holding it is alive to
         compute (a silent node is suspect after a few seconds): a client's unit is retried
         only on its holders, and with none left it drops out of the round."""
-        if spec.client is None:
+        if spec.client is None and spec.only_node is None:
             return False
         now = runtime.monotonic()
-        return not any(n.holds(spec.client) and n.liveness.state(now) == "alive"
+        return not any(may_compute(n, spec) and n.liveness.state(now) == "alive"
                        for n in self.nodes)
 
     def _preferred_first(self, order: list[int], spec: UnitSpec) -> list[int]:

@@ -124,7 +124,7 @@ class RoundState(WorkQueue):
             unit.done = True
             self.results[unit.index] = UnitResult(unit.spec, update, result.num_samples,
                                                   result.loss, node, result.loss_before,
-                                                  result.error)
+                                                  result.error, result.secure_aggregation)
             if on_kept is not None:
                 on_kept()
             self.completed += 1

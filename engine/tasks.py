@@ -50,6 +50,8 @@ class Task:
     expected_update: TensorSpecs | None = None
     client: str | None = None  # the federated client whose examples the unit trains on
     kind: str = "train"  # "evaluate": score the weights on the client's validation part
+    # a secure-aggregation round's data for the client (JSON, coordinator/secure_rounds.py)
+    secure_aggregation: bytes | None = None
 
     @property
     def version(self) -> int:
@@ -75,3 +77,4 @@ class TaskResult:
     message: str | None = None  # why it was rejected or cancelled
     node_id: str | None = None
     loss_before: float | None = None  # a client's loss before local training, if measured
+    secure_aggregation: bytes | None = None  # a secure-aggregation phase's answer (JSON)

@@ -102,7 +102,12 @@ struct WorkRequest {
                                      // of the run's data set deals them (clients section)
   21: optional string kind,          // "evaluate": score the weights on the client's
                                      // validation part and change nothing (no update);
-                                     // absent: train, as before
+                                     // absent: train, as before; "secagg_keys",
+                                     // "secagg_shares", "secagg_unmask": a phase of a
+                                     // secure-aggregation round (docs/privacy.md)
+  22: optional binary secure_aggregation, // a secure-aggregation round's data for the
+                                     // client (JSON): a phase's input, or, on a training
+                                     // unit, how to mask its update
   100: optional string token,       // the shared token, when the server requires one
 }
 
@@ -120,6 +125,7 @@ struct TrainResult {
   11: optional i64 model_version,    // the model_version of the request it answers
   12: optional double loss_before,   // a federated client's unit: the loss of the weights
                                      // it was sent on its training examples, before training
+  13: optional binary secure_aggregation, // a secure-aggregation phase's answer (JSON)
 }
 
 /* Before round 1: can this node serve the run? (Its plug-ins, model and data set.) */

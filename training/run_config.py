@@ -48,9 +48,10 @@ HIERARCHY = "hierarchy"  # likewise (training/hierarchy.py)
 DATA = "data"  # a torch model's data settings, sent as the request config's "data"
 CLIENTS = "clients"  # the run's federated clients (training/clients/settings.py)
 PRIVACY = "privacy"  # client-level differential privacy (training/privacy/settings.py)
+SECURE_AGGREGATION = "secure_aggregation"  # training/secure_aggregation/settings.py
 MODEL = "model"  # the request config's key of run.model_args, loss, metric, ... (MODEL_KEYS)
 NOT_ALGORITHMS = (RUN, OUTPUTS, COMPRESSION, AGGREGATION, SCHEDULE, HIERARCHY, DATA,
-                  CLIENTS, PRIVACY)
+                  CLIENTS, PRIVACY, SECURE_AGGREGATION)
 # run keys sent under the request config's "model" key: run.<key> -> model.<name>
 MODEL_KEYS = {"model_args": "args", "loss": "loss", "metric": "metric",
               "init_weights": "init_weights", **{key: key for key in LOOP_KEYS}}
@@ -61,7 +62,8 @@ SECTIONS: dict[str, type] = {
     "fl_gan": schema.FlGanSettings, AGGREGATION: schema.AggregationSettings,
     COMPRESSION: CompressionSettings, SCHEDULE: ScheduleSettings,
     HIERARCHY: HierarchySettings, DATA: DataSettings, CLIENTS: ClientsSettings,
-    PRIVACY: schema.PrivacySettings, OUTPUTS: schema.OutputSettings,
+    PRIVACY: schema.PrivacySettings,
+    SECURE_AGGREGATION: schema.SecureAggregationSettings, OUTPUTS: schema.OutputSettings,
 }
 # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; users mean a number.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -128,7 +130,9 @@ class RunConfig:
                        model_settings=ModelSettings(**copy.deepcopy(model)),
                        data=DataSettings(**self.section(DATA)),
                        clients=ClientsSettings(**self.section(CLIENTS)),
-                       privacy=schema.PrivacySettings(**self.section(PRIVACY)))
+                       privacy=schema.PrivacySettings(**self.section(PRIVACY)),
+                       secure_aggregation=schema.SecureAggregationSettings(
+                           **self.section(SECURE_AGGREGATION)))
 
     def algorithm_config(self) -> dict[str, Any]:
         """What the train request carries as config_json, as a dict."""

@@ -199,6 +199,18 @@ class PrivacySettings:
 
 
 @dataclass(frozen=True)
+class SecureAggregationSettings:
+    """Secure aggregation of delta_avg's sync rounds with clients (SecAgg+,
+    training/secure_aggregation/)."""
+
+    enabled: bool = False
+    bits: int = 32
+    neighbours: int = 0
+    threshold: float = 0.6
+    clip_range: float = 1.0
+
+
+@dataclass(frozen=True)
 class OutputSettings:
     """What a run writes and how often (training/outputs/plots.py)."""
 

@@ -45,12 +45,14 @@ from thrift_trainer.training.hierarchy import HierarchySettings
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings, ModelSettingsError
 from thrift_trainer.training.privacy import settings as privacy
+from thrift_trainer.training.secure_aggregation import settings as secure_aggregation
 from thrift_trainer.training.schedule import ScheduleSettings
-from thrift_trainer.training.schema import PrivacySettings
+from thrift_trainer.training.schema import PrivacySettings, SecureAggregationSettings
 
 EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,
-                   MODEL, DATA, EXPECT, clients.SECTION, privacy.SECTION)
+                   MODEL, DATA, EXPECT, clients.SECTION, privacy.SECTION,
+                   secure_aggregation.SECTION)
 
 
 class SpecError(ConfigError):
@@ -72,6 +74,7 @@ class RunSpec:
     expect: dict[str, Any] = field(default_factory=dict)
     clients: ClientsSettings = clients.NONE
     privacy: PrivacySettings = privacy.OFF
+    secure_aggregation: SecureAggregationSettings = secure_aggregation.OFF
 
     @classmethod
     def parse(cls, algorithm: str, model: str, dataset: str,
@@ -92,7 +95,9 @@ class RunSpec:
                 model_settings=ModelSettings.from_mapping(config.get(MODEL)),
                 data=DataSettings.from_mapping(config.get(DATA)), expect=expect,
                 clients=clients.settings_from(config.get(clients.SECTION)),
-                privacy=privacy.settings_from(config.get(privacy.SECTION)))
+                privacy=privacy.settings_from(config.get(privacy.SECTION)),
+                secure_aggregation=secure_aggregation.settings_from(
+                    config.get(secure_aggregation.SECTION)))
         except (ConfigError, DataSettingsError, ModelSettingsError) as exc:
             raise SpecError(str(exc)) from None
 
@@ -130,7 +135,8 @@ class RunSpec:
             config[MODEL] = self.model_settings.changed()
         if self.data.changed():
             config[DATA] = self.data.changed()
-        return privacy.join_privacy(clients.join_clients(config, self.clients), self.privacy)
+        config = privacy.join_privacy(clients.join_clients(config, self.clients), self.privacy)
+        return secure_aggregation.join_secure_aggregation(config, self.secure_aggregation)
 
     def config_dict(self, checked_config: Mapping[str, Any] | None = None, *,
                     with_schedule: bool = False) -> dict[str, Any]:

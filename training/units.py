@@ -43,6 +43,9 @@ class UnitSpec:
     # TRAIN, or EVALUATE: score the weights on the client's validation part (federated
     # evaluation); such a unit changes nothing and is never averaged into the model
     kind: str = "train"
+    # The one node that may compute it (a secure-aggregation client's, whose secrets for
+    # the round live there); None: any node that holds its client.
+    only_node: str | None = None
 
     @property
     def evaluates(self) -> bool:
@@ -132,6 +135,7 @@ class UnitResult:
     node: str | None = None  # name of the node that computed it
     loss_before: float | None = None  # UnitOutput.loss_before, where the node measured it
     error: float = float("nan")  # the node's metric (an evaluation unit's validation metric)
+    secure_aggregation: bytes | None = None  # a secure-aggregation phase's answer (JSON)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def work_request(task: Task, cached: bool = False) -> ttypes.WorkRequest:
         part=task.share[0] if task.share else None, parts=task.share[1] if task.share else None,
         expected_update=None if task.expected_update is None
         else specs_to_wire(task.expected_update), client=task.client,
-        kind=None if task.kind == "train" else task.kind)  # as before for training units
+        kind=None if task.kind == "train" else task.kind,  # as before for training units
+        secure_aggregation=task.secure_aggregation)
 
 
 def run_check_request(query: RunQuery) -> ttypes.RunCheckRequest:
@@ -151,7 +152,8 @@ def task_result(result: ttypes.TrainResult, task: Task) -> TaskResult:
                       loss=result.loss, error=result.error,
                       compute_seconds=result.compute_seconds,
                       delay_seconds=result.delay_seconds, message=result.message,
-                      node_id=result.node_id, loss_before=result.loss_before)
+                      node_id=result.node_id, loss_before=result.loss_before,
+                      secure_aggregation=result.secure_aggregation)
 
 
 def node_error(exc: BaseException) -> NodeError:

@@ -684,12 +684,13 @@ class WorkRequest(object):
      - expected_update
      - client
      - kind
+     - secure_aggregation
      - token
 
     """
 
 
-    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, client=None, kind=None, token=None,):
+    def __init__(self, protocol_version=None, run_id=None, round=None, unit_id=None, attempt=None, algorithm=None, model=None, dataset=None, unit_path=None, config_json=None, weights=None, scheduling_policy=None, index_start=None, index_stop=None, model_version=None, weights_cached=None, part=None, parts=None, expected_update=None, client=None, kind=None, secure_aggregation=None, token=None,):
         self.protocol_version = protocol_version
         self.run_id = run_id
         self.round = round
@@ -711,6 +712,7 @@ class WorkRequest(object):
         self.expected_update = expected_update
         self.client = client
         self.kind = kind
+        self.secure_aggregation = secure_aggregation
         self.token = token
 
     def read(self, iprot):
@@ -839,6 +841,11 @@ class WorkRequest(object):
                     self.kind = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 22:
+                if ftype == TType.STRING:
+                    self.secure_aggregation = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
             elif fid == 100:
                 if ftype == TType.STRING:
                     self.token = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
@@ -944,6 +951,10 @@ class WorkRequest(object):
             oprot.writeFieldBegin('kind', TType.STRING, 21)
             oprot.writeString(self.kind.encode('utf-8') if sys.version_info[0] == 2 else self.kind)
             oprot.writeFieldEnd()
+        if self.secure_aggregation is not None:
+            oprot.writeFieldBegin('secure_aggregation', TType.STRING, 22)
+            oprot.writeBinary(self.secure_aggregation)
+            oprot.writeFieldEnd()
         if self.token is not None:
             oprot.writeFieldBegin('token', TType.STRING, 100)
             oprot.writeString(self.token.encode('utf-8') if sys.version_info[0] == 2 else self.token)
@@ -1005,11 +1016,12 @@ class TrainResult(object):
      - node_id
      - model_version
      - loss_before
+     - secure_aggregation
 
     """
 
 
-    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None, model_version=None, loss_before=None,):
+    def __init__(self, accepted=None, outcome=None, update=None, num_samples=None, loss=None, error=None, compute_seconds=None, delay_seconds=None, message=None, node_id=None, model_version=None, loss_before=None, secure_aggregation=None,):
         self.accepted = accepted
         self.outcome = outcome
         self.update = update
@@ -1022,6 +1034,7 @@ class TrainResult(object):
         self.node_id = node_id
         self.model_version = model_version
         self.loss_before = loss_before
+        self.secure_aggregation = secure_aggregation
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -1098,6 +1111,11 @@ class TrainResult(object):
                     self.loss_before = iprot.readDouble()
                 else:
                     iprot.skip(ftype)
+            elif fid == 13:
+                if ftype == TType.STRING:
+                    self.secure_aggregation = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -1158,6 +1176,10 @@ class TrainResult(object):
         if self.loss_before is not None:
             oprot.writeFieldBegin('loss_before', TType.DOUBLE, 12)
             oprot.writeDouble(self.loss_before)
+            oprot.writeFieldEnd()
+        if self.secure_aggregation is not None:
+            oprot.writeFieldBegin('secure_aggregation', TType.STRING, 13)
+            oprot.writeBinary(self.secure_aggregation)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -5767,7 +5789,7 @@ WorkRequest.thrift_spec = (
     (19, TType.LIST, 'expected_update', (TType.STRUCT, [Tensor, None], False), None, ),  # 19
     (20, TType.STRING, 'client', 'UTF8', None, ),  # 20
     (21, TType.STRING, 'kind', 'UTF8', None, ),  # 21
-    None,  # 22
+    (22, TType.STRING, 'secure_aggregation', 'BINARY', None, ),  # 22
     None,  # 23
     None,  # 24
     None,  # 25
@@ -5862,6 +5884,7 @@ TrainResult.thrift_spec = (
     (10, TType.STRING, 'node_id', 'UTF8', None, ),  # 10
     (11, TType.I64, 'model_version', None, None, ),  # 11
     (12, TType.DOUBLE, 'loss_before', None, None, ),  # 12
+    (13, TType.STRING, 'secure_aggregation', 'BINARY', None, ),  # 13
 )
 all_structs.append(RunCheckRequest)
 RunCheckRequest.thrift_spec = (

@@ -43,7 +43,7 @@ def check_type(key: str, value: Any, default: Any) -> Any:
 # run's federated clients (training/clients/settings.py), read by the algorithms that take
 # them (`Algorithm.takes_clients`), and its privacy settings (training/privacy/), read
 # by delta_avg.
-WORKLOAD_SECTIONS = ("model", "data", "clients", "privacy")
+WORKLOAD_SECTIONS = ("model", "data", "clients", "privacy", "secure_aggregation")
 
 
 def split_aggregation(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,0 +1,98 @@
+"""Secure aggregation (SecAgg+, coordinator/secure_rounds.py) through real processes: a
+secure run ends with the model of the same run without it, within the quantisation bound,
+with clients on several nodes, and with a client whose node is killed mid-round, whose
+masks the other clients' shares take off."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from devtools import local_cluster
+from tests.e2e.test_federated_clients import (
+    FEDERATED,
+    RESIDENT,
+    SITES_PLUGIN,
+    _replay,
+    _run_dir,
+    _with_sets,
+    four_sites,
+)
+from thrift_trainer.training.outputs.model_file import load_model
+
+pytestmark = pytest.mark.processes
+
+ROUNDS = 3
+SECURE = ["--set", "secure_aggregation.enabled=true"]
+# Per coordinate and round, 32 bits lose at most clients / 2^32 (clip_range 1): far below
+# what the three rounds' training moves a weight, and far below a client's share.
+BOUND = 1e-6
+
+
+def _model(cluster, result: dict) -> dict[str, np.ndarray]:
+    weights, _ = load_model(_run_dir(cluster, result) / "model.npz")
+    return weights
+
+
+def _clients_by_round(cluster, result: dict) -> dict[int, list[str]]:
+    lines = [json.loads(line) for line in
+             (_run_dir(cluster, result) / "clients.jsonl").read_text().splitlines()]
+    trained: dict[int, list[str]] = {}
+    for line in lines:
+        if "node" in line:
+            trained.setdefault(line["round"], []).append(line["client"])
+    return {r: sorted(names) for r, names in trained.items()}
+
+
+def test_a_secure_run_ends_with_the_plain_runs_model_within_the_quantisation_bound(cluster):
+    """Half the clients on a pushed node, half on a pull node (which leases its units,
+    the secure steps' among them, over its own connection)."""
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.start_coordinator(2)
+    puller = local_cluster.start_pull_node(cluster.workdir, "puller", cluster.coordinator.port,
+                                           0.0, "--clients", "6-11")
+    cluster.nodes.append(puller)
+    rounds = ["--set", f"run.rounds={ROUNDS}"]
+    plain = cluster.train_json(*FEDERATED, *rounds)
+    secure = cluster.train_json(*FEDERATED, *rounds, *SECURE)
+    assert _clients_by_round(cluster, secure) == _clients_by_round(cluster, plain)
+    drawn = _clients_by_round(cluster, secure)
+    assert all(len(names) == 4 for names in drawn.values())
+    assert any(int(name[6:]) >= 6 for names in drawn.values() for name in names)  # pulled
+    start, end = _model(cluster, plain), _model(cluster, secure)
+    for name, value in start.items():
+        np.testing.assert_allclose(end[name], value, rtol=0, atol=BOUND, err_msg=name)
+    assert max(float(np.abs(end[name] - value).max()) for name, value in start.items()) > 0
+
+
+def test_a_client_killed_mid_round_leaves_the_model_of_the_run_without_it(cluster):
+    """The clinic's node dies as its training unit arrives in round 1: the clinic shared
+    its secrets (U2) but sent no masked update (not U3), so the wards' shares of its mask
+    key take its masks off their sum; it is gone for rounds 2 and 3."""
+    from thrift_trainer.compute_node.faults import CRASH_EXIT_CODE
+
+    roots, _ = four_sites(cluster.workdir)
+    cluster.add_node(0.0, "--data-root", str(roots["a"]), *SITES_PLUGIN)
+    # its keys and shares units are its first two: it crashes on the third, the training
+    doomed = cluster.add_node(0.0, "--data-root", str(roots["b"]), *SITES_PLUGIN,
+                              "--crash-after-units", "2")
+    cluster.start_coordinator(2, "--data-root", str(roots["coordinator"]), *SITES_PLUGIN)
+    result = cluster.train_json(*_with_sets(RESIDENT + [
+        "run.dataset=sites:sites", "clients.placement=nodes", f"run.rounds={ROUNDS}",
+        "secure_aggregation.enabled=true"]))
+    assert doomed.popen.wait(timeout=60) == CRASH_EXIT_CODE
+    wards = ["ward-1", "ward-2", "ward-3"]
+    assert _clients_by_round(cluster, result) == {r: wards for r in range(1, ROUNDS + 1)}
+    lines = [json.loads(line) for line in
+             (_run_dir(cluster, result) / "clients.jsonl").read_text().splitlines()]
+    clinic = {line["round"]: line.get("failed") or line.get("dropped") for line in lines
+              if line["client"] == "clinic"}
+    assert set(clinic) == set(range(1, ROUNDS + 1)), lines
+    assert "secure aggregation" not in clinic[1], clinic  # lost in training, not before
+    expected = _replay(RESIDENT + ["clients.placement=nodes"], ROUNDS,
+                       lambda r: [(name, roots["a"] / "sites" / name) for name in wards])
+    weights = _model(cluster, result)
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=BOUND, err_msg=name)
