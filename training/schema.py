@@ -208,6 +208,7 @@ class SecureAggregationSettings:
     neighbours: int = 0
     threshold: float = 0.6
     clip_range: float = 1.0
+    noise_clients: int = 0
 
 
 @dataclass(frozen=True)

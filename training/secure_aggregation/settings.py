@@ -12,6 +12,9 @@
 * ``clip_range``: each coordinate of a client's update is clipped to [-clip_range,
   clip_range] before it is quantised (with privacy on: the privacy clip, on the update's L2
   norm, comes first).
+* ``noise_clients``: with privacy on, m: each client adds noise of z x clip / sqrt(m), so
+  the sum of m clients' updates carries the noise of central DP-FedAvg
+  (training/privacy/distributed.py); required then, meaningless otherwise.
 
 The defaults live in training/schema.py (`SecureAggregationSettings`). The section travels
 inside a request's config only when it is on: nodes read it there, so a coordinator cannot
@@ -67,6 +70,9 @@ def _check_ranges(settings: SecureAggregationSettings) -> None:
     if not (math.isfinite(settings.clip_range) and settings.clip_range > 0):
         raise ConfigError(f"{SECTION}.clip_range must be a finite number > 0, "
                           f"got {settings.clip_range}")
+    if settings.noise_clients < 0:
+        raise ConfigError(f"{SECTION}.noise_clients must be >= 0, got "
+                          f"{settings.noise_clients}")
     if not settings.enabled and settings != OFF:
         raise ConfigError(f"{SECTION}: set {SECTION}.enabled: true to turn it on (the other "
                           f"keys mean nothing without it)")
