@@ -210,7 +210,7 @@ class ComputeNodeHandler(SessionService):
         try:
             masked = self.secure.mask(request.run_id, request.round, request.client or "",
                                       request.secure_aggregation, wire_to_dict(update),
-                                      spec.secure_aggregation)
+                                      spec.secure_aggregation, spec.privacy)
         except REQUEST_ERRORS as exc:
             raise ttypes.InvalidRequest(message=str(exc)) from exc
         return dict_to_wire(masked)

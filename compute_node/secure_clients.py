@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from thrift_trainer.training.schema import SecureAggregationSettings
+from thrift_trainer.training.privacy import distributed
+from thrift_trainer.training.schema import PrivacySettings, SecureAggregationSettings
 from thrift_trainer.training.secure_aggregation import messages
 from thrift_trainer.training.secure_aggregation.client import SecAggClient
 from thrift_trainer.training.secure_aggregation.errors import SecAggError
@@ -69,14 +70,18 @@ class SecureClients:
         raise SecAggError(f"unknown secure-aggregation phase {kind!r}")
 
     def mask(self, run_id: str, round_index: int, client: str, raw: bytes | None,
-             update: Mapping[str, np.ndarray],
-             settings: SecureAggregationSettings) -> dict[str, np.ndarray]:
+             update: Mapping[str, np.ndarray], settings: SecureAggregationSettings,
+             privacy: PrivacySettings) -> dict[str, np.ndarray]:
         """``update`` (a client's delta) quantised and masked for the round: its tensors in
-        name order as one vector, then cut back into tensors of the ring's integers."""
+        name order as one vector, then cut back into tensors of the ring's integers. In a
+        private run the update is first clipped and noised here, on the client's node
+        (training/privacy/distributed.py)."""
         message = messages.decode(raw, "context", "u2", "weight", "scale")
         context = messages.context_of(message, run_id, round_index)
         secrets = self._get((run_id, context, client))
         weight, scale = _number(message["weight"], "weight"), _number(message["scale"], "scale")
+        if privacy.enabled:
+            update = distributed.privatized(update, privacy, settings.noise_clients)
         names = sorted(update)
         flat = np.concatenate([np.asarray(update[name], dtype=np.float64).ravel()
                                for name in names]) if names else np.zeros(0)

@@ -235,9 +235,12 @@ def _check_secure_aggregation(spec: RunSpec, cls: type[Algorithm]) -> None:
                    f"coordinator sees only their sum (use mean)")
     elif spec.compression.up != "none":
         problem = f"compression.up {spec.compression.up}: masked updates cannot be compressed"
-    elif spec.privacy.enabled:
-        problem = ("privacy with secure aggregation (clipping on the nodes, noise shared "
-                   "out among the clients) is not available yet; use one or the other")
+    elif spec.privacy.adaptive:
+        problem = ("adaptive clipping counts the updates under the clip, which the "
+                   "coordinator cannot see; use a fixed privacy.clip")
+    elif spec.privacy.enabled and not spec.secure_aggregation.noise_clients:
+        problem = ("with privacy, set secure_aggregation.noise_clients: the clients each "
+                   "round's noise is shared among (e.g. clients.per_round)")
     if problem is not None:
         raise ConfigError(f"secure_aggregation: {problem}")
 

@@ -18,7 +18,10 @@ the engine runs like any other (retries, drop-outs, pull nodes), through the usu
 
 The coordinator adds U3's masked updates, rebuilds the masks from the shares and takes
 them off: what is left is the weighted sum of U3's updates, divided by U3's weights, the
-sample-weighted mean a plain round computes, within the quantisation bound. A round whose
+sample-weighted mean a plain round computes, within the quantisation bound. In a private
+run each client clipped and noised its own update (training/privacy/distributed.py) and
+every client weighs the same: the sum, with the noise fewer than ``noise_clients`` left
+short added here, over the expected clients is DP-FedAvg's noised mean. A round whose
 sum cannot be rebuilt (too many clients dropped out between steps 3 and 4) leaves the
 model unchanged, with a warning, as a round whose clients all dropped out does.
 """
@@ -39,7 +42,8 @@ from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.round_engine import RoundEngine
 from thrift_trainer.engine.round_state import RoundOutcome
 from thrift_trainer.engine.tasks import Task
-from thrift_trainer.training.schema import SecureAggregationSettings
+from thrift_trainer.training.privacy import distributed, mechanism
+from thrift_trainer.training.schema import PrivacySettings, SecureAggregationSettings
 from thrift_trainer.training.secure_aggregation import messages, quantize, ring, server
 from thrift_trainer.training.secure_aggregation.errors import SecAggError
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
@@ -48,6 +52,17 @@ log = logging.getLogger("coordinator.run")
 
 # Runs a round's training units, each task with the given payload (training_loop.py).
 TrainUnits = Callable[[list[UnitSpec], Mapping[str, bytes]], RoundOutcome]
+
+
+@dataclass(frozen=True)
+class PrivateSums:
+    """A private run's: its settings, the expected clients per round (asked when needed:
+    node-resident clients are known late) and the seed of the coordinator's top-up noise."""
+
+    settings: PrivacySettings
+    noise_clients: int
+    expected: Callable[[], float]
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -63,8 +78,10 @@ class SecureRounds:
     """The steps of a run's secure rounds; see the module docstring."""
 
     def __init__(self, settings: SecureAggregationSettings, tasks: RunTasks,
-                 samples: Callable[[UnitSpec], int | None]) -> None:
+                 samples: Callable[[UnitSpec], int | None],
+                 private: PrivateSums | None = None) -> None:
         self.settings, self.tasks, self.samples = settings, tasks, samples
+        self.private = private
         self._engine: RoundEngine | None = None
 
     def run(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
@@ -77,16 +94,22 @@ class SecureRounds:
         pinned = [replace(u, only_node=nodes[u.client]) for u in units if u.client in keys]
         sealed = step.shares(pinned, keys, left)
         u2 = [u for u in pinned if u.client in sealed]
-        sizes = {u.client: float(self.samples(u) or 0) for u in u2}
+        shares = self._weights(u2, len(keys))
         scale = quantize.scale_for(self.settings.clip_range, self.settings.bits,
                                    max(1, len(keys)))
-        outcome = train(u2, self._masking(context, sizes, scale))
+        outcome = train(u2, self._masking(context, shares, scale))
         masked = self._checked(outcome, weights, left)
         revealed = step.unmask([u for u in u2 if u.client in masked], sealed, left)
         outcome = replace(outcome, dropped=outcome.dropped + left)
-        mean = self._mean(round_index, context, keys, sealed, masked, revealed, sizes,
-                          scale, weights)
-        return SecureOutcome(outcome, mean)
+        total = self._sum(round_index, context, keys, sealed, masked, revealed, scale,
+                          weights)
+        if total is None:
+            return SecureOutcome(outcome, None)
+        mean = self._private_mean(round_index, total, len(keys), len(masked), weights) \
+            if self.private is not None else \
+            total / sum(shares[client] for client in masked)
+        log.info("round %d: securely summed %d clients' updates", round_index, len(masked))
+        return SecureOutcome(outcome, _tensors(mean, weights))
 
     def _steps(self, engine: RoundEngine) -> RoundEngine:
         """An engine beside the run's for the key, share and unmask units: the same
@@ -101,15 +124,23 @@ class SecureRounds:
         self._engine.set_nodes(engine.nodes)
         return self._engine
 
-    def _masking(self, context: str, sizes: Mapping[str, float],
-                 scale: float) -> dict[str, bytes]:
-        """Each training unit's instructions: the clients whose masks it adds (U2) and its
-        weight, its share of U2's examples."""
+    def _weights(self, u2: list[UnitSpec], advertised: int) -> dict[str, float]:
+        """Each client's weight in the sum, at most 1 together: its share of U2's examples,
+        or, in a private run, where every client counts once, 1 / |U1|."""
+        if self.private is not None:
+            return {u.client or "": 1.0 / advertised for u in u2}
+        sizes = {u.client or "": float(self.samples(u) or 0) for u in u2}
         total = sum(sizes.values())
-        u2 = sorted(sizes)
+        return {client: size / total if total else 0.0 for client, size in sizes.items()}
+
+    def _masking(self, context: str, shares: Mapping[str, float],
+                 scale: float) -> dict[str, bytes]:
+        """Each training unit's instructions: the clients whose masks it adds (U2), its
+        weight and the scale of the quantisation."""
+        u2 = sorted(shares)
         return {client: messages.encode({"context": context, "u2": u2, "scale": scale,
-                                         "weight": size / total if total else 0.0})
-                for client, size in sizes.items()}
+                                         "weight": weight})
+                for client, weight in shares.items()}
 
     def _checked(self, outcome: RoundOutcome, weights: Weights,
                  left: list[UnitFailure]) -> dict[str, UnitResult]:
@@ -128,12 +159,12 @@ class SecureRounds:
                                                      "is not the model's shape in the ring"))
         return masked
 
-    def _mean(self, round_index: int, context: str, keys: Mapping[str, tuple[bytes, bytes]],
-              sealed: Mapping[str, Mapping[str, bytes]], masked: Mapping[str, UnitResult],
-              revealed: Mapping[str, Mapping[str, tuple[str, bytes]]],
-              sizes: Mapping[str, float], scale: float, weights: Weights) -> Weights | None:
-        """U3's weighted mean update from the masked sum; None (with a warning) when there
-        is none to rebuild."""
+    def _sum(self, round_index: int, context: str, keys: Mapping[str, tuple[bytes, bytes]],
+             sealed: Mapping[str, Mapping[str, bytes]], masked: Mapping[str, UnitResult],
+             revealed: Mapping[str, Mapping[str, tuple[str, bytes]]], scale: float,
+             weights: Weights) -> np.ndarray | None:
+        """U3's weighted sum, flat in name order, from their masked updates; None (with a
+        warning) when there is none to rebuild."""
         if not masked:
             log.warning("round %d: no client's masked update came in; the model is unchanged",
                         round_index)
@@ -153,10 +184,27 @@ class SecureRounds:
             log.warning("round %d: secure aggregation could not rebuild the sum (%s); the "
                         "model is unchanged", round_index, exc)
             return None
-        weight = sum(sizes[client] for client in masked) / sum(sizes.values())
-        mean = quantize.dequantize(summed, scale, bits) / weight
-        log.info("round %d: securely summed %d clients' updates", round_index, len(masked))
-        return _tensors(mean, weights)
+        return quantize.dequantize(summed, scale, bits)
+
+    def _private_mean(self, round_index: int, total: np.ndarray, advertised: int,
+                      contributed: int, weights: Weights) -> np.ndarray:
+        """DP-FedAvg's noised mean from the sum of noised, clipped updates weighted
+        1 / |U1|: the noise fewer than ``noise_clients`` clients left short is added
+        (seeded by the run's seed and the round), and the sum divided by the expected
+        clients."""
+        private = self.private
+        assert private is not None
+        std = distributed.shortfall_std(private.settings, private.noise_clients, contributed)
+        if std > 0:
+            log.warning("round %d: %d clients' noise is in the sum, %d were to share it: the "
+                        "coordinator adds the rest (it saw the sum with less noise than "
+                        "epsilon assumes)", round_index, contributed, private.noise_clients)
+            drawn = mechanism.noise(weights, std, private.seed, round_index)
+            total = total * advertised + np.concatenate(
+                [drawn[name].ravel() for name in sorted(weights)])
+        else:
+            total = total * advertised
+        return total / private.expected()
 
 
 class _Step:

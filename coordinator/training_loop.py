@@ -26,7 +26,7 @@ from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.records import RunRequest
 from thrift_trainer.coordinator.run_folder import RunFolder
 from thrift_trainer.coordinator.run_tasks import RunTasks, VersionCache
-from thrift_trainer.coordinator.secure_rounds import SecureOutcome, SecureRounds
+from thrift_trainer.coordinator.secure_rounds import PrivateSums, SecureOutcome, SecureRounds
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.client_draws import ClientDraws
 from thrift_trainer.engine.ledger import UnitLedger
@@ -108,7 +108,8 @@ class TrainingLoop:
         self._budget = PrivacyBudget.of(self.algorithm)  # None: the run is not private
         secure = secure_aggregation.settings_from(
             self.algorithm.config.get(secure_aggregation.SECTION))
-        self._secure = SecureRounds(secure, parts.tasks, self.algorithm.unit_samples) \
+        self._secure = SecureRounds(secure, parts.tasks, self.algorithm.unit_samples,
+                                    self._private_sums(secure.noise_clients)) \
             if secure.enabled else None  # coordinator/secure_rounds.py
 
     def run(self, engine: RoundEngine, weights: Weights, done: int,
@@ -210,6 +211,14 @@ class TrainingLoop:
         units = self._passes.take(self._planned) if self._passes is not None \
             else self.algorithm.plan_round(round_index)
         return self._residuals.prefer(units) if self._residuals is not None else units
+
+    def _private_sums(self, noise_clients: int) -> PrivateSums | None:
+        """What a private run's secure rounds need to finish the noised mean."""
+        if self._budget is None:
+            return None
+        return PrivateSums(self._budget.settings, noise_clients,
+                           lambda: self._budget.sampling.expected,
+                           int(self.algorithm.config["seed"]))
 
     def _secure_round(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
                       weights: Weights, sent_weights: Tensors) -> SecureOutcome | None:

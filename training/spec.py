@@ -45,9 +45,9 @@ from thrift_trainer.training.hierarchy import HierarchySettings
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings, ModelSettingsError
 from thrift_trainer.training.privacy import settings as privacy
-from thrift_trainer.training.secure_aggregation import settings as secure_aggregation
 from thrift_trainer.training.schedule import ScheduleSettings
 from thrift_trainer.training.schema import PrivacySettings, SecureAggregationSettings
+from thrift_trainer.training.secure_aggregation import settings as secure_aggregation
 
 EXPECT = "expect"
 SHARED_SECTIONS = (AGGREGATION, compression.SECTION, schedule.SECTION, hierarchy.SECTION,

@@ -96,3 +96,31 @@ def test_a_client_killed_mid_round_leaves_the_model_of_the_run_without_it(cluste
     weights = _model(cluster, result)
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=BOUND, err_msg=name)
+
+
+def test_a_private_secure_run_takes_the_mean_central_dp_fedavg_takes(cluster):
+    """Distributed DP: clipping moves to the clients' nodes and every client counts once.
+    With a clip no update reaches and no noise, the secure run's model is the central
+    private run's, within the quantisation bound; with noise, both report the same
+    epsilon."""
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    cluster.start_coordinator(2)
+    rounds = ["--set", f"run.rounds={ROUNDS}"]
+    exact = _with_sets(["privacy.clip=1000000.0", "privacy.noise_multiplier=0.0"])
+    shared = ["--set", "secure_aggregation.noise_clients=4"]
+    central = cluster.train_json(*FEDERATED, *rounds, *exact)
+    secure = cluster.train_json(*FEDERATED, *rounds, *exact, *SECURE, *shared)
+    assert _clients_by_round(cluster, secure) == _clients_by_round(cluster, central)
+    start, end = _model(cluster, central), _model(cluster, secure)
+    for name, value in start.items():
+        np.testing.assert_allclose(end[name], value, rtol=0, atol=BOUND, err_msg=name)
+    noised = _with_sets(["privacy.clip=0.5", "privacy.noise_multiplier=1.1",
+                         "privacy.delta=0.001"])
+    central = cluster.train_json(*FEDERATED, *rounds, *noised)
+    secure = cluster.train_json(*FEDERATED, *rounds, *noised, *SECURE, *shared)
+    assert [row["epsilon"] for row in secure["history"]] == \
+        [row["epsilon"] for row in central["history"]]
+    # the clients' noise is their own: the two runs' models differ, by about the noise
+    start, end = _model(cluster, central), _model(cluster, secure)
+    assert max(float(np.abs(end[name] - value).max()) for name, value in start.items()) > 0.01

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from thrift_trainer.training.secure_aggregation import SecAggClient, SecAggError, unmask_sum
 from thrift_trainer.training.secure_aggregation import client as client_module
 from thrift_trainer.training.secure_aggregation import keys as keys_module
+from thrift_trainer.training.secure_aggregation.client import SecAggClient
+from thrift_trainer.training.secure_aggregation.errors import SecAggError
 from thrift_trainer.training.secure_aggregation.quantize import (
     dequantize,
     error_bound,
     quantize,
     scale_for,
 )
+from thrift_trainer.training.secure_aggregation.server import unmask_sum
 
 CONTEXT = b"run 7f3a / round 3"
 CLIP = 1.0

@@ -7,7 +7,9 @@ Modules, one job each: ring.py (arithmetic mod 2^bits), quantize.py (floats to t
 without overflow), prg.py (ChaCha20 masks from seeds), shamir.py (t-of-n secret sharing),
 keys.py (X25519 agreement, HKDF, AES-GCM), labels.py (what binds keys to a round),
 graph.py (who is whose neighbour, how many shares rebuild a secret), client.py (a
-client's phases), server.py (the coordinator's unmasking).
+client's phases), server.py (the coordinator's unmasking); settings.py (the run's
+section) and messages.py (what the phases carry) join them to the trainer. Nothing is
+imported here: a run without secure aggregation never loads the cryptography package.
 
 Threat model: the coordinator is honest but curious: it runs the protocol as written
 (routes every message, tells every client the same U1, U2 and U3) but may read everything
@@ -25,9 +27,3 @@ shares (U1 - U2) costs nothing; one that leaves after sending shares and before 
 neighbour in U3; the round fails (SecAggError naming the client) when fewer than t of a
 client's neighbours answer the unmask phase.
 """
-
-from thrift_trainer.training.secure_aggregation.client import SecAggClient
-from thrift_trainer.training.secure_aggregation.errors import SecAggError
-from thrift_trainer.training.secure_aggregation.server import unmask_sum
-
-__all__ = ["SecAggClient", "SecAggError", "unmask_sum"]
