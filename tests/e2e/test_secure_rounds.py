@@ -124,3 +124,18 @@ def test_a_private_secure_run_takes_the_mean_central_dp_fedavg_takes(cluster):
     # the clients' noise is their own: the two runs' models differ, by about the noise
     start, end = _model(cluster, central), _model(cluster, secure)
     assert max(float(np.abs(end[name] - value).max()) for name, value in start.items()) > 0.01
+
+
+def test_a_relay_says_it_does_not_pass_secure_rounds_on(cluster):
+    """A client's secrets live on one member: the relay refuses at the run check, in one
+    line that says what to do, and the run fails before round 1."""
+    member = local_cluster.start_node(cluster.workdir, "member", 0.0)
+    cluster.nodes.append(member)
+    group = local_cluster.write_nodes_file(cluster.workdir / "group.txt", [member])
+    relay = local_cluster.start_node(cluster.workdir, "relay", 0.0, "--relay", str(group))
+    cluster.nodes.append(relay)
+    cluster.start_coordinator(2, nodes=[relay])
+    refused = cluster.client(*FEDERATED, *SECURE, "--set", "run.rounds=1")
+    assert refused.returncode != 0
+    assert "does not pass secure-aggregation rounds on: list its members directly" \
+        in refused.stderr, refused.stderr
