@@ -429,11 +429,6 @@ class RelayHandler(ComputeNodeHandler):
             self._check_fit(spec, Path())
         except (RunUnfit, ConfigError) as exc:
             return ttypes.RunCheck(ok=False, problem=str(exc), plugins=plugins.versions())
-        if spec.secure_aggregation.enabled:  # a client's secrets live on one member
-            return ttypes.RunCheck(ok=False, plugins=plugins.versions(),
-                                   problem="is a relay, which does not pass secure-"
-                                           "aggregation rounds on: list its members "
-                                           "directly")
         self.relay.refresh()
         query = RunQuery(request.run_id, request.algorithm, request.model, request.dataset,
                          request.config_json)
