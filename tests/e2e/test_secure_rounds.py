@@ -14,6 +14,7 @@ from devtools import local_cluster
 from tests.e2e.test_federated_clients import (
     FEDERATED,
     RESIDENT,
+    SHIPPED,
     SITES_PLUGIN,
     _replay,
     _run_dir,
@@ -144,3 +145,25 @@ def test_a_secure_run_through_a_relay_ends_with_the_plain_runs_model(cluster):
     start, end = _model(cluster, plain), _model(cluster, secure)
     for name, value in start.items():
         np.testing.assert_allclose(end[name], value, rtol=0, atol=BOUND, err_msg=name)
+
+
+def test_a_secure_run_killed_and_resumed_ends_with_its_replay(cluster):
+    """The coordinator is killed in round 3: the resumed run computes that round again
+    from fresh secrets (the old ones, left on the nodes, are never asked for), and the
+    model equals FedAvg replayed in one process over the clients that trained."""
+    from tests.e2e.test_private_runs import _killed_in_round_3_and_resumed
+
+    rounds = 5
+    sets = [*FEDERATED, *SECURE, "--set", f"run.rounds={rounds}"]
+    run_dir, _, _ = _killed_in_round_3_and_resumed(cluster, sets, rounds)
+    lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
+             .splitlines()]
+
+    def clients_of(round_index: int):
+        return [(line["client"], SHIPPED) for line in lines
+                if line["round"] == round_index and "node" in line]
+    assert all(len(clients_of(r)) == 4 for r in range(1, rounds + 1)), lines
+    expected = _replay([item for item in FEDERATED if item != "--set"], rounds, clients_of)
+    weights, _ = load_model(run_dir / "model.npz")
+    for name, value in expected.items():
+        np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=BOUND, err_msg=name)
