@@ -52,7 +52,8 @@ class SecureClients:
             self._keep(held, secrets)
             c_public, s_public = secrets.public_keys()
             return messages.encode({"c": messages.to_text(c_public),
-                                    "s": messages.to_text(s_public)})
+                                    "s": messages.to_text(s_public),
+                                    "b": messages.to_text(secrets.seed_commitment())})
         secrets = self._get(held)
         if kind == messages.SHARES:
             sealed = secrets.share_keys(messages.key_map(message.get("keys")),

@@ -66,6 +66,16 @@ class PrivateSums:
 
 
 @dataclass(frozen=True)
+class Advertised:
+    """What the keys step gathered (U1): by client, its public keys, the node its secrets
+    live on, and its commitment to its self-mask seed."""
+
+    keys: dict[str, tuple[bytes, bytes]]
+    nodes: dict[str, str]
+    commitments: dict[str, bytes]
+
+
+@dataclass(frozen=True)
 class SecureOutcome:
     """A secure round: its training units' outcome (with the clients that left in the
     other steps among the dropped) and the mean update, None when there is none."""
@@ -90,8 +100,10 @@ class SecureRounds:
         context = f"{self.tasks.run_id}/{round_index}/{secrets.token_hex(8)}"
         step = _Step(steps, self.tasks, round_index, context)
         left: list[UnitFailure] = []
-        keys, nodes = step.keys(units, left)
-        pinned = [replace(u, only_node=nodes[u.client]) for u in units if u.client in keys]
+        advertised = step.keys(units, left)
+        keys = advertised.keys
+        pinned = [replace(u, only_node=advertised.nodes[u.client]) for u in units
+                  if u.client in keys]
         sealed = step.shares(pinned, keys, left)
         u2 = [u for u in pinned if u.client in sealed]
         shares = self._weights(u2, len(keys))
@@ -101,7 +113,7 @@ class SecureRounds:
         masked = self._checked(outcome, weights, left)
         revealed = step.unmask([u for u in u2 if u.client in masked], sealed, left)
         outcome = replace(outcome, dropped=outcome.dropped + left)
-        total = self._sum(round_index, context, keys, sealed, masked, revealed, scale,
+        total = self._sum(round_index, context, advertised, sealed, masked, revealed, scale,
                           weights)
         if total is None:
             return SecureOutcome(outcome, None)
@@ -159,7 +171,7 @@ class SecureRounds:
                                                      "is not the model's shape in the ring"))
         return masked
 
-    def _sum(self, round_index: int, context: str, keys: Mapping[str, tuple[bytes, bytes]],
+    def _sum(self, round_index: int, context: str, advertised: Advertised,
              sealed: Mapping[str, Mapping[str, bytes]], masked: Mapping[str, UnitResult],
              revealed: Mapping[str, Mapping[str, tuple[str, bytes]]], scale: float,
              weights: Weights) -> np.ndarray | None:
@@ -178,8 +190,9 @@ class SecureRounds:
             total = flat if total is None else ring.add(total, flat, bits)
         try:
             summed = server.unmask_sum(
-                [total], keys, set(sealed), set(masked), revealed, self.settings.neighbours,
-                self.settings.threshold, context.encode(), bits)
+                [total], advertised.keys, set(sealed), set(masked), revealed,
+                self.settings.neighbours, self.settings.threshold, context.encode(), bits,
+                advertised.commitments)
         except SecAggError as exc:
             log.warning("round %d: secure aggregation could not rebuild the sum (%s); the "
                         "model is unchanged", round_index, exc)
@@ -215,16 +228,17 @@ class _Step:
         self.engine, self.tasks = engine, tasks
         self.round_index, self.context = round_index, context
 
-    def keys(self, units: list[UnitSpec], left: list[UnitFailure]
-             ) -> tuple[dict[str, tuple[bytes, bytes]], dict[str, str]]:
-        """U1's public keys, and the node each one's secrets live on."""
-        def parse(answer: dict, result: UnitResult) -> tuple[tuple[bytes, bytes], str]:
+    def keys(self, units: list[UnitSpec], left: list[UnitFailure]) -> Advertised:
+        """U1's public keys and seed commitments, and the node each one's secrets live
+        on."""
+        def parse(answer: dict, result: UnitResult) -> tuple[tuple[bytes, bytes], bytes, str]:
             pair = (messages.from_text(answer.get("c")), messages.from_text(answer.get("s")))
-            return pair, result.node or ""
+            return pair, messages.from_text(answer.get("b")), result.node or ""
 
         answers = self._run(messages.KEYS, units, {u.client: {} for u in units}, left, parse)
-        return ({client: pair for client, (pair, _) in answers.items()},
-                {client: node for client, (_, node) in answers.items()})
+        return Advertised({client: pair for client, (pair, _, _) in answers.items()},
+                          {client: node for client, (_, _, node) in answers.items()},
+                          {client: seed for client, (_, seed, _) in answers.items()})
 
     def shares(self, units: list[UnitSpec], keys: Mapping[str, tuple[bytes, bytes]],
                left: list[UnitFailure]) -> dict[str, dict[str, bytes]]:

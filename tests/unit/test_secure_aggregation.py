@@ -14,8 +14,10 @@ import pytest
 
 from thrift_trainer.training.secure_aggregation import client as client_module
 from thrift_trainer.training.secure_aggregation import keys as keys_module
+from thrift_trainer.training.secure_aggregation import shamir
 from thrift_trainer.training.secure_aggregation.client import SecAggClient
 from thrift_trainer.training.secure_aggregation.errors import SecAggError
+from thrift_trainer.training.secure_aggregation.graph import positions
 from thrift_trainer.training.secure_aggregation.quantize import (
     dequantize,
     error_bound,
@@ -151,6 +153,35 @@ def test_a_revealer_sending_the_wrong_kind_is_named() -> None:
     revealed["client-08"]["client-07"] = ("s", share)
     with pytest.raises(SecAggError, match="client client-08: revealed a 's' share of client-07"):
         secagg.total(u2, u3, revealed)
+
+
+def test_a_wrong_self_mask_share_fails_the_round_instead_of_spoiling_its_sum() -> None:
+    """A revealer that sends a b-share crafted to move the rebuilt seed by one (a value
+    that still fits a seed, which a random error almost never does): without the seed
+    commitments the sum comes out wrong with no error; with them, the owner is named."""
+    secagg, u2, u3, revealed = run_round(6, 32, (7,), set(), set())
+    at = positions(NAMES)
+    used = sorted(at[name] for name in revealed if "client-07" in revealed[name])[:4]
+    x = at["client-08"]
+    assert x in used  # among the shares the coordinator rebuilds client-07's seed from
+    basis = shamir._lagrange_at_zero(x, dict.fromkeys(used, 0))
+    kind, share = revealed["client-08"]["client-07"]
+    crafted = (shamir.share_from_bytes(share) + pow(basis, -1, shamir.PRIME)) % shamir.PRIME
+    revealed["client-08"]["client-07"] = (kind, shamir.share_to_bytes(crafted))
+    inputs = [secagg.masked[name] for name in sorted(u3)]
+    spoiled = dequantize(unmask_sum(inputs, secagg.keys, u2, u3, revealed, 6, THRESHOLD,
+                                    CONTEXT, 32), secagg.scale, 32)
+    assert np.max(np.abs(spoiled - secagg.plain)) > 1000 * error_bound(len(u3), secagg.scale)
+    commitments = {name: secagg.clients[name].seed_commitment() for name in NAMES}
+    with pytest.raises(SecAggError, match="client client-07: its rebuilt self-mask seed is "
+                                          "not the one it committed to"):
+        unmask_sum(inputs, secagg.keys, u2, u3, revealed, 6, THRESHOLD, CONTEXT, 32,
+                   commitments)
+    del revealed["client-08"]["client-07"]  # without the wrong share, the others suffice
+    total = unmask_sum(inputs, secagg.keys, u2, u3, revealed, 6, THRESHOLD, CONTEXT, 32,
+                       commitments)
+    assert np.max(np.abs(dequantize(total, secagg.scale, 32) - secagg.plain)) <= \
+        error_bound(len(u3), secagg.scale) + FLOAT_SLACK
 
 
 def test_a_client_refuses_to_reveal_when_too_many_neighbours_dropped() -> None:

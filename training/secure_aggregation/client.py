@@ -56,6 +56,11 @@ class SecAggClient:
         """(c_pk, s_pk), raw 32 bytes each: what the client advertises (U1)."""
         return keymod.public_bytes(self._c_key), keymod.public_bytes(self._s_key)
 
+    def seed_commitment(self) -> bytes:
+        """The commitment to the self-mask seed b, advertised with the keys: the
+        coordinator checks the b it rebuilds against it (a wrong share cannot pass)."""
+        return labels.seed_commitment(self.context, self.client, self._b_seed)
+
     def _enter(self, phase: str) -> None:
         """Moves on to the phase after ``phase``, or refuses when ``phase`` is not next;
         a phase is spent on entry, so even a failed one cannot be retried."""

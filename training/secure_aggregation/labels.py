@@ -4,8 +4,11 @@ length-prefixed, so no two different tuples give the same string."""
 
 from __future__ import annotations
 
+import hashlib
+
 SHARES = b"secagg/shares"  # the key that seals secret shares between two clients
 MASK = b"secagg/mask"  # the seed of two clients' pairwise mask
+SEED = b"secagg/seed"  # a client's commitment to its self-mask seed
 
 
 def label(purpose: bytes, context: bytes, *names: str) -> bytes:
@@ -24,3 +27,9 @@ def sealed_for(context: bytes, sender: str, recipient: str) -> bytes:
     """The associated data of the shares ``sender`` seals for ``recipient``: ordered, so
     a ciphertext cannot be passed off as going the other way."""
     return label(SHARES, context, sender, recipient)
+
+
+def seed_commitment(context: bytes, client: str, seed: bytes) -> bytes:
+    """SHA-256 of ``client``'s self-mask seed in this round: sent with its public keys, so
+    that the coordinator knows a seed rebuilt from wrong shares for what it is."""
+    return hashlib.sha256(label(SEED, context, client) + bytes(seed)).digest()

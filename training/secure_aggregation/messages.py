@@ -5,7 +5,8 @@ A phase travels as a unit of its own kind (`KEYS`, `SHARES`, `UNMASK`) through t
 phase's data is a small JSON object in the request's and the answer's
 ``secure_aggregation`` field, keys and ciphertexts in base64:
 
-* keys: ``{"context"}`` -> ``{"c", "s"}`` (the client's two public keys);
+* keys: ``{"context"}`` -> ``{"c", "s", "b"}`` (the client's two public keys and its
+  commitment to its self-mask seed);
 * shares: ``{"context", "keys": {client: [c, s]}}`` (every client that advertised keys)
   -> ``{"sealed": {neighbour: ciphertext}}``;
 * the training unit: ``{"context", "u2": [clients], "weight", "scale"}`` -> its update,

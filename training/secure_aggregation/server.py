@@ -27,7 +27,8 @@ Revealed = Mapping[str, Mapping[str, tuple[str, bytes]]]
 
 def unmask_sum(masked: Sequence[np.ndarray], keys: Mapping[str, tuple[bytes, bytes]],
                u2: Collection[str], u3: Collection[str], revealed: Revealed, k: int,
-               threshold: float, context: bytes, bits: int) -> np.ndarray:
+               threshold: float, context: bytes, bits: int,
+               commitments: Mapping[str, bytes] | None = None) -> np.ndarray:
     """The sum mod 2^bits of U3's quantized inputs (flat; ``quantize.dequantize`` reads it).
 
     ``masked``: U3's masked inputs, or any partial sums of them (a running sum as one
@@ -35,7 +36,9 @@ def unmask_sum(masked: Sequence[np.ndarray], keys: Mapping[str, tuple[bytes, byt
     ``keys``: U1's (c_pk, s_pk); ``revealed``: revealer -> owner -> (kind, share) from
     ``SecAggClient.unmask``. SecAggError names the client when fewer than its threshold of
     shares came back, when a revealer sent the wrong kind, or when the sets contradict
-    each other (U3 within U2 within U1)."""
+    each other (U3 within U2 within U1). ``commitments``: U3's commitments to their
+    self-mask seeds (`SecAggClient.seed_commitment`), against which each rebuilt seed is
+    checked, so that a wrong share fails the round instead of spoiling its sum."""
     total = _summed(masked, bits)
     live, sent = frozenset(u3), frozenset(u2)
     _check_sets(keys, sent, live)
@@ -43,6 +46,10 @@ def unmask_sum(masked: Sequence[np.ndarray], keys: Mapping[str, tuple[bytes, byt
     shares = _collect(revealed, graph, sent, live, positions(sorted(keys)))
     for owner in sorted(live):
         seed = _rebuild(owner, shares, graph, threshold, prg.SEED_BYTES)
+        if commitments is not None and labels.seed_commitment(context, owner, seed) \
+                != commitments.get(owner):
+            raise SecAggError(f"client {owner}: its rebuilt self-mask seed is not the one "
+                              f"it committed to (a wrong share)")
         total = ring.sub(total, prg.expand(seed, total.size, bits), bits)
     for owner in sorted(sent - live):
         total = _remove_pairs(total, owner, shares, graph, keys, live, threshold, context, bits)
