@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from thrift_trainer.training import aggregation
 from thrift_trainer.training.config_types import checked_value
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -26,6 +28,18 @@ def section_mapping(section: str, raw: Any, keys: Sequence[str]) -> Mapping[str,
     if unknown:
         raise ConfigError(f"unknown key '{section}.{unknown[0]}'; known: {', '.join(keys)}")
     return raw
+
+
+def checked_section(section: str, raw: Any, defaults: T) -> T:
+    """A settings dataclass from the mapping ``raw``: each of its keys checked against the
+    type of ``defaults``' value (training/config_types.py), missing ones from
+    ``defaults``; ConfigError names the section or the ``section.key`` at fault."""
+    keys = [f.name for f in dataclasses.fields(defaults)]  # type: ignore[arg-type]
+    raw = section_mapping(section, raw, keys)
+    return type(defaults)(**{key: checked_value(f"{section}.{key}",
+                                                raw.get(key, getattr(defaults, key)),
+                                                getattr(defaults, key), ConfigError)
+                             for key in keys})
 
 
 def check_type(key: str, value: Any, default: Any) -> Any:

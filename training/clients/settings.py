@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
+from thrift_trainer.training.algorithms.config_checks import ConfigError, checked_section
 from thrift_trainer.training.clients import sampling
 from thrift_trainer.training.clients.errors import ClientsError
 from thrift_trainer.training.clients.partitioners import PARTITIONERS
-from thrift_trainer.training.config_types import checked_value
 from thrift_trainer.training.plugins import is_plugin_name
 
 SECTION = "clients"
@@ -153,7 +152,6 @@ def _target(per_round: float, available: int) -> int | float:
 
 
 NONE = ClientsSettings()
-KEYS = tuple(f.name for f in fields(ClientsSettings))
 # keys a request carries only when set (federated evaluation came after the others)
 EVALUATION_KEYS = ("validation_fraction", "eval_every", "eval_per_round")
 LATER_KEYS = ("sampling", *EVALUATION_KEYS)
@@ -193,10 +191,7 @@ def settings_from(raw: Any) -> ClientsSettings:
     """Checked settings from a ``clients`` mapping; ConfigError names the bad key."""
     if raw is None:
         return NONE
-    raw = section_mapping(SECTION, raw, KEYS)
-    values = {key: checked_value(f"{SECTION}.{key}", raw.get(key, getattr(NONE, key)),
-                                 getattr(NONE, key), ConfigError) for key in KEYS}
-    settings = ClientsSettings(**values)
+    settings = checked_section(SECTION, raw, NONE)
     _check_ranges(settings)
     return settings
 

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any
 
-from thrift_trainer.training.algorithms.config_checks import ConfigError, section_mapping
-from thrift_trainer.training.config_types import checked_value
+from thrift_trainer.training.algorithms.config_checks import ConfigError, checked_section
 from thrift_trainer.training.schema import SecureAggregationSettings
 
 SECTION = "secure_aggregation"
 OFF = SecureAggregationSettings()
-KEYS = tuple(f.name for f in fields(SecureAggregationSettings))
 MIN_BITS, MAX_BITS = 8, 62
 
 
@@ -43,10 +41,7 @@ def settings_from(raw: Any) -> SecureAggregationSettings:
     key."""
     if raw is None:
         return OFF
-    raw = section_mapping(SECTION, raw, KEYS)
-    values = {key: checked_value(f"{SECTION}.{key}", raw.get(key, getattr(OFF, key)),
-                                 getattr(OFF, key), ConfigError) for key in KEYS}
-    settings = SecureAggregationSettings(**values)
+    settings = checked_section(SECTION, raw, OFF)
     _check_ranges(settings)
     return settings
 
