@@ -57,7 +57,8 @@ class SecureClients:
         secrets = self._get(held)
         if kind == messages.SHARES:
             sealed = secrets.share_keys(messages.key_map(message.get("keys")),
-                                        settings.neighbours, settings.threshold)
+                                        settings.neighbours, settings.threshold,
+                                        messages.names(message.get("u1"), "u1"))
             return messages.encode({"sealed": messages.text_map(sealed)})
         if kind == messages.UNMASK:
             try:

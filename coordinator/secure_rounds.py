@@ -46,6 +46,7 @@ from thrift_trainer.training.privacy import distributed, mechanism
 from thrift_trainer.training.schema import PrivacySettings, SecureAggregationSettings
 from thrift_trainer.training.secure_aggregation import messages, quantize, ring, server
 from thrift_trainer.training.secure_aggregation.errors import SecAggError
+from thrift_trainer.training.secure_aggregation.graph import neighbours
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
 
 log = logging.getLogger("coordinator.run")
@@ -104,7 +105,7 @@ class SecureRounds:
         keys = advertised.keys
         pinned = [replace(u, only_node=advertised.nodes[u.client]) for u in units
                   if u.client in keys]
-        sealed = step.shares(pinned, keys, left)
+        sealed = step.shares(pinned, keys, self.settings.neighbours, left)
         u2 = [u for u in pinned if u.client in sealed]
         shares = self._weights(u2, len(keys))
         scale = quantize.scale_for(self.settings.clip_range, self.settings.bits,
@@ -241,13 +242,19 @@ class _Step:
                           {client: seed for client, (_, seed, _) in answers.items()})
 
     def shares(self, units: list[UnitSpec], keys: Mapping[str, tuple[bytes, bytes]],
-               left: list[UnitFailure]) -> dict[str, dict[str, bytes]]:
-        """U2: each sender's shares, sealed, by the neighbour they are for."""
-        every = {client: [messages.to_text(c), messages.to_text(s)]
-                 for client, (c, s) in keys.items()}
-        return self._run(messages.SHARES, units, {u.client: {"keys": every} for u in units},
-                         left, lambda answer, _: messages.byte_map(answer.get("sealed"),
-                                                                   "sealed"))
+               k: int, left: list[UnitFailure]) -> dict[str, dict[str, bytes]]:
+        """U2: each sender's shares, sealed, by the neighbour they are for. A client is
+        sent U1's names and only its neighbours' keys: with SecAgg+'s sparse graph, the
+        step's bytes grow as clients x neighbours, not clients squared."""
+        u1 = sorted(keys)
+        graph = neighbours(u1, k)
+        text = {client: [messages.to_text(c), messages.to_text(s)]
+                for client, (c, s) in keys.items()}
+        payloads = {u.client: {"u1": u1, "keys": {v: text[v] for v in
+                                                  [u.client, *graph[u.client or ""]]}}
+                    for u in units}
+        return self._run(messages.SHARES, units, payloads, left,
+                         lambda answer, _: messages.byte_map(answer.get("sealed"), "sealed"))
 
     def unmask(self, units: list[UnitSpec], sealed: Mapping[str, Mapping[str, bytes]],
                left: list[UnitFailure]) -> dict[str, dict[str, tuple[str, bytes]]]:

@@ -49,7 +49,8 @@ def _clients_by_round(cluster, result: dict) -> dict[int, list[str]]:
 
 def test_a_secure_run_ends_with_the_plain_runs_model_within_the_quantisation_bound(cluster):
     """Half the clients on a pushed node, half on a pull node (which leases its units,
-    the secure steps' among them, over its own connection)."""
+    the secure steps' among them, over its own connection); a sparse graph of two
+    neighbours a client (SecAgg+)."""
     cluster.add_node(0.0, "--clients", "0-5")
     cluster.start_coordinator(2)
     puller = local_cluster.start_pull_node(cluster.workdir, "puller", cluster.coordinator.port,
@@ -57,7 +58,8 @@ def test_a_secure_run_ends_with_the_plain_runs_model_within_the_quantisation_bou
     cluster.nodes.append(puller)
     rounds = ["--set", f"run.rounds={ROUNDS}"]
     plain = cluster.train_json(*FEDERATED, *rounds)
-    secure = cluster.train_json(*FEDERATED, *rounds, *SECURE)
+    secure = cluster.train_json(*FEDERATED, *rounds, *SECURE,
+                                "--set", "secure_aggregation.neighbours=2")
     assert _clients_by_round(cluster, secure) == _clients_by_round(cluster, plain)
     drawn = _clients_by_round(cluster, secure)
     assert all(len(names) == 4 for names in drawn.values())

@@ -17,7 +17,7 @@ from thrift_trainer.training.secure_aggregation import keys as keys_module
 from thrift_trainer.training.secure_aggregation import shamir
 from thrift_trainer.training.secure_aggregation.client import SecAggClient
 from thrift_trainer.training.secure_aggregation.errors import SecAggError
-from thrift_trainer.training.secure_aggregation.graph import positions
+from thrift_trainer.training.secure_aggregation.graph import neighbours, positions
 from thrift_trainer.training.secure_aggregation.quantize import (
     dequantize,
     error_bound,
@@ -125,6 +125,27 @@ def test_the_unmasked_sum_is_the_weighted_sum_over_u3(k: int, bits: int,
     # the negative control: one masked input short, the masks no longer cancel
     short = secagg.total(u2, u3, revealed, left_out=sorted(u3)[0])
     assert np.max(np.abs(short - secagg.plain)) > 1000 * bound
+
+
+def test_a_client_needs_only_its_neighbours_keys_and_u1s_names() -> None:
+    """SecAgg+: each client is sent U1's names and its own and its neighbours' keys; the
+    round sums as with every key, and a client missing a neighbour's key refuses."""
+    updates, weights = updates_and_weights((7,), 4)
+    secagg = Round(NAMES, 6)
+    secagg.advertise(NAMES)
+    graph = neighbours(NAMES, 6)
+    for sender in NAMES:
+        own = {v: secagg.keys[v] for v in [sender, *graph[sender]]}
+        for recipient, sealed in secagg.clients[sender].share_keys(
+                own, 6, THRESHOLD, u1=NAMES).items():
+            secagg.inbox.setdefault(recipient, {})[sender] = sealed
+    secagg.mask(updates, weights, NAMES, NAMES)
+    total = secagg.total(NAMES, NAMES, secagg.unmask(NAMES))
+    plain = sum(weights[name] * updates[name] for name in NAMES)
+    assert np.max(np.abs(total - plain)) <= error_bound(20, secagg.scale) + FLOAT_SLACK
+    lone = SecAggClient(CONTEXT, "client-00")
+    with pytest.raises(SecAggError, match="no keys for its neighbour client-01"):
+        lone.share_keys({"client-00": lone.public_keys()}, 6, THRESHOLD, u1=NAMES)
 
 
 def test_the_coordinator_needs_only_a_threshold_of_each_clients_neighbours() -> None:

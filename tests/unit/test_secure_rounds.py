@@ -100,7 +100,8 @@ def test_a_round_through_two_nodes_stores_sums_to_the_weighted_updates():
     keys = {client: _ask(nodes[node], messages.KEYS, client) for client, node in home.items()}
     table = {client: [pair["c"], pair["s"]] for client, pair in keys.items()}
     sealed = {client: messages.byte_map(_ask(nodes[node], messages.SHARES, client,
-                                             keys=table)["sealed"], "sealed")
+                                             keys=table, u1=sorted(table))["sealed"],
+                                        "sealed")
               for client, node in home.items()}
     rng = np.random.default_rng(3)
     updates = {client: {"w": rng.normal(0, 0.1, (2, 3)), "b": rng.normal(0, 0.1, 3)}
@@ -138,13 +139,13 @@ def test_a_round_through_two_nodes_stores_sums_to_the_weighted_updates():
 def test_phases_out_of_order_or_of_another_round_are_refused():
     node = SecureClients()
     with pytest.raises(SecAggError, match="holds no secrets of c1"):
-        _ask(node, messages.SHARES, "c1", keys={})
+        _ask(node, messages.SHARES, "c1", keys={}, u1=[])
     _ask(node, messages.KEYS, "c1")
     with pytest.raises(SecAggError, match="not one of run run1 round 2"):
         node.phase(messages.SHARES, "run1", 2, "c1",
                    messages.encode({"context": "run1/1/abc", "keys": {}}), ON)
     with pytest.raises(SecAggError, match="holds no secrets of c1"):
-        _ask(node, messages.SHARES, "c1", run="run2", keys={})
+        _ask(node, messages.SHARES, "c1", run="run2", keys={}, u1=[])
     with pytest.raises(SecAggError, match="not JSON"):
         node.phase(messages.SHARES, "run1", 1, "c1", b"{nope", ON)
     with pytest.raises(SecAggError, match="lacks context"):
@@ -161,11 +162,11 @@ def test_what_a_peer_can_make_a_node_keep_is_bounded_in_count_and_time():
         _ask(node, messages.KEYS, f"c{k}")
     assert len(node) == 3
     with pytest.raises(SecAggError, match="holds no secrets of c0"):  # the oldest went
-        _ask(node, messages.SHARES, "c0", keys={})
+        _ask(node, messages.SHARES, "c0", keys={}, u1=[])
     stale = SecureClients(held_seconds=0.0)
     _ask(stale, messages.KEYS, "c1")
     with pytest.raises(SecAggError, match="holds no secrets of c1"):
-        _ask(stale, messages.SHARES, "c1", keys={})
+        _ask(stale, messages.SHARES, "c1", keys={}, u1=[])
 
 
 # ---------------------------------------------------------- distributed DP

@@ -48,6 +48,7 @@ class SecAggClient:
         self._b_seed = secrets.token_bytes(prg.SEED_BYTES)
         self._next = "share_keys"
         self._keys: dict[str, tuple[bytes, bytes]] = {}
+        self._u1: frozenset[str] = frozenset()
         self._neighbours: list[str] = []
         self._threshold = 0
         self._u2: frozenset[str] = frozenset()
@@ -69,19 +70,26 @@ class SecAggClient:
                               f"was expected")
         self._next = _PHASES[_PHASES.index(phase) + 1]
 
-    def share_keys(self, keys: KeyTable, k: int, threshold: float) -> dict[str, bytes]:
+    def share_keys(self, keys: KeyTable, k: int, threshold: float,
+                   u1: Collection[str] | None = None) -> dict[str, bytes]:
         """Per neighbour in the graph over U1 (``keys``, this client included): the
         sealed pair (b-share, s-key share), t = share_threshold(threshold, neighbours)
-        of which rebuild each secret."""
+        of which rebuild each secret. ``u1``: the names of U1, when ``keys`` holds only
+        this client's and its neighbours' (SecAgg+: a client needs no other keys)."""
         self._enter("share_keys")
         self._keys = _checked_keys(keys, self.client)
         if self._keys[self.client] != self.public_keys():
             raise SecAggError(f"client {self.client}: the keys listed for it are not its own")
-        self._neighbours = neighbours(sorted(self._keys), k)[self.client]
+        self._u1 = frozenset(self._keys if u1 is None else u1)
+        _check_subset(self._keys, self._u1, "the keys", "U1", self.client)
+        self._neighbours = neighbours(sorted(self._u1), k)[self.client]
         if not self._neighbours:
             raise SecAggError(f"client {self.client}: a round needs at least two clients")
+        missing = [v for v in self._neighbours if v not in self._keys]
+        if missing:
+            raise SecAggError(f"client {self.client}: no keys for its neighbour {missing[0]}")
         self._threshold = share_threshold(threshold, len(self._neighbours))
-        at = positions(sorted(self._keys))
+        at = positions(sorted(self._u1))
         xs = [at[v] for v in self._neighbours]
         b_shares = shamir.split(self._b_seed, xs, self._threshold)
         s_shares = shamir.split(keymod.private_bytes(self._s_key), xs, self._threshold)
@@ -101,7 +109,7 @@ class SecAggClient:
         at least t of its neighbours too, or its self-mask could never be removed."""
         self._enter("mask")
         self._u2 = frozenset(u2)
-        _check_subset(self._u2, self._keys, "U2", "U1", self.client)
+        _check_subset(self._u2, self._u1, "U2", "U1", self.client)
         live = [v for v in self._neighbours if v in self._u2]
         if len(live) < self._threshold:
             raise SecAggError(f"client {self.client}: {len(live)} of its neighbours sent "

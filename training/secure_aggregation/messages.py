@@ -7,8 +7,9 @@ phase's data is a small JSON object in the request's and the answer's
 
 * keys: ``{"context"}`` -> ``{"c", "s", "b"}`` (the client's two public keys and its
   commitment to its self-mask seed);
-* shares: ``{"context", "keys": {client: [c, s]}}`` (every client that advertised keys)
-  -> ``{"sealed": {neighbour: ciphertext}}``;
+* shares: ``{"context", "u1": [clients], "keys": {client: [c, s]}}`` (the names of
+  every client that advertised keys, and the keys of this client and its neighbours among
+  them) -> ``{"sealed": {neighbour: ciphertext}}``;
 * the training unit: ``{"context", "u2": [clients], "weight", "scale"}`` -> its update,
   masked, in the ring's integers;
 * unmask: ``{"context", "u3": [clients], "sealed": {sender: ciphertext}}`` (the ciphertexts
