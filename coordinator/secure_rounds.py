@@ -112,7 +112,11 @@ class SecureRounds:
                                    max(1, len(keys)))
         outcome = train(u2, self._masking(context, shares, scale))
         masked = self._checked(outcome, weights, left)
-        revealed = step.unmask([u for u in u2 if u.client in masked], sealed, left)
+        silent: list[UnitFailure] = []  # their updates count: no drop-out, a log line
+        revealed = step.unmask([u for u in u2 if u.client in masked], sealed, silent)
+        if silent:
+            log.info("round %d: %d clients did not answer the unmask step (%s)", round_index,
+                     len(silent), silent[0].reason)
         outcome = replace(outcome, dropped=outcome.dropped + left)
         total = self._sum(round_index, context, advertised, sealed, masked, revealed, scale,
                           weights)
