@@ -12,12 +12,12 @@ import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from devtools import local_cluster
+from devtools.fedavg_replay import replay as _replay
 from tests.conftest import Cluster
 from tests.waiting import wait_until
 from thrift_trainer.engine.nodes.client import RunQuery
@@ -95,40 +95,6 @@ def test_clients_train_only_on_their_holders_and_equal_an_in_process_fedavg(hold
     expected = _partitioned_replay(trained, rounds=3)
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-def _replay(overrides: list[str], rounds: int,
-            clients_of: Callable[[int], list[tuple[str, Path]]],
-            announced: dict[str, int] | None = None,
-            watch: Callable[[int, Any, list], None] | None = None) -> dict:
-    """FedAvg computed in this process: in each round, the clients ``clients_of(round)``
-    names (with the folder of each one's data) trained from the round's weights, their
-    deltas averaged by examples, as the run's algorithm does; the final weights.
-    ``announced``: node-resident clients' sizes, as their nodes announced them; ``watch``
-    is called after each round with its index, the algorithm and the round's results."""
-    from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
-    from thrift_trainer.training.run_config import load_run_config
-    from thrift_trainer.training.units import UnitJob, UnitResult, UnitSpec
-
-    config = load_run_config(None, overrides).to_spec().algorithm_config()
-    algorithm = DeltaAveraging("mlp_classifier", config, SHIPPED, "letters")
-    if announced is not None:
-        algorithm.take_clients(announced, {})
-    checked = DeltaAveraging.check_config("mlp_classifier", config)
-    weights = algorithm.initial_weights()
-    for round_index in range(1, rounds + 1):
-        results = []
-        for client, data in clients_of(round_index):
-            unit = UnitSpec(unit_id=client, unit_path="", client=client)
-            job = UnitJob("replay", round_index, unit, "mlp_classifier", config,
-                          {k: v.copy() for k, v in weights.items()}, dataset="letters",
-                          checked_config=checked)
-            output = DeltaAveraging.run_unit(job, data)
-            results.append(UnitResult(unit, output.update, output.num_samples, output.loss))
-        weights = algorithm.aggregate(round_index, weights, results, [])
-        if watch is not None:
-            watch(round_index, algorithm, results)
-    return weights
 
 
 def _partitioned_replay(trained: list[dict], rounds: int) -> dict:

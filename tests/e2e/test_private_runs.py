@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster
+from devtools.fedavg_replay import replay as _replay
 from tests.e2e.test_federated_clients import (
     FEDERATED,
     RESIDENT,
@@ -24,7 +25,6 @@ from tests.e2e.test_federated_clients import (
     SITES,
     SITES_PLUGIN,
     _overrides,
-    _replay,
     _run_dir,
     _sites,
     _with_sets,

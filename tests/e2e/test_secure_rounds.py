@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from devtools import local_cluster
+from devtools.fedavg_replay import replay as _replay
 from tests.e2e.test_federated_clients import (
     FEDERATED,
     RESIDENT,
     SHIPPED,
     SITES_PLUGIN,
-    _replay,
     _run_dir,
     _with_sets,
     four_sites,
