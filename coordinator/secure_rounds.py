@@ -38,6 +38,7 @@ import numpy as np
 
 from thrift_trainer.coordinator.run_tasks import RunTasks
 from thrift_trainer.engine.ledger import UnitLedger
+from thrift_trainer.engine.phase_clock import PhaseClock
 from thrift_trainer.engine.progress import RunProgress
 from thrift_trainer.engine.round_engine import RoundEngine
 from thrift_trainer.engine.round_state import RoundOutcome
@@ -96,30 +97,40 @@ class SecureRounds:
         self._engine: RoundEngine | None = None
 
     def run(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
-            weights: Weights, train: TrainUnits) -> SecureOutcome:
+            weights: Weights, train: TrainUnits,
+            clock: PhaseClock | None = None) -> SecureOutcome:
+        """The round's four steps; ``clock`` (the round's, whose ``units`` phase holds
+        this call) gets each step's seconds as the phases ``secure_keys``,
+        ``secure_shares``, ``secure_train``, ``secure_unmask`` and ``secure_sum``."""
+        clock = clock if clock is not None else PhaseClock()
         steps = self._steps(engine)
         context = f"{self.tasks.run_id}/{round_index}/{secrets.token_hex(8)}"
         step = _Step(steps, self.tasks, round_index, context)
         left: list[UnitFailure] = []
-        advertised = step.keys(units, left)
+        with clock.phase("secure_keys"):
+            advertised = step.keys(units, left)
         keys = advertised.keys
         pinned = [replace(u, only_node=advertised.nodes[u.client]) for u in units
                   if u.client in keys]
-        sealed = step.shares(pinned, keys, self.settings.neighbours, left)
+        with clock.phase("secure_shares"):
+            sealed = step.shares(pinned, keys, self.settings.neighbours, left)
         u2 = [u for u in pinned if u.client in sealed]
         shares = self._weights(u2, len(keys))
         scale = quantize.scale_for(self.settings.clip_range, self.settings.bits,
                                    max(1, len(keys)))
-        outcome = train(u2, self._masking(context, shares, scale))
-        masked = self._checked(outcome, weights, left)
+        with clock.phase("secure_train"):
+            outcome = train(u2, self._masking(context, shares, scale))
+            masked = self._checked(outcome, weights, left)
         silent: list[UnitFailure] = []  # their updates count: no drop-out, a log line
-        revealed = step.unmask([u for u in u2 if u.client in masked], sealed, silent)
+        with clock.phase("secure_unmask"):
+            revealed = step.unmask([u for u in u2 if u.client in masked], sealed, silent)
         if silent:
             log.info("round %d: %d clients did not answer the unmask step (%s)", round_index,
                      len(silent), silent[0].reason)
         outcome = replace(outcome, dropped=outcome.dropped + left)
-        total = self._sum(round_index, context, advertised, sealed, masked, revealed, scale,
-                          weights)
+        with clock.phase("secure_sum"):
+            total = self._sum(round_index, context, advertised, sealed, masked, revealed,
+                              scale, weights)
         if total is None:
             return SecureOutcome(outcome, None)
         mean = self._private_mean(round_index, total, len(keys), len(masked), weights) \

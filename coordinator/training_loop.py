@@ -142,7 +142,8 @@ class TrainingLoop:
             units = self._plan(round_index)
             sent_weights = self._encoded(weights)  # once, for every unit
         with clock.phase("units"):
-            secure = self._secure_round(engine, round_index, units, weights, sent_weights)
+            secure = self._secure_round(engine, round_index, units, weights, sent_weights,
+                                        clock)
             outcome = secure.outcome if secure is not None else \
                 self._run_units(engine, round_index, units, weights, sent_weights)
         update_started = runtime.monotonic()
@@ -221,14 +222,16 @@ class TrainingLoop:
                            int(self.algorithm.config["seed"]))
 
     def _secure_round(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
-                      weights: Weights, sent_weights: Tensors) -> SecureOutcome | None:
-        """A secure round's steps (coordinator/secure_rounds.py); None in a plain run."""
+                      weights: Weights, sent_weights: Tensors,
+                      clock: PhaseClock) -> SecureOutcome | None:
+        """A secure round's steps (coordinator/secure_rounds.py), each timed in
+        ``clock``; None in a plain run."""
         if self._secure is None:
             return None
         return self._secure.run(
             engine, round_index, units, weights,
             lambda masked, payloads: self._run_units(engine, round_index, masked, weights,
-                                                     sent_weights, payloads))
+                                                     sent_weights, payloads), clock)
 
     def _run_units(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
                    weights: Weights, sent_weights: Tensors,

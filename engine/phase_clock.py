@@ -5,7 +5,9 @@ MD-GAN generates its batches, and the weights are encoded once; ``units``: the u
 and back, node maths and transfers included; ``aggregate``: the update, e.g. MD-GAN's G
 step; ``after_round``: e.g. MD-GAN's discriminator swaps; ``evaluate`` and ``score``:
 the validation metrics and the offline scores when they are due; ``ledger``: the round's
-record in the run store; ``samples``: the sample grid when due). metrics.jsonl keeps them
+record in the run store; ``samples``: the sample grid when due). A secure round
+(coordinator/secure_rounds.py) also times its steps, inside ``units``: ``secure_keys``,
+``secure_shares``, ``secure_train``, ``secure_unmask`` and ``secure_sum``. metrics.jsonl keeps them
 under ``phase_seconds``, so a slow round can be read without a profiler
 (bench/gan_iteration_cost.py reads them). The checkpoint, written after the row as the
 commit point of a resume, is not in it. The asynchronous modes have no round barrier:

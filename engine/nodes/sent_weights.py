@@ -7,7 +7,10 @@ version: the very dict object (every unit of a sync round shares one dict, alrea
 encoded with the run's 'down' codec), not merely the same version number. So a unit that
 carries its own tensors (MD-GAN's batches: a new dict per unit) is never sent as a
 reference, and if two different dicts ever went to the node under one (run, version),
-that version is never referred to again, whichever arrived last.
+that version is never referred to again, whichever arrived last. A task without weights
+(a secure round's key, share and unmask steps, each a fresh empty dict under the round's
+version) counts for nothing here: the node answers it before its weight cache is touched
+(compute_node/handler.py), so the round's weights stay referable.
 
 A reference is only made once the node has completed a unit sent with these weights: it
 keeps them once a unit's maths took them, before it answers, so the reference will find
@@ -54,7 +57,11 @@ class SentWeights:
             return sent is not None and sent.held and sent.weights is task.weights
 
     def sending(self, task: Task) -> None:
-        """``task`` goes out with its weights (call before sending)."""
+        """``task`` goes out with its weights (call before sending). A task that carries
+        none (a secure round's key, share and unmask steps) sends nothing and leaves what
+        the node holds as it was."""
+        if not task.weights:
+            return
         with self._lock:
             versions = self._runs.pop(task.run_id, {})
             self._runs[task.run_id] = versions  # the run used last goes last

@@ -123,6 +123,22 @@ def test_units_with_their_own_tensors_are_never_references():
     assert not sent.refers(first)
 
 
+def test_tasks_without_weights_leave_the_reference_as_it_was():
+    """A secure round's key, share and unmask steps carry no weights, each an empty dict
+    of its own, under the round's version: before and between its training units."""
+    sent, weights = SentWeights(), arrays(1.0)
+    for step in (task({}, unit="keys"), task({}, unit="shares")):  # before any weights
+        sent.sending(step)
+        sent.completed(step)
+    first = task(weights, unit="u1")
+    sent.sending(first)
+    sent.completed(first)
+    unmask = task({}, unit="unmask")
+    sent.sending(unmask)
+    sent.completed(unmask)
+    assert sent.refers(task(weights, unit="u2"))
+
+
 def test_a_node_that_lost_the_weights_gets_them_again_before_any_reference():
     sent, weights = SentWeights(), arrays(1.0)
     sent.sending(task(weights))
