@@ -7,7 +7,8 @@ leaving; the coordinator killed and resumed; its store failing). The real Run, e
 ledger and SQLite store train it on a virtual clock in one process, one thread at a time
 in an order the seed decides (devtools/simulation/world.py), then the checks run: the run
 completes, the ledger audit holds, every ledger move is legal, sync runs end with the
-fault-free run's weights, node counters agree with the store.
+fault-free run's weights, node counters agree with the store, and a private run's budget
+in the store covers the releases it made (at every crash point too).
 
     python bench/simulate.py --seed 42              # replay one plan, bit for bit
     python bench/simulate.py --plan tests/simulation_plans/restarted-pull-node.json

@@ -370,8 +370,9 @@ class TrainingLoop:
                      clock: PhaseClock | None = None,
                      client_figures: dict[str, float] | None = None) -> RoundMetrics:
         """Evaluate a round's weights and write the round out: ledger, sample grid,
-        metrics and, last, the checkpoint. ``update_started``: when the round's update began
-        (None in the asynchronous modes, whose updates are spread over the round);
+        metrics and the checkpoint; then the status shows it. ``update_started``: when the
+        round's update began (None in the asynchronous modes, whose updates are spread over
+        the round);
         ``clock``: the round's phases so far (None where a round has no phases: the
         asynchronous modes); ``client_figures``: the fairness figures of the round's
         federated clients (coordinator/client_files.py), kept with its scores."""
@@ -388,8 +389,6 @@ class TrainingLoop:
             update_seconds=now - update_started if update_started is not None else 0.0)
         # asynchronous modes count passes instead (the status shows them)
         epochs = None if self.schedule.asynchronous else self.algorithm.epochs_done(round_index)
-        parts.progress.round_done(round_index, evaluation.validation_error, end.train_loss,
-                                  epochs, metrics)
         log.info("round %d/%d: validation error %.4f (%d units, %d discarded, %.2fs)",
                  round_index, self.rounds, evaluation.validation_error,
                  end.results, len(end.discarded), metrics.seconds)
@@ -397,7 +396,6 @@ class TrainingLoop:
             self._score(round_index, weights, metrics)
             if client_figures:
                 metrics.scores = {**(metrics.scores or {}), **client_figures}
-                parts.progress.clients_done({**self._latest_eval, **client_figures})
         with clock.phase("ledger"):
             parts.ledger.round_ended(metrics, end.results, len(end.discarded))
             parts.ledger.check()  # a round the store missed must not be checkpointed
@@ -412,6 +410,12 @@ class TrainingLoop:
         parts.folder.write_checkpoint(Checkpoint(
             round_index, weights, self.algorithm.state_dict(), parts.policy.random_state(),
             None if end.position is None else end.position.to_dict()))
+        # The status shows the round once it is written: a round it shows is one no crash
+        # takes back (a private run's status shows only releases the store has charged).
+        parts.progress.round_done(round_index, evaluation.validation_error, end.train_loss,
+                                  epochs, metrics)
+        if client_figures:
+            parts.progress.clients_done({**self._latest_eval, **client_figures})
         return metrics
 
     def _evaluate(self, round_index: int, weights: Weights) -> RoundEval:

@@ -99,6 +99,8 @@ class SimNode:
     units_done: int = 0
     lives: int = 0  # how many times its process died: a new life is a new process
     held: tuple[int, int] | None = None  # the clients (first, last) it holds; None: all
+    # told of every work request the node is sent (the weights it then has seen)
+    watch: Callable[[ttypes.WorkRequest], None] | None = None
 
     def holds(self, client: str | None) -> bool:
         """Whether it holds the data of ``client`` (a unit of no client: yes)."""
@@ -138,6 +140,8 @@ class SimNode:
         """The node's answer to a work request, its virtual time spent first."""
         key = (request.run_id, request.unit_id, request.attempt)
         self.sim.note("unit", self.name, *key)
+        if self.watch is not None:
+            self.watch(request)
         while self.faults.hung:  # took the call, answers nothing until released
             call.wait(POLL_SECONDS)
         if self._rng.random() < self.faults.reject:

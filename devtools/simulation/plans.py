@@ -19,7 +19,12 @@ Each event happens to one node, or to the coordinator or its store:
                             loudly and is resumed once the disk has room again
 
 A node that goes down comes back: every fault of a node ends by `span` (so a run can
-always finish), and a plan is JSON both ways (`to_json`, `from_json`).
+always finish), and a plan is JSON both ways (`to_json`, `from_json`). A share of the
+plans trains federated clients (`CLIENT_PLANS`), and half of those in sync or buffered
+mode are private runs (`PRIVATE_PLANS`: docs/privacy.md), whose budget the simulator
+checks against the releases they make (devtools/simulation/budget.py). A private plan
+draws one more coordinator fault (a kill or a store failure) while its rounds run, so
+that the check meets a crash point in each.
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ NODE_FAULTS = ("crash", "hang", "slow", "reject", "corrupt", "lose", "partition"
 ENDS = {"crash": "restart", "hang": "release", "partition": "heal", "leave": "join"}
 COORDINATOR_FAULTS = ("kill", "store_fail")
 CLIENT_PLANS = 0.3  # the share of plans drawn with federated clients
+PRIVATE_PLANS = 0.5  # the share of sync and buffered plans with clients made private
+# A private run's settings (docs/privacy.md): a clip near the letters clients' update
+# norms (about 0.008 at this learning rate), noise enough for a finite epsilon, a delta
+# below 1 / clients, no target (a plan's run must not stop on its budget). A clip 100
+# times the updates' norm drowns them in noise: every update the noised model then gets
+# is many times the norms before, and the update-norm guard refuses them all.
+PRIVACY = ("privacy.clip=0.01", "privacy.noise_multiplier=1.0", "privacy.delta=0.001")
+# A private plan's own coordinator fault, within the virtual seconds its rounds take
+# without faults: a crash point while releases are made, where the budget is checked
+PRIVATE_CRASH_SPAN = 5.0
 
 
 @dataclass
@@ -80,6 +95,9 @@ class Plan:
     # block of them (--clients), pull nodes every one. 0: no clients (the letters MLP's
     # file units).
     clients: int = 0
+    # Client-level differential privacy (a plan with clients, sync or buffered): each
+    # round is one noised release, which the run store must charge before it is seen
+    private: bool = False
 
     def held_by(self, node: int) -> tuple[int, int] | None:
         """The clients (first, last) pushed node ``node`` holds; None: every one."""
@@ -112,7 +130,17 @@ class Plan:
                      "delta_avg.local_optimizer=sgd", "delta_avg.batch_size=100",
                      f"clients.count={self.clients}",
                      f"clients.per_round={max(1, self.clients // 2)}"]
+        if self.private:  # (buffered: one release a round, as privacy asks)
+            sets += [*PRIVACY, *(["schedule.updates_per_round=1"]
+                                 if self.mode == "buffered" else [])]
         return sets
+
+    def results_per_round(self, units: int) -> int:
+        """Results an asynchronous round takes: whole buffers of 2 covering ``units``,
+        one buffer in a private buffered run (one release a round)."""
+        if self.mode != "buffered":
+            return units
+        return 2 if self.private else -(-units // 2) * 2
 
     def reference_key(self) -> tuple[str, ...]:
         """What a deterministic run's final weights depend on: its settings (not its nodes,
@@ -152,6 +180,8 @@ class Plan:
             raise ValueError("rounds and epochs must be at least 1")
         if self.clients and self.clients < self.pushed:
             raise ValueError("a plan with clients has at least one per pushed node")
+        if self.private and (not self.clients or self.mode == "async"):
+            raise ValueError("a private plan has clients, in sync or buffered mode")
         kinds = set(NODE_FAULTS) | set(ENDS.values()) | set(COORDINATOR_FAULTS) | {"duplicate"}
         for event in self.events:
             if event.kind not in kinds:
@@ -165,7 +195,7 @@ class Plan:
     def __str__(self) -> str:
         nodes = f"{self.pushed} pushed + {self.pulled} pull nodes"
         if self.clients:
-            nodes += f", {self.clients} clients"
+            nodes += f", {self.clients} {'private ' if self.private else ''}clients"
         events = "; ".join(str(e) for e in self.events) or "no faults"
         return f"seed {self.seed}: {self.mode}, {nodes}, {self.rounds} rounds; {events}"
 
@@ -199,6 +229,11 @@ class Plan:
         plan.events.sort(key=lambda e: e.at)
         if rng.random() < CLIENT_PLANS:  # (drawn last: a plan's other draws stay as they were)
             plan.clients = rng.choice((4, 8, 12))
+            if plan.mode != "async" and rng.random() < PRIVATE_PLANS:
+                plan.private = True
+                plan.events.append(Event(round(rng.uniform(0.0, PRIVATE_CRASH_SPAN), 1),
+                                         rng.choice(COORDINATOR_FAULTS)))
+                plan.events.sort(key=lambda e: e.at)
         return plan
 
 

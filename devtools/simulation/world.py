@@ -19,8 +19,10 @@ against the policy the run ran (devtools/simulation/accounting.py: a unit discar
 exactly its failures, none queued again once they are used up; a stream failed after
 exactly a pass of units discarded in a row), in a run that failed as its plan expects
 too; in a deterministic run that discarded no unit, the final weights equal those of the
-same plan without its events; and each node's counters in the engine equal its row in
-the store.
+same plan without its events; each node's counters in the engine equal its row in the
+store; and in a private run, at every crash point (a coordinator killed, or stopped by
+its store) and at the end, the budget the store records covers the releases made
+(devtools/simulation/budget.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 
 from devtools.ledger_audit import RunShape, audit
 from devtools.simulation.accounting import discard_streak, failure_accounting
+from devtools.simulation.budget import Releases, budget_problems, charged_releases
 from devtools.simulation.nodes import HOST, NODE_PORTS, SimNode, SimNodeClient, pull_worker
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.scheduler import SimHang, SimRuntime
@@ -175,6 +178,10 @@ class World:
         self.run_ended: Any = None  # set when the current coordinator's run ends or dies
         self.error: BaseException | None = None
         self.killed = False
+        # a private run's releases, as nodes, checkpoints and the status showed them, and
+        # what the budget check found at the crash points
+        self.releases = Releases() if plan.private else None
+        self.budget_problems: list[str] = []
 
     # ------------------------------------------------------------- the run
     def drive(self, outcome: Outcome) -> None:
@@ -186,6 +193,9 @@ class World:
                 self.sim.start_thread(self._chaos, "chaos")
             self.run_ended.wait()
             outcome.incarnations = self.incarnation
+            if self.result is None:  # killed, or stopped by its store: a crash point
+                self.budget_problems += self.budget_check(f"coordinator{self.incarnation} "
+                                                          "ended")
             if self.result is not None:
                 outcome.state = "completed"
                 outcome.weights = weights_digest(self.result.weights)
@@ -208,9 +218,23 @@ class World:
         self.store.full = False
         return True
 
+    def budget_check(self, when: str) -> list[str]:
+        """A private run's budget in the store against the releases made so far: the
+        weights nodes were sent, the checkpoint on disk, the status the coordinator
+        showed last (docs: devtools/simulation/budget.py)."""
+        if self.releases is None:
+            return []
+        run_id = f"sim{self.plan.seed}"
+        self.releases.saw_checkpoint(self.workdir / "runs" / run_id)
+        if self.run is not None:  # this process's run, built: what its status shows
+            self.releases.seen(self.run.progress.round, f"the status of {self._owner}")
+        charged = charged_releases(self.workdir / "runs.db", run_id)
+        return budget_problems(charged, self.releases, when)
+
     def _start_coordinator(self) -> None:
         self.incarnation += 1
         self.result, self.error, self.killed = None, None, False
+        self.run = None  # built by the new process
         self.run_ended = runtime.Event()
         if self.plan.pulled:  # registrations live in the coordinator's process
             self.membership = Membership(heartbeat_seconds=HEARTBEAT_SECONDS)
@@ -255,8 +279,10 @@ class World:
     def _build_nodes(self) -> None:
         plan = self.plan
         for index in range(plan.nodes):
-            self.nodes.append(SimNode(f"n{index}", index, DEFAULT_DATA_ROOT, self.sim,
-                                      pull=index >= plan.pushed, held=plan.held_by(index)))
+            self.nodes.append(SimNode(
+                f"n{index}", index, DEFAULT_DATA_ROOT, self.sim, pull=index >= plan.pushed,
+                held=plan.held_by(index),
+                watch=None if self.releases is None else self.releases.node_sent))
 
     def _start_pull_nodes(self) -> None:
         for node in self.nodes:
@@ -341,6 +367,7 @@ class World:
 def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None) -> list[str]:
     """What is wrong with the run the plan made (nothing: an empty list)."""
     problems = [f"thread {name} raised {exc!r}" for name, exc in sim.errors]
+    problems += world.budget_problems + world.budget_check("at the end")
     if outcome.state == "hung":
         problems.append(f"the run hung: {outcome.reason}")
         return problems
@@ -358,8 +385,7 @@ def check(outcome: Outcome, world: World, sim: SimRuntime, reference: str | None
         return problems
     units = max(1, plan.clients // 2) if plan.clients else LETTERS_UNITS
     dropped = dropped_clients(world, run_id)
-    shape = RunShape(plan.rounds, units, plan.mode,
-                     units if plan.mode != "buffered" else -(-units // 2) * 2, dropped,
+    shape = RunShape(plan.rounds, units, plan.mode, plan.results_per_round(units), dropped,
                      units_per_pass=1 if plan.clients else 0)  # a stream's draws: one each
     ledger = audit(store, run_id, shape)
     problems += [f"ledger: {c.name}: {c.detail}" for c in ledger.checks if not c.ok]

@@ -1,6 +1,7 @@
 """The deterministic simulation: replays are bit for bit, the shrinker finds a planted
-bug's minimal plan, the plans that once failed pass, a fixed list of seeds passes, and the
-failure accounting holds the plans' discards to their limit.
+bug's minimal plan, the plans that once failed pass, a fixed list of seeds passes, the
+failure accounting holds the plans' discards to their limit, and a private run's budget
+in the store covers the releases it made, at its crash points and at its end.
 
 Each plan runs the real coordinator (Run, engine, ledger, SQLite store) on a virtual clock
 in this process (devtools/simulation/), in about half a second of real time.
@@ -23,6 +24,9 @@ import pytest
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.shrink import problem_kind, shrink
 from devtools.simulation.world import simulate
+from thrift_trainer.coordinator.training_loop import TrainingLoop
+from thrift_trainer.engine import runtime
+from thrift_trainer.engine.ledger import UnitLedger
 from thrift_trainer.engine.update_filters import Tensors
 from thrift_trainer.engine.work_queue import WorkQueue
 
@@ -36,6 +40,12 @@ FIXED_SEEDS = range(1, 41)  # sync, async and buffered; pushed and pull nodes
 AT_THEIR_LIMIT = [("sync-unit-discarded-at-its-limit.json", (1, -1)),
                   ("stream-unit-discarded-at-its-limit.json", (1,))]
 SAID = {1: "was not discarded", -1: "failures; it is discarded after 2"}
+# Private plans whose coordinator stops mid-run (killed; its store full), once releases
+# have been sent to nodes
+PRIVATE = [Plan(seed=8, mode="sync", pushed=2, pulled=1, rounds=3, clients=4, private=True,
+                events=[Event(2.5, "kill")]),
+           Plan(seed=9, mode="buffered", pushed=2, rounds=3, clients=4, private=True,
+                events=[Event(2.5, "store_fail")])]
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +96,7 @@ def test_a_fixed_list_of_seeds_passes() -> None:
     plans = [Plan.from_seed(seed) for seed in FIXED_SEEDS]
     assert {p.mode for p in plans} == {"sync", "async", "buffered"}
     assert any(p.pulled for p in plans) and any(p.pushed for p in plans)
+    assert {p.mode for p in plans if p.private} == {"sync", "buffered"}
     failing = {}
     for plan in plans:
         problems = simulate(plan).problems
@@ -194,3 +205,50 @@ def test_a_client_plan_passes_and_a_unit_sent_past_its_holders_is_found_and_shru
     assert smallest.events == [] and smallest.rounds == 1, smallest
     monkeypatch.undo()
     assert not simulate(smallest).problems
+
+
+@pytest.mark.parametrize("plan", PRIVATE, ids=lambda plan: plan.mode)
+def test_a_private_plan_passes_and_a_budget_write_skipped_is_found_where_it_crashes(
+        plan: Plan, monkeypatch) -> None:
+    """The planted bug: the coordinator never writes a round's row, which is the budget a
+    private run spends. When its first process stops, a release nodes were sent is not
+    charged; at the end, the checkpoint's is not."""
+    outcome = simulate(plan)
+    assert not outcome.problems, outcome.problems
+    assert outcome.incarnations == 2
+    monkeypatch.setattr(UnitLedger, "round_ended",
+                        lambda self, metrics, completed, discarded: None)
+    problems = simulate(plan, reference="").problems
+    assert any(p.startswith("privacy budget: coordinator1 ended, the store charges 0 "
+                            "releases, and release 1 was visible (sent to a training unit")
+               for p in problems), problems
+    assert ("privacy budget: at the end, the store charges 0 releases, and release 3 was "
+            "visible (the checkpoint)") in problems
+
+
+def test_a_status_that_shows_a_round_before_the_store_charges_it_is_found(
+        monkeypatch) -> None:
+    """The status shows a round once it is written. Planted, it shows it before the
+    round's scores (as it once did), which take half a second here: the coordinator killed
+    then leaves a status ahead of the store. (The kept plan private-status-shown-before-
+    the-store-charged.json met it with no time between them, its store failing there.)"""
+    plan = Plan(seed=8, mode="sync", pushed=2, rounds=2, clients=4, private=True,
+                events=[Event(1.2, "kill")])
+    scored = TrainingLoop._score
+
+    def slow_scores(self, round_index, weights, metrics) -> None:
+        runtime.sleep(0.5)
+        scored(self, round_index, weights, metrics)
+
+    monkeypatch.setattr(TrainingLoop, "_score", slow_scores)
+    assert not simulate(plan).problems
+
+    def shown_early(self, round_index, weights, metrics) -> None:
+        self.parts.progress.round_done(round_index, metrics.validation_error,
+                                       metrics.train_loss)
+        slow_scores(self, round_index, weights, metrics)
+
+    monkeypatch.setattr(TrainingLoop, "_score", shown_early)
+    assert simulate(plan, reference="").problems == [
+        "privacy budget: coordinator1 ended, the store charges 0 releases, and release 1 "
+        "was visible (the status of coordinator1)"]
