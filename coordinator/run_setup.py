@@ -197,6 +197,12 @@ def _check_privacy(spec: RunSpec, cls: type[Algorithm]) -> None:
     elif spec.aggregation_rule != "mean":
         problem = (f"aggregation.rule {spec.aggregation_rule} does not sum the clipped "
                    f"updates, which the noise is calibrated to; use mean")
+    elif spec.clients.eval_every:
+        # a resume forgets what came after the last checkpoint, and the evaluation would
+        # have sent the round's model out before it
+        problem = ("clients.eval_every sends each round's model to the nodes before the "
+                   "round is recorded, which a crash could turn into a release the budget "
+                   "misses; leave it at 0")
     elif spec.clients.over_select != 1:
         problem = ("clients.over_select drops the late clients of a round, which the "
                    "accounting of the sampling cannot see; leave it at 1")

@@ -198,6 +198,8 @@ def _prepare(config, rounds: int = 2, outputs: dict | None = None):
      "privacy: client-level privacy needs federated clients"),
     ([*PRIVATE, "aggregation.rule=median"], "privacy: aggregation.rule median does not sum"),
     ([*PRIVATE, "clients.over_select=1.5"], "privacy: clients.over_select drops"),
+    ([*PRIVATE, "clients.eval_every=1", "clients.validation_fraction=0.2"],
+     "privacy: clients.eval_every sends each round.s"),
     ([*PRIVATE, "schedule.mode=async"], "privacy: async mode makes a version of every"),
     ([*PRIVATE, "schedule.mode=buffered"], "buffered mode needs schedule.updates_per_round 1"),
     ([*PRIVATE, "schedule.mode=buffered", "schedule.updates_per_round=2"],
