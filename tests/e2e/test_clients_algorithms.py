@@ -19,7 +19,6 @@ from tests.e2e.test_federated_clients import (
     _run_dir,
     _with_sets,
 )
-from tests.waiting import wait_until
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
 from thrift_trainer.training.outputs.model_file import load_model
 
@@ -266,9 +265,12 @@ def test_sync_sgd_on_several_clients_of_a_node_equals_through_a_relay_and_two_wo
         weights[run] = load_model(_run_dir(cluster, result) / "model.npz")[0]
     # behind the relay its member computed the wards' gradients whole; the node with two
     # workers split each into two shares, whose sample-weighted mean is the whole one
-    # (a node logs a unit's end as it answers: the reader of its output may be a line late)
-    assert wait_until(lambda: len(re.findall(r"unit ward-\d round \d done",
-                                             several.log())) >= 2 * 3 * 2, 30.0), several.log()
+    # A node folds an info line repeated word for word within 10 s into a count, which it
+    # writes out at the latest when it stops: stopped, its log holds every unit's end.
+    several.stop()
+    ends = re.findall(r"unit ward-\d round \d done[^\n]*?(?: \(repeated (\d+) times?[^\n]*)?\n",
+                      several.log())  # a count's line stands for its repeats
+    assert sum(int(repeats) if repeats else 1 for repeats in ends) >= 2 * 3 * 2, several.log()
     for run in ("relayed", "workers"):
         for name, value in weights["direct"].items():
             np.testing.assert_allclose(weights[run][name], value, rtol=1e-5, atol=1e-6,
