@@ -237,6 +237,8 @@ def test_a_status_that_shows_a_round_before_the_store_charges_it_is_found(
     scored = TrainingLoop._score
 
     def slow_scores(self, round_index, weights, metrics) -> None:
+        # the simulator's virtual clock: the scores take half a simulated second, so the
+        # kill at 1.2 s falls inside them; no real time passes and nothing is waited on
         runtime.sleep(0.5)
         scored(self, round_index, weights, metrics)
 
