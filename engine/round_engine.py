@@ -345,9 +345,10 @@ class RoundEngine:
         """
         now = runtime.monotonic()
         busy = state.nodes_of(unit)
+        holders = self._holders(unit)
         if not self.policy.ranks_by_views and not state.fills_evenly:
-            return self._order_available(now, busy, unit.spec)
-        views = [n.view(now) for n in self.nodes if may_compute(n, unit.spec)]
+            return self._order_available(now, busy, holders, unit.spec)
+        views = [n.view(now) for n in holders]
         free = [v for v in views if v.index not in busy]
         if state.fills_evenly and free:
             # A stream fills nodes evenly: a unit goes to a node with nothing out while
@@ -356,10 +357,17 @@ class RoundEngine:
             free = [v for v in free if v.in_flight == fewest]
         return self._preferred_first(self.policy.order(free or views), unit.spec)
 
-    def _order_available(self, now: float, busy: Container[int], spec: UnitSpec) -> list[int]:
+    def _holders(self, unit: Unit) -> list[NodeHandle]:
+        """The nodes that may compute the unit, less those it already failed on while
+        another remains (a node whose answers are too large for us fails every unit it
+        takes, without being benched for it)."""
+        holders = [n for n in self.nodes if may_compute(n, unit.spec)]
+        return [n for n in holders if n.index not in unit.failed_on] or holders
+
+    def _order_available(self, now: float, busy: Container[int], holders: list[NodeHandle],
+                         spec: UnitSpec) -> list[int]:
         """`_order` for a policy that looks only at which nodes are available: the same
         nodes, without a view of each (48 views cost a tenth of a millisecond a unit)."""
-        holders = [n for n in self.nodes if may_compute(n, spec)]
         free = [n for n in holders if n.index not in busy] or holders
         return self._preferred_first(
             self.policy.order_available([n.index for n in free if n.available(now)]), spec)
@@ -500,6 +508,7 @@ class RoundEngine:
         self.log.failed_call(node, runtime.monotonic() - began, bench, reason)
         state.end_attempt(unit, attempt)
         with state.recording():  # the unit's ledger round must not move in between
+            unit.failed_on.add(node.index)
             discarded = state.record_failure(unit, f"{node.name}: {reason}",
                                              self.settings.max_unit_failures)
             self._ended(state, unit, attempt, node,

@@ -69,6 +69,9 @@ class Unit:
     # lost (training/clients/).
     dropped: bool = False
     last_error: str = ""
+    # Nodes an attempt of the unit failed on: a retry goes to another node while one can
+    # take it, so a unit is not spent on the one node that cannot compute it.
+    failed_on: set[int] = field(default_factory=set)
 
     @property
     def settled(self) -> bool:

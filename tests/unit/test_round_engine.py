@@ -193,6 +193,30 @@ def test_an_answer_over_this_processs_own_limit_fails_the_attempt_without_benchi
     assert str(theirs) == "refused a message of 3.0 MiB (3145728 bytes): it takes at most 2 MiB"
 
 
+class LowestIndexFirst(RoundRobinPolicy):
+    """Always the lowest-numbered available node first: without a rule against it, every
+    attempt of a unit would go to node 0."""
+
+    ranks_by_views = False
+
+    def order_available(self, indexes: list[int]) -> list[int]:
+        return sorted(indexes)
+
+
+def test_a_unit_is_retried_on_a_node_it_has_not_failed_on():
+    """A node that fails every unit without being benched (its answers are over our limit)
+    costs each unit one failure, not all of them: the retry goes to the other node."""
+    too_big = LocalNode(0, fail_with=MessageRefused("refused a message of 4.2 MiB"))
+    other = LocalNode(1)
+    progress = RunProgress("r1", 1, 11, lambda: [])
+    eng = RoundEngine("r1", [too_big, other], LowestIndexFirst(),
+                      EngineSettings(max_unit_failures=2), progress, threading.Event())
+    outcome = eng.run_round(1, units(4), 4, build)
+    assert outcome.completed == 4
+    assert too_big.stats.failed == 4  # each unit tried it first, once
+    assert other.calls == 4
+
+
 def always_delayed(index: int) -> LocalNode:
     """A node that accepts every unit and then waits 60 s before working on it."""
     node = LocalNode(index)
