@@ -170,8 +170,11 @@ class Cluster:
         return self.coordinator
 
     def client(self, *args: str, timeout: float = 120.0):
-        return procs.run_client(["127.0.0.1", str(self.coordinator.port), *args], self.workdir,
-                                timeout=timeout)
+        try:
+            return procs.run_client(["127.0.0.1", str(self.coordinator.port), *args],
+                                    self.workdir, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # the servers' logs say where it waited
+            raise AssertionError(f"{exc}\n{exc.stderr or ''}\n{self.logs()}") from exc
 
     def start_client(self, *args: str) -> subprocess.Popen:
         """The client in the background, for tests that act while it trains. It takes
