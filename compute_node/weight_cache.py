@@ -15,8 +15,10 @@ weights that do not fit the model are never kept). Memory is bounded: the newest
 ``versions_per_run`` versions of each run (older ones are dropped as newer ones arrive), the
 ``max_runs`` runs used last, and ``max_bytes`` in all (the oldest versions of the runs used
 least recently go first; weights larger than that are not kept); a run's entries also go
-when the coordinator drops the run's sessions. Kept arrays are read-only; a unit that may
-change its weights in place (`Algorithm.writes_weights`) gets its own copies.
+when the coordinator drops the run's sessions. Kept arrays are read-only: the received
+arrays themselves (views of their message, which nothing writes), copies of any others; a
+unit that may change its weights in place (`Algorithm.writes_weights`) gets its own
+copies.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ class WeightCache:
         self._lock = threading.Lock()
 
     def put(self, run_id: str, version: int, codec: str, weights: Tensors) -> bool:
-        """Keep read-only copies of ``weights`` unless the run already holds
+        """Keep ``weights`` read-only (`_read_only`) unless the run already holds
         ``versions_per_run`` newer versions or they exceed ``max_bytes``; returns whether
         they were kept."""
         if _nbytes(weights) > self.max_bytes:
             return False
-        kept = {name: _read_only_copy(value) for name, value in weights.items()}
+        kept = {name: _read_only(value) for name, value in weights.items()}
         with self._lock:
             self._remove(run_id, (version, codec))  # a version sent again replaces it
             entries = self._runs.setdefault(run_id, {})
@@ -131,7 +133,11 @@ def _nbytes(weights: Tensors) -> int:
     return sum(np.asarray(value).nbytes for value in weights.values())
 
 
-def _read_only_copy(value: np.ndarray) -> np.ndarray:
+def _read_only(value: np.ndarray) -> np.ndarray:
+    """The array itself when it is read-only already (a view of a received message, which
+    nothing writes: a big model is not held twice), else a read-only copy."""
+    if not value.flags.writeable and value.flags.c_contiguous:
+        return value
     copy = np.array(value, copy=True, order="C")
     copy.flags.writeable = False
     return copy

@@ -269,6 +269,7 @@ class TrainingLoop:
         units flow without barriers, each version is made here as the stream asks for
         it, and each round is written out as its last version is made."""
         parts = self.parts
+        self.algorithm.keep_each_version()
         position = position_of(self._resume_from)
         if self._resumed:  # the units the resume reopened, into the round it starts with
             parts.ledger.gather_units(done, done + 1, "reopened: gathered into the round "

@@ -3,7 +3,8 @@
 Each rule is a pure function of the round's updates (name -> array, one dict per result)
 and their sample counts, in unit order (`AveragingAlgorithm.combine` in
 training/algorithms/base.py applies the configured one to a round's results). `mean` is
-the sample-weighted average, summed unit by unit in float64 as runs always have. Robust
+the sample-weighted average, summed unit by unit in float64 as runs always have (written
+out as float32 for an algorithm that takes float32 anyway: the same bits). Robust
 rules bound what a few Byzantine nodes can do to the model:
 
 - `median`: the coordinate-wise median (unweighted: a weight would let a node that
@@ -45,22 +46,39 @@ class AggregationError(ValueError):
 
 
 # ------------------------------------------------------------------------ the rules
-def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]],
-                  samples: Sequence[int]) -> Weights:
-    """The sample-weighted mean of every update, in float64. Computed a block of elements
+def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]], samples: Sequence[int],
+                  narrow: bool = False) -> Weights:
+    """The sample-weighted mean of every update, computed in float64 a block of elements
     at a time, each element by the same operations in the same order as a whole-array
-    sum would: the same numbers, without float64 copies of every update of a big model."""
-    total = float(sum(samples))
+    sum would: the same numbers, without float64 copies of every update of a big model.
+    The mean is float64, or with ``narrow`` float32 for the names whose updates are all
+    float32: each block's float64 mean rounded as it is written, so the bits are those of
+    the float64 mean cast afterwards, and a big model's mean takes half the memory."""
     mean = {}
     for name in updates[0]:
-        parts = [np.asarray(u[name]).reshape(-1) for u in updates]
-        out = np.empty(parts[0].size, dtype=np.float64)
+        parts = flat_parts(updates, name)
+        single = narrow and all(part.dtype == np.float32 for part in parts)
+        out = np.empty(parts[0].size, dtype=np.float32 if single else np.float64)
         for start in range(0, out.size, BLOCK_ELEMENTS):
             block = slice(start, start + BLOCK_ELEMENTS)
-            out[block] = sum(part[block].astype(np.float64) * n
-                             for part, n in zip(parts, samples, strict=True)) / total
+            out[block] = mean_of_block(parts, samples, block)
         mean[name] = out.reshape(np.shape(updates[0][name]))
     return mean
+
+
+def flat_parts(updates: Sequence[Mapping[str, np.ndarray]], name: str) -> list[np.ndarray]:
+    """Every update's tensor ``name``, flat (views)."""
+    return [np.asarray(u[name]).reshape(-1) for u in updates]
+
+
+def mean_of_block(parts: Sequence[np.ndarray], samples: Sequence[int],
+                  block: slice) -> np.ndarray:
+    """The float64 sample-weighted mean of elements ``block`` of the flat ``parts``: what
+    `weighted_mean` computes of each block, so that a caller taking the mean a block at a
+    time (training/optimizer_blocks.py) gets its very bits."""
+    total = float(sum(samples))
+    return sum(part[block].astype(np.float64) * n
+               for part, n in zip(parts, samples, strict=True)) / total
 
 
 def coordinate_median(updates: Sequence[Mapping[str, np.ndarray]],
@@ -161,12 +179,16 @@ def rule_of(name: str) -> Callable[[Mapping[str, Any]], Rule]:
 
 
 def aggregate(settings: Mapping[str, Any], updates: Sequence[Mapping[str, np.ndarray]],
-              samples: Sequence[int]) -> Weights:
+              samples: Sequence[int], narrow: bool = False) -> Weights:
     """The round's update by the rule `settings["rule"]` (settings as `check_settings`
-    returns them)."""
+    returns them). ``narrow``: the caller takes float32 anyway, so the mean of float32
+    updates may be float32 (`weighted_mean`); the other rules return what they return."""
     if not updates:
         raise ValueError("no update was added to the aggregate")
-    return rule_of(settings["rule"])(settings)(updates, samples)
+    rule = rule_of(settings["rule"])(settings)
+    if narrow and rule is weighted_mean:
+        return weighted_mean(updates, samples, narrow=True)
+    return rule(updates, samples)
 
 
 def _stacked(updates: Sequence[Mapping[str, np.ndarray]], name: str) -> np.ndarray:

@@ -20,9 +20,12 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 
 
 def optimizer_arrays(named: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                     prefix: str = "") -> dict[str, np.ndarray]:
-    """The state of each of the ``named`` parameters, keyed ``<prefix><param>.<key>``."""
-    return {f"{prefix}{name}.{key}": float32_copy(value)
+                     prefix: str = "", copy: bool = True) -> dict[str, np.ndarray]:
+    """The state of each of the ``named`` parameters, keyed ``<prefix><param>.<key>``:
+    float32 copies, or with ``copy`` off views of the float32 CPU tensors (for a reader
+    done with them before the next step, as a checkpoint written at once)."""
+    convert = float32_copy if copy else float32_view
+    return {f"{prefix}{name}.{key}": convert(value)
             for name, param in named.items()
             for key, value in optimizer.state.get(param, {}).items()}
 
@@ -43,6 +46,14 @@ def load_optimizer_arrays(named: Mapping[str, torch.Tensor], optimizer: torch.op
             raise ValueError(f"Adam state of {name} holds {sorted(found)}")
         optimizer.state[param] = {key: _tensor(key, value, param.device)
                                   for key, value in found.items()}
+
+
+def float32_view(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor as a float32 array: a view when it is one on the CPU, else a copy."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and \
+            tensor.is_contiguous() and not tensor.requires_grad:
+        return tensor.numpy()
+    return float32_copy(tensor)
 
 
 def _tensor(key: str, value: np.ndarray, device: torch.device) -> torch.Tensor:

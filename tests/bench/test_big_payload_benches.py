@@ -4,6 +4,7 @@ set, and the tables they print from measured figures (no process is started)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -66,3 +67,13 @@ def test_the_big_wire_table_gives_each_sides_memory_beyond_the_tensor() -> None:
 def test_big_payloads_are_an_option_of_the_wire_bench(argv: list[str]) -> None:
     args = wire_bench.parse_args(argv)
     assert args.big and [int(s) for s in args.big_sizes_mib.split(",")][0] == 256
+
+
+@pytest.mark.parametrize(("optimizer", "lr"), [("adam", "0.001"), ("sgd", "0.01")])
+def test_the_coordinators_optimizer_is_the_runs_with_its_usual_rate(optimizer: str,
+                                                                    lr: str) -> None:
+    args = big_model.client_args(8192, 3, optimizer)
+    sets = dict(arg.split("=", 1) for arg in args[1::2])
+    assert args[::2] == ["--set"] * len(sets)
+    assert sets["sync_sgd.optimizer"] == optimizer and sets["sync_sgd.lr"] == lr
+    assert json.loads(sets["run.model_args"]) == {"width": 8192}

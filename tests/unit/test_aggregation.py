@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from thrift_trainer.client import cli
+from thrift_trainer.training import aggregation
 from thrift_trainer.training.aggregation import aggregate, check_settings
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
@@ -129,6 +130,35 @@ def test_mean_stays_the_float64_fold_of_the_weighted_average_bit_for_bit():
         for item, n in zip(items[1:], samples[1:], strict=True):
             folded += np.asarray(item[name], np.float64) * n
         assert np.array_equal(combined[name], folded / sum(samples))
+
+
+def test_a_narrow_mean_is_the_float64_mean_cast_to_float32_bit_for_bit(monkeypatch):
+    monkeypatch.setattr(aggregation, "BLOCK_ELEMENTS", 7)  # blocks that cut rows
+    rng = np.random.default_rng(3)
+    items = [{"w": rng.normal(size=(5, 9)).astype(np.float32), "d": rng.normal(size=4),
+              "n": np.array(3 + i, dtype=np.int64)} for i in range(3)]
+    samples = [3, 11, 5]
+    wide = aggregation.weighted_mean(items, samples)
+    narrow = aggregation.weighted_mean(items, samples, narrow=True)
+    assert narrow["w"].dtype == np.float32 and wide["w"].dtype == np.float64
+    assert np.array_equal(narrow["w"], wide["w"].astype(np.float32))
+    for name in ("d", "n"):  # not all float32: float64 as before
+        assert narrow[name].dtype == np.float64 and np.array_equal(narrow[name], wide[name])
+    block = slice(7, 14)
+    parts = aggregation.flat_parts(items, "w")
+    assert np.array_equal(aggregation.mean_of_block(parts, samples, block),
+                          wide["w"].reshape(-1)[block])
+
+
+def test_only_algorithms_that_step_in_float32_get_a_narrow_mean():
+    items, samples = updates(2, seed=1)
+    narrow = aggregate(settings(), items, samples, narrow=True)
+    assert narrow["b"].dtype == np.float32 and narrow["W"].dtype == np.float64
+    assert aggregate(settings(), items, samples)["b"].dtype == np.float64
+    assert aggregate(settings(rule="median"), items, samples, narrow=True)["b"].dtype \
+        == np.float64  # a robust rule returns what it returns
+    assert SyncSGD("mlp", {}, LETTERS).applies_float32
+    assert not DeltaAveraging("mlp", {}, LETTERS).applies_float32
 
 
 @pytest.mark.parametrize("cls", [DeltaAveraging, SyncSGD])

@@ -154,6 +154,73 @@ def test_one_sync_sgd_round_with_k_of_n_all_is_one_adam_step_on_the_global_batch
         np.testing.assert_allclose(stepped[name], value.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _sync_round(seed: int = 4) -> tuple[SyncSGD, dict, list[UnitResult]]:
+    config = _config("sync_sgd", {"images_per_work_unit": 50, "num_workunits_per_update": 2,
+                                  "units_per_iteration": 2, "lr": 0.01, "seed": seed})
+    algorithm = SyncSGD("mlp_classifier", config, LETTERS, "letters")
+    weights = algorithm.initial_weights()
+    return algorithm, weights, [_computed(SyncSGD, algorithm, unit, weights)
+                                for unit in algorithm.plan_round(1)]
+
+
+def test_sync_sgd_steps_its_model_in_place_on_the_mean_made_as_adam_takes_it():
+    algorithm, weights, results = _sync_round()
+    whole, whole_weights, _ = _sync_round()
+    # the mean combined whole, then applied: the path of any other rule
+    expected = whole.apply(whole_weights, whole.combine(results))
+    stepped = algorithm.aggregate(1, weights, results, [])
+    assert stepped is not weights  # a new version is a new dict...
+    module = dict(algorithm.state.module.named_parameters())
+    for name, value in stepped.items():
+        assert np.array_equal(value, expected[name])  # the same bits
+        # ...of views of the model itself: a big model is held once
+        assert np.shares_memory(value, module[name].detach().numpy())
+        assert module[name].grad is None
+
+
+def test_an_asynchronous_run_gets_a_copy_of_each_version():
+    algorithm, weights, results = _sync_round()
+    before = {name: value.copy() for name, value in weights.items()}
+    algorithm.keep_each_version()
+    stepped = algorithm.aggregate(1, weights, results, [])
+    for name, value in weights.items():  # a version handed out keeps its values
+        assert np.array_equal(value, before[name])
+        assert not np.array_equal(stepped[name], before[name])
+    again = algorithm.aggregate(2, stepped, results, [])
+    assert all(not np.shares_memory(again[name], stepped[name]) for name in again)
+
+
+def test_a_node_computes_on_the_received_weights_without_copying_them():
+    setup = _setup()
+    module = nn.Sequential(nn.Linear(16, 4), nn.BatchNorm1d(4), nn.Linear(4, 26))
+    received = {name: _as_received(value.detach().numpy() + (1.0 if value.is_floating_point()
+                                                              else 0))
+                for name, value in module.state_dict().items()}
+    lent = modules.lendable(module, received)
+    assert set(lent) == {name for name, _ in module.named_parameters()}
+    with modules.lent(module, lent):
+        for name, param in module.named_parameters():
+            assert np.shares_memory(param.detach().numpy(), received[name])
+        assert torch.equal(module[1].running_mean, torch.ones(4))  # buffers copied in
+        update, _ = mean_gradients(setup, module, 0, 64, batch_size=32)
+    for name, param in module.named_parameters():
+        assert not np.shares_memory(param.detach().numpy(), received[name])
+        assert param.grad is None  # the update holds the gradient, not the module
+        assert update[GRAD + name].shape == received[name].shape
+    with modules.lent(module, modules.lendable(module, received)):
+        again, _ = mean_gradients(setup, module, 0, 64, batch_size=32)
+    for name in update:
+        if name.startswith(GRAD):
+            assert np.array_equal(again[name], update[name])
+
+
+def _as_received(array: np.ndarray) -> np.ndarray:
+    """A read-only view of a writable buffer, as a received message's tensors are."""
+    received = np.frombuffer(bytearray(array.tobytes()), array.dtype).reshape(array.shape)
+    received.flags.writeable = False
+    return received
+
+
 def test_one_delta_avg_round_of_full_batch_steps_is_the_mean_of_the_local_trainings():
     config = _config("delta_avg", {"epochs": 2, "eta": 0.1, "units": 2, "seed": 5,
                                    "local_optimizer": "gd"})

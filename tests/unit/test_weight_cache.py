@@ -239,3 +239,19 @@ def test_weights_in_a_codec_the_run_did_not_ask_for_are_refused():
             for name, value in wire_to_dict(initial()).items()}
     with pytest.raises(ttypes.InvalidRequest, match="not asked for"):
         handler().train_with_weights(request(dict_to_wire(sent)))
+
+
+def test_received_weights_are_kept_as_they_are_and_others_as_copies():
+    cache = WeightCache()
+    received = {name: np.frombuffer(bytearray(value.tobytes()), value.dtype).reshape(value.shape)
+                for name, value in arrays(2.0).items()}
+    for value in received.values():
+        value.flags.writeable = False  # views of a message: nothing writes them
+    assert cache.put("r", 1, "none", received)
+    kept = cache.get("r", 1, "none", writable=False)
+    assert kept is not None
+    assert all(kept[name] is received[name] for name in received)  # a big model once
+    writable = arrays(3.0)
+    assert cache.put("r", 2, "none", writable)
+    copied = cache.get("r", 2, "none", writable=False)
+    assert copied is not None and not np.shares_memory(copied["w"], writable["w"])

@@ -265,6 +265,13 @@ class Algorithm(ABC):
         sends the global weights with every unit. Called from the engine's threads."""
         return None
 
+    def keep_each_version(self) -> None:
+        """Called before an asynchronous run: every version of the weights `aggregate`
+        returns must stay as it is (an older one may still be on its way to a node while
+        a newer one is made). An algorithm that steps its model in place and hands out
+        views of it makes copies from then on; nothing to do by default."""
+        return None
+
     def after_round(self, round_index: int, sessions: SessionMoves) -> None:
         """Called after `aggregate` with where each unit's result came from and a way to move
         node sessions between nodes (e.g. MD-GAN's discriminator swap); nothing by default."""
@@ -341,24 +348,30 @@ class AveragingAlgorithm(Algorithm):
                   failures: Sequence[UnitFailure]) -> Weights:
         return self.apply(weights, self.combine(results))
 
+    # True: `apply` takes the combined update as float32, so the mean of float32 updates
+    # is written out as float32 (the same bits, half the memory of a float64 mean).
+    applies_float32: ClassVar[bool] = False
+
     def combine(self, results: Sequence[UnitResult]) -> Weights:
         """The round's results as one update, by the configured rule."""
         settings = self.config.get(aggregation.SECTION) or defaults(AggregationSettings)
-        return combine(settings, results)
+        return combine(settings, results, self.applies_float32)
 
     @abstractmethod
     def apply(self, weights: Weights, combined: Weights) -> Weights:
         """The next weights, from the current ones and the round's combined update."""
 
 
-def combine(settings: Mapping[str, Any], results: Sequence[UnitResult]) -> Weights:
+def combine(settings: Mapping[str, Any], results: Sequence[UnitResult],
+            narrow: bool = False) -> Weights:
     """``results`` combined by the rule of ``settings`` (as `aggregation.check_settings`
-    returns them); a robust rule's time is logged, since it costs more than the mean."""
+    returns them; ``narrow`` as `aggregation.aggregate` takes it); a robust rule's time
+    is logged, since it costs more than the mean."""
     if not results:
         raise ValueError("no result to aggregate")
     started = time.perf_counter()
     combined = aggregation.aggregate(settings, [r.update for r in results],
-                                     [r.num_samples for r in results])
+                                     [r.num_samples for r in results], narrow)
     if settings["rule"] != "mean":
         log.info("aggregated %d updates by %s in %.2f ms", len(results), settings["rule"],
                  (time.perf_counter() - started) * 1000)

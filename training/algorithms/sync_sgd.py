@@ -50,13 +50,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from thrift_trainer.training import schema
+from thrift_trainer.training import aggregation, schema
 from thrift_trainer.training.aggregation import SECTION as AGGREGATION
 from thrift_trainer.training.algorithms import torch_model
 from thrift_trainer.training.algorithms.base import AveragingAlgorithm
@@ -82,8 +82,10 @@ from thrift_trainer.training.unit_parts import part_bounds
 from thrift_trainer.training.units import (
     RoundEval,
     TensorSpecs,
+    UnitFailure,
     UnitJob,
     UnitOutput,
+    UnitResult,
     UnitSpec,
     Weights,
 )
@@ -258,6 +260,15 @@ class SyncSGD(AveragingAlgorithm):
             self.state = GanState(model, self.config, data.probe())
         self.units_per_epoch = math.ceil(len(self.data) / self.unit_size)
 
+    @property
+    def applies_float32(self) -> bool:  # type: ignore[override]
+        """The MLP and torch models step on a float32 average (the GANs keep float64)."""
+        return isinstance(self.state, MlpState | torch_model.SyncState)
+
+    def keep_each_version(self) -> None:
+        if isinstance(self.state, torch_model.SyncState):
+            self.state.keep_versions()
+
     def _deal_clients(self, setup: Any) -> None:
         """A run with federated clients: their roster (a partition's now; node-resident
         ones once their nodes announce them)."""
@@ -345,6 +356,21 @@ class SyncSGD(AveragingAlgorithm):
         return {(GRAD if name in params else BUFFER) + name: spec
                 for name, spec in specs_of(weights).items()}
 
+    def aggregate(self, round_index: int, weights: Weights, results: Sequence[UnitResult],
+                  failures: Sequence[UnitFailure]) -> Weights:
+        """A torch model's mean (the default rule) goes into its optimizer a block at a
+        time as it is made (`SyncState.step_on_mean`: the same bits as the mean applied
+        whole, without holding it); any other rule or model combines, then applies."""
+        if results and isinstance(self.state, torch_model.SyncState) and self._plain_mean:
+            return self.state.step_on_mean(weights, [r.update for r in results],
+                                           [r.num_samples for r in results])
+        return super().aggregate(round_index, weights, results, failures)
+
+    @property
+    def _plain_mean(self) -> bool:
+        settings = self.config[AGGREGATION]
+        return aggregation.rule_of(settings["rule"])(settings) is aggregation.weighted_mean
+
     def apply(self, weights: Weights, combined: Weights) -> Weights:
         return self.state.step(weights, combined)
 
@@ -374,8 +400,11 @@ class SyncSGD(AveragingAlgorithm):
     def state_dict(self) -> dict[str, np.ndarray]:
         """Each coordinator optimizer's state, under ``optim.<group>.``; with a run's
         learning-rate schedule, the steps taken (``schedule.steps``) too."""
+        # views, not copies: a checkpoint writes them out at once (Adam's moments are
+        # twice a big model)
         state = {key: value for group, (named, optimizer) in self.state.optimizers().items()
-                 for key, value in optimizer_arrays(named, optimizer, f"optim.{group}.").items()}
+                 for key, value in optimizer_arrays(named, optimizer, f"optim.{group}.",
+                                                    copy=False).items()}
         if self._scheduled:
             state[SCHEDULE_STEPS] = np.array(self.state.steps, dtype=np.int64)
         return state

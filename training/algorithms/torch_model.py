@@ -17,10 +17,11 @@ Units are index ranges of the training part in both.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from thrift_trainer.training import server_optim
+from thrift_trainer.training import aggregation, server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.clients.data_parts import Subset
 from thrift_trainer.training.data.paths import folder_stamp
@@ -49,6 +50,7 @@ from thrift_trainer.training.models.module_training import (
 from thrift_trainer.training.models.names import BUFFER, GRAD
 from thrift_trainer.training.models.settings import SECTION as MODEL
 from thrift_trainer.training.models.settings import ModelSettings
+from thrift_trainer.training.optimizer_blocks import step_in_blocks
 from thrift_trainer.training.outputs.torch_files import load_weights as load_weights_file
 from thrift_trainer.training.plugins import PluginError
 from thrift_trainer.training.units import RoundEval, UnitJob, UnitOutput, Weights, unit_seed
@@ -89,14 +91,26 @@ def load_weights(module: nn.Module, weights: Weights, model: str) -> None:
         raise ConfigError(f"weights do not fit {model}: {exc}") from None
 
 
+@contextlib.contextmanager
+def reading_weights(module: nn.Module, weights: Weights, model: str) -> Iterator[None]:
+    """The module's parameters are the received ``weights`` themselves while the block
+    computes a gradient from them (`modules.lendable`): a node holds a big model once."""
+    try:
+        tensors = modules.lendable(module, weights)
+    except ValueError as exc:
+        raise ConfigError(f"weights do not fit {model}: {exc}") from None
+    with modules.lent(module, tensors):
+        yield
+
+
 # ------------------------------------------------------------------ sync_sgd
 def sync_unit(job: UnitJob, location: Path, start: int, stop: int,
               batch_size: int) -> UnitOutput:
     """The mean gradient over examples ``[start, stop)`` of the training part."""
     setup = job_setup(job, location)
     _check_range(setup, start, stop)
-    with setup.borrowed(job.device) as module:
-        load_weights(module, job.weights, job.model)
+    with setup.borrowed(job.device) as module, \
+            reading_weights(module, job.weights, job.model):
         update, loss = mean_gradients(setup, module, start, stop, batch_size,
                                       job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=stop - start, loss=loss, error=math.nan)
@@ -111,8 +125,8 @@ def sync_examples_unit(job: UnitJob, location: Path,
     chosen = examples(setup)
     if len(chosen) == 0:
         return None
-    with setup.borrowed(job.device) as module:
-        load_weights(module, job.weights, job.model)
+    with setup.borrowed(job.device) as module, \
+            reading_weights(module, job.weights, job.model):
         update, loss = mean_gradients_over(setup, module, chosen, batch_size,
                                            job.control.step, job.device, _unit_seed(job))
     return UnitOutput(update=update, num_samples=len(chosen), loss=loss, error=math.nan)
@@ -159,7 +173,11 @@ class CoordinatorModel:
 
 
 class SyncState(CoordinatorModel):
-    """The coordinator's model and optimizer under sync_sgd."""
+    """The coordinator's model and optimizer under sync_sgd. The weights it hands out are
+    views of the module's own tensors (sent and scored as they are), and a step changes
+    them in place: a big model is held once, not once more as the weights of the round.
+    With `in_place` off (an asynchronous run, whose older versions are still being sent
+    while a newer one is made) each version is a copy, as `CoordinatorModel` makes."""
 
     def __init__(self, setup: ModelSetup, config: Mapping[str, Any]) -> None:
         super().__init__(setup, config["seed"], config["batch_size"])
@@ -167,6 +185,24 @@ class SyncState(CoordinatorModel):
         self.lr = config["lr"]
         self.schedule = setup.settings.schedule(1)  # one step a round
         self.steps = 0  # the optimizer's steps so far: where the schedule stands
+        self.in_place = True
+
+    def keep_versions(self) -> None:
+        """Hand out copies from now on; the module moves to copies of its tensors, so the
+        views handed out so far keep their values when it steps."""
+        if self.in_place:
+            self.in_place = False
+            with torch.no_grad():
+                for value in [*self.module.parameters(), *self.module.buffers()]:
+                    value.data = value.data.clone()
+
+    def weights(self) -> Weights:
+        if not (self.in_place and _viewable(self.module)):
+            return super().weights()
+        # a new dict each time: callers tell versions apart by identity
+        self._holds = {name: value.detach().numpy()
+                       for name, value in self.module.state_dict().items()}
+        return self._holds
 
     def parameter_names(self) -> list[str]:
         return modules.parameter_names(self.module)
@@ -174,18 +210,63 @@ class SyncState(CoordinatorModel):
     def step(self, weights: Weights, average: Weights) -> Weights:
         self.load(weights)
         self._holds = None  # changed below
+        params = list(self.module.named_parameters())
         with torch.no_grad():
-            for name, param in self.module.named_parameters():
-                param.grad = torch.from_numpy(
-                    np.asarray(average[GRAD + name], dtype=np.float32)).to(param.dtype)
+            for name, param in params:
+                param.grad = _gradient(average[GRAD + name], param)
         loop.set_rate(self.optimizer, self.lr, self.schedule, self.steps)
-        self.optimizer.step()
+        step_in_blocks(self.optimizer)
+        for _, param in params:  # the average's memory is the round's, not the module's
+            param.grad = None
         self.steps += 1
         install_buffers(self.module, average)
         return self.weights()
 
+    def step_on_mean(self, weights: Weights, updates: Sequence[Weights],
+                     samples: Sequence[int]) -> Weights:
+        """`step` on the sample-weighted mean of ``updates`` (`aggregation.weighted_mean`,
+        as float32), made a block at a time as the optimizer takes it: the same bits, and
+        no whole mean is held (a model's size for a big one)."""
+        self.load(weights)
+        self._holds = None  # changed below
+        gradients = {param: _mean_blocks(aggregation.flat_parts(updates, GRAD + name),
+                                         samples, param)
+                     for name, param in self.module.named_parameters()}
+        loop.set_rate(self.optimizer, self.lr, self.schedule, self.steps)
+        step_in_blocks(self.optimizer, gradients, aggregation.BLOCK_ELEMENTS)
+        self.steps += 1
+        buffers = [BUFFER + name for name in modules.buffer_names(self.module)]
+        install_buffers(self.module, aggregation.weighted_mean(
+            [{name: u[name] for name in buffers} for u in updates], samples))
+        return self.weights()
+
     def optimizers(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
         return {"model": (dict(self.module.named_parameters()), self.optimizer)}
+
+
+def _viewable(module: nn.Module) -> bool:
+    """Whether numpy can view every tensor of the module's state (on the CPU, of a dtype
+    numpy has)."""
+    return all(value.device.type == "cpu" and value.dtype in modules.NUMPY_DTYPES
+               for value in module.state_dict().values())
+
+
+def _mean_blocks(parts: list[np.ndarray], samples: Sequence[int],
+                 param: torch.Tensor) -> Callable[[slice], torch.Tensor]:
+    """Blocks of the parameter's averaged gradient, as `_gradient` would make them."""
+    def block(elements: slice) -> torch.Tensor:
+        mean = aggregation.mean_of_block(parts, samples, elements).astype(np.float32)
+        return torch.from_numpy(mean).to(param.dtype)
+    return block
+
+
+def _gradient(value: np.ndarray, param: torch.Tensor) -> torch.Tensor:
+    """An averaged gradient as the parameter's ``.grad``: the array itself when it is a
+    writable array of the parameter's dtype (a float32 mean), else a converted copy."""
+    array = np.asarray(value)
+    if array.dtype != np.float32 or not array.flags.writeable:
+        array = np.array(array, dtype=np.float32)
+    return torch.from_numpy(array).to(param.dtype)
 
 
 def _optimizer(config: Mapping[str, Any], module: nn.Module) -> torch.optim.Optimizer:

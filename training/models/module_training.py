@@ -116,23 +116,23 @@ def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarr
     unit's, for the data's augmentation."""
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
-    totals = [torch.zeros_like(p) for p in params]
     size, loss_sum = len(examples), 0.0
     precision = setup.settings.precision
     # fp16 gradients are taken of a scaled loss (so small ones do not vanish), unscaled below
     scale = loop.FP16_GRADIENT_SCALE if precision == "fp16" else 1.0
+    sums = _GradientSums(params, scale)
     order = (examples[first:first + batch_size] for first in range(0, size, batch_size))
-    for indices, inputs, targets in setup.training_batches(order, seed, device):
-        step()
-        share = len(indices) / size
-        with loop.autocast(precision, device):
-            loss = objectives.checked_loss(setup.loss(module, inputs, targets), _named(setup))
-        scaled = loss * share if scale == 1.0 else loss * share * scale
-        for total, grad in zip(totals, torch.autograd.grad(scaled, params, allow_unused=True),
-                               strict=True):
-            if grad is not None:
-                total += grad if scale == 1.0 else grad.float() / scale
-        loss_sum += float(loss.detach()) * share
+    try:
+        for indices, inputs, targets in setup.training_batches(order, seed, device):
+            step()
+            share = len(indices) / size
+            with loop.autocast(precision, device):
+                loss = objectives.checked_loss(setup.loss(module, inputs, targets),
+                                               _named(setup))
+            sums.add(loss * share if scale == 1.0 else loss * share * scale)
+            loss_sum += float(loss.detach()) * share
+    finally:
+        totals = sums.take()  # a cancelled unit leaves no gradient in the pooled module
     # the unit's mean gradient is clipped, before the coordinator averages the units: each
     # unit's pull on the model is bounded, as per-client clipping does
     loop.clip_tensors(totals, setup.settings.clip_norm)
@@ -142,6 +142,40 @@ def mean_gradients_over(setup: ModelSetup, module: nn.Module, examples: np.ndarr
               for name, total in zip(names, totals, strict=True)}
     update.update(buffers_of(module))
     return update, loss_sum
+
+
+class _GradientSums:
+    """The micro-batches' gradients summed per parameter. Unscaled, they are summed by
+    autograd into each parameter's ``.grad``: the first one's gradient becomes the sum
+    and the others are added into it, one copy of the model (taking each gradient apart
+    and adding it to a sum of zeros holds two); the same numbers. Scaled (fp16), each is
+    unscaled before it is added, into sums of their own."""
+
+    def __init__(self, params: list[torch.Tensor], scale: float) -> None:
+        self.params, self.scale = params, scale
+        self.totals = None if scale == 1.0 else [torch.zeros_like(p) for p in params]
+        for param in params:  # a sum starts empty
+            param.grad = None
+
+    def add(self, scaled: torch.Tensor) -> None:
+        if self.totals is None:
+            scaled.backward()
+            return
+        for total, grad in zip(self.totals, torch.autograd.grad(scaled, self.params,
+                                                                allow_unused=True),
+                               strict=True):
+            if grad is not None:
+                total += grad.float() / self.scale
+
+    def take(self) -> list[torch.Tensor]:
+        """The sums, which the parameters no longer hold."""
+        if self.totals is not None:
+            return self.totals
+        totals = [p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+                  for p in self.params]
+        for param in self.params:
+            param.grad = None
+        return totals
 
 
 @dataclass(frozen=True)

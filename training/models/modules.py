@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import inspect
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from thrift_trainer.training.plugins import PluginError
 Weights = dict[str, np.ndarray]
 DATA_ARGUMENTS = ("in_features", "num_classes", "input_shape")
 # dtypes whose tensors numpy can view (not bfloat16, say)
-_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8,
+NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8,
                            torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
 
 
@@ -129,8 +129,54 @@ def float32_copy(tensor: torch.Tensor) -> np.ndarray:
     return np.array(tensor.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
 
 
-def load_arrays(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
-    """Copy ``weights`` into the module's state; ValueError names what does not fit."""
+def lendable(module: nn.Module, weights: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """``weights`` loaded for maths that only reads the module's parameters (a gradient):
+    the parameters that can be their received arrays themselves, as tensors over that
+    memory for `lent` (a CPU tensor of the same dtype, C-ordered, over a writable buffer,
+    as a received message is: no copy of a big model); the others and the buffers copied
+    in here (`load_arrays`, which checks every name and shape: ValueError)."""
+    viewed = {name: torch.from_numpy(array) for name, param in module.named_parameters()
+              if (array := _lendable(weights.get(name), param)) is not None}
+    load_arrays(module, weights, skip=viewed.keys())
+    return viewed
+
+
+@contextlib.contextmanager
+def lent(module: nn.Module, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """The module's parameters named in ``tensors`` are those tensors while the block
+    runs; afterwards they get storage of their own again, unwritten (a pooled module is
+    loaded before use), so that the module never keeps the memory lent."""
+    params = dict(module.named_parameters())
+    try:
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].data = tensor
+        yield
+    finally:
+        with torch.no_grad():
+            for name in tensors:
+                params[name].data = torch.empty_like(params[name].data)
+
+
+def _lendable(value: Any, param: torch.Tensor) -> np.ndarray | None:
+    """A writable view of ``value`` (a received read-only array) for ``param`` to use as
+    its memory, or None when it cannot be one."""
+    if not isinstance(value, np.ndarray) or param.device.type != "cpu" or \
+            param.dtype not in NUMPY_DTYPES or value.shape != tuple(param.shape) or \
+            value.dtype != param.detach().numpy().dtype or not value.flags.c_contiguous:
+        return None
+    view = value.view()
+    try:
+        view.flags.writeable = True  # torch cannot hold read-only memory; nothing writes
+    except ValueError:  # memory that is read-only underneath (bytes): copied instead
+        return None
+    return view
+
+
+def load_arrays(module: nn.Module, weights: Mapping[str, np.ndarray],
+                skip: Collection[str] = ()) -> None:
+    """Copy ``weights`` into the module's state (but the names in ``skip``, whose shapes
+    are checked all the same); ValueError names what does not fit."""
     state = module.state_dict()
     if set(state) != set(weights):
         missing = sorted(set(state) - set(weights))[:3]
@@ -142,7 +188,8 @@ def load_arrays(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"tensor {name!r} has shape {value.shape}, the model "
                              f"needs {tuple(target.shape)}")
-        copy_into(target, value)
+        if name not in skip:
+            copy_into(target, value)
 
 
 def copy_into(target: torch.Tensor, value: np.ndarray) -> None:
@@ -150,7 +197,7 @@ def copy_into(target: torch.Tensor, value: np.ndarray) -> None:
     to nearest, as torch does). A tensor in memory takes it with no intermediate copy,
     read-only arrays too (the tensors a node receives are views of the message): a model
     of a gigabyte is not copied twice to be loaded."""
-    if target.device.type == "cpu" and target.dtype in _NUMPY_DTYPES:
+    if target.device.type == "cpu" and target.dtype in NUMPY_DTYPES:
         target.detach().numpy()[...] = value
         return
     array = np.asarray(value)  # torch cannot view read-only memory: copy that first

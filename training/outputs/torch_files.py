@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -33,16 +33,50 @@ SAFETENSORS_FILE = "model.safetensors"
 
 def save_safetensors(path: str | os.PathLike, weights: Mapping[str, np.ndarray],
                      metadata: Mapping[str, Any]) -> Path:
-    """Write atomically; ``metadata`` values that are not strings are stored as JSON."""
-    from safetensors.numpy import save  # imported here: only runs that save need it
-
+    """Write atomically; ``metadata`` values that are not strings are stored as JSON.
+    The file is written as the format lays it out (an 8-byte little-endian header size,
+    the JSON header padded to 8 bytes, then each tensor's bytes in order) straight from
+    the arrays: a big model is not copied into one buffer first (the library's ``save``
+    holds two copies of it)."""
     # np.require, not np.ascontiguousarray, which turns a 0-d tensor (BatchNorm's
     # num_batches_tracked) into shape (1,), a shape the module then refuses
-    tensors = {name: np.require(value, requirements="C") for name, value in weights.items()}
-    text = {key: value if isinstance(value, str) else json.dumps(value)
-            for key, value in metadata.items()}
-    data = save(tensors, metadata=text)
-    return write_atomically(path, lambda f: f.write(data))
+    tensors = {name: _little_endian(np.require(value, requirements="C"))
+               for name, value in weights.items()}
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {key: value if isinstance(value, str) else json.dumps(value)
+                                  for key, value in metadata.items()}
+    offset = 0
+    for name, value in tensors.items():
+        header[name] = {"dtype": _dtype_name(name, value), "shape": list(value.shape),
+                        "data_offsets": [offset, offset + value.nbytes]}
+        offset += value.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)
+
+    def write(f: BinaryIO) -> None:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for value in tensors.values():
+            f.write(value.reshape(-1).view(np.uint8).data)
+    return write_atomically(path, write)
+
+
+_SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
+                       "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
+                       "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+
+
+def _dtype_name(name: str, value: np.ndarray) -> str:
+    try:
+        return _SAFETENSORS_DTYPES[value.dtype.name]
+    except KeyError:
+        raise ValueError(f"tensor {name!r}: safetensors has no dtype {value.dtype}") from None
+
+
+def _little_endian(value: np.ndarray) -> np.ndarray:
+    little = value.dtype.newbyteorder("<")
+    return value if value.dtype == little else value.astype(little)
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
