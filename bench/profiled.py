@@ -2,12 +2,13 @@
 
 Two ways, both over every thread of the process:
 
-* ``--timers``: the thread CPU time (time.thread_time) spent inside each of the engine's
-  and the store's main functions (TIMED below; a nested call of the same function counts
-  once), and in every thread by kind (``thread <name with its numbers as N>``: the
-  engine's cached threads per target, others whole), with the process's own CPU time,
-  written as a table when the script exits. The timers cost about a microsecond a call,
-  so the figures are the real ones.
+* ``--timers``: the thread CPU time and context switches (getrusage) spent inside each
+  of the engine's and the store's main functions (TIMED below; a nested call of the same
+  function counts once), and in every thread by kind (``thread <name with its numbers as
+  N>``: the engine's cached threads per target, others whole; threads still running at
+  exit from /proc), with the process's own CPU time and switches, written as a table
+  when the script exits. The timers cost about a microsecond a call, so the figures are
+  the real ones.
 * otherwise cProfile, one profiler per thread, merged into one pstats file at exit. Its
   per-call overhead inflates Python-heavy code several times (CPU per unit comes out
   4-8 times the real one), so it says which functions are called how often, not how much
@@ -20,10 +21,12 @@ Two ways, both over every thread of the process:
 from __future__ import annotations
 
 import cProfile
+import gc
 import importlib
 import os
 import pstats
 import re
+import resource
 import runpy
 import sys
 import threading
@@ -50,11 +53,30 @@ TIMED = [
     ("thrift_trainer.coordinator.sqlite_writes", "SqliteWrites", "_apply"),
     ("thrift_trainer.coordinator.handler", "CoordinatorHandler", "status"),
     ("thrift_trainer.coordinator.training_loop", "TrainingLoop", "_round"),
+    ("thrift_trainer.coordinator.training_loop", "TrainingLoop", "_write_round"),
+    ("thrift_trainer.coordinator.training_loop", "TrainingLoop", "_aggregate"),
+    ("thrift_trainer.coordinator.training_loop", "TrainingLoop", "_evaluate"),
+    ("thrift_trainer.engine.round_engine", "RoundEngine", "run_round"),
+    ("thrift_trainer.engine.ledger", "UnitLedger", "plan_units"),
+    ("thrift_trainer.engine.ledger", "UnitLedger", "round_ended"),
+    ("thrift_trainer.coordinator.run_folder", "RunFolder", "write_checkpoint"),
+    ("thrift_trainer.coordinator.run_folder", "RunFolder", "append_round"),
+    ("thrift_trainer.coordinator.run_folder", "RunFolder", "write_samples"),
+    ("thrift_trainer.coordinator.write_behind", "WriteBehind", "flush"),
+    ("thrift_trainer.wire.stats", "WireStats", "record"),
+    ("thrift_trainer.engine.nodes.thrift_client", None, "work_request"),
+    ("thrift_trainer.engine.nodes.thrift_client", None, "task_result"),
 ]
 
 
+def _thread_usage() -> tuple[float, int]:
+    """This thread's CPU seconds and context switches (voluntary and involuntary) so far."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw
+
+
 class Timers:
-    """Thread CPU seconds and calls per timed function."""
+    """Thread CPU seconds, context switches and calls per timed function."""
 
     def __init__(self) -> None:
         self.totals: dict[str, list[float]] = {}
@@ -65,24 +87,23 @@ class Timers:
         def timed(*args: Any, **kwargs: Any) -> Any:
             depth = getattr(self._depth, name, 0)
             setattr(self._depth, name, depth + 1)
-            started = time.thread_time()
+            started = _thread_usage()
             try:
                 return function(*args, **kwargs)
             finally:
                 setattr(self._depth, name, depth)
                 if depth == 0:  # a recursive call counts once
-                    spent = time.thread_time() - started
-                    with self._lock:
-                        total = self.totals.setdefault(name, [0, 0.0])
-                        total[0] += 1
-                        total[1] += spent
+                    self.add(name, started)
         return timed
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, started: tuple[float, int]) -> None:
+        """One call of ``name`` that began at ``started`` (_thread_usage) ends now."""
+        seconds, switches = _thread_usage()
         with self._lock:
-            total = self.totals.setdefault(name, [0, 0.0])
+            total = self.totals.setdefault(name, [0, 0.0, 0])
             total[0] += 1
-            total[1] += seconds
+            total[1] += seconds - started[0]
+            total[2] += switches - started[1]
 
     def install_threads(self) -> None:
         """Also time every thread's whole run, by kind (its name with digits as N): the
@@ -92,30 +113,41 @@ class Timers:
         def start_thread(system: Any, target: Callable[..., Any], name: str,
                          args: tuple[Any, ...] = ()) -> None:
             def timed_target(*targs: Any) -> None:
-                started = time.thread_time()
+                started = _thread_usage()
                 try:
                     target(*targs)
                 finally:
-                    self.add(f"thread {_kind(name)}", time.thread_time() - started)
+                    self.add(f"thread {_kind(name)}", started)
             start(system, timed_target, name, args)
 
         start = runtime.SystemRuntime.start_thread
         runtime.SystemRuntime.start_thread = start_thread  # type: ignore[method-assign]
-        cached = runtime._CachedThread.run
         plain_run = threading.Thread.run
 
         def run(thread: threading.Thread) -> None:
-            if getattr(thread, "_target", None) is not None and getattr(
-                    thread._target, "__func__", None) is cached:  # timed per target
+            if _is_cached(thread):  # timed per target
                 plain_run(thread)
                 return
-            started = time.thread_time()
+            started = _thread_usage()
             try:
                 plain_run(thread)
             finally:
-                self.add(f"thread {_kind(thread.name)}", time.thread_time() - started)
+                self.add(f"thread {_kind(thread.name)}", started)
 
         threading.Thread.run = run  # type: ignore[method-assign]
+
+    def install_gc(self) -> None:
+        """Also time the cyclic garbage collector's passes, by generation."""
+        started: dict[int, tuple[float, int]] = {}
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            key = threading.get_ident()
+            if phase == "start":
+                started[key] = _thread_usage()
+            elif key in started:
+                self.add(f"gc generation {info['generation']}", started.pop(key))
+
+        gc.callbacks.append(on_gc)
 
     def install(self) -> None:
         for module_name, owner_name, function_name in TIMED:
@@ -128,14 +160,50 @@ class Timers:
             name = f"{owner_name}.{function_name}" if owner_name else function_name
             setattr(owner, function_name, self.wrap(name, getattr(owner, function_name)))
 
+    def add_live_threads(self) -> None:
+        """Threads still running at exit (the store's writer, servers' threads), whole:
+        their CPU and switches so far, from /proc (the engine's cached threads all told,
+        their targets' share included)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        for thread in threading.enumerate():
+            kind = ("cached threads, targets included" if _is_cached(thread)
+                    else _kind(thread.name))
+            task = Path(f"/proc/self/task/{thread.native_id}")
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                status = dict(line.split(":", 1) for line in
+                              (task / "status").read_text().splitlines() if ":" in line)
+            except (OSError, ValueError):
+                continue  # ended meanwhile
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+            switches = sum(int(status[k]) for k in ("voluntary_ctxt_switches",
+                                                     "nonvoluntary_ctxt_switches"))
+            with self._lock:
+                total = self.totals.setdefault(f"live thread {kind}", [0, 0.0, 0])
+                total[0] += 1
+                total[1] += seconds
+                total[2] += switches
+
     def write(self, out: str) -> None:
+        self.add_live_threads()
         times = os.times()
+        switches = resource.getrusage(resource.RUSAGE_SELF)
         lines = [f"process CPU {times.user + times.system:.2f} s (user {times.user:.2f}, "
-                 f"system {times.system:.2f})", "function | calls | CPU s | us per call"]
-        for name, (calls, seconds) in sorted(self.totals.items(), key=lambda x: -x[1][1]):
+                 f"system {times.system:.2f}); context switches {switches.ru_nvcsw:,} "
+                 f"voluntary, {switches.ru_nivcsw:,} involuntary",
+                 "function | calls | CPU s | us per call | context switches"]
+        for name, (calls, seconds, moves) in sorted(self.totals.items(),
+                                                    key=lambda x: -x[1][1]):
             lines.append(f"{name} | {int(calls)} | {seconds:.3f} | "
-                         f"{1e6 * seconds / max(calls, 1):.1f}")
+                         f"{1e6 * seconds / max(calls, 1):.1f} | {int(moves):,}")
         Path(out).write_text("\n".join(lines) + "\n")
+
+
+def _is_cached(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is one of the engine's cached threads (timed per target)."""
+    from thrift_trainer.engine import runtime
+    target = getattr(thread, "_target", None)
+    return getattr(target, "__func__", None) is runtime._CachedThread.run
 
 
 def _kind(name: str) -> str:
@@ -177,6 +245,7 @@ def main() -> None:
         measured = Timers()
         measured.install()
         measured.install_threads()
+        measured.install_gc()
         try:
             runpy.run_path(script, run_name="__main__")
         finally:

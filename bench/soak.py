@@ -20,8 +20,9 @@ pending or in progress, no attempt left open, and counts that add up. The exit s
     SOAK_TIMERS=/tmp/cpu.txt python bench/soak.py --rounds 100   # where the CPU goes
 
 Where the coordinator's CPU goes: SOAK_TIMERS=FILE runs it under bench/profiled.py's
-timers (thread CPU per engine function), SOAK_PROFILE=FILE under cProfile (call counts;
-its times are inflated), each written to FILE when the coordinator exits.
+timers (thread CPU and context switches per engine function), SOAK_PROFILE=FILE under
+cProfile (call counts; its times are inflated), each written to FILE when the coordinator
+exits.
 """
 
 from __future__ import annotations

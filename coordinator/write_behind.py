@@ -98,7 +98,10 @@ class WriteBehind:
                 return False
             self.queued_bytes += size
             self._queue.append(call)
-            self._changed.notify()
+            # The writer waits for a first call, then lets more gather: waking it for each
+            # call would cut the gathering short, at a thread switch a call.
+            if len(self._queue) == 1 or len(self._queue) >= MAX_BATCH:
+                self._changed.notify()
         return True
 
     def flush(self, quiet: bool = False, run_id: str | None = None) -> None:

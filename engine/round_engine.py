@@ -171,13 +171,20 @@ class RoundEngine:
                            earlier_attempts=earlier_attempts, taken_up=taken_up)
         state.keep_result = keep_result
         self._start_filters(state)
-        # Backup attempts get workers of their own: when every queue worker waits on a
-        # unit sitting in a load delay, these can still start the backups that free them.
+        # Workers are started as work appears and leave when they find none: one per
+        # queued unit up to `threads`, and backup-only workers for backups due, so that a
+        # backup starts even while every other worker waits on a unit in a load delay.
+        threads = self.settings.threads or len(self.nodes) + 2
         backup_threads = len(self.nodes) if self.settings.speculation else 0
-        self._start_workers(state, build_task, f"round{round_index}",
-                            self.settings.threads or len(self.nodes) + 2, backup_threads)
+
+        def staff() -> None:
+            queued, backups = state.workers_wanted(self.stragglers.backup_after(), threads,
+                                                   backup_threads)
+            self._start_workers(state, build_task, f"round{round_index}", queued, backups)
+
+        staff()
         try:
-            self._wait(state)
+            self._wait(state, staff)
         finally:
             state.finish()
             self._stop(state)
@@ -249,9 +256,12 @@ class RoundEngine:
         # what it reports then. Waiting for it here would add its tail to every round.
 
     # -------------------------------------------------------------- main wait
-    def _wait(self, state: RoundState) -> None:
+    def _wait(self, state: RoundState, staff: Callable[[], None]) -> None:
+        """Wait for the round's end, a step at a time or until woken (a unit let go of
+        unsettled, a failure), starting the workers it wants each time."""
         next_check = runtime.monotonic() + RECLAIM_CHECK_SECONDS
         while not state.wait_finished(WAIT_STEP_SECONDS):
+            staff()
             next_check = self._tick(state, next_check)
         # a round of no unit (an empty Poisson draw of clients) has nothing to fail
         if state.completed == 0 and state.units and not state.all_dropped:
@@ -293,8 +303,9 @@ class RoundEngine:
     # ---------------------------------------------------------------- workers
     def _worker(self, state: WorkQueue, build_task: TaskBuilder,
                 backups_only: bool) -> None:
-        """Take units until the round is over. Any unexpected error fails the round
-        loudly rather than leaving it to wait for a worker that has died."""
+        """Take units until the round is over (in a round, until none is left to take).
+        Any unexpected error fails the round loudly rather than leaving it to wait for a
+        worker that has died."""
         try:
             while True:
                 unit = state.next_unit(self.stragglers.backup_after(), backups_only)
@@ -305,9 +316,11 @@ class RoundEngine:
                 finally:
                     state.release(unit)
         except FatalNodeError as exc:
+            state.worker_left(backups_only)
             state.fail(exc)
         except Exception as exc:
             log.exception("round %d: worker failed", state.round_index)
+            state.worker_left(backups_only)
             state.fail(exc)
 
     def _try_nodes(self, state: WorkQueue, unit: Unit, build_task: TaskBuilder) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from thrift_trainer.engine import runtime
 from thrift_trainer.engine.tasks import TaskResult
 from thrift_trainer.engine.work_queue import (
     WAIT_STEP_SECONDS,
@@ -21,8 +20,6 @@ from thrift_trainer.engine.work_queue import (
     WorkQueue,
 )
 from thrift_trainer.training.units import UnitFailure, UnitResult, UnitSpec, Weights
-
-IDLE_WAIT_SECONDS = 5 * WAIT_STEP_SECONDS  # the longest an idle worker of a round sleeps
 
 # What a round's callers import from here with the barrier.
 __all__ = ["WAIT_STEP_SECONDS", "Kept", "ResultSink", "RoundFailed", "RoundOutcome",
@@ -54,7 +51,11 @@ class RoundOutcome:
 
 
 class RoundState(WorkQueue):
-    """The work queue of one round, settled by its barrier (module docstring)."""
+    """The work queue of one round, settled by its barrier (module docstring). Its
+    workers leave when they find nothing to do: the engine starts others as units
+    wait or backups fall due (`workers_wanted`)."""
+
+    leaves_when_idle = True
 
     def __init__(self, round_index: int, units: list[UnitSpec], quorum: int,
                  max_attempts: int,
@@ -84,21 +85,10 @@ class RoundState(WorkQueue):
     def units_per_round(self) -> int:
         return self.quorum
 
-    def _idle_wait(self, backup_after: float | None) -> float:
-        """Until the oldest attempt out could first need a backup (no unit can before it),
-        a step at least and at most IDLE_WAIT_SECONDS: whatever else gives an idle worker
-        something to do in a round (a unit failed or let go of, the round over) wakes it.
-        Waking 2N + 2 workers every step for nothing cost more CPU than the units."""
-        if backup_after is None or not self._live_starts:
-            return WAIT_STEP_SECONDS
-        due = next(iter(self._live_starts.values())) + backup_after - runtime.monotonic()
-        return min(max(due, WAIT_STEP_SECONDS), IDLE_WAIT_SECONDS)
-
     def _release_wakes(self, unit: Unit) -> bool:
-        """A settled unit let go of leaves nothing for a waiting worker (no backup of it,
-        nothing to queue again), and the barrier was told when it settled: with 2N + 2
-        workers waiting at the end of a round, waking them all for it cost more CPU than
-        the unit itself."""
+        """A settled unit let go of leaves nothing to do (no backup of it, nothing to
+        queue again), and the barrier was told when it settled: the round's thread,
+        which starts workers, need not wake for it."""
         return not unit.settled
 
     # --------------------------------------------------------------- attempts

@@ -204,8 +204,7 @@ class StreamState(WorkQueue):
         sent, and leaves nothing in the store to carry from round to round."""
         if self._draws is None:
             self._enter(unit)
-        unit.reserved += 1
-        return unit
+        return super()._issue(unit)
 
     def _enter(self, unit: StreamUnit) -> None:
         if not unit.planned:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +85,10 @@ class WorkQueue:
 
     round_index: int  # the round in progress
     fills_evenly = False  # True: a unit goes to a node with the fewest units out
+    # True: a worker with nothing to do leaves at once instead of waiting, and the engine
+    # starts workers where units wait or backups are due (`workers_wanted`). Waiting
+    # workers cost a wake each time anything changes, and a round over N nodes had 2N + 2.
+    leaves_when_idle = False
 
     def __init__(self, units: list[Unit], max_attempts: int,
                  lock: Any = None) -> None:
@@ -103,6 +107,9 @@ class WorkQueue:
         # A unit is left held by nobody only when a worker lets go of it or an attempt of
         # it ends: the look for such units is made after one of those, not at every wake.
         self._orphans_possible = True
+        self.workers = 0  # live workers the engine counts (leaves_when_idle) ...
+        self.backup_workers = 0  # ... of which backup-only ones
+        self._held = 0  # units held by workers (each worker holds one at most)
 
     def _requeue_orphans(self) -> None:
         """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
@@ -130,8 +137,42 @@ class WorkQueue:
                 backup = self._take_backup(backup_after)
                 if backup is not None:
                     return backup
+                if self.leaves_when_idle:
+                    break
                 self._cond.wait(self._idle_wait(backup_after))
+            if self.leaves_when_idle:
+                self._left(backups_only)
             return None
+
+    def workers_wanted(self, backup_after: float | None, queue_limit: int,
+                       backup_limit: int) -> tuple[int, int]:
+        """Workers to start now (``leaves_when_idle``), counted as started: (workers for
+        the queued units that no free worker will take, while fewer than ``queue_limit``
+        of them are alive; backup-only workers for the backups due beyond those free
+        workers, while fewer than ``backup_limit`` of them are)."""
+        with self._cond:
+            if self._over:
+                return 0, 0
+            free = self.workers - self._held
+            queue_workers = self.workers - self.backup_workers
+            queued = max(0, min(len(self._queue) - free, queue_limit - queue_workers))
+            spare = max(0, free - len(self._queue))  # free workers left for backups
+            backups = max(0, min(self._backups_due(backup_after) - spare,
+                                 backup_limit - self.backup_workers))
+            self.workers += queued + backups
+            self.backup_workers += backups
+            return queued, backups
+
+    def worker_left(self, backups_only: bool) -> None:
+        """A worker ended on an error (holding no unit)."""
+        with self._cond:
+            if self.leaves_when_idle:
+                self._left(backups_only)
+
+    def _left(self, backups_only: bool) -> None:
+        self.workers -= 1
+        if backups_only:
+            self.backup_workers -= 1
 
     def _idle_wait(self, backup_after: float | None) -> float:
         """How long an idle worker sleeps before it looks again, unless woken (under the
@@ -161,6 +202,7 @@ class WorkQueue:
     def _issue(self, unit: Unit) -> Unit:
         """A unit leaving the queue for a worker (under the lock)."""
         unit.reserved += 1
+        self._held += 1
         return unit
 
     def _may_requeue(self, unit: Unit) -> bool:
@@ -171,6 +213,7 @@ class WorkQueue:
         backup = self._slow_unit(backup_after)
         if backup is not None:
             backup.reserved += 1
+            self._held += 1
         return backup
 
     def _slow_unit(self, backup_after: float | None) -> Unit | None:
@@ -179,26 +222,37 @@ class WorkQueue:
         Only units whose every holder is waiting on a node qualify, and a unit never
         holds more attempts than there are nodes, so backups cannot pile up.
         """
+        slow, slow_since = None, 0.0
+        for unit, newest in self._slow_units(backup_after):
+            if slow is None or newest < slow_since:
+                slow, slow_since = unit, newest  # the first of equals, as min() keeps
+        return slow
+
+    def _backups_due(self, backup_after: float | None) -> int:
+        return sum(1 for _ in self._slow_units(backup_after))
+
+    def _slow_units(self, backup_after: float | None) -> Iterator[tuple[Unit, float]]:
+        """Each unit a backup may start for now, with its newest attempt's start."""
         if backup_after is None or not self._live_starts:
-            return None
+            return
         now = runtime.monotonic()
         if now - next(iter(self._live_starts.values())) <= backup_after:
-            return None
-        # One pass, cheapest tests first: every idle worker looks, each time it wakes.
-        slow, slow_since = None, 0.0
+            return
+        # One pass, cheapest tests first: a worker with nothing queued looks (and a
+        # round's thread, each time it wakes).
         for unit in self.units:
             started = unit.started
             if (not started or unit.reserved != len(started)
                     or len(started) >= self.max_attempts or unit.settled):
                 continue
             newest = max(t for _, t in started.values())
-            if now - newest > backup_after and (slow is None or newest < slow_since):
-                slow, slow_since = unit, newest  # the first of equals, as min() keeps
-        return slow
+            if now - newest > backup_after:
+                yield unit, newest
 
     def release(self, unit: Unit) -> None:
         with self._cond:
             unit.reserved -= 1
+            self._held -= 1
             self._orphans_possible = True
             if self._release_wakes(unit):
                 self._cond.notify_all()

@@ -8,7 +8,9 @@ differs is where the bytes live:
   copying them, and `flush` hands everything to one `sendmsg` call;
 * reads receive a whole frame with `recv_into` into one buffer and serve
   `read`/`readAll` as memoryview slices of it, so a 16 MiB binary field is
-  decoded without a copy;
+  decoded without a copy; a caller takes a reply's length word with as much of the
+  reply as has come, and waits in the kernel (its timeouts set on the socket), so a
+  small call is one send and one receive;
 * big receive buffers are anonymous private mmaps advised to use huge pages
   (page faults on fresh 4 KiB pages cost more than the copy itself here) and
   the connection reuses its last one when nothing still refers to it.
@@ -70,6 +72,9 @@ KEPT_MESSAGE_BYTES = 32 * 1024 * 1024
 # The signed 32-bit length field of a frame cannot say more than this.
 _HARD_MAX_FRAME_BYTES = 2**31 - 1
 _HEADER = struct.Struct("!I")
+# A caller receives a reply's length word into a buffer this big: a small reply comes whole.
+_INBOX_BYTES = 16 * 1024
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 _MAX_I32 = 2**31 - 1
 BIG_BINARY = -2  # the length word of a binary too long for an i32: an i64 length follows
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -115,6 +120,18 @@ def tune_socket(sock: socket.socket) -> None:
     them (1 or 4 MiB) measured no faster here and disables autotuning.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _set_kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
+    """Bound each send and receive of a blocking socket in the kernel (None: no bound);
+    a call past it fails with EAGAIN."""
+    if seconds is None:
+        value = _TIMEVAL.pack(0, 0)  # zero: wait forever
+    else:
+        micros = max(1, round(seconds * 1_000_000))  # zero would mean forever
+        value = _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 class IdleTimeout(TTransportException):
@@ -192,6 +209,18 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
         self.bytes_sent = self.bytes_received = 0
         self.frames_sent = self.frames_received = 0
         self._reset_writes()
+        # A plain caller's connection waits in the kernel (SO_RCVTIMEO and SO_SNDTIMEO on a
+        # blocking socket): a Python timeout polls before every send and receive, and each
+        # system call lets go of the interpreter lock, which among a coordinator's hundred
+        # threads costs a thread switch. A reply's length word is received with as much of
+        # the reply as has come (`_ahead`), so a small reply takes one receive, not two.
+        self._kernel_timeouts = server_reads is None and self._scatter
+        self._timeout = sock.gettimeout()
+        self._inbox = bytearray(_INBOX_BYTES) if self._kernel_timeouts else bytearray()
+        self._ahead = _EMPTY  # received beyond what was read: the next reads take it first
+        if self._kernel_timeouts:
+            sock.settimeout(None)
+            _set_kernel_timeouts(sock, self._timeout)
 
     # ------------------------------------------------------------ lifecycle
     def isOpen(self) -> bool:
@@ -214,7 +243,7 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
-        self._frame, self._spare = _EMPTY, None
+        self._frame, self._spare, self._ahead = _EMPTY, None, _EMPTY
         if sock is not None:
             sock.close()
 
@@ -223,7 +252,7 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
         closed it (a server's idle timeout) or sent something unasked. One poll of the
         socket (even under TLS, any byte here is unexpected): readable means either."""
         sock = self._sock
-        if sock is None:
+        if sock is None or self._ahead:  # bytes beyond the last reply: never asked for
             return True
         poller = select.poll()
         try:
@@ -235,7 +264,11 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send or receive (None waits forever)."""
         sock = self._socket()
-        if sock.gettimeout() != seconds:  # setting it costs a system call even unchanged
+        if self._kernel_timeouts:
+            if seconds != self._timeout:  # setting it costs system calls
+                _set_kernel_timeouts(sock, seconds)
+                self._timeout = seconds
+        elif sock.gettimeout() != seconds:  # setting it costs a system call even unchanged
             sock.settimeout(seconds)
 
     # ---------------------------------------------------------------- reads
@@ -313,7 +346,7 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
         if self._server_reads is not None:
             self._next_request_frame(self._server_reads)
             return
-        self._recv_exactly(memoryview(self._header))
+        self._recv_header()
         self._frame = self._frame_or_message(None)
 
     def _next_request_frame(self, reads: ServerReads) -> None:
@@ -567,7 +600,32 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
         self._spare = _huge_page_buffer(size)
         return self._spare
 
+    def _recv_header(self) -> None:
+        """A caller's read of a frame's length word, with whatever follows it that has come
+        (kept in `_ahead` for the reads after it), when it waits in the kernel."""
+        if not self._kernel_timeouts or self._ahead:
+            self._recv_exactly(memoryview(self._header))
+            return
+        sock, inbox = self._socket(), memoryview(self._inbox)
+        try:
+            got = sock.recv_into(inbox)
+        except OSError as exc:
+            raise self._failure(exc, "receiving from") from exc
+        if not got:
+            raise TTransportException(TTransportException.END_OF_FILE,
+                                      f"{self.peer} closed the connection")
+        head = min(got, _HEADER.size)
+        self._header[:head] = inbox[:head]
+        self._ahead = inbox[head:got]
+        if head < _HEADER.size:
+            self._recv_exactly(memoryview(self._header)[head:])
+
     def _recv_exactly(self, view: memoryview) -> None:
+        if self._ahead:  # what came with the frame's length word
+            taken = min(len(self._ahead), len(view))
+            view[:taken] = self._ahead[:taken]
+            self._ahead = self._ahead[taken:]
+            view = view[taken:]
         sock, pos, size = self._socket(), 0, len(view)
         try:
             while pos < size:
@@ -712,9 +770,12 @@ class FramedSocketTransport(TTransportBase, CReadableTransport):
         return self._sock  # type: ignore[return-value]
 
     def _failure(self, exc: OSError, doing: str) -> TTransportException:
-        timeout = self._sock.gettimeout() if self._sock is not None else None
+        timeout = self._timeout if self._kernel_timeouts else (
+            self._sock.gettimeout() if self._sock is not None else None)
         self.close()
-        if isinstance(exc, TimeoutError):
+        # a kernel timeout ends a blocking call with EAGAIN
+        if isinstance(exc, TimeoutError) or (self._kernel_timeouts
+                                             and isinstance(exc, BlockingIOError)):
             return TTransportException(
                 TTransportException.TIMED_OUT,
                 f"timed out {doing} {self.peer} after {timeout}s; the connection is closed "

@@ -278,6 +278,55 @@ def test_read_timeout_fires_and_closes_the_connection(server: ThriftServer, node
     assert_serving(server)
 
 
+def kernel_timeout(sock: socket.socket, option: int) -> float:
+    """A socket's SO_RCVTIMEO or SO_SNDTIMEO in seconds (0: none), as the kernel keeps it
+    (in its clock ticks)."""
+    seconds, micros = struct.unpack("@ll", sock.getsockopt(socket.SOL_SOCKET, option, 16))
+    return seconds + micros / 1e6
+
+
+def test_a_callers_connection_waits_in_the_kernel_bounded_by_its_read_timeout(
+    server: ThriftServer,
+) -> None:
+    """No poll before every send and receive: the socket blocks, and the kernel bounds
+    each call by the read timeout (SO_RCVTIMEO, SO_SNDTIMEO), changed with it."""
+    with client(server, read_timeout=WAIT) as c:
+        sock = transport_of(c)._sock
+        assert sock is not None and sock.gettimeout() is None
+        assert kernel_timeout(sock, socket.SO_RCVTIMEO) == WAIT
+        assert kernel_timeout(sock, socket.SO_SNDTIMEO) == WAIT
+        set_read_timeout(c, 0.25)
+        assert kernel_timeout(sock, socket.SO_RCVTIMEO) == pytest.approx(0.25, abs=0.02)  # ticks
+        set_read_timeout(c, None)
+        assert kernel_timeout(sock, socket.SO_RCVTIMEO) == 0.0  # none: waits for ever
+        weights = {"w": np.arange(6000, dtype=np.float32)}  # a reply over the first receive
+        reply = c.train_with_weights(work(**weights))
+        assert np.array_equal(wire_to_dict(reply.update)["w"], weights["w"])
+
+
+def test_a_reply_and_its_length_word_come_in_one_receive_and_nothing_more_is_taken() -> None:
+    """A caller receives a reply's length word with what follows it; a frame split over
+    receives, or longer than that first receive, is whole all the same, and bytes beyond
+    the reply (never asked for) leave the connection unfit for another call."""
+    left, right = socket.socketpair()
+    with left, right:
+        left.settimeout(WAIT)
+        right.settimeout(WAIT)
+        transport = FramedSocketTransport(right, peer="right")
+        big = bytes(range(256)) * 300  # 76,800 bytes: beyond the first receive
+        left.sendall(struct.pack("!I", 3) + b"abc" + struct.pack("!I", len(big)) + big[:10])
+        assert bytes(transport.readAll(3)) == b"abc"
+        assert transport.peer_closed()  # the next frame's bytes came unasked
+        left.sendall(big[10:])
+        assert bytes(transport.readAll(len(big))) == big
+        assert not transport.peer_closed()
+        left.sendall(struct.pack("!I", 2)[:1])
+        sender = threading.Timer(0.05, lambda: left.sendall(struct.pack("!I", 2)[1:] + b"ok"))
+        sender.start()
+        assert bytes(transport.readAll(2)) == b"ok"
+        sender.join(WAIT)
+
+
 def test_busy_handler_does_not_block_other_connections(
     server: ThriftServer, node: EchoNode
 ) -> None:

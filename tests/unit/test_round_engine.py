@@ -537,3 +537,32 @@ def test_a_round_of_no_unit_ends_at_once_with_no_result():
     eng, _, _ = engine([LocalNode(0)])
     outcome = eng.run_round(1, [], 0, build)
     assert outcome.results == [] and outcome.failures == []
+
+
+def test_a_rounds_workers_are_started_for_waiting_work_and_leave_when_there_is_none():
+    """No worker of a round waits idle (each one waiting was woken by every change of
+    the round): one is started per queued unit up to the queue's limit, a backup-only one
+    per backup due beyond the free workers, and a worker that finds nothing leaves."""
+    state = RoundState(1, units(3), 3, max_attempts=4)
+    assert state.workers_wanted(None, 2, 2) == (2, 0)  # two of the three units: the limit
+    assert state.workers_wanted(None, 2, 2) == (0, 0)  # counted as started already
+    first, second = state.next_unit(None), state.next_unit(None)
+    assert (first, second) == tuple(state.units[:2])
+    first.done = True  # its result is in
+    state.release(first)
+    assert state.workers_wanted(None, 2, 2) == (0, 0)  # that worker takes the last itself
+    assert state.next_unit(None) is state.units[2]
+    second.done = True
+    state.release(second)
+    assert state.next_unit(None) is None and state.workers == 1  # nothing more: it left
+    slow = state.units[2]
+    state.start_attempt(slow, "node-a")
+    due = -1.0  # every attempt out is past the backup threshold
+    assert state.workers_wanted(due, 2, 2) == (0, 1)  # a backup-only worker for it
+    assert state.workers_wanted(due, 2, 2) == (0, 0)  # started: it will take the backup
+    assert state.next_unit(due, backups_only=True) is slow
+    assert (state.workers, state.backup_workers) == (2, 1)
+    assert state.workers_wanted(due, 2, 2) == (0, 0)
+    state.release(slow)  # the backup-only worker let go of it; no backup is due now ...
+    assert state.next_unit(None, backups_only=True) is None  # ... so it leaves
+    assert (state.workers, state.backup_workers) == (1, 0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from thrift_trainer.coordinator.run_store import RunStore, UnknownRecord
+from thrift_trainer.coordinator.write_behind import Call, WriteBehind
 
 UNITS = ["u1", "u2", "u3"]
 A = "node1:9091"
@@ -101,3 +102,22 @@ def test_eight_threads_of_deferred_writes_lose_nothing(store: RunStore) -> None:
     assert errors == []
     assert counts(store, 2) == {"completed": 8 * per_thread}
     assert sum(n.samples for n in store.node_stats("r1")) == 8 * per_thread
+
+
+def test_the_writer_is_woken_by_a_first_call_and_lets_the_others_gather() -> None:
+    """Only a call into an empty queue wakes the writer (which then waits a moment for
+    more): one wake per call would cut the batches short at a thread switch each."""
+    batches: list[list[Call]] = []
+    writes = WriteBehind(batches.append)
+    wakes = []
+    notify = writes._changed.notify
+    writes._changed.notify = lambda *args: (wakes.append(1), notify(*args))[1]
+    try:
+        with writes._flushing:  # the writer cannot take the queue meanwhile
+            for number in range(5):
+                writes.put((print, ("r1", number), {}))
+            assert len(wakes) == 1
+        writes.flush()
+        assert [call[1][1] for batch in batches for call in batch] == list(range(5))
+    finally:
+        writes.close()
