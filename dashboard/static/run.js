@@ -16,6 +16,8 @@ const GROUPS = [
   ["Bytes per round", ["bytes_down", "bytes_up"]],
   ["Units per second", ["units_per_second"]],
   ["Round time (s)", ["seconds"]],
+  // a private run (docs/privacy.md): the budget spent after each round, and the clip in force
+  ["Privacy spent (epsilon)", ["epsilon"]],
   // federated evaluation (clients.eval_every): the worst 10 % first, so that the means,
   // which are often close to each other, are not drawn over it
   ["Clients' validation accuracy", ["client_val_accuracy_worst10", "client_val_accuracy_mean",
@@ -84,6 +86,7 @@ function renderSummary(view) {
   if (last.validation_error !== undefined && last.validation_error !== null) cards.push(["validation error", fmtNumber(last.validation_error), "run-error"]);
   if (last.inception_score) cards.push(["IS", fmtNumber(last.inception_score), "run-is"]);
   if (last.fid_features) cards.push(["FID", fmtNumber(last.fid_features), "run-fid"]);
+  if (last.epsilon !== undefined) cards.push(["privacy spent (epsilon)", fmtNumber(last.epsilon), "run-epsilon"]);
   if (p) {
     cards.push(["units done", p.units_done + " / " + p.units_total, "run-units"],
                ["rejected", p.rejected, "run-rejected"], ["failed", p.failed, "run-failed"],

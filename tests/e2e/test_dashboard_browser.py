@@ -229,6 +229,32 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
     assert "client0" not in metrics
 
 
+def test_the_run_page_of_a_private_run_shows_the_budget_it_spent(cluster: Cluster,
+                                                                 browser) -> None:
+    """The epsilon of a private run (docs/privacy.md): its card shows the last round's, and
+    its chart draws every round's."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cluster.add_node(0.0)
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+    result = cluster.train_json(
+        "--set", "run.model=mlp_classifier", "--set", "data.format=letters",
+        "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
+        "--set", "clients.count=20", "--set", "clients.per_round=4", "--set", "run.rounds=3",
+        "--set", "privacy.clip=0.5", "--set", "privacy.noise_multiplier=1.1",
+        "--set", "privacy.delta=1e-3")
+    spent = result["history"][-1]["epsilon"]
+    browser.get(f"{url}runs/{result['run_id']}")
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+        lambda _: [math.isclose(float(text), spent, rel_tol=1e-3)  # 4 digits shown
+                   for text in texts(browser, "#run-epsilon .value")] == [True],
+        message=f"the card shows epsilon {spent:.4g}")
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
+        lambda _: series_pixels(browser, "#chart-privacy-spent-epsilon-") > 0,
+        message="epsilon is charted")
+
+
 def _client_lines(cluster: Cluster, run_id: str) -> list[dict]:
     path = cluster.workdir / "runs" / run_id / "clients.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
