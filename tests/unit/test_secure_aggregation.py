@@ -350,10 +350,11 @@ def test_the_chi_square_survival_function(statistic: float, freedom: int,
         assert 0.0005 < p < 0.002
 
 
-def uniformity_p(ring_values: np.ndarray, bits: int) -> float:
-    """The chi-square test's p-value that the top 8 bits of ``ring_values`` are uniform
-    over their 256 bins."""
-    bins = np.bincount((ring_values >> (bits - 8)).astype(np.int64), minlength=256)
+def uniformity_p(ring_values: np.ndarray, bits: int, shift: int | None = None) -> float:
+    """The chi-square test's p-value that 8 bits of ``ring_values`` (the top 8, or those
+    from bit ``shift`` up) are uniform over their 256 bins."""
+    shift = bits - 8 if shift is None else shift
+    bins = np.bincount(((ring_values >> shift) & 0xFF).astype(np.int64), minlength=256)
     expected = ring_values.size / 256
     return chi_square_survival(float(np.sum((bins - expected) ** 2 / expected)), 255)
 
@@ -373,8 +374,9 @@ def fixed_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("fixed_secrets")
 @pytest.mark.parametrize("update", ["zeros", "gaussian"])
-def test_a_masked_input_is_uniform_and_the_unmasked_one_is_not(update: str) -> None:
-    bits, size = 16, 10**5
+@pytest.mark.parametrize("bits", [16, 32])  # 32: the default ring
+def test_a_masked_input_is_uniform_and_the_unmasked_one_is_not(update: str, bits: int) -> None:
+    size = 10**5
     values = (np.zeros(size) if update == "zeros"
               else np.random.default_rng(4).normal(0, 0.3, size))
     secagg = Round(NAMES[:3], 0, bits)
@@ -382,6 +384,7 @@ def test_a_masked_input_is_uniform_and_the_unmasked_one_is_not(update: str) -> N
     secagg.share(secagg.names)
     masked, _ = secagg.clients["client-00"].mask(values, 1.0, secagg.names, CLIP,
                                                  secagg.scale, bits)
-    assert uniformity_p(masked, bits) > 0.001
+    for shift in (bits - 8, (bits - 8) // 2, 0):  # the top, middle and lowest 8 bits
+        assert uniformity_p(masked, bits, shift) > 0.001, shift
     quantized, _ = quantize(values, 1.0, CLIP, secagg.scale, bits)
     assert uniformity_p(quantized, bits) < 0.001  # the negative control
