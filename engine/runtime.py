@@ -252,6 +252,12 @@ def token_hex(nbytes: int) -> str:
     return _current.token_hex(nbytes)
 
 
+def token_bytes(nbytes: int) -> bytes:
+    """A secret of ``nbytes`` random bytes: the system's entropy in production, the
+    simulation's seed in a simulation (a private run's noise key is one)."""
+    return bytes.fromhex(_current.token_hex(nbytes))
+
+
 def process_singleton(name: str, make: Callable[[], Any]) -> Any:
     """The process's one ``name``, made by ``make`` on first use (a simulation keeps one
     per simulated process)."""
