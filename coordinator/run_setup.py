@@ -36,8 +36,7 @@ from thrift_trainer.training.data.paths import DataPathError, data_location
 from thrift_trainer.training.models.names import check_model_name, is_module_model
 from thrift_trainer.training.outputs.plots import check_outputs
 from thrift_trainer.training.plugins import PluginError
-from thrift_trainer.training.privacy import accounting
-from thrift_trainer.training.privacy.noise_key import KEY_BYTES
+from thrift_trainer.training.privacy import accounting, noise_key
 from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts
 from thrift_trainer.training.spec import RunSpec
 
@@ -167,7 +166,8 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     check_config(cls.check_config(spec.model, config), limits)
     algorithm = cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
     if spec.privacy.enabled:  # the coordinator's secret: its noise and draws are keyed by it
-        algorithm.use_noise_key(runtime.token_bytes(KEY_BYTES))  # type: ignore[attr-defined]
+        key = runtime.secret(noise_key.LABEL, noise_key.KEY_BYTES)
+        algorithm.use_noise_key(key)  # type: ignore[attr-defined]
     if spec.privacy.enabled and spec.schedule.mode == "buffered":
         algorithm.release_buffers(spec.schedule.buffer_size)  # type: ignore[attr-defined]
     return algorithm

@@ -4,11 +4,12 @@ The run's ``seed`` is public (it is in the request and in the config every node 
 noise drawn from it could be drawn again by anyone who knows it and taken off the released
 model, and clients drawn by it would be known to the requester, whose ignorance of the draw
 the sampling's amplification assumes. The coordinator therefore makes 32 random bytes when
-a private run starts (`coordinator/run.py`, through the engine's runtime so that a
-simulation stays reproducible) and keys with them the Gaussian noise, the adaptive clip's
-count noise and the client draw. The key travels nowhere: it is kept in the run's
-checkpoint (the algorithm's state, ``privacy.noise_key``), so that a resumed run, or a
-standby taking over, draws what the run would have drawn.
+a private run starts (`coordinator/run_setup.py`, through the engine's runtime, whose
+simulation gives a fixed key so that a simulated run stays reproducible) and keys with
+them the Gaussian noise, the adaptive clip's count noise and the client draw. The key
+travels nowhere: it is kept in the run's checkpoint (the algorithm's state,
+``privacy.noise_key``), so that a resumed run, or a standby taking over, draws what the
+run would have drawn.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 KEY_BYTES = 32
+LABEL = "privacy noise key"  # what the runtime is asked for (a simulation's is fixed by it)
 STATE_KEY = "privacy.noise_key"  # the key in the checkpoint's algorithm state
 
 
