@@ -11,12 +11,14 @@ accountant over R Poisson-sampled Gaussian rounds), so that R rounds spend the t
    holding clients 0-499, the second 500-999 (devtools/federated_cluster.py), serve the
    runs one after another; each run's final validation accuracy, the epsilon it reported
    after its last round, and its wall time (the client's start to its end).
-2. **In one process**: the same DP-FedAvg computed here from the same seeds: each round's
-   clients drawn by the seeded Poisson rule (and checked against the run's clients.jsonl),
-   trained by delta_avg's node half (devtools/fedavg_replay.py), their updates through
-   training/privacy/mechanism.py ``private_mean`` (same clip, z, seed and round, so the
-   same noise) and the server optimizer; the final accuracy and the largest absolute
-   difference between its weights and the run's model.npz.
+2. **In one process**: the same DP-FedAvg computed here from the same seed and, for a
+   private run, the noise key its coordinator made, read from the run's checkpoint
+   (coordinator/checkpoint.py ``noise_key``): each round's clients drawn by the Poisson
+   rule under that key (the seed's without privacy; checked against the run's
+   clients.jsonl), trained by delta_avg's node half (devtools/fedavg_replay.py), their
+   updates through training/privacy/mechanism.py ``private_mean`` (same clip, z, key and
+   round, so the same noise) and the server optimizer; the final accuracy and the largest
+   absolute difference between its weights and the run's model.npz.
 3. **Epsilon cross-checks**: for each (z, q, R), dp-accounting's RDP and PLD accountants
    called directly, and Opacus's RDP accountant (``opacus.accountants.RDPAccountant``),
    run in a bench-only virtual environment when it exists (bench/.venvs/opacus, made by
@@ -248,20 +250,22 @@ def held_clients(run_dir: Path) -> list[str]:
     return [f"client{k}" for k, size in enumerate(sizes) if size]
 
 
-def draws(args: argparse.Namespace, held: list[str]) -> dict[int, list[str]]:
-    """Each round's clients by the seeded Poisson rule, as the coordinator draws them."""
+def draws(args: argparse.Namespace, held: list[str],
+          key: bytes | None) -> dict[int, list[str]]:
+    """Each round's clients by the Poisson rule, as the coordinator draws them: under a
+    private run's noise ``key``, by the seed without one."""
     from thrift_trainer.training.clients.settings import ClientsSettings
 
     settings = ClientsSettings(count=CLIENTS, per_round=args.per_round, sampling="poisson")
-    return {r: settings.sampled(r, SEED, held) for r in range(1, args.rounds + 1)}
+    return {r: settings.sampled(r, SEED, held, key) for r in range(1, args.rounds + 1)}
 
 
 def one_process(args: argparse.Namespace, setting: Setting, drawn: dict[int, list[str]],
-                sampling: Any) -> tuple[dict[str, np.ndarray], float]:
+                sampling: Any, key: bytes | None) -> tuple[dict[str, np.ndarray], float]:
     """DP-FedAvg of ``setting`` in this process: each round's drawn clients trained by
-    delta_avg's node half, their updates through ``private_mean`` (no privacy: the
-    algorithm's example-weighted mean) and the server optimizer; the final weights and
-    their validation accuracy."""
+    delta_avg's node half, their updates through ``private_mean`` with the run's noise
+    ``key`` (no privacy: the algorithm's example-weighted mean) and the server optimizer;
+    the final weights and their validation accuracy."""
     from thrift_trainer.training.privacy.mechanism import private_mean
 
     config = run_config(client_sets(args, setting))
@@ -273,7 +277,7 @@ def one_process(args: argparse.Namespace, setting: Setting, drawn: dict[int, lis
             weights = algorithm.aggregate(r, weights, results, [])
             continue
         mean = private_mean([result.update for result in results], weights, args.clip,
-                            setting.z, sampling.expected, SEED, r)
+                            setting.z, sampling.expected, key, r)
         weights = algorithm.apply(weights, mean)
     return weights, 1.0 - algorithm.evaluate(weights).validation_error
 
@@ -303,13 +307,15 @@ def distributed(cluster: FederatedCluster, args: argparse.Namespace,
 def measure(cluster: FederatedCluster, args: argparse.Namespace, setting: Setting,
             sampling: Any) -> dict[str, Any]:
     """One row: the distributed run, its one-process twin and how far apart they are."""
+    from thrift_trainer.coordinator.checkpoint import noise_key
     from thrift_trainer.training.outputs.model_file import load_model
 
     run, run_dir = distributed(cluster, args, setting)
     held = held_clients(run_dir)
-    drawn = draws(args, held)
+    key = noise_key(run_dir) if setting.target is not None else None
+    drawn = draws(args, held, key)
     started = time.monotonic()
-    weights, accuracy = one_process(args, setting, drawn, sampling)
+    weights, accuracy = one_process(args, setting, drawn, sampling, key)
     seconds = time.monotonic() - started
     model, _ = load_model(run_dir / "model.npz")
     difference = max(float(np.max(np.abs(np.asarray(model[name], dtype=np.float64)

@@ -2,10 +2,12 @@
 
 The checkpoint (`checkpoint.npz`, written atomically by `save_model`) holds the weights
 after a round, the algorithm's optimizer state, the scheduling policy's random state, the
-round number and, in the asynchronous modes, where the passes over the data stood;
-`request.json` holds the TrainRequest the run was started with. Unit states live in the
-run store. Together they are everything the next rounds depend on, so a resumed run in
-deterministic mode ends with the same bits as an uninterrupted one.
+round number and, in the asynchronous modes, where the passes over the data stood (a
+private run's state includes its secret noise key: the file is as sensitive as the
+clients' updates); `request.json` holds the TrainRequest the run was started with.
+Unit states live in the run store. Together they are everything the next rounds depend
+on, so a resumed run in deterministic mode ends with the same bits as an uninterrupted
+one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from thrift_trainer.training.outputs.model_file import (
     without_optimizer,
 )
 from thrift_trainer.training.outputs.plots import metrics_line
+from thrift_trainer.training.privacy import noise_key as noise_keys
 from thrift_trainer.training.units import Weights
 
 CHECKPOINT_FILE = "checkpoint.npz"
@@ -87,6 +90,19 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     if stream is not None and not isinstance(stream, dict):
         raise CheckpointError(f"{path} is damaged: its stream position is not an object")
     return Checkpoint(round_index, weights, optimizer, rng, stream)
+
+
+def noise_key(run_dir: Path) -> bytes:
+    """The secret key of a private run's noise and client draws, from its checkpoint (to
+    replay the run elsewhere); CheckpointError when the run has none."""
+    state = load_checkpoint(run_dir).optimizer
+    if noise_keys.STATE_KEY not in state:
+        raise CheckpointError(f"{run_dir / CHECKPOINT_FILE} holds no noise key: not a "
+                              "private run's checkpoint")
+    try:
+        return noise_keys.from_state(state[noise_keys.STATE_KEY])
+    except noise_keys.NoiseKeyError as exc:
+        raise CheckpointError(f"{run_dir / CHECKPOINT_FILE} is damaged: {exc}") from None
 
 
 def _rng_state(saved: Any) -> Any:

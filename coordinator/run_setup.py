@@ -3,8 +3,9 @@
 `prepare` reads the request's fields into the typed spec (training/spec.py), checks them
 against this coordinator's limits (coordinator/request_checks.py) and the algorithm's
 abilities (schedules, local rounds, codecs), builds the algorithm (which loads the data
-set and, for a torch model, builds the model and runs it once on a few examples) and
-returns everything the run loop needs. Every refusal is an InvalidRun naming the field,
+set and, for a torch model, builds the model and runs it once on a few examples; a private
+run's gets its secret noise key, training/privacy/noise_key.py) and returns everything the
+run loop needs. Every refusal is an InvalidRun naming the field,
 key or plug-in at fault, so the client hears of it before round 1, with exit status 2.
 """
 
@@ -25,6 +26,7 @@ from thrift_trainer.coordinator.request_checks import (
     check_model_bytes,
     check_units,
 )
+from thrift_trainer.engine import runtime
 from thrift_trainer.training import hierarchy, schedule
 from thrift_trainer.training.algorithms import ConfigError, get_algorithm
 from thrift_trainer.training.algorithms.base import Algorithm
@@ -34,7 +36,7 @@ from thrift_trainer.training.data.paths import DataPathError, data_location
 from thrift_trainer.training.models.names import check_model_name, is_module_model
 from thrift_trainer.training.outputs.plots import check_outputs
 from thrift_trainer.training.plugins import PluginError
-from thrift_trainer.training.privacy import accounting
+from thrift_trainer.training.privacy import accounting, noise_key
 from thrift_trainer.training.run_check import RunFacts, RunUnfit, run_facts
 from thrift_trainer.training.spec import RunSpec
 
@@ -163,6 +165,9 @@ def _algorithm(spec: RunSpec, data_root: Path, limits: RequestLimits,
     config = spec.algorithm_config()
     check_config(cls.check_config(spec.model, config), limits)
     algorithm = cls(spec.model, config, data_location(data_root, spec.dataset), spec.dataset)
+    if spec.privacy.enabled:  # the coordinator's secret: its noise and draws are keyed by it
+        key = runtime.secret(noise_key.LABEL, noise_key.KEY_BYTES)
+        algorithm.use_noise_key(key)  # type: ignore[attr-defined]
     if spec.privacy.enabled and spec.schedule.mode == "buffered":
         algorithm.release_buffers(spec.schedule.buffer_size)  # type: ignore[attr-defined]
     return algorithm

@@ -59,12 +59,13 @@ TrainUnits = Callable[[list[UnitSpec], Mapping[str, bytes]], RoundOutcome]
 @dataclass(frozen=True)
 class PrivateSums:
     """A private run's: its settings, the expected clients per round (asked when needed:
-    node-resident clients are known late) and the seed of the coordinator's top-up noise."""
+    node-resident clients are known late) and the noise key the coordinator's top-up
+    noise is keyed by (asked when needed: a resume restores it from the checkpoint)."""
 
     settings: PrivacySettings
     noise_clients: int
     expected: Callable[[], float]
-    seed: int
+    key: Callable[[], bytes]
 
 
 @dataclass(frozen=True)
@@ -219,8 +220,8 @@ class SecureRounds:
                       contributed: int, weights: Weights) -> np.ndarray:
         """DP-FedAvg's noised mean from the sum of noised, clipped updates weighted
         1 / |U1|: the noise fewer than ``noise_clients`` clients left short is added
-        (seeded by the run's seed and the round), and the sum divided by the expected
-        clients."""
+        (keyed by the run's secret noise key and the round), and the sum divided by the
+        expected clients."""
         private = self.private
         assert private is not None
         std = distributed.shortfall_std(private.settings, private.noise_clients, contributed)
@@ -228,7 +229,7 @@ class SecureRounds:
             log.warning("round %d: %d clients' noise is in the sum, %d were to share it: the "
                         "coordinator adds the rest (it saw the sum with less noise than "
                         "epsilon assumes)", round_index, contributed, private.noise_clients)
-            drawn = mechanism.noise(weights, std, private.seed, round_index)
+            drawn = mechanism.noise(weights, std, private.key(), round_index)
             total = total * advertised + np.concatenate(
                 [drawn[name].ravel() for name in sorted(weights)])
         else:

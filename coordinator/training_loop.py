@@ -219,7 +219,7 @@ class TrainingLoop:
             return None
         return PrivateSums(self._budget.settings, noise_clients,
                            lambda: self._budget.sampling.expected,
-                           int(self.algorithm.config["seed"]))
+                           lambda: self.algorithm.noise_key)  # type: ignore[attr-defined]
 
     def _secure_round(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
                       weights: Weights, sent_weights: Tensors,

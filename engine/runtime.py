@@ -53,6 +53,7 @@ class Runtime(Protocol):
     def event(self) -> Any: ...
     def random(self, seed: Any = None) -> random.Random: ...
     def token_hex(self, nbytes: int) -> str: ...
+    def secret(self, label: str, nbytes: int) -> bytes: ...
     def process_singleton(self, name: str, make: Callable[[], Any]) -> Any: ...
 
 
@@ -93,6 +94,9 @@ class SystemRuntime:
 
     def token_hex(self, nbytes: int) -> str:
         return secrets.token_hex(nbytes)
+
+    def secret(self, label: str, nbytes: int) -> bytes:
+        return secrets.token_bytes(nbytes)  # the label names it; each call is a new one
 
     def process_singleton(self, name: str, make: Callable[[], Any]) -> Any:
         with self._singletons_lock:
@@ -250,6 +254,13 @@ def Random(seed: Any = None) -> random.Random:  # noqa: N802
 def token_hex(nbytes: int) -> str:
     """A secret of ``nbytes`` random bytes in hex (the simulation's: from its seed)."""
     return _current.token_hex(nbytes)
+
+
+def secret(label: str, nbytes: int) -> bytes:
+    """A new secret of ``nbytes`` bytes (a private run's noise key): the system's entropy
+    in production; in a simulation, a function of ``label`` alone, so that one run holds
+    the same secret in every simulation of it, with faults or without."""
+    return _current.secret(label, nbytes)
 
 
 def process_singleton(name: str, make: Callable[[], Any]) -> Any:

@@ -158,6 +158,13 @@ class SimRuntime:
     def token_hex(self, nbytes: int) -> str:
         return self._rng.getrandbits(8 * nbytes).to_bytes(nbytes, "big").hex()
 
+    def secret(self, label: str, nbytes: int) -> bytes:
+        """Bytes of ``label`` alone, not of the scheduler's seed: a deterministic run's
+        final weights depend on its settings only, and a private run's on its noise key
+        too, so every simulation of a run (its plan with and without faults, restarts
+        before its first checkpoint included) gives it the same key."""
+        return hashlib.shake_256(f"simulated secret: {label}".encode()).digest(nbytes)
+
     def process_singleton(self, name: str, make: Callable[[], Any]) -> Any:
         """One ``name`` per simulated process (the current thread's owner)."""
         key = (self.current().owner, name)

@@ -1,8 +1,9 @@
 """Differentially private federated runs (DP-FedAvg, docs/privacy.md) through real
 processes: each round's epsilon equals dp-accounting's own in the run's results, files,
 status and /metrics, a run without noise and with a clip no update reaches equals its
-in-process replay, and so do noised runs (their noise is seeded), node-resident clients'
-included."""
+in-process replay, and so do noised runs, node-resident clients' included: their noise and
+client draws are keyed by the run's secret noise key, which the replay reads from the run's
+checkpoint, and which no file the requester or a node gets holds."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tests.e2e.test_federated_clients import (
     _with_sets,
     four_sites,
 )
+from thrift_trainer.coordinator.checkpoint import noise_key
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
@@ -97,7 +99,8 @@ def test_a_run_without_noise_and_a_clip_never_reached_equals_its_replay(cluster)
         names = sorted((line["client"] for line in trained if line["round"] == round_index),
                        key=lambda name: int(name[6:]))
         return [(name, SHIPPED) for name in names]
-    expected = _replay([*_overrides(), *private], ROUNDS, clients_of)
+    expected = _replay([*_overrides(), *private], ROUNDS, clients_of,
+                       noise_key=noise_key(run_dir))
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -107,33 +110,58 @@ def test_a_run_without_noise_and_a_clip_never_reached_equals_its_replay(cluster)
                for name, value in expected.items())
 
 
-def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster):
-    """One client a round in expectation: the seed's draws leave rounds with no client,
-    whose noise is applied all the same; the noise is seeded, so the replay is exact."""
+def test_a_noised_poisson_run_with_empty_rounds_equals_its_keyed_replay(cluster, monkeypatch):
+    """One client a round in expectation: the key's draws leave rounds with no client
+    (16 rounds: all have one with probability 0.001), whose noise is applied all the same;
+    the noise is keyed, so the replay with the run's key is exact, and the one anyone can
+    compute from the public seed is not the run's. The key is in no file the requester or
+    a node gets."""
     from thrift_trainer.training.clients.settings import ClientsSettings
+    from thrift_trainer.training.privacy import mechanism
 
     cluster.add_node(0.0, "--clients", "0-5")
     cluster.add_node(0.0, "--clients", "6-11")
     cluster.start_coordinator(2)
-    rounds = 4
+    rounds = 16
     sets = [*FEDERATED, *NOISED, "--set", "clients.per_round=1", "--set", f"run.rounds={rounds}"]
-    result = cluster.train_json(*sets)
+    answer = cluster.client(*sets, "--json")
+    assert answer.returncode == 0, answer.stderr + cluster.logs()
+    result = json.loads(answer.stdout)
     run_dir = _run_dir(cluster, result)
+    key = noise_key(run_dir)
     sizes = json.loads((run_dir / "partition.json").read_text())["sizes"]
     settings = ClientsSettings(count=CLIENTS, per_round=1, sampling="poisson")
     held = [name for name, size in zip(settings.names(), sizes, strict=True) if size]
-    draws = {r: settings.sampled(r, 1, held) for r in range(1, rounds + 1)}
-    assert any(not drawn for drawn in draws.values()), draws  # the seed's empty rounds
+    draws = {r: settings.sampled(r, 1, held, key) for r in range(1, rounds + 1)}
+    assert any(not drawn for drawn in draws.values()), draws  # the key's empty rounds
     lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
              .splitlines()]
     for r, drawn in draws.items():
         assert sorted(line["client"] for line in lines if line["round"] == r
                       and "node" in line) == drawn, (r, lines)
     overrides = [item for item in sets if item != "--set"]
-    expected = _replay(overrides, rounds, lambda r: [(name, SHIPPED) for name in draws[r]])
+    expected = _replay(overrides, rounds, lambda r: [(name, SHIPPED) for name in draws[r]],
+                       noise_key=key)
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # what the seed alone gives, the draws and the noise of a generator of (seed, round):
+    public = {r: settings.sampled(r, 1, held) for r in range(1, rounds + 1)}
+    assert public != draws
+    monkeypatch.setattr(mechanism, "noise", lambda like, std, _, r: {
+        name: np.random.default_rng([mechanism.NOISE_TAG, 1, r]).normal(
+            0.0, std, size=np.shape(like[name])) for name in sorted(like)})
+    guessed = _replay(overrides, rounds, lambda r: [(name, SHIPPED) for name in public[r]],
+                      noise_key=key)
+    assert all(not np.allclose(weights[name], value, rtol=1e-3, atol=1e-3)
+               for name, value in guessed.items())
+    told = [answer.stdout, answer.stderr, cluster.logs(),
+            *(path.read_text(errors="replace") for path in run_dir.iterdir()
+              if path.name != "checkpoint.npz" and path.suffix in (".json", ".jsonl"))]
+    for text in told:
+        assert "noise_key" not in text and key.hex() not in text
+    assert not any(key in path.read_bytes() for path in run_dir.iterdir()
+                   if path.is_file() and path.name != "checkpoint.npz")
 
 
 @pytest.mark.parametrize("clip", [[], ["privacy.adaptive_clip_quantile=0.5",
@@ -141,8 +169,8 @@ def test_a_noised_poisson_run_with_empty_rounds_equals_its_seeded_replay(cluster
                          ids=["fixed-clip", "adaptive-clip"])
 def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluster, clip):
     """Epsilon after the resume continues from the rounds the store holds, and the rounds
-    computed again draw the same clients and noise, with the clip in force that the
-    checkpoint kept: the model equals the seeded replay."""
+    computed again draw the same clients and noise (the noise key is the checkpoint's),
+    with the clip in force that the checkpoint kept: the model equals the keyed replay."""
     rounds = 5
     sets = [*FEDERATED, *NOISED, *_with_sets(clip), "--set", f"run.rounds={rounds}"]
     run_dir, rows, _ = _killed_in_round_3_and_resumed(cluster, sets, rounds)
@@ -160,7 +188,8 @@ def test_a_private_run_killed_and_resumed_counts_each_released_round_once(cluste
     clips: list[float] = []
     expected = _replay([item for item in sets if item != "--set"], rounds, clients_of,
                        watch=lambda r, algorithm, results: clips.extend(
-                           algorithm.privacy_figures().values()))
+                           algorithm.privacy_figures().values()),
+                       noise_key=noise_key(run_dir))  # the key came back from the checkpoint
     if clip:  # each round clipped at the replay's clip, the resumed ones included
         assert [row["clip"] for row in rows] == pytest.approx(clips, rel=1e-9)
         assert len(set(clips)) == rounds
@@ -198,15 +227,16 @@ def test_node_resident_clients_train_privately_accounted_from_the_announced_rost
     lines = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text()
              .splitlines()]
     settings = ClientsSettings(per_round=2, sampling="poisson", placement="nodes")
-    draws = {r: settings.sampled(r, 1, names) for r in range(1, rounds + 1)}
-    for r, drawn in draws.items():  # the seeded draws among the four, every client trained
+    key = noise_key(run_dir)
+    draws = {r: settings.sampled(r, 1, names, key) for r in range(1, rounds + 1)}
+    for r, drawn in draws.items():  # the keyed draws among the four, every client trained
         assert sorted(line["client"] for line in lines if line["round"] == r) == drawn, \
             (r, lines)
     folders = {name: roots["b" if name == "clinic" else "a"] / "sites" / name
                for name in names}
     replayed = _replay([*RESIDENT, "clients.placement=nodes", *private], rounds,
                        lambda r: [(name, folders[name]) for name in draws[r]],
-                       announced={name: sizes[name] for name in names})
+                       announced={name: sizes[name] for name in names}, noise_key=key)
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in replayed.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -215,7 +245,8 @@ def test_node_resident_clients_train_privately_accounted_from_the_announced_rost
 def test_an_adaptive_clip_moves_toward_the_median_norm_and_the_run_equals_its_replay(cluster):
     """Started at 4, above every client's update norm (about 1.3 here), the clip of
     quantile 0.5 falls round after round toward the median norm; each round's clip and the
-    final model equal the seeded replay's (the count's noise and the updates' are seeded)."""
+    final model equal the keyed replay's (the count's noise and the updates' are keyed by
+    the run's noise key)."""
     from thrift_trainer.training.privacy.mechanism import global_norm
 
     cluster.add_node(0.0, "--clients", "0-5")
@@ -240,7 +271,8 @@ def test_an_adaptive_clip_moves_toward_the_median_norm_and_the_run_equals_its_re
     def watch(round_index: int, algorithm, results) -> None:
         replayed_clips.append(algorithm.privacy_figures()["clip"])
         medians.append(float(np.median([global_norm(r.update) for r in results])))
-    expected = _replay([*_overrides(), *private], rounds, clients_of, watch=watch)
+    expected = _replay([*_overrides(), *private], rounds, clients_of, watch=watch,
+                       noise_key=noise_key(run_dir))
     assert clips == pytest.approx(replayed_clips, rel=1e-9), (clips, replayed_clips)
     assert clips[0] == 4.0 and clips[1] < clips[0]
     assert abs(np.log(clips[-1] / medians[-1])) < abs(np.log(clips[0] / medians[0])) / 2, \
@@ -286,9 +318,10 @@ def test_a_client_announced_after_round_1_is_never_sampled_by_a_private_run(clus
              .splitlines()]
     roster = ["ward-1", "ward-2"]
     settings = ClientsSettings(per_round=1, sampling="poisson", placement="nodes")
+    key = noise_key(run_dir)
     for r in range(1, rounds + 1):  # drawn among the two, as before the late node came
         assert sorted(line["client"] for line in lines if line["round"] == r) == \
-            settings.sampled(r, 1, roster), (r, lines)
+            settings.sampled(r, 1, roster, key), (r, lines)
     assert json.loads((run_dir / "partition.json").read_text())["names"] == roster
     spent = dp_accounting.rdp.RdpAccountant()
     spent.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(

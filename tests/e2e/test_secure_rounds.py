@@ -13,6 +13,7 @@ import pytest
 from devtools import local_cluster
 from devtools.fedavg_replay import replay as _replay
 from tests.e2e.test_federated_clients import (
+    CLIENTS,
     FEDERATED,
     RESIDENT,
     SHIPPED,
@@ -21,6 +22,7 @@ from tests.e2e.test_federated_clients import (
     _with_sets,
     four_sites,
 )
+from thrift_trainer.coordinator.checkpoint import noise_key
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
@@ -103,21 +105,31 @@ def test_a_client_killed_mid_round_leaves_the_model_of_the_run_without_it(cluste
 
 def test_a_private_secure_run_takes_the_mean_central_dp_fedavg_takes(cluster):
     """Distributed DP: clipping moves to the clients' nodes and every client counts once.
-    With a clip no update reaches and no noise, the secure run's model is the central
-    private run's, within the quantisation bound; with noise, both report the same
-    epsilon."""
+    With a clip no update reaches and no noise, the secure run's model is central
+    DP-FedAvg's over the clients its noise key drew (replayed in one process), within the
+    quantisation bound; with noise, a central and a secure run report the same epsilon."""
+    from thrift_trainer.training.clients.settings import ClientsSettings
+
     cluster.add_node(0.0, "--clients", "0-5")
     cluster.add_node(0.0, "--clients", "6-11")
     cluster.start_coordinator(2)
     rounds = ["--set", f"run.rounds={ROUNDS}"]
-    exact = _with_sets(["privacy.clip=1000000.0", "privacy.noise_multiplier=0.0"])
+    private = ["privacy.clip=1000000.0", "privacy.noise_multiplier=0.0"]
     shared = ["--set", "secure_aggregation.noise_clients=4"]
-    central = cluster.train_json(*FEDERATED, *rounds, *exact)
-    secure = cluster.train_json(*FEDERATED, *rounds, *exact, *SECURE, *shared)
-    assert _clients_by_round(cluster, secure) == _clients_by_round(cluster, central)
-    start, end = _model(cluster, central), _model(cluster, secure)
-    for name, value in start.items():
-        np.testing.assert_allclose(end[name], value, rtol=0, atol=BOUND, err_msg=name)
+    secure = cluster.train_json(*FEDERATED, *rounds, *_with_sets(private), *SECURE, *shared)
+    run_dir = _run_dir(cluster, secure)
+    key = noise_key(run_dir)
+    drawn = _clients_by_round(cluster, secure)
+    overrides = [item for item in FEDERATED if item != "--set"]
+    clients = ClientsSettings(count=CLIENTS, per_round=4)
+    sizes = json.loads((run_dir / "partition.json").read_text())["sizes"]
+    held = [name for name, size in zip(clients.names(), sizes, strict=True) if size]
+    assert drawn == {r: clients.sampled(r, 1, held, key) for r in range(1, ROUNDS + 1)}
+    expected = _replay([*overrides, *private], ROUNDS,
+                       lambda r: [(name, SHIPPED) for name in drawn[r]], noise_key=key)
+    end = _model(cluster, secure)
+    for name, value in expected.items():
+        np.testing.assert_allclose(end[name], value, rtol=1e-5, atol=BOUND, err_msg=name)
     noised = _with_sets(["privacy.clip=0.5", "privacy.noise_multiplier=1.1",
                          "privacy.delta=0.001"])
     central = cluster.train_json(*FEDERATED, *rounds, *noised)

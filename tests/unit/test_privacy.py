@@ -30,6 +30,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 FEDERATED = ["run.model=mlp_classifier", "data.format=letters", "delta_avg.epochs=1",
              "delta_avg.local_optimizer=sgd", "clients.count=10", "clients.per_round=3"]
 PRIVATE = [*FEDERATED, "privacy.clip=1.0", "privacy.noise_multiplier=1.1"]
+KEY, OTHER_KEY = bytes(range(32)), bytes(range(1, 33))  # noise keys of two runs
 
 
 # ------------------------------------------------------------------ clipping
@@ -51,32 +52,32 @@ def test_an_update_within_the_bound_is_left_as_it_is():
 def test_without_noise_the_mean_is_the_clipped_sum_over_the_expected_clients():
     like = {"w": np.zeros(2, dtype=np.float32)}
     updates = [{"w": np.array([3.0, 4.0])}, {"w": np.array([0.1, 0.2])}]
-    mean = mechanism.private_mean(updates, like, 1.0, 0.0, 4.0, seed=1, round_index=1)
+    mean = mechanism.private_mean(updates, like, 1.0, 0.0, 4.0, key=KEY, round_index=1)
     np.testing.assert_allclose(mean["w"], (np.array([0.6, 0.8]) + [0.1, 0.2]) / 4.0,
                                rtol=1e-6)
     assert mean["w"].dtype == np.float32  # the model's dtype
 
 
 # --------------------------------------------------------------------- noise
-def test_the_noise_has_standard_deviation_z_times_clip_and_is_seeded_by_round():
+def test_the_noise_has_standard_deviation_z_times_clip_and_is_keyed_by_round():
     like = {"big": np.zeros((400, 500), dtype=np.float64), "small": np.zeros(7)}
     clip, z = 0.7, 1.3
-    noised = mechanism.private_mean([], like, clip, z, 1.0, seed=5, round_index=3)
+    noised = mechanism.private_mean([], like, clip, z, 1.0, key=KEY, round_index=3)
     values = np.concatenate([v.ravel() for v in noised.values()])
     # 200,007 draws: the sample std is within 1% of sigma with overwhelming probability
     # (its relative standard error is about 1 / sqrt(2n) = 0.16%)
     assert np.std(values) == pytest.approx(z * clip, rel=0.01)
     assert abs(np.mean(values)) < 5 * z * clip / np.sqrt(values.size)
-    again = mechanism.private_mean([], like, clip, z, 1.0, seed=5, round_index=3)
-    other = mechanism.private_mean([], like, clip, z, 1.0, seed=5, round_index=4)
+    again = mechanism.private_mean([], like, clip, z, 1.0, key=KEY, round_index=3)
+    other = mechanism.private_mean([], like, clip, z, 1.0, key=KEY, round_index=4)
     np.testing.assert_array_equal(noised["big"], again["big"])
     assert not np.array_equal(noised["big"], other["big"])
 
 
 def test_the_noise_is_divided_by_the_expected_number_of_clients():
     like = {"w": np.zeros(100_000)}
-    one = mechanism.private_mean([], like, 2.0, 1.0, 1.0, seed=1, round_index=1)["w"]
-    ten = mechanism.private_mean([], like, 2.0, 1.0, 10.0, seed=1, round_index=1)["w"]
+    one = mechanism.private_mean([], like, 2.0, 1.0, 1.0, key=KEY, round_index=1)["w"]
+    ten = mechanism.private_mean([], like, 2.0, 1.0, 10.0, key=KEY, round_index=1)["w"]
     np.testing.assert_allclose(ten, one / 10.0)
     assert np.std(one) == pytest.approx(2.0, rel=0.02)
 
@@ -282,7 +283,7 @@ def test_a_buffered_release_counts_a_client_once_over_the_buffer_size():
         np.testing.assert_array_equal(once[name], twice[name], err_msg=name)
     # the sum of the clipped updates plus the release's noise, over the buffer size
     mean = mechanism.private_mean([_updates(weights, 0.1), _updates(weights, -0.2)],
-                                  weights, 1.0, 1.1, 3.0, algorithm.config["seed"], 2)
+                                  weights, 1.0, 1.1, 3.0, algorithm.noise_key, 2)
     assert any(np.any(once[name] != weights[name]) for name in weights)
     expected = algorithm.apply(weights, mean)
     for name in weights:
@@ -324,6 +325,7 @@ def test_the_roster_and_clip_in_force_survive_a_checkpoint(tmp_path):
     resumed = _prepare(config).algorithm
     resumed.load_state_dict(state)
     assert resumed._release.clip == 0.37
+    assert resumed.noise_key == algorithm.noise_key  # the resumed rounds draw as before
     assert resumed.privacy_sampling() == Sampling("poisson", 3, 2)
     assert resumed.partition == algorithm.partition  # label counts too
     resumed.take_clients({"a": 10, "z": 4}, {})  # the nodes' announcement after the resume
@@ -331,6 +333,9 @@ def test_the_roster_and_clip_in_force_survive_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="privacy.clip"):
         _prepare(config).algorithm.load_state_dict(
             {k: v for k, v in state.items() if k != "privacy.clip"})
+    with pytest.raises(ValueError, match="privacy.noise_key"):
+        _prepare(config).algorithm.load_state_dict(
+            {k: v for k, v in state.items() if k != "privacy.noise_key"})
 
 
 def test_a_node_resident_run_past_its_target_fails_once_its_clients_are_known():
@@ -374,13 +379,13 @@ def test_the_clip_steps_geometrically_toward_the_target_quantile():
     assert adaptive.next_clip(2.0, 0.5, ADAPTIVE) == 2.0
     # the noised count: b_i - 1/2 summed, noise of sigma_b, over the expected clients
     norms = [0.2, 0.9, 1.0, 3.0]
-    quiet = adaptive.fraction_under(norms, 1.0, 1e-12, 4.0, seed=1, round_index=1)
+    quiet = adaptive.fraction_under(norms, 1.0, 1e-12, 4.0, key=KEY, round_index=1)
     assert quiet == pytest.approx(3 / 4)
-    noisy = [adaptive.fraction_under(norms, 1.0, 2.0, 4.0, seed=1, round_index=r)
+    noisy = [adaptive.fraction_under(norms, 1.0, 2.0, 4.0, key=KEY, round_index=r)
              for r in range(1, 2001)]
     assert np.mean(noisy) == pytest.approx(0.75, abs=5 * 0.5 / np.sqrt(2000))
     assert np.std(noisy) == pytest.approx(2.0 / 4.0, rel=0.1)
-    assert noisy[0] == adaptive.fraction_under(norms, 1.0, 2.0, 4.0, seed=1, round_index=1)
+    assert noisy[0] == adaptive.fraction_under(norms, 1.0, 2.0, 4.0, key=KEY, round_index=1)
 
 
 def test_rounds_of_adaptive_clipping_settle_at_the_quantile_of_the_norms():
@@ -394,7 +399,8 @@ def test_rounds_of_adaptive_clipping_settle_at_the_quantile_of_the_norms():
         for start in (10.0, 0.01):
             release = PrivateRelease(PrivacySettings(
                 clip=start, noise_multiplier=1.0, adaptive_clip_quantile=quantile,
-                clip_count_stddev=2.5), seed=3)
+                clip_count_stddev=2.5))
+            release.use_key(KEY)
             for r, norms in enumerate(norm_draws, start=1):
                 release.mean([{"w": np.array([n])} for n in norms], like, 50.0, r)
             assert release.clip == pytest.approx(expected, rel=0.15), (quantile, start)
@@ -405,14 +411,15 @@ def test_an_adaptive_round_adds_noise_of_z_delta_times_the_clip_in_force():
     from thrift_trainer.training.privacy import adaptive
     from thrift_trainer.training.privacy.release import PrivateRelease
 
-    release = PrivateRelease(ADAPTIVE, seed=5)
+    release = PrivateRelease(ADAPTIVE)
+    release.use_key(KEY)
     release.clip = 0.8
     mean = release.mean([], {"w": np.zeros(200_000)}, 10.0, round_index=2)["w"]
     z_delta = adaptive.update_noise_multiplier(ADAPTIVE, 10.0)
     assert np.std(mean) == pytest.approx(z_delta * 0.8 / 10.0, rel=0.01)
     assert release.last_clip == 0.8
     # no client: the centred count is its noise alone, an estimate of 1/2 give or take it
-    fraction = adaptive.fraction_under([], 0.8, 2.0, 10.0, seed=5, round_index=2)
+    fraction = adaptive.fraction_under([], 0.8, 2.0, 10.0, key=KEY, round_index=2)
     assert release.clip == adaptive.next_clip(0.8, fraction, ADAPTIVE) != 0.8
 
 

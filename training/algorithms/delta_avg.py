@@ -278,12 +278,12 @@ class DeltaAveraging(AveragingAlgorithm):
         else:
             self._plan = RangePlan(self.config, self.optimizer, model, self.dataset,
                                     dataset_dir)
+        self.privacy = privacy_settings(self.config.get(PRIVACY))
+        self._release = PrivateRelease(self.privacy)
+        self._buffer_size: int | None = None  # a private buffered run's (release_buffers)
         # every unit of a round is averaged (node-resident clients: once they are known)
         if not clients.on_nodes:
-            check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
-        self.privacy = privacy_settings(self.config.get(PRIVACY))
-        self._release = PrivateRelease(self.privacy, self.config["seed"])
-        self._buffer_size: int | None = None  # a private buffered run's (release_buffers)
+            check_round_size(self.config[AGGREGATION], self._round_size())
         if self.privacy.enabled:
             self._check_private()
 
@@ -299,6 +299,26 @@ class DeltaAveraging(AveragingAlgorithm):
             raise ConfigError(f"privacy: the model has buffers ({buffers[0][len(BUFFER):]}, "
                               f"...), states that cannot be clipped; use a model without "
                               f"BatchNorm")
+
+    def use_noise_key(self, key: bytes) -> None:
+        """Key the run's noise and client draws with ``key``, the secret the coordinator
+        made when the run started (training/privacy/noise_key.py); a checkpoint's
+        replaces it on a resume."""
+        self._release.use_key(key)
+        if isinstance(self._plan, ClientPlan):
+            self._plan.noise_key = self._release.key
+
+    @property
+    def noise_key(self) -> bytes | None:
+        """The key of a private run's noise and client draws (None until it is given)."""
+        return self._release.key
+
+    def _round_size(self) -> int:
+        """The updates a round averages: round 1's units; a private run's target count,
+        its draw being keyed by the noise key it is given after construction."""
+        if self.privacy.enabled and isinstance(self._plan, ClientPlan):
+            return self._plan.clients.target(len(self._plan.units))
+        return self.quorum(len(self.plan_round(1)))
 
     def release_buffers(self, buffer_size: int) -> None:
         """A private run in buffered mode (FedBuff): each buffer of ``buffer_size`` clients
@@ -349,6 +369,9 @@ class DeltaAveraging(AveragingAlgorithm):
         return self._plan.initial_weights(self.config["seed"])
 
     def plan_round(self, round_index: int) -> list[UnitSpec]:
+        """The round's units; a private run's clients drawn under its noise key."""
+        if self.privacy.enabled and isinstance(self._plan, ClientPlan):
+            self._release.checked_key()  # never a draw from the public seed alone
         if isinstance(self._plan, RangePlan):
             return self._plan.round_units(round_index)
         return list(self._plan.units)
@@ -370,7 +393,7 @@ class DeltaAveraging(AveragingAlgorithm):
         if self.privacy.enabled and self._plan.units:
             return self._plan.record
         record = self._plan.take_clients(sizes, labels)
-        check_round_size(self.config[AGGREGATION], self.quorum(len(self.plan_round(1))))
+        check_round_size(self.config[AGGREGATION], self._round_size())
         return record
 
     @property
@@ -422,8 +445,9 @@ class DeltaAveraging(AveragingAlgorithm):
         return self._plan.description()
 
     def state_dict(self) -> dict[str, Any]:
-        """The server optimizer's state; a private run's adds the clip in force and, with
-        node-resident clients, the roster its sampling rate was computed from."""
+        """The server optimizer's state; a private run's adds its noise key, the clip in
+        force and, with node-resident clients, the roster its sampling rate was computed
+        from."""
         state = {**self.optimizer.state_dict(), **self._release.state_dict()}
         if self.privacy.enabled and self.clients_on_nodes and isinstance(self._plan, ClientPlan):
             state[ROSTER_KEY] = np.array(self._plan.record.to_json())
@@ -434,6 +458,8 @@ class DeltaAveraging(AveragingAlgorithm):
         self.optimizer.load_state_dict({key: value for key, value in state.items()
                                         if key not in own})
         self._release.load_state_dict(own)
+        if isinstance(self._plan, ClientPlan):
+            self._plan.noise_key = self._release.key
         if ROSTER_KEY in own and isinstance(self._plan, ClientPlan):
             record = PartitionRecord.from_json(str(own[ROSTER_KEY]))
             self._plan.take_clients(dict(zip(record.names, record.sizes, strict=True)), {})

@@ -99,6 +99,7 @@ class ClientPlan(RangePlan):
 
         super().__init__(config, optimizer, model, dataset, dataset_dir)
         self.clients, self.seed = clients, config["seed"]
+        self.noise_key: bytes | None = None  # a private run's: its draws are keyed by it
         self.record = PartitionRecord("nodes", self.seed, "", [])
         self._set_sizes({})
         if not clients.on_nodes:  # node-resident clients are known once nodes announce them
@@ -124,7 +125,8 @@ class ClientPlan(RangePlan):
         return self.record
 
     def round_units(self, round_index: int) -> list[UnitSpec]:
-        chosen = self.clients.sampled(round_index, self.seed, list(self._by_name))
+        chosen = self.clients.sampled(round_index, self.seed, list(self._by_name),
+                                      self.noise_key)
         return [self._by_name[name] for name in chosen]
 
     def evaluation_units(self, round_index: int, rounds: int) -> list[UnitSpec]:

@@ -1,8 +1,12 @@
-"""Which clients take part in a round: a pure function of (round, seed, available clients).
+"""Which clients take part in a round: a pure function of (round, seed, available clients)
+and, in a private run, of its secret noise key.
 
 No state is kept, so a resumed run samples the clients it would have sampled. Each client
 gets a key per round, the sha256 of (seed, round, its name): `sample` takes the clients of
 the smallest keys, `poisson_sample` each client whose key, read as a fraction, is below q.
+A private run's draw is keyed by its noise key (training/privacy/noise_key.py) instead:
+HMAC-SHA256 under the key, so that knowing the public seed does not tell who was drawn,
+which the accounting's amplification by sampling assumes.
 Keys rather than a shuffle by a numpy generator because a key is a client's own: the
 choice does not depend on the order the available clients are listed in, a client that
 comes or goes moves no other client's chance, an over-selected round's clients include
@@ -16,6 +20,7 @@ drop out.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import numbers
@@ -28,20 +33,22 @@ _DIGITS = 9  # float products rounded first: 10 x 1.3 is 13.000000000000002, not
 
 
 def sample(round_index: int, seed: int, available: list[str], per_round: int | float,
-           over_select: float = 1.0, purpose: str = "sample") -> list[str]:
+           over_select: float = 1.0, purpose: str = "sample",
+           key: bytes | None = None) -> list[str]:
     """The clients asked to take part in round ``round_index``, sorted by name.
 
     ``per_round`` is a count (an int >= 1, capped by the available clients) or a fraction
     in (0, 1) of the available clients, at least 1. ``over_select`` >= 1 asks
     ceil(target x over_select) clients, capped by the available. ``purpose`` names the
-    draw: another purpose (federated evaluation's) draws independently of training's."""
+    draw: another purpose (federated evaluation's) draws independently of training's.
+    ``key``: a private run's noise key, which the draw is then keyed by."""
     clients = _distinct(available)
     if not _is_real(over_select) or not math.isfinite(over_select) or over_select < 1:
         raise ClientsError(f"over_select must be a number >= 1, got {over_select!r}")
     target = target_count(per_round, len(clients))
     asked = min(len(clients), math.ceil(round(target * over_select, _DIGITS)))
     ranked = sorted(clients, key=lambda client: client_key(purpose, seed, round_index,
-                                                           client))
+                                                           client, key))
     return sorted(ranked[:asked])
 
 
@@ -60,25 +67,31 @@ def target_count(per_round: int | float, available: int) -> int:
     return min(available, max(1, math.floor(round(per_round * available, _DIGITS))))
 
 
-def poisson_sample(round_index: int, seed: int, available: list[str], q: float) -> list[str]:
+def poisson_sample(round_index: int, seed: int, available: list[str], q: float,
+                   key: bytes | None = None) -> list[str]:
     """Each available client independently with probability ``q`` (Poisson sampling, as
-    differentially private FL accounts for it), sorted by name; the round may be empty."""
+    differentially private FL accounts for it), sorted by name; the round may be empty.
+    ``key``: a private run's noise key, which the draw is then keyed by."""
     if not _is_real(q) or not 0 < q <= 1:
         raise ClientsError(f"q must be a probability in (0, 1], got {q!r}")
     limit = q * 2**_KEY_BITS
     return sorted(client for client in _distinct(available)
-                  if client_key("poisson", seed, round_index, client) < limit)
+                  if client_key("poisson", seed, round_index, client, key) < limit)
 
 
-def client_key(purpose: str, seed: int, round_index: int, client: str) -> int:
+def client_key(purpose: str, seed: int, round_index: int, client: str,
+               key: bytes | None = None) -> int:
     """A client's key for one round: 64 bits of sha256 over the JSON of the arguments
-    (JSON so that no name can be read as another split differently)."""
+    (JSON so that no name can be read as another split differently); of HMAC-SHA256
+    under ``key`` when a private run's noise key is given."""
     if not _is_int(round_index) or round_index < 0:
         raise ClientsError(f"round_index must be an integer >= 0, got {round_index!r}")
     if not _is_int(seed):
         raise ClientsError(f"seed must be an integer, got {seed!r}")
-    text = json.dumps([purpose, int(seed), int(round_index), client])
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:_KEY_BITS // 8], "little")
+    text = json.dumps([purpose, int(seed), int(round_index), client]).encode()
+    digest = hashlib.sha256(text).digest() if key is None else \
+        hmac.new(key, text, hashlib.sha256).digest()
+    return int.from_bytes(digest[:_KEY_BITS // 8], "little")
 
 
 def _is_int(value: object) -> bool:

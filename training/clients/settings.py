@@ -122,16 +122,19 @@ class ClientsSettings:
     def poisson(self) -> bool:
         return self.sampling == "poisson"
 
-    def sampled(self, round_index: int, seed: int, available: list[str]) -> list[str]:
+    def sampled(self, round_index: int, seed: int, available: list[str],
+                key: bytes | None = None) -> list[str]:
         """The clients asked in ``round_index`` (1-based) among ``available``, with the
-        over-selection; under Poisson sampling each with probability `q`."""
+        over-selection; under Poisson sampling each with probability `q`. ``key``: a
+        private run's noise key, which its draws are keyed by (sampling.py)."""
         if not available:
             return []
         if self.poisson:
             return sampling.poisson_sample(round_index, seed, available,
-                                           self.q(len(available)))
+                                           self.q(len(available)), key)
         return sampling.sample(round_index, seed, available,
-                               self.per_round_target(len(available)), self.over_select)
+                               self.per_round_target(len(available)), self.over_select,
+                               key=key)
 
     def q(self, available: int) -> float:
         """Poisson sampling's probability: the target count over ``available`` clients."""

@@ -22,9 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from thrift_trainer.training.algorithms.config_checks import ConfigError
+from thrift_trainer.training.privacy import noise_key
 from thrift_trainer.training.schema import PrivacySettings
 
 COUNT_TAG = 0x44504351  # the count's noise: apart from the updates' (mechanism.NOISE_TAG)
@@ -54,11 +53,11 @@ def update_noise_multiplier(settings: PrivacySettings, expected_clients: float) 
 
 
 def fraction_under(norms: Sequence[float], clip: float, sigma_b: float,
-                   expected_clients: float, seed: int, round_index: int) -> float:
+                   expected_clients: float, key: bytes, round_index: int) -> float:
     """The noised estimate of the fraction of a round's clients whose update norm is at
-    most ``clip`` (the count's noise seeded by (seed, round), as the updates' is)."""
+    most ``clip`` (the count's noise keyed by (noise key, round), as the updates' is)."""
     centred = sum((1.0 if norm <= clip else 0.0) - 0.5 for norm in norms)
-    generator = np.random.default_rng([COUNT_TAG, int(seed), int(round_index)])
+    generator = noise_key.generator(COUNT_TAG, key, round_index)
     return (centred + float(generator.normal(0.0, sigma_b))) / expected_clients + 0.5
 
 

@@ -11,9 +11,10 @@ round is accounted as it is there: the coordinator learns no more than the noise
 When fewer than m clients' updates reach the sum (dropouts, a small Poisson draw), the
 coordinator adds the rest of the noise, z x clip x sqrt(1 - n/m), before anything leaves it:
 the released model is as private as epsilon says, but the coordinator itself saw a sum with
-less noise (it logs a warning for such a round). A client's noise comes from the operating
-system's generator, so no one can predict or remove it: unlike central DP, a run is not
-reproducible bit for bit.
+less noise (it logs a warning for such a round); that top-up is keyed by the run's secret
+noise key (noise_key.py), as central DP's noise is. A client's noise is drawn by numpy's
+PCG64 generator seeded with 128 bits from the operating system's generator, so no one can
+predict or remove it: unlike central DP, a run is not reproducible bit for bit.
 """
 
 from __future__ import annotations
