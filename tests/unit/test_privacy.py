@@ -17,6 +17,7 @@ from thrift_trainer.coordinator.records import InvalidRun, RunRequest
 from thrift_trainer.coordinator.request_checks import RequestLimits
 from thrift_trainer.coordinator.run_setup import prepare
 from thrift_trainer.engine.work_queue import RoundFailed
+from thrift_trainer.training import server_optim
 from thrift_trainer.training.algorithms.config_checks import ConfigError
 from thrift_trainer.training.clients.settings import ClientsSettings
 from thrift_trainer.training.privacy import accounting, mechanism
@@ -288,6 +289,30 @@ def test_a_buffered_release_counts_a_client_once_over_the_buffer_size():
     expected = algorithm.apply(weights, mean)
     for name in weights:
         np.testing.assert_allclose(once[name], expected[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("server", ["momentum", "adam", "nesterov"])
+def test_a_private_rounds_noised_mean_goes_through_the_server_optimizer(server):
+    """FedAvgM, FedAdam and the Nesterov outer step take the noised mean as they take the
+    plain one (post-processing), their state carried from round to round."""
+    algorithm = _prepare(load_run_config(None, [
+        *PRIVATE, f"delta_avg.server_optimizer={server}", "delta_avg.server_lr=0.5"])).algorithm
+    weights = algorithm.initial_weights()
+    reference = server_optim.make_server_optimizer(server, **(
+        {"lr": 0.5} if server == "adam" else {"lr": 0.5, "beta": algorithm.config[
+            "server_momentum"]}))
+    expected = weights
+    for round_index, scale in ((1, 0.3), (2, -0.1)):
+        results = [UnitResult(UnitSpec(f"{c}.r{round_index}", "", client=c),
+                              _updates(weights, scale * (i + 1)), 10, 0.5, "n0")
+                   for i, c in enumerate(("a", "b"))]
+        weights = algorithm.aggregate(round_index, weights, results, [])
+        mean = mechanism.private_mean([r.update for r in results], expected, 1.0, 1.1, 3.0,
+                                      algorithm.noise_key, round_index)
+        expected = reference.step(expected, mean)
+        for name in weights:
+            np.testing.assert_allclose(weights[name], expected[name], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{server} round {round_index} {name}")
 
 
 # ------------------------------------------------------- node-resident clients
