@@ -326,7 +326,7 @@ def measure(cluster: FederatedCluster, args: argparse.Namespace, setting: Settin
             "noise_multiplier": setting.z if setting.target is not None else 0.0,
             "clients_holding_data": len(held),
             "clients_per_round": [len(trained[r]) for r in sorted(trained)],
-            "same_clients_as_seeded_draw": all(trained[r] == sorted(
+            "same_clients_as_the_draw": all(trained[r] == sorted(
                 drawn[r], key=lambda name: int(name[6:])) for r in trained),
             **run, "one_process_accuracy": accuracy, "one_process_seconds": seconds,
             "max_abs_weight_difference": difference}
@@ -366,7 +366,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"| {row['setting']} | {row['noise_multiplier']:.4f} | "
                      f"{row['accuracy']:.4f} | {row['one_process_accuracy']:.4f} | {epsilon} | "
                      f"{row['max_abs_weight_difference']:.2e} | "
-                     f"{'yes' if row['same_clients_as_seeded_draw'] else 'NO'} | "
+                     f"{'yes' if row['same_clients_as_the_draw'] else 'NO'} | "
                      f"{row['wall_seconds']:.1f} |")
     checks = result["epsilon_checks"]
     lines += ["", f"Epsilon after R rounds at delta {DELTA:g} ({checks['opacus']})", "",

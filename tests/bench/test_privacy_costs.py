@@ -70,7 +70,7 @@ def test_quick_mode_runs_equal_their_one_process_replay(tmp_path: Path) -> None:
     assert set(rows) == {"epsilon 8", "non-private"}
     for row in rows.values():
         assert row["rounds"] == 3 and row["clients_holding_data"] == 1000
-        assert row["same_clients_as_seeded_draw"], row
+        assert row["same_clients_as_the_draw"], row
         assert sum(row["clients_per_round"]) > 0
         assert row["max_abs_weight_difference"] <= result["weight_tolerance"], row
         assert row["one_process_accuracy"] == pytest.approx(row["accuracy"], abs=1e-3)
