@@ -25,9 +25,9 @@ short added here, over the expected clients is DP-FedAvg's noised mean. The coor
 the party that noise protects against, and the unmask step's answers let it learn the
 noised sum: the round's release is charged to the run's budget, committed in the run
 store, before step 4 is asked (coordinator/privacy_budget.py), each time the round is
-computed. A round whose
-sum cannot be rebuilt (too many clients dropped out between steps 3 and 4) leaves the
-model unchanged, with a warning, as a round whose clients all dropped out does.
+computed. A round whose sum cannot be rebuilt (too many clients dropped out between steps
+3 and 4) leaves the model unchanged, with a warning, as a round whose clients all dropped
+out does.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def stored_status(store: LedgerQueries, record: RunRecord, suspect_seconds: floa
 
 
 def _privacy(charges: list[PrivacyCharge]) -> dict[str, float] | None:
-    """The run's epsilon after every release charged, under the live status's key; None
-    for a run never charged (no privacy) or without a finite epsilon (no noise)."""
+    """The run's epsilon after every release charged, under the live status's key
+    (infinite without noise, as there); None for a run never charged (no privacy)."""
     epsilon = charges[-1].epsilon if charges else None
     return None if epsilon is None else {EPSILON: epsilon}
 
