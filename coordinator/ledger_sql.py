@@ -64,6 +64,17 @@ class LedgerSql:
             "completed_units, discarded_units, ended FROM rounds "
             f"WHERE run_id = {p} ORDER BY round")
 
+        # privacy charges (coordinator/ledger_charges.py): never forgotten by a resume
+        self.charge_insert = (
+            "INSERT INTO privacy_charges (run_id, charge, round, epsilon, time) "
+            f"SELECT {p}, COALESCE(MAX(charge), 0) + 1, {p}, {p}, {p} "
+            f"FROM privacy_charges WHERE run_id = {p}")
+        self.round_charged = (f"SELECT 1 FROM privacy_charges WHERE run_id = {p} "
+                              f"AND round = {p}")
+        self.charge_count = f"SELECT COUNT(*) FROM privacy_charges WHERE run_id = {p}"
+        self.list_charges = (f"SELECT charge, round, epsilon, time FROM privacy_charges "
+                             f"WHERE run_id = {p} ORDER BY charge")
+
         # units
         self.unit_status = f"SELECT status FROM units WHERE {unit}"
         self.round_units = f"SELECT unit_id, status FROM units WHERE run_id = {p} AND round = {p}"

@@ -4,7 +4,8 @@ The ledger's tables are the SQLite store's (coordinator/run_store.py) in Postgre
 types, written out rather than derived from them: each database's schema has its own
 version and migrations, and a change to one must not silently change the other's. What
 PostgreSQL adds: the run files, the leader and its lease (coordinator/leadership.py) and,
-since version 2, the kept results (coordinator/kept_results.py).
+since version 2, the kept results (coordinator/kept_results.py). Version 3 adds the
+privacy charges, which the SQLite store has too (its version 4).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from thrift_trainer.coordinator.store_protocol import Database
 from thrift_trainer.coordinator.store_records import SchemaError
 
 log = logging.getLogger("coordinator.store")
-SCHEMA_VERSION = 2  # 2: kept_results
+SCHEMA_VERSION = 3  # 2: kept_results, 3: privacy_charges
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 
 _SCHEMA = (
@@ -153,6 +154,14 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             FOREIGN KEY (run_id, round, unit_id) REFERENCES kept_results ON DELETE CASCADE)""",
         # tensors hardly compress: not trying saves the server the time
         "ALTER TABLE kept_result_parts ALTER COLUMN data SET STORAGE EXTERNAL"),
+    # 3: the releases a private run's budget is charged (coordinator/ledger_charges.py)
+    3: ("""CREATE TABLE privacy_charges (
+            run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            charge INTEGER NOT NULL CHECK (charge >= 1),
+            round INTEGER NOT NULL,
+            epsilon DOUBLE PRECISION,
+            time DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (run_id, charge))""",),
 }
 _STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, POSTGRES.set_schema_version, "database")
 

@@ -85,9 +85,18 @@ from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store
 from thrift_trainer.coordinator.write_behind import Call
 from thrift_trainer.engine import runtime
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_SECONDS = 5.0
 MAX_PAGES_VARIABLE = "TRAINER_STORE_MAX_PAGES"
+
+# the releases a private run's budget is charged (coordinator/ledger_charges.py)
+_PRIVACY_CHARGES = """CREATE TABLE privacy_charges (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        charge INTEGER NOT NULL CHECK (charge >= 1),
+        round INTEGER NOT NULL,
+        epsilon REAL,
+        time REAL NOT NULL,
+        PRIMARY KEY (run_id, charge))"""
 
 _SCHEMA = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
@@ -172,6 +181,7 @@ _SCHEMA = (
         last_reason TEXT,
         last_heartbeat REAL,
         PRIMARY KEY (run_id, node))""",
+    _PRIVACY_CHARGES,
 )
 
 # What each version adds to the one before: a file of an older version takes every step
@@ -179,6 +189,7 @@ _SCHEMA = (
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL",),
     3: ("ALTER TABLE units ADD COLUMN pass INTEGER",),
+    4: (_PRIVACY_CHARGES,),
 }
 _STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, SQLITE.set_schema_version, "file")
 

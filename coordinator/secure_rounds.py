@@ -21,9 +21,13 @@ them off: what is left is the weighted sum of U3's updates, divided by U3's weig
 sample-weighted mean a plain round computes, within the quantisation bound. In a private
 run each client clipped and noised its own update (training/privacy/distributed.py) and
 every client weighs the same: the sum, with the noise fewer than ``noise_clients`` left
-short added here, over the expected clients is DP-FedAvg's noised mean. A round whose
-sum cannot be rebuilt (too many clients dropped out between steps 3 and 4) leaves the
-model unchanged, with a warning, as a round whose clients all dropped out does.
+short added here, over the expected clients is DP-FedAvg's noised mean. The coordinator is
+the party that noise protects against, and the unmask step's answers let it learn the
+noised sum: the round's release is charged to the run's budget, committed in the run
+store, before step 4 is asked (coordinator/privacy_budget.py), each time the round is
+computed. A round whose sum cannot be rebuilt (too many clients dropped out between steps
+3 and 4) leaves the model unchanged, with a warning, as a round whose clients all dropped
+out does.
 """
 
 from __future__ import annotations
@@ -59,13 +63,16 @@ TrainUnits = Callable[[list[UnitSpec], Mapping[str, bytes]], RoundOutcome]
 @dataclass(frozen=True)
 class PrivateSums:
     """A private run's: its settings, the expected clients per round (asked when needed:
-    node-resident clients are known late) and the noise key the coordinator's top-up
-    noise is keyed by (asked when needed: a resume restores it from the checkpoint)."""
+    node-resident clients are known late), the noise key the coordinator's top-up noise is
+    keyed by (asked when needed: a resume restores it from the checkpoint), and how a
+    round's release is charged to the budget (committed in the run store before it returns;
+    it raises when it cannot be, and the round stops before its unmask step)."""
 
     settings: PrivacySettings
     noise_clients: int
     expected: Callable[[], float]
     key: Callable[[], bytes]
+    charge: Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,9 @@ class SecureRounds:
             masked = self._checked(outcome, weights, left)
         silent: list[UnitFailure] = []  # their updates count: no drop-out, a log line
         with clock.phase("secure_unmask"):
+            if self.private is not None:  # the unmask's answers reveal the noised sum to
+                # the coordinator, whom the clients' noise protects against: charged first
+                self.private.charge(round_index)
             revealed = step.unmask([u for u in u2 if u.client in masked], sealed, silent)
         if silent:
             log.info("round %d: %d clients did not answer the unmask step (%s)", round_index,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
+from thrift_trainer.coordinator.ledger_charges import ChargeWrites
 from thrift_trainer.coordinator.ledger_queries import LedgerReads
 from thrift_trainer.coordinator.ledger_sql import LedgerSql
 from thrift_trainer.coordinator.ledger_steps import (
@@ -40,7 +41,7 @@ from thrift_trainer.engine import runtime
 from thrift_trainer.training.schema import rounds_problem
 
 
-class SqlLedger(UnitWrites, LedgerReads):
+class SqlLedger(UnitWrites, ChargeWrites, LedgerReads):
     """The ledger's writes and transactions; see the module docstring. A store sets
     ``_q``, ``_IntegrityError`` and ``path``, and calls ``_start`` once connected."""
 

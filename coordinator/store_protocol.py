@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from thrift_trainer.coordinator.kept_results import StoredResult
     from thrift_trainer.coordinator.store_records import (
         NodeRecord,
+        PrivacyCharge,
         RoundRecord,
         RunRecord,
         UnfinishedUnit,
@@ -59,6 +60,9 @@ class RunLedger(LedgerStore, Protocol):
     def move_unit(self, run_id: str, round_index: int, unit_id: str, status: str,
                   reason: str | None = None) -> None: ...
 
+    def charge_release(self, run_id: str, round_index: int, epsilon: float,
+                       once_per_round: bool = False) -> int: ...
+
     def batch(self) -> AbstractContextManager[None]: ...
 
 
@@ -82,6 +86,8 @@ class LedgerQueries(Protocol):
     def pass_counts(self, run_id: str) -> dict[int, dict[str, int]]: ...
 
     def node_stats(self, run_id: str) -> list[NodeRecord]: ...
+
+    def privacy_charges(self, run_id: str) -> list[PrivacyCharge]: ...
 
 
 class Store(RunLedger, LedgerQueries, Protocol):

@@ -81,6 +81,18 @@ class RoundRecord:
 
 
 @dataclass(frozen=True)
+class PrivacyCharge:
+    """One release of a private run's noised update, charged to its budget before anyone
+    could see it (coordinator/ledger_charges.py): the run's ``charge``-th, in ``round``,
+    with the run's epsilon after it (None: no finite epsilon)."""
+
+    charge: int
+    round: int
+    epsilon: float | None
+    time: float
+
+
+@dataclass(frozen=True)
 class UnitEvent:
     """One status change of a unit: replaying them gives its history."""
 

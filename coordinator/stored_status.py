@@ -1,13 +1,21 @@
 """A run's status from the run store alone: what `status` and `runs` show of a run this
-process did not run (one from before a restart), with everything the store kept."""
+process did not run (one from before a restart, or a leader's before a takeover), with
+everything the store kept: a private run's epsilon, as its live status shows it, is its
+latest charge's (coordinator/ledger_charges.py)."""
 
 from __future__ import annotations
 
 import math
 import time
 
+from thrift_trainer.coordinator.privacy_budget import EPSILON
 from thrift_trainer.coordinator.store_protocol import LedgerQueries
-from thrift_trainer.coordinator.store_records import NodeRecord, RoundRecord, RunRecord
+from thrift_trainer.coordinator.store_records import (
+    NodeRecord,
+    PrivacyCharge,
+    RoundRecord,
+    RunRecord,
+)
 from thrift_trainer.engine.records import NodeSummary, RunSnapshot
 
 NO_ERROR = -1.0  # RunStatus.validation_error before any round was measured
@@ -34,7 +42,15 @@ def stored_status(store: LedgerQueries, record: RunRecord, suspect_seconds: floa
         train_loss=_finite(rounds[-1].train_loss) if rounds else None,
         discarded=store.ledger_counts(record.run_id).get("discarded", 0),
         discard_reason=store.latest_discard(record.run_id),
-        algorithm=record.algorithm, model=record.model)
+        algorithm=record.algorithm, model=record.model,
+        clients=_privacy(store.privacy_charges(record.run_id)))
+
+
+def _privacy(charges: list[PrivacyCharge]) -> dict[str, float] | None:
+    """The run's epsilon after every release charged, under the live status's key
+    (infinite without noise, as there); None for a run never charged (no privacy)."""
+    epsilon = charges[-1].epsilon if charges else None
+    return None if epsilon is None else {EPSILON: epsilon}
 
 
 def _latest_error(rounds: list[RoundRecord]) -> float:

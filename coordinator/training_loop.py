@@ -105,9 +105,12 @@ class TrainingLoop:
         self._eval_engine: RoundEngine | None = None
         self._sent: tuple[Weights, Tensors] | None = None
         self._latest_eval: dict[str, float] = {}  # the status shows it until the next
-        self._budget = PrivacyBudget.of(self.algorithm)  # None: the run is not private
         secure = secure_aggregation.settings_from(
             self.algorithm.config.get(secure_aggregation.SECTION))
+        # None: the run is not private. Its releases are charged in the run store before
+        # anyone can see them: each computation of a secure round, or each round once.
+        self._budget = PrivacyBudget.of(self.algorithm, parts.ledger.store, parts.run_id,
+                                        each_computation=secure.enabled)
         self._secure = SecureRounds(secure, parts.tasks, self.algorithm.unit_samples,
                                     self._private_sums(secure.noise_clients)) \
             if secure.enabled else None  # coordinator/secure_rounds.py
@@ -171,7 +174,7 @@ class TrainingLoop:
                 cannot_dial=lambda node: not node.accepts_connections))
         figures = fairness(clients)
         if self._budget is not None:
-            figures.update(self._budget.figures(round_index))
+            figures.update(self._released(round_index, secure is not None))
         evaluated = self._evaluate_clients(engine, round_index, weights, clock)
         if evaluated is not None:
             clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
@@ -183,6 +186,16 @@ class TrainingLoop:
                      outcome.discarded, position), started, bytes_before, update_started,
             clock, figures)
         return weights, metrics
+
+    def _released(self, round_index: int, charged: bool) -> dict[str, float]:
+        """A private round's figures, its release charged first unless it was
+        (``charged``: a secure round's, before its unmask step): nothing of the round
+        is written or shown before its charge is in the store."""
+        budget = self._budget
+        assert budget is not None
+        if not charged:
+            budget.charge(round_index)
+        return budget.figures(round_index)
 
     def _encoded(self, weights: Weights) -> Tensors:
         """The weights as sent: the very tensors a federated evaluation sent of them, so
@@ -219,7 +232,8 @@ class TrainingLoop:
             return None
         return PrivateSums(self._budget.settings, noise_clients,
                            lambda: self._budget.sampling.expected,
-                           lambda: self.algorithm.noise_key)  # type: ignore[attr-defined]
+                           lambda: self.algorithm.noise_key,  # type: ignore[attr-defined]
+                           self._budget.charge)
 
     def _secure_round(self, engine: RoundEngine, round_index: int, units: list[UnitSpec],
                       weights: Weights, sent_weights: Tensors,
@@ -331,7 +345,7 @@ class TrainingLoop:
         clients = stream_client_rows(end.round, end.clients) if end.clients else []
         figures = fairness(clients) if clients else {}
         if self._budget is not None:  # a private run's round is one release
-            figures.update(self._budget.figures(end.round))
+            figures.update(self._released(end.round, False))
         if evaluated is not None:
             clients, figures = clients + evaluated.rows, {**figures, **evaluated.figures}
             self._latest_eval = evaluated.figures

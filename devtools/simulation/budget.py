@@ -1,10 +1,11 @@
 """The privacy budget of a simulated private run, against the releases it made.
 
 A private run (docs/privacy.md) spends one release per round: epsilon is derived from the
-rounds the run store holds, each round's row written before its noised weights may leave
-the coordinator, and a resumed run goes on from them. So the budget the store records is
-its count of the run's `rounds` rows, read here with plain SQL (`charged_releases`), not
-from the coordinator's objects.
+rounds the run store holds or the releases it charged (`privacy_charges`, each committed
+before anyone can see its release, and never dropped by a resume), whichever is more, and
+a resumed run goes on from them. So the budget the store records is the larger of its
+counts of the run's `rounds` and `privacy_charges` rows, read here with plain SQL
+(`charged_releases`), not from the coordinator's objects.
 
 The releases made are counted from what became visible, never from the budget code
 (`Releases`):
@@ -83,17 +84,25 @@ def weights_digest(tensors: list[ttypes.Tensor]) -> str:
 
 
 def charged_releases(store: Path, run_id: str) -> int:
-    """The releases the run store charges ``run_id``: its rounds rows (0 before any)."""
+    """The releases the run store charges ``run_id``: its rounds rows or its charges,
+    whichever are more (0 before any)."""
     if not store.is_file():
         return 0
     db = sqlite3.connect(store)
     try:
-        row = db.execute("SELECT COUNT(*) FROM rounds WHERE run_id = ?", (run_id,)).fetchone()
-    except sqlite3.OperationalError:  # no schema yet: the store was never opened
-        return 0
+        return max(_rows(db, "rounds", run_id), _rows(db, "privacy_charges", run_id))
     finally:
         db.close()
-    return int(row[0])
+
+
+def _rows(db: sqlite3.Connection, table: str, run_id: str) -> int:
+    """The run's rows in ``table`` (0 where the store has no such table yet: never opened,
+    or of a schema before it)."""
+    try:
+        return int(db.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?",
+                              (run_id,)).fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
 
 
 def budget_problems(charged: int, releases: Releases, when: str) -> list[str]:

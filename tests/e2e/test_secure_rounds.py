@@ -1,12 +1,17 @@
 """Secure aggregation (SecAgg+, coordinator/secure_rounds.py) through real processes: a
 secure run ends with the model of the same run without it, within the quantisation bound,
 with clients on several nodes, and with a client whose node is killed mid-round, whose
-masks the other clients' shares take off."""
+masks the other clients' shares take off; a private secure run's coordinator killed after
+a round's unmask is charged that round twice."""
 
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
+from contextlib import closing
 
+import dp_accounting  # requirements-dev.txt installs it (the privacy extra)
 import numpy as np
 import pytest
 
@@ -23,6 +28,7 @@ from tests.e2e.test_federated_clients import (
     four_sites,
 )
 from thrift_trainer.coordinator.checkpoint import noise_key
+from thrift_trainer.coordinator.drills import DIES_AT_VARIABLE
 from thrift_trainer.training.outputs.model_file import load_model
 
 pytestmark = pytest.mark.processes
@@ -181,3 +187,85 @@ def test_a_secure_run_killed_and_resumed_ends_with_its_replay(cluster):
     weights, _ = load_model(run_dir / "model.npz")
     for name, value in expected.items():
         np.testing.assert_allclose(weights[name], value, rtol=1e-5, atol=BOUND, err_msg=name)
+
+
+def _fixed_sampling_epsilons(releases: int, clients: int = 12, per_round: int = 4,
+                             multiplier: float = 1.1, delta: float = 0.001) -> list[float]:
+    """dp-accounting's epsilon after each of ``releases`` rounds of ``per_round`` of
+    ``clients`` drawn without replacement (replace-one: the multiplier is halved)."""
+    spent = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    epsilons = []
+    for _ in range(releases):
+        spent.compose(dp_accounting.SampledWithoutReplacementDpEvent(
+            clients, per_round, dp_accounting.GaussianDpEvent(multiplier / 2)))
+        epsilons.append(spent.get_epsilon(delta))
+    return epsilons
+
+
+def test_a_private_secure_run_killed_after_an_unmask_is_charged_that_round_twice(cluster):
+    """Distributed DP: the coordinator is the party the clients' noise protects against,
+    and it can learn round 3's noised sum once the unmask step answered. Killed right after
+    (coordinator/drills.py: `aggregate`, before the round is written), it had charged the
+    round in the run store first; resumed, it computes round 3 again from fresh secrets and
+    fresh client noise and charges it again: epsilon counts R + 1 releases, dp-accounting's
+    for R + 1 rounds, in the results, the metrics and the status."""
+    rounds = 4
+    sets = [*FEDERATED, *SECURE, "--set", f"run.rounds={rounds}",
+            "--set", "secure_aggregation.noise_clients=4",
+            *_with_sets(["privacy.clip=0.5", "privacy.noise_multiplier=1.1",
+                         "privacy.delta=0.001"])]
+    cluster.add_node(0.0, "--clients", "0-5")
+    cluster.add_node(0.0, "--clients", "6-11")
+    nodes_file = local_cluster.write_nodes_file(cluster.workdir / "compute_nodes.txt",
+                                                cluster.nodes)
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, nodes_file, 2,
+        env={**local_cluster.python_env(), DIES_AT_VARIABLE: "aggregate:3"})
+    client = cluster.start_client(*sets, "--run-id", "private", "--quiet",
+                                  "--dead-after", "3")
+    try:
+        assert cluster.coordinator.popen.wait(120) == -signal.SIGKILL, cluster.logs()
+        _, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 1 and "--resume private" in err, err
+    store = cluster.workdir / "runs" / "runs.db"
+    assert _charged_rounds(store) == [1, 2, 3]  # round 3 charged before its unmask
+    cluster.coordinator = local_cluster.start_coordinator(
+        cluster.workdir, nodes_file, 2, "--resume", "private")
+    attached = local_cluster.run_client(["attach", "127.0.0.1",
+                                         str(cluster.coordinator.port), "private", "--json",
+                                         "--poll", "0.2"], cluster.workdir, timeout=300)
+    assert attached.returncode == 0, attached.stderr + cluster.logs()
+    cluster.coordinator.wait_for(r"resumes after round 2 ")
+    assert _charged_rounds(store) == [1, 2, 3, 3, 4]
+    expected = _fixed_sampling_epsilons(rounds + 1)
+    rows = [json.loads(line) for line in
+            (cluster.workdir / "runs" / "private" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(1, rounds + 1))
+    # rounds 1 and 2 as charged once each; round 3 is the 4th release, round 4 the 5th
+    assert [row["epsilon"] for row in rows] == pytest.approx(
+        [expected[0], expected[1], expected[3], expected[4]], rel=5e-4)
+    assert json.loads(attached.stdout)["clients"]["epsilon"] == rows[-1]["epsilon"]
+    assert _status_epsilon(cluster) == rows[-1]["epsilon"]
+    # a coordinator started afresh reads the run from the store (coordinator/stored_status.py)
+    cluster.coordinator.stop()
+    cluster.coordinator = local_cluster.start_coordinator(cluster.workdir, nodes_file, 2)
+    assert _status_epsilon(cluster) == rows[-1]["epsilon"]
+
+
+def _status_epsilon(cluster) -> float:
+    """The epsilon `client.py status` shows of the run."""
+    status = local_cluster.run_client(["status", "127.0.0.1", str(cluster.coordinator.port),
+                                       "private", "--json"], cluster.workdir)
+    assert status.returncode == 0, status.stderr
+    return json.loads(status.stdout)["clients"]["epsilon"]
+
+
+def _charged_rounds(store) -> list[int]:
+    """The rounds of the run's privacy charges, in order, read with plain SQL."""
+    with closing(sqlite3.connect(store)) as db:
+        return [r for (r,) in db.execute("SELECT round FROM privacy_charges WHERE run_id = "
+                                         "'private' ORDER BY charge")]

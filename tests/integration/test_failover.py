@@ -19,6 +19,8 @@ import pytest
 
 from devtools import local_cluster as procs
 from devtools.ledger_audit import RunShape, audit
+from tests.e2e.test_federated_clients import FEDERATED
+from tests.e2e.test_secure_rounds import _fixed_sampling_epsilons
 from thrift_trainer.coordinator.drills import DIES_AT_VARIABLE
 from thrift_trainer.coordinator.postgres_store import PostgresRunStore
 from thrift_trainer.training.outputs.model_file import load_model
@@ -30,6 +32,9 @@ TRAIN = ["letters", str(ROUNDS), "2", "16", "0.01", "--local-optimizer", "sgd",
 ASYNC_TRAIN = ["--config", str(procs.REPO / "configs" / "letters_async.yaml"), "--set",
                f"run.rounds={ROUNDS}", "--set", "delta_avg.epochs=1"]
 LEASE = "2"  # seconds: takeovers within a few seconds keep the tests short
+# Central DP (docs/privacy.md): 4 of 12 clients a round, noised at 1.1 x a clip of 0.5.
+PRIVATE_TRAIN = [*FEDERATED, "--set", f"run.rounds={ROUNDS}", "--set", "privacy.clip=0.5",
+                 "--set", "privacy.noise_multiplier=1.1", "--set", "privacy.delta=0.001"]
 
 
 class Pair:
@@ -39,13 +44,17 @@ class Pair:
     last a second or two."""
 
     def __init__(self, workdir: Path, url: str, slow: bool = False,
-                 dies_at: str | None = None, deterministic: bool = True) -> None:
+                 dies_at: str | None = None, deterministic: bool = True,
+                 clients: tuple[str, str] | None = None) -> None:
+        """``clients``: the federated clients each node holds (``--clients``)."""
         self.workdir, self.url = workdir, url
         self.deterministic = deterministic
         self.policy = 1 if slow else 2
         load = ["1.0", "--load-delay", "0.2"] if slow else ["0.0"]
+        held = [["--clients", c] for c in clients] if clients else [[], []]
         self.nodes = [procs.start("compute_node.py", ["0", *load, "--host", "127.0.0.1",
-                                                      "--seed", str(i)], workdir, f"node{i}")
+                                                      "--seed", str(i), *held[i - 1]],
+                                  workdir, f"node{i}")
                       for i in (1, 2)]
         self.nodes_file = procs.write_nodes_file(workdir / "compute_nodes.txt", self.nodes)
         self.a = self.coordinator("a", dies_at=dies_at)
@@ -224,6 +233,41 @@ def test_a_leader_dying_in_round_1_s_aggregation_has_every_unit_of_round_1_compu
             resumed[0], units, completed, redone, lost, attempts)
         log = pair.b.log()
         assert "takes up" not in log and "run store refused" not in log, log
+    finally:
+        pair.stop()
+
+
+def test_a_private_run_taken_over_mid_checkpoint_reports_each_round_once_as_charged(
+        tmp_path: Path, postgres_url: str) -> None:
+    """Central DP: the leader dies inside round 3's checkpoint, round 3 charged and
+    recorded, its weights not yet out. The standby takes over, forgets round 3's row but
+    not its charge, and computes the round again with the same noise: charged once, as
+    nothing of the first computation left. Every round is reported once with
+    dp-accounting's epsilon, and the store never charged fewer releases than that."""
+    pair = Pair(tmp_path, postgres_url, dies_at="checkpoint:3", clients=("0-5", "6-11"))
+    try:
+        client = pair.start_client("private", PRIVATE_TRAIN)
+        assert pair.a.popen.wait(60) == -signal.SIGKILL
+        with psycopg.connect(pair.url) as db:  # the leader's charges, read before takeover
+            charged_then = [r for (r,) in db.execute(
+                "SELECT round FROM privacy_charges ORDER BY charge")]
+        result, _ = _finish(pair, client)
+        pair.b.wait_for("run private resumes after round 2 ")
+        run_dir = Path(result["coordinator_run_dir"])
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text()
+                .splitlines()]
+        with psycopg.connect(pair.url) as db:
+            charges = db.execute("SELECT round, epsilon FROM privacy_charges WHERE run_id = "
+                                 "'private' ORDER BY charge").fetchall()
+        expected = _fixed_sampling_epsilons(ROUNDS)
+        assert charged_then == [1, 2, 3], charged_then
+        assert [row["round"] for row in rows] == list(range(1, ROUNDS + 1))
+        assert [row["epsilon"] for row in rows] == pytest.approx(expected, rel=5e-4)
+        assert [r for r, _ in charges] == list(range(1, ROUNDS + 1))
+        assert [e for _, e in charges] == [row["epsilon"] for row in rows]
+        status = procs.run_client(["status", "127.0.0.1", str(pair.b.port), "private",
+                                   "--json"], pair.workdir)
+        assert json.loads(status.stdout)["clients"]["epsilon"] == rows[-1]["epsilon"]
     finally:
         pair.stop()
 

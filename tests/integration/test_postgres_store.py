@@ -350,6 +350,7 @@ def test_a_large_result_is_kept_in_parts(pg: PostgresRunStore) -> None:
 def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
     PostgresRunStore(postgres_url).close()
     with psycopg.connect(postgres_url, autocommit=True) as db:  # as version 1 left it
+        db.execute("DROP TABLE privacy_charges")
         db.execute("DROP TABLE kept_result_parts")
         db.execute("DROP TABLE kept_results")
         db.execute("UPDATE schema_version SET version = 1")
@@ -358,6 +359,7 @@ def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
                             rounds=2)
         _round_with_results(migrated)
         assert [k.unit_id for k in migrated.kept_results("r1", 2)] == ["a"]
+        assert migrated.charge_release("r1", 2, 0.5) == 1
     with psycopg.connect(postgres_url) as db:
         assert db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
 

@@ -24,6 +24,7 @@ import pytest
 from devtools.simulation.plans import Event, Plan
 from devtools.simulation.shrink import problem_kind, shrink
 from devtools.simulation.world import simulate
+from thrift_trainer.coordinator.privacy_budget import PrivacyBudget
 from thrift_trainer.coordinator.training_loop import TrainingLoop
 from thrift_trainer.engine import runtime
 from thrift_trainer.engine.ledger import UnitLedger
@@ -210,14 +211,15 @@ def test_a_client_plan_passes_and_a_unit_sent_past_its_holders_is_found_and_shru
 @pytest.mark.parametrize("plan", PRIVATE, ids=lambda plan: plan.mode)
 def test_a_private_plan_passes_and_a_budget_write_skipped_is_found_where_it_crashes(
         plan: Plan, monkeypatch) -> None:
-    """The planted bug: the coordinator never writes a round's row, which is the budget a
-    private run spends. When its first process stops, a release nodes were sent is not
-    charged; at the end, the checkpoint's is not."""
+    """The planted bug: the coordinator never writes a round's row nor its charge, which
+    are the budget a private run spends. When its first process stops, a release nodes
+    were sent is not charged; at the end, the checkpoint's is not."""
     outcome = simulate(plan)
     assert not outcome.problems, outcome.problems
     assert outcome.incarnations == 2
     monkeypatch.setattr(UnitLedger, "round_ended",
                         lambda self, metrics, completed, discarded: None)
+    monkeypatch.setattr(PrivacyBudget, "charge", lambda self, round_index: None)
     problems = simulate(plan, reference="").problems
     assert any(p.startswith("privacy budget: coordinator1 ended, the store charges 0 "
                             "releases, and release 1 was visible (sent to a training unit")
@@ -228,29 +230,29 @@ def test_a_private_plan_passes_and_a_budget_write_skipped_is_found_where_it_cras
 
 def test_a_status_that_shows_a_round_before_the_store_charges_it_is_found(
         monkeypatch) -> None:
-    """The status shows a round once it is written. Planted, it shows it before the
-    round's scores (as it once did), which take half a second here: the coordinator killed
-    then leaves a status ahead of the store. (The kept plan private-status-shown-before-
-    the-store-charged.json met it with no time between them, its store failing there.)"""
+    """The status shows a round once it is written, its release charged first. Planted, it
+    shows it before the round's charge, which takes half a second here: the coordinator
+    killed then leaves a status ahead of the store. (The kept plan private-status-shown-
+    before-the-store-charged.json met it with no time between them, its store failing
+    there.)"""
     plan = Plan(seed=8, mode="sync", pushed=2, rounds=2, clients=4, private=True,
                 events=[Event(1.2, "kill")])
-    scored = TrainingLoop._score
+    released = TrainingLoop._released
 
-    def slow_scores(self, round_index, weights, metrics) -> None:
-        # the simulator's virtual clock: the scores take half a simulated second, so the
-        # kill at 1.2 s falls inside them; no real time passes and nothing is waited on
+    def slow_charge(self, round_index, charged) -> dict[str, float]:
+        # the simulator's virtual clock: the charge takes half a simulated second, so the
+        # kill at 1.2 s falls inside it; no real time passes and nothing is waited on
         runtime.sleep(0.5)
-        scored(self, round_index, weights, metrics)
+        return released(self, round_index, charged)
 
-    monkeypatch.setattr(TrainingLoop, "_score", slow_scores)
+    monkeypatch.setattr(TrainingLoop, "_released", slow_charge)
     assert not simulate(plan).problems
 
-    def shown_early(self, round_index, weights, metrics) -> None:
-        self.parts.progress.round_done(round_index, metrics.validation_error,
-                                       metrics.train_loss)
-        slow_scores(self, round_index, weights, metrics)
+    def shown_early(self, round_index, charged) -> dict[str, float]:
+        self.parts.progress.round_done(round_index, float("nan"), float("nan"))
+        return slow_charge(self, round_index, charged)
 
-    monkeypatch.setattr(TrainingLoop, "_score", shown_early)
+    monkeypatch.setattr(TrainingLoop, "_released", shown_early)
     assert simulate(plan, reference="").problems == [
         "privacy budget: coordinator1 ended, the store charges 0 releases, and release 1 "
         "was visible (the status of coordinator1)"]

@@ -534,6 +534,7 @@ def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
     with closing(sqlite3.connect(path)) as db, db:  # make it a file of the first schema
         db.execute("ALTER TABLE nodes DROP COLUMN last_heartbeat")
         db.execute("ALTER TABLE units DROP COLUMN pass")
+        db.execute("DROP TABLE privacy_charges")
         db.execute("UPDATE schema_version SET version = 1")
     with RunStore(path) as s:
         s.node_heartbeats("r1", {A: 100.5, B: 101.0})
@@ -550,11 +551,64 @@ def test_a_version_2_file_gains_the_pass_column_and_keeps_its_units(tmp_path: Pa
         s.plan_units("r1", 1, ["a"])
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("ALTER TABLE units DROP COLUMN pass")
+        db.execute("DROP TABLE privacy_charges")
         db.execute("UPDATE schema_version SET version = 2")
     with RunStore(path) as s:
         s.plan_units("r1", 2, ["a.p1", "b.p1"], pass_index=1)
         assert s.pass_counts("r1") == {1: {"pending": 2}}
         assert s.ledger_counts("r1")["pending"] == 3
+
+
+def test_a_version_3_file_gains_the_privacy_charges_and_keeps_its_rounds(
+        tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    with RunStore(path) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2)
+        s.record_round("r1", 1, **METRICS)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE privacy_charges")
+        db.execute("UPDATE schema_version SET version = 3")
+    with RunStore(path) as s:
+        assert s.charge_release("r1", 2, 1.5) == 1
+        assert [r.round for r in s.list_rounds("r1")] == [1]
+        assert [(c.charge, c.round, c.epsilon) for c in s.privacy_charges("r1")] == [
+            (1, 2, 1.5)]
+    assert raw_sql(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+def test_a_release_charged_twice_stays_charged_through_a_resume(store: RunStore,
+                                                               clock: FakeClock) -> None:
+    """Each computation of a round is charged, numbered in its run; a charge made once per
+    round is not made again for a round that has one; a resume, which forgets the rounds
+    after its checkpoint, forgets no charge."""
+    assert store.privacy_charges("r1") == []
+    assert store.charge_release("r1", 1, 0.5) == 1
+    store.record_round("r1", 1, **METRICS)
+    clock.now += 1
+    assert store.charge_release("r1", 2, 0.75) == 2
+    store.end_run("r1", "failed", "killed after round 2's unmask")
+    store.resume_run("r1", 1)
+    assert store.charge_release("r1", 2, 1.0) == 3  # round 2 computed again: seen twice
+    assert store.charge_release("r1", 2, 1.0, once_per_round=True) == 3
+    assert store.charge_release("r1", 3, 1.25, once_per_round=True) == 4
+    charges = store.privacy_charges("r1")
+    assert [(c.charge, c.round, c.epsilon) for c in charges] == [
+        (1, 1, 0.5), (2, 2, 0.75), (3, 2, 1.0), (4, 3, 1.25)]
+    assert charges[1].time == clock.now and charges[0].time == clock.now - 1
+    assert [r.round for r in store.list_rounds("r1")] == [1]
+
+
+def test_a_charge_without_a_finite_epsilon_reads_back_as_none_or_infinite(
+        store: RunStore) -> None:
+    store.charge_release("r1", 1, float("nan"))
+    store.charge_release("r1", 2, float("inf"))
+    assert [c.epsilon for c in store.privacy_charges("r1")] == [None, float("inf")]
+
+
+def test_a_charge_for_an_unknown_run_is_refused(store: RunStore) -> None:
+    with pytest.raises(UnknownRecord):
+        store.charge_release("nope", 1, 0.5)
+    assert store.privacy_charges("nope") == []
 
 
 def test_gathered_units_keep_their_attempts_events_and_pass(

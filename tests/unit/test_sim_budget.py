@@ -1,10 +1,12 @@
 """The simulator's privacy budget check (devtools/simulation/budget.py) on stores and
-releases made by hand: a store whose rounds cover every release seen passes; one that
-lags a release a node was sent, the checkpoint or the status shows, or a round computed
-twice from different results, is reported."""
+releases made by hand: a store whose rounds, or charges, cover every release seen passes;
+one that lags a release a node was sent, the checkpoint or the status shows, or a round
+computed twice from different results, is reported."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,28 @@ def test_the_store_charges_its_rounds_read_with_plain_sql(tmp_path: Path) -> Non
     assert charged_releases(store_with_rounds(tmp_path, 2), RUN) == 2
     assert charged_releases(tmp_path / "runs.db", "another") == 0
     assert charged_releases(tmp_path / "none.db", RUN) == 0  # never opened
+
+
+def test_the_store_charges_its_privacy_charges_where_they_outnumber_its_rounds(
+        tmp_path: Path) -> None:
+    """A round computed twice and seen twice (distributed DP) is charged twice, and a
+    resume drops the rounds after its checkpoint but never a charge."""
+    path = store_with_rounds(tmp_path, 1)
+    with RunStore(path) as store:
+        for round_index in (1, 2, 2):
+            store.charge_release(RUN, round_index, 1.0)
+    assert charged_releases(path, RUN) == 3
+    releases = Releases()
+    for value in (2.0, 2.5):
+        releases.node_sent(request(2, value, kind="evaluate"))
+    assert budget_problems(charged_releases(path, RUN), releases, "at the end") == []
+
+
+def test_a_store_of_a_schema_before_the_charges_charges_its_rounds(tmp_path: Path) -> None:
+    path = store_with_rounds(tmp_path, 2)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE privacy_charges")
+    assert charged_releases(path, RUN) == 2
 
 
 def test_a_store_that_charges_every_release_seen_passes(tmp_path: Path) -> None:
