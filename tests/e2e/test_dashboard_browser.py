@@ -198,13 +198,8 @@ def test_the_run_page_of_a_federated_run_lists_its_clients_and_charts_their_spre
 
     cluster.add_node(0.0, "--clients", "0-3")
     cluster.add_node(0.0, "--clients", "4-7")
-    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
-    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
-    result = cluster.train_json(
-        "--set", "run.model=mlp_classifier", "--set", "data.format=letters",
-        "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
-        "--set", "clients.count=8", "--set", "clients.per_round=3", "--set", "run.rounds=3",
-        "--set", "clients.validation_fraction=0.25", "--set", "clients.eval_every=3")
+    url, result = _federated_run(cluster, "clients.count=8", "clients.per_round=3",
+                                 "clients.validation_fraction=0.25", "clients.eval_every=3")
     browser.get(f"{url}runs/{result['run_id']}")
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"),
@@ -236,14 +231,9 @@ def test_the_run_page_of_a_private_run_shows_the_budget_it_spent(cluster: Cluste
     from selenium.webdriver.support.ui import WebDriverWait
 
     cluster.add_node(0.0)
-    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
-    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
-    result = cluster.train_json(
-        "--set", "run.model=mlp_classifier", "--set", "data.format=letters",
-        "--set", "delta_avg.epochs=1", "--set", "delta_avg.local_optimizer=sgd",
-        "--set", "clients.count=20", "--set", "clients.per_round=4", "--set", "run.rounds=3",
-        "--set", "privacy.clip=0.5", "--set", "privacy.noise_multiplier=1.1",
-        "--set", "privacy.delta=1e-3")
+    url, result = _federated_run(cluster, "clients.count=20", "clients.per_round=4",
+                                 "privacy.clip=0.5", "privacy.noise_multiplier=1.1",
+                                 "privacy.delta=1e-3")
     spent = result["history"][-1]["epsilon"]
     browser.get(f"{url}runs/{result['run_id']}")
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
@@ -253,6 +243,16 @@ def test_the_run_page_of_a_private_run_shows_the_budget_it_spent(cluster: Cluste
     WebDriverWait(browser, WAIT, poll_frequency=0.05).until(
         lambda _: series_pixels(browser, "#chart-privacy-spent-epsilon-") > 0,
         message="epsilon is charted")
+
+
+def _federated_run(cluster: Cluster, *sets: str) -> tuple[str, dict]:
+    """The dashboard's URL and the result of a 3-round federated letters run with ``sets``
+    (SECTION.KEY=VALUE), on a coordinator started with its dashboard."""
+    coordinator = cluster.start_coordinator(2, "--dashboard-port", "0")
+    url = coordinator.wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)").group(1)
+    federated = ["run.model=mlp_classifier", "data.format=letters", "delta_avg.epochs=1",
+                 "delta_avg.local_optimizer=sgd", "run.rounds=3", *sets]
+    return url, cluster.train_json(*[arg for item in federated for arg in ("--set", item)])
 
 
 def _client_lines(cluster: Cluster, run_id: str) -> list[dict]:

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 
 from devtools.simulation.scheduler import SimRuntime
+from tests.unit.test_privacy import _prepare as prepare_config
 from thrift_trainer.coordinator.checkpoint import (
     Checkpoint,
     CheckpointError,
     noise_key,
     save_checkpoint,
 )
-from thrift_trainer.coordinator.records import RunRequest
-from thrift_trainer.coordinator.request_checks import RequestLimits
-from thrift_trainer.coordinator.run_setup import describe, prepare
+from thrift_trainer.coordinator.run_setup import describe
 from thrift_trainer.engine import runtime
 from thrift_trainer.training.algorithms.delta_avg import DeltaAveraging
 from thrift_trainer.training.clients import sampling
@@ -37,11 +36,7 @@ POISSON = [*PRIVATE, "clients.sampling=poisson"]
 
 
 def _prepare(overrides: list[str]):
-    config = load_run_config(None, overrides)
-    spec = config.to_spec()
-    request = RunRequest("r1", spec.algorithm, spec.model, spec.dataset, 3,
-                         json.dumps(config.algorithm_config()), None)
-    return prepare(request, DATA, RequestLimits(), deterministic=False)
+    return prepare_config(load_run_config(None, overrides), rounds=3)
 
 
 def _one_round(algorithm, round_index: int = 1) -> dict[str, np.ndarray]:
