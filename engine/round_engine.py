@@ -358,7 +358,7 @@ class RoundEngine:
         """
         now = runtime.monotonic()
         busy = state.nodes_of(unit)
-        holders = self._holders(unit)
+        holders = self._holders(unit, now)
         if not self.policy.ranks_by_views and not state.fills_evenly:
             return self._order_available(now, busy, holders, unit.spec)
         views = [n.view(now) for n in holders]
@@ -370,12 +370,19 @@ class RoundEngine:
             free = [v for v in free if v.in_flight == fewest]
         return self._preferred_first(self.policy.order(free or views), unit.spec)
 
-    def _holders(self, unit: Unit) -> list[NodeHandle]:
+    def _holders(self, unit: Unit, now: float) -> list[NodeHandle]:
         """The nodes that may compute the unit, less those it already failed on while
-        another remains (a node whose answers are too large for us fails every unit it
-        takes, without being benched for it)."""
+        another of them is alive (a node whose answers are too large for us fails every
+        unit it takes, without being benched for it). Only a live one counts: a node that
+        left, crashed or was cut off stays among a round's nodes until the round ends,
+        and a retry kept for it would never run."""
         holders = [n for n in self.nodes if may_compute(n, unit.spec)]
-        return [n for n in holders if n.index not in unit.failed_on] or holders
+        if not unit.failed_on:
+            return holders
+        untried = [n for n in holders if n.index not in unit.failed_on]
+        if any(n.liveness.state(now) == "alive" for n in untried):
+            return untried
+        return holders
 
     def _order_available(self, now: float, busy: Container[int], holders: list[NodeHandle],
                          spec: UnitSpec) -> list[int]:

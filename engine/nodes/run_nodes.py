@@ -56,8 +56,11 @@ class RunNodes:
 
     def refresh(self) -> bool:
         """Take in nodes added to the file or registered, drop those that left; True if
-        the set changed."""
-        before = {n.name for n in self.nodes}
+        the set changed. A pull node that registered again has the name it had, and a
+        new handle: the set changed (the engine must drop the old one, whose mailbox is
+        closed, or the restarted node would never be sent a unit)."""
+        handles = list(self.nodes)
+        before = {n.name for n in handles}
         if self._nodes_source is not None:
             try:
                 self._add_addresses(self._nodes_source())
@@ -69,7 +72,10 @@ class RunNodes:
             log.info("run %s: nodes joined: %s", self.run_id, ", ".join(sorted(after - before)))
         if before - after:
             log.info("run %s: nodes left: %s", self.run_id, ", ".join(sorted(before - after)))
-        return after != before
+        again = sorted(n.name for n in self.nodes if n.name in before and n not in handles)
+        if again:
+            log.info("run %s: nodes registered again: %s", self.run_id, ", ".join(again))
+        return after != before or bool(again)
 
     def leave_out(self, node: NodeHandle) -> None:
         """Keep ``node`` (whose `left_out` says why) out of the run, also after refreshes."""

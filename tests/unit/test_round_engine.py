@@ -321,6 +321,33 @@ def test_invalid_updates_are_refused_and_the_unit_goes_elsewhere():
     assert progress.snapshot().failed == corrupt.stats.failed
 
 
+class CorruptOnce(CorruptNode):
+    """Answers its first unit with a delta full of NaN, and every later one rightly."""
+
+    def train(self, request: Task) -> TaskResult:
+        if self.calls == 0:
+            return super().train(request)
+        return LocalNode.train(self, request)
+
+
+def test_a_unit_goes_back_to_the_node_it_failed_on_once_the_others_are_silent():
+    """A unit failed once on the one node still up; the other node is gone (a pull node
+    that left stays among the round's nodes until the round ends). The retry must not
+    wait for the silent node for ever: once it is no longer alive, the unit goes back to
+    the node it failed on, and the round completes well within the grace period."""
+    flaky = CorruptOnce(0)
+    gone = LocalNode(1, fail_with=ConnectionFailed("cannot connect to local:10001: refused"))
+    gone.liveness = Liveness(suspect=0.2, dead=1.0)  # silent from the start
+    progress = RunProgress("r1", 1, 11, lambda: [])
+    eng = RoundEngine("r1", [flaky, gone], LowestIndexFirst(),
+                      EngineSettings(max_unit_failures=10, grace_seconds=3.0), progress,
+                      threading.Event())
+    outcome = eng.run_round(1, units(1), 1, build, checked(check_finite))
+    assert outcome.completed == 1 and outcome.discarded == []
+    assert flaky.calls == 2 and flaky.stats.failed == 1  # its NaN, then the result
+    assert gone.calls >= 1  # the retry tried the other node first, while it was alive
+
+
 def test_delta_check_names_the_wrong_tensor():
     bad = {name: value.copy() for name, value in WEIGHTS.items()}
     bad["V"] = bad["V"][:-1]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from thrift_trainer.engine.nodes.liveness import Liveness
-from thrift_trainer.engine.nodes.membership import Member
+from thrift_trainer.engine.nodes.membership import Mailbox, Member
 from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.pull_client import PullNodeHandle
 from thrift_trainer.engine.nodes.run_nodes import RunNodes
 
 
@@ -49,7 +50,7 @@ def test_different_ports_and_hosts_are_different_nodes():
 
 
 class Registrations:
-    """Push nodes registered with the coordinator, which come and go."""
+    """Nodes registered with the coordinator, which come and go."""
 
     def __init__(self) -> None:
         self.current: list[Member] = []
@@ -58,7 +59,7 @@ class Registrations:
         return list(self.current)
 
     def push_addresses(self) -> list[NodeAddress]:
-        return [m.address for m in self.current]
+        return [m.address for m in self.current if m.address is not None]
 
 
 def _member(port: int) -> Member:
@@ -89,5 +90,34 @@ def test_a_node_that_left_and_came_back_shows_all_its_units_in_one_summary():
         assert sorted(s.node for s in summaries) == ["127.0.0.1:9091", "127.0.0.1:9092"]
         back = next(s for s in summaries if s.node == "127.0.0.1:9091")
         assert (back.accepted, back.samples) == (5, 500)
+    finally:
+        nodes.close()
+
+
+def _pull_member(node_id: str) -> Member:
+    return Member(name=f"pull:{node_id}", node_id=node_id, pull=True, address=None,
+                  liveness=Liveness(1.0, 2.0), mailbox=Mailbox())
+
+
+def test_a_pull_node_that_registered_again_replaces_its_old_handle():
+    """A restarted pull node registers under the name it had: the refresh says the nodes
+    changed, so that the engine takes the new handle instead of the old one, whose mailbox
+    is closed (every unit sent there would end unreached, and the node would get none)."""
+    registrations = Registrations()
+    first = _pull_member("laptop")
+    registrations.current = [_member(9091), first]
+    nodes = RunNodes("r1", [], rpc_timeout=1.0, connect_timeout=1.0, suspect_seconds=1.0,
+                     dead_seconds=2.0, membership=registrations)
+    try:
+        old = next(n for n in nodes.nodes if n.name == "pull:laptop")
+        assert isinstance(old, PullNodeHandle) and old.member is first
+        assert nodes.refresh() is False  # nothing happened
+        again = _pull_member("laptop")
+        registrations.current = [_member(9091), again]  # the same name, a new registration
+        assert nodes.refresh() is True
+        assert sorted(n.name for n in nodes.nodes) == ["127.0.0.1:9091", "pull:laptop"]
+        new = next(n for n in nodes.nodes if n.name == "pull:laptop")
+        assert new.member is again and old not in nodes.nodes
+        assert nodes.refresh() is False
     finally:
         nodes.close()
