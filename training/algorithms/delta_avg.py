@@ -280,6 +280,8 @@ class DeltaAveraging(AveragingAlgorithm):
                                     dataset_dir)
         self.privacy = privacy_settings(self.config.get(PRIVACY))
         self._release = PrivateRelease(self.privacy)
+        if isinstance(self._plan, ClientPlan):  # draws keyed by the key the release holds
+            self._plan.noise_key = lambda: self._release.key
         self._buffer_size: int | None = None  # a private buffered run's (release_buffers)
         # every unit of a round is averaged (node-resident clients: once they are known)
         if not clients.on_nodes:
@@ -305,8 +307,6 @@ class DeltaAveraging(AveragingAlgorithm):
         made when the run started (training/privacy/noise_key.py); a checkpoint's
         replaces it on a resume."""
         self._release.use_key(key)
-        if isinstance(self._plan, ClientPlan):
-            self._plan.noise_key = self._release.key
 
     @property
     def noise_key(self) -> bytes | None:
@@ -458,8 +458,6 @@ class DeltaAveraging(AveragingAlgorithm):
         self.optimizer.load_state_dict({key: value for key, value in state.items()
                                         if key not in own})
         self._release.load_state_dict(own)
-        if isinstance(self._plan, ClientPlan):
-            self._plan.noise_key = self._release.key
         if ROSTER_KEY in own and isinstance(self._plan, ClientPlan):
             record = PartitionRecord.from_json(str(own[ROSTER_KEY]))
             self._plan.take_clients(dict(zip(record.names, record.sizes, strict=True)), {})

@@ -5,7 +5,7 @@ trained on federated clients (one unit per client sampled for the round)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,8 @@ class ClientPlan(RangePlan):
 
         super().__init__(config, optimizer, model, dataset, dataset_dir)
         self.clients, self.seed = clients, config["seed"]
-        self.noise_key: bytes | None = None  # a private run's: its draws are keyed by it
+        # a private run's noise key (its draws are keyed by it); None: drawn by the seed
+        self.noise_key: Callable[[], bytes | None] = lambda: None
         self.record = PartitionRecord("nodes", self.seed, "", [])
         self._set_sizes({})
         if not clients.on_nodes:  # node-resident clients are known once nodes announce them
@@ -126,7 +127,7 @@ class ClientPlan(RangePlan):
 
     def round_units(self, round_index: int) -> list[UnitSpec]:
         chosen = self.clients.sampled(round_index, self.seed, list(self._by_name),
-                                      self.noise_key)
+                                      self.noise_key())
         return [self._by_name[name] for name in chosen]
 
     def evaluation_units(self, round_index: int, rounds: int) -> list[UnitSpec]:
