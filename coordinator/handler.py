@@ -186,8 +186,10 @@ class CoordinatorHandler(MembershipService):
 
     def _superseded(self) -> bool:
         """Whether the store names a newer leader than this coordinator (which may not
-        know it yet)."""
-        return self.keeper is not None and self._leading and self.keeper.superseded()
+        know it yet); False while the database is away (unknown: an answer must not wait
+        for it, and the lease keeper steps down if the lease is lost meanwhile)."""
+        return (self.keeper is not None and self._leading
+                and self.store.unreachable_since is None and self.keeper.superseded())
 
     def _leader_address(self) -> str | None:
         if self.keeper is None:

@@ -34,6 +34,9 @@ LOCK_TIMEOUT_MS = 1000  # a takeover waits this long for the old leader's write 
 # A statement is tried again at once on another connection when its own was ended: a new
 # leader ends every session of the old one, idle ones in the pool included (up to its size).
 TRIES = 5
+# Reading who leads is made for an answer (status, train's end): while the database is
+# away it must not hold the caller for the pool's whole connection timeout.
+READ_WAIT_SECONDS = 1.0
 
 # Taking the lease: the expired lease first (a second standby trying at once waits for
 # this one, then finds it live), then the epoch, which waits for the write in progress of
@@ -121,7 +124,7 @@ class LeaseKeeper:
 
     def leader(self) -> Leader | None:
         """The leader the store names, or None if it cannot be read."""
-        row = self._run(_READ, ())
+        row = self._run(_READ, (), wait_seconds=READ_WAIT_SECONDS)
         return None if row is None else Leader(*row)
 
     def step(self) -> None:
@@ -156,15 +159,17 @@ class LeaseKeeper:
                 log.exception("lease keeper")
 
     def _run(self, sql: str, parameters: tuple, failed: object = None,
-             then: list[tuple[str, tuple]] = ()) -> tuple | None:
+             then: list[tuple[str, tuple]] = (), wait_seconds: float | None = None
+             ) -> tuple | None:
         """One statement in a transaction of its own (followed by the statements of
         ``then`` when it matched a row); the last one's row, None when it matched none.
         When the database cannot be reached the answer is ``failed`` (None: as if no row
-        matched; a renewal passes False, meaning: unknown, keep leading until fenced)."""
+        matched; a renewal passes False, meaning: unknown, keep leading until fenced).
+        ``wait_seconds``: the longest wait for a connection (None: the store's default)."""
         import psycopg
 
         try:
-            row = self._try(sql, parameters, then)
+            row = self._try(sql, parameters, then, wait_seconds)
         except (psycopg.Error, OSError) as exc:
             if not self._unreachable:
                 log.warning("lease: the run store %s cannot be reached: %s", self.store.path,
@@ -174,13 +179,14 @@ class LeaseKeeper:
         self._unreachable = False
         return row
 
-    def _try(self, sql: str, parameters: tuple, then: list[tuple[str, tuple]]) -> tuple | None:
+    def _try(self, sql: str, parameters: tuple, then: list[tuple[str, tuple]],
+             wait_seconds: float | None) -> tuple | None:
         """``_run``'s transaction, on another connection of the pool when the server had
         ended the one it got (the pool drops a broken connection)."""
         import psycopg
 
         for tries_left in range(TRIES - 1, -1, -1):
-            with self.store.connection() as db:
+            with self.store.connection(wait_seconds) as db:
                 try:
                     with db.transaction():
                         db.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")

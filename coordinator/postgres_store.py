@@ -224,9 +224,11 @@ class PostgresRunStore(KeepsFilesAndResults, SqlLedger):
                 self._pool.close()
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
-        """A connection of the pool apart from the ledger's (the lease keeper's)."""
-        with self._pool.connection(timeout=CONNECT_SECONDS) as connection:
+    def connection(self, wait_seconds: float | None = None) -> Iterator[psycopg.Connection]:
+        """A connection of the pool apart from the ledger's (the lease keeper's), waited
+        for at most ``wait_seconds`` (None: CONNECT_SECONDS)."""
+        timeout = CONNECT_SECONDS if wait_seconds is None else wait_seconds
+        with self._pool.connection(timeout=timeout) as connection:
             yield connection
 
 

@@ -111,11 +111,12 @@ class OutageRider:
                 if exc.commit_unknown:
                     raise
                 now = runtime.monotonic()
-                if started is None:  # a connection that broke: a new one may work at once
-                    started = now
+                if started is None and self.unreachable_since is None:
+                    started = now  # a connection that broke: a new one may work at once
                     continue
-                self._away(now)
-                if now - started >= self.outage_seconds:
+                # the outage counts from its start, whichever call met it first
+                away = self._away(now if started is None else started)
+                if now - away >= self.outage_seconds:
                     raise ConnectionLost(f"{exc} for {self.outage_seconds:g} s (--store-"
                                          "outage): the run can be resumed once it is back"
                                          ) from exc
@@ -143,12 +144,14 @@ class OutageRider:
             except (RunStoreError, ValueError) as exc:
                 self.writes.refused(call, exc)
 
-    def _away(self, now: float) -> None:
+    def _away(self, since: float) -> float:
+        """Since when the database is away: ``since``, unless another call knew earlier."""
         with self._lock:
             if self.unreachable_since is None:
-                self.unreachable_since = now
+                self.unreachable_since = since
                 log.warning("the run store %s cannot be reached: training pauses until it "
                             "is back (at most %g s)", self._store.path, self.outage_seconds)
+            return self.unreachable_since
 
     def _back(self) -> None:
         with self._lock:

@@ -14,8 +14,12 @@ import pytest
 
 from tests.waiting import wait_until
 from thrift_trainer.coordinator.handler import CoordinatorHandler
-from thrift_trainer.coordinator.leadership import Leader, LeaseKeeper
-from thrift_trainer.coordinator.postgres_store import LeadershipLost, PostgresRunStore
+from thrift_trainer.coordinator.leadership import READ_WAIT_SECONDS, Leader, LeaseKeeper
+from thrift_trainer.coordinator.postgres_store import (
+    CONNECT_SECONDS,
+    LeadershipLost,
+    PostgresRunStore,
+)
 from thrift_trainer.coordinator.records import RunFailed
 from thrift_trainer.coordinator.run import CoordinatorSettings
 from thrift_trainer.training.data.paths import DEFAULT_DATA_ROOT
@@ -92,6 +96,24 @@ def test_a_busy_leader_renews_while_it_writes(stores) -> None:
     assert _expiry(first) > taken  # renewed, not waiting behind the write
     kb.step()
     assert b.led == [] and ka.leading
+
+
+def test_reading_who_leads_while_the_database_is_away_does_not_hold_the_answer(
+        stores, postgres_server) -> None:
+    # train()'s answer and status read who leads: with the database away they must not
+    # wait the pool's whole connection timeout (CONNECT_SECONDS, 10 s) for it
+    first, _ = stores
+    ka = keeper(first, "h1:1", Events())
+    ka.step()
+    postgres_server.stop()
+    try:
+        began = time.monotonic()
+        assert ka.leader() is None and not ka.superseded()  # unknown: still leading
+        assert time.monotonic() - began < READ_WAIT_SECONDS + 4.0 < CONNECT_SECONDS
+    finally:
+        postgres_server.start()
+    back = ka.leader()  # once it is back, read as before (the short lease has expired)
+    assert back is not None and (back.address, back.epoch) == ("h1:1", 1)
 
 
 def test_a_clean_stop_hands_the_lease_over_at_once(stores) -> None:
