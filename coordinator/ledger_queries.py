@@ -92,10 +92,13 @@ class LedgerReads:
     @reads_what_was_written
     def ledger_counts(self, run_id: str, round_index: int | None = None) -> dict[str, int]:
         """Units per status (every status present, zeros included) for a run or one
-        round: their sum is the number planned, so "nothing lost" is a count."""
+        round: their sum is the number planned, so "nothing lost" is a count. A run's are
+        read from the counts its units' triggers keep, a round's counted."""
         with self._tx(write=False) as db:
-            rows = db.execute(self._q.ledger_counts,
-                              (run_id, round_index, round_index)).fetchall()
+            if round_index is None:
+                rows = db.execute(self._q.run_counts, (run_id,)).fetchall()
+            else:
+                rows = db.execute(self._q.round_counts, (run_id, round_index)).fetchall()
         counts = dict.fromkeys(UNIT_STATUSES, 0)
         counts.update(dict(rows))
         return counts

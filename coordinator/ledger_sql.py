@@ -172,9 +172,9 @@ class LedgerSql:
         self.unit_history = (
             "SELECT round, unit_id, attempt, node, from_status, to_status, attempt_status, "
             f"reason, time FROM unit_events WHERE {unit} ORDER BY id")
-        self.ledger_counts = (
-            f"SELECT status, COUNT(*) FROM units WHERE run_id = {p} "
-            f"AND (CAST({p} AS INTEGER) IS NULL OR round = {p}) GROUP BY status")
+        self.run_counts = f"SELECT status, n FROM unit_counts WHERE run_id = {p}"
+        self.round_counts = (f"SELECT status, COUNT(*) FROM units WHERE run_id = {p} "
+                             f"AND round = {p} GROUP BY status")
         self.pass_counts = (f"SELECT pass, status, COUNT(*) FROM units WHERE run_id = {p} "
                             "AND pass IS NOT NULL GROUP BY pass, status")
         self.schema_version = "SELECT version FROM schema_version LIMIT 2"

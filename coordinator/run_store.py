@@ -85,7 +85,7 @@ from thrift_trainer.coordinator.store_records import (  # noqa: F401 - the store
 from thrift_trainer.coordinator.write_behind import Call
 from thrift_trainer.engine import runtime
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_SECONDS = 5.0
 MAX_PAGES_VARIABLE = "TRAINER_STORE_MAX_PAGES"
 
@@ -97,6 +97,31 @@ _PRIVACY_CHARGES = """CREATE TABLE privacy_charges (
         epsilon REAL,
         time REAL NOT NULL,
         PRIMARY KEY (run_id, charge))"""
+
+# A run's units per status, kept by triggers as units are planned, move and go, so that
+# status (polled twice a second) reads a few rows instead of counting a long run's units.
+_UNIT_COUNTS = (
+    """CREATE TABLE unit_counts (
+        run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        status TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (run_id, status)) WITHOUT ROWID""",
+    """CREATE TRIGGER unit_counted AFTER INSERT ON units BEGIN
+        INSERT INTO unit_counts VALUES (NEW.run_id, NEW.status, 1)
+            ON CONFLICT (run_id, status) DO UPDATE SET n = n + 1;
+        END""",
+    """CREATE TRIGGER unit_recounted AFTER UPDATE OF status ON units
+        WHEN OLD.status <> NEW.status BEGIN
+        UPDATE unit_counts SET n = n - 1 WHERE run_id = OLD.run_id AND status = OLD.status;
+        INSERT INTO unit_counts VALUES (NEW.run_id, NEW.status, 1)
+            ON CONFLICT (run_id, status) DO UPDATE SET n = n + 1;
+        END""",
+    """CREATE TRIGGER unit_uncounted AFTER DELETE ON units BEGIN
+        UPDATE unit_counts SET n = n - 1 WHERE run_id = OLD.run_id AND status = OLD.status;
+        END""",
+)
+_COUNT_EXISTING_UNITS = ("INSERT INTO unit_counts SELECT run_id, status, COUNT(*) FROM units "
+                         "GROUP BY run_id, status")
 
 _SCHEMA = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
@@ -182,6 +207,7 @@ _SCHEMA = (
         last_heartbeat REAL,
         PRIMARY KEY (run_id, node))""",
     _PRIVACY_CHARGES,
+    *_UNIT_COUNTS,
 )
 
 # What each version adds to the one before: a file of an older version takes every step
@@ -190,6 +216,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE nodes ADD COLUMN last_heartbeat REAL",),
     3: ("ALTER TABLE units ADD COLUMN pass INTEGER",),
     4: (_PRIVACY_CHARGES,),
+    5: (*_UNIT_COUNTS, _COUNT_EXISTING_UNITS),
 }
 _STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, SQLITE.set_schema_version, "file")
 

@@ -525,6 +525,57 @@ def test_eight_writer_threads_lose_nothing(store: RunStore) -> None:
     assert events == 8 * (3 * per_thread + 2 * retried)
 
 
+def test_a_run_s_counts_follow_its_units_through_every_move(store: RunStore) -> None:
+    """The run's counts (kept as units change) equal its units counted afresh, through
+    attempts, moves, a gathering into a later round, a failed end and a resume."""
+    def counted_afresh() -> dict[str, int]:
+        rows = store_sql(store, "SELECT status, COUNT(*) FROM units WHERE run_id = 'r1' "
+                                "GROUP BY status")
+        return {**dict.fromkeys(store.ledger_counts("r1"), 0), **dict(rows)}
+
+    store.unit_started("r1", 1, UNITS[0], 1, A)
+    store.unit_finished("r1", 1, UNITS[0], 1, A, "completed")
+    store.unit_started("r1", 1, UNITS[1], 1, A)
+    store.unit_finished("r1", 1, UNITS[1], 1, A, "failed", "refused")
+    store.move_unit("r1", 1, UNITS[2], "discarded", "given up")
+    store.plan_units("r1", 2, ["x", "y"])
+    store.unit_started("r1", 2, "x", 1, B)
+    assert store.ledger_counts("r1") == counted_afresh()
+    assert store.gather_units("r1", 0, 2, "carried on") >= 1  # round 1's unsettled move
+    assert store.ledger_counts("r1") == counted_afresh()
+    store.end_run("r1", "failed", "killed")
+    assert store.ledger_counts("r1") == counted_afresh()
+    store.resume_run("r1", 0)
+    assert store.ledger_counts("r1") == counted_afresh()
+    assert sum(store.ledger_counts("r1").values()) == len(UNITS) + 2
+
+
+def drop_unit_counts(db: sqlite3.Connection) -> None:
+    """Make a file's schema one from before version 5 (no unit counts)."""
+    for trigger in ("unit_counted", "unit_recounted", "unit_uncounted"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP TABLE unit_counts")
+
+
+def test_a_version_4_file_counts_the_units_it_holds(tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    with RunStore(path) as s:
+        s.create_run("r1", algorithm="delta_avg", model="mlp", dataset="letters", rounds=2)
+        s.plan_units("r1", 1, ["a", "b", "c"])
+        s.unit_started("r1", 1, "a", 1, A)
+        s.unit_finished("r1", 1, "a", 1, A, "completed")
+    with closing(sqlite3.connect(path)) as db, db:
+        drop_unit_counts(db)
+        db.execute("UPDATE schema_version SET version = 4")
+    with RunStore(path) as s:
+        before = s.ledger_counts("r1")
+        s.plan_units("r1", 2, ["d"])
+        after = s.ledger_counts("r1")
+    assert (before["completed"], before["pending"], sum(before.values())) == (1, 2, 3)
+    assert (after["completed"], after["pending"], sum(after.values())) == (1, 3, 4)
+    assert raw_sql(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
 def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
         tmp_path: Path) -> None:
     path = tmp_path / "old.db"
@@ -535,6 +586,7 @@ def test_heartbeats_are_kept_per_node_and_a_version_1_file_gains_the_column(
         db.execute("ALTER TABLE nodes DROP COLUMN last_heartbeat")
         db.execute("ALTER TABLE units DROP COLUMN pass")
         db.execute("DROP TABLE privacy_charges")
+        drop_unit_counts(db)
         db.execute("UPDATE schema_version SET version = 1")
     with RunStore(path) as s:
         s.node_heartbeats("r1", {A: 100.5, B: 101.0})
@@ -552,6 +604,7 @@ def test_a_version_2_file_gains_the_pass_column_and_keeps_its_units(tmp_path: Pa
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("ALTER TABLE units DROP COLUMN pass")
         db.execute("DROP TABLE privacy_charges")
+        drop_unit_counts(db)
         db.execute("UPDATE schema_version SET version = 2")
     with RunStore(path) as s:
         s.plan_units("r1", 2, ["a.p1", "b.p1"], pass_index=1)
@@ -567,6 +620,7 @@ def test_a_version_3_file_gains_the_privacy_charges_and_keeps_its_rounds(
         s.record_round("r1", 1, **METRICS)
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP TABLE privacy_charges")
+        drop_unit_counts(db)
         db.execute("UPDATE schema_version SET version = 3")
     with RunStore(path) as s:
         assert s.charge_release("r1", 2, 1.5) == 1
