@@ -3,11 +3,22 @@ fractions, over-selection, and Poisson sampling's mean."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+
 import numpy as np
 import pytest
 
 from thrift_trainer.training.clients import ClientsError
-from thrift_trainer.training.clients.sampling import poisson_sample, sample, target_count
+from thrift_trainer.training.clients.sampling import (
+    client_key,
+    client_keys,
+    poisson_sample,
+    sample,
+    stream_draw,
+    target_count,
+)
 
 CLIENTS = [f"client-{i:03d}" for i in range(100)]
 
@@ -19,6 +30,30 @@ def test_the_same_seed_and_round_sample_the_same_clients_without_state() -> None
     assert sample(5, 7, CLIENTS, 10) != first
     assert sample(4, 8, CLIENTS, 10) != first
     assert first == sorted(first) and len(set(first)) == 10 and set(first) <= set(CLIENTS)
+
+
+NAMES = ["c1", "client-007", 'qu"ote', "back\\slash", "tab\there", "ünï", "日本", "😀",
+         "", "a]b", "\x00\x1f", "x" * 300]
+
+
+@pytest.mark.parametrize("key", [None, b"k" * 32])
+def test_a_client_s_key_is_the_hash_of_the_json_of_the_draw_and_its_name(key) -> None:
+    # the documented definition: a draw of a resumed run, or of an older release, must
+    # find the same keys, whatever the names hold
+    def defined(client: str) -> int:
+        text = json.dumps(["sample", 12, 3, client]).encode()
+        digest = (hashlib.sha256(text) if key is None
+                  else hmac.new(key, text, hashlib.sha256)).digest()
+        return int.from_bytes(digest[:8], "little")
+
+    assert client_keys("sample", 12, 3, NAMES, key) == [defined(name) for name in NAMES]
+    assert [client_key("sample", 12, 3, name, key) for name in NAMES] == [
+        defined(name) for name in NAMES]
+
+
+def test_a_stream_draws_the_candidate_of_the_smallest_key() -> None:
+    keys = dict(zip(NAMES, client_keys("stream:4", 9, 2, NAMES), strict=True))
+    assert stream_draw(9, 4, 2, NAMES) == min(NAMES, key=keys.__getitem__)
 
 
 def test_rounds_spread_over_the_clients() -> None:

@@ -47,9 +47,9 @@ def sample(round_index: int, seed: int, available: list[str], per_round: int | f
         raise ClientsError(f"over_select must be a number >= 1, got {over_select!r}")
     target = target_count(per_round, len(clients))
     asked = min(len(clients), math.ceil(round(target * over_select, _DIGITS)))
-    ranked = sorted(clients, key=lambda client: client_key(purpose, seed, round_index,
-                                                           client, key))
-    return sorted(ranked[:asked])
+    keys = client_keys(purpose, seed, round_index, clients, key)
+    ranked = sorted(range(len(clients)), key=keys.__getitem__)
+    return sorted(clients[i] for i in ranked[:asked])
 
 
 def target_count(per_round: int | float, available: int) -> int:
@@ -75,8 +75,9 @@ def poisson_sample(round_index: int, seed: int, available: list[str], q: float,
     if not _is_real(q) or not 0 < q <= 1:
         raise ClientsError(f"q must be a probability in (0, 1], got {q!r}")
     limit = q * 2**_KEY_BITS
-    return sorted(client for client in _distinct(available)
-                  if client_key("poisson", seed, round_index, client, key) < limit)
+    clients = _distinct(available)
+    keys = client_keys("poisson", seed, round_index, clients, key)
+    return sorted(client for client, k in zip(clients, keys, strict=True) if k < limit)
 
 
 def client_key(purpose: str, seed: int, round_index: int, client: str,
@@ -84,14 +85,34 @@ def client_key(purpose: str, seed: int, round_index: int, client: str,
     """A client's key for one round: 64 bits of sha256 over the JSON of the arguments
     (JSON so that no name can be read as another split differently); of HMAC-SHA256
     under ``key`` when a private run's noise key is given."""
+    return client_keys(purpose, seed, round_index, [client], key)[0]
+
+
+def client_keys(purpose: str, seed: int, round_index: int, clients: list[str],
+                key: bytes | None = None) -> list[int]:
+    """`client_key` of each of ``clients``, in their order: the hash of the arguments'
+    common prefix is computed once and copied for each client (a round draws from every
+    available client, thousands of them)."""
     if not _is_int(round_index) or round_index < 0:
         raise ClientsError(f"round_index must be an integer >= 0, got {round_index!r}")
     if not _is_int(seed):
         raise ClientsError(f"seed must be an integer, got {seed!r}")
-    text = json.dumps([purpose, int(seed), int(round_index), client]).encode()
-    digest = hashlib.sha256(text).digest() if key is None else \
-        hmac.new(key, text, hashlib.sha256).digest()
-    return int.from_bytes(digest[:_KEY_BITS // 8], "little")
+    # json.dumps([purpose, seed, round, client]) is this prefix, the client, then "]"
+    prefix = json.dumps([purpose, int(seed), int(round_index)])[:-1].encode() + b", "
+    common = hashlib.sha256(prefix) if key is None else hmac.new(key, prefix, hashlib.sha256)
+    keys = []
+    for client in clients:
+        if not isinstance(client, str):
+            raise ClientsError(f"a client is named by a string, got {client!r}")
+        hasher = common.copy()
+        hasher.update(_json_string(client) + b"]")
+        keys.append(int.from_bytes(hasher.digest()[:_KEY_BITS // 8], "little"))
+    return keys
+
+
+def _json_string(text: str) -> bytes:
+    """``text`` as json.dumps writes it (ASCII, escaped)."""
+    return json.encoder.encode_basestring_ascii(text).encode()
 
 
 def _is_int(value: object) -> bool:
@@ -124,4 +145,5 @@ def stream_draw(seed: int, version: int, draw_index: int,
     if not clients:
         return None
     purpose = f"stream:{int(version)}"
-    return min(clients, key=lambda client: client_key(purpose, seed, draw_index, client))
+    keys = client_keys(purpose, seed, draw_index, clients)
+    return clients[min(range(len(clients)), key=keys.__getitem__)]
