@@ -217,3 +217,22 @@ def test_the_client_sends_the_aggregation_section_inside_the_config():
     assert config["aggregation"] == {**defaults(AggregationSettings), "rule": "median"}
     assert DeltaAveraging.check_config("mlp", config)["aggregation"]["rule"] == "median"
     assert load_run_config(None, []).section("aggregation") == defaults(AggregationSettings)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_the_mean_of_one_update_is_the_folds_bits_taken_in_one_pass(narrow):
+    rng = np.random.default_rng(5)
+    wide = (rng.normal(size=4000) * 10.0 ** rng.integers(-40, 30, 4000)).astype(np.float32)
+    wide[:4] = [-0.0, 0.0, np.float32(1e-45), -np.float32(3e-38)]  # signed zeros, subnormals
+    item = {"w": wide.reshape(40, 100), "h": rng.normal(size=50).astype(np.float16),
+            "d": rng.normal(size=6), "n": np.array(7, dtype=np.int64)}
+    for samples in (1, 64, 320, 12_345, 2**29 - 1):
+        alone = aggregation.weighted_mean([item], [samples], narrow)
+        for name, value in item.items():
+            flat = aggregation.flat_parts([item], name)
+            folded = aggregation.mean_of_block(flat, [samples], slice(0, value.size))
+            assert alone[name].shape == value.shape
+            assert alone[name].dtype == (np.float32 if narrow and name == "w" else np.float64)
+            assert alone[name].tobytes() == folded.astype(alone[name].dtype).tobytes(), name
+    assert np.signbit(aggregation.weighted_mean([item], [64])["w"].reshape(-1)[0]) == \
+        np.signbit(aggregation.mean_of_block([wide], [64], slice(0, 1))[0])  # +0.0 both

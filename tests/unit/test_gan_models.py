@@ -247,6 +247,20 @@ def test_gradients_round_trip():
         numpy_to_gradients(fresh, {})
 
 
+def test_gradients_set_again_are_written_over_with_a_fresh_gradients_bits():
+    spec = gan_spec("dcgan28-tiny", batchnorm=False)
+    _, d = build_gan(spec)
+    rng = np.random.default_rng(1)
+    first, second = ({f"D.{k}": rng.normal(size=tuple(p.shape)) for k, p in d.named_parameters()}
+                     for _ in range(2))
+    numpy_to_gradients(d, first, "D.")
+    held = {k: p.grad for k, p in d.named_parameters()}
+    numpy_to_gradients(d, second, "D.")  # float64 arrays, rounded to float32
+    for k, p in d.named_parameters():
+        assert p.grad is held[k]  # no new tensor a step
+        assert p.grad.numpy().tobytes() == second[f"D.{k}"].astype(np.float32).tobytes()
+
+
 def test_sample_images_uses_eval_mode_and_restores_training():
     g, _ = trained_a_little(gan_spec("dcgan28-tiny"))
     g.train()

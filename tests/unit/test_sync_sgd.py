@@ -346,3 +346,60 @@ def test_a_round_through_the_engine_and_node_handlers() -> None:
     assert outcome.completed == 2
     new_weights = algorithm.aggregate(1, weights, outcome.results, outcome.failures)
     assert list(new_weights) == list(weights)
+
+
+def test_a_gan_step_given_its_last_weights_skips_their_reload_with_the_same_bits() -> None:
+    """The coordinator's G and D already hold the weights its last step returned: the
+    next step does not load them again, and ends where a step that loads copies ends;
+    weights loaded for anything else in between are loaded again for the step."""
+    config = {"images_per_work_unit": 8, "batch_size": 8, "num_workunits_per_update": 1,
+              "units_per_iteration": 1}
+    chained, loading = SyncSGD("dcgan28-tiny", config, MNIST), SyncSGD("dcgan28-tiny", config,
+                                                                       MNIST)
+    start = chained.initial_weights()
+    rng = np.random.default_rng(2)
+    averages = [{name: np.abs(rng.normal(size=spec[0])).astype(np.float32) * 1e-2
+                 for name, spec in chained.expected_update(start).items()}
+                for _ in range(3)]
+    for average in averages:  # BN's counter stays a count
+        for name in average:
+            if name.endswith("num_batches_tracked"):
+                average[name] = np.float32(3)
+    mine, theirs = start, {k: v.copy() for k, v in start.items()}
+    for i, average in enumerate(averages):
+        if i == 1:  # other weights loaded meanwhile (a saved state's images)
+            chained.sample_images(start, 4)
+        mine = chained.apply(mine, average)
+        theirs = loading.apply({k: v.copy() for k, v in theirs.items()}, average)
+        assert mine.keys() == theirs.keys()
+        assert all(mine[k].tobytes() == theirs[k].tobytes() for k in mine)
+    before = {k: v.copy() for k, v in mine.items()}
+    chained.evaluate(mine)
+    assert all(mine[k].tobytes() == before[k].tobytes() for k in mine)  # read, not written
+
+
+def test_a_gan_units_gradients_are_its_own_arrays() -> None:
+    """A node hands out the gradient sums themselves, not copies: the next unit's maths
+    must not touch the arrays of the one before."""
+    config = {"images_per_work_unit": 8, "batch_size": 4, "num_workunits_per_update": 1,
+              "units_per_iteration": 1}
+    algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
+    weights = algorithm.initial_weights()
+    first, second = algorithm.plan_round(1)[0], algorithm.plan_round(2)[0]
+    out = SyncSGD.run_unit(UnitJob("r", 1, first, "dcgan28-tiny", config, weights), MNIST)
+    kept = {k: v.copy() for k, v in out.update.items()}
+    assert all(v.dtype == np.float32 and v.flags.c_contiguous for v in out.update.values())
+    SyncSGD.run_unit(UnitJob("r", 2, second, "dcgan28-tiny", config, weights), MNIST)
+    assert all(out.update[k].tobytes() == kept[k].tobytes() for k in kept)
+
+
+def test_a_gan_unit_reads_its_weights_as_received() -> None:
+    assert not SyncSGD.writes_weights("dcgan28") and SyncSGD.writes_weights("mlp")
+    config = {"images_per_work_unit": 8, "batch_size": 8, "num_workunits_per_update": 1,
+              "units_per_iteration": 1}
+    algorithm = SyncSGD("dcgan28-tiny", config, MNIST)
+    weights = algorithm.initial_weights()
+    for value in weights.values():
+        value.flags.writeable = False  # a node's views of the message
+    unit = algorithm.plan_round(1)[0]
+    SyncSGD.run_unit(UnitJob("r", 1, unit, "dcgan28-tiny", config, weights), MNIST)

@@ -100,8 +100,17 @@ def gan_unit_update(g: nn.Module, d: nn.Module, real: torch.Tensor, z: torch.Ten
 
 def _named(prefix: str, named: Iterable[tuple[str, nn.Parameter]],
            values: list[torch.Tensor]) -> Weights:
-    return {prefix + name: float32_copy(value)
+    """The unit's gradient sums by name: their own memory where they are float32 on the
+    CPU (nothing else holds them once the unit is done), float32 copies otherwise."""
+    return {prefix + name: _owned_float32(value)
             for (name, _), value in zip(named, values, strict=True)}
+
+
+def _owned_float32(tensor: torch.Tensor) -> np.ndarray:
+    array = tensor.detach().cpu().numpy()
+    if array.dtype == np.float32 and array.flags.c_contiguous:
+        return array
+    return float32_copy(tensor)
 
 
 def _buffers(module: nn.Module, prefix: str) -> Weights:
@@ -157,23 +166,39 @@ class GanState:
         self.probe = probe
         self.probe_z = torch.randn(len(probe), self.spec.z_dim,
                                    generator=torch.Generator().manual_seed(PROBE_SEED))
+        # the names an average holds: the modules' structure never changes
+        self._combined_names = [GRAD + name for name in self._names("named_parameters")] + \
+            [BUFFER + name for name in self._names("named_buffers")]
+        # The weights G and D hold: the dict `step` returned last (or `load` was given),
+        # whose arrays are copies nothing writes to, so loading it again is skipped.
+        self._held: Weights | None = None
 
     def weights(self) -> Weights:
         return {**gan_models.state_to_numpy(self.g, "G."),
                 **gan_models.state_to_numpy(self.d, "D.")}
 
+    def load(self, weights: Weights) -> None:
+        """G and D set to ``weights``, unless they hold that very dict already (each
+        round's step is given the weights the step before returned)."""
+        if weights is self._held:
+            return
+        self._held = None  # a failed load leaves nothing known
+        gan_models.numpy_to_state(self.g, weights, "G.")
+        gan_models.numpy_to_state(self.d, weights, "D.")
+        self._held = weights
+
     def step(self, weights: Weights, average: Weights) -> Weights:
-        expected = [GRAD + name for name in self._names("named_parameters")]
-        buffers = [BUFFER + name for name in self._names("named_buffers")]
-        check_combined_names(average, expected + buffers)
+        check_combined_names(average, self._combined_names)
+        self.load(weights)
+        self._held = None  # the step changes them
         for prefix, module in (("G.", self.g), ("D.", self.d)):
-            gan_models.numpy_to_state(module, weights, prefix)
             gan_models.numpy_to_gradients(module, average, GRAD + prefix)
         self.opt_g.step()
         self.opt_d.step()
         for prefix, module in (("G.", self.g), ("D.", self.d)):
             _set_buffers(module, average, BUFFER + prefix)
-        return self.weights()
+        self._held = self.weights()
+        return self._held
 
     def parameter_names(self) -> list[str]:
         return self._names("named_parameters")
@@ -184,8 +209,7 @@ class GanState:
 
     @torch.no_grad()
     def evaluate(self, weights: Weights) -> RoundEval:
-        gan_models.numpy_to_state(self.g, weights, "G.")
-        gan_models.numpy_to_state(self.d, weights, "D.")
+        self.load(weights)
         d_loss, _, wrong = gan_losses(self.g, self.d, self.probe, self.probe_z)
         return RoundEval(validation_error=int(wrong) / (2 * len(self.probe)),
                          validation_loss=float(d_loss))

@@ -157,7 +157,8 @@ class SyncSGD(AveragingAlgorithm):
 
     @classmethod
     def writes_weights(cls, model: str) -> bool:
-        return not is_module_model(model)  # a torch model only loads them into its module
+        # a torch model or a GAN only loads them into its modules
+        return not is_module_model(model) and model not in GAN_MODELS
 
     @classmethod
     def trains(cls, model: str) -> bool:
@@ -385,7 +386,7 @@ class SyncSGD(AveragingAlgorithm):
         a saved state's, for instance)."""
         if not isinstance(self.state, GanState):
             return None
-        gan_models.numpy_to_state(self.state.g, weights, "G.")
+        self.state.load(weights)
         return gan_models.sample_images(self.state.g, n, seed).numpy()
 
     def score(self, weights: Weights, n: int) -> dict[str, float]:
@@ -393,7 +394,7 @@ class SyncSGD(AveragingAlgorithm):
         the 28x28 MNIST models."""
         if not (isinstance(self.state, GanState) and gan_models.is_mnist_model(self.model)):
             return {}
-        gan_models.numpy_to_state(self.state.g, weights, "G.")
+        self.state.load(weights)
         images = gan_models.sample_images(self.state.g, n, seed=gan_metrics.SCORE_SEED)
         return gan_metrics.score_images(images, n, root=self.dataset_dir).to_dict()
 

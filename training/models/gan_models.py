@@ -322,11 +322,23 @@ def gradients_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.ndar
 def numpy_to_gradients(module: nn.Module, arrays: Mapping[str, np.ndarray],
                        prefix: str = "") -> None:
     """Set every parameter's ``.grad`` from arrays (e.g. averaged gradients) before an
-    optimizer step; names under ``prefix`` must match the parameters exactly."""
+    optimizer step; names under ``prefix`` must match the parameters exactly. A float32
+    CPU gradient already there is written over (the same bits as a fresh one: numpy's
+    rounding to float32 either way), so a step allocates nothing."""
     params = dict(module.named_parameters())
     given = _matching_arrays(params, arrays, prefix)
     for name, p in params.items():
-        p.grad = torch.from_numpy(np.array(given[name], dtype=np.float32, copy=True)).to(p.dtype)
+        if _reusable_grad(p):
+            copy_into(p.grad, given[name])  # type: ignore[arg-type]
+        else:
+            p.grad = torch.from_numpy(np.array(given[name], dtype=np.float32,
+                                               copy=True)).to(p.dtype)
+
+
+def _reusable_grad(p: nn.Parameter) -> bool:
+    grad = p.grad
+    return grad is not None and p.dtype == torch.float32 and grad.dtype == torch.float32 \
+        and grad.device.type == "cpu" and grad.shape == p.shape and grad.is_contiguous()
 
 
 def _matching_arrays(targets: Mapping[str, torch.Tensor], arrays: Mapping[str, np.ndarray],
