@@ -349,8 +349,9 @@ class RoundEngine:
             if state.is_over(unit):
                 return
             answer = self._attempt(state, unit, self._by_index[index], build_task)
-            if answer == "cancelled":  # the node stopped it: queued again unless settled
-                state.requeue(unit, wait_seconds=0)
+            if answer == "cancelled":  # the node stopped it: queued again unless settled,
+                # and this worker backs off (a node stopping may cancel each unit it gets)
+                state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)
             if answer != "rejected":
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
