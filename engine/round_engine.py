@@ -118,10 +118,12 @@ class RoundEngine:
                  refresh_nodes: Callable[[], list[NodeHandle] | None] = lambda: None,
                  on_left_out: Callable[[NodeHandle], None] = lambda node: None,
                  recheck_nodes: Callable[[], None] = lambda: None) -> None:
-        """``refresh_nodes``: called while paused to take in nodes that joined (file,
-        registrations), None when none did; ``on_left_out``: told of a node that cannot
-        serve the run (NodeUnfit), so that it stays out of later rounds too (the engine
-        stops using it at once); ``recheck_nodes``: called every few seconds while units
+        """``refresh_nodes``: called at each reclaim check of a round or stream to take in
+        nodes that joined or left (file, registrations), None when none did: a node that
+        registers mid-round (a lone pull node that restarted) takes that round's queued
+        units; ``on_left_out``: told of a node that cannot serve the run (NodeUnfit), so
+        that it stays out of later rounds too (the engine stops using it at once);
+        ``recheck_nodes``: called every few seconds while units
         run, to ask nodes that came back which federated clients they hold (a stream whose
         holders were all away has no round end to wait for)."""
         self.run_id = run_id
@@ -174,10 +176,10 @@ class RoundEngine:
         # Workers are started as work appears and leave when they find none: one per
         # queued unit up to `threads`, and backup-only workers for backups due, so that a
         # backup starts even while every other worker waits on a unit in a load delay.
-        threads = self.settings.threads or len(self.nodes) + 2
-        backup_threads = len(self.nodes) if self.settings.speculation else 0
-
+        # Both limits follow the nodes, which may join during the round.
         def staff() -> None:
+            threads = self.settings.threads or len(self.nodes) + 2
+            backup_threads = len(self.nodes) if self.settings.speculation else 0
             queued, backups = state.workers_wanted(self.stragglers.backup_after(), threads,
                                                    backup_threads)
             self._start_workers(state, build_task, f"round{round_index}", queued, backups)
@@ -289,13 +291,15 @@ class RoundEngine:
         return next_check
 
     def _watch_nodes(self) -> None:
-        """Pause, resume or fail on the minimum of nodes; while paused, take in nodes
-        that joined, and do not count the pause against the grace period."""
+        """Take in nodes that joined or left, then pause, resume or fail on the minimum of
+        nodes; do not count a pause against the grace period. Nodes are taken in during a
+        round, not only while paused or between rounds: a run whose only node is a pull
+        node that restarted would otherwise have nobody for the round's units (the new
+        registration closed the old one's mailbox) and fail after the grace period."""
+        joined = self.refresh_nodes()
+        if joined is not None:
+            self.set_nodes(joined)
         self.recheck_nodes()
-        if self.gate.paused:
-            joined = self.refresh_nodes()
-            if joined is not None:
-                self.set_nodes(joined)
         self.gate.watch(self.nodes, runtime.monotonic())
         if self.gate.paused:
             self._last_contact = runtime.monotonic()
@@ -345,6 +349,9 @@ class RoundEngine:
             if state.is_over(unit):
                 return
             answer = self._attempt(state, unit, self._by_index[index], build_task)
+            if answer == "cancelled":  # the node stopped it: queued again unless settled,
+                # and this worker backs off (a node stopping may cancel each unit it gets)
+                state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)
             if answer != "rejected":
                 return
         state.requeue(unit, wait_seconds=WAIT_STEP_SECONDS)  # every node refused: back off
@@ -374,8 +381,8 @@ class RoundEngine:
         """The nodes that may compute the unit, less those it already failed on while
         another of them is alive (a node whose answers are too large for us fails every
         unit it takes, without being benched for it). Only a live one counts: a node that
-        left, crashed or was cut off stays among a round's nodes until the round ends,
-        and a retry kept for it would never run."""
+        crashed or was cut off stays among a round's nodes, and a retry kept for it would
+        never run."""
         holders = [n for n in self.nodes if may_compute(n, unit.spec)]
         if not unit.failed_on:
             return holders
@@ -497,6 +504,9 @@ class RoundEngine:
             ended(AttemptEnd.REJECTED, "rejected")
             return "rejected"
         if result.status != TaskStatus.COMPLETED:
+            # Cancelled: by us (another attempt won, the round ended), or by the node
+            # itself, unit unsettled (one shutting down answers its units in a load delay
+            # so; a cancel of an earlier round's attempt of the same unit id)
             ended(AttemptEnd.CANCELLED, result.message, unit_settled=state.is_over(unit))
             return "cancelled"
         if result.delay_seconds == 0:
@@ -573,12 +583,20 @@ class RoundEngine:
                            reason, unit_settled=unit_settled)
 
     # Cancels are queued, never sent from here: a frozen node would hold a worker or the
-    # round's own thread for a whole control timeout per cancel.
+    # round's own thread for a whole control timeout per cancel. They go in the order the
+    # attempts started (each node once): a set of handles would order them by address,
+    # and a simulated run would not replay alike in another process.
     def _cancel_others(self, unit: Unit, winner: NodeHandle) -> None:
-        for node in {n for n, _ in unit.started.copy().values() if n is not winner}:
-            self.cancels.send(node, self.run_id, unit.spec.unit_id)
+        for node in _nodes_holding(unit):
+            if node is not winner:
+                self.cancels.send(node, self.run_id, unit.spec.unit_id)
 
     def _cancel_leftovers(self, state: WorkQueue) -> None:
         for unit in state.units:
-            for node in {n for n, _ in unit.started.copy().values()}:
+            for node in _nodes_holding(unit):
                 self.cancels.send(node, self.run_id, unit.spec.unit_id)
+
+
+def _nodes_holding(unit: Unit) -> list[NodeHandle]:
+    """The nodes of the unit's attempts out, each once, in the order they started."""
+    return list(dict.fromkeys(node for node, _ in unit.started.copy().values()))

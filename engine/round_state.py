@@ -80,7 +80,12 @@ class RoundState(WorkQueue):
 
     # ------------------------------------------------------------ scheduling
     def _may_requeue(self, unit: Unit) -> bool:
-        return not unit.settled and unit.reserved == 1
+        """Unless it settled, an attempt of it is out (that attempt decides), or it is
+        queued already. Another worker holding it without an attempt out does not stop
+        it: a failed attempt queues its unit again while its worker still holds it, and
+        a second worker that takes it and finds every node refusing must queue it again
+        itself, since the first only lets go of it."""
+        return not (unit.settled or unit.started) and unit not in self._queue
 
     def units_per_round(self) -> int:
         return self.quorum

@@ -112,8 +112,13 @@ class WorkQueue:
         self._held = 0  # units held by workers (each worker holds one at most)
 
     def _requeue_orphans(self) -> None:
-        """Put back any unsettled unit that nobody holds (one whose node cancelled it, say),
-        so no path can lose a unit."""
+        """Put back any unsettled unit that nobody holds, so no path can lose a unit. The
+        engine's paths queue such a unit again themselves (a failure, a refusal by every
+        node, an attempt its node cancelled): the warning means one did not, a defect to
+        look into. It once fired when a failed attempt's unit, queued again while its
+        worker still held it, was taken by a second worker that every node refused: that
+        worker did not queue it again, since the first still held it (round_state's
+        `_may_requeue` now looks at attempts out, not at holders)."""
         for unit in self.units:  # the cheapest tests first
             if not (unit.done or unit.reserved or unit.started or unit.settled
                     or unit in self._queue):

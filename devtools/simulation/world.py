@@ -348,6 +348,9 @@ class World:
             data_root=DEFAULT_DATA_ROOT, run_root=self.workdir / "runs", policy=plan.policy,
             seed=plan.seed, store_path=self.workdir / "runs.db",
             heartbeat_seconds=HEARTBEAT_SECONDS,
+            # pull nodes alone: the first round waits for one to register, as such a
+            # coordinator is run (--wait-for-nodes 1), and a plan's faults find it in the run
+            wait_for_nodes=1 if plan.pushed == 0 else 0,
             engine=EngineSettings(deterministic=plan.deterministic, grace_seconds=300.0,
                                   max_unit_failures=plan.max_unit_failures))
 

@@ -1,10 +1,11 @@
 """The nodes of one run: the nodes file's, the registered ones, joining and leaving.
 
 A run starts with the nodes of compute_nodes.txt and the nodes registered with the
-coordinator; before every round it reads the file again and looks at the registrations,
-so nodes join without a restart. A registered node that left (or a pull node that
-registered again after a restart) leaves the run; nodes of the file stay, since the
-file still lists them.
+coordinator; before every round, and every half-second during one (the round engine's
+checks), it reads the file again and looks at the registrations, so nodes join without a
+restart, and a node that registers mid-round takes that round's queued units. A
+registered node that left (or a pull node that registered again after a restart) leaves
+the run; nodes of the file stay, since the file still lists them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ Dial = Callable[[int, NodeAddress], NodeHandle]
 
 
 class RunNodes:
-    """The node handles of one run; `refresh()` before each round."""
+    """The node handles of one run; `refresh()` before each round and during one."""
 
     def __init__(self, run_id: str, addresses: list[NodeAddress], *, rpc_timeout: float,
                  connect_timeout: float, suspect_seconds: float, dead_seconds: float,
@@ -43,6 +44,7 @@ class RunNodes:
         self._rpc_timeout = rpc_timeout
         self._suspect_seconds, self._dead_seconds = suspect_seconds, dead_seconds
         self._nodes_source = nodes_source
+        self._file_error: str | None = None  # the nodes file's error, said once
         self._membership = membership
         self._dial = dial or (lambda index, address: pushed_node(
             index, address, rpc_timeout, connect_timeout))
@@ -62,10 +64,7 @@ class RunNodes:
         handles = list(self.nodes)
         before = {n.name for n in handles}
         if self._nodes_source is not None:
-            try:
-                self._add_addresses(self._nodes_source())
-            except NodesFileError as exc:
-                log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
+            self._read_file(self._nodes_source)
         self._add_members()
         after = {n.name for n in self.nodes}
         if after - before:
@@ -76,6 +75,18 @@ class RunNodes:
         if again:
             log.info("run %s: nodes registered again: %s", self.run_id, ", ".join(again))
         return after != before or bool(again)
+
+    def _read_file(self, source: Callable[[], list[NodeAddress]]) -> None:
+        """Take in the nodes file's new nodes; an unusable file keeps the current ones,
+        said once per error (the file is looked at every half-second during a round)."""
+        try:
+            self._add_addresses(source())
+        except NodesFileError as exc:
+            if str(exc) != self._file_error:
+                log.warning("run %s: keeping the current nodes: %s", self.run_id, exc)
+            self._file_error = str(exc)
+        else:
+            self._file_error = None
 
     def leave_out(self, node: NodeHandle) -> None:
         """Keep ``node`` (whose `left_out` says why) out of the run, also after refreshes."""

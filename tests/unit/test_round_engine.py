@@ -26,7 +26,7 @@ from thrift_trainer.engine.round_engine import (
     RunCancelledError,
 )
 from thrift_trainer.engine.round_state import Kept, RoundState
-from thrift_trainer.engine.tasks import Task, TaskResult
+from thrift_trainer.engine.tasks import Task, TaskResult, TaskStatus
 from thrift_trainer.engine.update_filters import DEFAULT_FILTERS, NormLimit, Tensors, UpdateFilter
 from thrift_trainer.engine.update_norms import NormGuard, update_norm
 from thrift_trainer.training.algorithms.base import combine
@@ -593,3 +593,58 @@ def test_a_rounds_workers_are_started_for_waiting_work_and_leave_when_there_is_n
     state.release(slow)  # the backup-only worker let go of it; no backup is due now ...
     assert state.next_unit(None, backups_only=True) is None  # ... so it leaves
     assert (state.workers, state.backup_workers) == (1, 0)
+
+
+def test_a_node_that_joins_mid_round_takes_the_rounds_queued_units():
+    """The run's only node restarted and registered anew: its old handle refuses every unit
+    (its mailbox closed), and the new one must be taken in during the round, not at the
+    next one, or the round fails after the grace period."""
+    old = LocalNode(0, fail_with=NodeUnavailable("the node registered again (it restarted)"))
+    new = LocalNode(1)
+    progress = RunProgress("r1", 1, 11, lambda: [])
+    eng = RoundEngine("r1", [old], RoundRobinPolicy(), EngineSettings(grace_seconds=5.0),
+                      progress, threading.Event(),
+                      refresh_nodes=lambda: [new] if old.calls else None)
+    outcome = eng.run_round(1, units(4), 4, build)
+    assert outcome.completed == 4 and outcome.discarded == []
+    assert new.calls >= 4 and eng.nodes == [new]
+
+
+class CancelsFirstUnit(LocalNode):
+    """A node that answers its first unit 'cancelled' without being asked to (as a node
+    shutting down answers the units in its load delay)."""
+
+    cancelled = False
+
+    def train(self, task: Task) -> TaskResult:
+        if not self.cancelled:
+            self.cancelled = True
+            return TaskResult(TaskStatus.CANCELLED, {}, 0, task.version,
+                              message="cancelled: the node is stopping")
+        return super().train(task)
+
+
+def test_a_unit_its_node_cancelled_is_queued_again_by_its_worker(caplog):
+    """Not left to the work queue's look for units held by nobody, which warns."""
+    eng, _, _ = engine([CancelsFirstUnit(0)])
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        outcome = eng.run_round(1, units(3), 3, build)
+    assert outcome.completed == 3
+    assert "held by nobody" not in caplog.text
+
+
+def test_a_unit_queued_again_by_a_failure_while_its_worker_holds_it_is_not_lost(caplog):
+    """A failed attempt queues its unit again before its worker lets go of it; a second
+    worker takes it and every node refuses it: that worker queues it again itself."""
+    state = RoundState(1, units(1), 1, max_attempts=4)
+    unit = state.units[0]
+    assert state.next_unit(None) is unit  # the first worker
+    state.end_attempt(unit, state.start_attempt(unit, "node-a"))
+    assert not state.record_failure(unit, "node-a died", max_failures=3)  # queued again
+    assert state.next_unit(None) is unit  # a second worker, the first still holding it
+    state.requeue(unit, wait_seconds=0)  # every node refused it
+    state.release(unit)
+    state.release(unit)
+    with caplog.at_level(logging.WARNING, logger="coordinator.engine"):
+        assert state.next_unit(None) is unit
+    assert "held by nobody" not in caplog.text

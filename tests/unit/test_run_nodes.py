@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from thrift_trainer.engine.nodes.liveness import Liveness
 from thrift_trainer.engine.nodes.membership import Mailbox, Member
-from thrift_trainer.engine.nodes.nodes_file import NodeAddress
+from thrift_trainer.engine.nodes.nodes_file import NodeAddress, NodesFileError
 from thrift_trainer.engine.nodes.pull_client import PullNodeHandle
 from thrift_trainer.engine.nodes.run_nodes import RunNodes
 
@@ -119,5 +121,28 @@ def test_a_pull_node_that_registered_again_replaces_its_old_handle():
         new = next(n for n in nodes.nodes if n.name == "pull:laptop")
         assert new.member is again and old not in nodes.nodes
         assert nodes.refresh() is False
+    finally:
+        nodes.close()
+
+
+def test_an_unusable_nodes_file_keeps_the_nodes_and_is_reported_once_per_error(caplog):
+    """The file is looked at every half-second during a round: its error is said once."""
+    listed = [NodeAddress("localhost", 9091)]
+    errors = [NodesFileError("compute_nodes.txt line 2: 'x' is not host,port")] * 3 + [None]
+
+    def source() -> list[NodeAddress]:
+        error = errors.pop(0)
+        if error is not None:
+            raise error
+        return listed + [NodeAddress("localhost", 9092)]
+
+    nodes = RunNodes("r1", listed, rpc_timeout=1.0, connect_timeout=1.0, suspect_seconds=1.0,
+                     dead_seconds=2.0, nodes_source=source)
+    try:
+        with caplog.at_level(logging.WARNING, logger="coordinator.run"):
+            assert [nodes.refresh() for _ in range(3)] == [False] * 3
+        assert caplog.text.count("keeping the current nodes") == 1
+        assert nodes.refresh() and [n.name for n in nodes.nodes] == [
+            "localhost:9091", "localhost:9092"]
     finally:
         nodes.close()
