@@ -93,7 +93,7 @@ class LedgerReads:
     def ledger_counts(self, run_id: str, round_index: int | None = None) -> dict[str, int]:
         """Units per status (every status present, zeros included) for a run or one
         round: their sum is the number planned, so "nothing lost" is a count. A run's are
-        read from the counts its units' triggers keep, a round's counted."""
+        read from the counts its units' triggers keep where the store has them (SQLite)."""
         with self._tx(write=False) as db:
             if round_index is None:
                 rows = db.execute(self._q.run_counts, (run_id,)).fetchall()

@@ -18,7 +18,7 @@ from thrift_trainer.coordinator.store_protocol import Database
 from thrift_trainer.coordinator.store_records import SchemaError
 
 log = logging.getLogger("coordinator.store")
-SCHEMA_VERSION = 4  # 2: kept_results, 3: privacy_charges, 4: unit_counts
+SCHEMA_VERSION = 3  # 2: kept_results, 3: privacy_charges
 SCHEMA_LOCK = 0x7472_6169  # advisory lock id: two coordinators creating the schema at once
 
 _SCHEMA = (
@@ -162,32 +162,6 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             epsilon DOUBLE PRECISION,
             time DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (run_id, charge))""",),
-    # 4: a run's units per status, kept by a trigger as units are planned, move and go, so
-    # that status (polled twice a second) reads a few rows instead of counting every unit
-    4: ("""CREATE TABLE unit_counts (
-            run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-            status TEXT NOT NULL,
-            n INTEGER NOT NULL,
-            PRIMARY KEY (run_id, status))""",
-        """CREATE FUNCTION count_units() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_OP = 'UPDATE' AND OLD.status = NEW.status THEN
-                RETURN NULL;
-            END IF;
-            IF TG_OP <> 'INSERT' THEN
-                UPDATE unit_counts SET n = n - 1
-                    WHERE run_id = OLD.run_id AND status = OLD.status;
-            END IF;
-            IF TG_OP <> 'DELETE' THEN
-                INSERT INTO unit_counts VALUES (NEW.run_id, NEW.status, 1)
-                    ON CONFLICT (run_id, status) DO UPDATE SET n = unit_counts.n + 1;
-            END IF;
-            RETURN NULL;
-        END $$""",
-        """CREATE TRIGGER units_counted AFTER INSERT OR DELETE OR UPDATE OF status ON units
-            FOR EACH ROW EXECUTE FUNCTION count_units()""",
-        "INSERT INTO unit_counts SELECT run_id, status, COUNT(*) FROM units "
-        "GROUP BY run_id, status"),
 }
 _STEPS = SchemaSteps(SCHEMA_VERSION, _MIGRATIONS, POSTGRES.set_schema_version, "database")
 

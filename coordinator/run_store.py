@@ -99,7 +99,8 @@ _PRIVACY_CHARGES = """CREATE TABLE privacy_charges (
         PRIMARY KEY (run_id, charge))"""
 
 # A run's units per status, kept by triggers as units are planned, move and go, so that
-# status (polled twice a second) reads a few rows instead of counting a long run's units.
+# status (polled twice a second) reads a few rows instead of counting a long run's units
+# (SQLite updates a row in place; PostgreSQL counts, see ledger_sql.py).
 _UNIT_COUNTS = (
     """CREATE TABLE unit_counts (
         run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,

@@ -348,15 +348,8 @@ def test_a_large_result_is_kept_in_parts(pg: PostgresRunStore) -> None:
 
 
 def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
-    with PostgresRunStore(postgres_url, defer_writes=False) as older:  # units before the counts
-        older.create_run("r0", algorithm="a", model="m", dataset="d", rounds=1)
-        older.plan_units("r0", 1, ["a", "b", "c"])
-        older.unit_started("r0", 1, "a", 1, A)
-        older.unit_finished("r0", 1, "a", 1, A, "completed")
+    PostgresRunStore(postgres_url).close()
     with psycopg.connect(postgres_url, autocommit=True) as db:  # as version 1 left it
-        db.execute("DROP TABLE unit_counts")
-        db.execute("DROP TRIGGER units_counted ON units")
-        db.execute("DROP FUNCTION count_units")
         db.execute("DROP TABLE privacy_charges")
         db.execute("DROP TABLE kept_result_parts")
         db.execute("DROP TABLE kept_results")
@@ -367,8 +360,6 @@ def test_a_version_1_database_is_brought_up_to_date(postgres_url: str) -> None:
         _round_with_results(migrated)
         assert [k.unit_id for k in migrated.kept_results("r1", 2)] == ["a"]
         assert migrated.charge_release("r1", 2, 0.5) == 1
-        counts = migrated.ledger_counts("r0")  # the units of before are counted
-        assert (counts["completed"], counts["pending"], sum(counts.values())) == (1, 2, 3)
     with psycopg.connect(postgres_url) as db:
         assert db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
 
